@@ -1,0 +1,238 @@
+//! The compiler's graph: values (tensors) and nodes, in the model's order.
+//!
+//! Nodes live in a `Vec` in a valid execution order once import has sorted them; algorithms
+//! that need graph structure (topological order, cycle detection) build a petgraph view.
+
+use ingot_runtime::{Tensor, TensorDesc};
+use ingot_schema::Attrs;
+use std::ops::Range;
+use std::sync::Arc;
+
+mod check;
+pub use check::check;
+
+pub type ValueId = usize;
+
+/// A tensor of the graph.
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub name: String,
+    /// Element type and static shape; `None` until shape inference has reached it.
+    pub ty: Option<TensorDesc>,
+    /// Set for initializers, Constant nodes and everything folded from them.
+    pub constant: Option<Const>,
+}
+
+/// One operation, in ONNX terms until lowering makes it canonical.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub op: String,
+    pub domain: String,
+    /// `None` marks an omitted optional input; canonical nodes have none.
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<ValueId>,
+    pub attrs: Attrs,
+}
+
+impl Node {
+    /// The node as messages name it: `'conv_3' (Conv)`.
+    pub fn label(&self) -> String {
+        if self.name.is_empty() {
+            format!("unnamed {} node", self.op)
+        } else {
+            format!("'{}' ({})", self.name, self.op)
+        }
+    }
+
+    /// Inputs of a canonical node (all present).
+    pub fn present_inputs(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.inputs.iter().flatten().copied()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub values: Vec<Value>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// Opset version of the default ONNX domain.
+    pub opset: i64,
+}
+
+impl Graph {
+    pub fn add_value(&mut self, name: impl Into<String>, ty: Option<TensorDesc>) -> ValueId {
+        self.values.push(Value {
+            name: name.into(),
+            ty,
+            constant: None,
+        });
+        self.values.len() - 1
+    }
+
+    pub fn add_constant(&mut self, name: impl Into<String>, value: Const) -> ValueId {
+        let id = self.add_value(name, Some(value.desc().clone()));
+        self.values[id].constant = Some(value);
+        id
+    }
+
+    pub fn ty(&self, id: ValueId) -> Option<&TensorDesc> {
+        self.values[id].ty.as_ref()
+    }
+
+    pub fn constant(&self, id: ValueId) -> Option<&Const> {
+        self.values[id].constant.as_ref()
+    }
+
+    /// For each value, the index of the node that produces it.
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut p = vec![None; self.values.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &o in &n.outputs {
+                p[o] = Some(i);
+            }
+        }
+        p
+    }
+
+    /// For each value, how many node inputs and graph outputs read it.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut c = vec![0; self.values.len()];
+        for n in &self.nodes {
+            for i in n.present_inputs() {
+                c[i] += 1;
+            }
+        }
+        for &o in &self.outputs {
+            c[o] += 1;
+        }
+        c
+    }
+}
+
+/// A constant's bytes: owned, or a range of a mapped external-data file (never read whole).
+#[derive(Clone)]
+pub struct Const {
+    desc: TensorDesc,
+    data: ConstData,
+}
+
+#[derive(Clone)]
+enum ConstData {
+    Owned(Arc<Tensor>),
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        range: Range<usize>,
+    },
+}
+
+impl std::fmt::Debug for Const {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Const({} {:?})", self.desc.dtype, self.desc.shape)
+    }
+}
+
+impl Const {
+    pub fn owned(t: Tensor) -> Self {
+        Self {
+            desc: t.desc().clone(),
+            data: ConstData::Owned(Arc::new(t)),
+        }
+    }
+
+    /// A constant backed by `map[range]`; the caller has checked `range` fits `desc`.
+    pub fn mapped(desc: TensorDesc, map: Arc<memmap2::Mmap>, range: Range<usize>) -> Self {
+        debug_assert_eq!(range.len(), desc.bytes());
+        Self {
+            desc,
+            data: ConstData::Mapped { map, range },
+        }
+    }
+
+    pub fn desc(&self) -> &TensorDesc {
+        &self.desc
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.data {
+            ConstData::Owned(t) => t.bytes(),
+            ConstData::Mapped { map, range } => &map[range.clone()],
+        }
+    }
+
+    /// The value as an owned tensor (cheap for owned constants, a copy for mapped ones).
+    pub fn tensor(&self) -> Arc<Tensor> {
+        match &self.data {
+            ConstData::Owned(t) => t.clone(),
+            ConstData::Mapped { .. } => Arc::new(
+                Tensor::from_bytes(self.desc.clone(), self.bytes())
+                    .expect("mapped range was checked against the descriptor"),
+            ),
+        }
+    }
+
+    /// The elements as i64 (for shape-like operands of any integer type).
+    pub fn to_i64s(&self) -> Option<Vec<i64>> {
+        let t = self.tensor();
+        use ingot_schema::DType::*;
+        Some(match t.dtype() {
+            I64 => t.to_vec::<i64>().ok()?,
+            I32 => t
+                .as_slice::<i32>()
+                .ok()?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            U8 | Bool => t.as_slice::<u8>().ok()?.iter().map(|&v| v as i64).collect(),
+            I8 => t.as_slice::<i8>().ok()?.iter().map(|&v| v as i64).collect(),
+            U32 => t
+                .as_slice::<u32>()
+                .ok()?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            U64 => t
+                .as_slice::<u64>()
+                .ok()?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            I16 => t
+                .as_slice::<i16>()
+                .ok()?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            U16 => t
+                .as_slice::<u16>()
+                .ok()?
+                .iter()
+                .map(|&v| v as i64)
+                .collect(),
+            _ => return None,
+        })
+    }
+
+    /// The elements as f64 (for scalar operands such as Clip bounds or Pad values).
+    pub fn to_f64s(&self) -> Option<Vec<f64>> {
+        let t = self.tensor();
+        use ingot_schema::DType::*;
+        Some(match t.dtype() {
+            F32 => t
+                .as_slice::<f32>()
+                .ok()?
+                .iter()
+                .map(|&v| v as f64)
+                .collect(),
+            F64 => t.to_vec::<f64>().ok()?,
+            F16 => t
+                .as_slice::<half::f16>()
+                .ok()?
+                .iter()
+                .map(|v| v.to_f64())
+                .collect(),
+            _ => self.to_i64s()?.into_iter().map(|v| v as f64).collect(),
+        })
+    }
+}

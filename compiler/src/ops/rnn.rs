@@ -1,0 +1,5 @@
+//! (family stub: to be filled in)
+
+use super::OpDef;
+
+pub const OPS: &[OpDef] = &[];

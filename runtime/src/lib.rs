@@ -1,0 +1,14 @@
+//! Ingot's runtime: opens a bundle the compiler wrote and runs it.
+//!
+//! It has no compiler code, no graph logic and no shader compiler: the bundle says which steps
+//! run, where every tensor lives and how big the arena is; the runtime checks all of it and
+//! follows it.
+
+pub mod bundle;
+pub mod cpu;
+pub mod session;
+pub mod tensor;
+
+pub use bundle::{Bundle, BundleError};
+pub use session::{IoInfo, Session, SessionError, SessionOptions};
+pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

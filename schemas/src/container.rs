@@ -1,0 +1,342 @@
+//! The bundle container: a fixed header, a section table, and 64 KiB-aligned sections.
+//!
+//! ```text
+//! offset 0   header (64 bytes, little endian)
+//!            magic "INGOTBND" | major u16 | minor u16 | section count u32 | file length u64
+//!            | table crc32 u32 | 32 reserved bytes (zero) | header crc32 u32 (of bytes 0..60)
+//! offset 64  section table: per section 32 bytes
+//!            kind u32 | reserved u32 | offset u64 | length u64 | crc32 u32 | reserved u32
+//! then       sections, each starting at a multiple of SECTION_ALIGN, zero padding between
+//! ```
+//!
+//! Sections are aligned so that a mapped bundle hands out weights without copying. Every
+//! number is validated by [`Container::parse`] before anything uses it.
+
+use std::io::{self, Write};
+use std::ops::Range;
+
+pub const MAGIC: [u8; 8] = *b"INGOTBND";
+/// Bumped when an old runtime would misread a new bundle. Runtimes refuse other majors.
+pub const FORMAT_MAJOR: u16 = 1;
+/// Bumped for additions an old runtime may ignore.
+pub const FORMAT_MINOR: u16 = 0;
+pub const SECTION_ALIGN: u64 = 64 * 1024;
+const HEADER_LEN: usize = 64;
+const ENTRY_LEN: usize = 32;
+const MAX_SECTIONS: u32 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SectionKind {
+    Manifest,
+    Kernels,
+    Weights,
+}
+
+impl SectionKind {
+    const fn code(self) -> u32 {
+        match self {
+            SectionKind::Manifest => 1,
+            SectionKind::Kernels => 2,
+            SectionKind::Weights => 3,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(SectionKind::Manifest),
+            2 => Some(SectionKind::Kernels),
+            3 => Some(SectionKind::Weights),
+            _ => None,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            SectionKind::Manifest => "manifest",
+            SectionKind::Kernels => "kernels",
+            SectionKind::Weights => "weights",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ContainerError {
+    #[error("not an Ingot bundle: the file is {len} bytes, shorter than the 64-byte header")]
+    TooShort { len: usize },
+    #[error("not an Ingot bundle: bad magic bytes at offset 0")]
+    BadMagic,
+    #[error(
+        "bundle format {found_major}.{found_minor} is not supported by this runtime, which reads format {supported_major}.x"
+    )]
+    UnsupportedVersion {
+        found_major: u16,
+        found_minor: u16,
+        supported_major: u16,
+    },
+    #[error("bundle header is corrupt (checksum mismatch at bytes 0..64)")]
+    HeaderChecksum,
+    #[error("bundle is truncated: header says {expected} bytes, file has {actual}")]
+    Truncated { expected: u64, actual: u64 },
+    #[error("bundle declares {0} sections; at most {MAX_SECTIONS} are allowed")]
+    TooManySections(u32),
+    #[error("bundle section table is corrupt (checksum mismatch at bytes 64..{end})")]
+    TableChecksum { end: usize },
+    #[error("bundle section {index} has unknown kind {code}")]
+    UnknownSection { index: usize, code: u32 },
+    #[error("bundle has two {0} sections")]
+    DuplicateSection(&'static str),
+    #[error("bundle {kind} section at {offset}..+{length} is outside the file or misplaced")]
+    SectionBounds {
+        kind: &'static str,
+        offset: u64,
+        length: u64,
+    },
+    #[error("bundle {kind} section (bytes {offset}..{end}) is corrupt: checksum mismatch")]
+    SectionChecksum {
+        kind: &'static str,
+        offset: u64,
+        end: u64,
+    },
+    #[error("bundle has no {0} section")]
+    MissingSection(&'static str),
+}
+
+/// A validated section: its kind and byte range in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub kind: SectionKind,
+    pub range: Range<usize>,
+}
+
+/// The parsed, validated layout of a bundle file. Holds ranges, not bytes.
+#[derive(Clone, Debug)]
+pub struct Container {
+    pub major: u16,
+    pub minor: u16,
+    pub sections: Vec<Section>,
+}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Container {
+    /// Validates the header, the section table and every section's bounds and checksum.
+    pub fn parse(file: &[u8]) -> Result<Container, ContainerError> {
+        if file.len() < HEADER_LEN {
+            return Err(ContainerError::TooShort { len: file.len() });
+        }
+        if file[0..8] != MAGIC {
+            return Err(ContainerError::BadMagic);
+        }
+        let (major, minor) = (le_u16(file, 8), le_u16(file, 10));
+        // The version is checked before the checksum so that a future bundle, whose header may
+        // be laid out differently, is reported as such rather than as corrupt.
+        if major != FORMAT_MAJOR {
+            return Err(ContainerError::UnsupportedVersion {
+                found_major: major,
+                found_minor: minor,
+                supported_major: FORMAT_MAJOR,
+            });
+        }
+        if crc32fast::hash(&file[0..60]) != le_u32(file, 60) {
+            return Err(ContainerError::HeaderChecksum);
+        }
+        let file_len = le_u64(file, 16);
+        if file_len != file.len() as u64 {
+            return Err(ContainerError::Truncated {
+                expected: file_len,
+                actual: file.len() as u64,
+            });
+        }
+        let count = le_u32(file, 12);
+        if count > MAX_SECTIONS {
+            return Err(ContainerError::TooManySections(count));
+        }
+        let table_end = HEADER_LEN + count as usize * ENTRY_LEN;
+        if table_end > file.len() {
+            return Err(ContainerError::Truncated {
+                expected: table_end as u64,
+                actual: file.len() as u64,
+            });
+        }
+        if crc32fast::hash(&file[HEADER_LEN..table_end]) != le_u32(file, 24) {
+            return Err(ContainerError::TableChecksum { end: table_end });
+        }
+        let mut sections: Vec<Section> = Vec::with_capacity(count as usize);
+        let mut previous_end = table_end as u64;
+        for index in 0..count as usize {
+            let e = HEADER_LEN + index * ENTRY_LEN;
+            let code = le_u32(file, e);
+            let kind = SectionKind::from_code(code)
+                .ok_or(ContainerError::UnknownSection { index, code })?;
+            if sections.iter().any(|s| s.kind == kind) {
+                return Err(ContainerError::DuplicateSection(kind.name()));
+            }
+            let (offset, length) = (le_u64(file, e + 8), le_u64(file, e + 16));
+            let end = offset.checked_add(length);
+            let misplaced = offset % SECTION_ALIGN != 0 || offset < previous_end;
+            match end {
+                Some(end) if !misplaced && end <= file.len() as u64 => previous_end = end,
+                _ => {
+                    return Err(ContainerError::SectionBounds {
+                        kind: kind.name(),
+                        offset,
+                        length,
+                    });
+                }
+            }
+            let range = offset as usize..(offset + length) as usize;
+            if crc32fast::hash(&file[range.clone()]) != le_u32(file, e + 24) {
+                return Err(ContainerError::SectionChecksum {
+                    kind: kind.name(),
+                    offset,
+                    end: offset + length,
+                });
+            }
+            sections.push(Section { kind, range });
+        }
+        Ok(Container {
+            major,
+            minor,
+            sections,
+        })
+    }
+
+    pub fn section(&self, kind: SectionKind) -> Option<&Section> {
+        self.sections.iter().find(|s| s.kind == kind)
+    }
+
+    pub fn require(&self, kind: SectionKind) -> Result<&Section, ContainerError> {
+        self.section(kind)
+            .ok_or(ContainerError::MissingSection(kind.name()))
+    }
+}
+
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
+}
+
+/// Writes a container holding `sections` in the given order.
+pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Result<()> {
+    let table_end = (HEADER_LEN + sections.len() * ENTRY_LEN) as u64;
+    let mut table = Vec::with_capacity(sections.len() * ENTRY_LEN);
+    let mut offset = align_up(table_end);
+    let mut layout = Vec::with_capacity(sections.len());
+    for (kind, bytes) in sections {
+        let length = bytes.len() as u64;
+        table.extend_from_slice(&kind.code().to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&offset.to_le_bytes());
+        table.extend_from_slice(&length.to_le_bytes());
+        table.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        layout.push(offset);
+        offset = align_up(offset + length);
+    }
+    let file_len = match (layout.last(), sections.last()) {
+        (Some(start), Some((_, bytes))) => start + bytes.len() as u64,
+        _ => table_end,
+    };
+    let mut header = [0u8; HEADER_LEN];
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+    header[12..16].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+    header[16..24].copy_from_slice(&file_len.to_le_bytes());
+    header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
+    let crc = crc32fast::hash(&header[0..60]);
+    header[60..64].copy_from_slice(&crc.to_le_bytes());
+
+    out.write_all(&header)?;
+    out.write_all(&table)?;
+    let mut written = table_end;
+    for ((_, bytes), start) in sections.iter().zip(layout) {
+        write_zeros(out, start - written)?;
+        out.write_all(bytes)?;
+        written = start + bytes.len() as u64;
+    }
+    Ok(())
+}
+
+fn write_zeros(out: &mut impl Write, mut n: u64) -> io::Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while n > 0 {
+        let chunk = n.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..chunk])?;
+        n -= chunk as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let mut out = Vec::new();
+        write(
+            &mut out,
+            &[
+                (SectionKind::Manifest, b"manifest bytes".as_slice()),
+                (SectionKind::Weights, &[7u8; 100]),
+            ],
+        )
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn round_trip_aligns_sections() {
+        let file = sample();
+        let c = Container::parse(&file).unwrap();
+        assert_eq!(c.sections.len(), 2);
+        let m = c.require(SectionKind::Manifest).unwrap();
+        assert_eq!(m.range, 65536..65536 + 14);
+        assert_eq!(&file[m.range.clone()], b"manifest bytes");
+        let w = c.require(SectionKind::Weights).unwrap();
+        assert_eq!(w.range.start % SECTION_ALIGN as usize, 0);
+        assert_eq!(file.len(), w.range.end);
+        assert!(c.section(SectionKind::Kernels).is_none());
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let file = sample();
+        for len in [0, 10, 63, 64, 100, 65536, file.len() - 1] {
+            assert!(Container::parse(&file[..len]).is_err(), "len {len}");
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_that_matters_is_caught() {
+        let file = sample();
+        let c = Container::parse(&file).unwrap();
+        let mut positions = vec![0, 9, 13, 17, 30, 61, 64, 72, 80];
+        positions.extend(c.sections.iter().map(|s| s.range.start + 3));
+        for at in positions {
+            let mut bad = file.clone();
+            bad[at] ^= 0x10;
+            assert!(Container::parse(&bad).is_err(), "flip at {at} not caught");
+        }
+    }
+
+    #[test]
+    fn future_major_names_both_versions() {
+        let mut file = sample();
+        file[8..10].copy_from_slice(&7u16.to_le_bytes());
+        let err = Container::parse(&file).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bundle format 7.0 is not supported by this runtime, which reads format 1.x"
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! Element types shared by the compiler and the runtime.
+
+use crate::proto::DataType;
+use std::fmt;
+
+/// The element type of a tensor. Bool is stored as one byte per element (0 or 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    F64,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 12] = [
+        DType::F32,
+        DType::F16,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+        DType::Bool,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+        }
+    }
+
+    /// The short lower-case name used in plans, errors and the CLI (`f32`, `i64`, `bool`...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I16 => "i16",
+            DType::U16 => "u16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
+            DType::U64 => "u64",
+            DType::Bool => "bool",
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::F64)
+    }
+
+    /// The ONNX `TensorProto.DataType` number of this type.
+    pub const fn onnx_code(self) -> i32 {
+        self.to_proto() as i32
+    }
+
+    /// The type for an ONNX `TensorProto.DataType` number, if Ingot supports it.
+    pub fn from_onnx_code(code: i32) -> Option<DType> {
+        DataType::try_from(code).ok().and_then(DType::from_proto)
+    }
+
+    pub const fn to_proto(self) -> DataType {
+        match self {
+            DType::F32 => DataType::F32,
+            DType::F16 => DataType::F16,
+            DType::F64 => DataType::F64,
+            DType::I8 => DataType::I8,
+            DType::U8 => DataType::U8,
+            DType::I16 => DataType::I16,
+            DType::U16 => DataType::U16,
+            DType::I32 => DataType::I32,
+            DType::U32 => DataType::U32,
+            DType::I64 => DataType::I64,
+            DType::U64 => DataType::U64,
+            DType::Bool => DataType::Bool,
+        }
+    }
+
+    pub const fn from_proto(dt: DataType) -> Option<DType> {
+        Some(match dt {
+            DataType::Unspecified => return None,
+            DataType::F32 => DType::F32,
+            DataType::F16 => DType::F16,
+            DataType::F64 => DType::F64,
+            DataType::I8 => DType::I8,
+            DataType::U8 => DType::U8,
+            DataType::I16 => DType::I16,
+            DataType::U16 => DType::U16,
+            DataType::I32 => DType::I32,
+            DataType::U32 => DType::U32,
+            DataType::I64 => DType::I64,
+            DataType::U64 => DType::U64,
+            DataType::Bool => DType::Bool,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proto_and_onnx_codes_round_trip() {
+        for dt in DType::ALL {
+            assert_eq!(DType::from_proto(dt.to_proto()), Some(dt));
+            assert_eq!(DType::from_onnx_code(dt.onnx_code()), Some(dt));
+        }
+        // ONNX FLOAT is 1, INT64 is 7, BOOL is 9: the proto enum mirrors ONNX's numbering.
+        assert_eq!(DType::from_onnx_code(1), Some(DType::F32));
+        assert_eq!(DType::from_onnx_code(7), Some(DType::I64));
+        assert_eq!(DType::from_onnx_code(9), Some(DType::Bool));
+        assert_eq!(
+            DType::from_onnx_code(8),
+            None,
+            "ONNX STRING is not a tensor type we run"
+        );
+    }
+}
