@@ -1,1 +1,49 @@
-fn main() {}
+//! `ingot`: compile ONNX models into bundles, inspect them, run them.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cli;
+
+/// Ingot: an ahead-of-time compiler for on-device inference. ONNX in, memory-planned bundle
+/// out; a thin runtime runs the bundle.
+#[derive(Parser)]
+#[command(name = "ingot", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile an ONNX model into a bundle.
+    Compile(cli::compile::Args),
+    /// Run a bundle on .npy inputs and write its outputs as .npy files.
+    Run(cli::run::Args),
+    /// Describe a bundle: format, inputs and outputs, ops, memory, sections.
+    Inspect(cli::inspect::Args),
+    /// Print the memory plan of a model or bundle (text or JSON).
+    Plan(cli::plan::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Compile(args) => cli::compile::main(args),
+        Command::Run(args) => cli::run::main(args),
+        Command::Inspect(args) => cli::inspect::main(args),
+        Command::Plan(args) => cli::plan::main(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One paragraph: the outermost context, then each cause.
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,6 +1,309 @@
-//! (in progress)
-#[derive(Debug)]
-pub struct Bundle;
+//! Opening a bundle: map (or copy) the file, check the container, decode the manifest, and
+//! validate every index, offset and length in it before anything else uses them.
+//!
+//! After [`Bundle::open`] succeeds, the rest of the runtime may index the manifest without
+//! checks: a truncated, corrupt or hostile bundle is an error here, never a panic later.
+
+use crate::tensor::TensorDesc;
+use ingot_schema::container::{Container, ContainerError, SectionKind};
+use ingot_schema::proto::{self, storage::Kind};
+use ingot_schema::{Attrs, DType};
+use prost::Message;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Weight offsets in the weights section are multiples of this, so typed views need no copy.
+pub const WEIGHT_ALIGN: u64 = 64;
+
 #[derive(Debug, thiserror::Error)]
-#[error("bundle")]
-pub struct BundleError;
+pub enum BundleError {
+    #[error("cannot read bundle {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    #[error("bundle manifest does not decode: {0}")]
+    Manifest(#[from] prost::DecodeError),
+    #[error("bundle manifest is invalid: {0}")]
+    Invalid(String),
+    #[error("bundle has no variant '{name}'; it has: {known}")]
+    UnknownVariant { name: String, known: String },
+}
+
+fn invalid(msg: impl Into<String>) -> BundleError {
+    BundleError::Invalid(msg.into())
+}
+
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    // u64 words keep the copy 8-aligned, like a mapping.
+    Owned { words: Vec<u64>, len: usize },
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
+        }
+    }
+}
+
+/// An opened, validated bundle.
+pub struct Bundle {
+    bytes: Bytes,
+    container: Container,
+    manifest: proto::Manifest,
+    weights: Range<usize>,
+}
+
+impl std::fmt::Debug for Bundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bundle")
+            .field("format", &(self.container.major, self.container.minor))
+            .field("variants", &self.manifest.variants.len())
+            .field("weights", &self.manifest.weights.len())
+            .finish()
+    }
+}
+
+impl Bundle {
+    /// Maps the file at `path` and validates it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
+        let path = path.as_ref();
+        let io = |source| BundleError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the mapping is read-only and private to this process. A bundle file must not
+        // be truncated or rewritten while it is open (the same contract as every mmap-based
+        // model loader); everything read from it is validated first.
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::from_storage(Bytes::Mapped(map))
+    }
+
+    /// Validates a bundle held in memory (e.g. `include_bytes!`); the bytes are copied once
+    /// into aligned storage.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Bundle, BundleError> {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Self::from_storage(Bytes::Owned {
+            words,
+            len: bytes.len(),
+        })
+    }
+
+    fn from_storage(bytes: Bytes) -> Result<Bundle, BundleError> {
+        let file = bytes.as_slice();
+        let container = Container::parse(file)?;
+        let manifest_range = container.require(SectionKind::Manifest)?.range.clone();
+        let manifest = proto::Manifest::decode(&file[manifest_range])?;
+        let weights = container
+            .section(SectionKind::Weights)
+            .map_or(0..0, |s| s.range.clone());
+        validate(&manifest, weights.len() as u64)?;
+        Ok(Bundle {
+            bytes,
+            container,
+            manifest,
+            weights,
+        })
+    }
+
+    pub fn manifest(&self) -> &proto::Manifest {
+        &self.manifest
+    }
+
+    /// (major, minor) format version of the file.
+    pub fn format_version(&self) -> (u16, u16) {
+        (self.container.major, self.container.minor)
+    }
+
+    /// The sections: kind name and byte range in the file.
+    pub fn sections(&self) -> impl Iterator<Item = (&'static str, Range<usize>)> + '_ {
+        self.container
+            .sections
+            .iter()
+            .map(|s| (s.kind.name(), s.range.clone()))
+    }
+
+    /// The total size of the bundle file in bytes.
+    pub fn file_len(&self) -> usize {
+        self.bytes.as_slice().len()
+    }
+
+    /// The index of the variant called `name`.
+    pub fn variant_index(&self, name: &str) -> Result<usize, BundleError> {
+        self.manifest
+            .variants
+            .iter()
+            .position(|v| v.name == name)
+            .ok_or_else(|| BundleError::UnknownVariant {
+                name: name.to_string(),
+                known: self
+                    .manifest
+                    .variants
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The bytes of weight bank entry `index` (validated at open).
+    pub fn weight_bytes(&self, index: usize) -> &[u8] {
+        let w = &self.manifest.weights[index];
+        let start = self.weights.start + w.offset as usize;
+        &self.bytes.as_slice()[start..start + w.length as usize]
+    }
+}
+
+/// The dtype and shape of a manifest tensor (validated at open).
+pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
+    let dtype = proto::DataType::try_from(t.dtype)
+        .ok()
+        .and_then(DType::from_proto)
+        .unwrap_or(DType::U8);
+    TensorDesc::new(dtype, t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>())
+}
+
+/// Bytes of a tensor with this dtype and shape, or `None` on overflow or an unknown dtype.
+fn checked_bytes(dtype: i32, shape: &[u64]) -> Option<u64> {
+    let dt = DType::from_proto(proto::DataType::try_from(dtype).ok()?)?;
+    shape
+        .iter()
+        .try_fold(dt.size() as u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as u64)
+}
+
+fn validate(m: &proto::Manifest, weights_len: u64) -> Result<(), BundleError> {
+    for (i, w) in m.weights.iter().enumerate() {
+        let bytes = checked_bytes(w.dtype, &w.shape)
+            .ok_or_else(|| invalid(format!("weight {i} has an invalid type or shape")))?;
+        let end = w.offset.checked_add(w.length);
+        if bytes != w.length || w.offset % WEIGHT_ALIGN != 0 || end.is_none_or(|e| e > weights_len)
+        {
+            return Err(invalid(format!(
+                "weight {i} ({} bytes at {}) does not fit the {weights_len}-byte weights section",
+                w.length, w.offset
+            )));
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for v in &m.variants {
+        if !names.insert(v.name.as_str()) {
+            return Err(invalid(format!("two variants are named '{}'", v.name)));
+        }
+        validate_variant(m, v).map_err(|e| invalid(format!("variant '{}': {e}", v.name)))?;
+    }
+    Ok(())
+}
+
+fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), String> {
+    let n = v.tensors.len();
+    let plan = v.plan.as_ref().ok_or("has no plan")?;
+    if plan.alignment == 0 || !plan.alignment.is_power_of_two() || plan.alignment < 8 {
+        return Err(format!("arena alignment {} is invalid", plan.alignment));
+    }
+    let mut sizes = Vec::with_capacity(n);
+    for (i, t) in v.tensors.iter().enumerate() {
+        sizes.push(
+            checked_bytes(t.dtype, &t.shape)
+                .ok_or_else(|| format!("tensor {i} '{}' has an invalid type or shape", t.name))?,
+        );
+    }
+    let io_list = |list: &[u32], what: &str| -> Result<(), String> {
+        for (k, &t) in list.iter().enumerate() {
+            let kind = v
+                .tensors
+                .get(t as usize)
+                .and_then(|t| t.storage.as_ref())
+                .and_then(|s| s.kind.as_ref());
+            let ok = match (what, kind) {
+                ("input", Some(Kind::Input(j))) | ("output", Some(Kind::Output(j))) => {
+                    *j as usize == k
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(format!("{what} {k} does not refer to a tensor stored as {what} {k}"));
+            }
+        }
+        Ok(())
+    };
+    io_list(&v.inputs, "input")?;
+    io_list(&v.outputs, "output")?;
+    for (i, t) in v.tensors.iter().enumerate() {
+        let at = |msg: String| format!("tensor {i} '{}': {msg}", t.name);
+        match t.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+            None => return Err(at("has no storage".into())),
+            Some(Kind::Input(k)) if v.inputs.get(*k as usize) != Some(&(i as u32)) => {
+                return Err(at(format!("claims input {k}")));
+            }
+            Some(Kind::Output(k)) if v.outputs.get(*k as usize) != Some(&(i as u32)) => {
+                return Err(at(format!("claims output {k}")));
+            }
+            Some(Kind::Weight(w)) => {
+                let w = m
+                    .weights
+                    .get(*w as usize)
+                    .ok_or_else(|| at(format!("refers to weight {w}, which does not exist")))?;
+                if w.dtype != t.dtype || w.shape != t.shape {
+                    return Err(at("differs in type or shape from its weight".into()));
+                }
+            }
+            Some(Kind::Arena(off)) => {
+                let end = off.checked_add(sizes[i]);
+                if off % plan.alignment != 0 || end.is_none_or(|e| e > plan.arena_bytes) {
+                    return Err(at(format!(
+                        "{} bytes at arena offset {off} exceed the {}-byte arena or its alignment",
+                        sizes[i], plan.arena_bytes
+                    )));
+                }
+            }
+            Some(Kind::View(view)) => {
+                let root = view.of as usize;
+                let root_kind = v
+                    .tensors
+                    .get(root)
+                    .and_then(|r| r.storage.as_ref())
+                    .and_then(|s| s.kind.as_ref());
+                if root == i || root_kind.is_none() || matches!(root_kind, Some(Kind::View(_))) {
+                    return Err(at(format!("is a view of tensor {root}, which is not a root")));
+                }
+                let end = view.byte_offset.checked_add(sizes[i]);
+                if end.is_none_or(|e| e > sizes[root]) {
+                    return Err(at(format!("view exceeds its root tensor {root}")));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    for (k, a) in plan.allocations.iter().enumerate() {
+        let kind = proto::AllocationKind::try_from(a.kind).ok();
+        let weight_ok = kind != Some(proto::AllocationKind::Weight) || (a.weight as usize) < m.weights.len();
+        if kind.is_none() || kind == Some(proto::AllocationKind::Unspecified) || !weight_ok {
+            return Err(format!("allocation {k} has an invalid kind or weight index"));
+        }
+    }
+    for (s, step) in v.steps.iter().enumerate() {
+        let at = |msg: String| format!("step {s} '{}' ({}): {msg}", step.name, step.op);
+        for &t in step.inputs.iter().chain(&step.outputs) {
+            if t as usize >= n {
+                return Err(at(format!("refers to tensor {t}, which does not exist")));
+            }
+        }
+        for &t in &step.outputs {
+            let kind = v.tensors[t as usize].storage.as_ref().and_then(|s| s.kind.as_ref());
+            if matches!(kind, Some(Kind::Input(_) | Kind::Weight(_))) {
+                return Err(at(format!("writes tensor {t}, a graph input or weight")));
+            }
+        }
+        Attrs::from_proto(&step.attributes).map_err(|e| at(e.to_string()))?;
+    }
+    Ok(())
+}

@@ -1,10 +1,435 @@
-//! (in progress)
-#[derive(Debug)]
-pub struct Session;
-#[derive(Debug)]
-pub struct SessionOptions;
-#[derive(Debug)]
-pub struct IoInfo;
+//! A session runs one variant of a bundle: its steps, in order, out of the activation arena
+//! the plan sized, reading weights straight from the bundle.
+//!
+//! Every step's operands are resolved once, at creation, to a place (arena, weight, caller
+//! input, output) and a byte range; `run` only checks the caller's tensors and calls kernels.
+
+use crate::bundle::{Bundle, BundleError, tensor_desc};
+use crate::cpu::{self, Kernel, KernelError, OpCx};
+use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
+use ingot_schema::Attrs;
+use ingot_schema::proto::storage::Kind;
+use std::ops::Range;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    /// The variant to run; `None` means the bundle's first variant.
+    pub variant: Option<String>,
+}
+
+/// A graph input or output as the caller sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoInfo {
+    pub name: String,
+    pub desc: TensorDesc,
+}
+
 #[derive(Debug, thiserror::Error)]
-#[error("session")]
-pub struct SessionError;
+pub enum SessionError {
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("bundle has no variants")]
+    NoVariant,
+    #[error("cannot prepare step {index} '{name}' ({op}): {source}")]
+    Prepare {
+        index: usize,
+        name: String,
+        op: String,
+        source: KernelError,
+    },
+    #[error("step {index} '{name}' ({op}) failed: {source}")]
+    Step {
+        index: usize,
+        name: String,
+        op: String,
+        source: KernelError,
+    },
+    #[error("expected {expected} inputs ({names}), got {got}")]
+    InputCount {
+        expected: usize,
+        got: usize,
+        names: String,
+    },
+    #[error("input '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]
+    InputMismatch {
+        name: String,
+        expected_dtype: ingot_schema::DType,
+        expected: Vec<usize>,
+        got_dtype: ingot_schema::DType,
+        got: Vec<usize>,
+    },
+    #[error("cannot allocate the {bytes}-byte activation arena")]
+    ArenaAllocation { bytes: u64 },
+    #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
+    Aliasing {
+        index: usize,
+        name: String,
+        op: String,
+    },
+}
+
+/// Where an operand's bytes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Arena,
+    Weight(usize),
+    Input(usize),
+    Output(usize),
+}
+
+#[derive(Clone, Debug)]
+struct Operand {
+    place: Place,
+    bytes: Range<usize>,
+    desc: TensorDesc,
+}
+
+struct Step {
+    name: String,
+    op: String,
+    kernel: Box<dyn Kernel>,
+    inputs: Vec<Operand>,
+    outputs: Vec<Operand>,
+    /// The input whose bytes output 0 overwrites, when the plan runs this step in place.
+    in_place: Option<usize>,
+}
+
+pub struct Session {
+    bundle: Arc<Bundle>,
+    inputs: Vec<IoInfo>,
+    outputs: Vec<IoInfo>,
+    steps: Vec<Step>,
+    // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
+    arena: Vec<u64>,
+    arena_bytes: usize,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("steps", &self.steps.len())
+            .field("arena_bytes", &self.arena_bytes)
+            .finish()
+    }
+}
+
+impl Session {
+    pub fn new(bundle: Arc<Bundle>, options: SessionOptions) -> Result<Session, SessionError> {
+        let manifest = bundle.manifest();
+        let index = match &options.variant {
+            Some(name) => bundle.variant_index(name)?,
+            None if manifest.variants.is_empty() => return Err(SessionError::NoVariant),
+            None => 0,
+        };
+        let variant = &manifest.variants[index];
+        let plan = variant.plan.as_ref().ok_or(BundleError::Invalid("no plan".into()))?;
+
+        let operand = |t: u32| -> Operand {
+            let tensor = &variant.tensors[t as usize];
+            let desc = tensor_desc(tensor);
+            let len = desc.bytes();
+            let (root, offset) = match tensor.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+                Some(Kind::View(v)) => (&variant.tensors[v.of as usize], v.byte_offset as usize),
+                _ => (tensor, 0),
+            };
+            let (place, base) = match root.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+                Some(Kind::Arena(off)) => (Place::Arena, *off as usize),
+                Some(Kind::Weight(w)) => (Place::Weight(*w as usize), 0),
+                Some(Kind::Input(i)) => (Place::Input(*i as usize), 0),
+                Some(Kind::Output(o)) => (Place::Output(*o as usize), 0),
+                // Validation guarantees a root has one of the kinds above.
+                Some(Kind::View(_)) | None => (Place::Arena, 0),
+            };
+            Operand {
+                place,
+                bytes: base + offset..base + offset + len,
+                desc,
+            }
+        };
+
+        let mut steps = Vec::with_capacity(variant.steps.len());
+        for (index, s) in variant.steps.iter().enumerate() {
+            let prepare_error = |source| SessionError::Prepare {
+                index,
+                name: s.name.clone(),
+                op: s.op.clone(),
+                source,
+            };
+            let attrs = Attrs::from_proto(&s.attributes).map_err(|e| prepare_error(e.into()))?;
+            let inputs: Vec<Operand> = s.inputs.iter().map(|&t| operand(t)).collect();
+            let outputs: Vec<Operand> = s.outputs.iter().map(|&t| operand(t)).collect();
+            let in_descs: Vec<TensorDesc> = inputs.iter().map(|o| o.desc.clone()).collect();
+            let out_descs: Vec<TensorDesc> = outputs.iter().map(|o| o.desc.clone()).collect();
+            let kernel = cpu::prepare(&OpCx {
+                op: &s.op,
+                attrs: &attrs,
+                inputs: &in_descs,
+                outputs: &out_descs,
+            })
+            .map_err(prepare_error)?;
+            let in_place = outputs.first().and_then(|out| {
+                inputs
+                    .iter()
+                    .position(|i| i.place == out.place && i.bytes == out.bytes)
+            });
+            steps.push(Step {
+                name: s.name.clone(),
+                op: s.op.clone(),
+                kernel,
+                inputs,
+                outputs,
+                in_place,
+            });
+        }
+
+        let io = |list: &[u32]| -> Vec<IoInfo> {
+            list.iter()
+                .map(|&t| IoInfo {
+                    name: variant.tensors[t as usize].name.clone(),
+                    desc: tensor_desc(&variant.tensors[t as usize]),
+                })
+                .collect()
+        };
+        let arena_bytes = plan.arena_bytes;
+        let words = arena_bytes.div_ceil(8) as usize;
+        let mut arena = Vec::new();
+        arena
+            .try_reserve_exact(words)
+            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })?;
+        arena.resize(words, 0);
+        Ok(Session {
+            inputs: io(&variant.inputs),
+            outputs: io(&variant.outputs),
+            steps,
+            arena,
+            arena_bytes: arena_bytes as usize,
+            bundle,
+        })
+    }
+
+    pub fn inputs(&self) -> &[IoInfo] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[IoInfo] {
+        &self.outputs
+    }
+
+    /// Bytes of the activation arena this session holds.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    /// Runs the variant on `inputs` (in the order of [`Session::inputs`]) and returns its
+    /// outputs (in the order of [`Session::outputs`]).
+    pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
+        self.check_inputs(inputs)?;
+        let mut outputs: Vec<Tensor> = self
+            .outputs
+            .iter()
+            .map(|o| Tensor::zeros(o.desc.clone()))
+            .collect();
+        let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
+        for (index, step) in self.steps.iter().enumerate() {
+            let fail = |source| SessionError::Step {
+                index,
+                name: step.name.clone(),
+                op: step.op.clone(),
+                source,
+            };
+            let aliasing = || SessionError::Aliasing {
+                index,
+                name: step.name.clone(),
+                op: step.op.clone(),
+            };
+            let mut places = Places {
+                bundle: &self.bundle,
+                inputs,
+                arena: Carved::new(arena, &step.outputs, Place::Arena).ok_or_else(aliasing)?,
+                outputs: OutputSlots::new(&mut outputs, &step.outputs),
+            };
+            let ins = step
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(k, o)| match step.in_place {
+                    // Its bytes are output 0's: the kernel reads them from there.
+                    Some(aliased) if aliased == k => Some(TensorRef {
+                        dtype: o.desc.dtype,
+                        shape: &o.desc.shape,
+                        bytes: &[],
+                    }),
+                    _ => places.read(o),
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(aliasing)?;
+            let mut outs = step
+                .outputs
+                .iter()
+                .map(|o| places.write(o))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(aliasing)?;
+            match step.in_place {
+                Some(aliased) => step.kernel.run_in_place(aliased, &ins, &mut outs),
+                None => step.kernel.run(&ins, &mut outs),
+            }
+            .map_err(fail)?;
+        }
+        Ok(outputs)
+    }
+
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), SessionError> {
+        if inputs.len() != self.inputs.len() {
+            return Err(SessionError::InputCount {
+                expected: self.inputs.len(),
+                got: inputs.len(),
+                names: self
+                    .inputs
+                    .iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        for (info, t) in self.inputs.iter().zip(inputs) {
+            if t.desc() != &info.desc {
+                return Err(SessionError::InputMismatch {
+                    name: info.name.clone(),
+                    expected_dtype: info.desc.dtype,
+                    expected: info.desc.shape.clone(),
+                    got_dtype: t.dtype(),
+                    got: t.shape().to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One step's view of memory: shared borrows for what it reads, exclusive borrows for what it
+/// writes, carved from the same buffers without copies or unsafe code.
+struct Places<'a> {
+    bundle: &'a Bundle,
+    inputs: &'a [Tensor],
+    arena: Carved<'a>,
+    outputs: OutputSlots<'a>,
+}
+
+impl<'a> Places<'a> {
+    fn read(&mut self, o: &'a Operand) -> Option<TensorRef<'a>> {
+        let bytes: &'a [u8] = match o.place {
+            Place::Arena => self.arena.read(&o.bytes)?,
+            Place::Weight(w) => self.bundle.weight_bytes(w).get(o.bytes.clone())?,
+            Place::Input(i) => self.inputs.get(i)?.bytes().get(o.bytes.clone())?,
+            Place::Output(i) => self.outputs.read(i)?.get(o.bytes.clone())?,
+        };
+        Some(TensorRef {
+            dtype: o.desc.dtype,
+            shape: &o.desc.shape,
+            bytes,
+        })
+    }
+
+    fn write(&mut self, o: &'a Operand) -> Option<TensorMut<'a>> {
+        let bytes: &'a mut [u8] = match o.place {
+            Place::Arena => self.arena.take(&o.bytes)?,
+            Place::Output(i) => self.outputs.take(i)?.get_mut(o.bytes.clone())?,
+            Place::Weight(_) | Place::Input(_) => return None,
+        };
+        Some(TensorMut {
+            dtype: o.desc.dtype,
+            shape: &o.desc.shape,
+            bytes,
+        })
+    }
+}
+
+/// The arena cut at the ranges a step writes: those become exclusive slices, the gaps between
+/// them shared ones. A read that overlaps a written range is refused (it would alias).
+struct Carved<'a> {
+    gaps: Vec<(usize, &'a [u8])>,
+    written: Vec<(Range<usize>, Option<&'a mut [u8]>)>,
+}
+
+impl<'a> Carved<'a> {
+    fn new(arena: &'a mut [u8], outputs: &[Operand], place: Place) -> Option<Carved<'a>> {
+        let mut ranges: Vec<Range<usize>> = outputs
+            .iter()
+            .filter(|o| o.place == place)
+            .map(|o| o.bytes.clone())
+            .collect();
+        ranges.sort_by_key(|r| r.start);
+        let mut gaps = Vec::new();
+        let mut written = Vec::new();
+        let mut rest = arena;
+        let mut at = 0;
+        for r in ranges {
+            if r.start < at || r.end > at + rest.len() {
+                return None; // overlapping outputs or out of bounds: the verifier forbids both
+            }
+            let (gap, tail) = rest.split_at_mut(r.start - at);
+            let (out, tail) = tail.split_at_mut(r.len());
+            gaps.push((at, &*gap));
+            written.push((r.clone(), Some(out)));
+            at = r.end;
+            rest = tail;
+        }
+        gaps.push((at, &*rest));
+        Some(Carved { gaps, written })
+    }
+
+    fn read(&self, r: &Range<usize>) -> Option<&'a [u8]> {
+        self.gaps.iter().find_map(|&(start, gap)| {
+            (r.start >= start && r.end <= start + gap.len()).then(|| &gap[r.start - start..r.end - start])
+        })
+    }
+
+    fn take(&mut self, r: &Range<usize>) -> Option<&'a mut [u8]> {
+        self.written
+            .iter_mut()
+            .find(|(w, _)| w == r)
+            .and_then(|(_, slot)| slot.take())
+    }
+}
+
+/// The caller-visible outputs, split into those the step writes and those it may read.
+struct OutputSlots<'a> {
+    slots: Vec<Slot<'a>>,
+}
+
+enum Slot<'a> {
+    Read(&'a [u8]),
+    Write(Option<&'a mut [u8]>),
+}
+
+impl<'a> OutputSlots<'a> {
+    fn new(outputs: &'a mut [Tensor], written: &[Operand]) -> Self {
+        let slots = outputs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, t)| {
+                if written.iter().any(|o| o.place == Place::Output(i)) {
+                    Slot::Write(Some(t.bytes_mut()))
+                } else {
+                    Slot::Read(t.bytes())
+                }
+            })
+            .collect();
+        OutputSlots { slots }
+    }
+
+    fn read(&self, i: usize) -> Option<&'a [u8]> {
+        match self.slots.get(i)? {
+            Slot::Read(bytes) => Some(bytes),
+            Slot::Write(_) => None,
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Option<&'a mut [u8]> {
+        match self.slots.get_mut(i)? {
+            Slot::Write(slot) => slot.take(),
+            Slot::Read(_) => None,
+        }
+    }
+}

@@ -1,5 +1,523 @@
-//! (family stub: to be filled in)
+//! Ops that move bytes, and shape plumbing: attribute defaults, constant operands read into
+//! attributes, and shape rules. The kernels are in `runtime/src/cpu/movement.rs`.
+//!
+//! Canonical forms (every axis non-negative, every operand that shapes the output an
+//! attribute, so the node has only its data inputs):
+//! - Reshape `shape` (0 and -1 resolved to real dims), Flatten `axis`, Squeeze/Unsqueeze
+//!   `axes` (sorted), Identity and Dropout nothing (Dropout keeps only its data input);
+//! - Shape `start`/`end` (clamped), Size nothing: the fold pass answers both from types;
+//! - ConstantOfShape `shape`, `value`, `dtype` (ONNX code); Range `start`, `limit`, `delta`,
+//!   `dtype`. Scalars are `Int` for integer and bool dtypes, `Float` for float ones;
+//! - layout ops ([`layout`]) and index ops ([`index`]) list theirs beside their code.
 
-use super::OpDef;
+mod index;
+mod layout;
+#[cfg(test)]
+mod tests;
 
-pub const OPS: &[OpDef] = &[];
+use super::{LowerCx, OpDef, OpResult, normalize_axis, op_err};
+use crate::ir::{Const, Node};
+use ingot_runtime::TensorDesc;
+use ingot_schema::{AttrValue, DType};
+
+pub const OPS: &[OpDef] = &[
+    OpDef {
+        name: "Reshape",
+        lower: lower_reshape,
+        infer: infer_reshape,
+    },
+    OpDef {
+        name: "Flatten",
+        lower: lower_flatten,
+        infer: infer_flatten,
+    },
+    OpDef {
+        name: "Squeeze",
+        lower: lower_squeeze,
+        infer: infer_squeeze,
+    },
+    OpDef {
+        name: "Unsqueeze",
+        lower: lower_unsqueeze,
+        infer: infer_unsqueeze,
+    },
+    OpDef {
+        name: "Identity",
+        lower: lower_nothing,
+        infer: infer_same,
+    },
+    OpDef {
+        name: "Dropout",
+        lower: lower_dropout,
+        infer: infer_dropout,
+    },
+    OpDef {
+        name: "Shape",
+        lower: lower_shape,
+        infer: infer_shape,
+    },
+    OpDef {
+        name: "Size",
+        lower: lower_nothing,
+        infer: infer_size,
+    },
+    OpDef {
+        name: "ConstantOfShape",
+        lower: lower_constant_of_shape,
+        infer: infer_constant_of_shape,
+    },
+    OpDef {
+        name: "Range",
+        lower: lower_range,
+        infer: infer_range,
+    },
+    OpDef {
+        name: "Transpose",
+        lower: layout::lower_transpose,
+        infer: layout::infer_transpose,
+    },
+    OpDef {
+        name: "Concat",
+        lower: layout::lower_concat,
+        infer: layout::infer_concat,
+    },
+    OpDef {
+        name: "Split",
+        lower: layout::lower_split,
+        infer: layout::infer_split,
+    },
+    OpDef {
+        name: "Slice",
+        lower: layout::lower_slice,
+        infer: layout::infer_slice,
+    },
+    OpDef {
+        name: "Pad",
+        lower: layout::lower_pad,
+        infer: layout::infer_pad,
+    },
+    OpDef {
+        name: "Tile",
+        lower: layout::lower_tile,
+        infer: layout::infer_tile,
+    },
+    OpDef {
+        name: "Expand",
+        lower: layout::lower_expand,
+        infer: layout::infer_expand,
+    },
+    OpDef {
+        name: "DepthToSpace",
+        lower: layout::lower_depth_to_space,
+        infer: layout::infer_depth_to_space,
+    },
+    OpDef {
+        name: "SpaceToDepth",
+        lower: layout::lower_space_to_depth,
+        infer: layout::infer_space_to_depth,
+    },
+    OpDef {
+        name: "Trilu",
+        lower: layout::lower_trilu,
+        infer: infer_same,
+    },
+    OpDef {
+        name: "CumSum",
+        lower: layout::lower_cum_sum,
+        infer: infer_same,
+    },
+    OpDef {
+        name: "Gather",
+        lower: index::lower_gather,
+        infer: index::infer_gather,
+    },
+    OpDef {
+        name: "GatherElements",
+        lower: index::lower_gather_elements,
+        infer: index::infer_gather_elements,
+    },
+    OpDef {
+        name: "GatherND",
+        lower: index::lower_gather_nd,
+        infer: index::infer_gather_nd,
+    },
+    OpDef {
+        name: "ScatterND",
+        lower: index::lower_scatter_nd,
+        infer: index::infer_scatter,
+    },
+    OpDef {
+        name: "ScatterElements",
+        lower: index::lower_scatter_elements,
+        infer: index::infer_scatter,
+    },
+    OpDef {
+        name: "OneHot",
+        lower: index::lower_one_hot,
+        infer: index::infer_one_hot,
+    },
+];
+
+// ---- helpers shared by the family ----
+
+/// Input `i` of a canonical node.
+fn arg<'a>(inputs: &[&'a TensorDesc], i: usize) -> OpResult<&'a TensorDesc> {
+    inputs
+        .get(i)
+        .copied()
+        .ok_or_else(|| op_err!("input {i} is required"))
+}
+
+/// Keeps only the first `n` inputs (the constant operands now live in attributes).
+fn keep_inputs(node: &mut Node, n: usize) {
+    node.inputs.truncate(n);
+}
+
+/// An operand that is an attribute before opset `since` and an input from then on.
+fn attr_or_input(
+    node: &Node,
+    cx: &LowerCx,
+    name: &str,
+    input: usize,
+    since: i64,
+) -> OpResult<Option<Vec<i64>>> {
+    if cx.opset < since {
+        Ok(node.attrs.ints_opt(name)?.map(<[i64]>::to_vec))
+    } else {
+        cx.const_ints(input, name)
+    }
+}
+
+/// Axes normalised against `rank`, sorted; repeats are an error.
+fn sorted_axes(axes: &[i64], rank: usize) -> OpResult<Vec<usize>> {
+    let mut out = axes
+        .iter()
+        .map(|&a| normalize_axis(a, rank))
+        .collect::<OpResult<Vec<_>>>()?;
+    out.sort_unstable();
+    if out.windows(2).any(|w| w[0] == w[1]) {
+        return Err(op_err!("axes {axes:?} repeat an axis"));
+    }
+    Ok(out)
+}
+
+fn ints(v: impl IntoIterator<Item = usize>) -> AttrValue {
+    AttrValue::Ints(v.into_iter().map(|d| d as i64).collect())
+}
+
+/// A non-negative integer list attribute.
+fn usizes(node: &Node, name: &str) -> OpResult<Vec<usize>> {
+    node.attrs
+        .ints(name)?
+        .iter()
+        .map(|&v| usize::try_from(v).map_err(|_| op_err!("{name} holds {v}")))
+        .collect()
+}
+
+fn axis_attr(node: &Node, rank: usize) -> OpResult<usize> {
+    normalize_axis(node.attrs.int("axis")?, rank)
+}
+
+/// A scalar attribute of `dtype`: `Int` for integer and bool types (exact), `Float` else.
+fn scalar(dtype: DType, ints: Option<i64>, floats: Option<f64>) -> OpResult<AttrValue> {
+    let v = if dtype.is_float() {
+        floats.map(AttrValue::Float)
+    } else {
+        ints.map(AttrValue::Int)
+    };
+    v.ok_or_else(|| op_err!("a scalar of type {dtype} is not a number"))
+}
+
+/// The first element of a constant as a scalar attribute of its own dtype.
+fn const_scalar(c: &Const) -> OpResult<AttrValue> {
+    let i = c.to_i64s().and_then(|v| v.first().copied());
+    let f = c.to_f64s().and_then(|v| v.first().copied());
+    scalar(c.desc().dtype, i, f)
+}
+
+/// A scalar operand: input `i`, a constant with one element.
+fn scalar_input(cx: &LowerCx, i: usize, what: &str) -> OpResult<AttrValue> {
+    let c = cx
+        .consts
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| op_err!("{what} (input {i}) must be a constant"))?;
+    if c.desc().elements() != 1 {
+        return Err(op_err!("{what} must hold one value, not {:?}", c.desc().shape));
+    }
+    const_scalar(c)
+}
+
+fn lower_nothing(_: &mut Node, _: &LowerCx) -> OpResult<()> {
+    Ok(())
+}
+
+fn infer_same(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    Ok(vec![arg(inputs, 0)?.clone()])
+}
+
+// ---- Reshape, Flatten, Squeeze, Unsqueeze ----
+
+fn lower_reshape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let x = cx.input(0)?;
+    let spec = cx
+        .const_ints(1, "shape")?
+        .ok_or_else(|| op_err!("shape (input 1) is required"))?;
+    let allow_zero = node.attrs.int_or("allowzero", 0)? != 0;
+    let mut shape = Vec::with_capacity(spec.len());
+    let mut inferred = None;
+    for (i, &d) in spec.iter().enumerate() {
+        shape.push(match d {
+            -1 if inferred.replace(i).is_none() => 1,
+            -1 => return Err(op_err!("shape {spec:?} has more than one -1")),
+            0 if !allow_zero => *x
+                .shape
+                .get(i)
+                .ok_or_else(|| op_err!("shape {spec:?} copies dim {i} of {:?}", x.shape))?,
+            d => usize::try_from(d).map_err(|_| op_err!("shape {spec:?} has {d}"))?,
+        });
+    }
+    let total = x.elements();
+    if let Some(i) = inferred {
+        let known: usize = shape.iter().product();
+        if known == 0 || total % known != 0 {
+            return Err(op_err!("cannot reshape {:?} to {spec:?}", x.shape));
+        }
+        shape[i] = total / known;
+    }
+    node.attrs.remove("allowzero");
+    node.attrs.set("shape", ints(shape));
+    keep_inputs(node, 1);
+    Ok(())
+}
+
+fn infer_reshape(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let shape = usizes(node, "shape")?;
+    if shape.iter().product::<usize>() != x.elements() {
+        return Err(op_err!("cannot reshape {:?} to {shape:?}", x.shape));
+    }
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
+}
+
+fn lower_flatten(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let rank = cx.input(0)?.shape.len() as i64;
+    let axis = node.attrs.int_or("axis", 1)?;
+    // Unlike most axes, Flatten's may equal the rank.
+    let a = if axis < 0 { axis + rank } else { axis };
+    if !(0..=rank).contains(&a) {
+        return Err(op_err!("axis {axis} is out of range for rank {rank}"));
+    }
+    node.attrs.set("axis", AttrValue::Int(a));
+    Ok(())
+}
+
+fn infer_flatten(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let a = usize::try_from(node.attrs.int("axis")?)
+        .ok()
+        .filter(|&a| a <= x.shape.len())
+        .ok_or_else(|| op_err!("axis is out of range for {:?}", x.shape))?;
+    let (outer, inner) = x.shape.split_at(a);
+    let shape = [outer.iter().product(), inner.iter().product()];
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
+}
+
+fn lower_squeeze(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let x = cx.input(0)?;
+    let axes = match attr_or_input(node, cx, "axes", 1, 13)? {
+        Some(a) => sorted_axes(&a, x.shape.len())?,
+        None => (0..x.shape.len()).filter(|&d| x.shape[d] == 1).collect(),
+    };
+    node.attrs.set("axes", ints(axes));
+    keep_inputs(node, 1);
+    Ok(())
+}
+
+fn infer_squeeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let axes = usizes(node, "axes")?;
+    if let Some(&a) = axes.iter().find(|&&a| x.shape.get(a) != Some(&1)) {
+        return Err(op_err!("cannot squeeze axis {a} of {:?}", x.shape));
+    }
+    let shape = (0..x.shape.len())
+        .filter(|d| !axes.contains(d))
+        .map(|d| x.shape[d]);
+    Ok(vec![TensorDesc::new(x.dtype, shape.collect::<Vec<_>>())])
+}
+
+fn lower_unsqueeze(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let x = cx.input(0)?;
+    let axes = attr_or_input(node, cx, "axes", 1, 13)?
+        .ok_or_else(|| op_err!("axes are required"))?;
+    let axes = sorted_axes(&axes, x.shape.len() + axes.len())?;
+    node.attrs.set("axes", ints(axes));
+    keep_inputs(node, 1);
+    Ok(())
+}
+
+fn infer_unsqueeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let axes = usizes(node, "axes")?;
+    let rank = x.shape.len() + axes.len();
+    let mut dims = x.shape.iter();
+    let shape = (0..rank)
+        .map(|d| {
+            if axes.contains(&d) {
+                Some(1)
+            } else {
+                dims.next().copied()
+            }
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| op_err!("axes {axes:?} do not fit rank {rank}"))?;
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
+}
+
+// ---- Dropout ----
+
+/// Inference only: the ratio and training-mode operands are dropped, and a training mode
+/// that is on with a non-zero ratio (random output) is refused.
+fn lower_dropout(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    if cx.opset >= 12 && cx.has_input(2) {
+        let training = cx.const_ints(2, "training_mode")?.unwrap_or_default();
+        let ratio = match cx.has_input(1) {
+            true => cx.const_floats(1, "ratio")?.unwrap_or_default(),
+            false => vec![0.5],
+        };
+        if training.iter().any(|&t| t != 0) && ratio.iter().any(|&r| r != 0.0) {
+            return Err(op_err!("Dropout in training mode is random; only inference is supported"));
+        }
+    }
+    for a in ["ratio", "seed", "is_test"] {
+        node.attrs.remove(a);
+    }
+    keep_inputs(node, 1);
+    Ok(())
+}
+
+fn infer_dropout(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let mask = TensorDesc::new(DType::Bool, x.shape.clone());
+    Ok([x.clone(), mask]
+        .into_iter()
+        .take(node.outputs.len().clamp(1, 2))
+        .collect())
+}
+
+// ---- Shape and Size: folded from types ----
+
+fn lower_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let rank = cx.input(0)?.shape.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank);
+    let start = clamp(node.attrs.int_or("start", 0)?);
+    let end = clamp(node.attrs.int_or("end", rank)?).max(start);
+    node.attrs.set("start", AttrValue::Int(start));
+    node.attrs.set("end", AttrValue::Int(end));
+    Ok(())
+}
+
+fn infer_shape(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let n = node.attrs.int("end")? - node.attrs.int("start")?;
+    Ok(vec![TensorDesc::new(DType::I64, [n.max(0) as usize])])
+}
+
+fn infer_size(_: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    Ok(vec![TensorDesc::new(DType::I64, [])])
+}
+
+// ---- ConstantOfShape and Range: no inputs left, folded ----
+
+fn dtype_attr(node: &Node) -> OpResult<DType> {
+    let code = node.attrs.int("dtype")?;
+    i32::try_from(code)
+        .ok()
+        .and_then(DType::from_onnx_code)
+        .ok_or_else(|| op_err!("element type {code} is not supported"))
+}
+
+/// The importer turns the `value` tensor attribute into `value` (its element) and
+/// `value.dtype` (its ONNX type code); absent, it is a float 0.
+fn lower_constant_of_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let shape = cx
+        .const_ints(0, "shape")?
+        .ok_or_else(|| op_err!("shape (input 0) is required"))?;
+    if let Some(d) = shape.iter().find(|&&d| d < 0) {
+        return Err(op_err!("shape {shape:?} has {d}"));
+    }
+    let (dtype, value) = match node.attrs.get("value") {
+        None => (DType::F32, AttrValue::Float(0.0)),
+        Some(v) => {
+            let code = node.attrs.int("value.dtype")?;
+            let dtype = i32::try_from(code)
+                .ok()
+                .and_then(DType::from_onnx_code)
+                .ok_or_else(|| op_err!("value has unsupported element type {code}"))?;
+            let (i, f) = match v {
+                AttrValue::Int(i) => (Some(*i), Some(*i as f64)),
+                AttrValue::Float(f) => (Some(*f as i64), Some(*f)),
+                other => return Err(op_err!("value must hold one element, not {other:?}")),
+            };
+            (dtype, scalar(dtype, i, f)?)
+        }
+    };
+    node.attrs.remove("value.dtype");
+    node.attrs.set("value", value);
+    node.attrs
+        .set("dtype", AttrValue::Int(dtype.onnx_code().into()));
+    node.attrs.set("shape", AttrValue::Ints(shape));
+    keep_inputs(node, 0);
+    Ok(())
+}
+
+fn infer_constant_of_shape(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    Ok(vec![TensorDesc::new(dtype_attr(node)?, usizes(node, "shape")?)])
+}
+
+fn lower_range(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let dtype = cx.input(0)?.dtype;
+    for (i, name) in ["start", "limit", "delta"].into_iter().enumerate() {
+        if cx.input(i)?.dtype != dtype {
+            return Err(op_err!("start, limit and delta must have one type"));
+        }
+        let v = scalar_input(cx, i, name)?;
+        node.attrs.set(name, v);
+    }
+    node.attrs
+        .set("dtype", AttrValue::Int(dtype.onnx_code().into()));
+    keep_inputs(node, 0);
+    Ok(())
+}
+
+/// `max(ceil((limit - start) / delta), 0)` elements.
+fn infer_range(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let dtype = dtype_attr(node)?;
+    let a = &node.attrs;
+    let n = if dtype.is_float() {
+        let (s, l, d) = (a.get("start"), a.get("limit"), a.get("delta"));
+        let (Some(AttrValue::Float(s)), Some(AttrValue::Float(l)), Some(AttrValue::Float(d))) =
+            (s, l, d)
+        else {
+            return Err(op_err!("start, limit and delta must be floats"));
+        };
+        if *d == 0.0 {
+            return Err(op_err!("delta is 0"));
+        }
+        // f32 operands subtract in f32, as ONNX Runtime does.
+        let span = if dtype == DType::F64 {
+            l - s
+        } else {
+            f64::from(*l as f32 - *s as f32)
+        };
+        (span / d).ceil().max(0.0) as usize
+    } else {
+        let (s, l, d) = (a.int("start")?, a.int("limit")?, a.int("delta")?);
+        if d == 0 {
+            return Err(op_err!("delta is 0"));
+        }
+        let (span, step) = if d > 0 { (l - s, d) } else { (s - l, -d) };
+        (span.max(0) as u64).div_ceil(step as u64) as usize
+    };
+    Ok(vec![TensorDesc::new(dtype, [n])])
+}

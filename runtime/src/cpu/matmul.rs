@@ -1,9 +1,609 @@
-//! (family stub: to be filled in)
+//! MatMul, Gemm and Einsum: each becomes a list of strided axes for one product engine
+//! (`product.rs`), so all three share the same GEMM calls and none copies its operands.
+//!
+//! Canonical attributes: Gemm reads `transA`, `transB` (ints), `alpha`, `beta` (floats) and
+//! has 2 inputs or 3 (with C); Einsum reads `input0_labels`, `input1_labels` (for a second
+//! operand) and `output_labels`: one integer label per axis, with the equation's ellipsis
+//! already expanded by the compiler, a repeated label in one operand meaning its diagonal.
+//! Element types: f32, f64, i32, i64.
 
 use super::{Kernel, KernelError, OpCx};
+use crate::invalid;
+use crate::tensor::{TensorMut, TensorRef};
+use ingot_schema::DType;
 
-pub const OPS: &[&str] = &[];
+mod product;
+use product::{Axis, Plan, Scalar};
+
+pub const OPS: &[&str] = &["Einsum", "Gemm", "MatMul"];
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
-    Err(KernelError::UnknownOp(cx.op.to_string()))
+    let n_in = match cx.op {
+        "Gemm" => 2..=3,
+        "Einsum" => 1..=2,
+        _ => 2..=2,
+    };
+    cx.expect_arity(n_in, 1)?;
+    let dtype = cx.inputs[0].dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
+        return Err(cx.dtype_error(dtype));
+    }
+    if let Some(d) = cx
+        .inputs
+        .iter()
+        .chain(cx.outputs)
+        .find(|d| d.dtype != dtype)
+    {
+        return Err(invalid!("{} mixes {dtype} and {}", cx.op, d.dtype));
+    }
+    let shapes: Vec<&[usize]> = cx.inputs.iter().map(|d| d.shape.as_slice()).collect();
+    let (shape, axes, alpha, bias) = match cx.op {
+        "MatMul" => {
+            let (shape, axes) = matmul_axes(shapes[0], shapes[1])?;
+            (shape, axes, 1.0, None)
+        }
+        "Gemm" => gemm_axes(cx, &shapes)?,
+        "Einsum" => {
+            let (shape, axes) = einsum_axes(cx, &shapes)?;
+            (shape, axes, 1.0, None)
+        }
+        op => return Err(KernelError::UnknownOp(op.to_string())),
+    };
+    if cx.outputs[0].shape != shape {
+        return Err(invalid!(
+            "{} makes shape {shape:?}, the step declares {:?}",
+            cx.op,
+            cx.outputs[0].shape
+        ));
+    }
+    let plan = Plan::new(&axes);
+    let [ea, eb, ec] = plan.extents();
+    let unary = cx.inputs.len() == 1;
+    let eb_max = if unary { 1 } else { cx.inputs[1].elements() };
+    if ea > cx.inputs[0].elements() || eb > eb_max || ec > cx.outputs[0].elements() {
+        return Err(invalid!("{} axes reach past its operands", cx.op));
+    }
+    Ok(Box::new(ProductKernel {
+        dtype,
+        plan,
+        alpha,
+        bias,
+        unary,
+    }))
+}
+
+/// A product plan plus what the output holds before the product is added to it.
+struct ProductKernel {
+    dtype: DType,
+    plan: Plan,
+    alpha: f32,
+    /// Gemm's `beta * C`, broadcast to (M, N); the output starts at zero without it.
+    bias: Option<Bias>,
+    /// One operand: the second factor is the constant 1 (Einsum transposes, sums, diagonals).
+    unary: bool,
+}
+
+impl Kernel for ProductKernel {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        match self.dtype {
+            DType::F32 => self.run_as::<f32>(inputs, outputs),
+            DType::F64 => self.run_as::<f64>(inputs, outputs),
+            DType::I32 => self.run_as::<i32>(inputs, outputs),
+            DType::I64 => self.run_as::<i64>(inputs, outputs),
+            d => Err(invalid!("product kernel prepared for unsupported {d}")),
+        }
+    }
+}
+
+impl ProductKernel {
+    fn run_as<T: Scalar>(
+        &self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let input = |i: usize| {
+            inputs
+                .get(i)
+                .ok_or_else(|| invalid!("missing input {i}"))?
+                .as_slice::<T>()
+                .map_err(KernelError::from)
+        };
+        let out = outputs
+            .first_mut()
+            .ok_or_else(|| invalid!("missing output"))?
+            .as_slice_mut::<T>()?;
+        let one = [T::one()];
+        let (a, b) = (input(0)?, if self.unary { &one[..] } else { input(1)? });
+        match &self.bias {
+            Some(bias) => bias.fill(input(2)?, out)?,
+            None => out.fill(T::default()),
+        }
+        self.plan.run(T::from_f32(self.alpha), a, b, out)
+    }
+}
+
+/// Gemm's C, unidirectionally broadcast to the (M, N) output: `out[i, j] = beta * C[i*rs + j*cs]`.
+#[derive(Debug)]
+struct Bias {
+    beta: f32,
+    n: usize,
+    rs: usize,
+    cs: usize,
+    len: usize,
+}
+
+impl Bias {
+    fn fill<T: Scalar>(&self, c: &[T], out: &mut [T]) -> Result<(), KernelError> {
+        if c.len() != self.len {
+            return Err(invalid!(
+                "Gemm's C has {} elements, expected {}",
+                c.len(),
+                self.len
+            ));
+        }
+        let beta = T::from_f32(self.beta);
+        for (i, row) in out.chunks_exact_mut(self.n.max(1)).enumerate() {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = beta.mul(c[i * self.rs + j * self.cs]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// MatMul with numpy's rules: a 1-D operand is promoted to a matrix (a row for A, a column
+/// for B) and the added dimension is left out of the result; batch dimensions broadcast.
+fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), KernelError> {
+    // (batch dims, (rows, cols)); a vector is a row when it is A, a column when it is B.
+    fn split(s: &[usize], row: bool) -> Result<(&[usize], (usize, usize)), KernelError> {
+        match s {
+            [] => Err(invalid!("MatMul operands need at least one dimension")),
+            [v] if row => Ok((&[], (1, *v))),
+            [v] => Ok((&[], (*v, 1))),
+            [batch @ .., r, c] => Ok((batch, (*r, *c))),
+        }
+    }
+    let (ba, (m, k)) = split(a, true)?;
+    let (bb, (kb, n)) = split(b, false)?;
+    if k != kb {
+        return Err(invalid!(
+            "MatMul of {a:?} and {b:?}: inner dimensions differ"
+        ));
+    }
+    let rank = ba.len().max(bb.len());
+    let dim = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map_or(1, |j| s[j]);
+    let mut batch = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (da, db) = (dim(ba, i), dim(bb, i));
+        if da != db && da != 1 && db != 1 {
+            return Err(invalid!(
+                "MatMul of {a:?} and {b:?}: batch dimensions do not broadcast"
+            ));
+        }
+        batch.push(if da == 1 { db } else { da });
+    }
+    // Batch axes, innermost first, with each operand's running contiguous stride.
+    let mut axes = Vec::with_capacity(rank + 3);
+    let (mut sa, mut sb, mut sc) = (m * k, k * n, m * n);
+    for i in (0..rank).rev() {
+        let (da, db) = (dim(ba, i), dim(bb, i));
+        axes.push(Axis {
+            size: batch[i],
+            a: if da == 1 { 0 } else { sa },
+            b: if db == 1 { 0 } else { sb },
+            c: sc,
+        });
+        (sa, sb, sc) = (sa * da, sb * db, sc * batch[i]);
+    }
+    axes.extend([
+        Axis {
+            size: m,
+            a: k,
+            b: 0,
+            c: n,
+        },
+        Axis {
+            size: n,
+            a: 0,
+            b: 1,
+            c: 1,
+        },
+        Axis {
+            size: k,
+            a: 1,
+            b: n,
+            c: 0,
+        },
+    ]);
+    let mut shape = batch;
+    if a.len() > 1 {
+        shape.push(m);
+    }
+    if b.len() > 1 {
+        shape.push(n);
+    }
+    Ok((shape, axes))
+}
+
+type Product = (Vec<usize>, Vec<Axis>, f32, Option<Bias>);
+
+/// Gemm: `alpha * op(A) * op(B) + beta * C`, op transposing when `transA`/`transB` is set.
+fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
+    let (ta, tb) = (cx.attrs.int("transA")? != 0, cx.attrs.int("transB")? != 0);
+    let (alpha, beta) = (cx.attrs.float("alpha")?, cx.attrs.float("beta")?);
+    let (&[a0, a1], &[b0, b1]) = (shapes[0], shapes[1]) else {
+        return Err(invalid!(
+            "Gemm takes 2-D A and B, got {:?} and {:?}",
+            shapes[0],
+            shapes[1]
+        ));
+    };
+    let ((m, k), (kb, n)) = (
+        if ta { (a1, a0) } else { (a0, a1) },
+        if tb { (b1, b0) } else { (b0, b1) },
+    );
+    if k != kb {
+        return Err(invalid!(
+            "Gemm of {:?} and {:?}: inner dimensions differ",
+            shapes[0],
+            shapes[1]
+        ));
+    }
+    let axes = vec![
+        Axis {
+            size: m,
+            a: if ta { 1 } else { k },
+            b: 0,
+            c: n,
+        },
+        Axis {
+            size: n,
+            a: 0,
+            b: if tb { k } else { 1 },
+            c: 1,
+        },
+        Axis {
+            size: k,
+            a: if ta { m } else { 1 },
+            b: if tb { 1 } else { n },
+            c: 0,
+        },
+    ];
+    let bias = match shapes.get(2) {
+        None => None,
+        Some(c) => {
+            let (cr, cc) = match **c {
+                [] => (1, 1),
+                [cc] => (1, cc),
+                [cr, cc] => (cr, cc),
+                _ => (0, 0),
+            };
+            if !(cr == 1 || cr == m) || !(cc == 1 || cc == n) {
+                return Err(invalid!(
+                    "Gemm's C of shape {c:?} does not broadcast to [{m}, {n}]"
+                ));
+            }
+            Some(Bias {
+                beta,
+                n,
+                rs: if cr == 1 { 0 } else { cc },
+                cs: if cc == 1 { 0 } else { 1 },
+                len: cr * cc,
+            })
+        }
+    };
+    Ok((vec![m, n], axes, alpha, bias))
+}
+
+/// Einsum from its canonical labels: each label is one axis of the product, its stride in an
+/// operand the sum of the strides of the operand's axes that carry it (a diagonal), or 0
+/// where the operand has extent 1 along it (ellipsis broadcasting).
+fn einsum_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<(Vec<usize>, Vec<Axis>), KernelError> {
+    let mut operands: Vec<(&[i64], &[usize])> = Vec::with_capacity(3);
+    for (i, &shape) in shapes.iter().enumerate() {
+        operands.push((cx.attrs.ints(&format!("input{i}_labels"))?, shape));
+    }
+    let out_labels = cx.attrs.ints("output_labels")?;
+    let all = operands
+        .iter()
+        .flat_map(|(l, _)| l.iter())
+        .chain(out_labels);
+    // Labels are small indices; the bound keeps a hostile attribute from allocating much.
+    let count = all
+        .clone()
+        .try_fold(0usize, |n, &l| match usize::try_from(l) {
+            Ok(l) if l < 4096 => Ok(n.max(l + 1)),
+            _ => Err(invalid!("Einsum label {l} is out of range")),
+        })?;
+    let mut sizes: Vec<Option<usize>> = vec![None; count];
+    for &(labels, shape) in &operands {
+        if labels.len() != shape.len() {
+            return Err(invalid!(
+                "Einsum operand of shape {shape:?} has {} labels",
+                labels.len()
+            ));
+        }
+        for (&l, &d) in labels.iter().zip(shape) {
+            let s = &mut sizes[l as usize];
+            *s = match *s {
+                None | Some(1) => Some(d),
+                Some(prev) if d == 1 || d == prev => Some(prev),
+                Some(prev) => return Err(invalid!("Einsum label {l} has sizes {prev} and {d}")),
+            };
+        }
+    }
+    let mut shape = Vec::with_capacity(out_labels.len());
+    for (i, &l) in out_labels.iter().enumerate() {
+        if out_labels[..i].contains(&l) {
+            return Err(invalid!("Einsum output label {l} is repeated"));
+        }
+        shape.push(
+            sizes[l as usize].ok_or_else(|| invalid!("Einsum output label {l} is in no input"))?,
+        );
+    }
+    let label_strides = |labels: &[i64], shape: &[usize]| {
+        let mut per_label = vec![0usize; count];
+        for ((&l, &d), s) in labels.iter().zip(shape).zip(strides(shape)) {
+            if d != 1 {
+                per_label[l as usize] += s;
+            }
+        }
+        per_label
+    };
+    let per_operand: Vec<Vec<usize>> = operands.iter().map(|&(l, s)| label_strides(l, s)).collect();
+    let c = label_strides(out_labels, &shape);
+    let axes = (0..count)
+        .filter_map(|l| {
+            Some(Axis {
+                size: sizes[l]?,
+                a: per_operand[0][l],
+                b: per_operand.get(1).map_or(0, |s| s[l]),
+                c: c[l],
+            })
+        })
+        .collect();
+    Ok((shape, axes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::eval;
+    use crate::tensor::{Tensor, TensorDesc};
+    use ingot_schema::{AttrValue, Attrs, DType};
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape.to_vec(), v).unwrap()
+    }
+
+    fn run(op: &str, attrs: &Attrs, inputs: &[&Tensor], out: &[usize]) -> Tensor {
+        let dtype = inputs[0].dtype();
+        eval(op, attrs, inputs, &[TensorDesc::new(dtype, out.to_vec())])
+            .unwrap()
+            .remove(0)
+    }
+
+    fn seq(n: usize) -> Vec<f32> {
+        (0..n).map(|v| v as f32).collect()
+    }
+
+    fn close(got: &Tensor, want: &[f32]) {
+        let got = got.as_slice::<f32>().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{got:?} vs {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn matmul_2d_by_hand() {
+        // [[1,2],[3,4]] @ [[5,6],[7,8]] = [[19,22],[43,50]]
+        let a = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let b = f32s(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
+        close(
+            &run("MatMul", &Attrs::new(), &[&a, &b], &[2, 2]),
+            &[19.0, 22.0, 43.0, 50.0],
+        );
+    }
+
+    #[test]
+    fn matmul_broadcast_batches() {
+        // import numpy as np
+        // a = np.arange(24, dtype=np.float32).reshape(3, 1, 2, 4)
+        // b = np.arange(24, dtype=np.float32).reshape(1, 2, 4, 3)
+        // print((a @ b).flatten().tolist())
+        let a = f32s(&[3, 1, 2, 4], &seq(24));
+        let b = f32s(&[1, 2, 4, 3], &seq(24));
+        let want = [
+            42.0, 48.0, 54.0, 114.0, 136.0, 158.0, 114.0, 120.0, 126.0, 378.0, 400.0, 422.0, 186.0,
+            224.0, 262.0, 258.0, 312.0, 366.0, 642.0, 680.0, 718.0, 906.0, 960.0, 1014.0, 330.0,
+            400.0, 470.0, 402.0, 488.0, 574.0, 1170.0, 1240.0, 1310.0, 1434.0, 1520.0, 1606.0,
+        ];
+        close(
+            &run("MatMul", &Attrs::new(), &[&a, &b], &[3, 2, 2, 3]),
+            &want,
+        );
+    }
+
+    #[test]
+    fn matmul_vectors_drop_the_promoted_dims() {
+        // [1,2,3] . [4,5,6] = 32; [1,2,3] @ [[0,1],[2,3],[4,5]] = [16, 22];
+        // [[0,1,2],[3,4,5]] @ [1,2,3] = [8, 26]
+        let v = f32s(&[3], &[1.0, 2.0, 3.0]);
+        let w = f32s(&[3], &[4.0, 5.0, 6.0]);
+        let m32 = f32s(&[3, 2], &seq(6));
+        let m23 = f32s(&[2, 3], &seq(6));
+        close(&run("MatMul", &Attrs::new(), &[&v, &w], &[]), &[32.0]);
+        close(
+            &run("MatMul", &Attrs::new(), &[&v, &m32], &[2]),
+            &[16.0, 22.0],
+        );
+        close(
+            &run("MatMul", &Attrs::new(), &[&m23, &v], &[2]),
+            &[8.0, 26.0],
+        );
+    }
+
+    #[test]
+    fn matmul_integers() {
+        let a = Tensor::from_vec(vec![2, 2], &[1i64, 2, 3, 4]).unwrap();
+        let b = Tensor::from_vec(vec![2, 1], &[5i64, 6]).unwrap();
+        let c = run("MatMul", &Attrs::new(), &[&a, &b], &[2, 1]);
+        assert_eq!(c.as_slice::<i64>().unwrap(), &[17, 39]);
+    }
+
+    #[test]
+    fn matmul_rejects_bad_shapes() {
+        let a = f32s(&[2, 3], &seq(6));
+        let desc = [TensorDesc::new(DType::F32, vec![2, 2])];
+        assert!(eval("MatMul", &Attrs::new(), &[&a, &a], &desc).is_err());
+        let i = Tensor::from_vec(vec![2, 3], &[0i32; 6]).unwrap();
+        assert!(eval("MatMul", &Attrs::new(), &[&a, &i], &desc).is_err());
+    }
+
+    fn gemm_attrs(ta: i64, tb: i64, alpha: f64, beta: f64) -> Attrs {
+        Attrs::new()
+            .with("transA", AttrValue::Int(ta))
+            .with("transB", AttrValue::Int(tb))
+            .with("alpha", AttrValue::Float(alpha))
+            .with("beta", AttrValue::Float(beta))
+    }
+
+    #[test]
+    fn gemm_transposes_scales_and_broadcasts_c() {
+        // import numpy as np
+        // a = np.arange(6, dtype=np.float32).reshape(3, 2)     # transA: A is a.T, 2x3
+        // b = np.arange(12, dtype=np.float32).reshape(4, 3)    # transB: B is b.T, 3x4
+        // c = np.array([[1], [2]], dtype=np.float32)           # (2, 1) broadcast to (2, 4)
+        // print((0.5 * a.T @ b.T + 2.0 * c).flatten().tolist())
+        let a = f32s(&[3, 2], &seq(6));
+        let b = f32s(&[4, 3], &seq(12));
+        let c = f32s(&[2, 1], &[1.0, 2.0]);
+        let want = [7.0, 16.0, 25.0, 34.0, 10.5, 24.0, 37.5, 51.0];
+        close(
+            &run("Gemm", &gemm_attrs(1, 1, 0.5, 2.0), &[&a, &b, &c], &[2, 4]),
+            &want,
+        );
+        // Without C, B not transposed: print((a.T @ np.arange(6).reshape(3, 2)).flatten().tolist())
+        let b32 = f32s(&[3, 2], &seq(6));
+        close(
+            &run("Gemm", &gemm_attrs(1, 0, 1.0, 1.0), &[&a, &b32], &[2, 2]),
+            &[20.0, 26.0, 26.0, 35.0],
+        );
+    }
+
+    fn einsum(inputs: &[&[i64]], out: &[i64]) -> Attrs {
+        let mut attrs = Attrs::new().with("output_labels", AttrValue::Ints(out.to_vec()));
+        for (i, l) in inputs.iter().enumerate() {
+            attrs.set(&format!("input{i}_labels"), AttrValue::Ints(l.to_vec()));
+        }
+        attrs
+    }
+
+    #[test]
+    fn einsum_attention_scores() {
+        // "bhid,bhjd->bhij": q @ k^T per head.
+        // import numpy as np
+        // q = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
+        // k = (np.arange(16, dtype=np.float32) - 8).reshape(1, 2, 2, 4)
+        // print(np.einsum("bhid,bhjd->bhij", q, k).flatten().tolist())
+        let q = f32s(&[1, 2, 3, 4], &seq(24));
+        let k = f32s(
+            &[1, 2, 2, 4],
+            &seq(16).iter().map(|v| v - 8.0).collect::<Vec<_>>(),
+        );
+        let attrs = einsum(&[&[0, 1, 2, 3], &[0, 1, 4, 3]], &[0, 1, 2, 4]);
+        let want = [
+            -34.0, -10.0, -138.0, -50.0, -242.0, -90.0, 86.0, 302.0, 110.0, 390.0, 134.0, 478.0,
+        ];
+        close(&run("Einsum", &attrs, &[&q, &k], &[1, 2, 3, 2]), &want);
+    }
+
+    #[test]
+    fn einsum_one_operand_forms() {
+        // x = [[0,1,2],[3,4,5],[6,7,8]]: "ij->ji" transposes, "ij->i" sums rows = [3,12,21],
+        // "ii->i" is the diagonal [0,4,8], "ii->" the trace 12.
+        let x = f32s(&[3, 3], &seq(9));
+        let t = run("Einsum", &einsum(&[&[0, 1]], &[1, 0]), &[&x], &[3, 3]);
+        close(&t, &[0.0, 3.0, 6.0, 1.0, 4.0, 7.0, 2.0, 5.0, 8.0]);
+        close(
+            &run("Einsum", &einsum(&[&[0, 1]], &[0]), &[&x], &[3]),
+            &[3.0, 12.0, 21.0],
+        );
+        close(
+            &run("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &[3]),
+            &[0.0, 4.0, 8.0],
+        );
+        close(
+            &run("Einsum", &einsum(&[&[0, 0]], &[]), &[&x], &[]),
+            &[12.0],
+        );
+    }
+
+    #[test]
+    fn einsum_broadcast_ellipsis_and_f64() {
+        // "...ij,...jk->...ik" with batches [2] and [1]: labels 0 for the batch.
+        // a = arange(8).reshape(2,2,2), b = [[[1,0],[0,2]]] -> a[:, :, 0] and 2*a[:, :, 1]
+        let a =
+            Tensor::from_vec(vec![2, 2, 2], &(0..8).map(f64::from).collect::<Vec<_>>()).unwrap();
+        let b = Tensor::from_vec(vec![1, 2, 2], &[1.0f64, 0.0, 0.0, 2.0]).unwrap();
+        let attrs = einsum(&[&[0, 1, 2], &[0, 2, 3]], &[0, 1, 3]);
+        let c = run("Einsum", &attrs, &[&a, &b], &[2, 2, 2]);
+        assert_eq!(
+            c.as_slice::<f64>().unwrap(),
+            &[0.0, 2.0, 2.0, 6.0, 4.0, 10.0, 6.0, 14.0]
+        );
+    }
+
+    #[test]
+    fn einsum_rejects_inconsistent_labels() {
+        let x = f32s(&[2, 3], &seq(6));
+        let desc = [TensorDesc::new(DType::F32, vec![2])];
+        assert!(eval("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &desc).is_err());
+        assert!(eval("Einsum", &einsum(&[&[0]], &[0]), &[&x], &desc).is_err());
+    }
+}
+#[cfg(test)]
+mod tmp_bench {
+    use super::super::*;
+    use crate::tensor::{Tensor, TensorDesc};
+    use ingot_schema::{Attrs, DType};
+    fn bench(a: &[usize], b: &[usize], c: &[usize]) {
+        let ta = Tensor::zeros(TensorDesc::new(DType::F32, a.to_vec()));
+        let tb = Tensor::zeros(TensorDesc::new(DType::F32, b.to_vec()));
+        let mut tc = Tensor::zeros(TensorDesc::new(DType::F32, c.to_vec()));
+        let attrs = Attrs::new();
+        let k = prepare(&OpCx { op: "MatMul", attrs: &attrs, inputs: &[ta.desc().clone(), tb.desc().clone()], outputs: &[tc.desc().clone()] }).unwrap();
+        let n = 2000;
+        let t = std::time::Instant::now();
+        for _ in 0..n { k.run(&[ta.view(), tb.view()], &mut [tc.view_mut()]).unwrap(); }
+        let dt = t.elapsed().as_secs_f64() / n as f64;
+        let flops = 2.0 * (c.iter().product::<usize>() * a[a.len()-1]) as f64;
+        eprintln!("{a:?}x{b:?}: {:.1} us, {:.2} GFLOP/s", dt * 1e6, flops / dt / 1e9);
+    }
+    #[test]
+    fn bench_matmul() {
+        bench(&[1, 40, 120], &[120, 360], &[1, 40, 360]);
+        bench(&[1, 8, 40, 15], &[1, 8, 15, 40], &[1, 8, 40, 40]);
+        bench(&[1, 8, 40, 40], &[1, 8, 40, 15], &[1, 8, 40, 15]);
+        bench(&[1, 8, 40, 15], &[1, 8, 15, 40], &[1, 8, 40, 40]);
+        bench(&[1, 8, 40, 40], &[1, 8, 40, 15], &[1, 8, 40, 15]);
+        bench(&[16, 16, 16], &[16, 16, 16], &[16, 16, 16]);
+        bench(&[8, 32, 32], &[8, 32, 32], &[8, 32, 32]);
+        bench(&[4, 48, 48], &[4, 48, 48], &[4, 48, 48]);
+        bench(&[2, 64, 64], &[2, 64, 64], &[2, 64, 64]);
+        bench(&[2, 64, 8], &[2, 8, 64], &[2, 64, 64]);
+        bench(&[2, 64, 64], &[2, 64, 4], &[2, 64, 4]);
+    }
 }

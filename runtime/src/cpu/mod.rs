@@ -47,6 +47,28 @@ pub trait Kernel: Send + Sync {
         inputs: &[TensorRef<'_>],
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), KernelError>;
+
+    /// Runs with `outputs[0]` occupying the same bytes as `inputs[aliased]`: the kernel reads
+    /// that operand from `outputs[0]` (`inputs[aliased].bytes` is empty). The planner only
+    /// asks this of ops for which [`can_run_in_place`] is true.
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef<'_>],
+        outputs: &mut [TensorMut<'_>],
+    ) -> Result<(), KernelError> {
+        let _ = (aliased, inputs, outputs);
+        Err(KernelError::Invalid("this kernel cannot run in place".into()))
+    }
+}
+
+/// Ops whose kernels implement [`Kernel::run_in_place`]: elementwise ops, whose output
+/// element `i` depends only on element `i` of the aliased input.
+const IN_PLACE: &[&str] = &[];
+
+/// Whether the planner may make `op` write its output over one of its inputs.
+pub fn can_run_in_place(op: &str) -> bool {
+    IN_PLACE.contains(&op)
 }
 
 /// Everything `prepare` may look at for one step.

@@ -1,0 +1,147 @@
+//! Graph + plan → bundle bytes (manifest, weights), through ingot-schema's container writer.
+
+use crate::ir::Graph;
+use crate::plan::{Plan, Storage};
+use ingot_schema::container::{self, SectionKind};
+use ingot_schema::proto;
+use prost::Message;
+
+/// Weight offsets in the weights section are multiples of this (the runtime checks it).
+const WEIGHT_ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
+
+/// One compiled graph, ready to be written.
+pub struct CompiledVariant<'a> {
+    pub name: &'a str,
+    pub graph: &'a Graph,
+    pub plan: &'a Plan,
+}
+
+/// Serialises the variants into one bundle. Deterministic: the bytes depend only on the
+/// graphs and plans.
+pub fn write(variants: &[CompiledVariant]) -> std::io::Result<Vec<u8>> {
+    let mut weights_section = Vec::new();
+    let mut manifest = proto::Manifest {
+        producer: format!("ingot-compiler {}", env!("CARGO_PKG_VERSION")),
+        ..Default::default()
+    };
+    for v in variants {
+        let first_weight = manifest.weights.len();
+        for &value in &v.plan.weights {
+            let Some(c) = v.graph.values[value].constant.as_ref() else {
+                continue;
+            };
+            let offset = weights_section.len().next_multiple_of(WEIGHT_ALIGN);
+            weights_section.resize(offset, 0);
+            weights_section.extend_from_slice(c.bytes());
+            manifest.weights.push(proto::Weight {
+                dtype: c.desc().dtype.to_proto() as i32,
+                shape: c.desc().shape.iter().map(|&d| d as u64).collect(),
+                offset: offset as u64,
+                length: c.bytes().len() as u64,
+            });
+        }
+        manifest.variants.push(variant(v, first_weight));
+    }
+    let manifest_bytes = manifest.encode_to_vec();
+    let mut out = Vec::new();
+    container::write(
+        &mut out,
+        &[
+            (SectionKind::Manifest, &manifest_bytes),
+            (SectionKind::Weights, &weights_section),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// The manifest entry of one variant whose weights start at bank index `first_weight`.
+pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
+    use proto::storage::Kind;
+    let g = v.graph;
+    let mut index = vec![u32::MAX; g.values.len()];
+    let mut tensors = Vec::new();
+    for (value, storage) in v.plan.storage.iter().enumerate() {
+        if storage.is_some() {
+            index[value] = tensors.len() as u32;
+            tensors.push(value);
+        }
+    }
+    let tensors: Vec<proto::Tensor> = tensors
+        .into_iter()
+        .filter_map(|value| v.plan.storage[value].as_ref().map(|s| (value, s)))
+        .map(|(value, storage)| {
+            let ty = g.values[value].ty.clone().unwrap_or_else(|| {
+            ingot_runtime::TensorDesc::new(ingot_schema::DType::U8, vec![0])
+        });
+        let kind = match *storage {
+            Storage::Input(i) => Kind::Input(i as u32),
+            Storage::Output(k) => Kind::Output(k as u32),
+            Storage::Weight(w) => Kind::Weight((first_weight + w) as u32),
+            Storage::Arena { offset } => Kind::Arena(offset),
+            Storage::View { of, byte_offset } => Kind::View(proto::View {
+                of: index[of],
+                byte_offset,
+            }),
+        };
+        proto::Tensor {
+            name: g.values[value].name.clone(),
+            dtype: ty.dtype.to_proto() as i32,
+            shape: ty.shape.iter().map(|&d| d as u64).collect(),
+            storage: Some(proto::Storage { kind: Some(kind) }),
+        }
+        })
+        .collect();
+    let steps = v
+        .plan
+        .steps()
+        .map(|n| &g.nodes[n])
+        .map(|n| proto::Step {
+            op: n.op.clone(),
+            name: n.name.clone(),
+            inputs: n.present_inputs().map(|i| index[i]).collect(),
+            outputs: n.outputs.iter().map(|&o| index[o]).collect(),
+            attributes: n.attrs.to_proto(),
+        })
+        .collect();
+    proto::Variant {
+        name: v.name.to_string(),
+        tensors,
+        inputs: g.inputs.iter().map(|&i| index[i]).collect(),
+        outputs: g.outputs.iter().map(|&o| index[o]).collect(),
+        steps,
+        plan: Some(proto::Plan {
+            arena_bytes: v.plan.arena_bytes,
+            lower_bound_bytes: v.plan.lower_bound_bytes,
+            strategy: v.plan.strategy.to_string(),
+            alignment: v.plan.alignment,
+            allocations: allocations(v, first_weight),
+            schedule: v.plan.schedule.to_string(),
+            naive_bytes: v.plan.naive_bytes,
+        }),
+    }
+}
+
+/// The load-time allocation schedule: every weight the variant reads, in first-use order,
+/// then the arena, with the running total.
+fn allocations(v: &CompiledVariant, first_weight: usize) -> Vec<proto::Allocation> {
+    use proto::AllocationKind;
+    let mut running = 0;
+    let mut out = Vec::with_capacity(v.plan.weights.len() + 1);
+    for (w, &value) in v.plan.weights.iter().enumerate() {
+        let bytes = v.graph.values[value].ty.as_ref().map_or(0, |t| t.bytes() as u64);
+        running += bytes;
+        out.push(proto::Allocation {
+            kind: AllocationKind::Weight as i32,
+            bytes,
+            weight: (first_weight + w) as u32,
+            running_bytes: running,
+        });
+    }
+    out.push(proto::Allocation {
+        kind: AllocationKind::Arena as i32,
+        bytes: v.plan.arena_bytes,
+        weight: 0,
+        running_bytes: running + v.plan.arena_bytes,
+    });
+    out
+}

@@ -1,0 +1,104 @@
+//! `ingot inspect BUNDLE [--json]`
+
+use super::shape_text;
+use anyhow::{Context, Result};
+use ingot_runtime::Bundle;
+use ingot_runtime::bundle::tensor_desc;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The bundle to describe.
+    bundle: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let bundle = Bundle::open(&args.bundle).with_context(|| format!("cannot open {}", args.bundle.display()))?;
+    let report = describe(&bundle);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", text(&report));
+    }
+    Ok(())
+}
+
+/// Everything inspect reports, as JSON (the text form is rendered from it).
+pub fn describe(bundle: &Bundle) -> serde_json::Value {
+    let m = bundle.manifest();
+    let (major, minor) = bundle.format_version();
+    let weights_bytes: u64 = m.weights.iter().map(|w| w.length).sum();
+    let variants: Vec<_> = m
+        .variants
+        .iter()
+        .map(|v| {
+            let io = |list: &[u32]| -> Vec<serde_json::Value> {
+                list.iter()
+                    .map(|&t| {
+                        let d = tensor_desc(&v.tensors[t as usize]);
+                        json!({"name": v.tensors[t as usize].name, "dtype": d.dtype.name(), "shape": d.shape})
+                    })
+                    .collect()
+            };
+            let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+            for s in &v.steps {
+                *ops.entry(s.op.as_str()).or_default() += 1;
+            }
+            let plan = v.plan.clone().unwrap_or_default();
+            json!({
+                "name": v.name,
+                "inputs": io(&v.inputs),
+                "outputs": io(&v.outputs),
+                "steps": v.steps.len(),
+                "ops": ops,
+                "arena_bytes": plan.arena_bytes,
+                "lower_bound_bytes": plan.lower_bound_bytes,
+                "strategy": plan.strategy,
+            })
+        })
+        .collect();
+    let sections: Vec<_> = bundle
+        .sections()
+        .map(|(kind, r)| json!({"kind": kind, "offset": r.start, "bytes": r.len()}))
+        .collect();
+    json!({
+        "format_version": format!("{major}.{minor}"),
+        "producer": m.producer,
+        "file_bytes": bundle.file_len(),
+        "weights": m.weights.len(),
+        "weights_bytes": weights_bytes,
+        "kernels": 0,
+        "variants": variants,
+        "sections": sections,
+    })
+}
+
+fn text(r: &serde_json::Value) -> String {
+    let mut s = String::new();
+    let line = |s: &mut String, l: String| {
+        s.push_str(&l);
+        s.push('\n');
+    };
+    line(&mut s, format!("format {}  ({})", r["format_version"].as_str().unwrap_or("?"), r["producer"].as_str().unwrap_or("")));
+    line(&mut s, format!("file {} bytes, {} weights ({} bytes), {} kernels", r["file_bytes"], r["weights"], r["weights_bytes"], r["kernels"]));
+    for v in r["variants"].as_array().into_iter().flatten() {
+        line(&mut s, format!("variant {}: {} steps, arena {} bytes (lower bound {}, {})", v["name"].as_str().unwrap_or(""), v["steps"], v["arena_bytes"], v["lower_bound_bytes"], v["strategy"].as_str().unwrap_or("")));
+        for (kind, key) in [("input", "inputs"), ("output", "outputs")] {
+            for io in v[key].as_array().into_iter().flatten() {
+                let shape: Vec<usize> = io["shape"].as_array().into_iter().flatten().filter_map(|d| d.as_u64()).map(|d| d as usize).collect();
+                line(&mut s, format!("  {kind} {} {} {}", io["name"].as_str().unwrap_or(""), io["dtype"].as_str().unwrap_or(""), shape_text(&shape)));
+            }
+        }
+        let ops: Vec<String> = v["ops"].as_object().into_iter().flatten().map(|(k, n)| format!("{k} x{n}")).collect();
+        line(&mut s, format!("  ops: {}", ops.join(", ")));
+    }
+    for sec in r["sections"].as_array().into_iter().flatten() {
+        line(&mut s, format!("section {:<9} offset {:>10}  {:>10} bytes", sec["kind"].as_str().unwrap_or(""), sec["offset"], sec["bytes"]));
+    }
+    s
+}

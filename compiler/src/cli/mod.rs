@@ -1,0 +1,51 @@
+//! The CLI's subcommands, one file each, plus shared argument parsing.
+
+pub mod compile;
+pub mod inspect;
+pub mod npy;
+pub mod plan;
+pub mod run;
+
+use anyhow::{Context, Result, bail};
+
+/// Parses `NAME=1x3x48x192` (`--input-shape`).
+pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
+    let (name, dims) = s
+        .rsplit_once('=')
+        .with_context(|| format!("--input-shape '{s}' should look like NAME=1x3x48x192"))?;
+    if name.is_empty() {
+        bail!("--input-shape '{s}' has no input name");
+    }
+    let dims = if dims.is_empty() {
+        Vec::new() // a scalar
+    } else {
+        dims.split('x')
+            .map(|d| d.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("--input-shape '{s}': dims must be numbers separated by 'x'"))?
+    };
+    Ok((name.to_string(), dims))
+}
+
+/// Formats a shape as `1x3x48x192` (`scalar` for rank 0).
+pub fn shape_text(shape: &[usize]) -> String {
+    if shape.is_empty() {
+        "scalar".into()
+    } else {
+        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_shapes_parse_and_errors_explain() {
+        assert_eq!(parse_input_shape("x=1x3x48x192").unwrap(), ("x".into(), vec![1, 3, 48, 192]));
+        assert_eq!(parse_input_shape("a=b=7").unwrap(), ("a=b".into(), vec![7]));
+        assert!(parse_input_shape("x").is_err());
+        assert!(parse_input_shape("x=1xfoo").is_err());
+        assert_eq!(shape_text(&[]), "scalar");
+    }
+}

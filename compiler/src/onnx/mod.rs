@@ -1,0 +1,641 @@
+//! ONNX `ModelProto` -> [`Graph`].
+//!
+//! What import does, and what it leaves to the passes:
+//! - initializers and `Constant` nodes become constant values (no node); an initializer that
+//!   is also listed as a graph input is a **constant**, not a runtime input (ONNX lets a caller
+//!   override such an input; a compiled bundle does not);
+//! - graph inputs get their dtype and a static shape: from the model, or fixed by
+//!   [`ImportOptions::input_shapes`] (`--input-shape x=1x3x48x192`); a dim that stays symbolic
+//!   is an error that says how to fix it;
+//! - nodes keep their ONNX op type, attributes (converted to [`Attrs`]) and value names; they
+//!   are sorted topologically; intermediate values are left untyped for shape inference;
+//! - every op is checked against [`crate::ops::lookup`] up front, and all unsupported nodes
+//!   are reported in one error.
+//!
+//! The default domain is accepted at opsets [`OPSETS`]: the op lowering is written for them.
+
+use crate::ir::{Graph, Node, ValueId};
+use ingot_runtime::{Tensor, TensorDesc};
+use ingot_schema::Attrs;
+use onnx_protobuf::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use onnx_protobuf::{tensor_shape_proto::dimension, type_proto};
+use petgraph::graph::{DiGraph, NodeIndex};
+use protobuf::Message;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+
+mod attrs;
+mod external;
+mod tensor;
+
+use external::ExternalData;
+
+/// Opsets of the default ONNX domain that the op lowering implements.
+pub const OPSETS: RangeInclusive<i64> = 11..=21;
+
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Static shapes for graph inputs (`--input-shape NAME=dims`), by input name.
+    pub input_shapes: Vec<(String, Vec<usize>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("cannot read ONNX model {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{model}: not a valid ONNX model (truncated or corrupt file?): {source}")]
+    Parse {
+        model: String,
+        source: protobuf::Error,
+    },
+    #[error("{model}: {message}")]
+    Opset { model: String, message: String },
+    #[error("{model}: tensor '{tensor}': {message}")]
+    Tensor {
+        model: String,
+        tensor: String,
+        message: String,
+    },
+    #[error(
+        "{model}: {} node(s) use ops Ingot does not support ({}):\n  {}",
+        nodes.len(), ops.join(", "), nodes.join("\n  ")
+    )]
+    Unsupported {
+        model: String,
+        /// Distinct op types, in order of first use.
+        ops: Vec<String>,
+        /// One line per node: `node 'foo' (NonMaxSuppression, domain ai.onnx, opset 13)`.
+        nodes: Vec<String>,
+    },
+    #[error("{model}: {message}")]
+    InputShape { model: String, message: String },
+    #[error("{model}: {message}")]
+    Graph { model: String, message: String },
+}
+
+/// Imports an ONNX file; external data is looked up beside it.
+pub fn import_file(path: &Path, options: &ImportOptions) -> Result<Graph, ImportError> {
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    import(
+        &path.display().to_string(),
+        &bytes,
+        Some(dir),
+        options,
+        &default_support,
+    )
+}
+
+/// Imports a serialized model; `base_dir` is where its external data files are, if any.
+pub fn import_bytes(
+    bytes: &[u8],
+    base_dir: Option<&Path>,
+    options: &ImportOptions,
+) -> Result<Graph, ImportError> {
+    import(
+        "in-memory ONNX model",
+        bytes,
+        base_dir,
+        options,
+        &default_support,
+    )
+}
+
+/// Decodes one serialized TensorProto (the test harness reads ONNX test-data .pb files with it).
+pub fn read_tensor_proto(bytes: &[u8]) -> Result<(String, Tensor), ImportError> {
+    const MODEL: &str = "serialized TensorProto";
+    let proto = TensorProto::parse_from_bytes(bytes).map_err(|source| ImportError::Parse {
+        model: MODEL.into(),
+        source,
+    })?;
+    let value = tensor::to_const(&proto, &mut ExternalData::new(None)).map_err(|message| {
+        ImportError::Tensor {
+            model: MODEL.into(),
+            tensor: proto.name.clone(),
+            message,
+        }
+    })?;
+    Ok((proto.name, std::sync::Arc::unwrap_or_clone(value.tensor())))
+}
+
+/// Which (domain, op) pairs the compiler accepts; a parameter so tests do not depend on which
+/// op families exist yet.
+type Support<'a> = &'a dyn Fn(&str, &str) -> bool;
+
+fn default_support(domain: &str, op: &str) -> bool {
+    domain.is_empty() && crate::ops::lookup(op).is_some()
+}
+
+fn import(
+    model: &str,
+    bytes: &[u8],
+    base_dir: Option<&Path>,
+    options: &ImportOptions,
+    supported: Support,
+) -> Result<Graph, ImportError> {
+    let proto = ModelProto::parse_from_bytes(bytes).map_err(|source| ImportError::Parse {
+        model: model.into(),
+        source,
+    })?;
+    Importer {
+        model,
+        options,
+        ext: ExternalData::new(base_dir),
+        graph: Graph::default(),
+        names: HashMap::new(),
+    }
+    .run(&proto, supported)
+}
+
+/// "" and "ai.onnx" both name the default domain; the graph stores it as "".
+fn normalize_domain(domain: &str) -> &str {
+    if domain == "ai.onnx" { "" } else { domain }
+}
+
+/// How messages name a node: by name, or by its index in the model's node list.
+fn node_label(index: usize, n: &NodeProto) -> String {
+    if n.name.is_empty() {
+        format!("unnamed node #{index} ({})", n.op_type)
+    } else {
+        format!("node '{}' ({})", n.name, n.op_type)
+    }
+}
+
+fn is_constant_node(n: &NodeProto) -> bool {
+    n.op_type == "Constant" && normalize_domain(&n.domain).is_empty()
+}
+
+/// One dim of a graph input as the model declares it.
+enum Dim {
+    Fixed(usize),
+    /// A `dim_param` name, `?` for a dim with neither value nor name, or a negative value.
+    Symbolic(String),
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(v) => write!(f, "{v}"),
+            Dim::Symbolic(s) => f.write_str(s),
+        }
+    }
+}
+
+fn fmt_dims(dims: &[Dim]) -> String {
+    let parts: Vec<String> = dims.iter().map(Dim::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// A shape as `--input-shape` spells it: `1x3x48x192`.
+fn fmt_cli(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
+    parts.join("x")
+}
+
+/// The declared element type and dims of a graph input (`None` dims: rank unknown).
+fn input_type(vi: &ValueInfoProto) -> Result<(ingot_schema::DType, Option<Vec<Dim>>), String> {
+    let name = &vi.name;
+    let t = match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(t)) => t,
+        Some(_) => return Err(format!("input '{name}' is not a tensor")),
+        None => return Err(format!("input '{name}' has no type")),
+    };
+    let dtype = tensor::dtype(t.elem_type).map_err(|m| format!("input '{name}': {m}"))?;
+    let dims = t.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(dimension::Value::DimValue(v)) => match usize::try_from(*v) {
+                    Ok(v) => Dim::Fixed(v),
+                    Err(_) => Dim::Symbolic(v.to_string()),
+                },
+                Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::Symbolic(p.clone()),
+                _ => Dim::Symbolic("?".into()),
+            })
+            .collect()
+    });
+    Ok((dtype, dims))
+}
+
+struct Importer<'a> {
+    model: &'a str,
+    options: &'a ImportOptions,
+    ext: ExternalData,
+    graph: Graph,
+    names: HashMap<String, ValueId>,
+}
+
+impl Importer<'_> {
+    fn graph_err(&self, message: String) -> ImportError {
+        ImportError::Graph {
+            model: self.model.into(),
+            message,
+        }
+    }
+
+    fn tensor_err(&self, tensor: &str, message: String) -> ImportError {
+        ImportError::Tensor {
+            model: self.model.into(),
+            tensor: tensor.into(),
+            message,
+        }
+    }
+
+    fn shape_err(&self, message: String) -> ImportError {
+        ImportError::InputShape {
+            model: self.model.into(),
+            message,
+        }
+    }
+
+    fn run(mut self, proto: &ModelProto, supported: Support) -> Result<Graph, ImportError> {
+        let g = proto.graph.as_ref().ok_or_else(|| {
+            self.graph_err("the file holds no graph (is it an ONNX model?)".into())
+        })?;
+        let opsets = self.opsets(proto)?;
+        self.check_ops(g, &opsets, supported)?;
+        if let Some(s) = g.sparse_initializer.first() {
+            let name = s.values.as_ref().map_or("", |v| v.name.as_str());
+            return Err(self.tensor_err(name, "sparse initializers are not supported".into()));
+        }
+
+        // Every name the model uses, so that names made up for unnamed values never collide.
+        let mut taken: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+        taken.extend(g.input.iter().chain(&g.output).map(|v| v.name.as_str()));
+        taken.extend(
+            g.node
+                .iter()
+                .flat_map(|n| n.input.iter().chain(&n.output))
+                .map(String::as_str),
+        );
+
+        for t in &g.initializer {
+            if t.name.is_empty() {
+                return Err(self.graph_err("an initializer has no name".into()));
+            }
+            let value =
+                tensor::to_const(t, &mut self.ext).map_err(|m| self.tensor_err(&t.name, m))?;
+            let id = self.graph.add_constant(t.name.clone(), value);
+            self.define(&t.name, id, "an initializer")?;
+        }
+        self.add_inputs(g)?;
+
+        // First define every node's outputs (nodes may come in any order), then resolve inputs.
+        let mut made = HashSet::new();
+        let mut fresh = |i: usize, n: &NodeProto, slot: usize| {
+            let base = if n.name.is_empty() {
+                format!("{}#{i}:{slot}", n.op_type)
+            } else {
+                format!("{}:{slot}", n.name)
+            };
+            let mut name = base.clone();
+            let mut k = 1;
+            while taken.contains(name.as_str()) || made.contains(&name) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            made.insert(name.clone());
+            name
+        };
+        let mut pending = Vec::new();
+        for (i, n) in g.node.iter().enumerate() {
+            if is_constant_node(n) {
+                let value = attrs::constant_value(n, &mut self.ext)
+                    .map_err(|m| self.graph_err(format!("{}: {m}", node_label(i, n))))?;
+                let name = match n.output.first() {
+                    Some(o) if !o.is_empty() => o.clone(),
+                    _ => fresh(i, n, 0),
+                };
+                let id = self.graph.add_constant(name.clone(), value);
+                self.define(&name, id, &node_label(i, n))?;
+                continue;
+            }
+            let mut outputs = Vec::with_capacity(n.output.len());
+            for (slot, o) in n.output.iter().enumerate() {
+                // An omitted optional output still gets a value, so every output slot exists.
+                let id = if o.is_empty() {
+                    self.graph.add_value(fresh(i, n, slot), None)
+                } else {
+                    let id = self.graph.add_value(o.clone(), None);
+                    self.define(o, id, &node_label(i, n))?;
+                    id
+                };
+                outputs.push(id);
+            }
+            pending.push((i, outputs));
+        }
+        let mut nodes = Vec::with_capacity(pending.len());
+        let mut origin = Vec::with_capacity(pending.len());
+        for (i, outputs) in pending {
+            nodes.push(self.node(i, &g.node[i], outputs)?);
+            origin.push(i);
+        }
+        self.graph.nodes = self.order(nodes, &origin, g)?;
+
+        for o in &g.output {
+            let id = *self.names.get(&o.name).ok_or_else(|| {
+                self.graph_err(format!(
+                    "graph output '{}' is not produced by any node, initializer or input",
+                    o.name
+                ))
+            })?;
+            self.graph.outputs.push(id);
+        }
+        Ok(self.graph)
+    }
+
+    /// Records the opset of every imported domain and checks the default domain's.
+    fn opsets<'p>(&mut self, proto: &'p ModelProto) -> Result<HashMap<&'p str, i64>, ImportError> {
+        let opsets: HashMap<&str, i64> = proto
+            .opset_import
+            .iter()
+            .map(|o| (normalize_domain(&o.domain), o.version))
+            .collect();
+        let err = |message: String| ImportError::Opset {
+            model: self.model.into(),
+            message,
+        };
+        let (lo, hi) = (*OPSETS.start(), *OPSETS.end());
+        let version = *opsets
+            .get("")
+            .ok_or_else(|| err("the model imports no opset of the default ONNX domain".into()))?;
+        if version < lo {
+            return Err(err(format!(
+                "opset {version} of the default ONNX domain is older than Ingot supports \
+                 ({lo}..={hi}); upgrade the model first, e.g. with \
+                 onnx.version_converter.convert_version(model, 17)"
+            )));
+        }
+        if version > hi {
+            return Err(err(format!(
+                "opset {version} of the default ONNX domain is newer than Ingot supports \
+                 ({lo}..={hi})"
+            )));
+        }
+        self.graph.opset = version;
+        Ok(opsets)
+    }
+
+    /// One error listing every node whose op is not supported.
+    fn check_ops(
+        &self,
+        g: &GraphProto,
+        opsets: &HashMap<&str, i64>,
+        supported: Support,
+    ) -> Result<(), ImportError> {
+        let mut ops: Vec<String> = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, n) in g.node.iter().enumerate() {
+            let domain = normalize_domain(&n.domain);
+            if is_constant_node(n) || supported(domain, &n.op_type) {
+                continue;
+            }
+            let who = if n.name.is_empty() {
+                format!("unnamed node #{i}")
+            } else {
+                format!("node '{}'", n.name)
+            };
+            let shown = if domain.is_empty() { "ai.onnx" } else { domain };
+            let opset = opsets
+                .get(domain)
+                .map_or("no opset imported".into(), |v| format!("opset {v}"));
+            nodes.push(format!("{who} ({}, domain {shown}, {opset})", n.op_type));
+            if !ops.contains(&n.op_type) {
+                ops.push(n.op_type.clone());
+            }
+        }
+        if nodes.is_empty() {
+            Ok(())
+        } else {
+            Err(ImportError::Unsupported {
+                model: self.model.into(),
+                ops,
+                nodes,
+            })
+        }
+    }
+
+    fn define(&mut self, name: &str, id: ValueId, by: &str) -> Result<(), ImportError> {
+        if self.names.insert(name.to_string(), id).is_some() {
+            return Err(self.graph_err(format!(
+                "value '{name}' is defined twice; the second definition is {by}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Graph inputs that are not initializers, with static shapes.
+    fn add_inputs(&mut self, g: &GraphProto) -> Result<(), ImportError> {
+        let runtime: Vec<&ValueInfoProto> = g
+            .input
+            .iter()
+            .filter(|vi| !self.names.contains_key(&vi.name))
+            .collect();
+        let mut given: HashMap<&str, &[usize]> = HashMap::new();
+        for (name, dims) in &self.options.input_shapes {
+            if given.insert(name, dims).is_some() {
+                return Err(self.shape_err(format!("--input-shape gives '{name}' twice")));
+            }
+            if runtime.iter().all(|vi| vi.name != *name) {
+                let real: Vec<&str> = runtime.iter().map(|vi| vi.name.as_str()).collect();
+                let what = if self.names.contains_key(name) {
+                    "is an initializer (a constant), not a runtime input"
+                } else {
+                    "is not a graph input"
+                };
+                return Err(self.shape_err(format!(
+                    "--input-shape {name}=...: '{name}' {what}; the inputs are: {}",
+                    real.join(", ")
+                )));
+            }
+        }
+
+        let mut dynamic = Vec::new();
+        for vi in runtime {
+            let name = vi.name.as_str();
+            let (dtype, dims) = input_type(vi).map_err(|m| self.shape_err(m))?;
+            let shape = match (dims, given.get(name)) {
+                (Some(dims), Some(&fixed)) => {
+                    if dims.len() != fixed.len() {
+                        return Err(self.shape_err(format!(
+                            "--input-shape {name}={} has {} dims, but input '{name}' has {}: {}",
+                            fmt_cli(fixed),
+                            fixed.len(),
+                            dims.len(),
+                            fmt_dims(&dims)
+                        )));
+                    }
+                    let clash = dims
+                        .iter()
+                        .zip(fixed)
+                        .position(|(d, &f)| matches!(d, Dim::Fixed(v) if *v != f));
+                    if let Some(k) = clash {
+                        return Err(self.shape_err(format!(
+                            "--input-shape {name}={} does not match input '{name}' of shape {} \
+                             (dim {k} is {})",
+                            fmt_cli(fixed),
+                            fmt_dims(&dims),
+                            dims[k]
+                        )));
+                    }
+                    fixed.to_vec()
+                }
+                (None, Some(&fixed)) => fixed.to_vec(),
+                (Some(dims), None) => {
+                    let fixed: Option<Vec<usize>> = dims
+                        .iter()
+                        .map(|d| match d {
+                            Dim::Fixed(v) => Some(*v),
+                            Dim::Symbolic(_) => None,
+                        })
+                        .collect();
+                    match fixed {
+                        Some(shape) => shape,
+                        None => {
+                            dynamic.push(dynamic_message(name, &dims));
+                            continue;
+                        }
+                    }
+                }
+                (None, None) => {
+                    dynamic.push(format!(
+                        "input '{name}' has no shape in the model; give it one with \
+                         --input-shape {name}=DIMS (e.g. {name}=1x3x224x224)"
+                    ));
+                    continue;
+                }
+            };
+            if tensor::checked_bytes(dtype, &shape).is_none() {
+                return Err(
+                    self.shape_err(format!("input '{name}' of shape {shape:?} is too large"))
+                );
+            }
+            let id = self
+                .graph
+                .add_value(name, Some(TensorDesc::new(dtype, shape)));
+            self.define(name, id, "a graph input")?;
+            self.graph.inputs.push(id);
+        }
+        if dynamic.is_empty() {
+            Ok(())
+        } else {
+            Err(self.shape_err(format!(
+                "Ingot compiles static shapes:\n  {}",
+                dynamic.join("\n  ")
+            )))
+        }
+    }
+
+    fn node(&self, i: usize, n: &NodeProto, outputs: Vec<ValueId>) -> Result<Node, ImportError> {
+        let inputs = n
+            .input
+            .iter()
+            .map(|name| {
+                if name.is_empty() {
+                    return Ok(None); // an omitted optional input
+                }
+                self.names.get(name).map(|&id| Some(id)).ok_or_else(|| {
+                    self.graph_err(format!(
+                        "{} reads '{name}', which no node, initializer or graph input defines",
+                        node_label(i, n)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let attrs: Attrs = attrs::convert(&n.attribute)
+            .map_err(|m| self.graph_err(format!("{}: {m}", node_label(i, n))))?;
+        Ok(Node {
+            name: n.name.clone(),
+            op: n.op_type.clone(),
+            domain: normalize_domain(&n.domain).to_string(),
+            inputs,
+            outputs,
+            attrs,
+        })
+    }
+
+    /// The nodes in a valid execution order: the model's own if it is one (ONNX requires it),
+    /// else a topological sort. `origin[k]` is node k's index in the model, for messages.
+    fn order(
+        &self,
+        nodes: Vec<Node>,
+        origin: &[usize],
+        g: &GraphProto,
+    ) -> Result<Vec<Node>, ImportError> {
+        let mut producer = vec![None; self.graph.values.len()];
+        for (k, n) in nodes.iter().enumerate() {
+            for &o in &n.outputs {
+                producer[o] = Some(k);
+            }
+        }
+        let in_order = nodes.iter().enumerate().all(|(k, n)| {
+            n.present_inputs()
+                .all(|v| producer[v].is_none_or(|p| p < k))
+        });
+        if in_order {
+            return Ok(nodes);
+        }
+        let mut dag = DiGraph::<(), ()>::with_capacity(nodes.len(), nodes.len());
+        for _ in &nodes {
+            dag.add_node(());
+        }
+        for (k, n) in nodes.iter().enumerate() {
+            for p in n.present_inputs().filter_map(|v| producer[v]) {
+                dag.add_edge(NodeIndex::new(p), NodeIndex::new(k), ());
+            }
+        }
+        let sorted = petgraph::algo::toposort(&dag, None).map_err(|cycle| {
+            let i = origin[cycle.node_id().index()];
+            self.graph_err(format!(
+                "the graph has a cycle through {}",
+                node_label(i, &g.node[i])
+            ))
+        })?;
+        let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
+        Ok(sorted
+            .into_iter()
+            .filter_map(|ix| slots[ix.index()].take())
+            .collect())
+    }
+}
+
+/// `input 'x' has dynamic shape [p2o.DynamicDimension.0, 3, ?, ?]; ... --input-shape x=Ax3xBxC`.
+fn dynamic_message(name: &str, dims: &[Dim]) -> String {
+    let mut letters = Vec::new();
+    let template: Vec<String> = dims
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(v) => v.to_string(),
+            Dim::Symbolic(_) => {
+                let k = letters.len();
+                let letter = match u8::try_from(k) {
+                    Ok(k) if k < 26 => char::from(b'A' + k).to_string(),
+                    _ => format!("D{k}"),
+                };
+                letters.push(letter.clone());
+                letter
+            }
+        })
+        .collect();
+    format!(
+        "input '{name}' has dynamic shape {}; fix it with --input-shape {name}={} \
+         (a size for each of {})",
+        fmt_dims(dims),
+        template.join("x"),
+        letters.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+//! `TensorProto` -> constant, for every encoding ONNX allows: the typed repeated fields,
+//! `raw_data` (little endian) and external data. Errors are plain messages; the caller adds
+//! the model and the tensor's name.
+
+use super::external::ExternalData;
+use crate::ir::Const;
+use bytemuck::Pod;
+use ingot_runtime::{Tensor, TensorDesc};
+use ingot_schema::DType;
+use onnx_protobuf::TensorProto;
+use onnx_protobuf::tensor_proto::{DataLocation, DataType};
+use protobuf::Enum;
+
+/// The ONNX name of an element type code, for messages (`FLOAT16`, `STRING`...).
+pub(super) fn onnx_type_name(code: i32) -> String {
+    match DataType::from_i32(code) {
+        Some(t) => format!("{t:?}"),
+        None => format!("unknown type code {code}"),
+    }
+}
+
+/// The element type for an ONNX type code; unsupported types give a message.
+pub(super) fn dtype(code: i32) -> Result<DType, String> {
+    DType::from_onnx_code(code).ok_or_else(|| {
+        format!(
+            "element type {} is not supported (Ingot runs float, float16, double, bool and \
+             8- to 64-bit integers)",
+            onnx_type_name(code)
+        )
+    })
+}
+
+/// Size in bytes of a tensor, `None` if it does not fit in `usize` (a product that overflows
+/// anywhere is refused even if a later dim is zero, so `TensorDesc::elements` cannot overflow).
+pub(super) fn checked_bytes(dtype: DType, shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+}
+
+/// Element type and shape of a tensor proto, checked.
+pub(super) fn desc(t: &TensorProto) -> Result<TensorDesc, String> {
+    let dtype = dtype(t.data_type)?;
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d} in shape {:?}", t.dims)))
+        .collect::<Result<Vec<_>, _>>()?;
+    checked_bytes(dtype, &shape).ok_or_else(|| format!("shape {shape:?} is too large"))?;
+    Ok(TensorDesc::new(dtype, shape))
+}
+
+/// A tensor proto as a constant: owned for inline data, mapped for external data.
+pub(super) fn to_const(t: &TensorProto, ext: &mut ExternalData) -> Result<Const, String> {
+    let desc = desc(t)?;
+    if t.segment.is_some() {
+        return Err("segmented tensors are not supported".into());
+    }
+    match t.data_location.enum_value() {
+        Ok(DataLocation::EXTERNAL) => ext.load(desc, &t.external_data),
+        Ok(DataLocation::DEFAULT) => decode_inline(t, desc).map(Const::owned),
+        Err(code) => Err(format!("unknown data_location {code}")),
+    }
+}
+
+/// Decodes data stored in the proto itself: `raw_data` if present, else the typed field
+/// that ONNX assigns to the element type.
+pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor, String> {
+    if !t.raw_data.is_empty() {
+        let need = desc.bytes();
+        return Tensor::from_bytes(desc, &t.raw_data).map_err(|_| {
+            format!(
+                "raw_data holds {} bytes; the tensor needs {need}",
+                t.raw_data.len()
+            )
+        });
+    }
+    use DType::*;
+    // Narrow types travel in int32_data (float16 as its bits) and u32 in uint64_data; the
+    // conversions keep the low bits, as ONNX's own reader (numpy_helper.to_array) does.
+    match desc.dtype {
+        F32 => same(desc, "float_data", &t.float_data),
+        F64 => same(desc, "double_data", &t.double_data),
+        I64 => same(desc, "int64_data", &t.int64_data),
+        U64 => same(desc, "uint64_data", &t.uint64_data),
+        I32 => same(desc, "int32_data", &t.int32_data),
+        U32 => converted(desc, "uint64_data", &t.uint64_data, |v| v as u32),
+        I16 => converted(desc, "int32_data", &t.int32_data, |v| v as i16),
+        U16 => converted(desc, "int32_data", &t.int32_data, |v| v as u16),
+        I8 => converted(desc, "int32_data", &t.int32_data, |v| v as i8),
+        U8 => converted(desc, "int32_data", &t.int32_data, |v| v as u8),
+        Bool => converted(desc, "int32_data", &t.int32_data, |v| u8::from(v != 0)),
+        F16 => converted(desc, "int32_data", &t.int32_data, |v| {
+            half::f16::from_bits(v as u16)
+        }),
+    }
+}
+
+fn count_check(desc: &TensorDesc, field: &str, len: usize) -> Result<(), String> {
+    let need = desc.elements();
+    match len {
+        _ if len == need => Ok(()),
+        0 => Err(format!(
+            "no data: neither raw_data nor {field} holds the {need} elements"
+        )),
+        _ => Err(format!(
+            "{field} holds {len} values; shape {:?} needs {need}",
+            desc.shape
+        )),
+    }
+}
+
+/// A typed field whose elements are already the tensor's element type.
+fn same<T: Pod>(desc: TensorDesc, field: &str, data: &[T]) -> Result<Tensor, String> {
+    count_check(&desc, field, data.len())?;
+    Tensor::from_bytes(desc, bytemuck::cast_slice(data)).map_err(|e| e.to_string())
+}
+
+/// A typed field that carries a narrower element type.
+fn converted<S: Copy, T: Pod>(
+    desc: TensorDesc,
+    field: &str,
+    data: &[S],
+    f: impl Fn(S) -> T,
+) -> Result<Tensor, String> {
+    count_check(&desc, field, data.len())?;
+    let values: Vec<T> = data.iter().map(|&v| f(v)).collect();
+    Tensor::from_bytes(desc, bytemuck::cast_slice(&values)).map_err(|e| e.to_string())
+}

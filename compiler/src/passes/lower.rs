@@ -1,0 +1,109 @@
+//! Lowering, shape inference and constant folding, in one walk in execution order:
+//! each node is made canonical for the model's opset (`ops::*::lower`), its output types are
+//! inferred (`ops::*::infer`), and if every input is constant it is evaluated with the
+//! runtime's CPU kernels and replaced by its constant outputs. Shape and Size are answered
+//! from static types. This is what turns dynamic-shape plumbing into a static graph.
+
+use super::PassError;
+use crate::ir::{Const, Graph, Node};
+use crate::ops::{self, LowerCx, OpError};
+use ingot_runtime::{Tensor, TensorDesc, cpu};
+
+pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    let mut folded = vec![false; g.nodes.len()];
+    for (i, done) in folded.iter_mut().enumerate() {
+        let node = &mut g.nodes[i];
+        let at = |e: OpError, node: &Node| PassError::Node {
+            node: node.label(),
+            message: e.0,
+        };
+        let def = ops::lookup(&node.op).ok_or_else(|| {
+            at(OpError(format!("op {} is not supported", node.op)), node)
+        })?;
+        let values = &g.values;
+        for (k, input) in node.inputs.iter().enumerate() {
+            if let Some(v) = input
+                && values[*v].ty.is_none()
+            {
+                return Err(at(
+                    OpError(format!("the type of input {k} '{}' is unknown", values[*v].name)),
+                    node,
+                ));
+            }
+        }
+        let cx = LowerCx {
+            opset: g.opset,
+            inputs: node.inputs.iter().map(|v| v.and_then(|v| values[v].ty.as_ref())).collect(),
+            consts: node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values[v].constant.as_ref()))
+                .collect(),
+        };
+        (def.lower)(node, &cx).map_err(|e| at(e, node))?;
+        let inputs: Vec<usize> = node
+            .inputs
+            .iter()
+            .map(|v| v.ok_or_else(|| OpError("lowering left an omitted input".into())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| at(e, node))?;
+        let in_types: Vec<&TensorDesc> = inputs
+            .iter()
+            .map(|&v| values[v].ty.as_ref())
+            .collect::<Option<_>>()
+            .ok_or_else(|| at(OpError("an input's type is unknown".into()), node))?;
+        let out_types = (def.infer)(node, &in_types).map_err(|e| at(e, node))?;
+        if out_types.len() != node.outputs.len() {
+            return Err(at(
+                OpError(format!(
+                    "produces {} outputs, the model lists {}",
+                    out_types.len(),
+                    node.outputs.len()
+                )),
+                node,
+            ));
+        }
+        let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
+            Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
+        } else if inputs.iter().all(|&v| values[v].constant.is_some()) {
+            let tensors: Vec<_> = inputs
+                .iter()
+                .filter_map(|&v| values[v].constant.as_ref().map(Const::tensor))
+                .collect();
+            let refs: Vec<&Tensor> = tensors.iter().map(|t| t.as_ref()).collect();
+            let outs = cpu::eval(&node.op, &node.attrs, &refs, &out_types)
+                .map_err(|e| at(OpError(format!("constant folding failed: {e}")), node))?;
+            Some(outs)
+        } else {
+            None
+        };
+        let outputs = node.outputs.clone();
+        for (&o, ty) in outputs.iter().zip(out_types) {
+            g.values[o].ty = Some(ty);
+        }
+        if let Some(constants) = constants {
+            for (&o, t) in outputs.iter().zip(constants) {
+                g.values[o].constant = Some(Const::owned(t));
+            }
+            *done = true;
+        }
+    }
+    let mut f = folded.iter();
+    g.nodes.retain(|_| !*f.next().unwrap_or(&false));
+    Ok(())
+}
+
+/// The value of a canonical Shape (attributes `start`, `end`) or Size node.
+fn shape_constant(node: &Node, input: &TensorDesc) -> Result<Tensor, OpError> {
+    let dims: Vec<i64> = input.shape.iter().map(|&d| d as i64).collect();
+    let t = if node.op == "Size" {
+        Tensor::from_vec(Vec::<usize>::new(), &[dims.iter().product::<i64>()])
+    } else {
+        let rank = dims.len() as i64;
+        let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+        let start = clamp(node.attrs.int_or("start", 0)?);
+        let end = clamp(node.attrs.int_or("end", rank)?).max(start);
+        Tensor::from_vec(vec![end - start], &dims[start..end])
+    };
+    t.map_err(|e| OpError(e.to_string()))
+}

@@ -1,0 +1,37 @@
+//! Graph passes, one per file, each `pub fn run(&mut Graph) -> Result<(), PassError>`.
+//! [`PIPELINE`] is the order they run in; the IR is checked after each one in debug builds.
+
+use crate::ir::{self, Graph};
+
+mod dce;
+mod lower;
+mod outputs;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    /// An op-level problem at one node: names the node and its op type.
+    #[error("{node}: {message}")]
+    Node { node: String, message: String },
+    #[error("{0}")]
+    Graph(String),
+}
+
+pub type Pass = fn(&mut Graph) -> Result<(), PassError>;
+
+/// The passes in order, with the names errors and timings use.
+pub const PIPELINE: &[(&str, Pass)] = &[
+    ("lower", lower::run),
+    ("dce", dce::run),
+    ("outputs", outputs::run),
+];
+
+/// Runs every pass of [`PIPELINE`] on `g`.
+pub fn run_all(g: &mut Graph) -> Result<(), PassError> {
+    for (name, pass) in PIPELINE {
+        pass(g)?;
+        if cfg!(debug_assertions) {
+            ir::check(g).map_err(|e| PassError::Graph(format!("IR broken after pass {name}: {e}")))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! Aliasing decided before liveness: which values share another value's bytes.
+//!
+//! - **Views**: Reshape, Flatten, Squeeze, Unsqueeze, Identity and inference Dropout move no
+//!   bytes; Slice and Split that select one contiguous byte range (outer-axis crops) are the
+//!   input's bytes at an offset. No step runs for them.
+//! - **Concat in place**: a Concat whose pieces are contiguous runs of its output (outer-axis
+//!   concat) runs no step: each input's producer writes straight into its piece.
+//! - **In place**: an op that can run in place (the runtime says which) writes its output into
+//!   an input's bytes when that input's root dies at the op, has the same type and shape as
+//!   the output, and lives in the arena.
+//!
+//! Chains resolve as they are found (a view of a view is a view of the root, with the offsets
+//! added), so liveness and offsets only ever see roots. A graph output never aliases: it is
+//! written to the caller's buffer.
+
+use crate::ir::{Graph, Node, ValueId};
+
+/// Ops whose output is their first input's bytes, unchanged.
+pub const VIEW_OPS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"];
+
+/// Where a value's bytes are, relative to its root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alias {
+    pub root: ValueId,
+    pub byte_offset: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Aliases {
+    /// Per value: `Some` if it shares a root's bytes (never for a root itself).
+    pub of: Vec<Option<Alias>>,
+    /// Per node: true if it runs no step (a view, or a concat written in place).
+    pub elided: Vec<bool>,
+    /// Per node: the input index the node writes in place over, if any.
+    pub in_place: Vec<Option<usize>>,
+}
+
+impl Aliases {
+    pub fn root(&self, v: ValueId) -> Alias {
+        self.of[v].unwrap_or(Alias { root: v, byte_offset: 0 })
+    }
+}
+
+/// Makes `v` an alias; its root now lives as long as `v` does.
+fn join(a: &mut Aliases, v: ValueId, alias: Alias, root_last: &mut [usize]) {
+    a.of[v] = Some(alias);
+    root_last[alias.root] = root_last[alias.root].max(root_last[v]);
+}
+
+fn bytes(g: &Graph, v: ValueId) -> u64 {
+    g.values[v].ty.as_ref().map_or(0, |t| t.bytes() as u64)
+}
+
+/// Product of the dims before `axis`: 1 means pieces along `axis` are contiguous runs.
+fn outer(g: &Graph, v: ValueId, axis: usize) -> Option<usize> {
+    let t = g.values[v].ty.as_ref()?;
+    Some(t.shape.get(..axis)?.iter().product())
+}
+
+/// The byte offset of a canonical Slice's output in its input, if it is one contiguous range.
+fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> Option<u64> {
+    let in_shape = &g.values[input].ty.as_ref()?.shape;
+    let out_shape = &g.values[output].ty.as_ref()?.shape;
+    let (starts, steps) = (node.attrs.ints("starts").ok()?, node.attrs.ints("steps").ok()?);
+    let elem = g.values[input].ty.as_ref()?.dtype.size() as u64;
+    // The run is contiguous if, after the last axis that is cut, every axis is whole, and
+    // before it every axis has one index; a step only matters where more than one index is
+    // taken.
+    let last_cut = (0..in_shape.len()).rev().find(|&d| out_shape[d] != in_shape[d]);
+    let mut offset = 0u64;
+    let mut stride = elem;
+    for d in (0..in_shape.len()).rev() {
+        let fits = match last_cut {
+            Some(k) if d < k => out_shape[d] == 1,
+            _ => true,
+        };
+        if !fits || (out_shape[d] > 1 && steps[d] != 1) {
+            return None;
+        }
+        offset += starts[d].max(0) as u64 * stride;
+        stride *= in_shape[d] as u64;
+    }
+    Some(offset)
+}
+
+/// Decides views (when `views`) and in-place writes for `g` executed in `order` (node
+/// indices). `can_run_in_place(op)` says which ops' kernels accept an output over an input.
+pub fn analyse(g: &Graph, order: &[usize], views: bool, can_run_in_place: &dyn Fn(&str) -> bool) -> Aliases {
+    let n = g.values.len();
+    let mut a = Aliases {
+        of: vec![None; n],
+        elided: vec![false; g.nodes.len()],
+        in_place: vec![None; g.nodes.len()],
+    };
+    let mut is_output = vec![false; n];
+    for &o in &g.outputs {
+        is_output[o] = true;
+    }
+    let mut is_input = vec![false; n];
+    for &i in &g.inputs {
+        is_input[i] = true;
+    }
+    let producers = g.producers();
+    // Last position (in `order`) at which each value is read; graph outputs live to the end.
+    let mut last_read = vec![0usize; n];
+    for (pos, &ni) in order.iter().enumerate() {
+        for v in g.nodes[ni].present_inputs() {
+            last_read[v] = last_read[v].max(pos);
+        }
+    }
+    for &o in &g.outputs {
+        last_read[o] = usize::MAX;
+    }
+    // Last read of each root over every value aliasing it, kept up to date as aliases form.
+    let mut root_last = last_read.clone();
+
+    for (pos, &ni) in order.iter().enumerate() {
+        let node = &g.nodes[ni];
+        if node.outputs.iter().any(|&o| is_output[o]) {
+            continue;
+        }
+        let first_input = node
+            .inputs
+            .first()
+            .copied()
+            .flatten()
+            .filter(|&i| views && g.values[i].constant.is_none());
+        match (node.op.as_str(), first_input, node.outputs.as_slice()) {
+            (op, Some(input), &[output]) if VIEW_OPS.contains(&op) => {
+                let r = a.root(input);
+                join(&mut a, output, r, &mut root_last);
+                a.elided[ni] = true;
+                continue;
+            }
+            ("Slice", Some(input), &[output]) => {
+                if let Some(offset) = contiguous_slice(g, node, input, output) {
+                    let r = a.root(input);
+                    let alias = Alias { root: r.root, byte_offset: r.byte_offset + offset };
+                    join(&mut a, output, alias, &mut root_last);
+                    a.elided[ni] = true;
+                    continue;
+                }
+            }
+            ("Split", Some(input), outputs) => {
+                let axis = node.attrs.int("axis").ok().and_then(|x| usize::try_from(x).ok());
+                if axis.and_then(|ax| outer(g, input, ax)) == Some(1) {
+                    let r = a.root(input);
+                    let mut offset = r.byte_offset;
+                    for &o in outputs {
+                        join(&mut a, o, Alias { root: r.root, byte_offset: offset }, &mut root_last);
+                        offset += bytes(g, o);
+                    }
+                    a.elided[ni] = true;
+                    continue;
+                }
+            }
+            ("Concat", Some(_), &[output]) => {
+                if concat_in_place(g, node, output, &is_input, &producers, &mut a, &mut root_last) {
+                    a.elided[ni] = true;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        let [output] = node.outputs[..] else { continue };
+        if !can_run_in_place(&node.op) {
+            continue;
+        }
+        let out_ty = g.values[output].ty.as_ref();
+        let candidate = node.inputs.iter().enumerate().find_map(|(k, input)| {
+            let input = (*input)?;
+            let r = a.root(input);
+            let in_arena = !is_input[r.root] && !is_output[r.root] && g.values[r.root].constant.is_none();
+            let same_type = g.values[input].ty.as_ref() == out_ty;
+            let dies_here = root_last[r.root] == pos;
+            // The root must not also be read through another operand of this node.
+            let read_once = node
+                .present_inputs()
+                .enumerate()
+                .all(|(j, other)| j == k || a.root(other).root != r.root);
+            (in_arena && same_type && dies_here && read_once).then_some((k, r))
+        });
+        if let Some((k, r)) = candidate {
+            join(&mut a, output, r, &mut root_last);
+            a.in_place[ni] = Some(k);
+        }
+    }
+    a
+}
+
+/// Makes each input of an outer-axis Concat a view of its piece of the output, when every
+/// input is an activation root that only this Concat places: its producer then writes into
+/// the output directly. All or nothing.
+fn concat_in_place(
+    g: &Graph,
+    node: &Node,
+    output: ValueId,
+    is_input: &[bool],
+    producers: &[Option<usize>],
+    a: &mut Aliases,
+    root_last: &mut [usize],
+) -> bool {
+    let Some(axis) = node.attrs.int("axis").ok().and_then(|x| usize::try_from(x).ok()) else {
+        return false;
+    };
+    if outer(g, output, axis) != Some(1) {
+        return false;
+    }
+    let inputs: Vec<ValueId> = node.present_inputs().collect();
+    // Each input: a root (no alias of its own), computed by the graph (not an input or a
+    // constant), placed once. A nested in-place Concat qualifies: its pieces move along.
+    let eligible = |&x: &ValueId| {
+        let once = inputs.iter().filter(|&&y| y == x).count() == 1;
+        once && producers[x].is_some() && a.of[x].is_none() && !is_input[x] && g.values[x].constant.is_none()
+    };
+    if inputs.is_empty() || !inputs.iter().all(eligible) {
+        return false;
+    }
+    let mut offset = 0;
+    for &x in &inputs {
+        // Everything that aliased x now aliases the concat output, shifted by x's offset.
+        for v in 0..a.of.len() {
+            if let Some(al) = a.of[v]
+                && al.root == x
+            {
+                a.of[v] = Some(Alias { root: output, byte_offset: offset + al.byte_offset });
+            }
+        }
+        a.of[x] = Some(Alias { root: output, byte_offset: offset });
+        root_last[output] = root_last[output].max(root_last[x]);
+        offset += bytes(g, x);
+    }
+    true
+}

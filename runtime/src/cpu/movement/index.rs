@@ -1,0 +1,387 @@
+//! Ops driven by an index tensor read at run time: Gather, GatherElements, GatherND, ScatterND,
+//! ScatterElements, OneHot. Indices are checked as they are read; a bad one is an error.
+
+use super::{by_size, cast, cast_mut, input, output, read_ints, strides, wrap_index};
+use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::invalid;
+use crate::tensor::{TensorDesc, TensorMut, TensorRef};
+use bytemuck::Pod;
+use ingot_schema::DType;
+
+fn axis_attr(cx: &OpCx, rank: usize) -> Result<usize, KernelError> {
+    usize::try_from(cx.attrs.int("axis")?)
+        .ok()
+        .filter(|&a| a < rank)
+        .ok_or_else(|| invalid!("{} axis is out of range for rank {rank}", cx.op))
+}
+
+fn expect_indices(cx: &OpCx, d: &TensorDesc) -> Result<(), KernelError> {
+    match d.dtype {
+        DType::I64 | DType::I32 => Ok(()),
+        dt => Err(invalid!("{} indices must be i32 or i64, not {dt}", cx.op)),
+    }
+}
+
+fn expect_output(cx: &OpCx, dtype: DType, shape: &[usize]) -> Result<(), KernelError> {
+    let o = &cx.outputs[0];
+    if o.dtype != dtype || o.shape != shape {
+        return Err(invalid!(
+            "{} produces {dtype} {shape:?}, but its output is {o:?}",
+            cx.op
+        ));
+    }
+    Ok(())
+}
+
+// ---- Gather ----
+
+/// `data[outer, n, inner]` gathered along the middle axis.
+struct Gather {
+    outer: usize,
+    n: usize,
+    /// Bytes per gathered block.
+    block: usize,
+    indices: TensorDesc,
+}
+
+impl Kernel for Gather {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let src = input(inputs, 0, self.outer * self.n * self.block)?;
+        let count = self.indices.elements();
+        let idx = read_ints(inputs, 1, count)?
+
+            .iter()
+            .map(|&i| wrap_index(i, self.n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dst = output(outputs, 0, self.outer * count * self.block)?;
+        let b = self.block;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        for (o, dst) in dst.chunks_exact_mut(count * b).enumerate() {
+            let src = &src[o * self.n * b..(o + 1) * self.n * b];
+            for (d, &j) in dst.chunks_exact_mut(b).zip(&idx) {
+                d.copy_from_slice(&src[j * b..(j + 1) * b]);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn gather(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let (data, indices) = (&cx.inputs[0], &cx.inputs[1]);
+    expect_indices(cx, indices)?;
+    let axis = axis_attr(cx, data.shape.len())?;
+    let shape = [
+        &data.shape[..axis],
+        &indices.shape[..],
+        &data.shape[axis + 1..],
+    ]
+    .concat();
+    expect_output(cx, data.dtype, &shape)?;
+    Ok(Box::new(Gather {
+        outer: data.shape[..axis].iter().product(),
+        n: data.shape[axis],
+        block: data.shape[axis + 1..].iter().product::<usize>() * data.dtype.size(),
+        indices: indices.clone(),
+    }))
+}
+
+// ---- GatherElements and ScatterElements ----
+
+/// For each position of `indices` (same rank as `data`), the data offset it names: its own
+/// coordinates with the one along `axis` replaced by the index.
+fn element_offsets(
+    data: &[usize],
+    idx_shape: &[usize],
+    axis: usize,
+    idx: &[i64],
+) -> Result<Vec<usize>, KernelError> {
+    let st = strides(data);
+    let mut pos = vec![0usize; idx_shape.len()];
+    let mut out = Vec::with_capacity(idx.len());
+    for &i in idx {
+        let j = wrap_index(i, data[axis])?;
+        let off: usize = pos
+            .iter()
+            .zip(&st)
+            .enumerate()
+            .map(|(d, (&p, &s))| if d == axis { j * s } else { p * s })
+            .sum();
+        out.push(off);
+        for (p, &n) in pos.iter_mut().zip(idx_shape).rev() {
+            *p += 1;
+            if *p < n {
+                break;
+            }
+            *p = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// Shapes of an elements op: same rank, and the indices fit inside the data off the axis.
+fn elements_shapes(cx: &OpCx, data: &[usize], idx: &[usize]) -> Result<usize, KernelError> {
+    let axis = axis_attr(cx, data.len())?;
+    let fits = idx.len() == data.len()
+        && idx
+            .iter()
+            .zip(data)
+            .enumerate()
+            .all(|(d, (i, n))| d == axis || i <= n);
+    if !fits {
+        return Err(invalid!("{} indices {idx:?} do not fit data {data:?}", cx.op));
+    }
+    Ok(axis)
+}
+
+struct Elements {
+    data: Vec<usize>,
+    indices: Vec<usize>,
+    axis: usize,
+    esize: usize,
+    scatter: bool,
+}
+
+impl Kernel for Elements {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let n_data = self.data.iter().product::<usize>() * self.esize;
+        let n_idx = self.indices.iter().product::<usize>();
+        let data = input(inputs, 0, n_data)?;
+        let idx = read_ints(inputs, 1, n_idx)?;
+        let offs = element_offsets(&self.data, &self.indices, self.axis, &idx)?;
+        if self.scatter {
+            let updates = input(inputs, 2, n_idx * self.esize)?;
+            let dst = output(outputs, 0, n_data)?;
+            dst.copy_from_slice(data);
+            by_size!(self.esize, T => {
+                let (dst, upd) = (cast_mut::<T>(dst)?, cast::<T>(updates)?);
+                for (&o, &u) in offs.iter().zip(upd) {
+                    dst[o] = u;
+                }
+                Ok(())
+            })
+        } else {
+            let dst = output(outputs, 0, n_idx * self.esize)?;
+            by_size!(self.esize, T => {
+                let (dst, src) = (cast_mut::<T>(dst)?, cast::<T>(data)?);
+                for (d, &o) in dst.iter_mut().zip(&offs) {
+                    *d = src[o];
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+pub(super) fn gather_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let (data, indices) = (&cx.inputs[0], &cx.inputs[1]);
+    expect_indices(cx, indices)?;
+    let axis = elements_shapes(cx, &data.shape, &indices.shape)?;
+    expect_output(cx, data.dtype, &indices.shape)?;
+    Ok(Box::new(Elements {
+        data: data.shape.clone(),
+        indices: indices.shape.clone(),
+        axis,
+        esize: data.dtype.size(),
+        scatter: false,
+    }))
+}
+
+fn expect_no_reduction(cx: &OpCx) -> Result<(), KernelError> {
+    match cx.attrs.text("reduction")? {
+        "none" => Ok(()),
+        r => Err(invalid!("{} reduction {r} is not supported", cx.op)),
+    }
+}
+
+pub(super) fn scatter_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(3..=3, 1)?;
+    expect_no_reduction(cx)?;
+    let (data, indices, updates) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
+    expect_indices(cx, indices)?;
+    let axis = elements_shapes(cx, &data.shape, &indices.shape)?;
+    if updates.shape != indices.shape || updates.dtype != data.dtype {
+        return Err(invalid!("ScatterElements updates {updates:?} do not match the indices"));
+    }
+    expect_output(cx, data.dtype, &data.shape)?;
+    Ok(Box::new(Elements {
+        data: data.shape.clone(),
+        indices: indices.shape.clone(),
+        axis,
+        esize: data.dtype.size(),
+        scatter: true,
+    }))
+}
+
+// ---- GatherND and ScatterND ----
+
+/// The index-tuple layout of an ND op.
+struct Nd {
+    data: Vec<usize>,
+    indices: Vec<usize>,
+    batch: usize,
+    esize: usize,
+    scatter: bool,
+}
+
+impl Nd {
+    /// Validates the shapes; returns the layout and the gathered (or scattered) shape.
+    fn new(cx: &OpCx, batch: usize, scatter: bool) -> Result<(Nd, Vec<usize>), KernelError> {
+        let (data, indices) = (&cx.inputs[0], &cx.inputs[1]);
+        expect_indices(cx, indices)?;
+        let (r, q) = (data.shape.len(), indices.shape.len());
+        let k = indices.shape.last().copied().unwrap_or(0);
+        if q == 0 || batch >= r.min(q) || k > r - batch {
+            return Err(invalid!(
+                "{} cannot index {:?} with {:?} and {batch} batch dims",
+                cx.op,
+                data.shape,
+                indices.shape
+            ));
+        }
+        if data.shape[..batch] != indices.shape[..batch] {
+            return Err(invalid!("{} batch dims of data and indices differ", cx.op));
+        }
+        let slices = [&indices.shape[..q - 1], &data.shape[batch + k..]].concat();
+        let nd = Nd {
+            data: data.shape.clone(),
+            indices: indices.shape.clone(),
+            batch,
+            esize: data.dtype.size(),
+            scatter,
+        };
+        Ok((nd, slices))
+    }
+
+    /// Element offset of every index tuple's slice, and the slice length in elements.
+    fn offsets(&self, idx: &[i64]) -> Result<(Vec<usize>, usize), KernelError> {
+        let b = self.batch;
+        let k = self.indices.last().copied().unwrap_or(0);
+        let st = strides(&self.data);
+        let slice: usize = self.data[b + k..].iter().product();
+        let batch_stride: usize = self.data[b..].iter().product();
+        let tuples_per_batch: usize = self.indices[b..self.indices.len() - 1].iter().product();
+        let mut out = Vec::with_capacity(idx.len() / k.max(1));
+        let tuples = self.indices[..self.indices.len() - 1].iter().product::<usize>();
+        for t in 0..tuples {
+            let tuple = &idx[t * k..(t + 1) * k];
+            let mut off = (t / tuples_per_batch.max(1)) * batch_stride;
+            for (j, &i) in tuple.iter().enumerate() {
+                off += wrap_index(i, self.data[b + j])? * st[b + j];
+            }
+            out.push(off);
+        }
+        Ok((out, slice))
+    }
+}
+
+impl Kernel for Nd {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let n_data = self.data.iter().product::<usize>() * self.esize;
+        let data = input(inputs, 0, n_data)?;
+        let idx = read_ints(inputs, 1, self.indices.iter().product())?;
+        let (offs, slice) = self.offsets(&idx)?;
+        let b = slice * self.esize;
+        if self.scatter {
+            let updates = input(inputs, 2, offs.len() * b)?;
+            let dst = output(outputs, 0, n_data)?;
+            dst.copy_from_slice(data);
+            for (&o, u) in offs.iter().zip(updates.chunks_exact(b.max(1))) {
+                dst[o * self.esize..o * self.esize + b].copy_from_slice(u);
+            }
+        } else {
+            let dst = output(outputs, 0, offs.len() * b)?;
+            for (&o, d) in offs.iter().zip(dst.chunks_exact_mut(b.max(1))) {
+                d.copy_from_slice(&data[o * self.esize..o * self.esize + b]);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn gather_nd(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let batch = usize::try_from(cx.attrs.int("batch_dims")?)
+        .map_err(|_| invalid!("GatherND batch_dims must not be negative"))?;
+    let (nd, shape) = Nd::new(cx, batch, false)?;
+    expect_output(cx, cx.inputs[0].dtype, &shape)?;
+    Ok(Box::new(nd))
+}
+
+pub(super) fn scatter_nd(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(3..=3, 1)?;
+    expect_no_reduction(cx)?;
+    let (nd, shape) = Nd::new(cx, 0, true)?;
+    let (data, updates) = (&cx.inputs[0], &cx.inputs[2]);
+    if updates.shape != shape || updates.dtype != data.dtype {
+        return Err(invalid!(
+            "ScatterND updates should be {} {shape:?}, not {updates:?}",
+            data.dtype
+        ));
+    }
+    expect_output(cx, data.dtype, &data.shape)?;
+    Ok(Box::new(nd))
+}
+
+// ---- OneHot ----
+
+/// Output `[outer, depth, inner]`: `on` where the index at `[outer, inner]` equals the middle
+/// coordinate (negative indices count from `depth`), `off` elsewhere.
+struct OneHot {
+    outer: usize,
+    depth: usize,
+    inner: usize,
+    esize: usize,
+}
+
+impl Kernel for OneHot {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let idx = read_ints(inputs, 0, self.outer * self.inner)?;
+        let values = input(inputs, 1, 2 * self.esize)?;
+        let dst = output(outputs, 0, idx.len() * self.depth * self.esize)?;
+        by_size!(self.esize, T => {
+            let (dst, v) = (cast_mut::<T>(dst)?, cast::<T>(values)?);
+            fill_one_hot(self, &idx, dst, v[0], v[1]);
+            Ok(())
+        })
+    }
+}
+
+fn fill_one_hot<T: Pod>(k: &OneHot, idx: &[i64], dst: &mut [T], off: T, on: T) {
+    dst.fill(off);
+    let depth = k.depth as i64;
+    for (p, &i) in idx.iter().enumerate() {
+        let j = if i < 0 { i + depth } else { i };
+        if (0..depth).contains(&j) {
+            let (o, q) = (p / k.inner, p % k.inner);
+            dst[(o * k.depth + j as usize) * k.inner + q] = on;
+        }
+    }
+}
+
+pub(super) fn one_hot(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let (indices, values) = (&cx.inputs[0], &cx.inputs[1]);
+    let axis = axis_attr(cx, indices.shape.len() + 1)?;
+    let depth = usize::try_from(cx.attrs.int("depth")?)
+        .map_err(|_| invalid!("OneHot depth must not be negative"))?;
+    if values.elements() != 2 {
+        return Err(invalid!("OneHot values must hold [off, on], got {values:?}"));
+    }
+    let shape = [
+        &indices.shape[..axis],
+        &[depth][..],
+        &indices.shape[axis..],
+    ]
+    .concat();
+    expect_output(cx, values.dtype, &shape)?;
+    Ok(Box::new(OneHot {
+        outer: indices.shape[..axis].iter().product(),
+        depth,
+        inner: indices.shape[axis..].iter().product(),
+        esize: values.dtype.size(),
+    }))
+}

@@ -1,0 +1,162 @@
+//! Softmax, LogSoftmax and Hardmax along one axis (or, with `coerce_2d`, over all axes from
+//! `axis` on, as before opset 13).
+
+use super::{Lanes, axis_attr, check_lens, check_output};
+use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::tensor::{TensorMut, TensorRef};
+use ingot_schema::DType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Softmax,
+    LogSoftmax,
+    Hardmax,
+}
+
+struct Softmax {
+    kind: Kind,
+    lanes: Lanes,
+}
+
+pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(1..=1, 1)?;
+    let x = &cx.inputs[0];
+    if x.dtype != DType::F32 {
+        return Err(cx.dtype_error(x.dtype));
+    }
+    let rank = x.shape.len();
+    let axis = axis_attr(cx, rank)?;
+    let end = if cx.attrs.int("coerce_2d")? != 0 {
+        rank
+    } else {
+        axis + 1
+    };
+    check_output(cx, DType::F32, &x.shape)?;
+    let kind = match cx.op {
+        "Softmax" => Kind::Softmax,
+        "LogSoftmax" => Kind::LogSoftmax,
+        _ => Kind::Hardmax,
+    };
+    Ok(Box::new(Softmax {
+        kind,
+        lanes: Lanes::new(&x.shape, axis, end),
+    }))
+}
+
+impl Kernel for Softmax {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let x = inputs[0].as_slice::<f32>()?;
+        let y = outputs[0].as_slice_mut::<f32>()?;
+        let l = self.lanes;
+        check_lens("Softmax", x.len(), l.len(), y.len(), l.len())?;
+        if l.len() == 0 {
+            return Ok(());
+        }
+        // Per block, one running value per column of `inner` lanes.
+        let mut m = Vec::with_capacity(l.inner);
+        let mut s = vec![0f32; l.inner];
+        let mut idx = vec![0i64; l.inner];
+        let block = l.n * l.inner;
+        for (xb, yb) in x.chunks_exact(block).zip(y.chunks_exact_mut(block)) {
+            let rows = || xb.chunks_exact(l.inner);
+            if self.kind == Kind::Hardmax {
+                super::arg::best_along(xb, l.inner, |v, b| v > b, &mut m, &mut idx);
+                yb.fill(0.0);
+                for (i, &r) in idx.iter().enumerate() {
+                    yb[r as usize * l.inner + i] = 1.0;
+                }
+                continue;
+            }
+            // Subtract the maximum so that exp never overflows.
+            super::arg::best_along(xb, l.inner, |v, b| v > b, &mut m, &mut idx);
+            s.fill(0.0);
+            for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
+                for (((y, &x), &m), s) in yr.iter_mut().zip(xr).zip(&m).zip(&mut s) {
+                    *y = (x - m).exp();
+                    *s += *y;
+                }
+            }
+            if self.kind == Kind::Softmax {
+                s.iter_mut().for_each(|v| *v = 1.0 / *v);
+                for yr in yb.chunks_exact_mut(l.inner) {
+                    yr.iter_mut().zip(&s).for_each(|(y, s)| *y *= s);
+                }
+            } else {
+                // log softmax = x - m - log Σ exp(x - m)
+                s.iter_mut().zip(&m).for_each(|(s, m)| *s = m + s.ln());
+                for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
+                    for ((y, &x), s) in yr.iter_mut().zip(xr).zip(&s) {
+                        *y = x - s;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::eval;
+    use crate::tensor::{Tensor, TensorDesc};
+    use ingot_schema::{AttrValue, Attrs, DType};
+
+    fn run(op: &str, x: &Tensor, axis: i64, coerce: i64) -> Vec<f32> {
+        let attrs = Attrs::new()
+            .with("axis", AttrValue::Int(axis))
+            .with("coerce_2d", AttrValue::Int(coerce));
+        let r = eval(
+            op,
+            &attrs,
+            &[x],
+            &[TensorDesc::new(DType::F32, x.shape().to_vec())],
+        )
+        .unwrap();
+        r[0].to_vec().unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{a:?} vs {b:?}");
+        }
+    }
+
+    // x = np.array([[[0, 1], [2, 3], [4, 1000]]], np.float32)  # shape (1, 3, 2)
+    fn x() -> Tensor {
+        Tensor::from_vec(vec![1, 3, 2], &[0f32, 1., 2., 3., 4., 1000.]).unwrap()
+    }
+
+    #[test]
+    fn softmax_along_a_middle_axis_is_stable() {
+        // e = np.exp(x - x.max(1, keepdims=True)); e / e.sum(1, keepdims=True)
+        close(
+            &run("Softmax", &x(), 1, 0),
+            &[0.015876241, 0.0, 0.11731043, 0.0, 0.86681336, 1.0],
+        );
+        // x - x.max(1, keepdims=True) - np.log(e.sum(1, keepdims=True))
+        close(
+            &run("LogSoftmax", &x(), 1, 0),
+            &[-4.1429315, -999.0, -2.1429315, -997.0, -0.14293146, 0.0],
+        );
+    }
+
+    #[test]
+    fn coerce_2d_flattens_the_trailing_axes() {
+        // f = x.reshape(3, 2) viewed from axis 1 of a (1, 3, 2) input as (1, 6): softmax of
+        // [0, 1, 2, 3, 4, 1000] is one-hot at 1000; log softmax is x - 1000.
+        close(&run("Softmax", &x(), 1, 1), &[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+        close(
+            &run("LogSoftmax", &x(), 1, 1),
+            &[-1000.0, -999.0, -998.0, -997.0, -996.0, 0.0],
+        );
+    }
+
+    #[test]
+    fn hardmax_marks_the_first_maximum() {
+        let t = Tensor::from_vec(vec![2, 3], &[3f32, 1., 3., 0., 2., 1.]).unwrap();
+        assert_eq!(run("Hardmax", &t, 1, 0), [1., 0., 0., 0., 1., 0.]);
+        assert_eq!(run("Hardmax", &t, 0, 0), [1., 0., 1., 0., 1., 0.]);
+        assert_eq!(run("Hardmax", &t, 0, 1), [1., 0., 0., 0., 0., 0.]);
+    }
+}

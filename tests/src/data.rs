@@ -1,0 +1,92 @@
+//! Test data files to and from [`Tensor`]: `.npy` (numpy) and `.pb` (ONNX TensorProto).
+
+use anyhow::{Context, Result, bail};
+use ingot_runtime::Tensor;
+use ingot_schema::DType;
+use npyz::{TypeChar, WriterBuilder};
+use std::path::Path;
+
+/// Reads a little-endian, C-order `.npy` file of a plain numeric or bool type.
+pub fn read_npy(path: &Path) -> Result<Tensor> {
+    let read = || -> Result<Tensor> {
+        let npy = npyz::NpyFile::new(std::io::BufReader::new(std::fs::File::open(path)?))?;
+        if npy.order() != npyz::Order::C {
+            bail!("Fortran-order arrays are not supported");
+        }
+        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+        let npyz::DType::Plain(ty) = npy.dtype() else {
+            bail!("structured dtype {:?} is not supported", npy.dtype());
+        };
+        macro_rules! typed {
+            ($t:ty) => {
+                Tensor::from_vec(shape, &npy.into_vec::<$t>()?)?
+            };
+        }
+        Ok(match (ty.type_char(), ty.size_field()) {
+            (TypeChar::Float, 4) => typed!(f32),
+            (TypeChar::Float, 8) => typed!(f64),
+            (TypeChar::Float, 2) => typed!(half::f16),
+            (TypeChar::Int, 1) => typed!(i8),
+            (TypeChar::Int, 2) => typed!(i16),
+            (TypeChar::Int, 4) => typed!(i32),
+            (TypeChar::Int, 8) => typed!(i64),
+            (TypeChar::Uint, 1) => typed!(u8),
+            (TypeChar::Uint, 2) => typed!(u16),
+            (TypeChar::Uint, 4) => typed!(u32),
+            (TypeChar::Uint, 8) => typed!(u64),
+            (TypeChar::Bool, 1) => Tensor::from_bools(shape, &npy.into_vec::<bool>()?)?,
+            _ => bail!("dtype {ty} is not supported"),
+        })
+    };
+    read().with_context(|| format!("read {}", path.display()))
+}
+
+/// Writes `t` as a `.npy` file.
+pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
+    let write = || -> Result<()> {
+        let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        macro_rules! typed {
+            ($t:ty, $data:expr) => {{
+                let mut w = npyz::WriteOptions::<$t>::new()
+                    .default_dtype()
+                    .shape(&shape)
+                    .writer(file)
+                    .begin_nd()?;
+                w.extend($data)?;
+                w.finish()?;
+            }};
+        }
+        match t.dtype() {
+            DType::F32 => typed!(f32, t.to_vec::<f32>()?),
+            DType::F64 => typed!(f64, t.to_vec::<f64>()?),
+            DType::F16 => typed!(half::f16, t.to_vec::<half::f16>()?),
+            DType::I8 => typed!(i8, t.to_vec::<i8>()?),
+            DType::I16 => typed!(i16, t.to_vec::<i16>()?),
+            DType::I32 => typed!(i32, t.to_vec::<i32>()?),
+            DType::I64 => typed!(i64, t.to_vec::<i64>()?),
+            DType::U8 => typed!(u8, t.to_vec::<u8>()?),
+            DType::U16 => typed!(u16, t.to_vec::<u16>()?),
+            DType::U32 => typed!(u32, t.to_vec::<u32>()?),
+            DType::U64 => typed!(u64, t.to_vec::<u64>()?),
+            DType::Bool => typed!(bool, t.bytes().iter().map(|&b| b != 0)),
+        }
+        Ok(())
+    };
+    write().with_context(|| format!("write {}", path.display()))
+}
+
+/// Reads one serialized ONNX TensorProto (a backend test's `input_0.pb`): its name and value.
+pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
+    let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    ingot_compiler::onnx::read_tensor_proto(&bytes)
+        .with_context(|| format!("decode {}", path.display()))
+}
+
+/// The numbered files `<dir>/<prefix>_0.<ext>`, `_1`, ... up to the first missing one.
+pub fn numbered_files(dir: &Path, prefix: &str, ext: &str) -> Vec<std::path::PathBuf> {
+    (0..)
+        .map(|i| dir.join(format!("{prefix}_{i}.{ext}")))
+        .take_while(|p| p.exists())
+        .collect()
+}

@@ -1,0 +1,374 @@
+//! ONNX's backend test suites, compiled and run on the CPU.
+//!
+//! Data: `target/onnx-tests/<suite>/<test>/{model.onnx, test_data_set_*/}`, made by
+//! `bash tools/setup.sh` (tools/gen_onnx_tests.py). Each test compiles `model.onnx`, runs every
+//! data set and compares each output with ONNX's expected one using ONNX's own runner rule
+//! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`).
+//!
+//! Expected failures: `tests/expected-failures/cpu.txt`, one `test_name  # reason` a line. A
+//! listed test that fails is fine; an unlisted failure or a listed test that passes fails the
+//! suite. Every test runs; the summary and the failures are printed at the end.
+//!
+//! Environment:
+//! - `INGOT_TEST_FILTER=substring`: run only tests whose name contains it, printing each result
+//!   with its full error (`INGOT_TEST_FILTER=test_conv cargo test -p ingot-tests --test
+//!   conformance -- --nocapture`);
+//! - `INGOT_UPDATE_EXPECTED_FAILURES=1`: rewrite the list from this run's results instead of
+//!   failing (new failures are added with their first error line as the reason, passing tests
+//!   are removed); review the diff before committing it.
+
+use anyhow::{Context, Result, anyhow, bail};
+use ingot_tests::data::{numbered_files, read_pb};
+use ingot_tests::paths::{generated, repo_root};
+use ingot_tests::{Tolerance, allclose, catch_panic, compile, run, session};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const SUITES: [&str; 5] = [
+    "node",
+    "pytorch-converted",
+    "pytorch-operator",
+    "light",
+    "simple",
+];
+const EXPECTED_FAILURES: &str = "tests/expected-failures/cpu.txt";
+/// ONNX's runner defaults (onnx/backend/test/case/node and loader: rtol 1e-3, atol 1e-7).
+const DEFAULT_TOLERANCE: Tolerance = Tolerance::new(1e-3, 1e-7);
+/// Without a filter, at most this many failures are listed one by one.
+const MAX_LISTED: usize = 200;
+/// A reason written by INGOT_UPDATE_EXPECTED_FAILURES is cut to this many characters.
+const REASON_CHARS: usize = 160;
+
+#[test]
+fn node() {
+    suite("node");
+}
+
+#[test]
+fn pytorch_converted() {
+    suite("pytorch-converted");
+}
+
+#[test]
+fn pytorch_operator() {
+    suite("pytorch-operator");
+}
+
+#[test]
+fn light() {
+    suite("light");
+}
+
+#[test]
+fn simple() {
+    suite("simple");
+}
+
+/// Every entry of the expected-failures list names a test that exists, so stale entries (a
+/// renamed or removed test) do not linger.
+#[test]
+fn expected_failures_name_existing_tests() {
+    let list = ExpectedFailures::load().unwrap_or_else(|e| panic!("{e:#}"));
+    let mut known = std::collections::HashSet::new();
+    for suite in SUITES {
+        let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
+        known.extend(test_dirs(&dir).into_iter().map(|(name, _)| name));
+    }
+    let stale: Vec<&String> = list
+        .entries
+        .keys()
+        .filter(|n| !known.contains(*n))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{EXPECTED_FAILURES} lists tests that do not exist; remove them: {stale:?}"
+    );
+}
+
+fn suite(suite: &str) {
+    let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
+    let expected = ExpectedFailures::load().unwrap_or_else(|e| panic!("{e:#}"));
+    let filter = std::env::var("INGOT_TEST_FILTER")
+        .ok()
+        .filter(|f| !f.is_empty());
+    let update = std::env::var_os("INGOT_UPDATE_EXPECTED_FAILURES").is_some_and(|v| v == "1");
+
+    let start = Instant::now();
+    let mut results = Vec::new();
+    for (name, test_dir) in test_dirs(&dir) {
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let outcome = match catch_panic(|| run_test(&test_dir)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("{e:#}")),
+            Err(panic) => Err(panic),
+        }
+        // Paths inside the test dir read better (and list better) without the dir.
+        .map_err(|e| e.replace(&format!("{}/", test_dir.display()), ""));
+        if filter.is_some() {
+            match (&outcome, expected.reason(&name)) {
+                (Ok(()), None) => println!("PASS {name}"),
+                (Ok(()), Some(_)) => println!("PASS {name} (listed as an expected failure)"),
+                (Err(e), Some(_)) => println!("FAIL {name} (expected): {e}"),
+                (Err(e), None) => println!("FAIL {name}: {e}"),
+            }
+        }
+        results.push((name, outcome));
+    }
+
+    let report = Report::new(suite, &results, &expected);
+    let summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
+    println!("{summary}");
+    if update {
+        expected
+            .update(&results)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        println!("updated {EXPECTED_FAILURES} from this run");
+    } else {
+        assert!(report.ok(), "{summary}");
+    }
+}
+
+/// Compiles a test's model and checks every data set.
+fn run_test(dir: &Path) -> Result<()> {
+    let tolerance = tolerance(dir)?;
+    let bundle = compile(&dir.join("model.onnx"), &[])?;
+    let mut session = session(&bundle)?;
+    let data_sets = sorted_entries(dir)
+        .into_iter()
+        .filter(|p| file_name(p).starts_with("test_data_set_"))
+        .collect::<Vec<_>>();
+    if data_sets.is_empty() {
+        bail!("{} has no test_data_set_* dir", dir.display());
+    }
+    for data_set in data_sets {
+        let set = file_name(&data_set);
+        let read = |prefix| -> Result<Vec<_>> {
+            numbered_files(&data_set, prefix, "pb")
+                .iter()
+                .map(|p| read_pb(p).map(|(_, t)| t))
+                .collect()
+        };
+        let (inputs, wants) = (read("input")?, read("output")?);
+        let got = run(&mut session, &inputs).with_context(|| set.clone())?;
+        if got.len() != wants.len() {
+            bail!(
+                "{set}: {} outputs, the test expects {}",
+                got.len(),
+                wants.len()
+            );
+        }
+        for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
+            let name = session.outputs().get(i).map_or("?", |o| o.name.as_str());
+            allclose(g, w, tolerance).map_err(|e| anyhow!("{set}: output {i} '{name}': {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The test's tolerance: `data.json`'s `rtol`/`atol` where given (the light models have one),
+/// else ONNX's defaults.
+fn tolerance(dir: &Path) -> Result<Tolerance> {
+    let path = dir.join("data.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(DEFAULT_TOLERANCE);
+    };
+    let number = |key: &str| -> Result<Option<f64>> {
+        let Some(at) = text.find(&format!("\"{key}\"")) else {
+            return Ok(None);
+        };
+        let rest = text[at + key.len() + 2..].trim_start();
+        let rest = rest.strip_prefix(':').unwrap_or(rest).trim_start();
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || "+-.eE".contains(c)))
+            .unwrap_or(rest.len());
+        let value = rest[..end]
+            .parse()
+            .with_context(|| format!("{}: bad {key}", path.display()))?;
+        Ok(Some(value))
+    };
+    Ok(Tolerance::new(
+        number("rtol")?.unwrap_or(DEFAULT_TOLERANCE.rtol),
+        number("atol")?.unwrap_or(DEFAULT_TOLERANCE.atol),
+    ))
+}
+
+/// `(name, dir)` of every test in a suite dir, sorted by name.
+fn test_dirs(suite_dir: &Path) -> Vec<(String, PathBuf)> {
+    sorted_entries(suite_dir)
+        .into_iter()
+        .filter(|p| p.join("model.onnx").is_file())
+        .map(|p| (file_name(&p), p))
+        .collect()
+}
+
+fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    entries
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A suite's results sorted into the four outcomes.
+struct Report<'a> {
+    suite: &'a str,
+    passed: usize,
+    expected_failures: usize,
+    failed: Vec<(&'a str, &'a str)>,
+    unexpected_passes: Vec<&'a str>,
+}
+
+impl<'a> Report<'a> {
+    fn new(
+        suite: &'a str,
+        results: &'a [(String, Result<(), String>)],
+        expected: &ExpectedFailures,
+    ) -> Self {
+        let mut r = Report {
+            suite,
+            passed: 0,
+            expected_failures: 0,
+            failed: Vec::new(),
+            unexpected_passes: Vec::new(),
+        };
+        for (name, outcome) in results {
+            match (outcome, expected.reason(name).is_some()) {
+                (Ok(()), false) => r.passed += 1,
+                (Ok(()), true) => r.unexpected_passes.push(name),
+                (Err(_), true) => r.expected_failures += 1,
+                (Err(e), false) => r.failed.push((name, e)),
+            }
+        }
+        r
+    }
+
+    fn ok(&self) -> bool {
+        self.failed.is_empty() && self.unexpected_passes.is_empty()
+    }
+
+    fn render(&self, cap: bool, seconds: f64) -> String {
+        let mut s = format!(
+            "{} tests: {} passed, {} expected failures, {} failed",
+            self.suite,
+            self.passed,
+            self.expected_failures,
+            self.failed.len()
+        );
+        if !self.unexpected_passes.is_empty() {
+            let _ = write!(s, ", {} unexpectedly passed", self.unexpected_passes.len());
+        }
+        let _ = write!(s, " ({seconds:.1} s)");
+        let limit = if cap { MAX_LISTED } else { usize::MAX };
+        for (name, error) in self.failed.iter().take(limit) {
+            let first_line = error.lines().next().unwrap_or("");
+            let _ = write!(s, "\n  FAILED {name}: {first_line}");
+        }
+        if self.failed.len() > limit {
+            let _ = write!(s, "\n  ... and {} more", self.failed.len() - limit);
+        }
+        for name in &self.unexpected_passes {
+            let _ = write!(
+                s,
+                "\n  PASSED {name}, which is listed as an expected failure: remove it from \
+                 {EXPECTED_FAILURES}"
+            );
+        }
+        if !self.failed.is_empty() {
+            let _ = write!(
+                s,
+                "\n  (a failure that is not a bug to fix now goes into {EXPECTED_FAILURES} as \
+                 `name  # reason`; INGOT_TEST_FILTER=name shows the full error)"
+            );
+        }
+        s
+    }
+}
+
+/// `tests/expected-failures/cpu.txt`: test name -> reason.
+struct ExpectedFailures {
+    path: PathBuf,
+    entries: BTreeMap<String, String>,
+}
+
+/// Serialises read-modify-write of the list between the suites, which run on parallel threads.
+static LIST_LOCK: Mutex<()> = Mutex::new(());
+
+impl ExpectedFailures {
+    fn load() -> Result<Self> {
+        let path = repo_root().join(EXPECTED_FAILURES);
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let mut entries = BTreeMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (name, reason) = line.split_once('#').unwrap_or((line, ""));
+            let (name, reason) = (name.trim(), reason.trim());
+            if name.contains(char::is_whitespace) || reason.is_empty() {
+                bail!(
+                    "{}:{}: expected `test_name  # reason`, got {line:?}",
+                    path.display(),
+                    n + 1
+                );
+            }
+            if entries
+                .insert(name.to_string(), reason.to_string())
+                .is_some()
+            {
+                bail!("{}:{}: {name} is listed twice", path.display(), n + 1);
+            }
+        }
+        Ok(Self { path, entries })
+    }
+
+    fn reason(&self, name: &str) -> Option<&str> {
+        self.entries.get(name).map(String::as_str)
+    }
+
+    /// Rewrites the list (re-read under the lock, as other suites may have updated it): the
+    /// tests of `results` that failed are listed, keeping a reason already given; those that
+    /// passed are removed. The leading comment block is kept; entries are sorted.
+    fn update(&self, results: &[(String, Result<(), String>)]) -> Result<()> {
+        let _guard = LIST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = Self::load()?;
+        for (name, outcome) in results {
+            match outcome {
+                Ok(()) => {
+                    current.entries.remove(name);
+                }
+                Err(e) => {
+                    let first: String = e.lines().next().unwrap_or("").replace('#', "");
+                    let reason = match first.char_indices().nth(REASON_CHARS) {
+                        Some((at, _)) => format!("{}...", &first[..at]),
+                        None => first,
+                    };
+                    current.entries.entry(name.clone()).or_insert(reason);
+                }
+            }
+        }
+        let text = std::fs::read_to_string(&current.path)?;
+        let mut out: String = text
+            .lines()
+            .take_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for (name, reason) in &current.entries {
+            let _ = writeln!(out, "{name}  # {reason}");
+        }
+        std::fs::write(&current.path, out)
+            .with_context(|| format!("write {}", current.path.display()))
+    }
+}

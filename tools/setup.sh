@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Prepares everything the integration tests read, all of it under the target dir:
+#   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
+#   models/        the PP-OCR models, from the rapidocr-onnxruntime wheel, sha256-checked
+#   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt
+#   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
+# Idempotent: each step skips work already done, so a second run takes a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target"
+venv="$target/venv"
+py="$venv/bin/python"
+
+pins=(onnx==1.23.2 onnxruntime==1.31.1 numpy==2.4.6)
+
+# The venv is reused when it imports exactly the pinned versions.
+check_pins='
+import importlib.metadata as m, sys
+want = dict(p.split("==") for p in sys.argv[1:])
+sys.exit(any(m.version(n) != v for n, v in want.items()))'
+if [[ ! -x "$py" ]]; then
+    echo "setup: creating $venv"
+    python3 -m venv "$venv"
+fi
+if ! "$py" -c "$check_pins" "${pins[@]}" 2>/dev/null; then
+    echo "setup: installing ${pins[*]} into $venv"
+    "$py" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
+fi
+
+bash tools/fetch_models.sh "$target/models"
+"$py" tools/make_references.py --models "$target/models" --out "$target/references"
+"$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"

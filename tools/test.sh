@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The project's full check, as CI runs it (.ci/run calls this): system packages, test data,
+# format, lints, build, then every test. Run from anywhere: bash tools/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests need, installed when missing (CI machines start bare).
+# None yet. The Vulkan backend's tests will add: mesa-vulkan-drivers (lavapipe),
+# vulkan-validationlayers (a validation message fails a test).
+apt_packages=()
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "test.sh: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+step() { echo "==> $*"; }
+
+step "test data (tools/setup.sh)"
+bash tools/setup.sh
+
+step "cargo fmt --all --check"
+cargo fmt --all --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+# Builds the `ingot` binary too, which the CLI tests in tests/ run.
+step "cargo build --workspace --all-targets"
+cargo build --workspace --all-targets
+
+# --show-output prints what passing tests printed: the conformance summaries
+# ("node tests: N passed, M expected failures, K failed") and the PP-OCR worst errors.
+step "cargo test --workspace"
+cargo test --workspace -- --show-output
