@@ -33,7 +33,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --workspace --all-targets"
 cargo build --workspace --all-targets
 
-# --show-output prints what passing tests printed: the conformance summaries
-# ("node tests: N passed, M expected failures, K failed") and the PP-OCR worst errors.
-step "cargo test --workspace"
-cargo test --workspace -- --show-output
+# --no-fail-fast runs every test binary even after a failure. --show-output prints what passing
+# tests printed: the conformance summaries ("node tests: N passed, M expected failures,
+# K failed") and the PP-OCR worst errors.
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast -- --show-output

@@ -71,24 +71,24 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
         .filter_map(|value| v.plan.storage[value].as_ref().map(|s| (value, s)))
         .map(|(value, storage)| {
             let ty = g.values[value].ty.clone().unwrap_or_else(|| {
-            ingot_runtime::TensorDesc::new(ingot_schema::DType::U8, vec![0])
-        });
-        let kind = match *storage {
-            Storage::Input(i) => Kind::Input(i as u32),
-            Storage::Output(k) => Kind::Output(k as u32),
-            Storage::Weight(w) => Kind::Weight((first_weight + w) as u32),
-            Storage::Arena { offset } => Kind::Arena(offset),
-            Storage::View { of, byte_offset } => Kind::View(proto::View {
-                of: index[of],
-                byte_offset,
-            }),
-        };
-        proto::Tensor {
-            name: g.values[value].name.clone(),
-            dtype: ty.dtype.to_proto() as i32,
-            shape: ty.shape.iter().map(|&d| d as u64).collect(),
-            storage: Some(proto::Storage { kind: Some(kind) }),
-        }
+                ingot_runtime::TensorDesc::new(ingot_schema::DType::U8, vec![0])
+            });
+            let kind = match *storage {
+                Storage::Input(i) => Kind::Input(i as u32),
+                Storage::Output(k) => Kind::Output(k as u32),
+                Storage::Weight(w) => Kind::Weight((first_weight + w) as u32),
+                Storage::Arena { offset } => Kind::Arena(offset),
+                Storage::View { of, byte_offset } => Kind::View(proto::View {
+                    of: index[of],
+                    byte_offset,
+                }),
+            };
+            proto::Tensor {
+                name: g.values[value].name.clone(),
+                dtype: ty.dtype.to_proto() as i32,
+                shape: ty.shape.iter().map(|&d| d as u64).collect(),
+                storage: Some(proto::Storage { kind: Some(kind) }),
+            }
         })
         .collect();
     let steps = v
@@ -128,7 +128,10 @@ fn allocations(v: &CompiledVariant, first_weight: usize) -> Vec<proto::Allocatio
     let mut running = 0;
     let mut out = Vec::with_capacity(v.plan.weights.len() + 1);
     for (w, &value) in v.plan.weights.iter().enumerate() {
-        let bytes = v.graph.values[value].ty.as_ref().map_or(0, |t| t.bytes() as u64);
+        let bytes = v.graph.values[value]
+            .ty
+            .as_ref()
+            .map_or(0, |t| t.bytes() as u64);
         running += bytes;
         out.push(proto::Allocation {
             kind: AllocationKind::Weight as i32,

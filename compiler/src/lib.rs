@@ -19,6 +19,8 @@ use std::path::Path;
 pub struct CompileOptions {
     /// Static shapes for graph inputs, by name (`--input-shape x=1x3x48x192`).
     pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// Graph inputs bound to a value at compile time (`--constant-input x=FILE.npy`).
+    pub constant_inputs: Vec<(String, ingot_runtime::Tensor)>,
     /// Run the plan verifier (`--verify`); it also runs in debug builds.
     pub verify: bool,
 }
@@ -45,6 +47,7 @@ pub struct Compiled {
 pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let import_options = onnx::ImportOptions {
         input_shapes: options.input_shapes.clone(),
+        constant_inputs: options.constant_inputs.clone(),
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     passes::run_all(&mut graph)?;

@@ -168,7 +168,10 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
         .ok()
         .and_then(DType::from_proto)
         .unwrap_or(DType::U8);
-    TensorDesc::new(dtype, t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>())
+    TensorDesc::new(
+        dtype,
+        t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+    )
 }
 
 /// Bytes of a tensor with this dtype and shape, or `None` on overflow or an unknown dtype.
@@ -230,7 +233,9 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                 _ => false,
             };
             if !ok {
-                return Err(format!("{what} {k} does not refer to a tensor stored as {what} {k}"));
+                return Err(format!(
+                    "{what} {k} does not refer to a tensor stored as {what} {k}"
+                ));
             }
         }
         Ok(())
@@ -273,7 +278,9 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                     .and_then(|r| r.storage.as_ref())
                     .and_then(|s| s.kind.as_ref());
                 if root == i || root_kind.is_none() || matches!(root_kind, Some(Kind::View(_))) {
-                    return Err(at(format!("is a view of tensor {root}, which is not a root")));
+                    return Err(at(format!(
+                        "is a view of tensor {root}, which is not a root"
+                    )));
                 }
                 let end = view.byte_offset.checked_add(sizes[i]);
                 if end.is_none_or(|e| e > sizes[root]) {
@@ -285,9 +292,12 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     }
     for (k, a) in plan.allocations.iter().enumerate() {
         let kind = proto::AllocationKind::try_from(a.kind).ok();
-        let weight_ok = kind != Some(proto::AllocationKind::Weight) || (a.weight as usize) < m.weights.len();
+        let weight_ok =
+            kind != Some(proto::AllocationKind::Weight) || (a.weight as usize) < m.weights.len();
         if kind.is_none() || kind == Some(proto::AllocationKind::Unspecified) || !weight_ok {
-            return Err(format!("allocation {k} has an invalid kind or weight index"));
+            return Err(format!(
+                "allocation {k} has an invalid kind or weight index"
+            ));
         }
     }
     for (s, step) in v.steps.iter().enumerate() {
@@ -298,7 +308,10 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
             }
         }
         for &t in &step.outputs {
-            let kind = v.tensors[t as usize].storage.as_ref().and_then(|s| s.kind.as_ref());
+            let kind = v.tensors[t as usize]
+                .storage
+                .as_ref()
+                .and_then(|s| s.kind.as_ref());
             if matches!(kind, Some(Kind::Input(_) | Kind::Weight(_))) {
                 return Err(at(format!("writes tensor {t}, a graph input or weight")));
             }

@@ -123,7 +123,10 @@ impl Session {
             None => 0,
         };
         let variant = &manifest.variants[index];
-        let plan = variant.plan.as_ref().ok_or(BundleError::Invalid("no plan".into()))?;
+        let plan = variant
+            .plan
+            .as_ref()
+            .ok_or(BundleError::Invalid("no plan".into()))?;
 
         let operand = |t: u32| -> Operand {
             let tensor = &variant.tensors[t as usize];
@@ -381,7 +384,8 @@ impl<'a> Carved<'a> {
 
     fn read(&self, r: &Range<usize>) -> Option<&'a [u8]> {
         self.gaps.iter().find_map(|&(start, gap)| {
-            (r.start >= start && r.end <= start + gap.len()).then(|| &gap[r.start - start..r.end - start])
+            (r.start >= start && r.end <= start + gap.len())
+                .then(|| &gap[r.start - start..r.end - start])
         })
     }
 

@@ -40,6 +40,7 @@ impl Element {
 /// The result of comparing two tensors of the same dtype and shape.
 #[derive(Clone, Debug)]
 pub struct Comparison {
+    pub dtype: DType,
     pub tolerance: Tolerance,
     pub exact: bool,
     pub elements: usize,
@@ -73,12 +74,17 @@ impl fmt::Display for Comparison {
             )?;
         }
         if let Some(w) = &self.worst {
+            // f32 values as f32, so that they print in their shortest form.
+            let value = |v: f64| match self.dtype {
+                DType::F32 | DType::F16 => (v as f32).to_string(),
+                _ => v.to_string(),
+            };
             write!(
                 f,
                 "; worst at {:?}: got {}, want {} (abs err {:.3e}, rel err {:.3e})",
                 w.index,
-                w.got,
-                w.want,
+                value(w.got),
+                value(w.want),
                 w.abs_err(),
                 w.rel_err()
             )?;
@@ -116,6 +122,7 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<Comparison
         }
     }
     Ok(Comparison {
+        dtype: got.dtype(),
         tolerance: tol,
         exact,
         elements: g.len(),

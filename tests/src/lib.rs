@@ -29,6 +29,7 @@ pub fn compile(model: &Path, input_shapes: &[(String, Vec<usize>)]) -> Result<Ve
     let options = CompileOptions {
         input_shapes: input_shapes.to_vec(),
         verify: true,
+        ..CompileOptions::default()
     };
     ingot_compiler::compile_file(model, &options)
         .with_context(|| format!("compile {}", model.display()))

@@ -3,7 +3,9 @@
 //! Data: `target/onnx-tests/<suite>/<test>/{model.onnx, test_data_set_*/}`, made by
 //! `bash tools/setup.sh` (tools/gen_onnx_tests.py). Each test compiles `model.onnx`, runs every
 //! data set and compares each output with ONNX's expected one using ONNX's own runner rule
-//! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`).
+//! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`). Inputs that
+//! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]) are
+//! bound at compile time from the data set, as `ingot compile --constant-input` does.
 //!
 //! Expected failures: `tests/expected-failures/cpu.txt`, one `test_name  # reason` a line. A
 //! listed test that fails is fine; an unlisted failure or a listed test that passes fails the
@@ -18,9 +20,10 @@
 //!   are removed); review the diff before committing it.
 
 use anyhow::{Context, Result, anyhow, bail};
+use ingot_compiler::CompileOptions;
 use ingot_tests::data::{numbered_files, read_pb};
 use ingot_tests::paths::{generated, repo_root};
-use ingot_tests::{Tolerance, allclose, catch_panic, compile, run, session};
+use ingot_tests::{Tolerance, allclose, catch_panic, run, session};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -122,22 +125,81 @@ fn suite(suite: &str) {
 
     let report = Report::new(suite, &results, &expected);
     let summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
-    println!("{summary}");
     if update {
+        println!("{summary}");
         expected
             .update(&results)
             .unwrap_or_else(|e| panic!("{e:#}"));
         println!("updated {EXPECTED_FAILURES} from this run");
+    } else if report.ok() {
+        println!("{summary}");
     } else {
-        assert!(report.ok(), "{summary}");
+        panic!("{summary}");
     }
 }
 
-/// Compiles a test's model and checks every data set.
+/// Input slots that ONNX ops read as operands (shapes, axes, pads, scales, bounds...) and that
+/// Ingot, compiling static graphs, needs constant. The node tests feed them as graph inputs;
+/// the harness binds their values at compile time, as a user does with `--constant-input`.
+const OPERANDS: &[(&str, &[usize])] = &[
+    ("Clip", &[1, 2]),
+    ("ConstantOfShape", &[0]),
+    ("CumSum", &[1]),
+    ("Dropout", &[1, 2]),
+    ("Expand", &[1]),
+    ("OneHot", &[1]),
+    ("Pad", &[1, 2, 3]),
+    ("Range", &[0, 1, 2]),
+    ("ReduceL1", &[1]),
+    ("ReduceL2", &[1]),
+    ("ReduceLogSum", &[1]),
+    ("ReduceLogSumExp", &[1]),
+    ("ReduceMax", &[1]),
+    ("ReduceMean", &[1]),
+    ("ReduceMin", &[1]),
+    ("ReduceProd", &[1]),
+    ("ReduceSum", &[1]),
+    ("ReduceSumSquare", &[1]),
+    ("Reshape", &[1]),
+    ("Resize", &[1, 2, 3]),
+    ("Slice", &[1, 2, 3, 4]),
+    ("Split", &[1]),
+    ("Squeeze", &[1]),
+    ("Tile", &[1]),
+    ("Trilu", &[1]),
+    ("Unsqueeze", &[1]),
+];
+
+/// The model's runtime inputs (graph inputs that are not initializers), in order, each with
+/// whether every use of it is an operand slot of [`OPERANDS`].
+fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
+    use protobuf::Message;
+    let bytes = std::fs::read(model).with_context(|| model.display().to_string())?;
+    let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)?;
+    let g = m.graph.as_ref().context("model has no graph")?;
+    let initializers: std::collections::BTreeSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    Ok(g.input
+        .iter()
+        .filter(|i| !initializers.contains(i.name.as_str()))
+        .map(|i| {
+            let uses: Vec<(&str, usize)> = g
+                .node
+                .iter()
+                .flat_map(|n| n.input.iter().enumerate().filter(|(_, x)| **x == i.name).map(|(k, _)| (n.op_type.as_str(), k)))
+                .collect();
+            let operand = !uses.is_empty()
+                && uses.iter().all(|(op, k)| OPERANDS.iter().any(|(o, slots)| o == op && slots.contains(k)));
+            (i.name.clone(), operand)
+        })
+        .collect())
+}
+
+/// Compiles a test's model and checks every data set (compiling once per data set when
+/// operand inputs are bound, since their values are part of the compiled graph).
 fn run_test(dir: &Path) -> Result<()> {
     let tolerance = tolerance(dir)?;
-    let bundle = compile(&dir.join("model.onnx"), &[])?;
-    let mut session = session(&bundle)?;
+    let model = dir.join("model.onnx");
+    let inputs_info = runtime_inputs(&model)?;
     let data_sets = sorted_entries(dir)
         .into_iter()
         .filter(|p| file_name(p).starts_with("test_data_set_"))
@@ -154,7 +216,24 @@ fn run_test(dir: &Path) -> Result<()> {
                 .collect()
         };
         let (inputs, wants) = (read("input")?, read("output")?);
-        let got = run(&mut session, &inputs).with_context(|| set.clone())?;
+        let mut options = CompileOptions {
+            verify: true,
+            ..CompileOptions::default()
+        };
+        let mut runtime = Vec::new();
+        for (k, t) in inputs.into_iter().enumerate() {
+            match inputs_info.get(k) {
+                Some((name, true)) => options.constant_inputs.push((name.clone(), t)),
+                _ => runtime.push(t),
+            }
+        }
+        let bundle = ingot_compiler::compile_file(&model, &options).map_err(|e| {
+            // The compiler names the model file; here it is always the test's model.onnx.
+            let prefix = format!("{}: ", model.display());
+            anyhow!("compile: {}", e.to_string().replace(&prefix, ""))
+        })?;
+        let mut session = session(&bundle)?;
+        let got = run(&mut session, &runtime).with_context(|| set.clone())?;
         if got.len() != wants.len() {
             bail!(
                 "{set}: {} outputs, the test expects {}",

@@ -16,6 +16,10 @@ pub struct Args {
     /// accepted for a static input when it agrees.
     #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = super::parse_input_shape)]
     input_shapes: Vec<(String, Vec<usize>)>,
+    /// Bind a graph input to a value at compile time: NAME=FILE.npy. Repeatable. The input
+    /// becomes a constant and everything computed from it folds.
+    #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = super::parse_constant_input)]
+    constant_inputs: Vec<(String, PathBuf)>,
     /// Run the independent plan verifier (always on in debug builds).
     #[arg(long)]
     verify: bool,
@@ -23,8 +27,13 @@ pub struct Args {
 
 pub fn main(args: Args) -> Result<()> {
     let start = Instant::now();
+    let mut constant_inputs = Vec::new();
+    for (name, path) in &args.constant_inputs {
+        constant_inputs.push((name.clone(), super::npy::read(path).with_context(|| format!("--constant-input {name}"))?));
+    }
     let options = CompileOptions {
         input_shapes: args.input_shapes,
+        constant_inputs,
         verify: args.verify,
     };
     let c = compile_graph(&args.model, &options)
@@ -43,16 +52,27 @@ pub fn main(args: Args) -> Result<()> {
         .filter_map(|&v| c.graph.values[v].ty.as_ref())
         .map(|t| t.bytes() as u64)
         .sum();
+    let p = &c.plan;
     println!(
-        "compiled {} -> {} ({} steps, {} bytes): arena {} bytes (lower bound {}), weights {} bytes, {:.1} ms",
+        "compiled {} -> {} ({} bytes, {} steps) in {:.1} ms",
         args.model.display(),
         args.output.display(),
-        c.graph.nodes.len(),
         bytes.len(),
-        c.plan.arena_bytes,
-        c.plan.lower_bound_bytes,
-        weights,
+        p.steps().count(),
         start.elapsed().as_secs_f64() * 1e3
+    );
+    println!(
+        "memory: arena {} bytes (lower bound {}, ratio {:.4}, naive {}), weights {weights} bytes; {} over {}",
+        p.arena_bytes,
+        p.lower_bound_bytes,
+        if p.lower_bound_bytes == 0 {
+            1.0
+        } else {
+            p.arena_bytes as f64 / p.lower_bound_bytes as f64
+        },
+        p.naive_bytes,
+        p.strategy,
+        p.schedule
     );
     Ok(())
 }

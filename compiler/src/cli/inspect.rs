@@ -18,7 +18,8 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<()> {
-    let bundle = Bundle::open(&args.bundle).with_context(|| format!("cannot open {}", args.bundle.display()))?;
+    let bundle = Bundle::open(&args.bundle)
+        .with_context(|| format!("cannot open {}", args.bundle.display()))?;
     let report = describe(&bundle);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -84,21 +85,71 @@ fn text(r: &serde_json::Value) -> String {
         s.push_str(&l);
         s.push('\n');
     };
-    line(&mut s, format!("format {}  ({})", r["format_version"].as_str().unwrap_or("?"), r["producer"].as_str().unwrap_or("")));
-    line(&mut s, format!("file {} bytes, {} weights ({} bytes), {} kernels", r["file_bytes"], r["weights"], r["weights_bytes"], r["kernels"]));
+    line(
+        &mut s,
+        format!(
+            "format {}  ({})",
+            r["format_version"].as_str().unwrap_or("?"),
+            r["producer"].as_str().unwrap_or("")
+        ),
+    );
+    line(
+        &mut s,
+        format!(
+            "file {} bytes, {} weights ({} bytes), {} kernels",
+            r["file_bytes"], r["weights"], r["weights_bytes"], r["kernels"]
+        ),
+    );
     for v in r["variants"].as_array().into_iter().flatten() {
-        line(&mut s, format!("variant {}: {} steps, arena {} bytes (lower bound {}, {})", v["name"].as_str().unwrap_or(""), v["steps"], v["arena_bytes"], v["lower_bound_bytes"], v["strategy"].as_str().unwrap_or("")));
+        line(
+            &mut s,
+            format!(
+                "variant {}: {} steps, arena {} bytes (lower bound {}, {})",
+                v["name"].as_str().unwrap_or(""),
+                v["steps"],
+                v["arena_bytes"],
+                v["lower_bound_bytes"],
+                v["strategy"].as_str().unwrap_or("")
+            ),
+        );
         for (kind, key) in [("input", "inputs"), ("output", "outputs")] {
             for io in v[key].as_array().into_iter().flatten() {
-                let shape: Vec<usize> = io["shape"].as_array().into_iter().flatten().filter_map(|d| d.as_u64()).map(|d| d as usize).collect();
-                line(&mut s, format!("  {kind} {} {} {}", io["name"].as_str().unwrap_or(""), io["dtype"].as_str().unwrap_or(""), shape_text(&shape)));
+                let shape: Vec<usize> = io["shape"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d.as_u64())
+                    .map(|d| d as usize)
+                    .collect();
+                line(
+                    &mut s,
+                    format!(
+                        "  {kind} {} {} {}",
+                        io["name"].as_str().unwrap_or(""),
+                        io["dtype"].as_str().unwrap_or(""),
+                        shape_text(&shape)
+                    ),
+                );
             }
         }
-        let ops: Vec<String> = v["ops"].as_object().into_iter().flatten().map(|(k, n)| format!("{k} x{n}")).collect();
+        let ops: Vec<String> = v["ops"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
         line(&mut s, format!("  ops: {}", ops.join(", ")));
     }
     for sec in r["sections"].as_array().into_iter().flatten() {
-        line(&mut s, format!("section {:<9} offset {:>10}  {:>10} bytes", sec["kind"].as_str().unwrap_or(""), sec["offset"], sec["bytes"]));
+        line(
+            &mut s,
+            format!(
+                "section {:<9} offset {:>10}  {:>10} bytes",
+                sec["kind"].as_str().unwrap_or(""),
+                sec["offset"],
+                sec["bytes"]
+            ),
+        );
     }
     s
 }

@@ -22,9 +22,19 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
         dims.split('x')
             .map(|d| d.trim().parse::<usize>())
             .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("--input-shape '{s}': dims must be numbers separated by 'x'"))?
+            .with_context(|| {
+                format!("--input-shape '{s}': dims must be numbers separated by 'x'")
+            })?
     };
     Ok((name.to_string(), dims))
+}
+
+/// Parses `NAME=FILE.npy` (`--constant-input`, `--input`).
+pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
+    let (name, path) = s
+        .split_once('=')
+        .with_context(|| format!("'{s}' should look like NAME=FILE.npy"))?;
+    Ok((name.to_string(), std::path::PathBuf::from(path)))
 }
 
 /// Formats a shape as `1x3x48x192` (`scalar` for rank 0).
@@ -32,7 +42,11 @@ pub fn shape_text(shape: &[usize]) -> String {
     if shape.is_empty() {
         "scalar".into()
     } else {
-        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+        shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("x")
     }
 }
 
@@ -42,7 +56,10 @@ mod tests {
 
     #[test]
     fn input_shapes_parse_and_errors_explain() {
-        assert_eq!(parse_input_shape("x=1x3x48x192").unwrap(), ("x".into(), vec![1, 3, 48, 192]));
+        assert_eq!(
+            parse_input_shape("x=1x3x48x192").unwrap(),
+            ("x".into(), vec![1, 3, 48, 192])
+        );
         assert_eq!(parse_input_shape("a=b=7").unwrap(), ("a=b".into(), vec![7]));
         assert!(parse_input_shape("x").is_err());
         assert!(parse_input_shape("x=1xfoo").is_err());

@@ -36,7 +36,8 @@ pub struct Args {
 
 fn is_bundle(path: &Path) -> Result<bool> {
     let mut magic = [0u8; 8];
-    let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     Ok(f.read_exact(&mut magic).is_ok() && magic == MAGIC)
 }
 
@@ -46,9 +47,13 @@ pub fn main(args: Args) -> Result<()> {
     }
     let variant = if is_bundle(&args.input)? {
         if !args.input_shapes.is_empty() {
-            bail!("--input-shape applies to ONNX models; {} is a bundle with static shapes", args.input.display());
+            bail!(
+                "--input-shape applies to ONNX models; {} is a bundle with static shapes",
+                args.input.display()
+            );
         }
-        let bundle = Bundle::open(&args.input).with_context(|| format!("cannot open {}", args.input.display()))?;
+        let bundle = Bundle::open(&args.input)
+            .with_context(|| format!("cannot open {}", args.input.display()))?;
         let index = match &args.variant {
             Some(name) => bundle.variant_index(name)?,
             None => 0,
@@ -62,12 +67,19 @@ pub fn main(args: Args) -> Result<()> {
     } else {
         let options = CompileOptions {
             input_shapes: args.input_shapes,
-            verify: false,
+            ..CompileOptions::default()
         };
         let c = compile_graph(&args.input, &options)
             .with_context(|| format!("cannot compile {}", args.input.display()))?;
         let name = args.variant.as_deref().unwrap_or("main");
-        bundle::variant(&bundle::CompiledVariant { name, graph: &c.graph, plan: &c.plan }, 0)
+        bundle::variant(
+            &bundle::CompiledVariant {
+                name,
+                graph: &c.graph,
+                plan: &c.plan,
+            },
+            0,
+        )
     };
     match args.format {
         Format::Text => print!("{}", render::text(&variant)),
@@ -79,11 +91,14 @@ pub fn main(args: Args) -> Result<()> {
 
 fn print_stats(args: &Args) -> Result<()> {
     if is_bundle(&args.input)? {
-        bail!("--stats plans an ONNX model; {} is a bundle", args.input.display());
+        bail!(
+            "--stats plans an ONNX model; {} is a bundle",
+            args.input.display()
+        );
     }
     let options = CompileOptions {
         input_shapes: args.input_shapes.clone(),
-        verify: false,
+        ..CompileOptions::default()
     };
     let c = compile_graph(&args.input, &options)
         .with_context(|| format!("cannot compile {}", args.input.display()))?;
@@ -97,7 +112,16 @@ fn print_stats(args: &Args) -> Result<()> {
 pub fn stats_header() -> String {
     format!(
         "{:<40} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "model", "steps", "naive", "bound", "+views", "+in-place", "+reorder", "arena", "ratio", "plan ms"
+        "model",
+        "steps",
+        "naive",
+        "bound",
+        "+views",
+        "+in-place",
+        "+reorder",
+        "arena",
+        "ratio",
+        "plan ms"
     )
 }
 

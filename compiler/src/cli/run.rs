@@ -12,7 +12,7 @@ pub struct Args {
     /// The bundle to run.
     bundle: PathBuf,
     /// An input: NAME=FILE.npy. One per graph input.
-    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_input)]
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = super::parse_constant_input)]
     inputs: Vec<(String, PathBuf)>,
     /// Directory for the outputs, written as <output name>.npy (names made file-safe).
     #[arg(long)]
@@ -25,20 +25,24 @@ pub struct Args {
     variant: Option<String>,
 }
 
-fn parse_input(s: &str) -> Result<(String, PathBuf)> {
-    let (name, path) = s
-        .split_once('=')
-        .with_context(|| format!("--input '{s}' should look like NAME=FILE.npy"))?;
-    Ok((name.to_string(), PathBuf::from(path)))
-}
 
 /// A name that is safe as a file name on every platform.
 pub fn file_safe(name: &str) -> String {
     let s: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
-    if s.is_empty() || s.starts_with('.') { format!("_{s}") } else { s }
+    if s.is_empty() || s.starts_with('.') {
+        format!("_{s}")
+    } else {
+        s
+    }
 }
 
 pub fn main(args: Args) -> Result<()> {
@@ -49,21 +53,34 @@ pub fn main(args: Args) -> Result<()> {
     }
     let start = Instant::now();
     let bundle = Arc::new(
-        Bundle::open(&args.bundle).with_context(|| format!("cannot open {}", args.bundle.display()))?,
+        Bundle::open(&args.bundle)
+            .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
-    let mut session = Session::new(bundle, SessionOptions { variant: args.variant.clone() })?;
+    let mut session = Session::new(
+        bundle,
+        SessionOptions {
+            variant: args.variant.clone(),
+        },
+    )?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let mut inputs: Vec<Tensor> = Vec::new();
     for info in session.inputs() {
         let Some((_, path)) = args.inputs.iter().find(|(n, _)| n == &info.name) else {
-            bail!("missing --input {}=FILE.npy (the bundle's inputs: {})", info.name, input_names(&session));
+            bail!(
+                "missing --input {}=FILE.npy (the bundle's inputs: {})",
+                info.name,
+                input_names(&session)
+            );
         };
         inputs.push(npy::read(path).with_context(|| format!("input '{}'", info.name))?);
     }
     for (name, _) in &args.inputs {
         if !session.inputs().iter().any(|i| &i.name == name) {
-            bail!("the bundle has no input '{name}'; its inputs: {}", input_names(&session));
+            bail!(
+                "the bundle has no input '{name}'; its inputs: {}",
+                input_names(&session)
+            );
         }
     }
     let start = Instant::now();
@@ -73,14 +90,26 @@ pub fn main(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     for (info, t) in session.outputs().iter().zip(&outputs) {
-        let path = args.output_dir.join(format!("{}.npy", file_safe(&info.name)));
+        let path = args
+            .output_dir
+            .join(format!("{}.npy", file_safe(&info.name)));
         npy::write(&path, t)?;
-        println!("{} {} {:?} -> {}", info.name, t.dtype(), t.shape(), path.display());
+        println!(
+            "{} {} {:?} -> {}",
+            info.name,
+            t.dtype(),
+            t.shape(),
+            path.display()
+        );
     }
     println!("device cpu: load {load_ms:.1} ms, run {run_ms:.1} ms");
     Ok(())
 }
 
 fn input_names(s: &Session) -> String {
-    s.inputs().iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+    s.inputs()
+        .iter()
+        .map(|i| i.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

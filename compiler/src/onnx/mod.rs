@@ -12,9 +12,9 @@
 //! - every op is checked against [`crate::ops::lookup`] up front, and all unsupported nodes
 //!   are reported in one error.
 //!
-//! The default domain is accepted at opsets [`OPSETS`]: the op lowering is written for them.
+//! The default domain is accepted at opsets [`OPSETS`].
 
-use crate::ir::{Graph, Node, ValueId};
+use crate::ir::{Const, Graph, Node, ValueId};
 use ingot_runtime::{Tensor, TensorDesc};
 use ingot_schema::Attrs;
 use onnx_protobuf::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
@@ -32,13 +32,21 @@ mod tensor;
 
 use external::ExternalData;
 
-/// Opsets of the default ONNX domain that the op lowering implements.
-pub const OPSETS: RangeInclusive<i64> = 11..=21;
+/// Opsets of the default ONNX domain that Ingot imports. The op lowering reads each op's
+/// semantics for the model's opset (`LowerCx::opset`); opsets 11 to 21 are the ones the
+/// project commits to. Older ones (7..10: the model zoo's classic nets) and newer ones are
+/// accepted too: 22..28 changed the supported ops by adding element types, plus attributes
+/// whose defaults keep the old meaning (Cast `round_mode`, Range `stash_type`, SpaceToDepth
+/// `mode`). The ONNX backend tests, generated at each op's own latest version, check both ends.
+pub const OPSETS: RangeInclusive<i64> = 7..=28;
 
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
     /// Static shapes for graph inputs (`--input-shape NAME=dims`), by input name.
     pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// Graph inputs bound to a value at compile time (`--constant-input NAME=FILE.npy`): they
+    /// become constants, so what depends on them folds (a shape operand, a fixed mask).
+    pub constant_inputs: Vec<(String, Tensor)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -287,7 +295,7 @@ impl Importer<'_> {
             let value =
                 tensor::to_const(t, &mut self.ext).map_err(|m| self.tensor_err(&t.name, m))?;
             let id = self.graph.add_constant(t.name.clone(), value);
-            self.define(&t.name, id, "an initializer")?;
+            self.define(&t.name, id, || "an initializer".into())?;
         }
         self.add_inputs(g)?;
 
@@ -318,7 +326,7 @@ impl Importer<'_> {
                     _ => fresh(i, n, 0),
                 };
                 let id = self.graph.add_constant(name.clone(), value);
-                self.define(&name, id, &node_label(i, n))?;
+                self.define(&name, id, || node_label(i, n))?;
                 continue;
             }
             let mut outputs = Vec::with_capacity(n.output.len());
@@ -328,7 +336,7 @@ impl Importer<'_> {
                     self.graph.add_value(fresh(i, n, slot), None)
                 } else {
                     let id = self.graph.add_value(o.clone(), None);
-                    self.define(o, id, &node_label(i, n))?;
+                    self.define(o, id, || node_label(i, n))?;
                     id
                 };
                 outputs.push(id);
@@ -426,10 +434,17 @@ impl Importer<'_> {
         }
     }
 
-    fn define(&mut self, name: &str, id: ValueId, by: &str) -> Result<(), ImportError> {
+    /// Binds `name` to `id`; `by` describes the definition for the duplicate error.
+    fn define(
+        &mut self,
+        name: &str,
+        id: ValueId,
+        by: impl FnOnce() -> String,
+    ) -> Result<(), ImportError> {
         if self.names.insert(name.to_string(), id).is_some() {
             return Err(self.graph_err(format!(
-                "value '{name}' is defined twice; the second definition is {by}"
+                "value '{name}' is defined twice; the second definition is {}",
+                by()
             )));
         }
         Ok(())
@@ -461,10 +476,25 @@ impl Importer<'_> {
             }
         }
 
+        for (name, _) in &self.options.constant_inputs {
+            if runtime.iter().all(|vi| vi.name != *name) || given.contains_key(name.as_str()) {
+                let real: Vec<&str> = runtime.iter().map(|vi| vi.name.as_str()).collect();
+                return Err(self.shape_err(format!(
+                    "--constant-input {name}=...: '{name}' is not a runtime graph input, or also \
+                     has an --input-shape; the inputs are: {}",
+                    real.join(", ")
+                )));
+            }
+        }
+
         let mut dynamic = Vec::new();
         for vi in runtime {
             let name = vi.name.as_str();
             let (dtype, dims) = input_type(vi).map_err(|m| self.shape_err(m))?;
+            if let Some((_, value)) = self.options.constant_inputs.iter().find(|(n, _)| n == name) {
+                self.bind_constant(name, dtype, dims.as_deref(), value)?;
+                continue;
+            }
             let shape = match (dims, given.get(name)) {
                 (Some(dims), Some(&fixed)) => {
                     if dims.len() != fixed.len() {
@@ -524,7 +554,7 @@ impl Importer<'_> {
             let id = self
                 .graph
                 .add_value(name, Some(TensorDesc::new(dtype, shape)));
-            self.define(name, id, "a graph input")?;
+            self.define(name, id, || "a graph input".into())?;
             self.graph.inputs.push(id);
         }
         if dynamic.is_empty() {
@@ -535,6 +565,31 @@ impl Importer<'_> {
                 dynamic.join("\n  ")
             )))
         }
+    }
+
+    /// Makes graph input `name` the constant `value`, after checking it fits the declaration.
+    fn bind_constant(
+        &mut self,
+        name: &str,
+        dtype: ingot_schema::DType,
+        dims: Option<&[Dim]>,
+        value: &Tensor,
+    ) -> Result<(), ImportError> {
+        let shape = value.shape();
+        let fits = dims.is_none_or(|dims| {
+            dims.len() == shape.len()
+                && dims.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+        });
+        if value.dtype() != dtype || !fits {
+            return Err(self.shape_err(format!(
+                "--constant-input {name}: the value is {} {:?}, the input is declared {dtype} {}",
+                value.dtype(),
+                shape,
+                dims.map_or("without a shape".into(), fmt_dims)
+            )));
+        }
+        let id = self.graph.add_constant(name, Const::owned(value.clone()));
+        self.define(name, id, || "a graph input bound to a constant".into())
     }
 
     fn node(&self, i: usize, n: &NodeProto, outputs: Vec<ValueId>) -> Result<Node, ImportError> {

@@ -584,7 +584,8 @@ fn symbolic_dims_need_input_shapes() {
         "intermediates stay untyped"
     );
 
-    let cases: &[(&[(&str, &[usize])], &[&str])] = &[
+    type Shapes<'a> = &'a [(&'a str, &'a [usize])];
+    let cases: &[(Shapes, &[&str])] = &[
         (
             &[("x", &[1, 4, 48, 192])],
             &[
@@ -897,54 +898,4 @@ fn large_chain_imports_fast_and_in_order() {
     assert!(start.elapsed().as_secs_f64() < 2.0, "{:?}", start.elapsed());
     assert_eq!(g.nodes[0].name, "n0");
     assert_eq!(g.nodes[n - 1].name, format!("n{}", n - 1));
-}
-
-#[test]
-fn scratch_real_files() {
-    let g = import_file(
-        Path::new("/tmp/ingot-onnx-check/model.onnx"),
-        &ImportOptions::default(),
-    )
-    .unwrap();
-    let w = constant(&g, "w");
-    let v = w.as_slice::<f32>().unwrap();
-    println!("w {:?} {} {}", w.shape(), v[0], v[2999]);
-    println!("i8 {:?}", constant(&g, "i8").as_slice::<i8>().unwrap());
-    println!("h {:?}", constant(&g, "h").as_slice::<half::f16>().unwrap());
-    println!(
-        "c {:?} {:?}",
-        constant(&g, "c").shape(),
-        constant(&g, "c").as_slice::<i64>().unwrap()
-    );
-    for f in [
-        "ch_PP-OCRv4_det_infer",
-        "ch_PP-OCRv4_rec_infer",
-        "ch_ppocr_mobile_v2.0_cls_infer",
-    ] {
-        let path = format!("/work/main/target/models/{f}.onnx");
-        let bytes = std::fs::read(&path).unwrap();
-        let t = std::time::Instant::now();
-        let e = import(f, &bytes, None, &ImportOptions::default(), &test_support).unwrap_err();
-        println!("{:?}\n{e}", t.elapsed());
-        let t = std::time::Instant::now();
-        let g = import(
-            f,
-            &bytes,
-            None,
-            &shapes(&[("x", &[1, 3, 48, 320])]),
-            &test_support,
-        )
-        .unwrap();
-        println!(
-            "{:?} nodes {} values {} opset {}",
-            t.elapsed(),
-            g.nodes.len(),
-            g.values.len(),
-            g.opset
-        );
-        crate::ir::check(&g).unwrap();
-        let t = std::time::Instant::now();
-        let r = import_file(Path::new(&path), &shapes(&[("x", &[1, 3, 48, 320])]));
-        println!("real table {:?}: {}", t.elapsed(), r.map(|g| g.nodes.len().to_string()).unwrap_or_else(|e| e.to_string()));
-    }
 }

@@ -11,7 +11,7 @@
 use super::{LowerCx, OpDef, OpResult, op_err};
 use crate::ir::Node;
 use ingot_runtime::TensorDesc;
-use ingot_schema::AttrValue;
+use ingot_schema::{AttrValue, Attrs};
 
 pub const OPS: &[OpDef] = &[
     OpDef {
@@ -27,7 +27,7 @@ pub const OPS: &[OpDef] = &[
 ];
 
 /// The sliding-window attributes of a conv or pool node, with defaults filled in.
-pub(super) struct WindowAttrs {
+struct WindowAttrs {
     pub kernel: Vec<i64>,
     pub strides: Vec<i64>,
     pub dilations: Vec<i64>,
@@ -252,9 +252,16 @@ fn conv_operands<'a>(
 }
 
 /// Fills `group` and drops an absent bias.
+/// Fills `group`, keeps only the canonical attributes and drops an absent bias.
 fn lower_group_and_bias(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let group = node.attrs.int_or("group", 1)?;
-    node.attrs.set("group", AttrValue::Int(group));
+    let mut attrs = Attrs::new().with("group", AttrValue::Int(group));
+    for name in ["kernel_shape", "strides", "dilations", "pads"] {
+        if let Some(v) = node.attrs.get(name) {
+            attrs.set(name, v.clone());
+        }
+    }
+    node.attrs = attrs;
     node.inputs.truncate(if cx.has_input(2) { 3 } else { 2 });
     Ok(())
 }
@@ -311,13 +318,10 @@ fn lower_conv_transpose(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         pads[rank + d] -= op;
     }
     win.store(node, pads);
-    for gone in ["output_padding", "output_shape"] {
-        node.attrs.remove(gone);
-    }
     lower_group_and_bias(node, cx)
 }
 
-/// Checks `group` against the channels and the bias; returns (group, output channels).
+/// Checks `group` against the channels and the bias; returns the output channels.
 fn check_channels(
     node: &Node,
     inputs: &[&TensorDesc],
@@ -383,7 +387,7 @@ fn infer_conv_transpose(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Ten
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use ingot_schema::{Attrs, DType};
+    use ingot_schema::DType;
 
     pub fn node(op: &str, n_inputs: usize, n_outputs: usize, attrs: Attrs) -> Node {
         Node {

@@ -82,18 +82,18 @@ pub const OPS: &[OpDef] = &[
     def("Where", lower_attrs, where_),
 ];
 
-/// An attribute's ONNX default, or `Required`.
-enum Default {
+/// An attribute the kernel reads: its ONNX default, or `Required`.
+enum Spec {
     Float(f32),
     Int(i64),
     Text(&'static str, &'static [&'static str]),
     Required(&'static [&'static str]),
 }
-use Default::*;
+use Spec::*;
 
 /// The attributes each op's kernel reads, with their defaults (the same in opsets 11..=21).
 /// Text attributes list their allowed values.
-const ATTRS: &[(&str, &[(&str, Default)])] = &[
+const ATTRS: &[(&str, &[(&str, Spec)])] = &[
     ("LeakyRelu", &[("alpha", Float(0.01))]),
     ("Elu", &[("alpha", Float(1.0))]),
     ("Celu", &[("alpha", Float(1.0))]),
@@ -122,9 +122,9 @@ fn lower_attrs(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
         .find(|(op, _)| *op == node.op)
         .map_or(&[][..], |(_, a)| a);
     let mut attrs = Attrs::new();
-    for (name, default) in wanted {
+    for (name, spec) in wanted {
         let a = &node.attrs;
-        let value = match default {
+        let value = match spec {
             Float(d) => AttrValue::Float(f64::from(a.float_or(name, *d)?)),
             Int(d) => AttrValue::Int(a.int_or(name, *d)?),
             Text(d, allowed) => text(a.text_or(name, d)?, name, allowed)?,
@@ -351,6 +351,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::excessive_precision)] // the Selu defaults, digit for digit as ONNX gives them
     fn defaults_are_filled_and_unread_attributes_dropped() {
         let x = desc(DType::F32, &[2]);
         let mut n = node("LeakyRelu", 1, Attrs::new());
@@ -368,6 +369,12 @@ mod tests {
             Some(&AttrValue::Float(1.67326319217681884765625))
         );
         assert_eq!(n.attrs.get("gamma"), Some(&AttrValue::Float(2.0)));
+        let mut n = node("Selu", 1, Attrs::new());
+        lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
+        assert_eq!(
+            n.attrs.get("gamma"),
+            Some(&AttrValue::Float(1.05070102214813232421875))
+        );
 
         let mut n = node(
             "Relu",

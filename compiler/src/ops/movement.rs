@@ -113,7 +113,7 @@ pub const OPS: &[OpDef] = &[
     },
     OpDef {
         name: "SpaceToDepth",
-        lower: layout::lower_space_to_depth,
+        lower: layout::lower_depth_to_space,
         infer: layout::infer_space_to_depth,
     },
     OpDef {
@@ -244,7 +244,10 @@ fn scalar_input(cx: &LowerCx, i: usize, what: &str) -> OpResult<AttrValue> {
         .flatten()
         .ok_or_else(|| op_err!("{what} (input {i}) must be a constant"))?;
     if c.desc().elements() != 1 {
-        return Err(op_err!("{what} must hold one value, not {:?}", c.desc().shape));
+        return Err(op_err!(
+            "{what} must hold one value, not {:?}",
+            c.desc().shape
+        ));
     }
     const_scalar(c)
 }
@@ -349,8 +352,8 @@ fn infer_squeeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc
 
 fn lower_unsqueeze(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let x = cx.input(0)?;
-    let axes = attr_or_input(node, cx, "axes", 1, 13)?
-        .ok_or_else(|| op_err!("axes are required"))?;
+    let axes =
+        attr_or_input(node, cx, "axes", 1, 13)?.ok_or_else(|| op_err!("axes are required"))?;
     let axes = sorted_axes(&axes, x.shape.len() + axes.len())?;
     node.attrs.set("axes", ints(axes));
     keep_inputs(node, 1);
@@ -387,7 +390,9 @@ fn lower_dropout(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             false => vec![0.5],
         };
         if training.iter().any(|&t| t != 0) && ratio.iter().any(|&r| r != 0.0) {
-            return Err(op_err!("Dropout in training mode is random; only inference is supported"));
+            return Err(op_err!(
+                "Dropout in training mode is random; only inference is supported"
+            ));
         }
     }
     for a in ["ratio", "seed", "is_test"] {
@@ -472,7 +477,10 @@ fn lower_constant_of_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 }
 
 fn infer_constant_of_shape(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    Ok(vec![TensorDesc::new(dtype_attr(node)?, usizes(node, "shape")?)])
+    Ok(vec![TensorDesc::new(
+        dtype_attr(node)?,
+        usizes(node, "shape")?,
+    )])
 }
 
 fn lower_range(node: &mut Node, cx: &LowerCx) -> OpResult<()> {

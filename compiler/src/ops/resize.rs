@@ -109,10 +109,15 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 
     let mut scales = vec![1.0; rank];
     let mut sizes = shape.clone();
-    match (given(cx.const_floats(2, "scales")?), given(cx.const_ints(3, "sizes")?)) {
+    match (
+        given(cx.const_floats(2, "scales")?),
+        given(cx.const_ints(3, "sizes")?),
+    ) {
         (Some(s), None) => {
             if s.len() != n || s.iter().any(|&v| v <= 0.0) {
-                return Err(op_err!("scales {s:?} need one positive entry for each of {n} axes"));
+                return Err(op_err!(
+                    "scales {s:?} need one positive entry for each of {n} axes"
+                ));
             }
             for (&d, &v) in axes.iter().zip(&s) {
                 scales[d] = v;
@@ -149,7 +154,10 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("coordinate_transformation_mode", AttrValue::Text(coord))
         .with("nearest_mode", AttrValue::Text(nearest))
         .with("cubic_coeff_a", float(a, "cubic_coeff_a", -0.75)?)
-        .with("exclude_outside", AttrValue::Int(a.int_or("exclude_outside", 0)?))
+        .with(
+            "exclude_outside",
+            AttrValue::Int(a.int_or("exclude_outside", 0)?),
+        )
         .with("extrapolation_value", float(a, "extrapolation_value", 0.0)?)
         .with("antialias", AttrValue::Int(antialias))
         .with("scales", AttrValue::Floats(scales))
@@ -174,7 +182,10 @@ fn infer_resize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
         .map(|&s| usize::try_from(s).map_err(|_| op_err!("sizes hold {s}")))
         .collect::<OpResult<Vec<_>>>()?;
     if sizes.len() != x.shape.len() {
-        return Err(op_err!("sizes {sizes:?} do not match rank {}", x.shape.len()));
+        return Err(op_err!(
+            "sizes {sizes:?} do not match rank {}",
+            x.shape.len()
+        ));
     }
     Ok(vec![TensorDesc::new(x.dtype, sizes)])
 }

@@ -193,18 +193,13 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             }
         }
         if present {
-            inputs.push(node.inputs[i]);
+            inputs.push(node.inputs.get(i).copied().flatten());
         }
         attrs.set(name, flag(present as i64));
     }
-    if let Some(extra) = node.inputs.get(3 + cell.optional.len()..) {
-        if extra.iter().any(Option::is_some) {
-            return Err(op_err!(
-                "{} takes at most {} inputs",
-                node.op,
-                3 + cell.optional.len()
-            ));
-        }
+    let most = 3 + cell.optional.len();
+    if node.inputs.iter().skip(most).any(Option::is_some) {
+        return Err(op_err!("{} takes at most {most} inputs", node.op));
     }
     if inputs.len() < 3 || inputs.iter().any(Option::is_none) {
         return Err(op_err!("X, W and R are required"));

@@ -17,23 +17,29 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             node: node.label(),
             message: e.0,
         };
-        let def = ops::lookup(&node.op).ok_or_else(|| {
-            at(OpError(format!("op {} is not supported", node.op)), node)
-        })?;
+        let def = ops::lookup(&node.op)
+            .ok_or_else(|| at(OpError(format!("op {} is not supported", node.op)), node))?;
         let values = &g.values;
         for (k, input) in node.inputs.iter().enumerate() {
             if let Some(v) = input
                 && values[*v].ty.is_none()
             {
                 return Err(at(
-                    OpError(format!("the type of input {k} '{}' is unknown", values[*v].name)),
+                    OpError(format!(
+                        "the type of input {k} '{}' is unknown",
+                        values[*v].name
+                    )),
                     node,
                 ));
             }
         }
         let cx = LowerCx {
             opset: g.opset,
-            inputs: node.inputs.iter().map(|v| v.and_then(|v| values[v].ty.as_ref())).collect(),
+            inputs: node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|v| values[v].ty.as_ref()))
+                .collect(),
             consts: node
                 .inputs
                 .iter()
@@ -64,7 +70,9 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             ));
         }
         let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
-            Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
+            Some(vec![
+                shape_constant(node, in_types[0]).map_err(|e| at(e, node))?,
+            ])
         } else if inputs.iter().all(|&v| values[v].constant.is_some()) {
             let tensors: Vec<_> = inputs
                 .iter()

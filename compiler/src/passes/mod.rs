@@ -30,7 +30,8 @@ pub fn run_all(g: &mut Graph) -> Result<(), PassError> {
     for (name, pass) in PIPELINE {
         pass(g)?;
         if cfg!(debug_assertions) {
-            ir::check(g).map_err(|e| PassError::Graph(format!("IR broken after pass {name}: {e}")))?;
+            ir::check(g)
+                .map_err(|e| PassError::Graph(format!("IR broken after pass {name}: {e}")))?;
         }
     }
     Ok(())

@@ -16,7 +16,14 @@
 use crate::ir::{Graph, Node, ValueId};
 
 /// Ops whose output is their first input's bytes, unchanged.
-pub const VIEW_OPS: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"];
+pub const VIEW_OPS: &[&str] = &[
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Dropout",
+];
 
 /// Where a value's bytes are, relative to its root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +44,10 @@ pub struct Aliases {
 
 impl Aliases {
     pub fn root(&self, v: ValueId) -> Alias {
-        self.of[v].unwrap_or(Alias { root: v, byte_offset: 0 })
+        self.of[v].unwrap_or(Alias {
+            root: v,
+            byte_offset: 0,
+        })
     }
 }
 
@@ -61,12 +71,17 @@ fn outer(g: &Graph, v: ValueId, axis: usize) -> Option<usize> {
 fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> Option<u64> {
     let in_shape = &g.values[input].ty.as_ref()?.shape;
     let out_shape = &g.values[output].ty.as_ref()?.shape;
-    let (starts, steps) = (node.attrs.ints("starts").ok()?, node.attrs.ints("steps").ok()?);
+    let (starts, steps) = (
+        node.attrs.ints("starts").ok()?,
+        node.attrs.ints("steps").ok()?,
+    );
     let elem = g.values[input].ty.as_ref()?.dtype.size() as u64;
     // The run is contiguous if, after the last axis that is cut, every axis is whole, and
     // before it every axis has one index; a step only matters where more than one index is
     // taken.
-    let last_cut = (0..in_shape.len()).rev().find(|&d| out_shape[d] != in_shape[d]);
+    let last_cut = (0..in_shape.len())
+        .rev()
+        .find(|&d| out_shape[d] != in_shape[d]);
     let mut offset = 0u64;
     let mut stride = elem;
     for d in (0..in_shape.len()).rev() {
@@ -85,7 +100,12 @@ fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> 
 
 /// Decides views (when `views`) and in-place writes for `g` executed in `order` (node
 /// indices). `can_run_in_place(op)` says which ops' kernels accept an output over an input.
-pub fn analyse(g: &Graph, order: &[usize], views: bool, can_run_in_place: &dyn Fn(&str) -> bool) -> Aliases {
+pub fn analyse(
+    g: &Graph,
+    order: &[usize],
+    views: bool,
+    can_run_in_place: &dyn Fn(&str) -> bool,
+) -> Aliases {
     let n = g.values.len();
     let mut a = Aliases {
         of: vec![None; n],
@@ -135,19 +155,34 @@ pub fn analyse(g: &Graph, order: &[usize], views: bool, can_run_in_place: &dyn F
             ("Slice", Some(input), &[output]) => {
                 if let Some(offset) = contiguous_slice(g, node, input, output) {
                     let r = a.root(input);
-                    let alias = Alias { root: r.root, byte_offset: r.byte_offset + offset };
+                    let alias = Alias {
+                        root: r.root,
+                        byte_offset: r.byte_offset + offset,
+                    };
                     join(&mut a, output, alias, &mut root_last);
                     a.elided[ni] = true;
                     continue;
                 }
             }
             ("Split", Some(input), outputs) => {
-                let axis = node.attrs.int("axis").ok().and_then(|x| usize::try_from(x).ok());
+                let axis = node
+                    .attrs
+                    .int("axis")
+                    .ok()
+                    .and_then(|x| usize::try_from(x).ok());
                 if axis.and_then(|ax| outer(g, input, ax)) == Some(1) {
                     let r = a.root(input);
                     let mut offset = r.byte_offset;
                     for &o in outputs {
-                        join(&mut a, o, Alias { root: r.root, byte_offset: offset }, &mut root_last);
+                        join(
+                            &mut a,
+                            o,
+                            Alias {
+                                root: r.root,
+                                byte_offset: offset,
+                            },
+                            &mut root_last,
+                        );
                         offset += bytes(g, o);
                     }
                     a.elided[ni] = true;
@@ -155,7 +190,15 @@ pub fn analyse(g: &Graph, order: &[usize], views: bool, can_run_in_place: &dyn F
                 }
             }
             ("Concat", Some(_), &[output]) => {
-                if concat_in_place(g, node, output, &is_input, &producers, &mut a, &mut root_last) {
+                if concat_in_place(
+                    g,
+                    node,
+                    output,
+                    &is_input,
+                    &producers,
+                    &mut a,
+                    &mut root_last,
+                ) {
                     a.elided[ni] = true;
                     continue;
                 }
@@ -170,7 +213,8 @@ pub fn analyse(g: &Graph, order: &[usize], views: bool, can_run_in_place: &dyn F
         let candidate = node.inputs.iter().enumerate().find_map(|(k, input)| {
             let input = (*input)?;
             let r = a.root(input);
-            let in_arena = !is_input[r.root] && !is_output[r.root] && g.values[r.root].constant.is_none();
+            let in_arena =
+                !is_input[r.root] && !is_output[r.root] && g.values[r.root].constant.is_none();
             let same_type = g.values[input].ty.as_ref() == out_ty;
             let dies_here = root_last[r.root] == pos;
             // The root must not also be read through another operand of this node.
@@ -200,7 +244,12 @@ fn concat_in_place(
     a: &mut Aliases,
     root_last: &mut [usize],
 ) -> bool {
-    let Some(axis) = node.attrs.int("axis").ok().and_then(|x| usize::try_from(x).ok()) else {
+    let Some(axis) = node
+        .attrs
+        .int("axis")
+        .ok()
+        .and_then(|x| usize::try_from(x).ok())
+    else {
         return false;
     };
     if outer(g, output, axis) != Some(1) {
@@ -211,7 +260,10 @@ fn concat_in_place(
     // constant), placed once. A nested in-place Concat qualifies: its pieces move along.
     let eligible = |&x: &ValueId| {
         let once = inputs.iter().filter(|&&y| y == x).count() == 1;
-        once && producers[x].is_some() && a.of[x].is_none() && !is_input[x] && g.values[x].constant.is_none()
+        once && producers[x].is_some()
+            && a.of[x].is_none()
+            && !is_input[x]
+            && g.values[x].constant.is_none()
     };
     if inputs.is_empty() || !inputs.iter().all(eligible) {
         return false;
@@ -223,10 +275,16 @@ fn concat_in_place(
             if let Some(al) = a.of[v]
                 && al.root == x
             {
-                a.of[v] = Some(Alias { root: output, byte_offset: offset + al.byte_offset });
+                a.of[v] = Some(Alias {
+                    root: output,
+                    byte_offset: offset + al.byte_offset,
+                });
             }
         }
-        a.of[x] = Some(Alias { root: output, byte_offset: offset });
+        a.of[x] = Some(Alias {
+            root: output,
+            byte_offset: offset,
+        });
         root_last[output] = root_last[output].max(root_last[x]);
         offset += bytes(g, x);
     }

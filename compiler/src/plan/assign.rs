@@ -36,8 +36,18 @@ pub struct GreedyByFirstUse;
 #[derive(Clone, Copy, Debug)]
 pub struct GreedyByLifetime;
 
+/// The busiest step first (TFLite's greedy-by-breadth): the values live at the peak are placed
+/// together, largest first, so the peak itself packs tightly; then the next busiest step.
+#[derive(Clone, Copy, Debug)]
+pub struct GreedyByBreadth;
+
 /// Every strategy, in the order ties are broken.
-pub const STRATEGIES: &[&dyn Strategy] = &[&GreedyBySize, &GreedyByFirstUse, &GreedyByLifetime];
+pub const STRATEGIES: &[&dyn Strategy] = &[
+    &GreedyBySize,
+    &GreedyByBreadth,
+    &GreedyByFirstUse,
+    &GreedyByLifetime,
+];
 
 impl Strategy for GreedyBySize {
     fn name(&self) -> &'static str {
@@ -54,7 +64,9 @@ impl Strategy for GreedyByFirstUse {
         "greedy-by-first-use"
     }
     fn assign(&self, items: &[Interval]) -> Vec<u64> {
-        best_fit(items, |i| (std::cmp::Reverse(0), i.first, u64::MAX - i.bytes))
+        best_fit(items, |i| {
+            (std::cmp::Reverse(0), i.first, u64::MAX - i.bytes)
+        })
     }
 }
 
@@ -63,7 +75,43 @@ impl Strategy for GreedyByLifetime {
         "greedy-by-lifetime"
     }
     fn assign(&self, items: &[Interval]) -> Vec<u64> {
-        best_fit(items, |i| (std::cmp::Reverse((i.last - i.first) as u64), i.first, u64::MAX - i.bytes))
+        best_fit(items, |i| {
+            (
+                std::cmp::Reverse((i.last - i.first) as u64),
+                i.first,
+                u64::MAX - i.bytes,
+            )
+        })
+    }
+}
+
+impl Strategy for GreedyByBreadth {
+    fn name(&self) -> &'static str {
+        "greedy-by-breadth"
+    }
+    fn assign(&self, items: &[Interval]) -> Vec<u64> {
+        let steps = items.iter().map(|i| i.last + 1).max().unwrap_or(0);
+        let mut breadth = vec![0u64; steps];
+        let mut live: Vec<Vec<usize>> = vec![Vec::new(); steps];
+        for (k, i) in items.iter().enumerate() {
+            for s in i.first..=i.last {
+                breadth[s] += i.bytes;
+                live[s].push(k);
+            }
+        }
+        let mut busiest: Vec<usize> = (0..steps).collect();
+        busiest.sort_by_key(|&s| (std::cmp::Reverse(breadth[s]), s));
+        let mut seen = vec![false; items.len()];
+        let mut order = Vec::with_capacity(items.len());
+        for s in busiest {
+            let mut here: Vec<usize> = live[s].iter().copied().filter(|&k| !seen[k]).collect();
+            here.sort_by_key(|&k| (std::cmp::Reverse(items[k].bytes), items[k].first, k));
+            for k in here {
+                seen[k] = true;
+                order.push(k);
+            }
+        }
+        place_in_order(items, &order)
     }
 }
 
@@ -72,18 +120,33 @@ impl Strategy for GreedyByLifetime {
 fn best_fit<K: Ord>(items: &[Interval], key: impl Fn(&Interval) -> K) -> Vec<u64> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| (key(&items[i]), i));
+    place_in_order(items, &order)
+}
+
+/// Places items in `order`, each into the smallest gap that fits it among the placed items
+/// live at the same time, or on top of them.
+///
+/// Placed items are indexed by blocks of steps, so finding the ones live during an item's
+/// lifetime looks at its own blocks only: planning stays near-linear on long graphs.
+fn place_in_order(items: &[Interval], order: &[usize]) -> Vec<u64> {
+    const BLOCK: usize = 32;
+    let steps = items.iter().map(|i| i.last + 1).max().unwrap_or(0);
+    let mut blocks: Vec<Vec<usize>> = vec![Vec::new(); steps.div_ceil(BLOCK)];
+    let mut stamp = vec![usize::MAX; items.len()];
     let mut offsets = vec![0u64; items.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(items.len());
     let mut busy: Vec<(u64, u64)> = Vec::new();
-    for &i in &order {
+    for (n, &i) in order.iter().enumerate() {
         let item = &items[i];
         busy.clear();
-        busy.extend(
-            placed
-                .iter()
-                .filter(|&&p| items[p].overlaps_in_time(item))
-                .map(|&p| (offsets[p], offsets[p] + items[p].bytes)),
-        );
+        for block in &blocks[item.first / BLOCK..=item.last / BLOCK] {
+            for &p in block {
+                // `stamp` dedupes items that span several of this item's blocks.
+                if stamp[p] != n && items[p].overlaps_in_time(item) {
+                    stamp[p] = n;
+                    busy.push((offsets[p], offsets[p] + items[p].bytes));
+                }
+            }
+        }
         busy.sort_unstable();
         let mut best: Option<(u64, u64)> = None; // (gap size, offset)
         let mut cursor = 0u64;
@@ -97,7 +160,9 @@ fn best_fit<K: Ord>(items: &[Interval], key: impl Fn(&Interval) -> K) -> Vec<u64
             cursor = cursor.max(end);
         }
         offsets[i] = best.map_or(cursor, |(_, offset)| offset);
-        placed.push(i);
+        for block in &mut blocks[item.first / BLOCK..=item.last / BLOCK] {
+            block.push(i);
+        }
     }
     offsets
 }
@@ -111,7 +176,12 @@ mod tests {
     }
 
     fn peak(items: &[Interval], offsets: &[u64]) -> u64 {
-        items.iter().zip(offsets).map(|(i, o)| o + i.bytes).max().unwrap_or(0)
+        items
+            .iter()
+            .zip(offsets)
+            .map(|(i, o)| o + i.bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     #[test]
@@ -142,7 +212,9 @@ mod tests {
         // A pseudo-random table (fixed LCG), checked pairwise.
         let mut seed = 12345u64;
         let mut next = |m: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) % m
         };
         let items: Vec<Interval> = (0..200)
@@ -156,8 +228,13 @@ mod tests {
             for a in 0..items.len() {
                 for b in a + 1..items.len() {
                     let (x, y) = (&items[a], &items[b]);
-                    let apart = offsets[a] + x.bytes <= offsets[b] || offsets[b] + y.bytes <= offsets[a];
-                    assert!(!x.overlaps_in_time(y) || apart, "{}: {a} and {b} overlap", s.name());
+                    let apart =
+                        offsets[a] + x.bytes <= offsets[b] || offsets[b] + y.bytes <= offsets[a];
+                    assert!(
+                        !x.overlaps_in_time(y) || apart,
+                        "{}: {a} and {b} overlap",
+                        s.name()
+                    );
                 }
             }
             assert!(peak(&items, &offsets) >= super::super::liveness::lower_bound(&items));

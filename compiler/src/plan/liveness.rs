@@ -15,7 +15,12 @@ pub struct Lifetime {
 }
 
 /// Lifetimes of the arena roots `roots`, for `g` run in `order` with `aliases`.
-pub fn lifetimes(g: &Graph, order: &[usize], aliases: &Aliases, roots: &[ValueId]) -> Vec<Lifetime> {
+pub fn lifetimes(
+    g: &Graph,
+    order: &[usize],
+    aliases: &Aliases,
+    roots: &[ValueId],
+) -> Vec<Lifetime> {
     let mut first = vec![usize::MAX; g.values.len()];
     let mut last = vec![0; g.values.len()];
     for (pos, &ni) in order.iter().enumerate() {

@@ -19,7 +19,9 @@ pub mod schedule;
 mod stats;
 mod verify;
 
-pub use assign::{GreedyByFirstUse, GreedyByLifetime, GreedyBySize, Interval, STRATEGIES, Strategy};
+pub use assign::{
+    GreedyByFirstUse, GreedyByLifetime, GreedyBySize, Interval, STRATEGIES, Strategy,
+};
 pub use liveness::Lifetime;
 pub use stats::{Stats, stats};
 pub use verify::verify;
@@ -35,9 +37,14 @@ pub enum Storage {
     Output(usize),
     /// Index into [`Plan::weights`].
     Weight(usize),
-    Arena { offset: u64 },
+    Arena {
+        offset: u64,
+    },
     /// The bytes of `of` (a root: never itself a view) starting at `byte_offset`.
-    View { of: ValueId, byte_offset: u64 },
+    View {
+        of: ValueId,
+        byte_offset: u64,
+    },
 }
 
 /// What the planner may assume about the backends, and which mechanisms it may use (all by
@@ -113,10 +120,9 @@ pub fn plan(g: &Graph, target: Target) -> Plan {
             continue; // not a complete order (cannot happen for a checked IR)
         }
         let p = plan_order(g, order, name, target);
-        if best
-            .as_ref()
-            .is_none_or(|b| (p.arena_bytes, p.lower_bound_bytes) < (b.arena_bytes, b.lower_bound_bytes))
-        {
+        if best.as_ref().is_none_or(|b| {
+            (p.arena_bytes, p.lower_bound_bytes) < (b.arena_bytes, b.lower_bound_bytes)
+        }) {
             best = Some(p);
         }
     }
@@ -173,7 +179,12 @@ pub fn plan_order(g: &Graph, order: Vec<usize>, schedule: &'static str, target: 
     let mut best: Option<(u64, &'static str, Vec<u64>)> = None;
     for s in STRATEGIES {
         let offsets = s.assign(&intervals);
-        let arena = offsets.iter().zip(&intervals).map(|(o, i)| o + i.bytes).max().unwrap_or(0);
+        let arena = offsets
+            .iter()
+            .zip(&intervals)
+            .map(|(o, i)| o + i.bytes)
+            .max()
+            .unwrap_or(0);
         if best.as_ref().is_none_or(|(b, _, _)| arena < *b) {
             best = Some((arena, s.name(), offsets));
         }

@@ -24,7 +24,9 @@ struct Row<'a> {
 }
 
 fn dtype_of(code: i32) -> Option<DType> {
-    proto::DataType::try_from(code).ok().and_then(DType::from_proto)
+    proto::DataType::try_from(code)
+        .ok()
+        .and_then(DType::from_proto)
 }
 
 fn rows(v: &proto::Variant) -> Vec<Row<'_>> {
@@ -88,12 +90,20 @@ fn shape_text(shape: &[u64]) -> String {
     if shape.is_empty() {
         "scalar".into()
     } else {
-        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+        shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("x")
     }
 }
 
 fn ratio(arena: u64, bound: u64) -> f64 {
-    if bound == 0 { 1.0 } else { arena as f64 / bound as f64 }
+    if bound == 0 {
+        1.0
+    } else {
+        arena as f64 / bound as f64
+    }
 }
 
 fn names<'a>(v: &'a proto::Variant, ts: &[u32]) -> Vec<&'a str> {
@@ -114,10 +124,20 @@ fn allocation_kind(a: &proto::Allocation) -> &'static str {
 pub fn text(v: &proto::Variant) -> String {
     let rows = rows(v);
     let p = v.plan.clone().unwrap_or_default();
-    let weights: u64 = rows.iter().filter(|r| r.storage == "weight").map(|r| r.bytes).sum();
+    let weights: u64 = rows
+        .iter()
+        .filter(|r| r.storage == "weight")
+        .map(|r| r.bytes)
+        .sum();
     let views = rows.iter().filter(|r| r.storage == "view").count();
     let mut out = String::new();
-    let _ = writeln!(out, "variant {}: {} steps, {} tensors ({views} views)", v.name, v.steps.len(), rows.len());
+    let _ = writeln!(
+        out,
+        "variant {}: {} steps, {} tensors ({views} views)",
+        v.name,
+        v.steps.len(),
+        rows.len()
+    );
     let _ = writeln!(
         out,
         "arena {} bytes, lower bound {} bytes, ratio {:.4}, naive {} bytes, weights {weights} bytes",
@@ -126,11 +146,21 @@ pub fn text(v: &proto::Variant) -> String {
         ratio(p.arena_bytes, p.lower_bound_bytes),
         p.naive_bytes,
     );
-    let _ = writeln!(out, "strategy {}, schedule {}, alignment {}", p.strategy, p.schedule, p.alignment);
+    let _ = writeln!(
+        out,
+        "strategy {}, schedule {}, alignment {}",
+        p.strategy, p.schedule, p.alignment
+    );
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in v.steps.iter().enumerate() {
         let (ins, outs) = (names(v, &step.inputs), names(v, &step.outputs));
-        let _ = writeln!(out, "  {i:>5} {} ({}) -> {}", step.op, ins.join(", "), outs.join(", "));
+        let _ = writeln!(
+            out,
+            "  {i:>5} {} ({}) -> {}",
+            step.op,
+            ins.join(", "),
+            outs.join(", ")
+        );
     }
     let _ = writeln!(out, "\ntensors:           steps        bytes  storage");
     for r in &rows {
@@ -162,7 +192,13 @@ pub fn text(v: &proto::Variant) -> String {
                 .map_or("?", |t| t.name.as_str()),
             _ => "",
         };
-        let _ = writeln!(out, "  {:<7} {:>12}  running {:>12}  {what}", allocation_kind(a), a.bytes, a.running_bytes);
+        let _ = writeln!(
+            out,
+            "  {:<7} {:>12}  running {:>12}  {what}",
+            allocation_kind(a),
+            a.bytes,
+            a.running_bytes
+        );
     }
     out
 }
@@ -171,7 +207,11 @@ pub fn text(v: &proto::Variant) -> String {
 pub fn json(v: &proto::Variant) -> serde_json::Value {
     let rows = rows(v);
     let p = v.plan.clone().unwrap_or_default();
-    let weights: u64 = rows.iter().filter(|r| r.storage == "weight").map(|r| r.bytes).sum();
+    let weights: u64 = rows
+        .iter()
+        .filter(|r| r.storage == "weight")
+        .map(|r| r.bytes)
+        .sum();
     let steps: Vec<_> = v
         .steps
         .iter()
@@ -248,7 +288,9 @@ pub fn svg(v: &proto::Variant) -> String {
         r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#888"/>"##
     );
     for (i, r) in rows.iter().enumerate() {
-        let (Some(offset), Some(first), Some(last), "arena") = (r.offset, r.first, r.last, r.storage) else {
+        let (Some(offset), Some(first), Some(last), "arena") =
+            (r.offset, r.first, r.last, r.storage)
+        else {
             continue;
         };
         let (x0, x1) = (x(first as f64), x(last as f64 + 1.0));
@@ -274,11 +316,28 @@ pub fn svg(v: &proto::Variant) -> String {
     // Axes: bytes on the left, steps below.
     for k in 0..=4 {
         let b = arena_top * k as f64 / 4.0;
-        let _ = writeln!(out, r#"<text x="{}" y="{:.2}" text-anchor="end">{}</text>"#, left - 6.0, y(b) + 4.0, b as u64);
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{:.2}" text-anchor="end">{}</text>"#,
+            left - 6.0,
+            y(b) + 4.0,
+            b as u64
+        );
         let s = (steps * k as f64 / 4.0).round();
-        let _ = writeln!(out, r#"<text x="{:.2}" y="{}" text-anchor="middle">{}</text>"#, x(s), top + plot_h + 18.0, s as u64);
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.2}" y="{}" text-anchor="middle">{}</text>"#,
+            x(s),
+            top + plot_h + 18.0,
+            s as u64
+        );
     }
-    let _ = writeln!(out, r#"<text x="{:.2}" y="{}" text-anchor="middle">step</text>"#, left + plot_w / 2.0, top + plot_h + 40.0);
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.2}" y="{}" text-anchor="middle">step</text>"#,
+        left + plot_w / 2.0,
+        top + plot_h + 40.0
+    );
     // Weights: one column, stacked in allocation order, on its own scale.
     let weights: Vec<&Row> = rows.iter().filter(|r| r.storage == "weight").collect();
     let total: u64 = weights.iter().map(|r| r.bytes).sum();
@@ -297,11 +356,18 @@ pub fn svg(v: &proto::Variant) -> String {
         );
         acc += r.bytes;
     }
-    let _ = writeln!(out, r#"<text x="{wx}" y="{}">weights {total} bytes</text>"#, top + plot_h + 18.0);
+    let _ = writeln!(
+        out,
+        r#"<text x="{wx}" y="{}">weights {total} bytes</text>"#,
+        top + plot_h + 18.0
+    );
     let _ = writeln!(out, "</svg>");
     out
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }

@@ -45,7 +45,12 @@ pub fn memory_aware(g: &Graph) -> Vec<usize> {
             if VIEW_OPS.contains(&node.op.as_str()) {
                 return 0;
             }
-            let allocated: i64 = node.outputs.iter().filter(|&&o| counted[o]).map(|&o| bytes(o)).sum();
+            let allocated: i64 = node
+                .outputs
+                .iter()
+                .filter(|&&o| counted[o])
+                .map(|&o| bytes(o))
+                .sum();
             let mut freed = 0;
             let mut seen = BTreeSet::new();
             for v in node.present_inputs() {

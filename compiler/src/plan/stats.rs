@@ -38,8 +38,14 @@ pub fn stats(g: &Graph, target: Target) -> Stats {
         views: false,
         reorder: false,
     };
-    let views = Target { views: true, ..plain };
-    let in_place = Target { reorder: false, ..target };
+    let views = Target {
+        views: true,
+        ..plain
+    };
+    let in_place = Target {
+        reorder: false,
+        ..target
+    };
     let start = Instant::now();
     let full = plan(g, target);
     let planning = start.elapsed();

@@ -49,14 +49,20 @@ fn arena(p: &Plan, v: usize) -> u64 {
 
 /// x -> Conv -> a -> Relu -> b -> Conv -> c -> Add(b, c) -> d -> Conv -> y
 fn residual() -> (Graph, [usize; 6]) {
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[1, 8, 4, 4]));
     let a = g.add_value("a", f32s(&[1, 8, 4, 4]));
     let b = g.add_value("b", f32s(&[1, 8, 4, 4]));
     let c = g.add_value("c", f32s(&[1, 8, 4, 4]));
     let d = g.add_value("d", f32s(&[1, 8, 4, 4]));
     let y = g.add_value("y", f32s(&[1, 8, 4, 4]));
-    let w = g.add_constant("w", Const::owned(Tensor::zeros(TensorDesc::new(DType::F32, vec![8, 8, 1, 1]))));
+    let w = g.add_constant(
+        "w",
+        Const::owned(Tensor::zeros(TensorDesc::new(DType::F32, vec![8, 8, 1, 1]))),
+    );
     node(&mut g, "Conv", &[x, w], &[a]);
     node(&mut g, "Relu", &[a], &[b]);
     node(&mut g, "Conv", &[b, w], &[c]);
@@ -73,7 +79,13 @@ fn residual_add_and_relu_run_in_place() {
     let p = plan(&g, target());
     verify(&g, &p).unwrap();
     // Relu overwrites a (dead after it); the Add overwrites b or c, whichever is last read there.
-    assert_eq!(p.storage[b], Some(Storage::View { of: a, byte_offset: 0 }));
+    assert_eq!(
+        p.storage[b],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 0
+        })
+    );
     assert_eq!(p.in_place[1], Some(0));
     assert!(p.in_place[3].is_some());
     assert!(matches!(p.storage[d], Some(Storage::View { .. })));
@@ -97,7 +109,10 @@ fn without_in_place_every_activation_is_a_root() {
 #[test]
 fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
     // x -> Relu -> a -> Reshape -> r -> Flatten -> f -> Conv -> y ; a is also read by nobody else.
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[2, 8]));
     let a = g.add_value("a", f32s(&[2, 8]));
     let r = g.add_value("r", f32s(&[4, 4]));
@@ -113,8 +128,20 @@ fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
     g.outputs = vec![y];
     let p = plan_order(&g, schedule::model_order(&g), "model-order", no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(p.storage[r], Some(Storage::View { of: a, byte_offset: 0 }));
-    assert_eq!(p.storage[f], Some(Storage::View { of: a, byte_offset: 0 }));
+    assert_eq!(
+        p.storage[r],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 0
+        })
+    );
+    assert_eq!(
+        p.storage[f],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 0
+        })
+    );
     assert!(p.elided[1] && p.elided[2]);
     assert_eq!(p.steps().collect::<Vec<_>>(), vec![0, 3, 4]);
     let la = p.lifetimes.iter().find(|l| l.value == a).unwrap();
@@ -124,7 +151,10 @@ fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
 
 #[test]
 fn a_graph_output_is_never_a_view() {
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[2, 8]));
     let a = g.add_value("a", f32s(&[2, 8]));
     let y = g.add_value("y", f32s(&[16]));
@@ -143,7 +173,10 @@ fn memory_aware_order_lowers_the_bound_of_a_branchy_graph() {
     // Two branches from x: a big one (x -> A1 (4 KiB) -> A2 (16 B)) and a long thin one
     // (x -> B1 -> B2 -> B3, 16 B each); the model lists A1 first, so A1 stays alive while the
     // B chain runs unless the order runs A2 right after A1.
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[4]));
     let a1 = g.add_value("a1", f32s(&[1024]));
     let b1 = g.add_value("b1", f32s(&[4]));
@@ -191,15 +224,31 @@ fn verifier_rejects_overlap_misalignment_and_clobbering() {
 
     // c written over b while b is still to be read by the Add: the verifier sees b clobbered.
     let mut clobber = good.clone();
-    clobber.storage[c] = Some(Storage::View { of: b, byte_offset: 0 });
+    clobber.storage[c] = Some(Storage::View {
+        of: b,
+        byte_offset: 0,
+    });
     assert!(verify(&g, &clobber).unwrap_err().contains("do not hold"));
 
     let mut view_out_of_bounds = good.clone();
-    view_out_of_bounds.storage[c] = Some(Storage::View { of: b, byte_offset: 16 });
-    assert!(verify(&g, &view_out_of_bounds).unwrap_err().contains("exceeds"));
+    view_out_of_bounds.storage[c] = Some(Storage::View {
+        of: b,
+        byte_offset: 16,
+    });
+    assert!(
+        verify(&g, &view_out_of_bounds)
+            .unwrap_err()
+            .contains("exceeds")
+    );
 }
 
-fn node_with(g: &mut Graph, op: &str, inputs: &[usize], outputs: &[usize], attrs: ingot_schema::Attrs) {
+fn node_with(
+    g: &mut Graph,
+    op: &str,
+    inputs: &[usize],
+    outputs: &[usize],
+    attrs: ingot_schema::Attrs,
+) {
     node(g, op, inputs, outputs);
     if let Some(n) = g.nodes.last_mut() {
         n.attrs = attrs;
@@ -214,7 +263,10 @@ fn ints(v: &[i64]) -> ingot_schema::AttrValue {
 fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
     // x [4, 8] -> Exp -> a -> Slice rows 1..3 -> s (view of a at 1 row = 32 bytes)
     //                      -> Slice cols 0..4 -> t (a copy: rows are not contiguous)
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[4, 8]));
     let a = g.add_value("a", f32s(&[4, 8]));
     let s = g.add_value("s", f32s(&[2, 8]));
@@ -236,7 +288,13 @@ fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
     g.outputs = vec![y, z];
     let p = plan(&g, no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(p.storage[s], Some(Storage::View { of: a, byte_offset: 32 }));
+    assert_eq!(
+        p.storage[s],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 32
+        })
+    );
     assert!(matches!(p.storage[t], Some(Storage::Arena { .. })));
     assert_eq!(p.steps().count(), 4);
 }
@@ -245,30 +303,79 @@ fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
 fn split_on_the_outer_axis_is_views_and_concat_is_written_in_place() {
     // x [4, 2] -> Split(axis 0, 1/1/2) -> p q r; each -> Exp -> Concat(axis 0) four ways
     // with a fourth Exp of x: the Exps write straight into the concat's output.
-    let mut g = Graph { opset: 17, ..Default::default() };
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = g.add_value("x", f32s(&[4, 2]));
     let a = g.add_value("a", f32s(&[4, 2]));
-    let pieces: Vec<usize> = [1, 1, 2].iter().enumerate().map(|(i, &r)| g.add_value(format!("p{i}"), f32s(&[r, 2]))).collect();
-    let exps: Vec<usize> = [1, 1, 2, 4].iter().enumerate().map(|(i, &r)| g.add_value(format!("e{i}"), f32s(&[r, 2]))).collect();
+    let pieces: Vec<usize> = [1, 1, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| g.add_value(format!("p{i}"), f32s(&[r, 2])))
+        .collect();
+    let exps: Vec<usize> = [1, 1, 2, 4]
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| g.add_value(format!("e{i}"), f32s(&[r, 2])))
+        .collect();
     let c = g.add_value("c", f32s(&[8, 2]));
     let y = g.add_value("y", f32s(&[8, 2]));
     node(&mut g, "Exp", &[x], &[a]);
-    node_with(&mut g, "Split", &[a], &pieces, ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0)).with("split", ints(&[1, 1, 2])));
+    node_with(
+        &mut g,
+        "Split",
+        &[a],
+        &pieces,
+        ingot_schema::Attrs::new()
+            .with("axis", ingot_schema::AttrValue::Int(0))
+            .with("split", ints(&[1, 1, 2])),
+    );
     for (k, &p) in pieces.iter().enumerate() {
         node(&mut g, "Exp", &[p], &[exps[k]]);
     }
     node(&mut g, "Exp", &[x], &[exps[3]]);
-    node_with(&mut g, "Concat", &exps, &[c], ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0)));
+    node_with(
+        &mut g,
+        "Concat",
+        &exps,
+        &[c],
+        ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0)),
+    );
     node(&mut g, "Exp", &[c], &[y]);
     g.inputs = vec![x];
     g.outputs = vec![y];
     let p = plan(&g, no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(p.storage[pieces[0]], Some(Storage::View { of: a, byte_offset: 0 }));
-    assert_eq!(p.storage[pieces[1]], Some(Storage::View { of: a, byte_offset: 8 }));
-    assert_eq!(p.storage[pieces[2]], Some(Storage::View { of: a, byte_offset: 16 }));
+    assert_eq!(
+        p.storage[pieces[0]],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 0
+        })
+    );
+    assert_eq!(
+        p.storage[pieces[1]],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 8
+        })
+    );
+    assert_eq!(
+        p.storage[pieces[2]],
+        Some(Storage::View {
+            of: a,
+            byte_offset: 16
+        })
+    );
     for (k, off) in [0u64, 8, 16, 32].into_iter().enumerate() {
-        assert_eq!(p.storage[exps[k]], Some(Storage::View { of: c, byte_offset: off }));
+        assert_eq!(
+            p.storage[exps[k]],
+            Some(Storage::View {
+                of: c,
+                byte_offset: off
+            })
+        );
     }
     let ops: Vec<&str> = p.steps().map(|n| g.nodes[n].op.as_str()).collect();
     assert_eq!(ops, ["Exp"; 6], "no Split or Concat step runs");
@@ -286,7 +393,10 @@ fn random_dags_plan_and_verify() {
         (seed % m as u64) as usize
     };
     for case in 0..300 {
-        let mut g = Graph { opset: 17, ..Default::default() };
+        let mut g = Graph {
+            opset: 17,
+            ..Default::default()
+        };
         let x = g.add_value("x", f32s(&[4, 4]));
         g.inputs = vec![x];
         let mut pool = vec![x];
@@ -311,7 +421,8 @@ fn random_dags_plan_and_verify() {
                     node_with(&mut g, "Slice", &[a], &[h], rows(2, 4));
                     node_with(&mut g, "Slice", &[b], &[k0], rows(0, 2));
                     node(&mut g, "Exp", &[k0], &[k]);
-                    let axis0 = ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0));
+                    let axis0 =
+                        ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0));
                     node_with(&mut g, "Concat", &[h, k], &[v], axis0);
                 }
                 3 => node(&mut g, "Relu", &[a], &[v]),

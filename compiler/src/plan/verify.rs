@@ -20,7 +20,9 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
     let mut scheduled = vec![false; g.nodes.len()];
     for &n in &plan.order {
         if n >= g.nodes.len() || std::mem::replace(&mut scheduled[n], true) {
-            return Err(format!("node {n} appears twice or does not exist in the order"));
+            return Err(format!(
+                "node {n} appears twice or does not exist in the order"
+            ));
         }
     }
 
@@ -29,12 +31,23 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
         match &plan.storage[v] {
             None => Err(format!("'{}' has no storage", name(v))),
             Some(Storage::View { of, byte_offset }) => {
-                if matches!(plan.storage.get(*of), Some(Some(Storage::View { .. })) | Some(None) | None) {
-                    return Err(format!("'{}' is a view of '{}', which is not a root", name(v), name(*of)));
+                if matches!(
+                    plan.storage.get(*of),
+                    Some(Some(Storage::View { .. })) | Some(None) | None
+                ) {
+                    return Err(format!(
+                        "'{}' is a view of '{}', which is not a root",
+                        name(v),
+                        name(*of)
+                    ));
                 }
                 let end = byte_offset + bytes(v);
                 if end > bytes(*of) {
-                    return Err(format!("view '{}' [{byte_offset}, {end}) exceeds its root '{}'", name(v), name(*of)));
+                    return Err(format!(
+                        "view '{}' [{byte_offset}, {end}) exceeds its root '{}'",
+                        name(v),
+                        name(*of)
+                    ));
                 }
                 Ok((*of, *byte_offset, end))
             }
@@ -65,7 +78,11 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
             let (root, start, end) = place(v)?;
             let expected: u64 = expect[v].iter().map(|&(s, e, _)| e - s).sum();
             if expected != end - start {
-                return Err(format!("step {pos} {} reads '{}' before it is written", node.label(), name(v)));
+                return Err(format!(
+                    "step {pos} {} reads '{}' before it is written",
+                    node.label(),
+                    name(v)
+                ));
             }
             for &(s, e, who) in &expect[v] {
                 let covered: u64 = contents[root]
@@ -85,8 +102,14 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
         }
         for &v in &node.outputs {
             let (root, start, end) = place(v)?;
-            if matches!(plan.storage[root], Some(Storage::Input(_) | Storage::Weight(_))) {
-                return Err(format!("step {pos} {} writes into an input or weight", node.label()));
+            if matches!(
+                plan.storage[root],
+                Some(Storage::Input(_) | Storage::Weight(_))
+            ) {
+                return Err(format!(
+                    "step {pos} {} writes into an input or weight",
+                    node.label()
+                ));
             }
             first[root] = first[root].min(pos);
             last[root] = last[root].max(pos);
@@ -114,11 +137,19 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
     for (v, s) in plan.storage.iter().enumerate() {
         if let Some(Storage::Arena { offset }) = s {
             if offset % plan.alignment != 0 {
-                return Err(format!("'{}' at offset {offset} is not {}-aligned", name(v), plan.alignment));
+                return Err(format!(
+                    "'{}' at offset {offset} is not {}-aligned",
+                    name(v),
+                    plan.alignment
+                ));
             }
             let end = offset + bytes(v);
             if end > plan.arena_bytes {
-                return Err(format!("'{}' [{offset}, {end}) overruns the {}-byte arena", name(v), plan.arena_bytes));
+                return Err(format!(
+                    "'{}' [{offset}, {end}) overruns the {}-byte arena",
+                    name(v),
+                    plan.arena_bytes
+                ));
             }
             if first[v] != usize::MAX {
                 arena.push((v, *offset, end));
@@ -151,7 +182,12 @@ fn elided_expectations(
     expect: &mut [Pieces],
 ) -> Result<(), String> {
     let node = &g.nodes[ni];
-    let bad = || Err(format!("{} runs no step, but its output is not its input's bytes", node.label()));
+    let bad = || {
+        Err(format!(
+            "{} runs no step, but its output is not its input's bytes",
+            node.label()
+        ))
+    };
     let inputs: Vec<ValueId> = node.present_inputs().collect();
     // The part of `pieces` (absolute ranges) inside [s, e).
     let clip = |pieces: &Pieces, s: u64, e: u64| -> Pieces {
@@ -162,7 +198,9 @@ fn elided_expectations(
             .collect()
     };
     if node.op == "Concat" {
-        let [output] = node.outputs[..] else { return bad() };
+        let [output] = node.outputs[..] else {
+            return bad();
+        };
         let (ro, so, eo) = place(output)?;
         let mut at = so;
         let mut pieces = Vec::new();
@@ -180,7 +218,9 @@ fn elided_expectations(
         expect[output] = pieces;
         return Ok(());
     }
-    let Some(&input) = inputs.first() else { return bad() };
+    let Some(&input) = inputs.first() else {
+        return bad();
+    };
     let (ri, si, ei) = place(input)?;
     for &o in &node.outputs {
         let (ro, so, eo) = place(o)?;

@@ -413,7 +413,7 @@ impl Conv {
             for (r, seg) in rows.clone().zip(crow.chunks_exact_mut(ow)) {
                 let z = at(r / oh, sd, win.offset(0, a), id);
                 let yy = at(r % oh, sh, win.offset(1, b), ih);
-                let (Some(z), Some(yy)) = (z, yy) else {
+                let (Some(z), Some(yy), false) = (z, yy, valid.is_empty()) else {
                     seg.fill(0.0);
                     continue;
                 };
@@ -532,6 +532,9 @@ impl Padded {
         let range = |d: usize| span(self.dims[d], win.input[d], 1, -win.pads_begin[d]);
         let src = |p: usize, d: usize| p.wrapping_add_signed(-win.pads_begin[d]);
         let (zs, ys, xs) = (range(0), range(1), range(2));
+        if xs.is_empty() {
+            return;
+        }
         for z in zs {
             for y in ys.clone() {
                 let row = &xp[(src(z, 0) * ih + src(y, 1)) * iw..][..iw];
@@ -1085,6 +1088,25 @@ pub(super) mod tests {
             (lhs - rhs).abs() <= 1e-6 * lhs.abs().max(1.0),
             "{lhs} vs {rhs}"
         );
+    }
+
+    #[test]
+    fn kernels_wider_than_the_input() {
+        // By hand: a length-1 input under a 5-tap kernel with pads 2 sees only the centre tap.
+        let t = |shape: &[usize], v: &[f32]| Tensor::from_vec(shape.to_vec(), v).unwrap();
+        let a = attrs(&[5], &[1], &[1], &[2, 2], 1);
+        let out = [TensorDesc::new(DType::F32, vec![1, 1, 1])];
+        let w = t(&[1, 1, 5], &[1., 2., 3., 4., 5.]);
+        let y = eval("Conv", &a, &[&t(&[1, 1, 1], &[2.]), &w], &out).unwrap();
+        assert_eq!(y[0].as_slice::<f32>().unwrap(), &[6.0], "depthwise path");
+        let w2 = t(&[1, 2, 5], &[1., 2., 3., 4., 5., 10., 11., 12., 13., 14.]);
+        let y = eval("Conv", &a, &[&t(&[1, 2, 1], &[2., 3.]), &w2], &out).unwrap();
+        assert_eq!(y[0].as_slice::<f32>().unwrap(), &[42.0], "im2col path");
+        // ConvTranspose: output 0 gets tap k from input 0 when k - 2 == 0.
+        let a = attrs(&[3], &[1], &[1], &[2, 0], 1);
+        let w = t(&[1, 1, 3], &[1., 2., 3.]);
+        let y = eval("ConvTranspose", &a, &[&t(&[1, 1, 1], &[2.]), &w], &out).unwrap();
+        assert_eq!(y[0].as_slice::<f32>().unwrap(), &[6.0]);
     }
 
     #[test]

@@ -11,6 +11,11 @@
 //! - `Cast`: `to` (ONNX type code), which must be the output's type. `CastLike` casts its first
 //!   input to the output's type (the compiler lowers it to `Cast`).
 //!
+//! Types: arithmetic, comparisons, `Clip`, `Max`/`Min`/`Sum`/`Mean`, `Abs`/`Neg`/`Sign`/`Relu`
+//! on every numeric type (f32, f64, f16, 8- to 64-bit integers); the float functions on f32,
+//! f64 and f16 (computed in f32); `Pow` with an f32/f64/f16/i32/i64 base and any numeric
+//! exponent; `BitShift` on integers; logic on bool; `Equal`, `Where` and `Cast` on every type.
+//!
 //! Element semantics (wrapping integers, casts, NaN) are in `elementwise/scalar.rs`; the
 //! broadcasting plan is in `elementwise/broadcast.rs`.
 
@@ -506,21 +511,31 @@ fn binary(cx: &OpCx) -> Prepared {
                 other => return Err(invalid!("BitShift: unknown direction '{other}'")),
             };
             with_type!(dt, cx, |T| Ok(binary_kernel(bc, move |a: T, n: T| {
-                // A shift by the width or more gives 0, as in the ONNX reference.
+                // As the ONNX reference: a negative amount or one of the width or more
+                // shifts everything out, leaving 0, or -1 for a negative value shifted right.
                 let n = shift_amount(n);
-                if left { a.checked_shl(n) } else { a.checked_shr(n) }.unwrap_or(0)
-            })), [U8 => u8, U16 => u16, U32 => u32, U64 => u64])
+                if left {
+                    n.and_then(|n| a.checked_shl(n)).unwrap_or(0)
+                } else {
+                    n.and_then(|n| a.checked_shr(n)) // arithmetic for signed types
+                        .unwrap_or_else(|| Num::min(Num::sign(a), 0))
+                }
+            })), [I8 => i8, U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32,
+                I64 => i64, U64 => u64])
         }
         op if COMPARE.contains(&op) => any_type!(dt, cx, |T| compare::<T>(op, bc)),
         op => numeric!(dt, cx, |T| arith::<T>(op, cx.attrs, bc)),
     }
 }
 
-/// A shift amount as u32, saturating (past the width, everything is shifted out anyway).
-fn shift_amount<T: Scalar>(n: T) -> u32 {
+/// A shift amount as u32; `None` when negative.
+fn shift_amount<T: Scalar>(n: T) -> Option<u32> {
     match n.to_wide() {
-        Wide::U(v) => u32::try_from(v).unwrap_or(u32::MAX),
-        _ => u32::MAX,
+        Wide::U(v) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
+        Wide::I(v) => u64::try_from(v)
+            .ok()
+            .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+        Wide::F(_) => None,
     }
 }
 
@@ -564,16 +579,11 @@ struct Pow<T, E> {
 }
 
 fn pow(cx: &OpCx, bc: Broadcast<2>, base: DType, exp: DType) -> Prepared {
-    macro_rules! pow_type {
-        ($dt:expr, |$T:ident| $body:expr) => {
-            with_type!($dt, cx, |$T| $body, [F32 => f32, F64 => f64, F16 => f16, I32 => i32,
-                I64 => i64])
-        };
-    }
-    pow_type!(base, |T| pow_type!(exp, |E| Ok(Box::new(Pow::<T, E> {
+    // ONNX's base types; the exponent may be any numeric type.
+    with_type!(base, cx, |T| numeric!(exp, cx, |E| Ok(Box::new(Pow::<T, E> {
         bc,
         _t: PhantomData
-    }))))
+    }))), [F32 => f32, F64 => f64, F16 => f16, I32 => i32, I64 => i64])
 }
 
 impl<T: Num, E: Scalar> Kernel for Pow<T, E> {

@@ -126,6 +126,7 @@ impl ProductKernel {
 #[derive(Debug)]
 struct Bias {
     beta: f32,
+    m: usize,
     n: usize,
     rs: usize,
     cs: usize,
@@ -134,11 +135,11 @@ struct Bias {
 
 impl Bias {
     fn fill<T: Scalar>(&self, c: &[T], out: &mut [T]) -> Result<(), KernelError> {
-        if c.len() != self.len {
+        if c.len() != self.len || out.len() != self.m * self.n {
             return Err(invalid!(
-                "Gemm's C has {} elements, expected {}",
+                "Gemm's C or output has the wrong size ({} and {} elements)",
                 c.len(),
-                self.len
+                out.len()
             ));
         }
         let beta = T::from_f32(self.beta);
@@ -196,33 +197,14 @@ fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), Kern
     let (mut sa, mut sb, mut sc) = (m * k, k * n, m * n);
     for i in (0..rank).rev() {
         let (da, db) = (dim(ba, i), dim(bb, i));
-        axes.push(Axis {
-            size: batch[i],
-            a: if da == 1 { 0 } else { sa },
-            b: if db == 1 { 0 } else { sb },
-            c: sc,
-        });
+        let stride = |d: usize, s: usize| if d == 1 { 0 } else { s };
+        axes.push(Axis::new(batch[i], stride(da, sa), stride(db, sb), sc));
         (sa, sb, sc) = (sa * da, sb * db, sc * batch[i]);
     }
     axes.extend([
-        Axis {
-            size: m,
-            a: k,
-            b: 0,
-            c: n,
-        },
-        Axis {
-            size: n,
-            a: 0,
-            b: 1,
-            c: 1,
-        },
-        Axis {
-            size: k,
-            a: 1,
-            b: n,
-            c: 0,
-        },
+        Axis::new(m, k, 0, n),
+        Axis::new(n, 0, 1, 1),
+        Axis::new(k, 1, n, 0),
     ]);
     let mut shape = batch;
     if a.len() > 1 {
@@ -259,24 +241,9 @@ fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
         ));
     }
     let axes = vec![
-        Axis {
-            size: m,
-            a: if ta { 1 } else { k },
-            b: 0,
-            c: n,
-        },
-        Axis {
-            size: n,
-            a: 0,
-            b: if tb { k } else { 1 },
-            c: 1,
-        },
-        Axis {
-            size: k,
-            a: if ta { m } else { 1 },
-            b: if tb { 1 } else { n },
-            c: 0,
-        },
+        Axis::new(m, if ta { 1 } else { k }, 0, n),
+        Axis::new(n, 0, if tb { k } else { 1 }, 1),
+        Axis::new(k, if ta { m } else { 1 }, if tb { 1 } else { n }, 0),
     ];
     let bias = match shapes.get(2) {
         None => None,
@@ -285,7 +252,7 @@ fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
                 [] => (1, 1),
                 [cc] => (1, cc),
                 [cr, cc] => (cr, cc),
-                _ => (0, 0),
+                _ => return Err(invalid!("Gemm's C has rank {}, at most 2", c.len())),
             };
             if !(cr == 1 || cr == m) || !(cc == 1 || cc == n) {
                 return Err(invalid!(
@@ -294,6 +261,7 @@ fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
             }
             Some(Bias {
                 beta,
+                m,
                 n,
                 rs: if cr == 1 { 0 } else { cc },
                 cs: if cc == 1 { 0 } else { 1 },
@@ -361,15 +329,9 @@ fn einsum_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<(Vec<usize>, Vec<Axis>)
     };
     let per_operand: Vec<Vec<usize>> = operands.iter().map(|&(l, s)| label_strides(l, s)).collect();
     let c = label_strides(out_labels, &shape);
+    let b = |l: usize| per_operand.get(1).map_or(0, |s| s[l]);
     let axes = (0..count)
-        .filter_map(|l| {
-            Some(Axis {
-                size: sizes[l]?,
-                a: per_operand[0][l],
-                b: per_operand.get(1).map_or(0, |s| s[l]),
-                c: c[l],
-            })
-        })
+        .filter_map(|l| Some(Axis::new(sizes[l]?, per_operand[0][l], b(l), c[l])))
         .collect();
     Ok((shape, axes))
 }
@@ -453,6 +415,17 @@ mod tests {
             &run("MatMul", &Attrs::new(), &[&m23, &v], &[2]),
             &[8.0, 26.0],
         );
+    }
+
+    #[test]
+    fn empty_operands() {
+        // A zero-length contraction gives zeros; a zero-length row axis gives nothing.
+        let a = f32s(&[2, 0], &[]);
+        let b = f32s(&[0, 3], &[]);
+        close(&run("MatMul", &Attrs::new(), &[&a, &b], &[2, 3]), &[0.0; 6]);
+        let a = f32s(&[0, 2], &[]);
+        let b = f32s(&[2, 3], &seq(6));
+        close(&run("MatMul", &Attrs::new(), &[&a, &b], &[0, 3]), &[]);
     }
 
     #[test]
@@ -572,38 +545,5 @@ mod tests {
         let desc = [TensorDesc::new(DType::F32, vec![2])];
         assert!(eval("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &desc).is_err());
         assert!(eval("Einsum", &einsum(&[&[0]], &[0]), &[&x], &desc).is_err());
-    }
-}
-#[cfg(test)]
-mod tmp_bench {
-    use super::super::*;
-    use crate::tensor::{Tensor, TensorDesc};
-    use ingot_schema::{Attrs, DType};
-    fn bench(a: &[usize], b: &[usize], c: &[usize]) {
-        let ta = Tensor::zeros(TensorDesc::new(DType::F32, a.to_vec()));
-        let tb = Tensor::zeros(TensorDesc::new(DType::F32, b.to_vec()));
-        let mut tc = Tensor::zeros(TensorDesc::new(DType::F32, c.to_vec()));
-        let attrs = Attrs::new();
-        let k = prepare(&OpCx { op: "MatMul", attrs: &attrs, inputs: &[ta.desc().clone(), tb.desc().clone()], outputs: &[tc.desc().clone()] }).unwrap();
-        let n = 2000;
-        let t = std::time::Instant::now();
-        for _ in 0..n { k.run(&[ta.view(), tb.view()], &mut [tc.view_mut()]).unwrap(); }
-        let dt = t.elapsed().as_secs_f64() / n as f64;
-        let flops = 2.0 * (c.iter().product::<usize>() * a[a.len()-1]) as f64;
-        eprintln!("{a:?}x{b:?}: {:.1} us, {:.2} GFLOP/s", dt * 1e6, flops / dt / 1e9);
-    }
-    #[test]
-    fn bench_matmul() {
-        bench(&[1, 40, 120], &[120, 360], &[1, 40, 360]);
-        bench(&[1, 8, 40, 15], &[1, 8, 15, 40], &[1, 8, 40, 40]);
-        bench(&[1, 8, 40, 40], &[1, 8, 40, 15], &[1, 8, 40, 15]);
-        bench(&[1, 8, 40, 15], &[1, 8, 15, 40], &[1, 8, 40, 40]);
-        bench(&[1, 8, 40, 40], &[1, 8, 40, 15], &[1, 8, 40, 15]);
-        bench(&[16, 16, 16], &[16, 16, 16], &[16, 16, 16]);
-        bench(&[8, 32, 32], &[8, 32, 32], &[8, 32, 32]);
-        bench(&[4, 48, 48], &[4, 48, 48], &[4, 48, 48]);
-        bench(&[2, 64, 64], &[2, 64, 64], &[2, 64, 64]);
-        bench(&[2, 64, 8], &[2, 8, 64], &[2, 64, 64]);
-        bench(&[2, 64, 64], &[2, 64, 4], &[2, 64, 4]);
     }
 }

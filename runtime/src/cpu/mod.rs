@@ -58,7 +58,9 @@ pub trait Kernel: Send + Sync {
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), KernelError> {
         let _ = (aliased, inputs, outputs);
-        Err(KernelError::Invalid("this kernel cannot run in place".into()))
+        Err(KernelError::Invalid(
+            "this kernel cannot run in place".into(),
+        ))
     }
 }
 

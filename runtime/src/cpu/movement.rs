@@ -91,7 +91,10 @@ pub(crate) fn input<'a>(
 ) -> Result<&'a [u8], KernelError> {
     match inputs.get(i) {
         Some(t) if t.bytes.len() == len => Ok(t.bytes),
-        Some(t) => Err(invalid!("input {i} has {} bytes, expected {len}", t.bytes.len())),
+        Some(t) => Err(invalid!(
+            "input {i} has {} bytes, expected {len}",
+            t.bytes.len()
+        )),
         None => Err(invalid!("input {i} is missing")),
     }
 }
@@ -104,7 +107,10 @@ pub(crate) fn output<'b>(
 ) -> Result<&'b mut [u8], KernelError> {
     match outputs.get_mut(i) {
         Some(t) if t.bytes.len() == len => Ok(&mut *t.bytes),
-        Some(t) => Err(invalid!("output {i} has {} bytes, expected {len}", t.bytes.len())),
+        Some(t) => Err(invalid!(
+            "output {i} has {} bytes, expected {len}",
+            t.bytes.len()
+        )),
         None => Err(invalid!("output {i} is missing")),
     }
 }
@@ -143,6 +149,91 @@ macro_rules! by_size {
     };
 }
 pub(crate) use by_size;
+
+/// The arithmetic the family needs (CumSum, scatter reductions): integers wrap, floats
+/// follow IEEE.
+pub(crate) trait Numeric: Pod + PartialOrd {
+    const ZERO: Self;
+    fn add(self, other: Self) -> Self;
+    fn mul(self, other: Self) -> Self;
+}
+macro_rules! numeric_impl {
+    (float: $($t:ty),*) => { $(impl Numeric for $t {
+        const ZERO: Self = 0.0;
+        fn add(self, o: Self) -> Self { self + o }
+        fn mul(self, o: Self) -> Self { self * o }
+    })* };
+    (int: $($t:ty),*) => { $(impl Numeric for $t {
+        const ZERO: Self = 0;
+        fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+        fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+    })* };
+}
+numeric_impl!(float: f32, f64);
+numeric_impl!(int: i8, u8, i16, u16, i32, u32, i64, u64);
+impl Numeric for half::f16 {
+    const ZERO: Self = half::f16::ZERO;
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+}
+
+/// Runs `$body` with `$t` bound to the Rust type of the numeric dtype `$dtype` (not bool).
+macro_rules! by_numeric {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            DType::U16 => {
+                type $t = u16;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            DType::Bool => Err($crate::invalid!("no arithmetic on bool")),
+        }
+    };
+}
+pub(crate) use by_numeric;
 
 /// A scalar attribute (Pad's value, Range's bounds...): integers for integer and bool dtypes,
 /// floats for float dtypes, so that neither loses precision.
@@ -214,7 +305,9 @@ pub(crate) fn read_ints(
     fn conv<T: Pod>(b: &[u8], f: impl Fn(T) -> i64) -> Result<Vec<i64>, KernelError> {
         Ok(cast::<T>(b)?.iter().map(|&v| f(v)).collect())
     }
-    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
+    let t = inputs
+        .get(i)
+        .ok_or_else(|| invalid!("input {i} is missing"))?;
     let b = input(inputs, i, count * t.dtype.size())?;
     match t.dtype {
         DType::I64 => conv::<i64>(b, |v| v),
@@ -258,12 +351,12 @@ fn same_dtype(cx: &OpCx) -> Result<DType, KernelError> {
 // ---- copies: Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout ----
 
 /// Output 0 is input 0's bytes; an optional second output (Dropout's mask) is all true.
-struct Copy {
+struct Passthrough {
     bytes: usize,
     mask: Option<usize>,
 }
 
-impl Kernel for Copy {
+impl Kernel for Passthrough {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let src = input(inputs, 0, self.bytes)?;
         output(outputs, 0, self.bytes)?.copy_from_slice(src);
@@ -286,7 +379,7 @@ fn copy(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             o.shape
         ));
     }
-    Ok(Box::new(Copy {
+    Ok(Box::new(Passthrough {
         bytes: i.bytes(),
         mask: None,
     }))
@@ -299,14 +392,21 @@ fn dropout(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let (i, o) = (&cx.inputs[0], &cx.outputs[0]);
     if i != o {
-        return Err(invalid!("Dropout output {o:?} differs from its input {i:?}"));
+        return Err(invalid!(
+            "Dropout output {o:?} differs from its input {i:?}"
+        ));
     }
     let mask = match cx.outputs.get(1) {
         Some(m) if m.dtype == DType::Bool && m.shape == i.shape => Some(m.bytes()),
-        Some(m) => return Err(invalid!("Dropout's mask should be bool {:?}, not {m:?}", i.shape)),
+        Some(m) => {
+            return Err(invalid!(
+                "Dropout's mask should be bool {:?}, not {m:?}",
+                i.shape
+            ));
+        }
         None => None,
     };
-    Ok(Box::new(Copy {
+    Ok(Box::new(Passthrough {
         bytes: i.bytes(),
         mask,
     }))

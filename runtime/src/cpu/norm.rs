@@ -78,7 +78,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             }
             Box::new(RowNorm {
                 rows: n * groups,
-                len: c / groups * spatial,
+                len: c.checked_div(groups).unwrap_or(0) * spatial,
                 epsilon: cx.attrs.float("epsilon")?,
                 affine: Affine::PerChannel {
                     groups,
@@ -307,19 +307,23 @@ impl RowNorm {
                 scale,
                 bias,
             } => {
-                let expand = |i: usize, shape: &[usize]| -> Result<Vec<f32>, KernelError> {
+                // A shape that broadcasts to the row with as many elements has its layout.
+                let expand = |i: usize, shape: &[usize]| -> Result<Cow<'a, [f32]>, KernelError> {
                     let data = input(inputs, i, shape.iter().product())?;
+                    if data.len() == self.len {
+                        return Ok(Cow::Borrowed(data));
+                    }
                     let strides = broadcast_strides(shape, row_shape)
                         .ok_or_else(|| invalid!("input {i} does not broadcast to {row_shape:?}"))?;
                     let mut out = vec![0.0; self.len];
                     for_each_offset(row_shape, &strides, |j, off| out[j] = data[off]);
-                    Ok(out)
+                    Ok(Cow::Owned(out))
                 };
                 let b = match bias {
                     Some(shape) => expand(2, shape)?,
-                    None => vec![0.0; self.len],
+                    None => Cow::Owned(vec![0.0; self.len]),
                 };
-                Ok((Cow::Owned(expand(1, scale)?), Cow::Owned(b)))
+                Ok((expand(1, scale)?, b))
             }
         }
     }
@@ -763,6 +767,24 @@ mod tests {
                 -1.3641206,
             ],
         );
+    }
+
+    #[test]
+    fn empty_inputs_run() {
+        let x = t(&[1, 0, 3], &[]);
+        let none = t(&[0], &[]);
+        let y = run(
+            "InstanceNormalization",
+            eps(1e-5),
+            &[&x, &none, &none],
+            &[&[1, 0, 3]],
+        );
+        assert_eq!(y[0].shape(), &[1, 0, 3]);
+        let x = t(&[0, 2, 3], &[]);
+        let two = t(&[2], &[1.0, 1.0]);
+        let inputs = [&x, &two, &two, &two, &two];
+        let y = run("BatchNormalization", eps(1e-5), &inputs, &[&[0, 2, 3]]);
+        assert_eq!(y[0].shape(), &[0, 2, 3]);
     }
 
     #[test]

@@ -107,7 +107,8 @@ struct Pool {
     planes: usize,
     /// Per lifted dimension, per output position.
     taps: [Vec<Taps>; DIMS],
-    /// Per tap along W: the output columns it reaches and its offset in the input row.
+    /// Per tap along W that reaches the input: the output columns it reaches and its offset
+    /// in the input row.
     cols: Vec<(Range<usize>, isize)>,
     /// Whether D is not pooled (kernel 1, stride 1, no padding): the H pass writes the output.
     flat_d: bool,
@@ -177,7 +178,10 @@ impl Pool {
                         (o * win.strides[d]) as isize,
                     );
                     Taps {
-                        start: (inside.start * win.dilations[d]).wrapping_add_signed(first),
+                        start: match inside.is_empty() {
+                            true => 0,
+                            false => (inside.start * win.dilations[d]).wrapping_add_signed(first),
+                        },
                         count: inside.len(),
                         padded: padded.len(),
                     }
@@ -193,6 +197,7 @@ impl Pool {
                     off,
                 )
             })
+            .filter(|(range, _)| !range.is_empty())
             .collect();
         let flat_d = win.kernel[0] == 1
             && win.strides[0] == 1
@@ -724,6 +729,19 @@ mod tests {
         let x = ramp(&[1, 1, 3, 3, 4], 5);
         let out = eval("AveragePool", &a, &[&x], &[f32_out(&[1, 1, 3, 2, 3])]).unwrap();
         close(out[0].as_slice().unwrap(), &expected);
+    }
+
+    #[test]
+    fn windows_wider_than_the_input() {
+        // By hand: one value under a 3-wide window padded by 1 on both sides.
+        let x = Tensor::from_vec(vec![1, 1, 1], &[-4.0f32]).unwrap();
+        let a = window(&[3], &[1], &[1, 1])
+            .with("storage_order", AttrValue::Int(0))
+            .with("count_include_pad", AttrValue::Int(1));
+        for (op, want) in [("MaxPool", -4.0), ("AveragePool", -4.0 / 3.0)] {
+            let out = eval(op, &a, &[&x], &[f32_out(&[1, 1, 1])]).unwrap();
+            close(out[0].as_slice().unwrap(), &[want]);
+        }
     }
 
     #[test]

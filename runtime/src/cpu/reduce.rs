@@ -18,19 +18,6 @@ use ingot_schema::DType;
 mod arg;
 mod softmax;
 
-const REDUCE_OPS: &[&str] = &[
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceSumSquare",
-];
-
 pub const OPS: &[&str] = &[
     "ReduceSum",
     "ReduceMean",
@@ -53,12 +40,12 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "ArgMax" | "ArgMin" => arg::prepare(cx),
         "Softmax" | "LogSoftmax" | "Hardmax" => softmax::prepare(cx),
-        op if REDUCE_OPS.contains(&op) => prepare_reduce(cx),
+        op if Kind::of(op).is_some() => prepare_reduce(cx),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
 }
 
-/// Checks that `out` is the single output and has `shape` and `dtype`.
+/// Checks that the (single) output is declared with `dtype` and `shape`.
 fn check_output(cx: &OpCx, dtype: DType, shape: &[usize]) -> Result<(), KernelError> {
     let out = &cx.outputs[0];
     if out.dtype != dtype || out.shape != shape {
@@ -261,24 +248,37 @@ trait Num: Element + PartialOrd {
     fn is_nan(self) -> bool;
 }
 
-impl Num for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const LOWEST: Self = f32::NEG_INFINITY;
-    const HIGHEST: Self = f32::INFINITY;
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    fn abs(self) -> Self {
-        f32::abs(self)
-    }
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
+/// The float-only steps: roots, logarithms, means.
+trait Float: Num + std::ops::Sub<Output = Self> + std::ops::Div<Output = Self> {
+    fn of_count(n: usize) -> Self;
+    fn sqrt(self) -> Self;
+    fn ln(self) -> Self;
+    fn exp(self) -> Self;
+    fn is_finite(self) -> bool;
 }
+
+macro_rules! float_num {
+    ($($t:ident),*) => {$(
+        impl Num for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const LOWEST: Self = $t::NEG_INFINITY;
+            const HIGHEST: Self = $t::INFINITY;
+            fn add(self, o: Self) -> Self { self + o }
+            fn mul(self, o: Self) -> Self { self * o }
+            fn abs(self) -> Self { $t::abs(self) }
+            fn is_nan(self) -> bool { $t::is_nan(self) }
+        }
+        impl Float for $t {
+            fn of_count(n: usize) -> Self { n as $t }
+            fn sqrt(self) -> Self { $t::sqrt(self) }
+            fn ln(self) -> Self { $t::ln(self) }
+            fn exp(self) -> Self { $t::exp(self) }
+            fn is_finite(self) -> bool { $t::is_finite(self) }
+        }
+    )*};
+}
+float_num!(f32, f64);
 
 macro_rules! int_num {
     ($($t:ty),*) => {$(
@@ -306,8 +306,9 @@ fn prepare_reduce(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let kind = Kind::of(cx.op).ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
     let x = &cx.inputs[0];
     match x.dtype {
-        DType::F32 => {}
+        DType::F32 | DType::F64 => {}
         DType::I32 | DType::I64 if kind.integral() => {}
+        DType::Bool if matches!(kind, Kind::Max | Kind::Min) => {}
         dt => return Err(cx.dtype_error(dt)),
     }
     let rank = x.shape.len();
@@ -343,7 +344,9 @@ impl Kernel for Reduce {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let (x, y) = (&inputs[0], &mut outputs[0]);
         match x.dtype {
-            DType::F32 => self.run_f32(x.as_slice()?, y.as_slice_mut()?),
+            DType::F32 => self.run_float::<f32>(x.as_slice()?, y.as_slice_mut()?),
+            DType::F64 => self.run_float::<f64>(x.as_slice()?, y.as_slice_mut()?),
+            DType::Bool => self.run_bool(x.as_slice()?, y.as_slice_mut()?),
             DType::I32 => self.run_typed::<i32>(x.as_slice()?, y.as_slice_mut()?),
             DType::I64 => self.run_typed::<i64>(x.as_slice()?, y.as_slice_mut()?),
             dt => Err(invalid!("reduction on {dt}")),
@@ -378,24 +381,38 @@ impl Reduce {
         Ok(())
     }
 
-    fn run_f32(&self, x: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
+    fn run_float<T: Float>(&self, x: &[T], out: &mut [T]) -> Result<(), KernelError> {
         self.run_typed(x, out)?;
-        let n = self.plan.count as f32;
+        let n = T::of_count(self.plan.count);
         match self.kind {
-            Kind::Mean => out.iter_mut().for_each(|v| *v /= n),
+            Kind::Mean => out.iter_mut().for_each(|v| *v = *v / n),
             Kind::L2 => out.iter_mut().for_each(|v| *v = v.sqrt()),
             Kind::LogSum => out.iter_mut().for_each(|v| *v = v.ln()),
             Kind::LogSumExp => {
                 // `out` holds the maxima: log Σ exp(x) = m + log Σ exp(x - m).
                 let m = out.to_vec();
-                out.fill(0.0);
-                self.plan.fold(x, out, |a, v, o| a + (v - m[o]).exp());
+                out.fill(T::ZERO);
+                self.plan.fold(x, out, |a, v, o| a.add((v - m[o]).exp()));
                 for (v, &m) in out.iter_mut().zip(&m) {
                     // An infinite maximum (or an empty set: -inf) is the answer itself.
-                    *v = if m.is_finite() { m + v.ln() } else { m };
+                    *v = if m.is_finite() { m.add(v.ln()) } else { m };
                 }
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Max is "any", Min is "all"; bools are bytes of 0 or 1.
+    fn run_bool(&self, x: &[u8], out: &mut [u8]) -> Result<(), KernelError> {
+        let p = &self.plan;
+        check_lens("reduction", x.len(), p.in_len, out.len(), p.out_len)?;
+        if self.kind == Kind::Max {
+            out.fill(0);
+            p.fold(x, out, |a, v, _| a | (v != 0) as u8);
+        } else {
+            out.fill(1);
+            p.fold(x, out, |a, v, _| a & (v != 0) as u8);
         }
         Ok(())
     }
@@ -527,6 +544,25 @@ mod tests {
             &[TensorDesc::new(DType::I32, vec![1])],
         );
         assert!(mean.is_err());
+    }
+
+    #[test]
+    fn bools_and_doubles() {
+        // Max is any, Min is all (and true over an empty set).
+        let b = Tensor::from_bools(vec![2, 2], &[true, false, false, false]).unwrap();
+        let out = [TensorDesc::new(DType::Bool, vec![2])];
+        let any = eval("ReduceMax", &attrs(&[1], 0), &[&b], &out).unwrap();
+        assert_eq!(any[0].as_slice::<u8>().unwrap(), [1, 0]);
+        let all = eval("ReduceMin", &attrs(&[0], 0), &[&b], &out).unwrap();
+        assert_eq!(all[0].as_slice::<u8>().unwrap(), [0, 0]);
+        let empty = Tensor::from_bools(vec![2, 0], &[]).unwrap();
+        let all = eval("ReduceMin", &attrs(&[1], 0), &[&empty], &out).unwrap();
+        assert_eq!(all[0].as_slice::<u8>().unwrap(), [1, 1]);
+        // np.mean([[1, 2], [4, 8]], 0) = [2.5, 5]
+        let d = Tensor::from_vec(vec![2, 2], &[1f64, 2., 4., 8.]).unwrap();
+        let out = [TensorDesc::new(DType::F64, vec![2])];
+        let mean = eval("ReduceMean", &attrs(&[0], 0), &[&d], &out).unwrap();
+        assert_eq!(mean[0].to_vec::<f64>().unwrap(), [2.5, 5.0]);
     }
 
     #[test]

@@ -25,15 +25,21 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
     let rank = x.shape.len();
     if y.dtype != x.dtype || y.shape.len() != rank {
-        return Err(invalid!("Resize output {y:?} does not match its input {x:?}"));
+        return Err(invalid!(
+            "Resize output {y:?} does not match its input {x:?}"
+        ));
     }
     let a = cx.attrs;
     let (scales, sizes, roi) = (a.floats("scales")?, a.ints("sizes")?, a.floats("roi")?);
     if scales.len() != rank || roi.len() != 2 * rank {
-        return Err(invalid!("Resize scales or roi do not have one entry per axis"));
+        return Err(invalid!(
+            "Resize scales or roi do not have one entry per axis"
+        ));
     }
     if sizes.iter().zip(&y.shape).any(|(&s, &d)| s != d as i64) || sizes.len() != rank {
-        return Err(invalid!("Resize sizes {sizes:?} do not match its output {y:?}"));
+        return Err(invalid!(
+            "Resize sizes {sizes:?} do not match its output {y:?}"
+        ));
     }
     let coord = Coord::parse(a.text("coordinate_transformation_mode")?)?;
     let geom = |d: usize| Geom {
@@ -126,7 +132,11 @@ impl Coord {
             "align_corners" => Coord::AlignCorners,
             "asymmetric" => Coord::Asymmetric,
             "tf_crop_and_resize" => Coord::TfCropAndResize,
-            m => return Err(invalid!("Resize coordinate_transformation_mode {m} is unknown")),
+            m => {
+                return Err(invalid!(
+                    "Resize coordinate_transformation_mode {m} is unknown"
+                ));
+            }
         })
     }
 }
@@ -241,7 +251,7 @@ impl Geom {
             let xp = x + pad;
             let frac = xp - xp.floor();
             let half = (n / 2) as f64;
-            let offset = if n % 2 == 0 {
+            let offset = if n.is_multiple_of(2) {
                 if frac == 0.0 { -half } else { 1.0 - half }
             } else {
                 let base = -(((n - 1) / 2) as f64);
@@ -448,7 +458,9 @@ impl Kernel for Interp {
                 Ok(())
             }
             DType::F64 => through_f32::<f64>(self, src, dst, |v| v as f32, f64::from),
-            DType::F16 => through_f32::<half::f16>(self, src, dst, half::f16::to_f32, half::f16::from_f32),
+            DType::F16 => {
+                through_f32::<half::f16>(self, src, dst, half::f16::to_f32, half::f16::from_f32)
+            }
             dt => Err(invalid!("Resize does not interpolate {dt}")),
         }
     }

@@ -96,7 +96,7 @@ impl Act {
             Act::LeakyRelu(a) => each(xs, |x| if x >= 0.0 { x } else { a * x }),
             Act::ThresholdedRelu(a) => each(xs, |x| if x > a { x } else { 0.0 }),
             Act::ScaledTanh(a, b) => each(xs, |x| a * (b * x).tanh()),
-            Act::HardSigmoid(a, b) => each(xs, |x| (a * x + b).max(0.0).min(1.0)),
+            Act::HardSigmoid(a, b) => each(xs, |x| (a * x + b).clamp(0.0, 1.0)),
             Act::Elu(a) => each(xs, |x| if x >= 0.0 { x } else { a * (x.exp() - 1.0) }),
             Act::Softsign => each(xs, |x| x / (1.0 + x.abs())),
             Act::Softplus => each(xs, |x| if x > 20.0 { x } else { x.exp().ln_1p() }),
@@ -247,7 +247,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         l => return Err(invalid!("{}: layout {l} is not 0 or 1", cx.op)),
     };
     let clip = a.float("clip")?;
-    if !(clip > 0.0) {
+    if clip.is_nan() || clip <= 0.0 {
         return Err(invalid!("{}: clip must be positive, got {clip}", cx.op));
     }
 
@@ -365,6 +365,16 @@ fn gemm_abt(
         c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
         return Ok(());
     }
+    if m <= SMALL_M {
+        // A recurrent step of a small batch is a few matrix-vector products: contiguous dot
+        // products beat sgemm, which repacks all of `b` on every call.
+        for (a, c) in a.chunks_exact(k).zip(c.chunks_mut(ldc)).take(m) {
+            for (c, b) in c[..n].iter_mut().zip(b.chunks_exact(k)) {
+                *c = dot(a, b);
+            }
+        }
+        return Ok(());
+    }
     // SAFETY: the checks above keep every element sgemm touches inside `a`, `b` and `c`:
     // a[i*k + p], b[j*k + p] and c[i*ldc + j] for i < m, j < n, p < k. `c` is borrowed
     // mutably, so it overlaps neither input. Slice lengths fit in isize.
@@ -388,6 +398,27 @@ fn gemm_abt(
         );
     }
     Ok(())
+}
+
+/// Up to this many rows of `a`, `gemm_abt` computes dot products instead of calling sgemm.
+const SMALL_M: usize = 4;
+
+/// `Σ a[i] * b[i]`, in eight independent sums so that it vectorises.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for ((s, x), y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 fn add(acc: &mut [f32], x: &[f32]) {
@@ -1005,6 +1036,36 @@ mod tests {
         check("RNN", &a, &inputs, &[&[3, 1, 2, 3], &[1, 2, 3]], &want);
         // Only Y asked for.
         check("RNN", &a, &inputs, &[&[3, 1, 2, 3]], &want[..1]);
+    }
+
+    #[test]
+    fn a_large_batch_runs_like_its_rows_alone() {
+        // Batches above SMALL_M take the sgemm path for the recurrent product; each row must
+        // match the dot-product path on that row alone (checked against onnxruntime above).
+        let a = on(attrs("forward", "Sigmoid,Tanh", 2), &["has_bias"]);
+        let (seq, batch) = (3, 6);
+        let x = data(&[seq, batch, 2], 0);
+        let (w, r, b) = (data(&[1, 9, 2], 1), data(&[1, 9, 3], 2), data(&[1, 18], 3));
+        let y_desc = |n: usize| [TensorDesc::new(DType::F32, vec![seq, 1, n, 3])];
+        let all = eval("GRU", &a, &[&x, &w, &r, &b], &y_desc(batch)).unwrap();
+        let all = all[0].as_slice::<f32>().unwrap();
+        let xs = x.as_slice::<f32>().unwrap();
+        for row in 0..batch {
+            let xr: Vec<f32> = (0..seq)
+                .flat_map(|t| xs[(t * batch + row) * 2..][..2].to_vec())
+                .collect();
+            let xr = Tensor::from_vec(vec![seq, 1, 2], &xr).unwrap();
+            let one = eval("GRU", &a, &[&xr, &w, &r, &b], &y_desc(1)).unwrap();
+            for (t, got) in one[0].as_slice::<f32>().unwrap().chunks(3).enumerate() {
+                let want = &all[(t * batch + row) * 3..][..3];
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        (g - w).abs() < 1e-6,
+                        "row {row} step {t}: {got:?} vs {want:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Index ops. Canonical attributes: Gather, GatherElements and ScatterElements `axis`;
-//! GatherND `batch_dims`; ScatterND and ScatterElements `reduction` (only "none" runs);
+//! GatherND `batch_dims`; ScatterND and ScatterElements `reduction`;
 //! OneHot `axis` (against the output rank) and `depth`, its inputs reduced to
 //! `[indices, values]`.
 
@@ -19,8 +19,8 @@ fn lower_axis(node: &mut Node, cx: &LowerCx, default: i64, extra: usize) -> OpRe
 
 fn lower_reduction(node: &mut Node) -> OpResult<()> {
     let r = node.attrs.text_or("reduction", "none")?.to_string();
-    if r != "none" {
-        return Err(op_err!("reduction {r} is not supported"));
+    if !matches!(r.as_str(), "none" | "add" | "mul" | "max" | "min") {
+        return Err(op_err!("reduction {r} is unknown"));
     }
     node.attrs.set("reduction", AttrValue::Text(r));
     Ok(())
@@ -56,7 +56,11 @@ pub(super) fn infer_gather_elements(
     let (data, idx) = (arg(inputs, 0)?, indices_arg(inputs, 1)?);
     axis_attr(node, data.shape.len())?;
     if idx.shape.len() != data.shape.len() {
-        return Err(op_err!("indices {:?} and data {:?} differ in rank", idx.shape, data.shape));
+        return Err(op_err!(
+            "indices {:?} and data {:?} differ in rank",
+            idx.shape,
+            data.shape
+        ));
     }
     Ok(vec![TensorDesc::new(data.dtype, idx.shape.clone())])
 }
@@ -97,7 +101,11 @@ pub(super) fn lower_scatter_elements(node: &mut Node, cx: &LowerCx) -> OpResult<
 pub(super) fn infer_scatter(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let (data, _, updates) = (arg(inputs, 0)?, indices_arg(inputs, 1)?, arg(inputs, 2)?);
     if updates.dtype != data.dtype {
-        return Err(op_err!("updates are {}, data {}", updates.dtype, data.dtype));
+        return Err(op_err!(
+            "updates are {}, data {}",
+            updates.dtype,
+            data.dtype
+        ));
     }
     Ok(vec![data.clone()])
 }

@@ -5,12 +5,10 @@
 //!   index 0");
 //! - Pad `pads` (begins then ends, every axis), `mode`, `value` (a scalar of the input's type);
 //! - Tile `repeats`; Expand `shape` (the broadcast output shape);
-//! - DepthToSpace `blocksize`, `mode`; SpaceToDepth `blocksize`;
+//! - DepthToSpace and SpaceToDepth `blocksize`, `mode`;
 //! - Trilu `upper`, `k`; CumSum `axis`, `exclusive`, `reverse`.
 
-use super::{
-    arg, attr_or_input, axis_attr, const_scalar, ints, keep_inputs, scalar, usizes,
-};
+use super::{arg, attr_or_input, axis_attr, const_scalar, ints, keep_inputs, scalar, usizes};
 use crate::ir::Node;
 use crate::ops::{LowerCx, OpResult, broadcast_shapes, normalize_axis, op_err};
 use ingot_runtime::TensorDesc;
@@ -62,7 +60,9 @@ pub(super) fn infer_concat(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<
             && x.shape.len() == shape.len()
             && (0..shape.len()).all(|d| d == axis || x.shape[d] == shape[d]);
         if !fits {
-            return Err(op_err!("cannot concatenate {x:?} with {first:?} on axis {axis}"));
+            return Err(op_err!(
+                "cannot concatenate {x:?} with {first:?} on axis {axis}"
+            ));
         }
         shape[axis] += x.shape[axis];
     }
@@ -135,7 +135,12 @@ pub(super) fn lower_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let (starts, ends, axes, steps) = if cx.opset < 10 {
         let a = &node.attrs;
         let get = |n: &str| a.ints_opt(n).map(|v| v.map(<[i64]>::to_vec));
-        (need(get("starts")?, "starts")?, need(get("ends")?, "ends")?, get("axes")?, None)
+        (
+            need(get("starts")?, "starts")?,
+            need(get("ends")?, "ends")?,
+            get("axes")?,
+            None,
+        )
     } else {
         (
             need(cx.const_ints(1, "starts")?, "starts")?,
@@ -232,7 +237,10 @@ pub(super) fn lower_pad(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         None => (0..rank).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(op_err!("pads {pads:?} need two entries for each of {} axes", axes.len()));
+        return Err(op_err!(
+            "pads {pads:?} need two entries for each of {} axes",
+            axes.len()
+        ));
     }
     let mut full = vec![0; 2 * rank];
     for (i, &d) in axes.iter().enumerate() {
@@ -277,7 +285,10 @@ pub(super) fn infer_tile(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Te
     let x = arg(inputs, 0)?;
     let reps = usizes(node, "repeats")?;
     if reps.len() != x.shape.len() {
-        return Err(op_err!("repeats {reps:?} need one entry per axis of {:?}", x.shape));
+        return Err(op_err!(
+            "repeats {reps:?} need one entry per axis of {:?}",
+            x.shape
+        ));
     }
     let shape: Vec<usize> = x.shape.iter().zip(&reps).map(|(d, r)| d * r).collect();
     Ok(vec![TensorDesc::new(x.dtype, shape)])
@@ -322,6 +333,7 @@ fn nchw(x: &TensorDesc) -> OpResult<[usize; 4]> {
         .map_err(|_| op_err!("input {:?} must be 4-d", x.shape))
 }
 
+/// DepthToSpace, and SpaceToDepth (which has `mode` from opset 25): `blocksize`, `mode`.
 pub(super) fn lower_depth_to_space(node: &mut Node, _: &LowerCx) -> OpResult<()> {
     blocksize(node)?;
     let mode = node.attrs.text_or("mode", "DCR")?.to_string();
@@ -341,11 +353,10 @@ pub(super) fn infer_depth_to_space(
     if c % (b * b) != 0 {
         return Err(op_err!("{c} channels do not split into {b}x{b} blocks"));
     }
-    Ok(vec![TensorDesc::new(x.dtype, [n, c / (b * b), h * b, w * b])])
-}
-
-pub(super) fn lower_space_to_depth(node: &mut Node, _: &LowerCx) -> OpResult<()> {
-    blocksize(node).map(|_| ())
+    Ok(vec![TensorDesc::new(
+        x.dtype,
+        [n, c / (b * b), h * b, w * b],
+    )])
 }
 
 pub(super) fn infer_space_to_depth(

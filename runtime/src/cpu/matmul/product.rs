@@ -25,6 +25,10 @@ pub struct Axis {
 }
 
 impl Axis {
+    pub fn new(size: usize, a: usize, b: usize, c: usize) -> Axis {
+        Axis { size, a, b, c }
+    }
+
     /// An index of extent 1: addresses nothing.
     const UNIT: Axis = Axis {
         size: 1,
@@ -85,6 +89,9 @@ impl Plan {
 
     /// How many elements of A, B and C the product reaches (the largest offset plus one).
     pub fn extents(&self) -> [usize; 3] {
+        if self.empty {
+            return [0; 3];
+        }
         let all = [&self.m, &self.n, &self.k].into_iter().chain(&self.outer);
         let mut ext = [1usize; 3];
         for x in all {
@@ -355,7 +362,7 @@ mod tests {
     use super::*;
 
     fn ax(size: usize, a: usize, b: usize, c: usize) -> Axis {
-        Axis { size, a, b, c }
+        Axis::new(size, a, b, c)
     }
 
     #[test]

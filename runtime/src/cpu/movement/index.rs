@@ -1,7 +1,9 @@
 //! Ops driven by an index tensor read at run time: Gather, GatherElements, GatherND, ScatterND,
 //! ScatterElements, OneHot. Indices are checked as they are read; a bad one is an error.
 
-use super::{by_size, cast, cast_mut, input, output, read_ints, strides, wrap_index};
+use super::{
+    Numeric, by_numeric, by_size, cast, cast_mut, input, output, read_ints, strides, wrap_index,
+};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorDesc, TensorMut, TensorRef};
@@ -49,7 +51,6 @@ impl Kernel for Gather {
         let src = input(inputs, 0, self.outer * self.n * self.block)?;
         let count = self.indices.elements();
         let idx = read_ints(inputs, 1, count)?
-
             .iter()
             .map(|&i| wrap_index(i, self.n))
             .collect::<Result<Vec<_>, _>>()?;
@@ -131,7 +132,10 @@ fn elements_shapes(cx: &OpCx, data: &[usize], idx: &[usize]) -> Result<usize, Ke
             .enumerate()
             .all(|(d, (i, n))| d == axis || i <= n);
     if !fits {
-        return Err(invalid!("{} indices {idx:?} do not fit data {data:?}", cx.op));
+        return Err(invalid!(
+            "{} indices {idx:?} do not fit data {data:?}",
+            cx.op
+        ));
     }
     Ok(axis)
 }
@@ -140,31 +144,27 @@ struct Elements {
     data: Vec<usize>,
     indices: Vec<usize>,
     axis: usize,
-    esize: usize,
-    scatter: bool,
+    dtype: DType,
+    /// `None` for GatherElements.
+    scatter: Option<Reduction>,
 }
 
 impl Kernel for Elements {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let n_data = self.data.iter().product::<usize>() * self.esize;
+        let esize = self.dtype.size();
+        let n_data = self.data.iter().product::<usize>() * esize;
         let n_idx = self.indices.iter().product::<usize>();
         let data = input(inputs, 0, n_data)?;
         let idx = read_ints(inputs, 1, n_idx)?;
         let offs = element_offsets(&self.data, &self.indices, self.axis, &idx)?;
-        if self.scatter {
-            let updates = input(inputs, 2, n_idx * self.esize)?;
+        if let Some(r) = self.scatter {
+            let updates = input(inputs, 2, n_idx * esize)?;
             let dst = output(outputs, 0, n_data)?;
             dst.copy_from_slice(data);
-            by_size!(self.esize, T => {
-                let (dst, upd) = (cast_mut::<T>(dst)?, cast::<T>(updates)?);
-                for (&o, &u) in offs.iter().zip(upd) {
-                    dst[o] = u;
-                }
-                Ok(())
-            })
+            scatter(self.dtype, r, dst, &offs, 1, updates)
         } else {
-            let dst = output(outputs, 0, n_idx * self.esize)?;
-            by_size!(self.esize, T => {
+            let dst = output(outputs, 0, n_idx * esize)?;
+            by_size!(esize, T => {
                 let (dst, src) = (cast_mut::<T>(dst)?, cast::<T>(data)?);
                 for (d, &o) in dst.iter_mut().zip(&offs) {
                     *d = src[o];
@@ -185,34 +185,100 @@ pub(super) fn gather_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError>
         data: data.shape.clone(),
         indices: indices.shape.clone(),
         axis,
-        esize: data.dtype.size(),
-        scatter: false,
+        dtype: data.dtype,
+        scatter: None,
     }))
 }
 
-fn expect_no_reduction(cx: &OpCx) -> Result<(), KernelError> {
-    match cx.attrs.text("reduction")? {
-        "none" => Ok(()),
-        r => Err(invalid!("{} reduction {r} is not supported", cx.op)),
+/// How a scatter combines an update with the value already there.
+#[derive(Clone, Copy, Debug)]
+enum Reduction {
+    Replace,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+impl Reduction {
+    fn parse(cx: &OpCx) -> Result<Reduction, KernelError> {
+        let r = match cx.attrs.text("reduction")? {
+            "none" => Reduction::Replace,
+            "add" => Reduction::Add,
+            "mul" => Reduction::Mul,
+            "max" => Reduction::Max,
+            "min" => Reduction::Min,
+            r => return Err(invalid!("{} reduction {r} is unknown", cx.op)),
+        };
+        let dt = cx.inputs[0].dtype;
+        if dt == DType::Bool && !matches!(r, Reduction::Replace) {
+            return Err(cx.dtype_error(dt));
+        }
+        Ok(r)
     }
+
+    fn apply<T: Numeric>(self, old: T, new: T) -> T {
+        match self {
+            Reduction::Replace => new,
+            Reduction::Add => old.add(new),
+            Reduction::Mul => old.mul(new),
+            Reduction::Max if new > old => new,
+            Reduction::Min if new < old => new,
+            Reduction::Max | Reduction::Min => old,
+        }
+    }
+}
+
+/// Writes `slice` elements of `updates` at each offset of `dst`, in order (a later update to
+/// the same place sees the earlier ones).
+fn scatter(
+    dtype: DType,
+    r: Reduction,
+    dst: &mut [u8],
+    offsets: &[usize],
+    slice: usize,
+    updates: &[u8],
+) -> Result<(), KernelError> {
+    if slice == 0 {
+        return Ok(());
+    }
+    if let Reduction::Replace = r {
+        let b = slice * dtype.size();
+        for (&o, u) in offsets.iter().zip(updates.chunks_exact(b)) {
+            let at = o * dtype.size();
+            dst[at..at + b].copy_from_slice(u);
+        }
+        return Ok(());
+    }
+    by_numeric!(dtype, T => {
+        let (dst, upd) = (cast_mut::<T>(dst)?, cast::<T>(updates)?);
+        for (&o, u) in offsets.iter().zip(upd.chunks_exact(slice)) {
+            for (d, &u) in dst[o..o + slice].iter_mut().zip(u) {
+                *d = r.apply(*d, u);
+            }
+        }
+        Ok(())
+    })
 }
 
 pub(super) fn scatter_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(3..=3, 1)?;
-    expect_no_reduction(cx)?;
+    let reduction = Reduction::parse(cx)?;
     let (data, indices, updates) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
     expect_indices(cx, indices)?;
     let axis = elements_shapes(cx, &data.shape, &indices.shape)?;
     if updates.shape != indices.shape || updates.dtype != data.dtype {
-        return Err(invalid!("ScatterElements updates {updates:?} do not match the indices"));
+        return Err(invalid!(
+            "ScatterElements updates {updates:?} do not match the indices"
+        ));
     }
     expect_output(cx, data.dtype, &data.shape)?;
     Ok(Box::new(Elements {
         data: data.shape.clone(),
         indices: indices.shape.clone(),
         axis,
-        esize: data.dtype.size(),
-        scatter: true,
+        dtype: data.dtype,
+        scatter: Some(reduction),
     }))
 }
 
@@ -223,13 +289,18 @@ struct Nd {
     data: Vec<usize>,
     indices: Vec<usize>,
     batch: usize,
-    esize: usize,
-    scatter: bool,
+    dtype: DType,
+    /// `None` for GatherND.
+    scatter: Option<Reduction>,
 }
 
 impl Nd {
     /// Validates the shapes; returns the layout and the gathered (or scattered) shape.
-    fn new(cx: &OpCx, batch: usize, scatter: bool) -> Result<(Nd, Vec<usize>), KernelError> {
+    fn new(
+        cx: &OpCx,
+        batch: usize,
+        scatter: Option<Reduction>,
+    ) -> Result<(Nd, Vec<usize>), KernelError> {
         let (data, indices) = (&cx.inputs[0], &cx.inputs[1]);
         expect_indices(cx, indices)?;
         let (r, q) = (data.shape.len(), indices.shape.len());
@@ -250,7 +321,7 @@ impl Nd {
             data: data.shape.clone(),
             indices: indices.shape.clone(),
             batch,
-            esize: data.dtype.size(),
+            dtype: data.dtype,
             scatter,
         };
         Ok((nd, slices))
@@ -265,7 +336,9 @@ impl Nd {
         let batch_stride: usize = self.data[b..].iter().product();
         let tuples_per_batch: usize = self.indices[b..self.indices.len() - 1].iter().product();
         let mut out = Vec::with_capacity(idx.len() / k.max(1));
-        let tuples = self.indices[..self.indices.len() - 1].iter().product::<usize>();
+        let tuples = self.indices[..self.indices.len() - 1]
+            .iter()
+            .product::<usize>();
         for t in 0..tuples {
             let tuple = &idx[t * k..(t + 1) * k];
             let mut off = (t / tuples_per_batch.max(1)) * batch_stride;
@@ -280,25 +353,24 @@ impl Nd {
 
 impl Kernel for Nd {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let n_data = self.data.iter().product::<usize>() * self.esize;
+        let esize = self.dtype.size();
+        let n_data = self.data.iter().product::<usize>() * esize;
         let data = input(inputs, 0, n_data)?;
         let idx = read_ints(inputs, 1, self.indices.iter().product())?;
         let (offs, slice) = self.offsets(&idx)?;
-        let b = slice * self.esize;
-        if self.scatter {
+        let b = slice * esize;
+        if let Some(r) = self.scatter {
             let updates = input(inputs, 2, offs.len() * b)?;
             let dst = output(outputs, 0, n_data)?;
             dst.copy_from_slice(data);
-            for (&o, u) in offs.iter().zip(updates.chunks_exact(b.max(1))) {
-                dst[o * self.esize..o * self.esize + b].copy_from_slice(u);
-            }
+            scatter(self.dtype, r, dst, &offs, slice, updates)
         } else {
             let dst = output(outputs, 0, offs.len() * b)?;
             for (&o, d) in offs.iter().zip(dst.chunks_exact_mut(b.max(1))) {
-                d.copy_from_slice(&data[o * self.esize..o * self.esize + b]);
+                d.copy_from_slice(&data[o * esize..o * esize + b]);
             }
+            Ok(())
         }
-        Ok(())
     }
 }
 
@@ -306,15 +378,14 @@ pub(super) fn gather_nd(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(2..=2, 1)?;
     let batch = usize::try_from(cx.attrs.int("batch_dims")?)
         .map_err(|_| invalid!("GatherND batch_dims must not be negative"))?;
-    let (nd, shape) = Nd::new(cx, batch, false)?;
+    let (nd, shape) = Nd::new(cx, batch, None)?;
     expect_output(cx, cx.inputs[0].dtype, &shape)?;
     Ok(Box::new(nd))
 }
 
 pub(super) fn scatter_nd(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(3..=3, 1)?;
-    expect_no_reduction(cx)?;
-    let (nd, shape) = Nd::new(cx, 0, true)?;
+    let (nd, shape) = Nd::new(cx, 0, Some(Reduction::parse(cx)?))?;
     let (data, updates) = (&cx.inputs[0], &cx.inputs[2]);
     if updates.shape != shape || updates.dtype != data.dtype {
         return Err(invalid!(
@@ -369,14 +440,11 @@ pub(super) fn one_hot(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let depth = usize::try_from(cx.attrs.int("depth")?)
         .map_err(|_| invalid!("OneHot depth must not be negative"))?;
     if values.elements() != 2 {
-        return Err(invalid!("OneHot values must hold [off, on], got {values:?}"));
+        return Err(invalid!(
+            "OneHot values must hold [off, on], got {values:?}"
+        ));
     }
-    let shape = [
-        &indices.shape[..axis],
-        &[depth][..],
-        &indices.shape[axis..],
-    ]
-    .concat();
+    let shape = [&indices.shape[..axis], &[depth][..], &indices.shape[axis..]].concat();
     expect_output(cx, values.dtype, &shape)?;
     Ok(Box::new(OneHot {
         outer: indices.shape[..axis].iter().product(),

@@ -1,11 +1,10 @@
 //! The family's ops that produce values rather than only move them: Trilu (zeros), CumSum,
 //! ConstantOfShape and Range.
 
-use super::{Scalar, cast, cast_mut, fill, input, output, same_dtype};
+use super::{Numeric, Scalar, by_numeric, cast, cast_mut, fill, input, output, same_dtype};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
-use bytemuck::Pod;
 use ingot_schema::DType;
 
 // ---- Trilu ----
@@ -29,7 +28,11 @@ impl Kernel for Trilu {
         if row == 0 {
             return Ok(());
         }
-        for (r, (d, s)) in dst.chunks_exact_mut(row).zip(src.chunks_exact(row)).enumerate() {
+        for (r, (d, s)) in dst
+            .chunks_exact_mut(row)
+            .zip(src.chunks_exact(row))
+            .enumerate()
+        {
             let i = (r % self.rows) as i64;
             let clamp = |j: i64| j.clamp(0, self.cols as i64) as usize * self.esize;
             let (lo, hi) = if self.upper {
@@ -50,10 +53,16 @@ pub(super) fn trilu(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let desc = &cx.inputs[0];
     same_dtype(cx)?;
     if cx.outputs[0] != *desc {
-        return Err(invalid!("Trilu output {:?} differs from its input", cx.outputs[0]));
+        return Err(invalid!(
+            "Trilu output {:?} differs from its input",
+            cx.outputs[0]
+        ));
     }
     let [rows, cols] = desc.shape[desc.shape.len().saturating_sub(2)..] else {
-        return Err(invalid!("Trilu needs at least 2 dims, got {:?}", desc.shape));
+        return Err(invalid!(
+            "Trilu needs at least 2 dims, got {:?}",
+            desc.shape
+        ));
     };
     Ok(Box::new(Trilu {
         rows,
@@ -67,29 +76,6 @@ pub(super) fn trilu(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
 
 // ---- CumSum ----
 
-trait Accumulate: Pod {
-    const ZERO: Self;
-    fn add(self, other: Self) -> Self;
-}
-macro_rules! accumulate {
-    (float: $($t:ty),*) => { $(impl Accumulate for $t {
-        const ZERO: Self = 0.0;
-        fn add(self, o: Self) -> Self { self + o }
-    })* };
-    (int: $($t:ty),*) => { $(impl Accumulate for $t {
-        const ZERO: Self = 0;
-        fn add(self, o: Self) -> Self { self.wrapping_add(o) }
-    })* };
-}
-accumulate!(float: f32, f64);
-accumulate!(int: i32, i64, u32, u64);
-impl Accumulate for half::f16 {
-    const ZERO: Self = half::f16::ZERO;
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-}
-
 /// Running sums along the middle axis of `[outer, n, inner]`.
 struct CumSum {
     dtype: DType,
@@ -101,7 +87,7 @@ struct CumSum {
 }
 
 impl CumSum {
-    fn apply<T: Accumulate>(&self, src: &[u8], dst: &mut [u8]) -> Result<(), KernelError> {
+    fn apply<T: Numeric>(&self, src: &[u8], dst: &mut [u8]) -> Result<(), KernelError> {
         let (src, dst) = (cast::<T>(src)?, cast_mut::<T>(dst)?);
         let (n, inner) = (self.n, self.inner);
         let mut acc = vec![T::ZERO; inner];
@@ -126,16 +112,7 @@ impl Kernel for CumSum {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let bytes = self.outer * self.n * self.inner * self.dtype.size();
         let (src, dst) = (input(inputs, 0, bytes)?, output(outputs, 0, bytes)?);
-        match self.dtype {
-            DType::F32 => self.apply::<f32>(src, dst),
-            DType::F64 => self.apply::<f64>(src, dst),
-            DType::F16 => self.apply::<half::f16>(src, dst),
-            DType::I32 => self.apply::<i32>(src, dst),
-            DType::I64 => self.apply::<i64>(src, dst),
-            DType::U32 => self.apply::<u32>(src, dst),
-            DType::U64 => self.apply::<u64>(src, dst),
-            dt => Err(invalid!("CumSum does not run on {dt}")),
-        }
+        by_numeric!(self.dtype, T => self.apply::<T>(src, dst))
     }
 }
 
@@ -143,14 +120,14 @@ pub(super) fn cum_sum(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(1..=1, 1)?;
     let desc = &cx.inputs[0];
     let dtype = same_dtype(cx)?;
-    if !matches!(
-        dtype,
-        DType::F32 | DType::F64 | DType::F16 | DType::I32 | DType::I64 | DType::U32 | DType::U64
-    ) {
+    if dtype == DType::Bool {
         return Err(cx.dtype_error(dtype));
     }
     if cx.outputs[0] != *desc {
-        return Err(invalid!("CumSum output {:?} differs from its input", cx.outputs[0]));
+        return Err(invalid!(
+            "CumSum output {:?} differs from its input",
+            cx.outputs[0]
+        ));
     }
     let shape = &desc.shape;
     let axis = usize::try_from(cx.attrs.int("axis")?)
@@ -174,7 +151,10 @@ fn output_dtype(cx: &OpCx) -> Result<DType, KernelError> {
     cx.expect_arity(0..=0, 1)?;
     let dt = cx.outputs[0].dtype;
     if cx.attrs.int("dtype")? != i64::from(dt.onnx_code()) {
-        return Err(invalid!("{} dtype attribute does not match its {dt} output", cx.op));
+        return Err(invalid!(
+            "{} dtype attribute does not match its {dt} output",
+            cx.op
+        ));
     }
     Ok(dt)
 }
@@ -213,7 +193,9 @@ impl Kernel for Range {
         let dst = output(outputs, 0, self.len * es)?;
         for (i, d) in dst.chunks_exact_mut(es).enumerate() {
             let v = match (self.start, self.delta) {
-                (Scalar::Int(s), Scalar::Int(k)) => Scalar::Int(s.wrapping_add(k.wrapping_mul(i as i64))),
+                (Scalar::Int(s), Scalar::Int(k)) => {
+                    Scalar::Int(s.wrapping_add(k.wrapping_mul(i as i64)))
+                }
                 (s, k) => Scalar::Float(s.as_f64() + k.as_f64() * i as f64),
             };
             d.copy_from_slice(&v.encode(self.dtype));
@@ -225,7 +207,10 @@ impl Kernel for Range {
 pub(super) fn range(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = output_dtype(cx)?;
     if cx.outputs[0].shape.len() != 1 {
-        return Err(invalid!("Range output must be 1-d, not {:?}", cx.outputs[0].shape));
+        return Err(invalid!(
+            "Range output must be 1-d, not {:?}",
+            cx.outputs[0].shape
+        ));
     }
     Ok(Box::new(Range {
         start: Scalar::attr(cx.attrs, "start")?,

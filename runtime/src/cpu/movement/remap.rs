@@ -74,7 +74,10 @@ impl Axis {
 #[derive(Debug, PartialEq)]
 enum Row {
     /// `len` consecutive input elements from `start`.
-    Run { start: usize, len: usize },
+    Run {
+        start: usize,
+        len: usize,
+    },
     Table(Vec<Option<usize>>),
 }
 
@@ -316,7 +319,10 @@ pub(super) fn slice(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         let len = (span.max(0) as u64).div_ceil(k_abs as u64) as usize;
         // A non-empty slice starts inside the dimension; `Remap::new` checks where it ends.
         if len > 0 && !(0..shape[d] as i64).contains(&s) {
-            return Err(invalid!("Slice start {s} is outside a dimension of {}", shape[d]));
+            return Err(invalid!(
+                "Slice start {s} is outside a dimension of {}",
+                shape[d]
+            ));
         }
         axes.push(Axis::affine(
             len,
@@ -434,7 +440,9 @@ fn blocks(cx: &OpCx) -> Result<(usize, [usize; 4]), KernelError> {
 pub(super) fn depth_to_space(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (b, [n, c, h, w]) = blocks(cx)?;
     if c % (b * b) != 0 {
-        return Err(invalid!("DepthToSpace: {c} channels do not split into {b}x{b} blocks"));
+        return Err(invalid!(
+            "DepthToSpace: {c} channels do not split into {b}x{b} blocks"
+        ));
     }
     let oc = c / (b * b);
     let hw = h * w;
@@ -444,30 +452,31 @@ pub(super) fn depth_to_space(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
         "CRD" => (b * b * hw, b * hw, hw),
         m => return Err(invalid!("DepthToSpace mode {m} is unknown")),
     };
-    let axes = [
-        (n, c * hw),
-        (oc, s_c),
-        (h, w),
-        (b, s_b1),
-        (w, 1),
-        (b, s_b2),
-    ];
+    let axes = [(n, c * hw), (oc, s_c), (h, w), (b, s_b1), (w, 1), (b, s_b2)];
     remap(cx, axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).into())
 }
 
-/// SpaceToDepth: output `[n, c*b*b, h/b, w/b]` read as `[n, b1, b2, c, h', w']`.
+/// SpaceToDepth: output `[n, c*b*b, h/b, w/b]` read as `[n, b1, b2, c, h', w']` (DCR) or
+/// `[n, c, b1, b2, h', w']` (CRD).
 pub(super) fn space_to_depth(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (b, [n, c, h, w]) = blocks(cx)?;
     if h % b != 0 || w % b != 0 {
-        return Err(invalid!("SpaceToDepth: {h}x{w} does not split into {b}x{b} blocks"));
+        return Err(invalid!(
+            "SpaceToDepth: {h}x{w} does not split into {b}x{b} blocks"
+        ));
     }
-    let axes = [
-        (n, c * h * w),
-        (b, w),
-        (b, 1),
-        (c, h * w),
-        (h / b, b * w),
-        (w / b, b),
-    ];
-    remap(cx, axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).into())
+    let (b1, b2, ch) = ((b, w), (b, 1), (c, h * w));
+    let blocks = match cx.attrs.text("mode")? {
+        "DCR" => [b1, b2, ch],
+        "CRD" => [ch, b1, b2],
+        m => return Err(invalid!("SpaceToDepth mode {m} is unknown")),
+    };
+    let axes = [(n, c * h * w)]
+        .into_iter()
+        .chain(blocks)
+        .chain([(h / b, b * w), (w / b, b)]);
+    remap(
+        cx,
+        axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).collect(),
+    )
 }

@@ -83,15 +83,33 @@ fn transpose_moves_every_dtype() {
     let a = attrs(&[("perm", ints(&[1, 0]))]);
     let expect = [0, 3, 1, 4, 2, 5];
     let t = i64s(&[2, 3], &v);
-    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::I64, [3, 2])]).unwrap();
+    let out = eval(
+        "Transpose",
+        &a,
+        &[&t],
+        &[TensorDesc::new(DType::I64, [3, 2])],
+    )
+    .unwrap();
     assert_eq!(out[0].as_slice::<i64>().unwrap(), expect);
     let b: Vec<u8> = v.iter().map(|&x| x as u8).collect();
     let t = Tensor::from_vec(vec![2, 3], &b).unwrap();
-    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::U8, [3, 2])]).unwrap();
+    let out = eval(
+        "Transpose",
+        &a,
+        &[&t],
+        &[TensorDesc::new(DType::U8, [3, 2])],
+    )
+    .unwrap();
     assert_eq!(out[0].as_slice::<u8>().unwrap(), [0, 3, 1, 4, 2, 5]);
     let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x as f32)).collect();
     let t = Tensor::from_vec(vec![2, 3], &h).unwrap();
-    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::F16, [3, 2])]).unwrap();
+    let out = eval(
+        "Transpose",
+        &a,
+        &[&t],
+        &[TensorDesc::new(DType::F16, [3, 2])],
+    )
+    .unwrap();
     let got: Vec<f32> = out[0]
         .as_slice::<half::f16>()
         .unwrap()
@@ -127,7 +145,9 @@ fn pad_modes_match_numpy() {
     );
     assert_eq!(
         pad("wrap", &[1, 0, 0, 4], &[3, 7]),
-        [3, 4, 5, 3, 4, 5, 3, 0, 1, 2, 0, 1, 2, 0, 3, 4, 5, 3, 4, 5, 3]
+        [
+            3, 4, 5, 3, 4, 5, 3, 0, 1, 2, 0, 1, 2, 0, 3, 4, 5, 3, 4, 5, 3
+        ]
     );
     // A negative pad crops.
     assert_eq!(pad("constant", &[1, -1, 0, 0], &[3, 2]), [7, 7, 1, 2, 4, 5]);
@@ -142,7 +162,10 @@ fn pad_value_is_typed() {
         ("value", AttrValue::Int(i64::MIN)),
     ]);
     let out = eval("Pad", &a, &[&t], &[TensorDesc::new(DType::I64, [4])]).unwrap();
-    assert_eq!(out[0].as_slice::<i64>().unwrap(), [i64::MIN, 1, 2, i64::MIN]);
+    assert_eq!(
+        out[0].as_slice::<i64>().unwrap(),
+        [i64::MIN, 1, 2, i64::MIN]
+    );
 }
 
 // np.tile(y, (2,2)); np.broadcast_to(np.arange(3).reshape(3,1), (2,3,2))
@@ -164,11 +187,11 @@ fn tile_and_expand_match_numpy() {
     );
 }
 
-// d = np.arange(16).reshape(1,8,1,2); b = 2
+// d = np.arange(16).reshape(1,8,1,2); b = 2; s = np.arange(32).reshape(1,2,4,4)
 // DCR: d.reshape(1,b,b,2,1,2).transpose(0,3,4,1,5,2).reshape(1,2,2,4)
 // CRD: d.reshape(1,2,b,b,1,2).transpose(0,1,4,2,5,3).reshape(1,2,2,4)
-// s = np.arange(16).reshape(1,1,4,4)
-// s.reshape(1,1,2,2,2,2).transpose(0,3,5,1,2,4).reshape(1,4,2,2)
+// SpaceToDepth DCR: s.reshape(1,2,2,2,2,2).transpose(0,3,5,1,2,4).reshape(1,8,2,2)
+//              CRD: s.reshape(1,2,2,2,2,2).transpose(0,1,3,5,2,4).reshape(1,8,2,2)
 #[test]
 fn depth_and_space_match_numpy() {
     let d = arange(&[1, 8, 1, 2]);
@@ -187,11 +210,27 @@ fn depth_and_space_match_numpy() {
         d2s("CRD"),
         [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15]
     );
-    let s = arange(&[1, 1, 4, 4]);
-    let a = attrs(&[("blocksize", AttrValue::Int(2))]);
+    let s = arange(&[1, 2, 4, 4]);
+    let s2d = |mode: &str| {
+        let a = attrs(&[
+            ("blocksize", AttrValue::Int(2)),
+            ("mode", AttrValue::Text(mode.into())),
+        ]);
+        run("SpaceToDepth", &a, &[&s], f32_desc(&[1, 8, 2, 2]))
+    };
     assert_eq!(
-        run("SpaceToDepth", &a, &[&s], f32_desc(&[1, 4, 2, 2])),
-        [0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15]
+        s2d("DCR"),
+        [
+            0, 2, 8, 10, 16, 18, 24, 26, 1, 3, 9, 11, 17, 19, 25, 27, 4, 6, 12, 14, 20, 22, 28, 30,
+            5, 7, 13, 15, 21, 23, 29, 31
+        ]
+    );
+    assert_eq!(
+        s2d("CRD"),
+        [
+            0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15, 16, 18, 24, 26, 17, 19, 25, 27,
+            20, 22, 28, 30, 21, 23, 29, 31
+        ]
     );
 }
 
@@ -288,7 +327,13 @@ fn gather_nd_and_scatter_nd() {
         ("axis", AttrValue::Int(0)),
         ("reduction", AttrValue::Text("none".into())),
     ]);
-    let out = eval("ScatterElements", &a, &[&z, &idx, &upd], &[f32_desc(&[3, 3])]).unwrap();
+    let out = eval(
+        "ScatterElements",
+        &a,
+        &[&z, &idx, &upd],
+        &[f32_desc(&[3, 3])],
+    )
+    .unwrap();
     assert_eq!(
         out[0].as_slice::<f32>().unwrap(),
         [2.0, 1.1, 0.0, 1.0, 0.0, 2.2, 0.0, 2.1, 1.2]
@@ -344,7 +389,13 @@ fn constant_of_shape_and_range() {
         ("dtype", AttrValue::Int(DType::I32.onnx_code().into())),
         ("shape", ints(&[2, 2])),
     ]);
-    let out = eval("ConstantOfShape", &a, &[], &[TensorDesc::new(DType::I32, [2, 2])]).unwrap();
+    let out = eval(
+        "ConstantOfShape",
+        &a,
+        &[],
+        &[TensorDesc::new(DType::I32, [2, 2])],
+    )
+    .unwrap();
     assert_eq!(out[0].as_slice::<i32>().unwrap(), [-3; 4]);
     // np.arange(10, 4, -3) == [10, 7]
     let a = attrs(&[
@@ -363,4 +414,42 @@ fn constant_of_shape_and_range() {
     ]);
     let out = eval("Range", &a, &[], &[f32_desc(&[3])]).unwrap();
     assert_eq!(out[0].as_slice::<f32>().unwrap(), [0.5, 1.0, 1.5]);
+}
+
+// d = np.arange(6.); np.add.at(d, [1, 1, 4], [10., 20., 30.])  -> [0, 31, 2, 3, 34, 5]
+// d = np.arange(6.).reshape(3,2); rows [2, 0, 2] maxed with [[5,-1],[9,9],[-3,7]] in turn
+//   -> [[9, 9], [2, 3], [5, 7]]
+#[test]
+fn scatter_reductions_accumulate_repeats() {
+    let d = arange(&[6]);
+    let idx = i64s(&[3, 1], &[1, 1, 4]);
+    let upd = Tensor::from_vec(vec![3], &[10.0f32, 20.0, 30.0]).unwrap();
+    let a = attrs(&[("reduction", AttrValue::Text("add".into()))]);
+    assert_eq!(
+        run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[6])),
+        [0, 31, 2, 3, 34, 5]
+    );
+    let d = arange(&[3, 2]);
+    let idx = i64s(&[3, 1], &[2, 0, 2]);
+    let upd = Tensor::from_vec(vec![3, 2], &[5.0f32, -1.0, 9.0, 9.0, -3.0, 7.0]).unwrap();
+    let a = attrs(&[("reduction", AttrValue::Text("max".into()))]);
+    assert_eq!(
+        run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[3, 2])),
+        [9, 9, 2, 3, 5, 7]
+    );
+    // ScatterElements with mul on i32, axis 1: [[1, 2, 3]] * updates [4, 5] at columns [2, 2].
+    let d = Tensor::from_vec(vec![1, 3], &[1i32, 2, 3]).unwrap();
+    let idx = i64s(&[1, 2], &[2, 2]);
+    let upd = Tensor::from_vec(vec![1, 2], &[4i32, 5]).unwrap();
+    let a = attrs(&[
+        ("axis", AttrValue::Int(1)),
+        ("reduction", AttrValue::Text("mul".into())),
+    ]);
+    let out = eval(
+        "ScatterElements",
+        &a,
+        &[&d, &idx, &upd],
+        &[TensorDesc::new(DType::I32, [1, 3])],
+    );
+    assert_eq!(out.unwrap()[0].as_slice::<i32>().unwrap(), [1, 2, 60]);
 }

@@ -62,6 +62,9 @@ impl Arg {
             y.len(),
             l.outer * l.inner,
         )?;
+        if y.is_empty() {
+            return Ok(());
+        }
         let (max, last) = (self.max, self.last);
         // Ties go to the first index, or to the last with `select_last_index`.
         let better = |v: T, b: T| match (max, last) {
@@ -136,5 +139,7 @@ mod tests {
         assert_eq!(arg("ArgMin", &x, 0, 0, 0, &[3]), [0, 1, 0]);
         let xi = Tensor::from_vec(vec![2, 3], &[2i64, 5, 5, 7, 1, 7]).unwrap();
         assert_eq!(arg("ArgMin", &xi, 1, 1, 0, &[2, 1]), [0, 1]);
+        let empty = Tensor::from_vec(vec![2, 0], &[] as &[f32]).unwrap();
+        assert_eq!(arg("ArgMax", &empty, 0, 0, 0, &[0]), [] as [i64; 0]);
     }
 }

@@ -43,15 +43,29 @@ fn y() -> Tensor {
 }
 
 fn run(a: &Attrs, input: &Tensor) -> Vec<f32> {
-    let sizes: Vec<usize> = a.ints("sizes").unwrap().iter().map(|&s| s as usize).collect();
-    let out = eval("Resize", a, &[input], &[TensorDesc::new(input.dtype(), sizes)]).unwrap();
+    let sizes: Vec<usize> = a
+        .ints("sizes")
+        .unwrap()
+        .iter()
+        .map(|&s| s as usize)
+        .collect();
+    let out = eval(
+        "Resize",
+        a,
+        &[input],
+        &[TensorDesc::new(input.dtype(), sizes)],
+    )
+    .unwrap();
     out[0].to_vec::<f32>().unwrap()
 }
 
 fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "element {i}: {g} vs {w}\n{got:?}");
+        assert!(
+            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+            "element {i}: {g} vs {w}\n{got:?}"
+        );
     }
 }
 
@@ -68,14 +82,25 @@ fn nearest_upsample_by_two() {
         ],
     );
     let want = [
-        1., 1., 2., 2., 3., 3., 1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6., 4., 4., 5., 5.,
-        6., 6.,
+        1., 1., 2., 2., 3., 3., 1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6., 4., 4., 5., 5., 6.,
+        6.,
     ];
     assert_close(&run(&a, &x()), &want);
     // Nearest moves bytes: an i64 tensor gives the same picks.
     let xi = Tensor::from_vec(vec![1, 1, 2, 3], &[1i64, 2, 3, 4, 5, 6]).unwrap();
-    let out = eval("Resize", &a, &[&xi], &[TensorDesc::new(DType::I64, [1, 1, 4, 6])]).unwrap();
-    let got: Vec<f32> = out[0].as_slice::<i64>().unwrap().iter().map(|&v| v as f32).collect();
+    let out = eval(
+        "Resize",
+        &a,
+        &[&xi],
+        &[TensorDesc::new(DType::I64, [1, 1, 4, 6])],
+    )
+    .unwrap();
+    let got: Vec<f32> = out[0]
+        .as_slice::<i64>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -101,7 +126,9 @@ fn linear_half_pixel_and_align_corners() {
     );
     assert_close(
         &run(&a, &x()),
-        &[1.0, 1.625, 2.375, 3.0, 2.5, 3.125, 3.875, 4.5, 4.0, 4.625, 5.375, 6.0],
+        &[
+            1.0, 1.625, 2.375, 3.0, 2.5, 3.125, 3.875, 4.5, 4.0, 4.625, 5.375, 6.0,
+        ],
     );
     let a = attrs(
         &[1.0, 1.0, 1.5, 5.0 / 3.0],
@@ -113,7 +140,9 @@ fn linear_half_pixel_and_align_corners() {
     );
     assert_close(
         &run(&a, &x()),
-        &[1.0, 1.5, 2.0, 2.5, 3.0, 2.5, 3.0, 3.5, 4.0, 4.5, 4.0, 4.5, 5.0, 5.5, 6.0],
+        &[
+            1.0, 1.5, 2.0, 2.5, 3.0, 2.5, 3.0, 3.5, 4.0, 4.5, 4.0, 4.5, 5.0, 5.5, 6.0,
+        ],
     );
 }
 
@@ -125,7 +154,10 @@ fn cubic() {
     let a = attrs(
         &[1.0, 1.0, 0.75, 0.75],
         &[1, 1, 3, 3],
-        &[("mode", text("cubic")), ("exclude_outside", AttrValue::Int(1))],
+        &[
+            ("mode", text("cubic")),
+            ("exclude_outside", AttrValue::Int(1)),
+        ],
     );
     assert_close(
         &run(&a, &y()),
@@ -148,8 +180,8 @@ fn cubic() {
             0.0, 0.62963, 1.333335, 2.0, 2.740741, 3.074075, 2.518519, 3.148149, 3.851855,
             4.518519, 5.259262, 5.592595, 5.333339, 5.962969, 6.666676, 7.333339, 8.074082,
             8.407415, 8.0, 8.629631, 9.333337, 10.0, 10.740743, 11.074077, 10.962965, 11.592598,
-            12.296303, 12.962965, 13.703709, 14.037044, 12.296299, 12.925932, 13.629637,
-            14.296301, 15.037043, 15.370378,
+            12.296303, 12.962965, 13.703709, 14.037044, 12.296299, 12.925932, 13.629637, 14.296301,
+            15.037043, 15.370378,
         ],
     );
 }
@@ -198,33 +230,4 @@ fn identity_and_errors() {
     let xi = Tensor::from_vec(vec![2], &[1i32, 2]).unwrap();
     let a = attrs(&[2.0], &[4], &[("mode", text("linear"))]);
     assert!(eval("Resize", &a, &[&xi], &[TensorDesc::new(DType::I32, [4])]).is_err());
-}
-
-#[test]
-fn zz_timing_nearest_x2() {
-    use crate::cpu::{OpCx, prepare};
-    let shape = [1usize, 96, 240, 240];
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let t = Tensor::from_vec(shape.to_vec(), &v).unwrap();
-    let outd = [TensorDesc::new(DType::F32, [1, 96, 480, 480])];
-    let mut out = Tensor::zeros(outd[0].clone());
-    for (name, a) in [
-        ("nearest", attrs(&[1.0, 1.0, 2.0, 2.0], &[1, 96, 480, 480], &[
-            ("coordinate_transformation_mode", text("asymmetric")),
-            ("nearest_mode", text("floor")),
-        ])),
-        ("linear", attrs(&[1.0, 1.0, 2.0, 2.0], &[1, 96, 480, 480], &[("mode", text("linear"))])),
-    ] {
-        let k = prepare(&OpCx { op: "Resize", attrs: &a, inputs: &[t.desc().clone()], outputs: &outd }).unwrap();
-        for _ in 0..3 {
-            let s = std::time::Instant::now();
-            k.run(&[t.view()], &mut [out.view_mut()]).unwrap();
-            eprintln!("{name} x2 {:?}", s.elapsed());
-        }
-    }
-    let mut c = out.clone();
-    let s = std::time::Instant::now();
-    c.bytes_mut().copy_from_slice(out.bytes());
-    eprintln!("memcpy of the output {:?}", s.elapsed());
 }
