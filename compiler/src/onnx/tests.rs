@@ -144,6 +144,7 @@ fn shapes(list: &[(&str, &[usize])]) -> ImportOptions {
             .iter()
             .map(|(n, d)| (n.to_string(), d.to_vec()))
             .collect(),
+        ..ImportOptions::default()
     }
 }
 

@@ -145,65 +145,19 @@ pub fn analyse(
             .copied()
             .flatten()
             .filter(|&i| views && g.values[i].constant.is_none());
-        match (node.op.as_str(), first_input, node.outputs.as_slice()) {
-            (op, Some(input), &[output]) if VIEW_OPS.contains(&op) => {
-                let r = a.root(input);
-                join(&mut a, output, r, &mut root_last);
-                a.elided[ni] = true;
-                continue;
+        if let Some(views) = first_input.and_then(|input| view_of(g, node, input, &a)) {
+            for (o, alias) in views {
+                join(&mut a, o, alias, &mut root_last);
             }
-            ("Slice", Some(input), &[output]) => {
-                if let Some(offset) = contiguous_slice(g, node, input, output) {
-                    let r = a.root(input);
-                    let alias = Alias {
-                        root: r.root,
-                        byte_offset: r.byte_offset + offset,
-                    };
-                    join(&mut a, output, alias, &mut root_last);
-                    a.elided[ni] = true;
-                    continue;
-                }
-            }
-            ("Split", Some(input), outputs) => {
-                let axis = node
-                    .attrs
-                    .int("axis")
-                    .ok()
-                    .and_then(|x| usize::try_from(x).ok());
-                if axis.and_then(|ax| outer(g, input, ax)) == Some(1) {
-                    let r = a.root(input);
-                    let mut offset = r.byte_offset;
-                    for &o in outputs {
-                        join(
-                            &mut a,
-                            o,
-                            Alias {
-                                root: r.root,
-                                byte_offset: offset,
-                            },
-                            &mut root_last,
-                        );
-                        offset += bytes(g, o);
-                    }
-                    a.elided[ni] = true;
-                    continue;
-                }
-            }
-            ("Concat", Some(_), &[output]) => {
-                if concat_in_place(
-                    g,
-                    node,
-                    output,
-                    &is_input,
-                    &producers,
-                    &mut a,
-                    &mut root_last,
-                ) {
-                    a.elided[ni] = true;
-                    continue;
-                }
-            }
-            _ => {}
+            a.elided[ni] = true;
+            continue;
+        }
+        if views
+            && node.op == "Concat"
+            && concat_in_place(g, node, &is_input, &producers, &mut a, &mut root_last)
+        {
+            a.elided[ni] = true;
+            continue;
         }
         let [output] = node.outputs[..] else { continue };
         if !can_run_in_place(&node.op) {
@@ -232,27 +186,57 @@ pub fn analyse(
     a
 }
 
+/// The aliases a view node gives its outputs: the same bytes (reshape family), one contiguous
+/// range (outer-axis Slice), or consecutive ranges (outer-axis Split).
+fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(ValueId, Alias)>> {
+    let r = a.root(input);
+    let at = |offset: u64| Alias {
+        root: r.root,
+        byte_offset: r.byte_offset + offset,
+    };
+    match (node.op.as_str(), node.outputs.as_slice()) {
+        (op, &[output]) if VIEW_OPS.contains(&op) => Some(vec![(output, r)]),
+        ("Slice", &[output]) => {
+            contiguous_slice(g, node, input, output).map(|off| vec![(output, at(off))])
+        }
+        ("Split", outputs) => {
+            let axis = usize::try_from(node.attrs.int("axis").ok()?).ok()?;
+            (outer(g, input, axis)? == 1).then(|| {
+                let mut offset = 0;
+                outputs
+                    .iter()
+                    .map(|&o| {
+                        let alias = (o, at(offset));
+                        offset += bytes(g, o);
+                        alias
+                    })
+                    .collect()
+            })
+        }
+        _ => None,
+    }
+}
+
 /// Makes each input of an outer-axis Concat a view of its piece of the output, when every
 /// input is an activation root that only this Concat places: its producer then writes into
 /// the output directly. All or nothing.
 fn concat_in_place(
     g: &Graph,
     node: &Node,
-    output: ValueId,
     is_input: &[bool],
     producers: &[Option<usize>],
     a: &mut Aliases,
     root_last: &mut [usize],
 ) -> bool {
-    let Some(axis) = node
+    let [output] = node.outputs[..] else {
+        return false;
+    };
+    let axis = node
         .attrs
         .int("axis")
         .ok()
-        .and_then(|x| usize::try_from(x).ok())
-    else {
-        return false;
-    };
-    if outer(g, output, axis) != Some(1) {
+        .and_then(|x| usize::try_from(x).ok());
+    if axis.and_then(|axis| outer(g, output, axis)) != Some(1) {
         return false;
     }
     let inputs: Vec<ValueId> = node.present_inputs().collect();

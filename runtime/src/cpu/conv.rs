@@ -1,7 +1,7 @@
 //! Conv and ConvTranspose in float32, for 1, 2 and 3 spatial dimensions.
 //!
 //! Conv picks one of three paths in `prepare`: 1x1 stride-1 unpadded convs multiply the
-//! weights with the input directly (one sgemm per group); convs with one input channel per
+//! weights with the input directly (one GEMM per group); convs with one input channel per
 //! group (depthwise) run a direct loop over output rows; everything else copies input patches
 //! into a bounded scratch matrix (im2col, a chunk of output rows at a time) and multiplies.
 //! ConvTranspose multiplies Wᵀ·X for a chunk of input rows and adds the columns into the
@@ -10,18 +10,16 @@
 //! 1D and 2D geometries are lifted to 3D with leading unit dimensions, so one loop nest serves
 //! all ranks (the pool family shares [`Window`]).
 
+use super::gemm::{Layout, gemm};
 use super::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 use std::ops::Range;
 
-mod gemm;
-use gemm::{Layout, sgemm};
-
 pub const OPS: &[&str] = &["Conv", "ConvTranspose"];
 
-/// Floats of im2col/col2im scratch per chunk: large enough for sgemm to reach full speed on a
+/// Floats of im2col/col2im scratch per chunk: large enough for the GEMM to reach full speed on a
 /// wide chunk, small enough that big images do not need a matrix the size of the image.
 const SCRATCH_FLOATS: usize = 1 << 19;
 
@@ -317,7 +315,7 @@ enum ConvPath {
     /// One input channel per group: a direct loop over each input plane, copied into a
     /// zero-padded plane (see [`Padded`]).
     Depthwise(Padded),
-    /// im2col `rows` output rows at a time, then sgemm.
+    /// im2col `rows` output rows at a time, then GEMM.
     Im2col { rows: usize },
 }
 
@@ -604,7 +602,8 @@ impl Kernel for Conv {
                 let wg = &w[g * wg_len..][..wg_len];
                 let yg = &mut y[(n * groups + g) * cout * out_plane..][..cout * out_plane];
                 match self.path {
-                    ConvPath::Pointwise => sgemm(
+                    ConvPath::Pointwise => gemm(
+                        1.0,
                         wg,
                         Layout::row_major(cout, cin),
                         xg,
@@ -627,19 +626,15 @@ impl Kernel for Conv {
                             let width = (r1 - r0) * ow;
                             let col = &mut scratch[..cin * taps * width];
                             self.im2col(xg, r0..r1, col);
-                            sgemm(
+                            gemm(
+                                1.0,
                                 wg,
                                 Layout::row_major(cout, cin * taps),
                                 col,
                                 Layout::row_major(cin * taps, width),
                                 1.0,
                                 &mut yg[r0 * ow..],
-                                Layout {
-                                    rows: cout,
-                                    cols: width,
-                                    rs: out_plane,
-                                    cs: 1,
-                                },
+                                Layout::new(cout, width, out_plane, 1),
                             )?;
                         }
                     }
@@ -653,7 +648,7 @@ impl Kernel for Conv {
 struct ConvTranspose {
     ch: Channels,
     win: Window,
-    /// Input rows (lifted D x H) per sgemm + col2im chunk.
+    /// Input rows (lifted D x H) per GEMM + col2im chunk.
     rows: usize,
     lens: [usize; 3],
 }
@@ -757,21 +752,12 @@ impl Kernel for ConvTranspose {
                     let r1 = (r0 + self.rows).min(total);
                     let width = (r1 - r0) * iw;
                     let col = &mut col[..mk * width];
-                    sgemm(
+                    gemm(
+                        1.0,
                         wg,
-                        Layout {
-                            rows: mk,
-                            cols: cin,
-                            rs: 1,
-                            cs: mk,
-                        },
+                        Layout::new(mk, cin, 1, mk),
                         &xg[r0 * iw..],
-                        Layout {
-                            rows: cin,
-                            cols: width,
-                            rs: in_plane,
-                            cs: 1,
-                        },
+                        Layout::new(cin, width, in_plane, 1),
                         0.0,
                         col,
                         Layout::row_major(mk, width),
@@ -913,7 +899,7 @@ pub(super) mod tests {
     #[test]
     fn depthwise_path_agrees_with_im2col() {
         // A one-channel conv runs the depthwise path; the same conv with a second, all-zero
-        // input channel runs im2col + sgemm. Widths cover register blocks and their borders.
+        // input channel runs im2col + GEMM. Widths cover register blocks and their borders.
         for (k, stride, dilation, pad, width) in [
             (3, 1, 1, 1, 37),
             (3, 2, 1, 1, 70),

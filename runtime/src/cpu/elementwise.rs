@@ -33,6 +33,17 @@ mod scalar;
 
 const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"];
 
+/// Ops whose kernels run in place ([`Kernel::run_in_place`]): every op here built on the
+/// `Map` and `Binary` kernels (all but Pow, the variadic ops and Where).
+pub const IN_PLACE: &[&str] = &[
+    "Abs", "Neg", "Sign", "Relu", "Ceil", "Floor", "Round", "Sqrt", "Reciprocal", "Exp", "Log",
+    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Tanh", "Asinh", "Acosh",
+    "Atanh", "Sigmoid", "Erf", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
+    "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Not", "IsNaN", "IsInf", "Clip",
+    "Cast", "CastLike", "Add", "Sub", "Mul", "Div", "Mod", "PRelu", "BitShift", "And", "Or",
+    "Xor", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+];
+
 pub const OPS: &[&str] = &[
     // unary, on every numeric type
     "Abs",
@@ -256,6 +267,26 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
         }
         Ok(())
     }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        _inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        if aliased != 0 || size_of::<A>() != size_of::<O>() {
+            return Err(invalid!("cannot run in place over input {aliased}"));
+        }
+        let y = output::<O>(outputs)?;
+        if y.len() != self.len {
+            return Err(invalid!("prepared for {} elements, got {}", self.len, y.len()));
+        }
+        // The output holds the input's bits: read each element as the input type.
+        for y in y.iter_mut() {
+            *y = (self.f)(bytemuck::cast(*y));
+        }
+        Ok(())
+    }
 }
 
 /// `y = f(a, b)` with `a` and `b` broadcast.
@@ -284,6 +315,38 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
         let y = output::<O>(outputs)?;
         self.bc.check([a.len(), b.len()], y.len())?;
         zip_broadcast(&self.bc, a, b, y, &self.f);
+        Ok(())
+    }
+
+    /// The aliased operand has the output's shape (the planner only aliases equal types), so
+    /// its blocks are the output's: each element is read, then overwritten.
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let y = output::<O>(outputs)?;
+        let f = &self.f;
+        match aliased {
+            0 if size_of::<A>() == size_of::<O>() => {
+                let b = input::<B>(inputs, 1)?;
+                self.bc.check([y.len(), b.len()], y.len())?;
+                self.bc.for_each(|[_, rb], ry| match &b[rb] {
+                    &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
+                    b => (y[ry].iter_mut().zip(b)).for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b)),
+                });
+            }
+            1 if size_of::<B>() == size_of::<O>() => {
+                let a = input::<A>(inputs, 0)?;
+                self.bc.check([a.len(), y.len()], y.len())?;
+                self.bc.for_each(|[ra, _], ry| match &a[ra] {
+                    &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
+                    a => (y[ry].iter_mut().zip(a)).for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y))),
+                });
+            }
+            _ => return Err(invalid!("cannot run in place over input {aliased}")),
+        }
         Ok(())
     }
 }

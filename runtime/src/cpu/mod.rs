@@ -64,13 +64,10 @@ pub trait Kernel: Send + Sync {
     }
 }
 
-/// Ops whose kernels implement [`Kernel::run_in_place`]: elementwise ops, whose output
-/// element `i` depends only on element `i` of the aliased input.
-const IN_PLACE: &[&str] = &[];
-
-/// Whether the planner may make `op` write its output over one of its inputs.
+/// Whether the planner may make `op` write its output over one of its inputs: elementwise
+/// ops, whose output element `i` depends only on element `i` of the aliased input.
 pub fn can_run_in_place(op: &str) -> bool {
-    IN_PLACE.contains(&op)
+    elementwise::IN_PLACE.contains(&op)
 }
 
 /// Everything `prepare` may look at for one step.

@@ -1,0 +1,116 @@
+//! The one matrix product of the CPU kernels (conv, MatMul/Gemm/Einsum, the recurrent cells):
+//! `C = alpha·A·B + beta·C` on strided matrices inside slices. It runs on `ndarray`'s
+//! `general_mat_mul`, which hands the strides straight to `matrixmultiply`, so our code needs
+//! no `unsafe`: ndarray checks each view against its slice, and a layout that does not fit is
+//! an error here, never a panic or an out-of-bounds access.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2, Ix2, LinalgScalar, ShapeBuilder, StrideShape};
+
+use crate::cpu::KernelError;
+use crate::invalid;
+
+/// Where a `rows x cols` matrix sits in a slice: element (i, j) at `i * rs + j * cs`.
+/// A stride of 0 repeats elements (a broadcast operand); C must not repeat any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl Layout {
+    pub fn new(rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Self { rows, cols, rs, cs }
+    }
+
+    pub fn row_major(rows: usize, cols: usize) -> Self {
+        Self::new(rows, cols, cols, 1)
+    }
+
+    fn shape(&self) -> Result<StrideShape<Ix2>, KernelError> {
+        // ndarray reads strides as isize: a larger one would turn negative.
+        if isize::try_from(self.rs.max(self.cs)).is_err() {
+            return Err(invalid!("gemm strides are too large: {self:?}"));
+        }
+        Ok((self.rows, self.cols).strides((self.rs, self.cs)))
+    }
+}
+
+/// `C = alpha·A·B + beta·C`. With `beta == 0` the old contents of C are not read.
+#[allow(clippy::too_many_arguments)] // BLAS's own argument list, each operand beside its layout
+pub fn gemm<T: LinalgScalar>(
+    alpha: T,
+    a: &[T],
+    la: Layout,
+    b: &[T],
+    lb: Layout,
+    beta: T,
+    c: &mut [T],
+    lc: Layout,
+) -> Result<(), KernelError> {
+    if la.cols != lb.rows || la.rows != lc.rows || lb.cols != lc.cols {
+        return Err(invalid!(
+            "gemm shapes do not chain: {la:?} x {lb:?} -> {lc:?}"
+        ));
+    }
+    let misfit = |name: &str, len: usize, l: Layout| {
+        move |e| invalid!("gemm operand {name} ({len} elements) does not fit {l:?}: {e}")
+    };
+    let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
+    let bv = ArrayView2::from_shape(lb.shape()?, b).map_err(misfit("B", b.len(), lb))?;
+    let c_len = c.len();
+    let mut cv = ArrayViewMut2::from_shape(lc.shape()?, c).map_err(misfit("C", c_len, lc))?;
+    general_mat_mul(alpha, &av, &bv, beta, &mut cv);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multiplies_strided_operands_and_accumulates() {
+        // A = [[1, 2], [3, 4]] stored transposed; B = [[5], [6]]; C starts at [[1], [1]] with
+        // its rows two apart. By hand: C = 2·A·B + C = [[2·17 + 1], [2·39 + 1]].
+        let a = [1.0, 3.0, 2.0, 4.0];
+        let mut c = [1.0f32, -7.0, 1.0];
+        let (la, lb, lc) = (
+            Layout::new(2, 2, 1, 2),
+            Layout::row_major(2, 1),
+            Layout::new(2, 1, 2, 1),
+        );
+        gemm(2.0, &a, la, &[5.0, 6.0], lb, 1.0, &mut c, lc).unwrap();
+        assert_eq!(c, [35.0, -7.0, 79.0]);
+        let mut c64 = [1.0f64, -7.0, 1.0];
+        let a64 = a.map(f64::from);
+        gemm(1.0, &a64, la, &[5.0, 6.0], lb, 0.0, &mut c64, lc).unwrap();
+        assert_eq!(c64, [17.0, -7.0, 39.0]);
+    }
+
+    #[test]
+    fn broadcasts_zero_strides_in_the_inputs() {
+        // A's rows are one row [1, 2] repeated, B is one column [3] repeated: every element of
+        // C is 1·3 + 2·3 = 9.
+        let mut c = [0.0f32; 6];
+        let (la, lb) = (Layout::new(3, 2, 0, 1), Layout::new(2, 2, 0, 0));
+        gemm(1.0, &[1.0, 2.0], la, &[3.0], lb, 0.0, &mut c[..6], Layout::new(3, 2, 2, 1))
+            .unwrap();
+        assert_eq!(c, [9.0; 6]);
+    }
+
+    #[test]
+    fn misfits_are_errors_not_panics() {
+        let l = Layout::row_major(2, 2);
+        let mut c = [0.0f32; 4];
+        // Too short, shapes that do not chain, C repeating an element, a stride past isize.
+        assert!(gemm(1.0, &[0.0; 3], l, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+        let wide = Layout::row_major(2, 3);
+        assert!(gemm(1.0, &[0.0; 6], wide, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+        let aliased = Layout::new(2, 2, 1, 1);
+        assert!(gemm(1.0, &[0.0; 4], l, &[0.0; 4], l, 0.0, &mut c, aliased).is_err());
+        let huge = Layout::new(2, 2, usize::MAX, 1);
+        assert!(gemm(1.0, &[0.0; 4], huge, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+    }
+}
