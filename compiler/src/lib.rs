@@ -23,6 +23,39 @@ pub struct CompileOptions {
     pub constant_inputs: Vec<(String, ingot_runtime::Tensor)>,
     /// Run the plan verifier (`--verify`); it also runs in debug builds.
     pub verify: bool,
+    /// Which planning mechanisms may share memory (all by default).
+    pub sharing: Sharing,
+}
+
+/// The planner's memory-sharing mechanisms, each of which can be turned off (to measure what
+/// it saves, or to check that results do not depend on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sharing {
+    /// Views, outer-axis slices and splits, concats written in place.
+    pub views: bool,
+    /// Elementwise ops written over a dying input.
+    pub in_place: bool,
+    /// Step orders other than the model's.
+    pub reorder: bool,
+}
+
+impl Default for Sharing {
+    fn default() -> Self {
+        Sharing {
+            views: true,
+            in_place: true,
+            reorder: true,
+        }
+    }
+}
+
+impl Sharing {
+    /// Every value in its own arena interval, in the model's order.
+    pub const NONE: Sharing = Sharing {
+        views: false,
+        in_place: false,
+        reorder: false,
+    };
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +84,18 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     passes::run_all(&mut graph)?;
-    let plan = plan::plan(&graph, plan::Target::cpu());
+    let no_in_place = |_: &str| false;
+    let cpu = plan::Target::cpu();
+    let target = plan::Target {
+        can_run_in_place: if options.sharing.in_place {
+            cpu.can_run_in_place
+        } else {
+            &no_in_place
+        },
+        views: options.sharing.views,
+        reorder: options.sharing.reorder,
+    };
+    let plan = plan::plan(&graph, target);
     if options.verify || cfg!(debug_assertions) {
         plan::verify(&graph, &plan).map_err(CompileError::Plan)?;
     }

@@ -35,6 +35,7 @@ pub fn main(args: Args) -> Result<()> {
         input_shapes: args.input_shapes,
         constant_inputs,
         verify: args.verify,
+        ..CompileOptions::default()
     };
     let c = compile_graph(&args.model, &options)
         .with_context(|| format!("cannot compile {}", args.model.display()))?;

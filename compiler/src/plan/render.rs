@@ -162,7 +162,8 @@ pub fn text(v: &proto::Variant) -> String {
             outs.join(", ")
         );
     }
-    let _ = writeln!(out, "\ntensors:           steps        bytes  storage");
+    let _ = writeln!(out, "\ntensors:");
+    let _ = writeln!(out, "  {:<24} {:>11} {:>12}  storage", "name", "steps", "bytes");
     for r in &rows {
         let span = match (r.first, r.last) {
             (Some(f), Some(l)) => format!("{f}..{l}"),
