@@ -266,7 +266,7 @@ pub fn svg(v: &proto::Variant) -> String {
     let x = |s: f64| left + s / steps * plot_w;
     let y = |b: f64| top + plot_h - b / arena_top * plot_h;
     let mut out = String::new();
-    let width = left + plot_w + weight_w + 120.0;
+    let width = left + plot_w + weight_w + 150.0;
     let height = top + plot_h + 60.0;
     let _ = writeln!(
         out,
@@ -309,10 +309,10 @@ pub fn svg(v: &proto::Variant) -> String {
     let yb = y(p.lower_bound_bytes as f64);
     let _ = writeln!(
         out,
-        r##"<line x1="{left}" y1="{yb:.2}" x2="{:.2}" y2="{yb:.2}" stroke="#c00" stroke-dasharray="6,4"/><text x="{:.2}" y="{:.2}" fill="#c00">lower bound</text>"##,
+        r##"<line x1="{left}" y1="{yb:.2}" x2="{:.2}" y2="{yb:.2}" stroke="#c00" stroke-dasharray="6,4"/><text x="{:.2}" y="{:.2}" fill="#c00" text-anchor="end">lower bound</text>"##,
         left + plot_w,
-        left + plot_w + 4.0,
-        yb + 4.0
+        left + plot_w - 4.0,
+        yb - 4.0
     );
     // Axes: bytes on the left, steps below.
     for k in 0..=4 {
@@ -357,10 +357,12 @@ pub fn svg(v: &proto::Variant) -> String {
         );
         acc += r.bytes;
     }
+    let wmid = wx + (weight_w - 20.0) / 2.0;
     let _ = writeln!(
         out,
-        r#"<text x="{wx}" y="{}">weights {total} bytes</text>"#,
-        top + plot_h + 18.0
+        r#"<text x="{wmid:.2}" y="{}" text-anchor="middle">weights</text><text x="{wmid:.2}" y="{}" text-anchor="middle">{total} bytes</text>"#,
+        top + plot_h + 18.0,
+        top + plot_h + 34.0
     );
     let _ = writeln!(out, "</svg>");
     out
