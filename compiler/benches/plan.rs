@@ -13,22 +13,6 @@ use ingot_runtime::TensorDesc;
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::path::PathBuf;
 
-fn row(name: &str, s: &Stats) {
-    println!(
-        "{:<36} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.4} {:>9.2}",
-        name,
-        s.steps,
-        s.naive_bytes,
-        s.bound_plain,
-        s.bound_views,
-        s.bound_in_place,
-        s.bound_reordered,
-        s.arena_bytes,
-        s.ratio(),
-        s.planning.as_secs_f64() * 1e3
-    );
-}
-
 /// A CNN-like graph of `blocks` residual blocks (about five nodes each): pointwise op, reshape
 /// views, a branch, an add, and every eighth block a four-way channel concat. Sizes vary with a
 /// fixed pseudo-random sequence, so the graph is the same on every run.
@@ -102,19 +86,7 @@ fn synthetic(nodes: usize) -> Graph {
 }
 
 fn main() {
-    println!(
-        "{:<36} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "graph",
-        "steps",
-        "naive",
-        "bound",
-        "+views",
-        "+in-place",
-        "+reorder",
-        "arena",
-        "ratio",
-        "plan ms"
-    );
+    println!("{}", Stats::header());
     let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/models");
     for (file, shape) in [
         ("ch_PP-OCRv4_det_infer.onnx", vec![1, 3, 224, 224]),
@@ -131,15 +103,13 @@ fn main() {
             ..CompileOptions::default()
         };
         match compile_graph(&path, &options) {
-            Ok(c) => row(file, &plan::stats(&c.graph, Target::cpu())),
+            Ok(c) => println!("{}", plan::stats(&c.graph, Target::cpu()).row(file)),
             Err(e) => println!("{file}: {e}"),
         }
     }
     for nodes in [1000, 20000] {
         let g = synthetic(nodes);
-        row(
-            &format!("synthetic, {} nodes", g.nodes.len()),
-            &plan::stats(&g, Target::cpu()),
-        );
+        let name = format!("synthetic, {} nodes", g.nodes.len());
+        println!("{}", plan::stats(&g, Target::cpu()).row(&name));
     }
 }

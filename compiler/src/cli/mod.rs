@@ -39,15 +39,8 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
 
 /// Formats a shape as `1x3x48x192` (`scalar` for rank 0).
 pub fn shape_text(shape: &[usize]) -> String {
-    if shape.is_empty() {
-        "scalar".into()
-    } else {
-        shape
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join("x")
-    }
+    let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    ingot_compiler::plan::render::shape_text(&dims)
 }
 
 #[cfg(test)]

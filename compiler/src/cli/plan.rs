@@ -103,41 +103,7 @@ fn print_stats(args: &Args) -> Result<()> {
     let c = compile_graph(&args.input, &options)
         .with_context(|| format!("cannot compile {}", args.input.display()))?;
     let s = ingot_compiler::plan::stats(&c.graph, ingot_compiler::plan::Target::cpu());
-    println!("{}", stats_header());
-    println!("{}", stats_row(&args.input.display().to_string(), &s));
+    println!("{}", ingot_compiler::plan::Stats::header());
+    println!("{}", s.row(&args.input.display().to_string()));
     Ok(())
-}
-
-/// The column names of [`stats_row`].
-pub fn stats_header() -> String {
-    format!(
-        "{:<40} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
-        "model",
-        "steps",
-        "naive",
-        "bound",
-        "+views",
-        "+in-place",
-        "+reorder",
-        "arena",
-        "ratio",
-        "plan ms"
-    )
-}
-
-/// One line of plan statistics.
-pub fn stats_row(name: &str, s: &ingot_compiler::plan::Stats) -> String {
-    format!(
-        "{:<40} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.4} {:>9.2}",
-        name,
-        s.steps,
-        s.naive_bytes,
-        s.bound_plain,
-        s.bound_views,
-        s.bound_in_place,
-        s.bound_reordered,
-        s.arena_bytes,
-        s.ratio(),
-        s.planning.as_secs_f64() * 1e3
-    )
 }

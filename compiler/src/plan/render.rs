@@ -86,7 +86,8 @@ fn rows(v: &proto::Variant) -> Vec<Row<'_>> {
         .collect()
 }
 
-fn shape_text(shape: &[u64]) -> String {
+/// A shape as `1x3x48x192` (`scalar` for rank 0).
+pub fn shape_text(shape: &[u64]) -> String {
     if shape.is_empty() {
         "scalar".into()
     } else {
@@ -163,7 +164,11 @@ pub fn text(v: &proto::Variant) -> String {
         );
     }
     let _ = writeln!(out, "\ntensors:");
-    let _ = writeln!(out, "  {:<24} {:>11} {:>12}  storage", "name", "steps", "bytes");
+    let _ = writeln!(
+        out,
+        "  {:<24} {:>11} {:>12}  storage",
+        "name", "steps", "bytes"
+    );
     for r in &rows {
         let span = match (r.first, r.last) {
             (Some(f), Some(l)) => format!("{f}..{l}"),

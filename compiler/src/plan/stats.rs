@@ -23,6 +23,40 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Column names for [`Stats::row`].
+    pub fn header() -> String {
+        format!(
+            "{:<40} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7} {:>9}",
+            "graph",
+            "steps",
+            "naive",
+            "bound",
+            "+views",
+            "+in-place",
+            "+reorder",
+            "arena",
+            "ratio",
+            "plan ms"
+        )
+    }
+
+    /// One table line: the figures for the graph called `name`.
+    pub fn row(&self, name: &str) -> String {
+        format!(
+            "{:<40} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>7.4} {:>9.2}",
+            name,
+            self.steps,
+            self.naive_bytes,
+            self.bound_plain,
+            self.bound_views,
+            self.bound_in_place,
+            self.bound_reordered,
+            self.arena_bytes,
+            self.ratio(),
+            self.planning.as_secs_f64() * 1e3
+        )
+    }
+
     pub fn ratio(&self) -> f64 {
         if self.bound_reordered == 0 {
             1.0
