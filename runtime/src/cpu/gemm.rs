@@ -1,8 +1,8 @@
 //! The one matrix product of the CPU kernels (conv, MatMul/Gemm/Einsum, the recurrent cells):
 //! `C = alpha·A·B + beta·C` on strided matrices inside slices. It runs on `ndarray`'s
-//! `general_mat_mul`, which hands the strides straight to `matrixmultiply`, so our code needs
-//! no `unsafe`: ndarray checks each view against its slice, and a layout that does not fit is
-//! an error here, never a panic or an out-of-bounds access.
+//! `general_mat_mul`, which hands the strides straight to `matrixmultiply`, so the speed is the
+//! library's and this file is safe Rust: ndarray checks each view against its slice, and a
+//! layout that does not fit is an error here, never a panic or an out-of-bounds access.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Ix2, LinalgScalar, ShapeBuilder, StrideShape};
@@ -38,9 +38,14 @@ impl Layout {
     }
 }
 
+/// The element types with a fast product underneath (matrixmultiply's sgemm and dgemm).
+pub trait Float: LinalgScalar {}
+impl Float for f32 {}
+impl Float for f64 {}
+
 /// `C = alpha·A·B + beta·C`. With `beta == 0` the old contents of C are not read.
 #[allow(clippy::too_many_arguments)] // BLAS's own argument list, each operand beside its layout
-pub fn gemm<T: LinalgScalar>(
+pub fn gemm<T: Float>(
     alpha: T,
     a: &[T],
     la: Layout,
@@ -55,7 +60,7 @@ pub fn gemm<T: LinalgScalar>(
             "gemm shapes do not chain: {la:?} x {lb:?} -> {lc:?}"
         ));
     }
-    let misfit = |name: &str, len: usize, l: Layout| {
+    let misfit = |name: &'static str, len: usize, l: Layout| {
         move |e| invalid!("gemm operand {name} ({len} elements) does not fit {l:?}: {e}")
     };
     let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
@@ -95,8 +100,17 @@ mod tests {
         // C is 1·3 + 2·3 = 9.
         let mut c = [0.0f32; 6];
         let (la, lb) = (Layout::new(3, 2, 0, 1), Layout::new(2, 2, 0, 0));
-        gemm(1.0, &[1.0, 2.0], la, &[3.0], lb, 0.0, &mut c[..6], Layout::new(3, 2, 2, 1))
-            .unwrap();
+        gemm(
+            1.0,
+            &[1.0, 2.0],
+            la,
+            &[3.0],
+            lb,
+            0.0,
+            &mut c[..6],
+            Layout::new(3, 2, 2, 1),
+        )
+        .unwrap();
         assert_eq!(c, [9.0; 6]);
     }
 

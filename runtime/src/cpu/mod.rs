@@ -12,6 +12,7 @@ use ingot_schema::{AttrError, Attrs, DType};
 
 mod conv;
 mod elementwise;
+mod gemm;
 mod matmul;
 mod movement;
 mod norm;

@@ -17,6 +17,7 @@
 //! direction starts at step `lens[b] - 1`), `Y` is zero past its end, and `Y_h`/`Y_c` hold the
 //! state after its last step (zero when `lens[b] == 0`).
 
+use super::gemm::{Layout, gemm};
 use super::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
@@ -367,7 +368,7 @@ fn gemm_abt(
     }
     if m <= SMALL_M {
         // A recurrent step of a small batch is a few matrix-vector products: contiguous dot
-        // products beat sgemm, which repacks all of `b` on every call.
+        // products beat the GEMM library, which repacks all of `b` on every call.
         for (a, c) in a.chunks_exact(k).zip(c.chunks_mut(ldc)).take(m) {
             for (c, b) in c[..n].iter_mut().zip(b.chunks_exact(k)) {
                 *c = dot(a, b);
@@ -375,32 +376,19 @@ fn gemm_abt(
         }
         return Ok(());
     }
-    // SAFETY: the checks above keep every element sgemm touches inside `a`, `b` and `c`:
-    // a[i*k + p], b[j*k + p] and c[i*ldc + j] for i < m, j < n, p < k. `c` is borrowed
-    // mutably, so it overlaps neither input. Slice lengths fit in isize.
-    #[allow(unsafe_code)]
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            1,
-            k as isize,
-            0.0,
-            c.as_mut_ptr(),
-            ldc as isize,
-            1,
-        );
-    }
-    Ok(())
+    gemm(
+        1.0,
+        a,
+        Layout::row_major(m, k),
+        b,
+        Layout::new(k, n, 1, k),
+        0.0,
+        c,
+        Layout::new(m, n, ldc, 1),
+    )
 }
 
-/// Up to this many rows of `a`, `gemm_abt` computes dot products instead of calling sgemm.
+/// Up to this many rows of `a`, `gemm_abt` computes dot products instead of calling the GEMM.
 const SMALL_M: usize = 4;
 
 /// `Σ a[i] * b[i]`, in eight independent sums so that it vectorises.
@@ -1040,7 +1028,7 @@ mod tests {
 
     #[test]
     fn a_large_batch_runs_like_its_rows_alone() {
-        // Batches above SMALL_M take the sgemm path for the recurrent product; each row must
+        // Batches above SMALL_M take the GEMM path for the recurrent product; each row must
         // match the dot-product path on that row alone (checked against onnxruntime above).
         let a = on(attrs("forward", "Sigmoid,Tanh", 2), &["has_bias"]);
         let (seq, batch) = (3, 6);

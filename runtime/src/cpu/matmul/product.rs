@@ -6,12 +6,13 @@
 //! an axis is follows from its strides: in A, B and C it is a batch axis, in A and C a row
 //! (M), in B and C a column (N), not in C a contraction (K). Axes that are one index in
 //! disguise (the outer stride is the inner stride times the inner extent, in all three
-//! operands) are merged, then the largest M, N and K axes become one GEMM call, run by
-//! `matrixmultiply` on floats, and every other axis is looped around it. So broadcast
+//! operands) are merged, then the largest M, N and K axes become one GEMM call, run by the
+//! shared [`gemm`] on floats, and every other axis is looped around it. So broadcast
 //! batches, transposed operands and diagonals cost no copies, and contraction axes left
 //! outside the GEMM accumulate because every call adds to C.
 
 use crate::cpu::KernelError;
+use crate::cpu::gemm::{self, Layout};
 use crate::invalid;
 use crate::tensor::Element;
 
@@ -170,6 +171,11 @@ impl Mat {
     fn idx(&self, r: usize, c: usize) -> usize {
         self.off + r * self.rs + c * self.cs
     }
+
+    /// The shared GEMM's view of the matrix, from `off` on.
+    fn layout(&self, rows: usize, cols: usize) -> Layout {
+        Layout::new(rows, cols, self.rs, self.cs)
+    }
 }
 
 /// One GEMM: `C (m x n) += alpha * A (m x k) * B (k x n)`.
@@ -184,18 +190,12 @@ pub struct Call {
 }
 
 impl Call {
-    /// Every element the call addresses lies inside its slice, and C's strides keep distinct
-    /// elements apart along each dimension longer than 1 (what `matrixmultiply` requires).
-    /// Sizes are non-zero when this is asked.
+    /// Every element the call addresses lies inside its slice (what `simple_gemm` indexes;
+    /// the shared GEMM checks its own views). Sizes are non-zero when this is asked.
     fn check(&self, a: usize, b: usize, c: usize) -> Result<(), KernelError> {
         let ok = self.a.fits(self.m, self.k, a)
             && self.b.fits(self.k, self.n, b)
-            && self.c.fits(self.m, self.n, c)
-            && (self.m == 1 || self.c.rs != 0)
-            && (self.n == 1 || self.c.cs != 0)
-            && [self.a, self.b, self.c]
-                .iter()
-                .all(|x| isize::try_from(x.rs.max(x.cs)).is_ok());
+            && self.c.fits(self.m, self.n, c);
         if ok {
             Ok(())
         } else {
@@ -211,9 +211,10 @@ impl Call {
 }
 
 /// Small products with a short contraction and contiguous rows in B and C (or one column) skip
-/// `matrixmultiply`, whose packing and full-tile kernels cost more than they save there:
-/// measured here, attention's per-head [40, 15] x [15, 40] runs 2x faster with plain loops,
-/// while 16x16x16 and anything with a longer contraction is faster through the library.
+/// the shared GEMM, whose packing and full-tile kernels (matrixmultiply's) cost more than they
+/// save there: measured here, attention's per-head [40, 15] x [15, 40] runs 2x faster with
+/// plain loops, while 16x16x16 and anything with a longer contraction is faster through the
+/// library.
 fn prefer_simple(call: &Call) -> bool {
     call.k < 16
         && call.m * call.n * call.k <= 32 * 32 * 32
@@ -259,7 +260,7 @@ pub trait Scalar: Element + Default {
 }
 
 macro_rules! float_scalar {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl Scalar for $t {
             fn one() -> Self {
                 1.0
@@ -273,7 +274,6 @@ macro_rules! float_scalar {
             fn add(self, other: Self) -> Self {
                 self + other
             }
-            #[allow(unsafe_code)]
             fn gemm(
                 call: &Call,
                 alpha: Self,
@@ -289,38 +289,24 @@ macro_rules! float_scalar {
                     simple_gemm(call, alpha, a, b, c);
                     return Ok(());
                 }
-                let (pa, pb, pc) = (&a[call.a.off..], &b[call.b.off..], &mut c[call.c.off..]);
-                // Strides fit isize (checked above).
-                let s = |v: usize| v as isize;
-                // SAFETY: `check` proved that every element the call reads or writes lies inside
-                // `a`, `b` and `c`, that the strides fit `isize`, and that C's strides keep its
-                // elements apart along each dimension (the callers' axes address each element of
-                // C once). `c` is a unique borrow, so it aliases neither `a` nor `b`.
-                unsafe {
-                    $gemm(
-                        call.m,
-                        call.k,
-                        call.n,
-                        alpha,
-                        pa.as_ptr(),
-                        s(call.a.rs),
-                        s(call.a.cs),
-                        pb.as_ptr(),
-                        s(call.b.rs),
-                        s(call.b.cs),
-                        1.0,
-                        pc.as_mut_ptr(),
-                        s(call.c.rs),
-                        s(call.c.cs),
-                    );
-                }
-                Ok(())
+                // `check` proved each offset lies inside its slice.
+                let (m, n, k) = (call.m, call.n, call.k);
+                gemm::gemm(
+                    alpha,
+                    &a[call.a.off..],
+                    call.a.layout(m, k),
+                    &b[call.b.off..],
+                    call.b.layout(k, n),
+                    1.0,
+                    &mut c[call.c.off..],
+                    call.c.layout(m, n),
+                )
             }
         }
     };
 }
-float_scalar!(f32, matrixmultiply::sgemm);
-float_scalar!(f64, matrixmultiply::dgemm);
+float_scalar!(f32);
+float_scalar!(f64);
 
 // Integer products are for ids and shapes, small: plain loops, wrapping like numpy.
 macro_rules! int_scalar {
