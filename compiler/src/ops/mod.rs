@@ -189,6 +189,27 @@ mod tests {
     }
 
     #[test]
+    fn the_committed_op_set_is_supported() {
+        // The ops Ingot commits to: the PP-OCR models' and the common CNN, transformer, classic
+        // and sequence-model ops (Constant is read by the importer, not an op).
+        let committed = "Abs Add And ArgMax AveragePool BatchNormalization Cast Ceil Clip Concat \
+            ConstantOfShape Conv ConvTranspose Div Dropout Einsum Elu Equal Erf Exp Expand Flatten \
+            Floor Gather Gelu Gemm GlobalAveragePool GlobalMaxPool Greater GreaterOrEqual \
+            HardSigmoid HardSwish Identity InstanceNormalization LayerNormalization LeakyRelu Less \
+            LessOrEqual Log LogSoftmax MatMul Max MaxPool Min Mul Neg Not Or Pad Pow PRelu Range \
+            Reciprocal ReduceL2 ReduceMax ReduceMean ReduceMin ReduceSum Relu Reshape Resize Shape \
+            Sigmoid Sign Sin Cos Slice Softmax Softplus Split Sqrt Squeeze Sub Sum Tanh Tile \
+            Transpose Unsqueeze Where LRN LSTM GRU DepthToSpace SpaceToDepth ArgMin ReduceProd \
+            CumSum GatherElements GatherND IsNaN IsInf Trilu Mod Selu Mish";
+        let supported = supported_ops();
+        let missing: Vec<&str> = committed
+            .split_whitespace()
+            .filter(|op| !supported.contains(op))
+            .collect();
+        assert!(missing.is_empty(), "committed ops without support: {missing:?}");
+    }
+
+    #[test]
     fn broadcasting_follows_numpy() {
         assert_eq!(
             broadcast_shapes(&[&[2, 1, 4], &[3, 1]]).unwrap(),
