@@ -177,7 +177,8 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
     let bytes = std::fs::read(model).with_context(|| model.display().to_string())?;
     let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)?;
     let g = m.graph.as_ref().context("model has no graph")?;
-    let initializers: std::collections::BTreeSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let initializers: std::collections::BTreeSet<&str> =
+        g.initializer.iter().map(|t| t.name.as_str()).collect();
     Ok(g.input
         .iter()
         .filter(|i| !initializers.contains(i.name.as_str()))
@@ -185,10 +186,20 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
             let uses: Vec<(&str, usize)> = g
                 .node
                 .iter()
-                .flat_map(|n| n.input.iter().enumerate().filter(|(_, x)| **x == i.name).map(|(k, _)| (n.op_type.as_str(), k)))
+                .flat_map(|n| {
+                    n.input
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, x)| **x == i.name)
+                        .map(|(k, _)| (n.op_type.as_str(), k))
+                })
                 .collect();
             let operand = !uses.is_empty()
-                && uses.iter().all(|(op, k)| OPERANDS.iter().any(|(o, slots)| o == op && slots.contains(k)));
+                && uses.iter().all(|(op, k)| {
+                    OPERANDS
+                        .iter()
+                        .any(|(o, slots)| o == op && slots.contains(k))
+                });
             (i.name.clone(), operand)
         })
         .collect())

@@ -29,7 +29,10 @@ pub fn main(args: Args) -> Result<()> {
     let start = Instant::now();
     let mut constant_inputs = Vec::new();
     for (name, path) in &args.constant_inputs {
-        constant_inputs.push((name.clone(), super::npy::read(path).with_context(|| format!("--constant-input {name}"))?));
+        constant_inputs.push((
+            name.clone(),
+            super::npy::read(path).with_context(|| format!("--constant-input {name}"))?,
+        ));
     }
     let options = CompileOptions {
         input_shapes: args.input_shapes,

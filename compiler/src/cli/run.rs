@@ -25,7 +25,6 @@ pub struct Args {
     variant: Option<String>,
 }
 
-
 /// A name that is safe as a file name on every platform.
 pub fn file_safe(name: &str) -> String {
     let s: String = name

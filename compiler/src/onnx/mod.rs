@@ -578,7 +578,10 @@ impl Importer<'_> {
         let shape = value.shape();
         let fits = dims.is_none_or(|dims| {
             dims.len() == shape.len()
-                && dims.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+                && dims
+                    .iter()
+                    .zip(shape)
+                    .all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
         });
         if value.dtype() != dtype || !fits {
             return Err(self.shape_err(format!(

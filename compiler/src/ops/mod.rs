@@ -206,7 +206,10 @@ mod tests {
             .split_whitespace()
             .filter(|op| !supported.contains(op))
             .collect();
-        assert!(missing.is_empty(), "committed ops without support: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "committed ops without support: {missing:?}"
+        );
     }
 
     #[test]

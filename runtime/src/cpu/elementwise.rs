@@ -36,12 +36,63 @@ const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOr
 /// Ops whose kernels run in place ([`Kernel::run_in_place`]): every op here built on the
 /// `Map` and `Binary` kernels (all but Pow, the variadic ops and Where).
 pub const IN_PLACE: &[&str] = &[
-    "Abs", "Neg", "Sign", "Relu", "Ceil", "Floor", "Round", "Sqrt", "Reciprocal", "Exp", "Log",
-    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Tanh", "Asinh", "Acosh",
-    "Atanh", "Sigmoid", "Erf", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
-    "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Not", "IsNaN", "IsInf", "Clip",
-    "Cast", "CastLike", "Add", "Sub", "Mul", "Div", "Mod", "PRelu", "BitShift", "And", "Or",
-    "Xor", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
+    "Abs",
+    "Neg",
+    "Sign",
+    "Relu",
+    "Ceil",
+    "Floor",
+    "Round",
+    "Sqrt",
+    "Reciprocal",
+    "Exp",
+    "Log",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Sinh",
+    "Cosh",
+    "Tanh",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+    "Sigmoid",
+    "Erf",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "HardSwish",
+    "Softplus",
+    "Softsign",
+    "Mish",
+    "Gelu",
+    "ThresholdedRelu",
+    "Not",
+    "IsNaN",
+    "IsInf",
+    "Clip",
+    "Cast",
+    "CastLike",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Mod",
+    "PRelu",
+    "BitShift",
+    "And",
+    "Or",
+    "Xor",
+    "Equal",
+    "Greater",
+    "GreaterOrEqual",
+    "Less",
+    "LessOrEqual",
 ];
 
 pub const OPS: &[&str] = &[
@@ -279,7 +330,11 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
         }
         let y = output::<O>(outputs)?;
         if y.len() != self.len {
-            return Err(invalid!("prepared for {} elements, got {}", self.len, y.len()));
+            return Err(invalid!(
+                "prepared for {} elements, got {}",
+                self.len,
+                y.len()
+            ));
         }
         // The output holds the input's bits: read each element as the input type.
         for y in y.iter_mut() {
@@ -334,7 +389,9 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
                 self.bc.check([y.len(), b.len()], y.len())?;
                 self.bc.for_each(|[_, rb], ry| match &b[rb] {
                     &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
-                    b => (y[ry].iter_mut().zip(b)).for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b)),
+                    b => {
+                        (y[ry].iter_mut().zip(b)).for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b))
+                    }
                 });
             }
             1 if size_of::<B>() == size_of::<O>() => {
@@ -342,7 +399,9 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
                 self.bc.check([a.len(), y.len()], y.len())?;
                 self.bc.for_each(|[ra, _], ry| match &a[ra] {
                     &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
-                    a => (y[ry].iter_mut().zip(a)).for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y))),
+                    a => {
+                        (y[ry].iter_mut().zip(a)).for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y)))
+                    }
                 });
             }
             _ => return Err(invalid!("cannot run in place over input {aliased}")),

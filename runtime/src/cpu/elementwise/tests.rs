@@ -692,33 +692,65 @@ fn run_in_place(op: &str, attrs: &Attrs, inputs: &[&Tensor], aliased: usize) -> 
 
 #[test]
 fn in_place_runs_equal_ordinary_runs() {
-    let x = t(&[2, 3, 2], &[-3.0f32, -1.5, 0.0, 0.5, 1.0, 2.5, -2.0, 4.0, 3.0, -0.5, 1.5, -4.0]);
+    let x = t(
+        &[2, 3, 2],
+        &[
+            -3.0f32, -1.5, 0.0, 0.5, 1.0, 2.5, -2.0, 4.0, 3.0, -0.5, 1.5, -4.0,
+        ],
+    );
     let channel = t(&[3, 1], &[10.0f32, 20.0, 30.0]);
     let shape = [2, 3, 2];
     for op in crate::cpu::elementwise::IN_PLACE {
         let unary = !matches!(
             *op,
-            "Add" | "Sub" | "Mul" | "Div" | "Mod" | "PRelu" | "BitShift" | "And" | "Or" | "Xor"
-                | "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" | "CastLike"
+            "Add"
+                | "Sub"
+                | "Mul"
+                | "Div"
+                | "Mod"
+                | "PRelu"
+                | "BitShift"
+                | "And"
+                | "Or"
+                | "Xor"
+                | "Equal"
+                | "Greater"
+                | "GreaterOrEqual"
+                | "Less"
+                | "LessOrEqual"
+                | "CastLike"
         );
         if !unary || matches!(*op, "Not" | "IsNaN" | "IsInf" | "Cast") {
             continue; // covered below, or their output type differs from f32
         }
         let mut attrs = Attrs::new();
-        for (name, v) in [("alpha", 0.5), ("beta", 0.25), ("gamma", 1.5), ("min", -1.0), ("max", 2.0)] {
+        for (name, v) in [
+            ("alpha", 0.5),
+            ("beta", 0.25),
+            ("gamma", 1.5),
+            ("min", -1.0),
+            ("max", 2.0),
+        ] {
             attrs.set(name, float(v));
         }
         attrs.set("approximate", AttrValue::Text("none".into()));
         let want = run(op, &attrs, &[&x], DType::F32, &shape);
         let got = run_in_place(op, &attrs, &[&x], 0);
         let (w, g) = (want.to_vec::<f32>().unwrap(), got.to_vec::<f32>().unwrap());
-        let same = w.iter().zip(&g).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+        let same = w
+            .iter()
+            .zip(&g)
+            .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
         assert!(same, "{op}: {w:?} vs {g:?}");
     }
     // Binary, over either operand, with the other broadcast per channel.
     for op in ["Add", "Sub", "Mul", "Div", "PRelu"] {
         let want = bin(op, &x, &channel, &shape);
-        assert_eq!(run_in_place(op, &Attrs::new(), &[&x, &channel], 0), want, "{op}");
+        assert_eq!(
+            run_in_place(op, &Attrs::new(), &[&x, &channel], 0),
+            want,
+            "{op}"
+        );
     }
     let want = bin("Sub", &channel, &x, &shape);
     assert_eq!(run_in_place("Sub", &Attrs::new(), &[&channel, &x], 1), want);
