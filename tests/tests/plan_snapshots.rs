@@ -22,7 +22,8 @@ fn weight(shape: &[usize], salt: usize) -> Tensor {
 }
 
 fn write(name: &str, model: OnnxModel) -> PathBuf {
-    let path = scratch_dir("plan_snapshots").join(format!("{name}.onnx"));
+    // One scratch dir per fixture: the tests run in parallel and a scratch dir starts empty.
+    let path = scratch_dir(&format!("plan_snapshots/{name}")).join("model.onnx");
     model.write(&path).unwrap();
     path
 }
