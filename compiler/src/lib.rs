@@ -33,7 +33,8 @@ pub struct CompileOptions {
 pub struct Sharing {
     /// Views, outer-axis slices and splits, concats written in place.
     pub views: bool,
-    /// Elementwise ops written over a dying input.
+    /// Ops written over an input whose root dies there (elementwise ops, a conv or matmul over
+    /// its residual-add operand).
     pub in_place: bool,
     /// Step orders other than the model's.
     pub reorder: bool,
@@ -84,7 +85,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     passes::run_all(&mut graph)?;
-    let no_in_place = |_: &str| false;
+    let no_in_place = |_: &str, _: &ingot_schema::Attrs, _: usize| false;
     let cpu = plan::Target::cpu();
     let target = plan::Target {
         can_run_in_place: if options.sharing.in_place {

@@ -174,13 +174,17 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
     )
 }
 
-/// Bytes of a tensor with this dtype and shape, or `None` on overflow or an unknown dtype.
+/// Bytes of a tensor with this dtype and shape, or `None` for an unknown dtype or a shape whose
+/// non-zero dims multiply past `isize::MAX` bytes. Zero dims are skipped in that bound so that
+/// no product of dims a kernel may form (a stride, the rows before an axis) overflows, even in
+/// an empty tensor.
 fn checked_bytes(dtype: i32, shape: &[u64]) -> Option<u64> {
     let dt = DType::from_proto(proto::DataType::try_from(dtype).ok()?)?;
-    shape
+    let bound = shape
         .iter()
-        .try_fold(dt.size() as u64, |acc, &d| acc.checked_mul(d))
-        .filter(|&b| b <= isize::MAX as u64)
+        .try_fold(dt.size() as u64, |acc, &d| acc.checked_mul(d.max(1)))
+        .filter(|&b| b <= isize::MAX as u64)?;
+    Some(if shape.contains(&0) { 0 } else { bound })
 }
 
 fn validate(m: &proto::Manifest, weights_len: u64) -> Result<(), BundleError> {
@@ -242,6 +246,9 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     };
     io_list(&v.inputs, "input")?;
     io_list(&v.outputs, "output")?;
+    // The end of the last arena tensor, and the bytes of all of them laid end to end (aligned):
+    // the planner's arena is never larger than either.
+    let (mut arena_end, mut arena_sum) = (0, 0u64);
     for (i, t) in v.tensors.iter().enumerate() {
         let at = |msg: String| format!("tensor {i} '{}': {msg}", t.name);
         match t.storage.as_ref().and_then(|s| s.kind.as_ref()) {
@@ -263,11 +270,19 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
             }
             Some(Kind::Arena(off)) => {
                 let end = off.checked_add(sizes[i]);
-                if off % plan.alignment != 0 || end.is_none_or(|e| e > plan.arena_bytes) {
-                    return Err(at(format!(
-                        "{} bytes at arena offset {off} exceed the {}-byte arena or its alignment",
-                        sizes[i], plan.arena_bytes
-                    )));
+                match end {
+                    Some(end) if off % plan.alignment == 0 && end <= plan.arena_bytes => {
+                        arena_end = arena_end.max(end);
+                        let aligned = sizes[i].checked_next_multiple_of(plan.alignment);
+                        arena_sum = arena_sum.saturating_add(aligned.unwrap_or(u64::MAX));
+                    }
+                    _ => {
+                        return Err(at(format!(
+                            "{} bytes at arena offset {off} exceed the {}-byte arena or its \
+                             alignment",
+                            sizes[i], plan.arena_bytes
+                        )));
+                    }
                 }
             }
             Some(Kind::View(view)) => {
@@ -286,9 +301,27 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                 if end.is_none_or(|e| e > sizes[root]) {
                     return Err(at(format!("view exceeds its root tensor {root}")));
                 }
+                // Roots are aligned for every type; a view must keep its elements aligned.
+                if view.byte_offset % tensor_desc(t).dtype.size() as u64 != 0 {
+                    return Err(at(format!(
+                        "view at byte offset {} misaligns its elements",
+                        view.byte_offset
+                    )));
+                }
             }
             Some(_) => {}
         }
+    }
+    // A larger arena would only make the session allocate (and zero) memory nothing uses.
+    let arena_need = arena_end
+        .checked_next_multiple_of(plan.alignment)
+        .unwrap_or(u64::MAX)
+        .min(arena_sum);
+    if plan.arena_bytes > arena_need {
+        return Err(format!(
+            "the plan claims a {}-byte arena; its tensors need at most {arena_need}",
+            plan.arena_bytes
+        ));
     }
     for (k, a) in plan.allocations.iter().enumerate() {
         let kind = proto::AllocationKind::try_from(a.kind).ok();

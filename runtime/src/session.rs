@@ -61,6 +61,8 @@ pub enum SessionError {
     },
     #[error("cannot allocate the {bytes}-byte activation arena")]
     ArenaAllocation { bytes: u64 },
+    #[error("cannot allocate {bytes} bytes for output '{name}'")]
+    OutputAllocation { name: String, bytes: usize },
     #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
     Aliasing {
         index: usize,
@@ -151,6 +153,28 @@ impl Session {
             }
         };
 
+        let io = |list: &[u32]| -> Vec<IoInfo> {
+            list.iter()
+                .map(|&t| IoInfo {
+                    name: variant.tensors[t as usize].name.clone(),
+                    desc: tensor_desc(&variant.tensors[t as usize]),
+                })
+                .collect()
+        };
+        let (inputs, outputs) = (io(&variant.inputs), io(&variant.outputs));
+        // Memory first: kernels may build tables as long as their outputs' dims, so outputs
+        // that could never be allocated are refused before any kernel is prepared.
+        let arena_bytes = plan.arena_bytes;
+        let words = arena_bytes.div_ceil(8) as usize;
+        let mut arena = Vec::new();
+        arena
+            .try_reserve_exact(words)
+            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })?;
+        arena.resize(words, 0);
+        for o in &outputs {
+            probe_output(o)?;
+        }
+
         let mut steps = Vec::with_capacity(variant.steps.len());
         for (index, s) in variant.steps.iter().enumerate() {
             let prepare_error = |source| SessionError::Prepare {
@@ -171,11 +195,20 @@ impl Session {
                 outputs: &out_descs,
             })
             .map_err(prepare_error)?;
-            let in_place = outputs.first().and_then(|out| {
-                inputs
-                    .iter()
-                    .position(|i| i.place == out.place && i.bytes == out.bytes)
-            });
+            // Empty tensors share every place without aliasing anything.
+            let in_place = outputs
+                .first()
+                .filter(|o| !o.bytes.is_empty())
+                .and_then(|out| {
+                    inputs
+                        .iter()
+                        .position(|i| i.place == out.place && i.bytes == out.bytes)
+                });
+            if in_place.is_some_and(|k| !cpu::can_run_in_place(&s.op, &attrs, k)) {
+                return Err(prepare_error(KernelError::Invalid(
+                    "the plan writes its output over an input, which this op cannot do".into(),
+                )));
+            }
             steps.push(Step {
                 name: s.name.clone(),
                 op: s.op.clone(),
@@ -186,24 +219,9 @@ impl Session {
             });
         }
 
-        let io = |list: &[u32]| -> Vec<IoInfo> {
-            list.iter()
-                .map(|&t| IoInfo {
-                    name: variant.tensors[t as usize].name.clone(),
-                    desc: tensor_desc(&variant.tensors[t as usize]),
-                })
-                .collect()
-        };
-        let arena_bytes = plan.arena_bytes;
-        let words = arena_bytes.div_ceil(8) as usize;
-        let mut arena = Vec::new();
-        arena
-            .try_reserve_exact(words)
-            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })?;
-        arena.resize(words, 0);
         Ok(Session {
-            inputs: io(&variant.inputs),
-            outputs: io(&variant.outputs),
+            inputs,
+            outputs,
             steps,
             arena,
             arena_bytes: arena_bytes as usize,
@@ -228,11 +246,11 @@ impl Session {
     /// outputs (in the order of [`Session::outputs`]).
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
         self.check_inputs(inputs)?;
-        let mut outputs: Vec<Tensor> = self
+        let mut outputs = self
             .outputs
             .iter()
-            .map(|o| Tensor::zeros(o.desc.clone()))
-            .collect();
+            .map(zeroed_output)
+            .collect::<Result<Vec<_>, _>>()?;
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |source| SessionError::Step {
@@ -310,6 +328,24 @@ impl Session {
     }
 }
 
+/// Errors if memory for output `info` cannot be had. `Tensor::zeros` aborts the process when
+/// the allocator refuses, so the allocation is tried fallibly (and released) first.
+fn probe_output(info: &IoInfo) -> Result<(), SessionError> {
+    let bytes = info.desc.bytes();
+    Vec::<u64>::new()
+        .try_reserve_exact(bytes.div_ceil(8))
+        .map_err(|_| SessionError::OutputAllocation {
+            name: info.name.clone(),
+            bytes,
+        })
+}
+
+/// A zeroed tensor for an output, or an error where memory for it cannot be had.
+fn zeroed_output(info: &IoInfo) -> Result<Tensor, SessionError> {
+    probe_output(info)?;
+    Ok(Tensor::zeros(info.desc.clone()))
+}
+
 /// One step's view of memory: shared borrows for what it reads, exclusive borrows for what it
 /// writes, carved from the same buffers without copies or unsafe code.
 struct Places<'a> {
@@ -359,7 +395,7 @@ impl<'a> Carved<'a> {
     fn new(arena: &'a mut [u8], outputs: &[Operand], place: Place) -> Option<Carved<'a>> {
         let mut ranges: Vec<Range<usize>> = outputs
             .iter()
-            .filter(|o| o.place == place)
+            .filter(|o| o.place == place && !o.bytes.is_empty())
             .map(|o| o.bytes.clone())
             .collect();
         ranges.sort_by_key(|r| r.start);
@@ -383,6 +419,10 @@ impl<'a> Carved<'a> {
     }
 
     fn read(&self, r: &Range<usize>) -> Option<&'a [u8]> {
+        if r.is_empty() {
+            // Empty, but aligned like every arena offset, so that typed views accept it.
+            return Some(bytemuck::cast_slice::<u64, u8>(&[]));
+        }
         self.gaps.iter().find_map(|&(start, gap)| {
             (r.start >= start && r.end <= start + gap.len())
                 .then(|| &gap[r.start - start..r.end - start])
@@ -390,6 +430,9 @@ impl<'a> Carved<'a> {
     }
 
     fn take(&mut self, r: &Range<usize>) -> Option<&'a mut [u8]> {
+        if r.is_empty() {
+            return Some(bytemuck::cast_slice_mut::<u64, u8>(&mut []));
+        }
         self.written
             .iter_mut()
             .find(|(w, _)| w == r)

@@ -31,6 +31,7 @@ mod external;
 mod tensor;
 
 use external::ExternalData;
+pub(crate) use tensor::checked_bytes;
 
 /// Opsets of the default ONNX domain that Ingot imports. The op lowering reads each op's
 /// semantics for the model's opset (`LowerCx::opset`); opsets 11 to 21 are the ones the

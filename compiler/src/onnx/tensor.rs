@@ -30,12 +30,15 @@ pub(super) fn dtype(code: i32) -> Result<DType, String> {
     })
 }
 
-/// Size in bytes of a tensor, `None` if it does not fit in `usize` (a product that overflows
-/// anywhere is refused even if a later dim is zero, so `TensorDesc::elements` cannot overflow).
-pub(super) fn checked_bytes(dtype: DType, shape: &[usize]) -> Option<usize> {
-    shape
+/// Size in bytes of a tensor, `None` if its non-zero dims multiply past `isize::MAX` bytes
+/// (zeros are skipped in that bound, so that no product of dims overflows, even in an empty
+/// tensor).
+pub(crate) fn checked_bytes(dtype: DType, shape: &[usize]) -> Option<usize> {
+    let bound = shape
         .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d.max(1)))
+        .filter(|&b| b <= isize::MAX as usize)?;
+    Some(if shape.contains(&0) { 0 } else { bound })
 }
 
 /// Element type and shape of a tensor proto, checked.

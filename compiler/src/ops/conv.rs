@@ -7,11 +7,22 @@
 //! `output_padding` are folded into its pads too (an end pad may then be negative: the output
 //! is longer than the full transposed conv and the extra positions hold only the bias). An
 //! absent bias leaves two inputs. The pool family shares [`canonical_window`].
+//!
+//! **Post-ops** (the `fuse` pass fills them; `lower` writes them empty): `post_ops` (text, op
+//! names separated by commas in the order they apply: the activations `Relu`, `LeakyRelu`,
+//! `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh` and the binary `Add`, `Sub`, `RSub`,
+//! `Mul`; empty for none) and `post_params` (floats: the activations' parameters in order,
+//! Clip min and max, LeakyRelu alpha, HardSigmoid alpha and beta). Each binary post-op reads
+//! the next extra input after X, W and B; B is then always present. An extra input is f32 with
+//! the output's shape, or holds one element. The runtime side, and why a leading `Add` lets
+//! the step run over its operand, is `runtime/src/cpu/post.rs`. Gemm and MatMul
+//! (`matmul.rs`) take post-ops the same way.
 
 use super::{LowerCx, OpDef, OpResult, op_err};
 use crate::ir::Node;
 use ingot_runtime::TensorDesc;
-use ingot_schema::{AttrValue, Attrs};
+use ingot_runtime::cpu::post;
+use ingot_schema::{AttrValue, Attrs, DType};
 
 pub const OPS: &[OpDef] = &[
     OpDef {
@@ -86,30 +97,30 @@ impl WindowAttrs {
     }
 
     /// `(kernel - 1) * dilation + 1` along spatial dim `d`.
-    pub fn extent(&self, d: usize) -> i64 {
-        (self.kernel[d] - 1) * self.dilations[d] + 1
+    pub fn extent(&self, d: usize) -> i128 {
+        extent(self.kernel[d], self.dilations[d])
     }
 
     /// Explicit pads for `input` extents: `pads` for NOTSET, zeros for VALID, and for SAME_*
     /// whatever makes the output `ceil(input / stride)` long (the odd pixel at the end for
     /// SAME_UPPER, at the beginning for SAME_LOWER).
-    pub fn resolved_pads(&self, input: &[usize]) -> Vec<i64> {
+    pub fn resolved_pads(&self, input: &[usize]) -> OpResult<Vec<i64>> {
         let rank = input.len();
-        match self.auto_pad.as_str() {
+        Ok(match self.auto_pad.as_str() {
             "NOTSET" => self.pads.clone(),
             "VALID" => vec![0; 2 * rank],
             same => {
                 let mut pads = vec![0; 2 * rank];
                 for (d, &len) in input.iter().enumerate() {
-                    let (len, s) = (len as i64, self.strides[d]);
+                    let (len, s) = (len as i128, i128::from(self.strides[d]));
                     let out = (len + s - 1) / s;
                     let total = ((out - 1) * s + self.extent(d) - len).max(0);
-                    let (begin, end) = split(total, same == "SAME_UPPER");
+                    let (begin, end) = split(total, same == "SAME_UPPER")?;
                     (pads[d], pads[rank + d]) = (begin, end);
                 }
                 pads
             }
-        }
+        })
     }
 
     /// Writes the canonical `kernel_shape`, `strides`, `dilations` and `pads`; drops `auto_pad`.
@@ -123,15 +134,23 @@ impl WindowAttrs {
     }
 }
 
+/// `(kernel - 1) * dilation + 1`, in i128 like all window arithmetic here, so that no
+/// attribute value overflows it; results are converted back with a check.
+fn extent(kernel: i64, dilation: i64) -> i128 {
+    (i128::from(kernel) - 1) * i128::from(dilation) + 1
+}
+
 /// Splits a total padding into (begin, end), the odd one at the end if `upper`, rounding
 /// down as ONNX's reference does (Python `//`, also for negative totals).
-fn split(total: i64, upper: bool) -> (i64, i64) {
+fn split(total: i128, upper: bool) -> OpResult<(i64, i64)> {
     let half = total.div_euclid(2);
-    if upper {
+    let (begin, end) = if upper {
         (half, total - half)
     } else {
         (total - half, half)
-    }
+    };
+    let pad = |p: i128| i64::try_from(p).map_err(|_| op_err!("a padding of {p} is too large"));
+    Ok((pad(begin)?, pad(end)?))
 }
 
 /// Canonical window attributes for an op over `input` spatial extents: defaults filled,
@@ -142,7 +161,7 @@ pub(super) fn canonical_window(
     kernel: Option<&[usize]>,
 ) -> OpResult<bool> {
     let w = WindowAttrs::read(node, input.len(), kernel)?;
-    w.store(node, w.resolved_pads(input));
+    w.store(node, w.resolved_pads(input)?);
     Ok(w.auto_pad != "NOTSET")
 }
 
@@ -197,13 +216,13 @@ impl Window {
         Ok(self)
     }
 
-    pub fn extent(&self, d: usize) -> i64 {
-        (self.kernel[d] - 1) * self.dilations[d] + 1
+    pub fn extent(&self, d: usize) -> i128 {
+        extent(self.kernel[d], self.dilations[d])
     }
 
     /// The padded input length along `d` that windows may cover.
-    pub fn padded(&self, input: &[usize], d: usize) -> i64 {
-        input[d] as i64 + self.pads[d] + self.pads[input.len() + d]
+    pub fn padded(&self, input: &[usize], d: usize) -> i128 {
+        input[d] as i128 + i128::from(self.pads[d]) + i128::from(self.pads[input.len() + d])
     }
 
     /// Output extents of a strided window: `floor` (or, with `ceil`, `ceil` without a last
@@ -213,7 +232,7 @@ impl Window {
         (0..input.len())
             .map(|d| {
                 let room = self.padded(input, d) - self.extent(d);
-                let s = self.strides[d];
+                let s = i128::from(self.strides[d]);
                 if room < 0 {
                     return Err(op_err!(
                         "the window ({} with dilation {}) is larger than the padded input ({}) \
@@ -224,10 +243,10 @@ impl Window {
                     ));
                 }
                 let mut out = if ceil { (room + s - 1) / s } else { room / s } + 1;
-                if ceil && (out - 1) * s >= input[d] as i64 + self.pads[d] {
+                if ceil && (out - 1) * s >= input[d] as i128 + i128::from(self.pads[d]) {
                     out -= 1;
                 }
-                Ok(out as usize)
+                usize::try_from(out).map_err(|_| op_err!("an output of {out} is too large"))
             })
             .collect()
     }
@@ -251,11 +270,68 @@ fn conv_operands<'a>(
     Ok((&x.shape, &w.shape))
 }
 
-/// Fills `group` and drops an absent bias.
-/// Fills `group`, keeps only the canonical attributes and drops an absent bias.
+/// The attributes of no post-ops, which `lower` gives every op that can take some.
+pub(super) fn no_post_ops() -> Attrs {
+    Attrs::new()
+        .with("post_ops", AttrValue::Text(String::new()))
+        .with("post_params", AttrValue::Floats(Vec::new()))
+}
+
+/// Splits the inputs of a node that takes post-ops into its own inputs and its post-ops'
+/// operands; with operands, the node must have all `max` of its own inputs.
+pub(super) fn post_operands<'a, 'b>(
+    node: &Node,
+    inputs: &'a [&'b TensorDesc],
+    max: usize,
+) -> OpResult<(&'a [&'b TensorDesc], &'a [&'b TensorDesc])> {
+    let extra = post::extra_inputs(&node.attrs)?;
+    match inputs.len().checked_sub(extra) {
+        Some(own) if extra == 0 || own == max => Ok(inputs.split_at(own)),
+        _ => Err(op_err!(
+            "post-ops '{}' read {extra} extra inputs after all {max} of the op's own; the \
+             node has {} inputs",
+            node.attrs.text("post_ops")?,
+            inputs.len()
+        )),
+    }
+}
+
+/// Checks the output and post-op operands of a node with post-ops: f32, each operand of the
+/// output's shape or of one element.
+pub(super) fn check_post_operands(
+    node: &Node,
+    operands: &[&TensorDesc],
+    out: &TensorDesc,
+) -> OpResult<()> {
+    if node.attrs.text("post_ops")?.is_empty() {
+        return Ok(());
+    }
+    if out.dtype != DType::F32 {
+        return Err(op_err!(
+            "post-ops run on f32 only, the output is {}",
+            out.dtype
+        ));
+    }
+    match operands
+        .iter()
+        .find(|r| r.dtype != DType::F32 || (r.shape != out.shape && r.elements() != 1))
+    {
+        Some(r) => Err(op_err!(
+            "a post-op operand is {} {:?}; it must be f32 of the output's shape {:?} or hold \
+             one element",
+            r.dtype,
+            r.shape,
+            out.shape
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Fills `group`, keeps only the canonical attributes, writes empty post-ops and drops an
+/// absent bias.
 fn lower_group_and_bias(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let group = node.attrs.int_or("group", 1)?;
-    let mut attrs = Attrs::new().with("group", AttrValue::Int(group));
+    let mut attrs = no_post_ops().with("group", AttrValue::Int(group));
     for name in ["kernel_shape", "strides", "dilations", "pads"] {
         if let Some(v) = node.attrs.get(name) {
             attrs.set(name, v.clone());
@@ -293,8 +369,11 @@ fn lower_conv_transpose(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         None => None,
     };
     // The full transposed conv is stride * (in - 1) + output_padding + extent long; pads crop it.
-    let full =
-        |d: usize| win.strides[d] * (input[d] as i64 - 1) + output_padding[d] + win.extent(d);
+    let full = |d: usize| {
+        i128::from(win.strides[d]) * (input[d] as i128 - 1)
+            + i128::from(output_padding[d])
+            + win.extent(d)
+    };
     let mut pads = match (&output_shape, win.auto_pad.as_str()) {
         (None, "NOTSET") => win.pads.clone(),
         (None, "VALID") => vec![0; 2 * rank],
@@ -304,18 +383,21 @@ fn lower_conv_transpose(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             let mut pads = vec![0; 2 * rank];
             for d in 0..rank {
                 let target = match &output_shape {
-                    Some(s) => s[d],
-                    None => input[d] as i64 * win.strides[d],
+                    Some(s) => i128::from(s[d]),
+                    None => input[d] as i128 * i128::from(win.strides[d]),
                 };
-                let (begin, end) = split(full(d) - target, win.auto_pad == "SAME_UPPER");
+                let (begin, end) = split(full(d) - target, win.auto_pad == "SAME_UPPER")?;
                 (pads[d], pads[rank + d]) = (begin, end);
             }
             pads
         }
     };
     // Canonical: output_padding is more room at the end, i.e. less end padding.
-    for (d, op) in output_padding.iter().enumerate() {
-        pads[rank + d] -= op;
+    for (d, &op) in output_padding.iter().enumerate() {
+        let end = &mut pads[rank + d];
+        *end = end
+            .checked_sub(op)
+            .ok_or_else(|| op_err!("output_padding {output_padding:?} is too large"))?;
     }
     win.store(node, pads);
     lower_group_and_bias(node, cx)
@@ -349,39 +431,46 @@ fn check_channels(
 }
 
 fn infer_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let (inputs, operands) = post_operands(node, inputs, 3)?;
     let (x, w) = conv_operands(inputs.first().copied(), inputs.get(1).copied())?;
     let m = check_channels(
         node,
         inputs,
-        |g| x[1] == w[1] * g && w[0] % g == 0,
+        |g| w[1].checked_mul(g) == Some(x[1]) && w[0] % g == 0,
         |_| w[0],
     )?;
     let win = Window::of(node, x.len() - 2)?.matching(w)?;
     let spatial = win.output(&x[2..], false)?;
     let shape = [&[x[0], m][..], &spatial].concat();
-    Ok(vec![TensorDesc::new(inputs[0].dtype, shape)])
+    let out = TensorDesc::new(inputs[0].dtype, shape);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
 }
 
 fn infer_conv_transpose(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let (inputs, operands) = post_operands(node, inputs, 3)?;
     let (x, w) = conv_operands(inputs.first().copied(), inputs.get(1).copied())?;
     let m = check_channels(
         node,
         inputs,
         |g| x[1] == w[0] && x[1] % g == 0,
-        |g| w[1] * g,
+        // Saturating: an absurd group makes a count no bias or later check accepts.
+        |g| w[1].saturating_mul(g),
     )?;
     let win = Window::of(node, x.len() - 2)?.matching(w)?;
     let input = &x[2..];
     let spatial = (0..input.len())
         .map(|d| {
-            let out = win.strides[d] * (input[d] as i64 - 1) + win.extent(d)
-                - win.pads[d]
-                - win.pads[input.len() + d];
+            let out = i128::from(win.strides[d]) * (input[d] as i128 - 1) + win.extent(d)
+                - i128::from(win.pads[d])
+                - i128::from(win.pads[input.len() + d]);
             usize::try_from(out).map_err(|_| op_err!("pads {:?} crop the whole output", win.pads))
         })
         .collect::<OpResult<Vec<_>>>()?;
     let shape = [&[x[0], m][..], &spatial].concat();
-    Ok(vec![TensorDesc::new(inputs[0].dtype, shape)])
+    let out = TensorDesc::new(inputs[0].dtype, shape);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
 }
 
 #[cfg(test)]
@@ -453,7 +542,7 @@ pub(super) mod tests {
             let out = lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w), None]);
             assert_eq!(out, [f32(&[1, 4, 3, 5])]);
             assert_eq!(n.inputs.len(), 2, "the absent bias is dropped");
-            let expected = Attrs::new()
+            let expected = no_post_ops()
                 .with("kernel_shape", ints(&[2, 1]))
                 .with("strides", ints(&[2, 1]))
                 .with("dilations", ints(&[2, 1]))
@@ -565,5 +654,36 @@ pub(super) mod tests {
         );
         let out = lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w), Some(&b)]);
         assert_eq!(out, [f32(&[1, 6, 3, 3])]);
+    }
+
+    #[test]
+    fn post_op_operands_follow_the_bias() {
+        // A Conv with "Add,Relu,Mul": X, W, B, then R (the output's shape) and a scalar.
+        let (x, w, b) = (f32(&[1, 2, 5, 5]), f32(&[4, 2, 3, 3]), f32(&[4]));
+        let mut n = node("Conv", 3, 1, Attrs::new());
+        lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w), Some(&b)]);
+        assert_eq!(
+            n.attrs.text("post_ops").unwrap(),
+            "",
+            "lower writes no post-ops"
+        );
+        n.attrs.set("post_ops", text("Add,Relu,Mul"));
+        let (r, one) = (f32(&[1, 4, 3, 3]), f32(&[1]));
+        assert_eq!(
+            infer_conv(&n, &[&x, &w, &b, &r, &one]).unwrap(),
+            std::slice::from_ref(&r)
+        );
+        assert!(
+            infer_conv(&n, &[&x, &w, &r, &one]).is_err(),
+            "B must be present"
+        );
+        assert!(
+            infer_conv(&n, &[&x, &w, &b, &b, &one]).is_err(),
+            "no broadcasting"
+        );
+        let ints64 = TensorDesc::new(DType::I64, vec![1, 4, 3, 3]);
+        assert!(infer_conv(&n, &[&x, &w, &b, &ints64, &one]).is_err());
+        n.attrs.set("post_ops", text("Swish"));
+        assert!(infer_conv(&n, &[&x, &w, &b]).is_err(), "unknown post-op");
     }
 }

@@ -1,11 +1,16 @@
 //! MatMul, Gemm and Einsum: attribute defaults, shape rules, and Einsum's equation turned into
 //! integer labels so that the runtime (`runtime/src/cpu/matmul.rs`) never parses it.
 //!
-//! Canonical Gemm: `transA`, `transB`, `alpha`, `beta`, with C only when the model gives one.
+//! Canonical Gemm: `transA`, `transB`, `alpha`, `beta`, with C only when the model gives one
+//! (or when post-ops read extra inputs).
+//! Canonical Gemm and MatMul also have `post_ops` and `post_params`, written empty here and
+//! filled by the `fuse` pass, as for Conv (see `conv.rs`): each binary post-op reads the next
+//! extra input after A and B (MatMul) or A, B and C (Gemm).
 //! Canonical Einsum: `input0_labels`, `input1_labels` (two operands) and `output_labels`, one
 //! label per axis with the ellipsis expanded for the operands' ranks and implicit output made
 //! explicit; `equation` stays for people reading the bundle. One or two operands.
 
+use super::conv::{check_post_operands, no_post_ops, post_operands};
 use super::{LowerCx, OpDef, OpResult, broadcast_shapes, op_err};
 use crate::ir::Node;
 use ingot_runtime::TensorDesc;
@@ -42,13 +47,14 @@ fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<ingot_schema::DTy
 }
 
 fn lower_matmul(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
-    node.attrs = Attrs::new();
+    node.attrs = no_post_ops();
     Ok(())
 }
 
 /// Numpy's matmul shape: 1-D operands are promoted and the added dimension dropped; batch
 /// dimensions broadcast.
 fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let (inputs, operands) = post_operands(node, inputs, 2)?;
     let dtype = same_dtype(node, inputs)?;
     let [a, b] = inputs else {
         return Err(op_err!("MatMul takes 2 inputs, got {}", inputs.len()));
@@ -77,12 +83,14 @@ fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
     if let [.., _, n] = sb {
         shape.push(*n);
     }
-    Ok(vec![TensorDesc::new(dtype, shape)])
+    let out = TensorDesc::new(dtype, shape);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
 }
 
 fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
     let a = &node.attrs;
-    node.attrs = Attrs::new()
+    node.attrs = no_post_ops()
         .with("transA", AttrValue::Int(a.int_or("transA", 0)?))
         .with("transB", AttrValue::Int(a.int_or("transB", 0)?))
         .with(
@@ -101,6 +109,7 @@ fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
 }
 
 fn infer_gemm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let (inputs, operands) = post_operands(node, inputs, 3)?;
     let dtype = same_dtype(node, inputs)?;
     let (ta, tb) = (
         node.attrs.int("transA")? != 0,
@@ -141,7 +150,9 @@ fn infer_gemm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> 
             ));
         }
     }
-    Ok(vec![TensorDesc::new(dtype, vec![m, n])])
+    let out = TensorDesc::new(dtype, vec![m, n]);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
 }
 
 /// An Einsum equation as integer labels per operand and for the output.
@@ -453,5 +464,41 @@ mod tests {
         );
         assert!(shape_of(node("Einsum", 2, eq("ij,jk->ik")), 12, &[&[2, 3], &[4, 5]]).is_err());
         assert!(shape_of(node("Einsum", 3, eq("i,i,i->")), 12, &[&[2], &[2], &[2]]).is_err());
+    }
+
+    #[test]
+    fn post_op_operands_follow_the_own_inputs() {
+        let f = |s: &[usize]| TensorDesc::new(DType::F32, s.to_vec());
+        let (a, b, c, y) = (f(&[2, 3]), f(&[3, 4]), f(&[4]), f(&[2, 4]));
+        let (n, _) = shape_of(node("MatMul", 2, Attrs::new()), 13, &[&[2, 3], &[3, 4]]).unwrap();
+        assert_eq!(n.attrs, no_post_ops());
+        let with = |op: &str, ops: &str| {
+            let mut n = node(op, 0, no_post_ops());
+            n.attrs.set("post_ops", AttrValue::Text(ops.into()));
+            if op == "Gemm" {
+                for (k, v) in [("transA", 0), ("transB", 0)] {
+                    n.attrs.set(k, AttrValue::Int(v));
+                }
+                for k in ["alpha", "beta"] {
+                    n.attrs.set(k, AttrValue::Float(1.0));
+                }
+            }
+            n
+        };
+        assert_eq!(
+            infer_matmul(&with("MatMul", "Add"), &[&a, &b, &y]).unwrap(),
+            std::slice::from_ref(&y)
+        );
+        assert!(infer_matmul(&with("MatMul", "Add"), &[&a, &b]).is_err());
+        assert!(infer_matmul(&with("MatMul", "Relu,Mul"), &[&a, &b, &c]).is_err());
+        let gemm = with("Gemm", "Sub,Tanh");
+        assert_eq!(
+            infer_gemm(&gemm, &[&a, &b, &c, &y]).unwrap(),
+            std::slice::from_ref(&y)
+        );
+        assert!(
+            infer_gemm(&gemm, &[&a, &b, &y]).is_err(),
+            "C must be present"
+        );
     }
 }

@@ -153,6 +153,17 @@ pub fn normalize_axis(axis: i64, rank: usize) -> OpResult<usize> {
     }
 }
 
+/// The product of `dims`, `None` if it overflows (dims come from models: never multiply them
+/// unchecked).
+pub fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// The sum of `parts`, `None` if it overflows.
+pub fn checked_sum(parts: &[usize]) -> Option<usize> {
+    parts.iter().try_fold(0usize, |acc, &d| acc.checked_add(d))
+}
+
 /// Numpy-style broadcast of several shapes.
 pub fn broadcast_shapes(shapes: &[&[usize]]) -> OpResult<Vec<usize>> {
     let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);

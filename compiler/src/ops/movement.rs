@@ -15,7 +15,7 @@ mod layout;
 #[cfg(test)]
 mod tests;
 
-use super::{LowerCx, OpDef, OpResult, normalize_axis, op_err};
+use super::{LowerCx, OpDef, OpResult, checked_product, normalize_axis, op_err};
 use crate::ir::{Const, Node};
 use ingot_runtime::TensorDesc;
 use ingot_schema::{AttrValue, DType};
@@ -283,7 +283,7 @@ fn lower_reshape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     }
     let total = x.elements();
     if let Some(i) = inferred {
-        let known: usize = shape.iter().product();
+        let known = checked_product(&shape).unwrap_or(0);
         if known == 0 || total % known != 0 {
             return Err(op_err!("cannot reshape {:?} to {spec:?}", x.shape));
         }
@@ -298,7 +298,7 @@ fn lower_reshape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 fn infer_reshape(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let x = arg(inputs, 0)?;
     let shape = usizes(node, "shape")?;
-    if shape.iter().product::<usize>() != x.elements() {
+    if checked_product(&shape) != Some(x.elements()) {
         return Err(op_err!("cannot reshape {:?} to {shape:?}", x.shape));
     }
     Ok(vec![TensorDesc::new(x.dtype, shape)])
@@ -524,8 +524,11 @@ fn infer_range(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
         if d == 0 {
             return Err(op_err!("delta is 0"));
         }
-        let (span, step) = if d > 0 { (l - s, d) } else { (s - l, -d) };
-        (span.max(0) as u64).div_ceil(step as u64) as usize
+        // In i128, so that no bounds overflow.
+        let (s, l, d) = (i128::from(s), i128::from(l), i128::from(d));
+        let span = if d > 0 { l - s } else { s - l };
+        let n = span.max(0).unsigned_abs().div_ceil(d.unsigned_abs());
+        usize::try_from(n).map_err(|_| op_err!("a range of {n} elements is too large"))?
     };
     Ok(vec![TensorDesc::new(dtype, [n])])
 }

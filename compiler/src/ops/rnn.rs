@@ -134,7 +134,10 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         true => a.int("hidden_size")?,
         false => (w.shape[1] / cell.gates) as i64,
     };
-    if hidden <= 0 || w.shape[1] != cell.gates * hidden as usize {
+    let gates = usize::try_from(hidden)
+        .ok()
+        .and_then(|h| h.checked_mul(cell.gates));
+    if hidden <= 0 || gates != Some(w.shape[1]) {
         return Err(op_err!(
             "W {:?} does not hold {} gates of hidden_size {hidden}",
             w.shape,

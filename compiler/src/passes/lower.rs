@@ -6,6 +6,7 @@
 
 use super::PassError;
 use crate::ir::{Const, Graph, Node};
+use crate::onnx::checked_bytes;
 use crate::ops::{self, LowerCx, OpError};
 use ingot_runtime::{Tensor, TensorDesc, cpu};
 
@@ -69,11 +70,38 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 node,
             ));
         }
+        // Every later stage computes sizes and strides from inferred types unchecked.
+        let too_large = |t: &&TensorDesc| checked_bytes(t.dtype, &t.shape).is_none();
+        if let Some(t) = out_types.iter().find(too_large) {
+            return Err(at(
+                OpError(format!(
+                    "its output {} {:?} is too large for any memory",
+                    t.dtype, t.shape
+                )),
+                node,
+            ));
+        }
         let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
             Some(vec![
                 shape_constant(node, in_types[0]).map_err(|e| at(e, node))?,
             ])
         } else if inputs.iter().all(|&v| values[v].constant.is_some()) {
+            // `Tensor::zeros` aborts the process when the allocator refuses (and a kernel may
+            // build tables as long as its output's dims), so the outputs are tried first.
+            if let Some(t) = out_types.iter().find(|t| {
+                Vec::<u64>::new()
+                    .try_reserve_exact(t.bytes().div_ceil(8))
+                    .is_err()
+            }) {
+                return Err(at(
+                    OpError(format!(
+                        "constant folding needs {} bytes for an output, more than can be \
+                         allocated",
+                        t.bytes()
+                    )),
+                    node,
+                ));
+            }
             let tensors: Vec<_> = inputs
                 .iter()
                 .filter_map(|&v| values[v].constant.as_ref().map(Const::tensor))

@@ -4,6 +4,7 @@
 use crate::ir::{self, Graph};
 
 mod dce;
+mod fuse;
 mod lower;
 mod outputs;
 
@@ -22,6 +23,7 @@ pub type Pass = fn(&mut Graph) -> Result<(), PassError>;
 pub const PIPELINE: &[(&str, Pass)] = &[
     ("lower", lower::run),
     ("dce", dce::run),
+    ("fuse", fuse::run),
     ("outputs", outputs::run),
 ];
 

@@ -5,15 +5,17 @@
 //!   input's bytes at an offset. No step runs for them.
 //! - **Concat in place**: a Concat whose pieces are contiguous runs of its output (outer-axis
 //!   concat) runs no step: each input's producer writes straight into its piece.
-//! - **In place**: an op that can run in place (the runtime says which) writes its output into
-//!   an input's bytes when that input's root dies at the op, has the same type and shape as
-//!   the output, and lives in the arena.
+//! - **In place**: an op writes its output into an input's bytes when the runtime says its
+//!   kernel can run in place over that input (any input of an elementwise op; the residual of
+//!   a conv or matmul whose post-ops start with a sum), the input's root dies at the op, has
+//!   the same type and shape as the output, and lives in the arena.
 //!
 //! Chains resolve as they are found (a view of a view is a view of the root, with the offsets
 //! added), so liveness and offsets only ever see roots. A graph output never aliases: it is
 //! written to the caller's buffer.
 
 use crate::ir::{Graph, Node, ValueId};
+use ingot_schema::Attrs;
 
 /// Ops whose output is their first input's bytes, unchanged.
 pub const VIEW_OPS: &[&str] = &[
@@ -99,12 +101,13 @@ fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> 
 }
 
 /// Decides views (when `views`) and in-place writes for `g` executed in `order` (node
-/// indices). `can_run_in_place(op)` says which ops' kernels accept an output over an input.
+/// indices). `can_run_in_place(op, attrs, k)` says whether an op's kernel accepts its output
+/// over input `k`.
 pub fn analyse(
     g: &Graph,
     order: &[usize],
     views: bool,
-    can_run_in_place: &dyn Fn(&str) -> bool,
+    can_run_in_place: &dyn Fn(&str, &Attrs, usize) -> bool,
 ) -> Aliases {
     let n = g.values.len();
     let mut a = Aliases {
@@ -154,18 +157,25 @@ pub fn analyse(
         }
         if views
             && node.op == "Concat"
-            && concat_in_place(g, node, &is_input, &producers, &mut a, &mut root_last)
+            && concat_in_place(
+                g,
+                node,
+                [&is_input, &is_output],
+                &producers,
+                &mut a,
+                &mut root_last,
+            )
         {
             a.elided[ni] = true;
             continue;
         }
         let [output] = node.outputs[..] else { continue };
-        if !can_run_in_place(&node.op) {
-            continue;
-        }
         let out_ty = g.values[output].ty.as_ref();
         let candidate = node.inputs.iter().enumerate().find_map(|(k, input)| {
             let input = (*input)?;
+            if !can_run_in_place(&node.op, &node.attrs, k) {
+                return None;
+            }
             let r = a.root(input);
             let in_arena =
                 !is_input[r.root] && !is_output[r.root] && g.values[r.root].constant.is_none();
@@ -223,7 +233,7 @@ fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(V
 fn concat_in_place(
     g: &Graph,
     node: &Node,
-    is_input: &[bool],
+    [is_input, is_output]: [&[bool]; 2],
     producers: &[Option<usize>],
     a: &mut Aliases,
     root_last: &mut [usize],
@@ -240,13 +250,15 @@ fn concat_in_place(
         return false;
     }
     let inputs: Vec<ValueId> = node.present_inputs().collect();
-    // Each input: a root (no alias of its own), computed by the graph (not an input or a
-    // constant), placed once. A nested in-place Concat qualifies: its pieces move along.
+    // Each input: a root (no alias of its own), computed by the graph (not an input, an
+    // output, which lives in the caller's buffer, or a constant), placed once. A nested
+    // in-place Concat qualifies: its pieces move along.
     let eligible = |&x: &ValueId| {
         let once = inputs.iter().filter(|&&y| y == x).count() == 1;
         once && producers[x].is_some()
             && a.of[x].is_none()
             && !is_input[x]
+            && !is_output[x]
             && g.values[x].constant.is_none()
     };
     if inputs.is_empty() || !inputs.iter().all(eligible) {

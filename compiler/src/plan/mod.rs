@@ -10,6 +10,7 @@
 //! [`assign::STRATEGIES`], and keeps the smallest arena.
 
 use crate::ir::{Graph, ValueId};
+use ingot_schema::Attrs;
 
 pub mod alias;
 mod assign;
@@ -51,8 +52,9 @@ pub enum Storage {
 /// default; turning one off measures what it is worth).
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
-    /// Whether the kernel of an op accepts its output over one of its inputs.
-    pub can_run_in_place: &'a dyn Fn(&str) -> bool,
+    /// Whether the kernel of an op (with its canonical attributes) accepts its output over
+    /// input `k`: `can_run_in_place(op, attrs, k)`.
+    pub can_run_in_place: &'a dyn Fn(&str, &Attrs, usize) -> bool,
     /// Views, outer-axis slices and splits, and concats written in place.
     pub views: bool,
     /// Try step orders other than the model's.

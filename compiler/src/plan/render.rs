@@ -113,6 +113,21 @@ fn names<'a>(v: &'a proto::Variant, ts: &[u32]) -> Vec<&'a str> {
         .collect()
 }
 
+/// A step's op with its fused post-ops: `Conv+Add+Relu`.
+fn op_text(step: &proto::Step) -> String {
+    let post = step
+        .attributes
+        .iter()
+        .find_map(|a| match (&a.name[..], &a.value) {
+            ("post_ops", Some(proto::attribute::Value::Text(t))) if !t.is_empty() => Some(t),
+            _ => None,
+        });
+    match post {
+        Some(ops) => format!("{}+{}", step.op, ops.replace(',', "+")),
+        None => step.op.clone(),
+    }
+}
+
 fn allocation_kind(a: &proto::Allocation) -> &'static str {
     match proto::AllocationKind::try_from(a.kind) {
         Ok(proto::AllocationKind::Weight) => "weight",
@@ -158,7 +173,7 @@ pub fn text(v: &proto::Variant) -> String {
         let _ = writeln!(
             out,
             "  {i:>5} {} ({}) -> {}",
-            step.op,
+            op_text(step),
             ins.join(", "),
             outs.join(", ")
         );

@@ -68,7 +68,7 @@ impl Stats {
 
 pub fn stats(g: &Graph, target: Target) -> Stats {
     let plain = Target {
-        can_run_in_place: &|_| false,
+        can_run_in_place: &|_, _, _| false,
         views: false,
         reorder: false,
     };

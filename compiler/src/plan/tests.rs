@@ -21,7 +21,7 @@ fn node(g: &mut Graph, op: &str, inputs: &[usize], outputs: &[usize]) {
     });
 }
 
-fn in_place_elementwise(op: &str) -> bool {
+fn in_place_elementwise(op: &str, _: &ingot_schema::Attrs, _: usize) -> bool {
     matches!(op, "Relu" | "Add" | "Sigmoid")
 }
 
@@ -35,7 +35,7 @@ fn target() -> Target<'static> {
 
 fn no_in_place() -> Target<'static> {
     Target {
-        can_run_in_place: &|_| false,
+        can_run_in_place: &|_, _, _| false,
         ..target()
     }
 }
@@ -92,6 +92,63 @@ fn residual_add_and_relu_run_in_place() {
     // Two activations of 512 bytes are live at once at most: that is the whole arena.
     assert_eq!((p.arena_bytes, p.lower_bound_bytes), (1024, 1024));
     assert_ne!(arena(&p, a), arena(&p, c));
+}
+
+#[test]
+fn a_conv_with_a_leading_add_post_op_writes_over_its_residual() {
+    // x -> Exp -> s -> Conv -> a -> Relu -> b -> Conv(b) + s [post-op Add] -> d -> Conv -> y:
+    // s dies at the fused conv, which writes d over it; with "Relu,Add" the sum comes last
+    // and s must stay intact until then, so d gets its own bytes.
+    for (post_ops, over_residual) in [("Add", true), ("Add,Relu", true), ("Relu,Add", false)] {
+        let mut g = Graph {
+            opset: 17,
+            ..Default::default()
+        };
+        let t = |g: &mut Graph, name: &str| g.add_value(name, f32s(&[1, 8, 4, 4]));
+        let (x, s, a, b, d, y) = (
+            t(&mut g, "x"),
+            t(&mut g, "s"),
+            t(&mut g, "a"),
+            t(&mut g, "b"),
+            t(&mut g, "d"),
+            t(&mut g, "y"),
+        );
+        let zeros =
+            |shape: &[usize]| Const::owned(Tensor::zeros(TensorDesc::new(DType::F32, shape)));
+        let w = g.add_constant("w", zeros(&[8, 8, 1, 1]));
+        let bias = g.add_constant("bias", zeros(&[8]));
+        let post = |ops: &str| {
+            ingot_schema::Attrs::new()
+                .with("post_ops", ingot_schema::AttrValue::Text(ops.into()))
+                .with("post_params", ingot_schema::AttrValue::Floats(vec![]))
+        };
+        node(&mut g, "Exp", &[x], &[s]);
+        node_with(&mut g, "Conv", &[s, w], &[a], post(""));
+        node(&mut g, "Relu", &[a], &[b]);
+        node_with(&mut g, "Conv", &[b, w, bias, s], &[d], post(post_ops));
+        node_with(&mut g, "Conv", &[d, w], &[y], post(""));
+        g.inputs = vec![x];
+        g.outputs = vec![y];
+        let p = plan(&g, Target::cpu());
+        verify(&g, &p).unwrap();
+        assert_eq!(
+            p.in_place[1], None,
+            "a conv without a sum never runs in place"
+        );
+        if over_residual {
+            assert_eq!(p.in_place[3], Some(3), "{post_ops}");
+            assert_eq!(
+                p.storage[d],
+                Some(Storage::View {
+                    of: s,
+                    byte_offset: 0
+                })
+            );
+        } else {
+            assert_eq!(p.in_place[3], None, "{post_ops}");
+            assert!(matches!(p.storage[d], Some(Storage::Arena { .. })));
+        }
+    }
 }
 
 #[test]
@@ -379,6 +436,32 @@ fn split_on_the_outer_axis_is_views_and_concat_is_written_in_place() {
     }
     let ops: Vec<&str> = p.steps().map(|n| g.nodes[n].op.as_str()).collect();
     assert_eq!(ops, ["Exp"; 6], "no Split or Concat step runs");
+}
+
+#[test]
+fn a_concat_piece_that_is_a_graph_output_keeps_the_concat_a_step() {
+    // x -> Exp -> a, x -> Neg -> b (also a graph output), Concat(a, b) -> c -> Exp -> y: b
+    // is written to the caller's buffer, so it cannot be a piece of c.
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
+    let x = g.add_value("x", f32s(&[2, 4]));
+    let a = g.add_value("a", f32s(&[2, 4]));
+    let b = g.add_value("b", f32s(&[2, 4]));
+    let c = g.add_value("c", f32s(&[4, 4]));
+    let y = g.add_value("y", f32s(&[4, 4]));
+    node(&mut g, "Exp", &[x], &[a]);
+    node(&mut g, "Neg", &[x], &[b]);
+    let axis0 = ingot_schema::Attrs::new().with("axis", ingot_schema::AttrValue::Int(0));
+    node_with(&mut g, "Concat", &[a, b], &[c], axis0);
+    node(&mut g, "Exp", &[c], &[y]);
+    g.inputs = vec![x];
+    g.outputs = vec![y, b];
+    let p = plan(&g, target());
+    verify(&g, &p).unwrap();
+    assert!(!p.elided[2], "the concat copies");
+    assert_eq!(p.storage[b], Some(Storage::Output(1)));
 }
 
 #[test]

@@ -9,8 +9,17 @@
 //!
 //! 1D and 2D geometries are lifted to 3D with leading unit dimensions, so one loop nest serves
 //! all ranks (the pool family shares [`Window`]).
+//!
+//! Canonical attributes: `kernel_shape`, `strides`, `dilations`, `pads` (all begins, then all
+//! ends), `group`, and the post-ops `post_ops`, `post_params` (see [`super::post`]): inputs X,
+//! W, an optional bias B (present when post-ops read extra inputs), then one extra input per
+//! binary post-op. Post-ops are applied to each block of output as soon as it is complete: a
+//! chunk of columns (pointwise), a plane (depthwise), a chunk of rows (im2col), a group's
+//! planes (ConvTranspose). With a leading `Add`, the output starts as the residual plus the
+//! bias and everything accumulates onto it, so the step can run over the residual's bytes.
 
 use super::gemm::{Layout, gemm};
+use super::post::PostOps;
 use super::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
@@ -23,6 +32,12 @@ pub const OPS: &[&str] = &["Conv", "ConvTranspose"];
 /// wide chunk, small enough that big images do not need a matrix the size of the image.
 const SCRATCH_FLOATS: usize = 1 << 19;
 
+/// Pointwise convs multiply a chunk of about this many output floats per GEMM call, so that it
+/// is still in cache when its post-ops run; but at least [`MIN_COLUMNS`] columns, below which
+/// repacking the weights for every call costs more than the cache saves (measured on PP-OCR).
+const CHUNK_FLOATS: usize = 1 << 16;
+const MIN_COLUMNS: usize = 2048;
+
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "Conv" => Ok(Box::new(Conv::new(cx)?)),
@@ -33,6 +48,11 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
 
 /// Spatial dimensions of the lifted geometry.
 pub(super) const DIMS: usize = 3;
+
+/// Bounds that keep window arithmetic far from overflow: strides, dilations and pads up to
+/// 2^30, extents of inputs, outputs and dilated kernels up to 2^40.
+const ATTR_LIMIT: usize = 1 << 30;
+const EXTENT_LIMIT: usize = 1 << 40;
 
 /// The spatial geometry of a sliding-window op, lifted to [`DIMS`] dimensions.
 #[derive(Clone, Debug)]
@@ -76,19 +96,27 @@ impl Window {
         }
         let positive = |v: &[i64], what: &str| -> Result<Vec<usize>, KernelError> {
             v.iter()
-                .map(|&x| usize::try_from(x).ok().filter(|&x| x > 0))
+                .map(|&x| {
+                    usize::try_from(x)
+                        .ok()
+                        .filter(|&x| x > 0 && x <= ATTR_LIMIT)
+                })
                 .collect::<Option<_>>()
-                .ok_or_else(|| invalid!("{}: {what} {v:?} must be positive", cx.op))
+                .ok_or_else(|| invalid!("{}: {what} {v:?} must be in 1..=2^30", cx.op))
         };
         let signed = pads
             .iter()
-            .map(|&p| isize::try_from(p).ok().filter(|p| p.abs() <= 1 << 30))
+            .map(|&p| {
+                isize::try_from(p)
+                    .ok()
+                    .filter(|p| p.unsigned_abs() <= ATTR_LIMIT)
+            })
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| invalid!("{}: pads {pads:?} are out of range", cx.op))?;
         if kernel.contains(&0) {
             return Err(invalid!("{}: kernel {kernel:?} is empty", cx.op));
         }
-        Ok(Self {
+        let win = Self {
             rank,
             input: lift(input, 1),
             output: lift(output, 1),
@@ -97,7 +125,21 @@ impl Window {
             dilations: lift(&positive(dilations, "dilations")?, 1),
             pads_begin: lift(&signed[..rank], 0),
             pads_end: lift(&signed[rank..], 0),
-        })
+        };
+        let extents = (0..DIMS).all(|d| {
+            let kernel = (win.kernel[d] - 1).checked_mul(win.dilations[d]);
+            [Some(win.input[d]), Some(win.output[d]), kernel]
+                .iter()
+                .all(|e| e.is_some_and(|e| e < EXTENT_LIMIT))
+        });
+        if !extents {
+            return Err(invalid!(
+                "{}: input {input:?}, kernel {kernel:?} with dilations {dilations:?} or output \
+                 {output:?} is too large",
+                cx.op
+            ));
+        }
+        Ok(win)
     }
 
     /// The extent of the dilated kernel along lifted dimension `d`.
@@ -242,9 +284,9 @@ struct Channels {
 }
 
 impl Channels {
-    /// Reads `group` and checks X [N, C, ..], W, bias [M] and Y [N, M, ..].
-    fn new(cx: &OpCx, transposed: bool) -> Result<Self, KernelError> {
-        cx.expect_arity(2..=3, 1)?;
+    /// Reads `group` and checks X [N, C, ..], W, bias [M] and Y [N, M, ..]; the op has `own`
+    /// inputs of its own (2, or 3 with the bias).
+    fn new(cx: &OpCx, transposed: bool, own: usize) -> Result<Self, KernelError> {
         all_f32(cx)?;
         let (x, w, y) = (
             &cx.inputs[0].shape,
@@ -275,7 +317,7 @@ impl Channels {
                 cx.op
             ));
         }
-        let bias = cx.inputs.len() == 3;
+        let bias = own == 3;
         if bias && cx.inputs[2].shape != [cout * groups] {
             return Err(invalid!(
                 "{}: bias {:?} should hold {} values",
@@ -299,12 +341,89 @@ impl Channels {
         })
     }
 
-    /// Fills each output plane with its channel's bias (or zero).
-    fn init_output(&self, y: &mut [f32], bias: Option<&[f32]>, plane: usize) {
+    /// Starts the output: each plane at its channel's bias (or zero), added to the residual
+    /// of a leading `Add` post-op (already in `y` when running in place).
+    fn init_output(
+        &self,
+        y: &mut [f32],
+        bias: Option<&[f32]>,
+        plane: usize,
+        post: &Post,
+    ) -> Result<(), KernelError> {
         let m = self.cout * self.groups;
-        for (i, yp) in y.chunks_exact_mut(plane.max(1)).enumerate() {
-            yp.fill(bias.and_then(|b| b.get(i % m)).copied().unwrap_or(0.0));
+        let accumulate = post.ops.accumulates();
+        if accumulate {
+            post.ops.start(y, &post.extras, post.in_place)?;
         }
+        for (i, yp) in y.chunks_exact_mut(plane.max(1)).enumerate() {
+            let b = bias.and_then(|b| b.get(i % m)).copied().unwrap_or(0.0);
+            if accumulate {
+                yp.iter_mut().for_each(|v| *v += b);
+            } else {
+                yp.fill(b);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The post-ops of one run, with their operands.
+struct Post<'a> {
+    ops: &'a PostOps,
+    extras: Vec<&'a [f32]>,
+    in_place: bool,
+}
+
+impl<'a> Post<'a> {
+    /// Reads the extra inputs after the `own` ones; `aliased` is the input written over.
+    fn new(
+        ops: &'a PostOps,
+        inputs: &[TensorRef<'a>],
+        own: usize,
+        len: usize,
+        aliased: Option<usize>,
+    ) -> Result<Self, KernelError> {
+        Ok(Self {
+            ops,
+            extras: ops.operands(inputs, own, len, aliased)?,
+            in_place: aliased.is_some(),
+        })
+    }
+
+    /// Applies the post-ops to `rows` runs of `width` elements, `stride` apart, the first at
+    /// element `at` of `y` (whose first element is element `base` of the output).
+    fn apply(
+        &self,
+        y: &mut [f32],
+        base: usize,
+        at: usize,
+        (rows, width, stride): (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        if !self.ops.applies() {
+            return Ok(());
+        }
+        for r in 0..rows {
+            let start = at + r * stride;
+            let run = y
+                .get_mut(start..start + width)
+                .ok_or_else(|| invalid!("a post-op block lies outside the output"))?;
+            self.ops.apply(run, base + start, &self.extras)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `run(aliased)` for `run_in_place`, which only the residual of a leading `Add` allows.
+fn in_place(
+    post: &PostOps,
+    own: usize,
+    aliased: usize,
+    run: impl FnOnce(Option<usize>) -> Result<(), KernelError>,
+) -> Result<(), KernelError> {
+    if post.accumulates() && aliased == own {
+        run(Some(aliased))
+    } else {
+        Err(invalid!("cannot run in place over input {aliased}"))
     }
 }
 
@@ -324,11 +443,15 @@ struct Conv {
     win: Window,
     path: ConvPath,
     lens: [usize; 3],
+    post: PostOps,
+    /// Inputs before the post-ops' operands.
+    own: usize,
 }
 
 impl Conv {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
-        let ch = Channels::new(cx, false)?;
+        let (post, own) = PostOps::new(cx, 2..=3)?;
+        let ch = Channels::new(cx, false, own)?;
         let (x, w, y) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
         let win = Window::new(cx, &x.shape[2..], &w.shape[2..], &y.shape[2..])?;
         win.check_output(cx.op, Window::conv_output)?;
@@ -351,6 +474,8 @@ impl Conv {
             ch,
             win,
             path,
+            post,
+            own,
         })
     }
 
@@ -566,6 +691,29 @@ fn block_row(rows: &[(&[f32], &[f32])], offsets: &[usize], j0: usize, skip: usiz
 
 impl Kernel for Conv {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        self.compute(inputs, outputs, None)
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        in_place(&self.post, self.own, aliased, |a| {
+            self.compute(inputs, outputs, a)
+        })
+    }
+}
+
+impl Conv {
+    /// Runs the conv; `aliased` is the input the output was written over, if any.
+    fn compute(
+        &self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+    ) -> Result<(), KernelError> {
         let [xn, wn, yn] = self.lens;
         let x = input_f32(inputs, 0, xn)?;
         let w = input_f32(inputs, 1, wn)?;
@@ -573,6 +721,7 @@ impl Kernel for Conv {
             true => Some(input_f32(inputs, 2, self.ch.cout * self.ch.groups)?),
             false => None,
         };
+        let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
         let Channels {
             batch,
@@ -586,7 +735,7 @@ impl Kernel for Conv {
             self.win.output_size(),
             self.win.taps(),
         );
-        self.ch.init_output(y, bias, out_plane);
+        self.ch.init_output(y, bias, out_plane, &post)?;
         if y.is_empty() {
             return Ok(());
         }
@@ -600,22 +749,31 @@ impl Kernel for Conv {
             for g in 0..groups {
                 let xg = &x[(n * groups + g) * cin * in_plane..][..cin * in_plane];
                 let wg = &w[g * wg_len..][..wg_len];
-                let yg = &mut y[(n * groups + g) * cout * out_plane..][..cout * out_plane];
+                let base = (n * groups + g) * cout * out_plane;
+                let yg = &mut y[base..][..cout * out_plane];
                 match self.path {
-                    ConvPath::Pointwise => gemm(
-                        1.0,
-                        wg,
-                        Layout::row_major(cout, cin),
-                        xg,
-                        Layout::row_major(cin, in_plane),
-                        1.0,
-                        yg,
-                        Layout::row_major(cout, out_plane),
-                    )?,
+                    ConvPath::Pointwise => {
+                        let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
+                        for c0 in (0..out_plane).step_by(cols) {
+                            let width = cols.min(out_plane - c0);
+                            gemm(
+                                1.0,
+                                wg,
+                                Layout::row_major(cout, cin),
+                                &xg[c0..],
+                                Layout::new(cin, width, in_plane, 1),
+                                1.0,
+                                &mut yg[c0..],
+                                Layout::new(cout, width, out_plane, 1),
+                            )?;
+                            post.apply(yg, base, c0, (cout, width, out_plane))?;
+                        }
+                    }
                     ConvPath::Depthwise(padded) => {
                         padded.fill(&self.win, xg, &mut scratch);
                         for (m, yp) in yg.chunks_exact_mut(out_plane).enumerate() {
                             self.depthwise(&scratch, padded, &wg[m * taps..][..taps], yp);
+                            post.apply(yp, base + m * out_plane, 0, (1, out_plane, 0))?;
                         }
                     }
                     ConvPath::Im2col { rows } => {
@@ -636,6 +794,7 @@ impl Kernel for Conv {
                                 &mut yg[r0 * ow..],
                                 Layout::new(cout, width, out_plane, 1),
                             )?;
+                            post.apply(yg, base, r0 * ow, (cout, width, out_plane))?;
                         }
                     }
                 }
@@ -651,16 +810,21 @@ struct ConvTranspose {
     /// Input rows (lifted D x H) per GEMM + col2im chunk.
     rows: usize,
     lens: [usize; 3],
+    post: PostOps,
+    /// Inputs before the post-ops' operands.
+    own: usize,
 }
 
 impl ConvTranspose {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
-        let ch = Channels::new(cx, true)?;
+        let (post, own) = PostOps::new(cx, 2..=3)?;
+        let ch = Channels::new(cx, true, own)?;
         let (x, w, y) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
         let win = Window::new(cx, &x.shape[2..], &w.shape[2..], &y.shape[2..])?;
         // out = stride * (in - 1) + extent - pads; output_padding is folded into the end pad.
         win.check_output(cx.op, |w, d| {
-            let out = w.strides[d] as isize * (w.input[d] as isize - 1) + w.extent(d) as isize
+            let out = (w.strides[d] as isize).checked_mul(w.input[d] as isize - 1)?
+                + w.extent(d) as isize
                 - w.pads_begin[d]
                 - w.pads_end[d];
             usize::try_from(out).ok()
@@ -671,6 +835,8 @@ impl ConvTranspose {
             lens: [x.elements(), w.elements(), y.elements()],
             ch,
             win,
+            post,
+            own,
         })
     }
 
@@ -714,6 +880,29 @@ impl ConvTranspose {
 
 impl Kernel for ConvTranspose {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        self.compute(inputs, outputs, None)
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        in_place(&self.post, self.own, aliased, |a| {
+            self.compute(inputs, outputs, a)
+        })
+    }
+}
+
+impl ConvTranspose {
+    /// Runs the transposed conv; `aliased` is the input the output was written over, if any.
+    fn compute(
+        &self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+    ) -> Result<(), KernelError> {
         let [xn, wn, yn] = self.lens;
         let x = input_f32(inputs, 0, xn)?;
         let w = input_f32(inputs, 1, wn)?;
@@ -721,6 +910,7 @@ impl Kernel for ConvTranspose {
             true => Some(input_f32(inputs, 2, self.ch.cout * self.ch.groups)?),
             false => None,
         };
+        let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
         let Channels {
             batch,
@@ -734,8 +924,8 @@ impl Kernel for ConvTranspose {
             self.win.output_size(),
             self.win.taps(),
         );
-        self.ch.init_output(y, bias, out_plane);
-        if y.is_empty() || x.is_empty() {
+        self.ch.init_output(y, bias, out_plane, &post)?;
+        if y.is_empty() {
             return Ok(());
         }
         let iw = self.win.input[DIMS - 1];
@@ -747,7 +937,8 @@ impl Kernel for ConvTranspose {
             for g in 0..groups {
                 let xg = &x[(n * groups + g) * cin * in_plane..][..cin * in_plane];
                 let wg = &w[g * cin * mk..][..cin * mk];
-                let yg = &mut y[(n * groups + g) * cout * out_plane..][..cout * out_plane];
+                let base = (n * groups + g) * cout * out_plane;
+                let yg = &mut y[base..][..cout * out_plane];
                 for r0 in (0..total).step_by(self.rows) {
                     let r1 = (r0 + self.rows).min(total);
                     let width = (r1 - r0) * iw;
@@ -764,6 +955,7 @@ impl Kernel for ConvTranspose {
                     )?;
                     self.col2im(col, r0..r1, yg);
                 }
+                post.apply(yg, base, 0, (1, cout * out_plane, 0))?;
             }
         }
         Ok(())
@@ -774,6 +966,8 @@ impl Kernel for ConvTranspose {
 pub(super) mod tests {
     use super::*;
     use crate::cpu::eval;
+    use crate::cpu::post::BINARY;
+    use crate::cpu::post::tests::{assert_close, same_in_place, unfused, with_post};
     use crate::tensor::{Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs};
 
@@ -811,6 +1005,8 @@ pub(super) mod tests {
             .with("dilations", ints(dilations))
             .with("pads", ints(pads))
             .with("group", AttrValue::Int(group))
+            .with("post_ops", AttrValue::Text(String::new()))
+            .with("post_params", AttrValue::Floats(Vec::new()))
     }
 
     fn check(op: &str, attrs: &Attrs, inputs: &[&Tensor], shape: &[usize], expected: &[f32]) {
@@ -1116,5 +1312,134 @@ pub(super) mod tests {
             Err(KernelError::DType { .. })
         ));
         assert!(eval("Conv", &a, &[&x, &w], &out).is_ok());
+        // Pads far out of range are an error, not an overflow.
+        let far = attrs(&[3, 3], &[1, 1], &[1, 1], &[i64::MIN, 0, 0, 0], 1);
+        assert!(eval("Conv", &far, &[&x, &w], &out).is_err());
+        let far = attrs(&[3, 3], &[1, 1], &[1, 1 << 62], &[0, 0, 0, 0], 1);
+        assert!(eval("Conv", &far, &[&x, &w], &out).is_err());
+    }
+
+    /// The chains each geometry is checked with: every activation, every binary op, and
+    /// chains mixing them (a leading Add runs in place).
+    const CHAINS: &[(&str, &[f64])] = &[
+        ("Relu", &[]),
+        ("LeakyRelu", &[0.1]),
+        ("Clip", &[-0.5, 0.75]),
+        ("Sigmoid", &[]),
+        ("HardSigmoid", &[0.2, 0.5]),
+        ("HardSwish", &[]),
+        ("Tanh", &[]),
+        ("Sub", &[]),
+        ("RSub", &[]),
+        ("Mul", &[]),
+        ("Add", &[]),
+        ("Add,Relu", &[]),
+        ("HardSwish,Mul,Add", &[]),
+        ("Add,Clip,Sub,Sigmoid", &[0.0, 6.0]),
+    ];
+
+    /// Runs `op` with each chain of post-ops fused and compares with the op followed by the
+    /// elementwise kernels; a full-shape operand R for the first binary op, then one-element
+    /// operands. A leading Add is also run in place over R.
+    fn check_post_ops(op: &str, a: &Attrs, inputs: &[&Tensor], out: &[usize], chains: &[&str]) {
+        let desc = TensorDesc::new(DType::F32, out);
+        let plain = eval(op, a, inputs, std::slice::from_ref(&desc))
+            .unwrap()
+            .remove(0);
+        let zero_bias;
+        let mut own = inputs.to_vec();
+        if own.len() == 2 {
+            zero_bias = Tensor::zeros(TensorDesc::new(DType::F32, vec![out[1]]));
+            own.push(&zero_bias);
+        }
+        let residual = ramp(out, 40);
+        let scalars = [
+            Tensor::from_vec(vec![1], &[0.75f32]).unwrap(),
+            Tensor::from_vec(vec![1, 1], &[-0.25f32]).unwrap(),
+        ];
+        for &(ops, params) in CHAINS.iter().filter(|(c, _)| chains.contains(c)) {
+            let n = ops.split(',').filter(|o| BINARY.contains(o)).count();
+            let extras: Vec<&Tensor> = [&residual].into_iter().chain(&scalars).take(n).collect();
+            let all: Vec<&Tensor> = own.iter().copied().chain(extras.iter().copied()).collect();
+            let fused_attrs = with_post(a.clone(), ops, params);
+            let fused = eval(op, &fused_attrs, &all, std::slice::from_ref(&desc))
+                .unwrap()
+                .remove(0);
+            let want = unfused(plain.clone(), ops, params, &extras);
+            assert_close(&fused, &want, 1e-6, &format!("{op} + {ops}"));
+            if ops.starts_with("Add") {
+                same_in_place(op, &fused_attrs, &all, &desc, 3);
+            }
+        }
+    }
+
+    #[test]
+    fn post_ops_agree_with_the_unfused_ops_on_every_path() {
+        let all: Vec<&str> = CHAINS.iter().map(|(c, _)| *c).collect();
+        // Pointwise, grouped, with a bias, batched.
+        let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 2);
+        let (x, w, b) = (
+            ramp(&[2, 4, 3, 5], 1),
+            ramp(&[6, 2, 1, 1], 2),
+            ramp(&[6], 3),
+        );
+        check_post_ops("Conv", &a, &[&x, &w, &b], &[2, 6, 3, 5], &all);
+        // Depthwise with a channel multiplier, no bias.
+        let a = attrs(&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2);
+        let (x, w) = (ramp(&[1, 2, 5, 6], 4), ramp(&[4, 1, 3, 3], 5));
+        check_post_ops("Conv", &a, &[&x, &w], &[1, 4, 3, 6], &all);
+        // im2col, strided and dilated.
+        let a = attrs(&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1);
+        let (x, w, b) = (
+            ramp(&[1, 4, 5, 6], 6),
+            ramp(&[3, 4, 3, 2], 7),
+            ramp(&[3], 8),
+        );
+        check_post_ops("Conv", &a, &[&x, &w, &b], &[1, 3, 2, 5], &all);
+        // ConvTranspose, grouped, strided, cropped.
+        let a = attrs(&[3, 2], &[2, 3], &[1, 2], &[1, 0, -1, 0], 2);
+        let (x, w, b) = (
+            ramp(&[1, 4, 2, 3], 16),
+            ramp(&[4, 1, 3, 2], 17),
+            ramp(&[2], 18),
+        );
+        check_post_ops("ConvTranspose", &a, &[&x, &w, &b], &[1, 2, 5, 9], &all);
+    }
+
+    #[test]
+    fn post_ops_agree_across_chunks() {
+        // Pointwise with more columns than one GEMM chunk holds, and im2col in several row
+        // chunks (see conv_im2col_in_several_chunks_matches_one_chunk).
+        let chains = ["Add,Clip,Sub,Sigmoid", "HardSwish,Mul,Add"];
+        let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
+        let (x, w) = (ramp(&[1, 2, 90, 120], 9), ramp(&[8, 2, 1, 1], 10));
+        const { assert!(MIN_COLUMNS < 90 * 120 && CHUNK_FLOATS / 8 < 90 * 120) };
+        check_post_ops("Conv", &a, &[&x, &w], &[1, 8, 90, 120], &chains);
+        let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
+        let (x, w) = (ramp(&[1, 2, 70, 600], 21), ramp(&[2, 2, 3, 3], 22));
+        check_post_ops("Conv", &a, &[&x, &w], &[1, 2, 70, 600], &chains);
+    }
+
+    #[test]
+    fn post_op_operands_are_checked() {
+        let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
+        let (x, w, b) = (
+            ramp(&[1, 2, 3, 3], 1),
+            ramp(&[2, 2, 1, 1], 2),
+            ramp(&[2], 3),
+        );
+        let out = [TensorDesc::new(DType::F32, vec![1, 2, 3, 3])];
+        let add = with_post(a, "Add", &[]);
+        let r = ramp(&[1, 2, 3, 3], 4);
+        assert!(eval("Conv", &add, &[&x, &w, &b, &r], &out).is_ok());
+        assert!(
+            eval("Conv", &add, &[&x, &w, &r], &out).is_err(),
+            "the bias is required"
+        );
+        let short = ramp(&[1, 2, 3, 1], 4);
+        assert!(
+            eval("Conv", &add, &[&x, &w, &b, &short], &out).is_err(),
+            "no broadcast"
+        );
     }
 }

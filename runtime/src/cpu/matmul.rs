@@ -2,11 +2,16 @@
 //! (`product.rs`), so all three share the same GEMM calls and none copies its operands.
 //!
 //! Canonical attributes: Gemm reads `transA`, `transB` (ints), `alpha`, `beta` (floats) and
-//! has 2 inputs or 3 (with C); Einsum reads `input0_labels`, `input1_labels` (for a second
+//! has 2 inputs or 3 (with C); Gemm and MatMul read the post-ops `post_ops`, `post_params`
+//! (see [`super::post`]; C is present when post-ops read extra inputs, which follow A, B and
+//! C), applied to each GEMM call's block of output when the calls fill separate contiguous
+//! blocks, else to the whole output; with a leading `Add` the output starts as the residual
+//! and the product accumulates onto it (so it may run in place over it). Einsum reads `input0_labels`, `input1_labels` (for a second
 //! operand) and `output_labels`: one integer label per axis, with the equation's ellipsis
 //! already expanded by the compiler, a repeated label in one operand meaning its diagonal.
 //! Element types: f32, f64, i32, i64.
 
+use super::post::PostOps;
 use super::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
@@ -18,12 +23,14 @@ use product::{Axis, Plan, Scalar};
 pub const OPS: &[&str] = &["Einsum", "Gemm", "MatMul"];
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
-    let n_in = match cx.op {
-        "Gemm" => 2..=3,
-        "Einsum" => 1..=2,
-        _ => 2..=2,
+    let (post, own) = match cx.op {
+        "Gemm" => PostOps::new(cx, 2..=3)?,
+        "MatMul" => PostOps::new(cx, 2..=2)?,
+        _ => {
+            cx.expect_arity(1..=2, 1)?;
+            (PostOps::default(), cx.inputs.len())
+        }
     };
-    cx.expect_arity(n_in, 1)?;
     let dtype = cx.inputs[0].dtype;
     if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
         return Err(cx.dtype_error(dtype));
@@ -36,7 +43,10 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     {
         return Err(invalid!("{} mixes {dtype} and {}", cx.op, d.dtype));
     }
-    let shapes: Vec<&[usize]> = cx.inputs.iter().map(|d| d.shape.as_slice()).collect();
+    let shapes: Vec<&[usize]> = cx.inputs[..own]
+        .iter()
+        .map(|d| d.shape.as_slice())
+        .collect();
     let (shape, axes, alpha, bias) = match cx.op {
         "MatMul" => {
             let (shape, axes) = matmul_axes(shapes[0], shapes[1])?;
@@ -58,7 +68,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let plan = Plan::new(&axes);
     let [ea, eb, ec] = plan.extents();
-    let unary = cx.inputs.len() == 1;
+    let unary = own == 1;
     let eb_max = if unary { 1 } else { cx.inputs[1].elements() };
     if ea > cx.inputs[0].elements() || eb > eb_max || ec > cx.outputs[0].elements() {
         return Err(invalid!("{} axes reach past its operands", cx.op));
@@ -69,6 +79,8 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         alpha,
         bias,
         unary,
+        post,
+        own,
     }))
 }
 
@@ -81,25 +93,59 @@ struct ProductKernel {
     bias: Option<Bias>,
     /// One operand: the second factor is the constant 1 (Einsum transposes, sums, diagonals).
     unary: bool,
+    /// Post-ops (f32 only), whose operands follow the `own` inputs.
+    post: PostOps,
+    own: usize,
 }
+
+/// Applies post-ops to a block of output at an element offset, for one element type.
+type Apply<T> = fn(&PostOps, &mut [T], usize, &[&[T]]) -> Result<(), KernelError>;
 
 impl Kernel for ProductKernel {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        match self.dtype {
-            DType::F32 => self.run_as::<f32>(inputs, outputs),
-            DType::F64 => self.run_as::<f64>(inputs, outputs),
-            DType::I32 => self.run_as::<i32>(inputs, outputs),
-            DType::I64 => self.run_as::<i64>(inputs, outputs),
-            d => Err(invalid!("product kernel prepared for unsupported {d}")),
+        self.compute(inputs, outputs, None)
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        if !self.post.accumulates() || aliased != self.own {
+            return Err(invalid!("cannot run in place over input {aliased}"));
         }
+        self.compute(inputs, outputs, Some(aliased))
     }
 }
 
 impl ProductKernel {
+    /// Runs the product; `aliased` is the input the output was written over, if any.
+    fn compute(
+        &self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+    ) -> Result<(), KernelError> {
+        // Post-ops exist only on f32 (checked in prepare); the other types have none to apply.
+        fn none<T>(_: &PostOps, _: &mut [T], _: usize, _: &[&[T]]) -> Result<(), KernelError> {
+            Ok(())
+        }
+        match self.dtype {
+            DType::F32 => self.run_as::<f32>(inputs, outputs, aliased, PostOps::apply),
+            DType::F64 => self.run_as::<f64>(inputs, outputs, aliased, none),
+            DType::I32 => self.run_as::<i32>(inputs, outputs, aliased, none),
+            DType::I64 => self.run_as::<i64>(inputs, outputs, aliased, none),
+            d => Err(invalid!("product kernel prepared for unsupported {d}")),
+        }
+    }
+
     fn run_as<T: Scalar>(
         &self,
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+        apply: Apply<T>,
     ) -> Result<(), KernelError> {
         let input = |i: usize| {
             inputs
@@ -114,15 +160,29 @@ impl ProductKernel {
             .as_slice_mut::<T>()?;
         let one = [T::one()];
         let (a, b) = (input(0)?, if self.unary { &one[..] } else { input(1)? });
-        match &self.bias {
-            Some(bias) => bias.fill(input(2)?, out)?,
-            None => out.fill(T::default()),
+        let extras = self
+            .post
+            .operands::<T>(inputs, self.own, out.len(), aliased)?;
+        let accumulate = self.post.accumulates();
+        if accumulate || self.bias.is_none() {
+            self.post.start(out, &extras, aliased.is_some())?;
         }
-        self.plan.run(T::from_f32(self.alpha), a, b, out)
+        if let Some(bias) = &self.bias {
+            bias.fill(input(2)?, out, accumulate)?;
+        }
+        let post = self.post.applies();
+        self.plan
+            .run(T::from_f32(self.alpha), a, b, out, |block, at| {
+                if post {
+                    apply(&self.post, block, at, &extras)?;
+                }
+                Ok(())
+            })
     }
 }
 
-/// Gemm's C, unidirectionally broadcast to the (M, N) output: `out[i, j] = beta * C[i*rs + j*cs]`.
+/// Gemm's C, unidirectionally broadcast to the (M, N) output: `out[i, j] = beta * C[i*rs + j*cs]`
+/// (or `+=` onto a residual).
 #[derive(Debug)]
 struct Bias {
     beta: f32,
@@ -134,7 +194,7 @@ struct Bias {
 }
 
 impl Bias {
-    fn fill<T: Scalar>(&self, c: &[T], out: &mut [T]) -> Result<(), KernelError> {
+    fn fill<T: Scalar>(&self, c: &[T], out: &mut [T], add: bool) -> Result<(), KernelError> {
         if c.len() != self.len || out.len() != self.m * self.n {
             return Err(invalid!(
                 "Gemm's C or output has the wrong size ({} and {} elements)",
@@ -145,7 +205,8 @@ impl Bias {
         let beta = T::from_f32(self.beta);
         for (i, row) in out.chunks_exact_mut(self.n.max(1)).enumerate() {
             for (j, o) in row.iter_mut().enumerate() {
-                *o = beta.mul(c[i * self.rs + j * self.cs]);
+                let v = beta.mul(c[i * self.rs + j * self.cs]);
+                *o = if add { o.add(v) } else { v };
             }
         }
         Ok(())
@@ -339,6 +400,8 @@ fn einsum_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<(Vec<usize>, Vec<Axis>)
 #[cfg(test)]
 mod tests {
     use super::super::eval;
+    use crate::cpu::post::BINARY;
+    use crate::cpu::post::tests::{assert_close, same_in_place, unfused};
     use crate::tensor::{Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs, DType};
 
@@ -374,7 +437,7 @@ mod tests {
         let a = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
         let b = f32s(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
         close(
-            &run("MatMul", &Attrs::new(), &[&a, &b], &[2, 2]),
+            &run("MatMul", &mm(), &[&a, &b], &[2, 2]),
             &[19.0, 22.0, 43.0, 50.0],
         );
     }
@@ -392,10 +455,7 @@ mod tests {
             224.0, 262.0, 258.0, 312.0, 366.0, 642.0, 680.0, 718.0, 906.0, 960.0, 1014.0, 330.0,
             400.0, 470.0, 402.0, 488.0, 574.0, 1170.0, 1240.0, 1310.0, 1434.0, 1520.0, 1606.0,
         ];
-        close(
-            &run("MatMul", &Attrs::new(), &[&a, &b], &[3, 2, 2, 3]),
-            &want,
-        );
+        close(&run("MatMul", &mm(), &[&a, &b], &[3, 2, 2, 3]), &want);
     }
 
     #[test]
@@ -406,15 +466,9 @@ mod tests {
         let w = f32s(&[3], &[4.0, 5.0, 6.0]);
         let m32 = f32s(&[3, 2], &seq(6));
         let m23 = f32s(&[2, 3], &seq(6));
-        close(&run("MatMul", &Attrs::new(), &[&v, &w], &[]), &[32.0]);
-        close(
-            &run("MatMul", &Attrs::new(), &[&v, &m32], &[2]),
-            &[16.0, 22.0],
-        );
-        close(
-            &run("MatMul", &Attrs::new(), &[&m23, &v], &[2]),
-            &[8.0, 26.0],
-        );
+        close(&run("MatMul", &mm(), &[&v, &w], &[]), &[32.0]);
+        close(&run("MatMul", &mm(), &[&v, &m32], &[2]), &[16.0, 22.0]);
+        close(&run("MatMul", &mm(), &[&m23, &v], &[2]), &[8.0, 26.0]);
     }
 
     #[test]
@@ -422,17 +476,17 @@ mod tests {
         // A zero-length contraction gives zeros; a zero-length row axis gives nothing.
         let a = f32s(&[2, 0], &[]);
         let b = f32s(&[0, 3], &[]);
-        close(&run("MatMul", &Attrs::new(), &[&a, &b], &[2, 3]), &[0.0; 6]);
+        close(&run("MatMul", &mm(), &[&a, &b], &[2, 3]), &[0.0; 6]);
         let a = f32s(&[0, 2], &[]);
         let b = f32s(&[2, 3], &seq(6));
-        close(&run("MatMul", &Attrs::new(), &[&a, &b], &[0, 3]), &[]);
+        close(&run("MatMul", &mm(), &[&a, &b], &[0, 3]), &[]);
     }
 
     #[test]
     fn matmul_integers() {
         let a = Tensor::from_vec(vec![2, 2], &[1i64, 2, 3, 4]).unwrap();
         let b = Tensor::from_vec(vec![2, 1], &[5i64, 6]).unwrap();
-        let c = run("MatMul", &Attrs::new(), &[&a, &b], &[2, 1]);
+        let c = run("MatMul", &mm(), &[&a, &b], &[2, 1]);
         assert_eq!(c.as_slice::<i64>().unwrap(), &[17, 39]);
     }
 
@@ -440,13 +494,24 @@ mod tests {
     fn matmul_rejects_bad_shapes() {
         let a = f32s(&[2, 3], &seq(6));
         let desc = [TensorDesc::new(DType::F32, vec![2, 2])];
-        assert!(eval("MatMul", &Attrs::new(), &[&a, &a], &desc).is_err());
+        assert!(eval("MatMul", &mm(), &[&a, &a], &desc).is_err());
         let i = Tensor::from_vec(vec![2, 3], &[0i32; 6]).unwrap();
-        assert!(eval("MatMul", &Attrs::new(), &[&a, &i], &desc).is_err());
+        assert!(eval("MatMul", &mm(), &[&a, &i], &desc).is_err());
+    }
+
+    /// Canonical MatMul attributes: no post-ops.
+    fn mm() -> Attrs {
+        post(Attrs::new(), "", &[])
+    }
+
+    fn post(attrs: Attrs, ops: &str, params: &[f64]) -> Attrs {
+        attrs
+            .with("post_ops", AttrValue::Text(ops.into()))
+            .with("post_params", AttrValue::Floats(params.to_vec()))
     }
 
     fn gemm_attrs(ta: i64, tb: i64, alpha: f64, beta: f64) -> Attrs {
-        Attrs::new()
+        post(Attrs::new(), "", &[])
             .with("transA", AttrValue::Int(ta))
             .with("transB", AttrValue::Int(tb))
             .with("alpha", AttrValue::Float(alpha))
@@ -545,5 +610,81 @@ mod tests {
         let desc = [TensorDesc::new(DType::F32, vec![2])];
         assert!(eval("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &desc).is_err());
         assert!(eval("Einsum", &einsum(&[&[0]], &[0]), &[&x], &desc).is_err());
+    }
+
+    /// `op` with post-ops `ops` against the op followed by the elementwise kernels; with a
+    /// leading Add, also run in place over the residual (the first extra input).
+    fn check_post(op: &str, base: &Attrs, own: &[&Tensor], extras: &[&Tensor], ops: &str) {
+        let params: &[f64] = match ops {
+            o if o.contains("Clip") => &[-1.0, 40.0],
+            o if o.contains("HardSigmoid") => &[0.1, 0.4],
+            _ => &[],
+        };
+        let out = run(op, base, own, extras[0].shape());
+        let attrs = post(base.clone(), ops, params);
+        let n = ops.split(',').filter(|o| BINARY.contains(o)).count();
+        let extras = &extras[..n];
+        let all: Vec<&Tensor> = own.iter().chain(extras).copied().collect();
+        let desc = out.desc().clone();
+        let fused = eval(op, &attrs, &all, std::slice::from_ref(&desc))
+            .unwrap()
+            .remove(0);
+        let want = unfused(out, ops, params, extras);
+        assert_close(&fused, &want, 1e-6, &format!("{op} + {ops}"));
+        if ops.starts_with("Add") {
+            same_in_place(op, &attrs, &all, &desc, own.len());
+        }
+    }
+
+    #[test]
+    fn post_ops_agree_with_the_unfused_ops() {
+        let r = |shape: &[usize], k: f32| {
+            let n = shape.iter().product();
+            f32s(
+                shape,
+                &seq(n)
+                    .iter()
+                    .map(|v| (v * k) % 7.0 - 3.0)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let one = f32s(&[1], &[0.5]);
+        // Batched MatMul: one GEMM call per batch, post-ops applied per call.
+        let (a, b) = (r(&[2, 3, 4], 0.3), r(&[2, 4, 5], 0.7));
+        let y = r(&[2, 3, 5], 1.1);
+        for ops in ["Add", "Add,Relu,Mul", "Sigmoid,Sub", "Clip,RSub,Tanh"] {
+            check_post("MatMul", &mm(), &[&a, &b], &[&y, &one], ops);
+        }
+        // A broadcast batch folds into one call; Gemm with C and transposes.
+        let (a, b) = (r(&[3, 2, 4], 0.3), r(&[4, 5], 0.7));
+        check_post(
+            "MatMul",
+            &mm(),
+            &[&a, &b],
+            &[&r(&[3, 2, 5], 1.3)],
+            "Add,HardSwish",
+        );
+        let g = gemm_attrs(1, 1, 0.5, 2.0);
+        let (a, b, c) = (r(&[4, 3], 0.3), r(&[5, 4], 0.7), r(&[5], 0.9));
+        let y = r(&[3, 5], 1.7);
+        for ops in ["Add,Relu", "HardSigmoid,Mul", "Add"] {
+            check_post("Gemm", &g, &[&a, &b, &c], &[&y, &one], ops);
+        }
+    }
+
+    #[test]
+    fn post_ops_need_f32_and_c() {
+        let relu = post(Attrs::new(), "Relu", &[]);
+        let a = Tensor::from_vec(vec![2, 2], &[1.0f64, 2.0, 3.0, 4.0]).unwrap();
+        let desc = [TensorDesc::new(DType::F64, vec![2, 2])];
+        assert!(eval("MatMul", &relu, &[&a, &a], &desc).is_err());
+        let x = f32s(&[2, 2], &seq(4));
+        let desc = [TensorDesc::new(DType::F32, vec![2, 2])];
+        let add = post(gemm_attrs(0, 0, 1.0, 1.0), "Add", &[]);
+        assert!(
+            eval("Gemm", &add, &[&x, &x, &x], &desc).is_err(),
+            "C is required"
+        );
+        assert!(eval("Gemm", &add, &[&x, &x, &x, &x], &desc).is_ok());
     }
 }

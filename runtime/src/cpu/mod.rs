@@ -17,6 +17,7 @@ mod matmul;
 mod movement;
 mod norm;
 mod pool;
+pub mod post;
 mod reduce;
 mod resize;
 mod rnn;
@@ -51,7 +52,7 @@ pub trait Kernel: Send + Sync {
 
     /// Runs with `outputs[0]` occupying the same bytes as `inputs[aliased]`: the kernel reads
     /// that operand from `outputs[0]` (`inputs[aliased].bytes` is empty). The planner only
-    /// asks this of ops for which [`can_run_in_place`] is true.
+    /// asks this where [`can_run_in_place`] allows it.
     fn run_in_place(
         &self,
         aliased: usize,
@@ -65,10 +66,13 @@ pub trait Kernel: Send + Sync {
     }
 }
 
-/// Whether the planner may make `op` write its output over one of its inputs: elementwise
-/// ops, whose output element `i` depends only on element `i` of the aliased input.
-pub fn can_run_in_place(op: &str) -> bool {
-    elementwise::IN_PLACE.contains(&op)
+/// Whether the planner may make `op` (with canonical `attrs`) write its output over input
+/// `input`, once that input is dead after the step and has the output's type: any input of an
+/// elementwise op, whose output element `i` depends only on element `i` of each operand; the
+/// residual R of a Conv, ConvTranspose, Gemm or MatMul whose post-ops start with `Add`, which
+/// the kernel accumulates onto (see [`post`]).
+pub fn can_run_in_place(op: &str, attrs: &Attrs, input: usize) -> bool {
+    elementwise::IN_PLACE.contains(&op) || post::in_place_input(op, attrs) == Some(input)
 }
 
 /// Everything `prepare` may look at for one step.

@@ -36,6 +36,9 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             "Resize scales or roi do not have one entry per axis"
         ));
     }
+    if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        return Err(invalid!("Resize scale {s} is not a positive number"));
+    }
     if sizes.iter().zip(&y.shape).any(|(&s, &d)| s != d as i64) || sizes.len() != rank {
         return Err(invalid!(
             "Resize sizes {sizes:?} do not match its output {y:?}"
@@ -51,6 +54,11 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     };
     if (0..rank).any(|d| x.shape[d] == 0 && y.shape[d] > 0) {
         return Err(invalid!("Resize cannot grow an empty dimension"));
+    }
+    if y.elements() == 0 {
+        // Nothing to compute, and per-axis tables as long as the other dims (which an empty
+        // tensor does not bound) are not made.
+        return Ok(Box::new(Remap::empty(x.elements(), x.dtype.size())?));
     }
     let extrapolation = a.float("extrapolation_value")?;
     match a.text("mode")? {
@@ -83,6 +91,18 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
                 antialias: a.int("antialias")? != 0,
                 exclude_outside: a.int("exclude_outside")? != 0,
             };
+            // An antialiasing filter is about 4 / scale taps wide. Wider than the input (a
+            // scale that only a crop far outside the input could give) it would only repeat
+            // edge pixels, at a cost without bound.
+            let too_wide =
+                |d: usize| filter.antialias && scales[d] * (x.shape[d] as f64 + 2.0) < 1.0;
+            if let Some(d) = (0..rank).find(|&d| y.shape[d] > 0 && too_wide(d)) {
+                return Err(invalid!(
+                    "Resize scale {} is too small for an input of {} along axis {d}",
+                    scales[d],
+                    x.shape[d]
+                ));
+            }
             // Separable passes, one per resized axis. Their order does not change the result
             // (beyond rounding) but does change the work: shrink first, grow last, and grow
             // the innermost axis (the slowest pass per element) before the others.
@@ -241,6 +261,10 @@ impl Geom {
                 continue;
             };
             taps.outside.push(false);
+            // Far outside the input every tap reads the edge pixel: clamped there, x keeps
+            // that result and its integer part fits any integer type.
+            let margin = n as f64 + 2.0;
+            let x = x.clamp(-margin, self.n_in as f64 + margin);
             // The ratio is in (0, 1]: an exact source coordinate counts as 1 past the pixel
             // on its left.
             let fl = x.floor();

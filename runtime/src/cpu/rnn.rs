@@ -294,7 +294,10 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         dirs,
         batch_major,
     };
-    let gh = cell.gates() * hidden;
+    let gh = cell
+        .gates()
+        .checked_mul(hidden)
+        .ok_or_else(|| invalid!("hidden_size {hidden} is too large"))?;
     let expect = |i: Option<usize>, what: &str, shape: &[usize]| -> Result<(), KernelError> {
         let Some(i) = i else { return Ok(()) };
         let d = &cx.inputs[i];
@@ -430,6 +433,9 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<(), KernelError> {
 impl Kernel for Rnn {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let d = self.dims;
+        if d.batch == 0 {
+            return Ok(()); // every output is empty
+        }
         let gh = self.cell.gates() * d.hidden;
         let state_len = d.dirs * d.batch * d.hidden;
         let input = |i: usize, what: &str, len: usize| -> Result<&[f32], KernelError> {

@@ -10,7 +10,7 @@
 
 use super::{arg, attr_or_input, axis_attr, const_scalar, ints, keep_inputs, scalar, usizes};
 use crate::ir::Node;
-use crate::ops::{LowerCx, OpResult, broadcast_shapes, normalize_axis, op_err};
+use crate::ops::{LowerCx, OpResult, broadcast_shapes, checked_sum, normalize_axis, op_err};
 use ingot_runtime::TensorDesc;
 use ingot_schema::AttrValue;
 
@@ -64,7 +64,9 @@ pub(super) fn infer_concat(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<
                 "cannot concatenate {x:?} with {first:?} on axis {axis}"
             ));
         }
-        shape[axis] += x.shape[axis];
+        shape[axis] = shape[axis]
+            .checked_add(x.shape[axis])
+            .ok_or_else(|| op_err!("the concatenation is too large"))?;
     }
     Ok(vec![TensorDesc::new(first.dtype, shape)])
 }
@@ -93,11 +95,11 @@ pub(super) fn lower_split(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
                 return Err(op_err!("{dim} does not split into {parts} equal parts"));
             };
             (0..parts)
-                .map(|i| size.min(dim.saturating_sub(i * size)))
+                .map(|i| size.min(dim.saturating_sub(i.saturating_mul(size))))
                 .collect()
         }
     };
-    if split.len() != n || split.iter().sum::<usize>() != dim {
+    if split.len() != n || checked_sum(&split) != Some(dim) {
         return Err(op_err!(
             "split {split:?} does not cut {dim} into {n} outputs"
         ));
@@ -113,7 +115,7 @@ pub(super) fn infer_split(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<T
     let x = arg(inputs, 0)?;
     let axis = axis_attr(node, x.shape.len())?;
     let split = usizes(node, "split")?;
-    if split.iter().sum::<usize>() != x.shape[axis] {
+    if checked_sum(&split) != Some(x.shape[axis]) {
         return Err(op_err!("split {split:?} does not cut {:?}", x.shape));
     }
     Ok(split
@@ -191,11 +193,17 @@ pub(super) fn infer_slice(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<T
     }
     let shape = (0..rank)
         .map(|d| {
-            let (s, e, k) = (starts[d], ends[d], steps[d]);
-            let (span, k) = if k > 0 { (e - s, k) } else { (s - e, -k) };
-            (span.max(0) as u64).div_ceil(k.max(1) as u64) as usize
+            // In i128, so that no attribute values overflow.
+            let (s, e, k) = (starts[d], ends[d], i128::from(steps[d]));
+            let span = if k > 0 {
+                e as i128 - s as i128
+            } else {
+                s as i128 - e as i128
+            };
+            let n = span.max(0).unsigned_abs().div_ceil(k.unsigned_abs().max(1));
+            usize::try_from(n).map_err(|_| op_err!("a slice of {n} is too large"))
         })
-        .collect::<Vec<_>>();
+        .collect::<OpResult<Vec<_>>>()?;
     Ok(vec![TensorDesc::new(x.dtype, shape)])
 }
 
@@ -263,7 +271,8 @@ pub(super) fn infer_pad(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Ten
     }
     let shape = (0..rank)
         .map(|d| {
-            usize::try_from(x.shape[d] as i64 + pads[d] + pads[d + rank])
+            let len = x.shape[d] as i128 + i128::from(pads[d]) + i128::from(pads[d + rank]);
+            usize::try_from(len)
                 .map_err(|_| op_err!("pads {pads:?} crop more than {:?} holds", x.shape))
         })
         .collect::<OpResult<Vec<_>>>()?;
@@ -290,7 +299,13 @@ pub(super) fn infer_tile(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Te
             x.shape
         ));
     }
-    let shape: Vec<usize> = x.shape.iter().zip(&reps).map(|(d, r)| d * r).collect();
+    let shape = x
+        .shape
+        .iter()
+        .zip(&reps)
+        .map(|(d, r)| d.checked_mul(*r))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| op_err!("repeats {reps:?} make {:?} too large", x.shape))?;
     Ok(vec![TensorDesc::new(x.dtype, shape)])
 }
 
@@ -350,13 +365,14 @@ pub(super) fn infer_depth_to_space(
 ) -> OpResult<Vec<TensorDesc>> {
     let x = arg(inputs, 0)?;
     let (b, [n, c, h, w]) = (blocksize(node)?, nchw(x)?);
-    if c % (b * b) != 0 {
-        return Err(op_err!("{c} channels do not split into {b}x{b} blocks"));
-    }
-    Ok(vec![TensorDesc::new(
-        x.dtype,
-        [n, c / (b * b), h * b, w * b],
-    )])
+    let shape = b
+        .checked_mul(b)
+        .filter(|bb| c % bb == 0)
+        .and_then(|bb| Some([n, c / bb, h.checked_mul(b)?, w.checked_mul(b)?]))
+        .ok_or_else(|| {
+            op_err!("{c} channels do not split into {b}x{b} blocks, or {h}x{w} grow too large")
+        })?;
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
 }
 
 pub(super) fn infer_space_to_depth(
@@ -365,10 +381,13 @@ pub(super) fn infer_space_to_depth(
 ) -> OpResult<Vec<TensorDesc>> {
     let x = arg(inputs, 0)?;
     let (b, [n, c, h, w]) = (blocksize(node)?, nchw(x)?);
-    if h % b != 0 || w % b != 0 {
-        return Err(op_err!("{h}x{w} does not split into {b}x{b} blocks"));
+    let channels = c.checked_mul(b).and_then(|cb| cb.checked_mul(b));
+    match channels {
+        Some(cbb) if h % b == 0 && w % b == 0 => {
+            Ok(vec![TensorDesc::new(x.dtype, [n, cbb, h / b, w / b])])
+        }
+        _ => Err(op_err!("{h}x{w} does not split into {b}x{b} blocks")),
     }
-    Ok(vec![TensorDesc::new(x.dtype, [n, c * b * b, h / b, w / b])])
 }
 
 // ---- Trilu and CumSum ----

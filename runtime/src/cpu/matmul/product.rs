@@ -104,17 +104,21 @@ impl Plan {
         ext
     }
 
-    /// `c += alpha * product(a, b)`.
+    /// `c += alpha * product(a, b)`, then `done(block, at)` on each block of C once it is
+    /// final (`block` is `c[at..at + block.len()]`): after every GEMM call when each call
+    /// fills its own contiguous block, else once on all of C.
     pub fn run<T: Scalar>(
         &self,
         alpha: T,
         a: &[T],
         b: &[T],
         c: &mut [T],
+        mut done: impl FnMut(&mut [T], usize) -> Result<(), KernelError>,
     ) -> Result<(), KernelError> {
         if self.empty {
-            return Ok(());
+            return done(c, 0);
         }
+        let per_call = self.blocks_per_call();
         let calls: usize = self.outer.iter().map(|x| x.size).product();
         let mut idx = vec![0usize; self.outer.len()];
         let mut call = Call {
@@ -127,6 +131,13 @@ impl Plan {
         };
         for _ in 0..calls {
             T::gemm(&call, alpha, a, b, c)?;
+            if per_call {
+                let (at, len) = (call.c.off, call.m * call.n);
+                let block = c
+                    .get_mut(at..at + len)
+                    .ok_or_else(|| invalid!("a product block lies outside C"))?;
+                done(block, at)?;
+            }
             // Odometer step over the outer axes, keeping the three offsets in step.
             for (i, x) in idx.iter_mut().zip(&self.outer).rev() {
                 *i += 1;
@@ -142,7 +153,19 @@ impl Plan {
                 call.c.off -= x.c * x.size;
             }
         }
+        if !per_call {
+            done(c, 0)?;
+        }
         Ok(())
+    }
+
+    /// Whether every GEMM call writes its own block of C, contiguous row by row, and leaves it
+    /// final: no contraction is looped outside the calls.
+    fn blocks_per_call(&self) -> bool {
+        let (m, n) = (&self.m, &self.n);
+        let rows = n.size == 1 || n.c == 1;
+        let contiguous = rows && (m.size == 1 || m.c == n.size);
+        contiguous && self.outer.iter().all(|x| x.c != 0)
     }
 }
 
@@ -381,11 +404,22 @@ mod tests {
         let a: Vec<f32> = (1..=8).map(|v| v as f32).collect();
         let b = [1.0f32, 2.0, 3.0, 4.0];
         let mut c = [0.0f32; 2];
-        plan.run(1.0, &a, &b, &mut c).unwrap();
+        let mut blocks = Vec::new();
+        let done = |b: &mut [f32], at| {
+            blocks.push((at, b.to_vec()));
+            Ok(())
+        };
+        plan.run(1.0, &a, &b, &mut c, done).unwrap();
         assert_eq!(c, [30.0, 70.0]);
+        assert_eq!(
+            blocks,
+            [(0, vec![30.0, 70.0])],
+            "one block, after the looped contraction"
+        );
         let mut ci = [0i64; 2];
         let ai: Vec<i64> = (1..=8).collect();
-        plan.run(1, &ai, &[1, 2, 3, 4], &mut ci).unwrap();
+        plan.run(1, &ai, &[1, 2, 3, 4], &mut ci, |_, _| Ok(()))
+            .unwrap();
         assert_eq!(ci, [30, 70]);
     }
 
@@ -393,8 +427,14 @@ mod tests {
     fn short_operands_are_an_error_not_a_panic() {
         let plan = Plan::new(&[ax(2, 2, 0, 2), ax(2, 0, 1, 1), ax(2, 1, 2, 0)]);
         let mut c = [0.0f32; 4];
-        assert!(plan.run(1.0, &[1.0; 3], &[1.0; 4], &mut c).is_err());
+        assert!(
+            plan.run(1.0, &[1.0; 3], &[1.0; 4], &mut c, |_, _| Ok(()))
+                .is_err()
+        );
         let mut ci = [0i32; 4];
-        assert!(plan.run(1, &[1; 4], &[1; 4], &mut ci[..3]).is_err());
+        assert!(
+            plan.run(1, &[1; 4], &[1; 4], &mut ci[..3], |_, _| Ok(()))
+                .is_err()
+        );
     }
 }

@@ -64,11 +64,13 @@ pub(super) fn trilu(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             desc.shape
         ));
     };
+    // Beyond the matrix every k means the same; clamped, `i + k + 1` cannot overflow in `run`.
+    let bound = rows.saturating_add(cols).min(i64::MAX as usize / 4) as i64;
     Ok(Box::new(Trilu {
         rows,
         cols,
         upper: cx.attrs.int("upper")? != 0,
-        k: cx.attrs.int("k")?,
+        k: cx.attrs.int("k")?.clamp(-bound, bound),
         esize: desc.dtype.size(),
         bytes: desc.bytes(),
     }))

@@ -105,7 +105,7 @@ impl Remap {
         if fill.len() != esize {
             return Err(invalid!("remap fill value is not one element"));
         }
-        let out_len = axes.iter().map(Axis::len).product();
+        let out_len = out_elements(&axes)?;
         let mut base = 0;
         let mut merged: Vec<Axis> = Vec::new();
         for axis in axes {
@@ -166,6 +166,12 @@ impl Remap {
             row,
             fill,
         })
+    }
+
+    /// A remap whose output is empty: nothing is read, so no axis needs a table (whose length,
+    /// for an empty tensor, can be anything).
+    pub(crate) fn empty(in_len: usize, esize: usize) -> Result<Remap, KernelError> {
+        Remap::new(vec![Axis::affine(0, 0, 0)], in_len, esize, vec![0; esize])
     }
 
     pub(crate) fn in_bytes(&self) -> usize {
@@ -240,10 +246,33 @@ impl Kernel for Remap {
     }
 }
 
+/// Elements of the output of `axes`, or an error if that overflows.
+fn out_elements(axes: &[Axis]) -> Result<usize, KernelError> {
+    axes.iter()
+        .try_fold(1usize, |n, a| n.checked_mul(a.len()))
+        .ok_or_else(|| invalid!("remap output is too large"))
+}
+
 /// The remap of a single-input, single-output op with no fill value.
 fn remap(cx: &OpCx, axes: Vec<Axis>) -> Result<Box<dyn Kernel>, KernelError> {
     let esize = same_dtype(cx)?.size();
+    // Checked before `Remap::new` turns an axis into a table as long as the axis.
+    let n = out_elements(&axes)?;
+    if n != cx.outputs[0].elements() {
+        return Err(invalid!(
+            "{} computes {n} output elements, but its output is {:?}",
+            cx.op,
+            cx.outputs[0]
+        ));
+    }
     let r = Remap::new(axes, cx.inputs[0].elements(), esize, vec![0; esize])?;
+    check_out(cx, &r)?;
+    Ok(Box::new(r))
+}
+
+/// The remap of an op whose input is empty, and so must be its output: nothing moves.
+fn empty(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    let r = Remap::empty(cx.inputs[0].elements(), same_dtype(cx)?.size())?;
     check_out(cx, &r)?;
     Ok(Box::new(r))
 }
@@ -310,25 +339,33 @@ pub(super) fn slice(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let mut axes = Vec::with_capacity(shape.len());
     for d in 0..shape.len() {
+        // In i128, so that no starts, ends and steps overflow.
         let (s, e, k) = (starts[d], ends[d], steps[d]);
-        let (span, k_abs) = match k {
+        let span = match k {
             0 => return Err(invalid!("Slice step is 0")),
-            k if k > 0 => (e - s, k),
-            k => (s - e, -k),
+            k if k > 0 => i128::from(e) - i128::from(s),
+            _ => i128::from(s) - i128::from(e),
         };
-        let len = (span.max(0) as u64).div_ceil(k_abs as u64) as usize;
-        // A non-empty slice starts inside the dimension; `Remap::new` checks where it ends.
-        if len > 0 && !(0..shape[d] as i64).contains(&s) {
+        let len = span.max(0).unsigned_abs().div_ceil(k.unsigned_abs().into());
+        let len =
+            usize::try_from(len).map_err(|_| invalid!("Slice of {span} elements is too large"))?;
+        if len == 0 {
+            axes.push(Axis::affine(0, 0, 0));
+            continue;
+        }
+        // A non-empty slice starts and ends inside the dimension.
+        let last = i128::from(s) + (len as i128 - 1) * i128::from(k);
+        let inside = |i: i128| (0..shape[d] as i128).contains(&i);
+        if !inside(i128::from(s)) || !inside(last) {
             return Err(invalid!(
-                "Slice start {s} is outside a dimension of {}",
+                "Slice from {s} by {k} reads outside a dimension of {}",
                 shape[d]
             ));
         }
-        axes.push(Axis::affine(
-            len,
-            s.max(0) as usize * st[d],
-            k as isize * st[d] as isize,
-        ));
+        // With two or more elements the step is smaller than the dimension, so this is exact;
+        // with one it is not used.
+        let stride = (k as isize).saturating_mul(st[d] as isize);
+        axes.push(Axis::affine(len, s as usize * st[d], stride));
     }
     remap(cx, axes)
 }
@@ -346,15 +383,31 @@ pub(super) fn pad(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return Err(invalid!("Pad mode {mode} is unknown"));
     }
     let value = Scalar::attr(cx.attrs, "value")?.encode(desc.dtype);
-    let mut axes = Vec::with_capacity(rank);
+    // The output shape is checked before the tables, which are as long as its dims, are made.
+    let mut lens = Vec::with_capacity(rank);
     for d in 0..rank {
-        let (n, b, e) = (shape[d] as i64, pads[d], pads[d + rank]);
-        let len = usize::try_from(n + b + e)
-            .map_err(|_| invalid!("Pad {pads:?} removes more than dimension {d} holds"))?;
-        if n == 0 && len > 0 && mode != "constant" {
+        let len = i128::from(pads[d]) + i128::from(pads[d + rank]) + shape[d] as i128;
+        let len = usize::try_from(len)
+            .map_err(|_| invalid!("Pad {pads:?} does not fit dimension {d} of {shape:?}"))?;
+        if shape[d] == 0 && len > 0 && mode != "constant" {
             return Err(invalid!("Pad mode {mode} cannot pad an empty dimension"));
         }
-        let source = |j: i64| -> Option<i64> {
+        lens.push(len);
+    }
+    if cx.outputs[0].shape != lens {
+        return Err(invalid!(
+            "Pad of {shape:?} by {pads:?} makes {lens:?}, but its output is {:?}",
+            cx.outputs[0]
+        ));
+    }
+    if lens.contains(&0) {
+        return Ok(Box::new(Remap::empty(desc.elements(), desc.dtype.size())?));
+    }
+    let mut axes = Vec::with_capacity(rank);
+    for d in 0..rank {
+        // In i128: pads may be anything that sums to a valid length.
+        let (n, b) = (shape[d] as i128, i128::from(pads[d]));
+        let source = |j: i128| -> Option<i128> {
             let i = j - b;
             match mode {
                 "edge" => Some(i.clamp(0, n - 1)),
@@ -368,7 +421,7 @@ pub(super) fn pad(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
                 _ => (0..n).contains(&i).then_some(i),
             }
         };
-        let table = (0..len as i64)
+        let table = (0..lens[d] as i128)
             .map(|j| source(j).map(|i| i as usize * st[d]))
             .collect();
         axes.push(Axis::table(table));
@@ -439,7 +492,11 @@ fn blocks(cx: &OpCx) -> Result<(usize, [usize; 4]), KernelError> {
 /// DepthToSpace: output `[n, c, h*b, w*b]` read as `[n, c, h, b1, w, b2]`.
 pub(super) fn depth_to_space(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (b, [n, c, h, w]) = blocks(cx)?;
-    if c % (b * b) != 0 {
+    if cx.inputs[0].elements() == 0 {
+        return empty(cx);
+    }
+    // With `b * b` dividing a non-zero `c`, every product below is at most the input's size.
+    if b.checked_mul(b).is_none_or(|bb| c % bb != 0) {
         return Err(invalid!(
             "DepthToSpace: {c} channels do not split into {b}x{b} blocks"
         ));
@@ -460,6 +517,10 @@ pub(super) fn depth_to_space(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
 /// `[n, c, b1, b2, h', w']` (CRD).
 pub(super) fn space_to_depth(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (b, [n, c, h, w]) = blocks(cx)?;
+    if cx.inputs[0].elements() == 0 {
+        return empty(cx);
+    }
+    // With `b` dividing a non-zero `h`, every product below is at most the input's size.
     if h % b != 0 || w % b != 0 {
         return Err(invalid!(
             "SpaceToDepth: {h}x{w} does not split into {b}x{b} blocks"

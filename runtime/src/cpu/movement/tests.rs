@@ -453,3 +453,77 @@ fn scatter_reductions_accumulate_repeats() {
     );
     assert_eq!(out.unwrap()[0].as_slice::<i32>().unwrap(), [1, 2, 60]);
 }
+
+/// Attribute values from a hostile bundle are errors at prepare time, never an overflow, an
+/// out-of-bounds read or a table as long as an absurd dimension.
+#[test]
+fn hostile_attributes_are_errors() {
+    let x = arange(&[2, 3]);
+    let slice = |starts: &[i64], ends: &[i64], steps: &[i64], out: &[usize]| {
+        let a = attrs(&[
+            ("starts", ints(starts)),
+            ("ends", ints(ends)),
+            ("steps", ints(steps)),
+        ]);
+        eval("Slice", &a, &[&x], &[f32_desc(out)])
+    };
+    // An end past the dimension (the compiler clamps it; a bundle may not).
+    assert!(slice(&[0, 0], &[2, 4], &[1, 1], &[2, 4]).is_err());
+    // Steps and ends whose products overflow.
+    assert!(slice(&[0, 0], &[2, i64::MAX], &[1, i64::MAX / 2], &[2, 3]).is_err());
+    assert!(slice(&[0, i64::MAX], &[2, 0], &[1, i64::MIN], &[2, 1]).is_err());
+    // An empty slice with an absurd start, and one-element slices with an absurd step, are fine.
+    assert!(slice(&[0, i64::MAX], &[2, 0], &[1, 1], &[2, 0]).is_ok());
+    assert_eq!(
+        run(
+            "Slice",
+            &attrs(&[
+                ("starts", ints(&[1, 2])),
+                ("ends", ints(&[2, i64::MAX])),
+                ("steps", ints(&[1, i64::MAX])),
+            ]),
+            &[&x],
+            f32_desc(&[1, 1]),
+        ),
+        [5]
+    );
+
+    let pad = |pads: &[i64], out: &[usize]| {
+        let a = attrs(&[
+            ("pads", ints(pads)),
+            ("mode", AttrValue::Text("constant".into())),
+            ("value", AttrValue::Float(0.0)),
+        ]);
+        eval("Pad", &a, &[&x], &[f32_desc(out)])
+    };
+    // Pads whose sum overflows i64 but is a valid length: every position is past the input.
+    let zeros = pad(&[0, i64::MIN, 0, i64::MAX], &[2, 2]).unwrap();
+    assert_eq!(zeros[0].as_slice::<f32>().unwrap(), [0.0; 4]);
+    // A declared output other than the padded shape is refused before a table as long as
+    // the padded dim is made.
+    assert!(pad(&[0, 1 << 40, 0, 0], &[2, 4]).is_err());
+    // An empty output whatever the other dims say.
+    assert!(pad(&[0, 0, -2, 0], &[0, 3]).is_ok());
+
+    let x4 = arange(&[1, 4, 2, 2]);
+    let blocks = |op: &str, b: i64| {
+        let a = attrs(&[
+            ("blocksize", AttrValue::Int(b)),
+            ("mode", AttrValue::Text("DCR".into())),
+        ]);
+        eval(op, &a, &[&x4], &[f32_desc(&[1, 1, 4, 4])])
+    };
+    assert!(blocks("DepthToSpace", 1 << 32).is_err());
+    assert!(blocks("SpaceToDepth", i64::MAX).is_err());
+
+    let tile = attrs(&[("repeats", ints(&[1 << 62, 1 << 62]))]);
+    assert!(eval("Tile", &tile, &[&x], &[f32_desc(&[2, 3])]).is_err());
+
+    // Trilu's k far outside the matrix keeps all or nothing.
+    let upper = |k: i64| {
+        let a = attrs(&[("upper", AttrValue::Int(1)), ("k", AttrValue::Int(k))]);
+        run("Trilu", &a, &[&x], f32_desc(&[2, 3]))
+    };
+    assert_eq!(upper(i64::MIN), [0, 1, 2, 3, 4, 5]);
+    assert_eq!(upper(i64::MAX), [0, 0, 0, 0, 0, 0]);
+}

@@ -231,3 +231,29 @@ fn identity_and_errors() {
     let a = attrs(&[2.0], &[4], &[("mode", text("linear"))]);
     assert!(eval("Resize", &a, &[&xi], &[TensorDesc::new(DType::I32, [4])]).is_err());
 }
+
+/// Scales from a hostile bundle: not positive, not finite, or so small that an antialiasing
+/// filter would be wider than any input, are errors at prepare time; a tiny scale without
+/// antialiasing reads the edge pixel (by hand: with half_pixel, output 0 maps to
+/// `0.5 / 1e-30 - 0.5`, far past the right edge, so every tap reads the last pixel).
+#[test]
+fn hostile_scales_are_errors_or_read_the_edge() {
+    let out = [TensorDesc::new(DType::F32, [1, 1, 2, 1])];
+    for s in [0.0, -0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let a = attrs(
+            &[1.0, 1.0, 1.0, s],
+            &[1, 1, 2, 1],
+            &[("mode", text("linear"))],
+        );
+        assert!(eval("Resize", &a, &[&x()], &out).is_err(), "scale {s}");
+    }
+    let cubic_aa = [("mode", text("cubic")), ("antialias", AttrValue::Int(1))];
+    let a = attrs(&[1.0, 1.0, 1.0, 1e-30], &[1, 1, 2, 1], &cubic_aa);
+    assert!(eval("Resize", &a, &[&x()], &out).is_err());
+    let a = attrs(
+        &[1.0, 1.0, 1.0, 1e-30],
+        &[1, 1, 2, 1],
+        &[("mode", text("cubic"))],
+    );
+    assert_close(&run(&a, &x()), &[3.0, 6.0]);
+}

@@ -1,0 +1,529 @@
+//! Fusion: fewer steps, each doing more of the work while its data is in cache.
+//!
+//! 1. **Decomposed HardSwish**: exporters write `x * Clip(x + 3, 0, 6) / 6` (also with `* 1/6`,
+//!    or as `x * (Clip(x + 3, 0, 6) / 6)`) and `x * HardSigmoid(x)` with alpha 1/6, beta 1/2;
+//!    each becomes one HardSwish node.
+//! 2. **Affine folding**: a per-channel affine map after a Conv, ConvTranspose or Gemm with
+//!    constant weights (BatchNormalization, or Mul, Add, Sub or Div by a constant holding one
+//!    value per output channel, or one value) is folded into the weights and bias
+//!    ([`folded_weights`]), in f64 and rounded once to f32.
+//! 3. **Post-ops** (canonical form in `ops/conv.rs`): after a Conv, ConvTranspose, Gemm or
+//!    MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh) or
+//!    an Add, Sub or Mul whose other operand has the output's shape (a residual) or is a
+//!    one-element constant is appended to the op's post-ops, chains included.
+//!
+//! A node absorbs its consumer only if it is the only reader of its output, which is not a
+//! graph output (a use count of one says both). The fused node takes the consumer's place in
+//! the order and its output value: everything it reads is computed by then. Everything works
+//! on f32 outputs only.
+
+use super::PassError;
+use crate::ir::{Const, Graph, Node, ValueId};
+use ingot_runtime::{Tensor, TensorDesc};
+use ingot_schema::{AttrValue, Attrs, DType};
+use std::sync::Arc;
+
+pub fn run(g: &mut Graph) -> Result<(), PassError> {
+    hard_swish(g);
+    // The rewritten patterns leave their inner nodes unread: drop them so that use counts
+    // are exact for what follows.
+    super::dce::run(g)?;
+    Fuser::new(g).run();
+    Ok(())
+}
+
+/// Ops that take post-ops, with their own inputs when post-ops read extra ones (all of
+/// them: the bias or C is then always present).
+const HOSTS: &[(&str, usize)] = &[
+    ("Conv", 3),
+    ("ConvTranspose", 3),
+    ("Gemm", 3),
+    ("MatMul", 2),
+];
+
+/// The parameters an activation passes to `post_params`, from its canonical attributes, in the
+/// order `runtime/src/cpu/post.rs` reads them.
+const ACTIVATION_ATTRS: &[(&str, &[&str])] = &[
+    ("Relu", &[]),
+    ("LeakyRelu", &["alpha"]),
+    ("Clip", &["min", "max"]),
+    ("Sigmoid", &[]),
+    ("HardSigmoid", &["alpha", "beta"]),
+    ("HardSwish", &[]),
+    ("Tanh", &[]),
+];
+
+fn is_f32(g: &Graph, v: ValueId) -> bool {
+    g.ty(v).is_some_and(|t| t.dtype == DType::F32)
+}
+
+/// The value of a one-element float constant.
+fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
+    match g.constant(v)?.to_f64s()?[..] {
+        [x] => Some(x),
+        _ => None,
+    }
+}
+
+fn near(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * b.abs()
+}
+
+// ---- 1. HardSwish ----
+
+/// What pattern matching needs: who produces and how many read each value.
+struct Patterns<'g> {
+    g: &'g Graph,
+    uses: Vec<usize>,
+    producers: Vec<Option<usize>>,
+}
+
+impl Patterns<'_> {
+    /// The node producing `v` if `v` is read once (by the node being matched), and its op.
+    fn only_use(&self, v: ValueId, op: &str) -> Option<&Node> {
+        let n = &self.g.nodes[self.producers[v]?];
+        (self.uses[v] == 1 && n.op == op).then_some(n)
+    }
+
+    /// Both operand orders of a binary node.
+    fn pairs(n: &Node) -> Option<[(ValueId, ValueId); 2]> {
+        match n.inputs[..] {
+            [Some(a), Some(b)] => Some([(a, b), (b, a)]),
+            _ => None,
+        }
+    }
+
+    /// `v / 6` or `v * (1/6)` as node `n`: returns v.
+    fn sixth(&self, n: &Node) -> Option<ValueId> {
+        let pairs = Self::pairs(n)?;
+        match n.op.as_str() {
+            "Div" => (scalar(self.g, pairs[0].1)? == 6.0).then_some(pairs[0].0),
+            "Mul" => pairs
+                .into_iter()
+                .find(|&(_, k)| scalar(self.g, k).is_some_and(|k| near(k, 1.0 / 6.0)))
+                .map(|(v, _)| v),
+            _ => None,
+        }
+    }
+
+    /// The x of `r = Clip(x + 3, 0, 6)`, with r and x + 3 read once.
+    fn relu6_of_plus_3(&self, r: ValueId) -> Option<ValueId> {
+        let clip = self.only_use(r, "Clip")?;
+        let bounds = (clip.attrs.float("min").ok()?, clip.attrs.float("max").ok()?);
+        let &[Some(sum)] = &clip.inputs[..] else {
+            return None;
+        };
+        let add = self.only_use(sum, "Add")?;
+        let x = Self::pairs(add)?
+            .into_iter()
+            .find(|&(_, k)| scalar(self.g, k) == Some(3.0))?
+            .0;
+        (bounds == (0.0, 6.0)).then_some(x)
+    }
+
+    /// The x of `h = HardSigmoid(x)` with alpha 1/6 and beta 1/2, or of
+    /// `h = Clip(x + 3, 0, 6) / 6`, with h read once.
+    fn hard_sigmoid_of(&self, h: ValueId) -> Option<ValueId> {
+        if let Some(n) = self.only_use(h, "HardSigmoid") {
+            let (alpha, beta) = (n.attrs.float("alpha").ok()?, n.attrs.float("beta").ok()?);
+            let x = n.inputs.first().copied().flatten()?;
+            return (near(alpha.into(), 1.0 / 6.0) && beta == 0.5).then_some(x);
+        }
+        let n = self
+            .only_use(h, "Div")
+            .or_else(|| self.only_use(h, "Mul"))?;
+        self.relu6_of_plus_3(self.sixth(n)?)
+    }
+
+    /// The x if node `n` computes HardSwish(x) in pieces, its output of x's type.
+    fn hard_swish_input(&self, n: &Node) -> Option<ValueId> {
+        let [out] = n.outputs[..] else { return None };
+        // (x * Clip(x + 3, 0, 6)) / 6
+        let product = self.sixth(n).and_then(|m| self.only_use(m, "Mul"));
+        let x = product
+            .and_then(Self::pairs)
+            .and_then(|pairs| {
+                pairs
+                    .into_iter()
+                    .find(|&(x, r)| self.relu6_of_plus_3(r) == Some(x))
+            })
+            // x * HardSigmoid(x)
+            .or_else(|| {
+                (n.op == "Mul").then_some(())?;
+                Self::pairs(n)?
+                    .into_iter()
+                    .find(|&(x, h)| self.hard_sigmoid_of(h) == Some(x))
+            })?
+            .0;
+        let float = self.g.ty(x).is_some_and(|t| t.dtype.is_float());
+        (float && self.g.ty(x) == self.g.ty(out)).then_some(x)
+    }
+}
+
+/// Rewrites each decomposed HardSwish into one node, leaving its inner nodes unread.
+fn hard_swish(g: &mut Graph) {
+    let found: Vec<(usize, ValueId)> = {
+        let g: &Graph = g;
+        let p = Patterns {
+            g,
+            uses: g.use_counts(),
+            producers: g.producers(),
+        };
+        (g.nodes.iter().enumerate())
+            .filter_map(|(i, n)| Some((i, p.hard_swish_input(n)?)))
+            .collect()
+    };
+    for (i, x) in found {
+        let n = &mut g.nodes[i];
+        n.op = "HardSwish".into();
+        n.inputs = vec![Some(x)];
+        n.attrs = Attrs::new();
+    }
+}
+
+// ---- 2. and 3. ----
+
+struct Fuser<'g> {
+    g: &'g mut Graph,
+    uses: Vec<usize>,
+    producers: Vec<Option<usize>>,
+    /// Nodes absorbed by a later one, removed at the end.
+    dead: Vec<bool>,
+}
+
+impl<'g> Fuser<'g> {
+    fn new(g: &'g mut Graph) -> Self {
+        Fuser {
+            uses: g.use_counts(),
+            producers: g.producers(),
+            dead: vec![false; g.nodes.len()],
+            g,
+        }
+    }
+
+    /// Visits every node in order as a consumer its producer may absorb; a fused node stays
+    /// open to the next consumer, so chains fuse one link at a time.
+    fn run(mut self) {
+        for i in 0..self.g.nodes.len() {
+            let _ = self.fold_affine(i).or_else(|| self.fuse_post_op(i));
+        }
+        let mut dead = self.dead.iter();
+        self.g
+            .nodes
+            .retain(|_| !dead.next().copied().unwrap_or(false));
+    }
+
+    /// The producer of `y` if it may absorb y's one reader: an op taking post-ops, with an f32
+    /// output read once (so not a graph output), and canonical post-op attributes.
+    fn host(&self, y: ValueId) -> Option<usize> {
+        let p = self.producers[y]?;
+        let n = &self.g.nodes[p];
+        let host = HOSTS.iter().any(|(op, _)| *op == n.op);
+        let ok = host && self.uses[y] == 1 && is_f32(self.g, y) && n.attrs.text("post_ops").is_ok();
+        ok.then_some(p)
+    }
+
+    /// Moves node `p` to position `c`, in place of the consumer it absorbs, whose outputs it
+    /// takes over; `edit` then changes its inputs and attributes.
+    fn absorb(&mut self, p: usize, c: usize, edit: impl FnOnce(&mut Graph, &mut Node)) {
+        let mut node = std::mem::replace(&mut self.g.nodes[p], tombstone());
+        self.dead[p] = true;
+        for &y in &node.outputs {
+            self.uses[y] = 0;
+            self.producers[y] = None;
+        }
+        node.outputs = std::mem::take(&mut self.g.nodes[c].outputs);
+        edit(self.g, &mut node);
+        self.g.nodes[c] = node;
+        let n = self.g.values.len();
+        self.uses.resize(n, 0);
+        self.producers.resize(n, None);
+    }
+
+    /// Folds node `c`, a per-channel affine map of a Conv, ConvTranspose or Gemm output with
+    /// no post-ops yet, into that producer's weights and bias.
+    fn fold_affine(&mut self, c: usize) -> Option<()> {
+        let g = &*self.g;
+        let node = &g.nodes[c];
+        let [out] = node.outputs[..] else { return None };
+        let (y, s, t) = (node.inputs.iter().flatten().copied())
+            .filter(|&y| self.host(y).is_some())
+            .find_map(|y| affine(g, node, y).map(|(s, t)| (y, s, t)))?;
+        // A zero divisor or variance would turn whole weights into inf or NaN.
+        if !s.iter().chain(&t).all(|v| v.is_finite()) {
+            return None;
+        }
+        let p = self.host(y)?;
+        let producer = &g.nodes[p];
+        if g.ty(out) != g.ty(y) || !producer.attrs.text("post_ops").ok()?.is_empty() {
+            return None;
+        }
+        let (w, b, layout) = weights(g, producer, y)?;
+        let (w, b) = folded_weights(&w, layout, &b, &s, &t)?;
+        let name = g.values[out].name.clone();
+        self.absorb(p, c, |g, n| {
+            let w = g.add_constant(format!("{name}:weight"), Const::owned(w));
+            let b = g.add_constant(format!("{name}:bias"), Const::owned(b));
+            n.inputs.truncate(2);
+            n.inputs[1] = Some(w);
+            n.inputs.push(Some(b));
+            if n.op == "Gemm" {
+                n.attrs.set("beta", AttrValue::Float(1.0));
+            }
+        });
+        Some(())
+    }
+
+    /// Appends node `c` (an activation, or a sum, difference or product with a residual or
+    /// a one-element constant) to its producer's post-ops.
+    fn fuse_post_op(&mut self, c: usize) -> Option<()> {
+        let g = &*self.g;
+        let node = &g.nodes[c];
+        let [out] = node.outputs[..] else { return None };
+        let (y, name, params, operand) = match (node.op.as_str(), &node.inputs[..]) {
+            (op, &[Some(y)]) => {
+                let (_, attrs) = ACTIVATION_ATTRS.iter().find(|(a, _)| *a == op)?;
+                let params: Option<Vec<f64>> = attrs
+                    .iter()
+                    .map(|a| node.attrs.float(a).ok().map(f64::from))
+                    .collect();
+                (y, op.to_string(), params?, None)
+            }
+            (op @ ("Add" | "Sub" | "Mul"), &[Some(a), Some(b)]) => {
+                // Prefer the operand computed last as the one fused into: the other is then
+                // more likely to die here and be written over.
+                let mut candidates = [(a, b, false), (b, a, true)];
+                candidates.sort_by_key(|&(y, _, _)| std::cmp::Reverse(self.producers[y]));
+                let (y, r, swapped) = candidates.into_iter().find(|&(y, r, _)| {
+                    let residual = g.ty(r) == g.ty(y) || (is_f32(g, r) && scalar(g, r).is_some());
+                    y != r && self.host(y).is_some() && residual
+                })?;
+                let name = match (op, swapped) {
+                    ("Sub", true) => "RSub",
+                    (op, _) => op,
+                };
+                (y, name.to_string(), Vec::new(), Some(r))
+            }
+            _ => return None,
+        };
+        let p = self.host(y)?;
+        if g.ty(out) != g.ty(y) {
+            return None;
+        }
+        // With post-op operands the op has all its own inputs: a missing bias or C is zero.
+        let producer = &g.nodes[p];
+        let own = HOSTS.iter().find(|(op, _)| *op == producer.op)?.1;
+        let zero_bias = (operand.is_some() && producer.inputs.len() < own).then(|| {
+            let m = g.ty(y).and_then(|t| t.shape.get(1).copied()).unwrap_or(0);
+            (format!("{}:bias", g.values[y].name), m)
+        });
+        self.absorb(p, c, |g, n| {
+            if let Some((bias_name, m)) = zero_bias {
+                let zeros = Tensor::zeros(TensorDesc::new(DType::F32, vec![m]));
+                n.inputs
+                    .push(Some(g.add_constant(bias_name, Const::owned(zeros))));
+            }
+            n.inputs.extend(operand.map(Some));
+            let ops = match n.attrs.text("post_ops") {
+                Ok("") | Err(_) => name,
+                Ok(ops) => format!("{ops},{name}"),
+            };
+            let mut all = n
+                .attrs
+                .floats("post_params")
+                .map_or(Vec::new(), <[f64]>::to_vec);
+            all.extend(params);
+            n.attrs.set("post_ops", AttrValue::Text(ops));
+            n.attrs.set("post_params", AttrValue::Floats(all));
+        });
+        Some(())
+    }
+}
+
+fn tombstone() -> Node {
+    Node {
+        name: String::new(),
+        op: String::new(),
+        domain: String::new(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+        attrs: Attrs::new(),
+    }
+}
+
+/// The per-channel map `y -> y * s + t` that node `n` applies to its input `y` (channels on
+/// axis 1 of y), if its other operands are constants that allow it.
+fn affine(g: &Graph, n: &Node, y: ValueId) -> Option<(Vec<f64>, Vec<f64>)> {
+    let shape = &g.ty(y)?.shape;
+    let m = *shape.get(1)?;
+    let channel = |v: Option<ValueId>| per_channel(g, v?, shape);
+    let ones = vec![1.0; m];
+    let zeros = vec![0.0; m];
+    let ins: Vec<ValueId> = n.inputs.iter().flatten().copied().collect();
+    let other = ins.iter().copied().find(|&v| v != y);
+    match (n.op.as_str(), &ins[..]) {
+        ("BatchNormalization", &[x, scale, bias, mean, var]) if x == y => {
+            let eps = f64::from(n.attrs.float("epsilon").ok()?);
+            let [scale, bias, mean, var] = [scale, bias, mean, var].map(|v| vector(g, v, m));
+            let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
+            let s: Vec<f64> = scale
+                .iter()
+                .zip(&var)
+                .map(|(k, v)| k / (v + eps).sqrt())
+                .collect();
+            let t = bias
+                .iter()
+                .zip(&mean)
+                .zip(&s)
+                .map(|((b, mu), s)| b - mu * s)
+                .collect();
+            Some((s, t))
+        }
+        ("Mul", &[a, b]) if a != b => Some((channel(other)?, zeros)),
+        ("Add", &[a, b]) if a != b => Some((ones, channel(other)?)),
+        ("Sub", &[a, _]) if a == y => Some((ones, channel(other)?.iter().map(|k| -k).collect())),
+        ("Div", &[a, _]) if a == y => {
+            Some((channel(other)?.iter().map(|k| 1.0 / k).collect(), zeros))
+        }
+        _ => None,
+    }
+}
+
+/// An f32 constant of `m` values.
+fn vector(g: &Graph, v: ValueId, m: usize) -> Option<Vec<f64>> {
+    let c = g.constant(v)?;
+    let values = c.to_f64s()?;
+    (c.desc().dtype == DType::F32 && values.len() == m).then_some(values)
+}
+
+/// A float constant `k` as one value per channel (axis 1) of a tensor of shape `out`, if it
+/// broadcasts to `out` with no extent on other axes (one value, or [M], [M, 1, 1], ...).
+fn per_channel(g: &Graph, k: ValueId, out: &[usize]) -> Option<Vec<f64>> {
+    let c = g.constant(k)?;
+    let shape = &c.desc().shape;
+    let lead = out.len().checked_sub(shape.len())?;
+    let m = *out.get(1)?;
+    let fits = shape
+        .iter()
+        .enumerate()
+        .all(|(d, &e)| e == 1 || (d + lead == 1 && e == m));
+    let values = c.to_f64s()?;
+    match values[..] {
+        _ if !fits || c.desc().dtype != DType::F32 => None,
+        [v] => Some(vec![v; m]),
+        _ => (values.len() == m).then_some(values),
+    }
+}
+
+/// Where output channel `o` sits in a weight tensor viewed as [outer, channels, inner]: at
+/// `(a, j)` with `o = (a / per_group) * channels + j`.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    outer: usize,
+    per_group: usize,
+    channels: usize,
+    inner: usize,
+}
+
+/// The weights, the per-channel bias (zeros when absent; Gemm's `beta * C`) and the layout of
+/// the weights of producer `n` of `y`, if they are f32 constants.
+fn weights(g: &Graph, n: &Node, y: ValueId) -> Option<(Arc<Tensor>, Vec<f64>, Layout)> {
+    let ins: Vec<ValueId> = n.inputs.iter().flatten().copied().collect();
+    let w_id = *ins.get(1)?;
+    let w = g.constant(w_id)?.tensor();
+    let dims = &w.desc().shape;
+    let out = &g.ty(y)?.shape;
+    let m = *out.get(1)?;
+    let (layout, bias) = match n.op.as_str() {
+        "Conv" => {
+            let inner = dims.iter().skip(1).product();
+            let layout = Layout {
+                outer: 1,
+                per_group: 1,
+                channels: m,
+                inner,
+            };
+            (layout, ins.get(2).map(|&b| vector(g, b, m)))
+        }
+        "ConvTranspose" => {
+            let group = usize::try_from(n.attrs.int("group").ok()?).ok()?;
+            let c = *dims.first()?;
+            let (per_group, channels) = (c.checked_div(group)?, m.checked_div(group)?);
+            let inner = dims.iter().skip(2).product();
+            let layout = Layout {
+                outer: c,
+                per_group,
+                channels,
+                inner,
+            };
+            (layout, ins.get(2).map(|&b| vector(g, b, m)))
+        }
+        "Gemm" => {
+            let (k, trans_b) = (*dims.first()?, n.attrs.int("transB").ok()? != 0);
+            let layout = match trans_b {
+                false => Layout {
+                    outer: k,
+                    per_group: k,
+                    channels: m,
+                    inner: 1,
+                },
+                true => Layout {
+                    outer: 1,
+                    per_group: 1,
+                    channels: m,
+                    inner: *dims.get(1)?,
+                },
+            };
+            let beta = f64::from(n.attrs.float("beta").ok()?);
+            let c = ins.get(2).map(|&c| per_channel(g, c, out));
+            (
+                layout,
+                c.map(|c| Some(c?.iter().map(|v| v * beta).collect())),
+            )
+        }
+        _ => return None,
+    };
+    let bias = match bias {
+        None => vec![0.0; m],
+        Some(b) => b?,
+    };
+    let fits = layout.outer * layout.channels * layout.inner == w.desc().elements()
+        && layout.outer / layout.per_group.max(1) * layout.channels == m;
+    (fits && w.dtype() == DType::F32).then_some((w, bias, layout))
+}
+
+/// The weights and bias of a producer followed by `y -> y * s + t` per output channel:
+/// `W' = W * s` along the output channel, `B' = B * s + t`, computed in f64 and rounded once.
+/// (A later weight bank makes this a lazy recipe over W, B, s and t.)
+fn folded_weights(
+    w: &Tensor,
+    layout: Layout,
+    b: &[f64],
+    s: &[f64],
+    t: &[f64],
+) -> Option<(Tensor, Tensor)> {
+    let Layout {
+        per_group,
+        channels,
+        inner,
+        ..
+    } = layout;
+    let mut folded = Tensor::zeros(w.desc().clone());
+    let mut view = folded.view_mut();
+    let (src, dst) = (w.as_slice::<f32>().ok()?, view.as_slice_mut::<f32>().ok()?);
+    let step = inner.max(1);
+    for (i, (from, to)) in src.chunks(step).zip(dst.chunks_mut(step)).enumerate() {
+        let (a, j) = (i.checked_div(channels)?, i % channels);
+        let k = *s.get(a.checked_div(per_group)? * channels + j)?;
+        for (v, out) in from.iter().zip(to) {
+            *out = (f64::from(*v) * k) as f32;
+        }
+    }
+    let bias: Vec<f32> = (b.iter().zip(s).zip(t))
+        .map(|((b, s), t)| (b * s + t) as f32)
+        .collect();
+    Some((folded, Tensor::from_vec(vec![bias.len()], &bias).ok()?))
+}
+
+#[cfg(test)]
+mod tests;

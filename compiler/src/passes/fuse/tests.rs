@@ -1,0 +1,496 @@
+//! Fusion on small graphs built by hand and lowered like a model: each test checks which
+//! steps remain and that the fused graph computes what the unfused one does, both evaluated
+//! node by node with the CPU kernels.
+
+use super::*;
+use crate::ir;
+use crate::passes::lower;
+use ingot_runtime::cpu::{self, post};
+
+/// A graph under construction, in ONNX terms (it is lowered when finished).
+struct Builder {
+    g: Graph,
+}
+
+impl Builder {
+    fn new() -> Self {
+        Builder {
+            g: Graph {
+                opset: 17,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn input(&mut self, name: &str, shape: &[usize]) -> ValueId {
+        let v = self
+            .g
+            .add_value(name, Some(TensorDesc::new(DType::F32, shape.to_vec())));
+        self.g.inputs.push(v);
+        v
+    }
+
+    /// A constant of `shape` holding `values`, or distinct values from `seed` when empty.
+    fn constant(&mut self, name: &str, shape: &[usize], values: &[f32], seed: usize) -> ValueId {
+        let n = shape.iter().product();
+        let data = if values.is_empty() {
+            data(n, seed)
+        } else {
+            values.to_vec()
+        };
+        let t = Tensor::from_vec(shape.to_vec(), &data).unwrap();
+        self.g.add_constant(name, Const::owned(t))
+    }
+
+    fn node(&mut self, op: &str, inputs: &[ValueId], attrs: Attrs) -> ValueId {
+        let out = self
+            .g
+            .add_value(format!("{op}{}", self.g.nodes.len()), None);
+        self.g.nodes.push(Node {
+            name: format!("n{}", self.g.nodes.len()),
+            op: op.into(),
+            domain: String::new(),
+            inputs: inputs.iter().map(|&i| Some(i)).collect(),
+            outputs: vec![out],
+            attrs,
+        });
+        out
+    }
+
+    fn op(&mut self, op: &str, inputs: &[ValueId]) -> ValueId {
+        self.node(op, inputs, Attrs::new())
+    }
+
+    /// Lowers the graph, as the pipeline does before fusing.
+    fn finish(mut self, outputs: &[ValueId]) -> Graph {
+        self.g.outputs = outputs.to_vec();
+        lower::run(&mut self.g).unwrap();
+        ir::check(&self.g).unwrap();
+        self.g
+    }
+}
+
+/// `n` distinct, irregular values in about [-1.5, 1.5].
+fn data(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 23) as f32 / 7.3 - 1.5)
+        .collect()
+}
+
+fn float(v: f64) -> AttrValue {
+    AttrValue::Float(v)
+}
+
+/// Evaluates `g` node by node with the CPU kernels.
+fn evaluate(g: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
+    let mut values: Vec<Option<Arc<Tensor>>> = (g.values.iter())
+        .map(|v| v.constant.as_ref().map(Const::tensor))
+        .collect();
+    for (&i, t) in g.inputs.iter().zip(inputs) {
+        values[i] = Some(Arc::new(t.clone()));
+    }
+    for n in &g.nodes {
+        let ins: Vec<&Tensor> = n
+            .present_inputs()
+            .map(|v| values[v].as_deref().unwrap())
+            .collect();
+        let descs: Vec<TensorDesc> = n
+            .outputs
+            .iter()
+            .map(|&o| g.ty(o).unwrap().clone())
+            .collect();
+        let outs = cpu::eval(&n.op, &n.attrs, &ins, &descs)
+            .unwrap_or_else(|e| panic!("{}: {e}", n.label()));
+        for (&o, t) in n.outputs.iter().zip(outs) {
+            values[o] = Some(Arc::new(t));
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|&o| (*values[o].clone().unwrap()).clone())
+        .collect()
+}
+
+/// Fuses `g`, checks the ops left (in order) and that the outputs agree with the unfused
+/// graph's on the same inputs. Returns the fused graph.
+fn fused(g: &Graph, ops: &[&str]) -> Graph {
+    let mut f = g.clone();
+    run(&mut f).unwrap();
+    ir::check(&f).unwrap();
+    let left: Vec<&str> = f.nodes.iter().map(|n| n.op.as_str()).collect();
+    assert_eq!(left, ops);
+    let inputs: Vec<Tensor> = (g.inputs.iter().enumerate())
+        .map(|(k, &i)| {
+            let desc = g.ty(i).unwrap();
+            Tensor::from_vec(desc.shape.clone(), &data(desc.elements(), 100 + k)).unwrap()
+        })
+        .collect();
+    for (got, want) in evaluate(&f, &inputs).iter().zip(evaluate(g, &inputs)) {
+        assert_eq!(got.desc(), want.desc());
+        let (got, want) = (
+            got.as_slice::<f32>().unwrap(),
+            want.as_slice::<f32>().unwrap(),
+        );
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "element {i}: fused {a}, unfused {b}"
+            );
+        }
+    }
+    f
+}
+
+/// The one node of `g` running `op`.
+fn the<'g>(g: &'g Graph, op: &str) -> &'g Node {
+    let mut found = g.nodes.iter().filter(|n| n.op == op);
+    let n = found.next().unwrap();
+    assert!(found.next().is_none());
+    n
+}
+
+fn post_ops(n: &Node) -> (&str, &[f64]) {
+    (
+        n.attrs.text("post_ops").unwrap(),
+        n.attrs.floats("post_params").unwrap(),
+    )
+}
+
+fn conv_attrs(group: i64, pads: i64) -> Attrs {
+    Attrs::new()
+        .with("group", AttrValue::Int(group))
+        .with("pads", AttrValue::Ints(vec![pads; 4]))
+}
+
+/// BatchNormalization's four parameters for `m` channels (variances positive).
+fn bn_params(b: &mut Builder, m: usize) -> [ValueId; 4] {
+    let var: Vec<f32> = data(m, 4).iter().map(|v| v.abs() + 0.3).collect();
+    [
+        b.constant("scale", &[m], &[], 1),
+        b.constant("shift", &[m], &[], 2),
+        b.constant("mean", &[m], &[], 3),
+        b.constant("var", &[m], &var, 0),
+    ]
+}
+
+fn batch_norm(b: &mut Builder, x: ValueId, m: usize) -> ValueId {
+    let [s, t, mean, var] = bn_params(b, m);
+    let eps = Attrs::new().with("epsilon", float(1e-3));
+    b.node("BatchNormalization", &[x, s, t, mean, var], eps)
+}
+
+#[test]
+fn batch_norm_folds_into_conv_with_and_without_bias() {
+    for bias in [false, true] {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 4, 5, 5]);
+        let w = b.constant("w", &[6, 2, 3, 3], &[], 5);
+        let mut ins = vec![x, w];
+        if bias {
+            ins.push(b.constant("b", &[6], &[], 6));
+        }
+        let y = b.node("Conv", &ins, conv_attrs(2, 1));
+        let z = batch_norm(&mut b, y, 6);
+        let g = b.finish(&[z]);
+        let f = fused(&g, &["Conv"]);
+        let conv = the(&f, "Conv");
+        assert_eq!(conv.outputs, [z], "the conv writes the BN's output");
+        assert_eq!(conv.inputs.len(), 3, "the folded conv has a bias");
+        assert_eq!(post_ops(conv), ("", &[][..]));
+    }
+}
+
+#[test]
+fn batch_norm_folds_into_grouped_conv_transpose_and_gemm() {
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 4, 3, 3]);
+    let w = b.constant("w", &[4, 3, 2, 2], &[], 7);
+    let attrs = Attrs::new()
+        .with("group", AttrValue::Int(2))
+        .with("strides", AttrValue::Ints(vec![2, 2]));
+    let y = b.node("ConvTranspose", &[x, w], attrs);
+    let z = batch_norm(&mut b, y, 6);
+    let g = b.finish(&[z]);
+    fused(&g, &["ConvTranspose"]);
+
+    // Gemm, B as [K, N] and transposed, C per column and absent, beta not 1.
+    for (trans_b, with_c) in [(0, true), (1, true), (1, false)] {
+        let mut b = Builder::new();
+        let a = b.input("a", &[3, 4]);
+        let w_shape = if trans_b == 1 { [5, 4] } else { [4, 5] };
+        let w = b.constant("w", &w_shape, &[], 8);
+        let mut ins = vec![a, w];
+        if with_c {
+            ins.push(b.constant("c", &[1, 5], &[], 9));
+        }
+        let attrs = Attrs::new()
+            .with("transB", AttrValue::Int(trans_b))
+            .with("alpha", float(0.5))
+            .with("beta", float(2.0));
+        let y = b.node("Gemm", &ins, attrs);
+        let z = batch_norm(&mut b, y, 5);
+        let g = b.finish(&[z]);
+        let f = fused(&g, &["Gemm"]);
+        let gemm = the(&f, "Gemm");
+        assert_eq!(gemm.attrs.float("beta"), Ok(1.0));
+        assert_eq!(f.ty(gemm.inputs[2].unwrap()).unwrap().shape, [5]);
+    }
+}
+
+#[test]
+fn per_channel_and_scalar_constants_fold_into_the_weights() {
+    // Conv, then * [M, 1, 1], + scalar, - [1, M, 1, 1], / scalar: one conv is left.
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 3, 4, 4]);
+    let w = b.constant("w", &[4, 3, 1, 1], &[], 1);
+    let y = b.node("Conv", &[x, w], conv_attrs(1, 0));
+    let k = b.constant("k", &[4, 1, 1], &[], 2);
+    let y = b.op("Mul", &[k, y]);
+    let one = b.constant("one", &[1], &[0.25], 0);
+    let y = b.op("Add", &[y, one]);
+    let k = b.constant("k2", &[1, 4, 1, 1], &[], 3);
+    let y = b.op("Sub", &[y, k]);
+    let d = b.constant("d", &[], &[3.0], 0);
+    let y = b.op("Div", &[y, d]);
+    let g = b.finish(&[y]);
+    fused(&g, &["Conv"]);
+
+    // A constant that varies along another axis, or a subtrahend on the left, stays a step.
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 3, 4, 4]);
+    let w = b.constant("w", &[4, 3, 1, 1], &[], 1);
+    let y = b.node("Conv", &[x, w], conv_attrs(1, 0));
+    let k = b.constant("k", &[4, 1], &[], 2);
+    let y = b.op("Mul", &[y, k]);
+    let g = b.finish(&[y]);
+    fused(&g, &["Conv", "Mul"]);
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 3, 4, 4]);
+    let w = b.constant("w", &[4, 3, 1, 1], &[], 1);
+    let y = b.node("Conv", &[x, w], conv_attrs(1, 0));
+    let k = b.constant("k", &[4, 1, 1], &[], 2);
+    let y = b.op("Sub", &[k, y]);
+    let g = b.finish(&[y]);
+    fused(&g, &["Conv", "Sub"]);
+}
+
+/// `x * Clip(x + 3, 0, 6)` through `finish`, with x = Exp(input).
+fn hard_swish_graph(form: usize) -> Graph {
+    let mut b = Builder::new();
+    let i = b.input("i", &[2, 3, 4]);
+    let x = b.op("Exp", &[i]);
+    let three = b.constant("three", &[], &[3.0], 0);
+    let six = b.constant("six", &[1], &[6.0], 0);
+    let sixth = b.constant("sixth", &[], &[1.0 / 6.0], 0);
+    let zero = b.constant("zero", &[], &[0.0], 0);
+    let relu6 = |b: &mut Builder, x| {
+        let s = b.op("Add", &[three, x]);
+        b.op("Clip", &[s, zero, six])
+    };
+    let y = match form {
+        // (x * relu6(x + 3)) / 6
+        0 => {
+            let r = relu6(&mut b, x);
+            let m = b.op("Mul", &[x, r]);
+            b.op("Div", &[m, six])
+        }
+        // (relu6(x + 3) * x) * (1/6)
+        1 => {
+            let r = relu6(&mut b, x);
+            let m = b.op("Mul", &[r, x]);
+            b.op("Mul", &[sixth, m])
+        }
+        // x * (relu6(x + 3) / 6)
+        2 => {
+            let r = relu6(&mut b, x);
+            let h = b.op("Div", &[r, six]);
+            b.op("Mul", &[x, h])
+        }
+        // HardSigmoid(x) * x
+        _ => {
+            let attrs = Attrs::new()
+                .with("alpha", float(0.1666667))
+                .with("beta", float(0.5));
+            let h = b.node("HardSigmoid", &[x], attrs);
+            b.op("Mul", &[h, x])
+        }
+    };
+    b.finish(&[y])
+}
+
+#[test]
+fn decomposed_hard_swish_becomes_one_node() {
+    for form in 0..4 {
+        let g = hard_swish_graph(form);
+        let f = fused(&g, &["Exp", "HardSwish"]);
+        assert_eq!(f.outputs, g.outputs, "form {form} keeps its output value");
+    }
+    // Another alpha is not HardSwish; an inner value read twice keeps the pattern apart.
+    let mut b = Builder::new();
+    let x = b.input("x", &[4]);
+    let attrs = Attrs::new()
+        .with("alpha", float(0.2))
+        .with("beta", float(0.5));
+    let h = b.node("HardSigmoid", &[x], attrs);
+    let y = b.op("Mul", &[x, h]);
+    let g = b.finish(&[y, h]);
+    fused(&g, &["HardSigmoid", "Mul"]);
+    let g = {
+        let mut g = hard_swish_graph(0);
+        let clip = g.nodes.iter().find(|n| n.op == "Clip").unwrap().outputs[0];
+        g.outputs.push(clip);
+        g
+    };
+    fused(&g, &["Exp", "Add", "Clip", "Mul", "Div"]);
+}
+
+#[test]
+fn activations_become_post_ops_with_their_parameters() {
+    let cases: [(&str, Attrs, &[f64]); 7] = [
+        ("Relu", Attrs::new(), &[]),
+        (
+            "LeakyRelu",
+            Attrs::new().with("alpha", float(0.25)),
+            &[0.25],
+        ),
+        ("Sigmoid", Attrs::new(), &[]),
+        (
+            "HardSigmoid",
+            Attrs::new()
+                .with("alpha", float(0.25))
+                .with("beta", float(0.375)),
+            &[0.25, 0.375],
+        ),
+        ("HardSwish", Attrs::new(), &[]),
+        ("Tanh", Attrs::new(), &[]),
+        ("Clip", Attrs::new(), &[-0.5, 0.75]),
+    ];
+    for (op, attrs, params) in cases {
+        for host in ["Conv", "MatMul", "Gemm"] {
+            let mut b = Builder::new();
+            let y = match host {
+                "Conv" => {
+                    let x = b.input("x", &[1, 2, 4, 4]);
+                    let w = b.constant("w", &[3, 2, 3, 3], &[], 1);
+                    b.node("Conv", &[x, w], conv_attrs(1, 1))
+                }
+                _ => {
+                    let x = b.input("x", &[3, 4]);
+                    let w = b.constant("w", &[4, 5], &[], 1);
+                    b.op(host, &[x, w])
+                }
+            };
+            let z = if op == "Clip" {
+                let lo = b.constant("lo", &[], &[-0.5], 0);
+                let hi = b.constant("hi", &[], &[0.75], 0);
+                b.op("Clip", &[y, lo, hi])
+            } else {
+                b.node(op, &[y], attrs.clone())
+            };
+            let g = b.finish(&[z]);
+            let f = fused(&g, &[host]);
+            assert_eq!(post_ops(the(&f, host)), (op, params), "{host} + {op}");
+        }
+    }
+}
+
+#[test]
+fn sums_differences_and_products_with_a_residual_become_post_ops() {
+    // r = Exp(x); y = Conv(x); then r + y, y - r, r - y, y * r, each followed by Relu.
+    for (op, swap, name) in [
+        ("Add", true, "Add"),
+        ("Sub", false, "Sub"),
+        ("Sub", true, "RSub"),
+        ("Mul", false, "Mul"),
+    ] {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 3, 4, 4]);
+        let r = b.op("Exp", &[x]);
+        let w = b.constant("w", &[3, 3, 3, 3], &[], 1);
+        let y = b.node("Conv", &[x, w], conv_attrs(1, 1));
+        let s = b.op(op, &if swap { [r, y] } else { [y, r] });
+        let z = b.op("Relu", &[s]);
+        let g = b.finish(&[z]);
+        let f = fused(&g, &["Exp", "Conv"]);
+        let conv = the(&f, "Conv");
+        assert_eq!(post_ops(conv), (format!("{name},Relu").as_str(), &[][..]));
+        let bias = conv.inputs[2].unwrap();
+        assert_eq!(f.ty(bias).unwrap().shape, [3], "a zero bias comes before R");
+        assert_eq!(conv.inputs[3], Some(r));
+        let reads_r = cpu::can_run_in_place("Conv", &conv.attrs, 3);
+        assert_eq!(reads_r, name == "Add", "only a leading sum may run over R");
+    }
+}
+
+#[test]
+fn post_op_chains_take_scalar_constants() {
+    // The PP-OCR block: Conv, * s + t (folded), HardSwish, * s2 + t2 (post-ops), as the
+    // exporter writes it.
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 3, 4, 4]);
+    let w = b.constant("w", &[4, 3, 1, 1], &[], 1);
+    let bias = b.constant("b", &[4], &[], 2);
+    let y = b.node("Conv", &[x, w, bias], conv_attrs(1, 0));
+    let (s, t) = (
+        b.constant("s", &[1], &[1.5], 0),
+        b.constant("t", &[1], &[0.5], 0),
+    );
+    let y = b.op("Mul", &[s, y]);
+    let y = b.op("Add", &[y, t]);
+    let y = b.op("HardSwish", &[y]);
+    let (s, t) = (
+        b.constant("s2", &[1], &[0.75], 0),
+        b.constant("t2", &[1], &[-0.5], 0),
+    );
+    let y = b.op("Mul", &[s, y]);
+    let y = b.op("Add", &[y, t]);
+    let g = b.finish(&[y]);
+    let f = fused(&g, &["Conv"]);
+    let conv = the(&f, "Conv");
+    assert_eq!(post_ops(conv), ("HardSwish,Mul,Add", &[][..]));
+    assert_eq!(conv.inputs[3..], [Some(s), Some(t)]);
+}
+
+#[test]
+fn nothing_fuses_across_a_shared_or_output_value() {
+    let conv = |b: &mut Builder| {
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let w = b.constant("w", &[2, 2, 1, 1], &[], 1);
+        (x, b.node("Conv", &[x, w], conv_attrs(1, 0)))
+    };
+    // The conv's output read by three nodes: BN, Relu and Add stay steps.
+    let mut b = Builder::new();
+    let (x, y) = conv(&mut b);
+    let n = batch_norm(&mut b, y, 2);
+    let r = b.op("Relu", &[y]);
+    let s = b.op("Add", &[y, x]);
+    let g = b.finish(&[n, r, s]);
+    fused(&g, &["Conv", "BatchNormalization", "Relu", "Add"]);
+    // The conv's output is a graph output, read once.
+    for op in ["BatchNormalization", "Relu", "Add"] {
+        let mut b = Builder::new();
+        let (x, y) = conv(&mut b);
+        let z = match op {
+            "Relu" => b.op(op, &[y]),
+            "Add" => b.op(op, &[x, y]),
+            _ => batch_norm(&mut b, y, 2),
+        };
+        let g = b.finish(&[y, z]);
+        fused(&g, &["Conv", op]);
+    }
+}
+
+#[test]
+fn the_activation_vocabulary_is_the_runtimes() {
+    let ours: Vec<(&str, usize)> = ACTIVATION_ATTRS
+        .iter()
+        .map(|(op, attrs)| (*op, attrs.len()))
+        .collect();
+    assert_eq!(ours, post::ACTIVATIONS);
+    let hosts: Vec<&str> = HOSTS.iter().map(|(op, _)| *op).collect();
+    for (op, own) in HOSTS {
+        let add = Attrs::new().with("post_ops", AttrValue::Text("Add".into()));
+        assert_eq!(post::in_place_input(op, &add), Some(*own), "{op}");
+    }
+    assert_eq!(hosts, ["Conv", "ConvTranspose", "Gemm", "MatMul"]);
+}
