@@ -33,67 +33,15 @@ mod scalar;
 
 const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"];
 
-/// Ops whose kernels run in place ([`Kernel::run_in_place`]): every op here built on the
-/// `Map` and `Binary` kernels (all but Pow, the variadic ops and Where).
-pub const IN_PLACE: &[&str] = &[
-    "Abs",
-    "Neg",
-    "Sign",
-    "Relu",
-    "Ceil",
-    "Floor",
-    "Round",
-    "Sqrt",
-    "Reciprocal",
-    "Exp",
-    "Log",
-    "Sin",
-    "Cos",
-    "Tan",
-    "Asin",
-    "Acos",
-    "Atan",
-    "Sinh",
-    "Cosh",
-    "Tanh",
-    "Asinh",
-    "Acosh",
-    "Atanh",
-    "Sigmoid",
-    "Erf",
-    "LeakyRelu",
-    "Elu",
-    "Selu",
-    "Celu",
-    "HardSigmoid",
-    "HardSwish",
-    "Softplus",
-    "Softsign",
-    "Mish",
-    "Gelu",
-    "ThresholdedRelu",
-    "Not",
-    "IsNaN",
-    "IsInf",
-    "Clip",
-    "Cast",
-    "CastLike",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Mod",
-    "PRelu",
-    "BitShift",
-    "And",
-    "Or",
-    "Xor",
-    "Equal",
-    "Greater",
-    "GreaterOrEqual",
-    "Less",
-    "LessOrEqual",
-];
+/// Ops of this family whose kernels are not built on `Map` or `Binary` and so do not run in
+/// place: Pow, the variadic ops and Where.
+const NOT_IN_PLACE: &[&str] = &["Pow", "Max", "Min", "Sum", "Mean", "Where"];
+
+/// Whether `op` runs in place ([`Kernel::run_in_place`]): every op of this family built on the
+/// `Map` and `Binary` kernels.
+pub fn runs_in_place(op: &str) -> bool {
+    OPS.contains(&op) && !NOT_IN_PLACE.contains(&op)
+}
 
 pub const OPS: &[&str] = &[
     // unary, on every numeric type

@@ -72,7 +72,7 @@ pub trait Kernel: Send + Sync {
 /// residual R of a Conv, ConvTranspose, Gemm or MatMul whose post-ops start with `Add`, which
 /// the kernel accumulates onto (see [`post`]).
 pub fn can_run_in_place(op: &str, attrs: &Attrs, input: usize) -> bool {
-    elementwise::IN_PLACE.contains(&op) || post::in_place_input(op, attrs) == Some(input)
+    elementwise::runs_in_place(op) || post::in_place_input(op, attrs) == Some(input)
 }
 
 /// Everything `prepare` may look at for one step.

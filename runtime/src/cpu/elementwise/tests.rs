@@ -700,7 +700,10 @@ fn in_place_runs_equal_ordinary_runs() {
     );
     let channel = t(&[3, 1], &[10.0f32, 20.0, 30.0]);
     let shape = [2, 3, 2];
-    for op in crate::cpu::elementwise::IN_PLACE {
+    for op in crate::cpu::elementwise::OPS
+        .iter()
+        .filter(|op| super::runs_in_place(op))
+    {
         let unary = !matches!(
             *op,
             "Add"
