@@ -20,7 +20,7 @@
 
 use super::gemm::{Layout, gemm};
 use super::post::PostOps;
-use super::{Kernel, KernelError, OpCx};
+use super::{Kernel, KernelError, OpCx, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -231,44 +231,6 @@ fn all_f32(cx: &OpCx) -> Result<(), KernelError> {
         Some(d) => Err(cx.dtype_error(d.dtype)),
         None => Ok(()),
     }
-}
-
-/// Input `i` as `len` floats.
-pub(super) fn input_f32<'a>(
-    inputs: &[TensorRef<'a>],
-    i: usize,
-    len: usize,
-) -> Result<&'a [f32], KernelError> {
-    let t = inputs
-        .get(i)
-        .ok_or_else(|| invalid!("input {i} is missing"))?;
-    let s = t.as_slice::<f32>()?;
-    if s.len() != len {
-        return Err(invalid!(
-            "input {i} has {} elements, expected {len}",
-            s.len()
-        ));
-    }
-    Ok(s)
-}
-
-/// Output `i` as `len` writable elements of type `T`.
-pub(super) fn output_mut<'a, T: crate::tensor::Element>(
-    outputs: &'a mut [TensorMut<'_>],
-    i: usize,
-    len: usize,
-) -> Result<&'a mut [T], KernelError> {
-    let t = outputs
-        .get_mut(i)
-        .ok_or_else(|| invalid!("output {i} is missing"))?;
-    let s = t.as_slice_mut::<T>()?;
-    if s.len() != len {
-        return Err(invalid!(
-            "output {i} has {} elements, expected {len}",
-            s.len()
-        ));
-    }
-    Ok(s)
 }
 
 /// Channel counts shared by Conv and ConvTranspose.

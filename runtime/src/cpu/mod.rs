@@ -112,6 +112,53 @@ impl OpCx<'_> {
     }
 }
 
+/// Input `i` as `len` f32 elements; an error, not a panic, when it is missing or differs
+/// from what `prepare` checked.
+pub(crate) fn input_f32<'a>(
+    inputs: &[TensorRef<'a>],
+    i: usize,
+    len: usize,
+) -> Result<&'a [f32], KernelError> {
+    let t = inputs
+        .get(i)
+        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    let s = t.as_slice::<f32>()?;
+    if s.len() != len {
+        return Err(invalid!(
+            "input {i} has {} elements, expected {len}",
+            s.len()
+        ));
+    }
+    Ok(s)
+}
+
+/// Output `i` as `len` writable elements of type `T`.
+pub(crate) fn output_mut<'a, T: crate::tensor::Element>(
+    outputs: &'a mut [TensorMut<'_>],
+    i: usize,
+    len: usize,
+) -> Result<&'a mut [T], KernelError> {
+    let t = outputs
+        .get_mut(i)
+        .ok_or_else(|| invalid!("output {i} is missing"))?;
+    tensor_mut(t, len)
+}
+
+/// One output tensor as `len` writable elements of type `T`.
+pub(crate) fn tensor_mut<'a, T: crate::tensor::Element>(
+    t: &'a mut TensorMut<'_>,
+    len: usize,
+) -> Result<&'a mut [T], KernelError> {
+    let s = t.as_slice_mut::<T>()?;
+    if s.len() != len {
+        return Err(invalid!(
+            "an output has {} elements, expected {len}",
+            s.len()
+        ));
+    }
+    Ok(s)
+}
+
 struct Family {
     ops: &'static [&'static str],
     prepare: fn(&OpCx) -> Result<Box<dyn Kernel>, KernelError>,

@@ -11,7 +11,7 @@
 //! followed by an affine map per channel or per element. Means and variances accumulate in
 //! f64, which keeps long rows accurate at no measurable cost next to the memory traffic.
 
-use super::{Kernel, KernelError, OpCx};
+use super::{Kernel, KernelError, OpCx, input_f32, tensor_mut};
 use crate::invalid;
 use crate::tensor::{TensorDesc, TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -147,29 +147,6 @@ fn expect_len(d: &TensorDesc, len: usize, what: &str) -> Result<(), KernelError>
     }
 }
 
-fn input<'a>(inputs: &[TensorRef<'a>], i: usize, len: usize) -> Result<&'a [f32], KernelError> {
-    let t = inputs.get(i).ok_or_else(|| invalid!("missing input {i}"))?;
-    let s = t.as_slice::<f32>()?;
-    if s.len() != len {
-        return Err(invalid!(
-            "input {i} has {} elements, expected {len}",
-            s.len()
-        ));
-    }
-    Ok(s)
-}
-
-fn output<'a>(t: &'a mut TensorMut, len: usize) -> Result<&'a mut [f32], KernelError> {
-    let s = t.as_slice_mut::<f32>()?;
-    if s.len() != len {
-        return Err(invalid!(
-            "an output has {} elements, expected {len}",
-            s.len()
-        ));
-    }
-    Ok(s)
-}
-
 /// Mean and (biased) variance.
 fn moments(x: &[f32]) -> (f32, f32) {
     let n = x.len().max(1) as f64;
@@ -230,10 +207,10 @@ struct BatchNorm {
 impl Kernel for BatchNorm {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let len = inputs.first().map_or(0, TensorRef::elements);
-        let x = input(inputs, 0, len)?;
-        let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| input(inputs, i, self.c));
+        let x = input_f32(inputs, 0, len)?;
+        let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| input_f32(inputs, i, self.c));
         let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
-        let y = output(
+        let y = tensor_mut::<f32>(
             outputs
                 .first_mut()
                 .ok_or_else(|| invalid!("missing output"))?,
@@ -299,8 +276,8 @@ impl RowNorm {
     fn params<'a>(&self, inputs: &[TensorRef<'a>]) -> Result<ScaleBias<'a>, KernelError> {
         match &self.affine {
             Affine::PerChannel { params, .. } => Ok((
-                Cow::Borrowed(input(inputs, 1, *params)?),
-                Cow::Borrowed(input(inputs, 2, *params)?),
+                Cow::Borrowed(input_f32(inputs, 1, *params)?),
+                Cow::Borrowed(input_f32(inputs, 2, *params)?),
             )),
             Affine::PerElement {
                 row_shape,
@@ -309,7 +286,7 @@ impl RowNorm {
             } => {
                 // A shape that broadcasts to the row with as many elements has its layout.
                 let expand = |i: usize, shape: &[usize]| -> Result<Cow<'a, [f32]>, KernelError> {
-                    let data = input(inputs, i, shape.iter().product())?;
+                    let data = input_f32(inputs, i, shape.iter().product())?;
                     if data.len() == self.len {
                         return Ok(Cow::Borrowed(data));
                     }
@@ -332,15 +309,15 @@ impl RowNorm {
 impl Kernel for RowNorm {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let total = self.rows * self.len;
-        let x = input(inputs, 0, total)?;
+        let x = input_f32(inputs, 0, total)?;
         let (scale, bias) = self.params(inputs)?;
         let (y, stats) = outputs
             .split_first_mut()
             .ok_or_else(|| invalid!("missing output"))?;
-        let y = output(y, total)?;
+        let y = tensor_mut::<f32>(y, total)?;
         let mut stats = stats
             .iter_mut()
-            .map(|t| output(t, self.rows))
+            .map(|t| tensor_mut::<f32>(t, self.rows))
             .collect::<Result<Vec<_>, _>>()?;
         let rows = x
             .chunks_exact(self.len.max(1))
@@ -437,8 +414,8 @@ struct Lrn {
 impl Kernel for Lrn {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let len = inputs.first().map_or(0, TensorRef::elements);
-        let x = input(inputs, 0, len)?;
-        let y = output(
+        let x = input_f32(inputs, 0, len)?;
+        let y = tensor_mut::<f32>(
             outputs
                 .first_mut()
                 .ok_or_else(|| invalid!("missing output"))?,
@@ -482,8 +459,8 @@ struct Mvn {
 impl Kernel for Mvn {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let len = self.shape.iter().product();
-        let x = input(inputs, 0, len)?;
-        let y = output(
+        let x = input_f32(inputs, 0, len)?;
+        let y = tensor_mut::<f32>(
             outputs
                 .first_mut()
                 .ok_or_else(|| invalid!("missing output"))?,

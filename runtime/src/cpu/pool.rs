@@ -9,8 +9,9 @@
 //! run past the end padding: those taps count for nothing, not even as padding. MaxPool with
 //! Indices visits each window whole instead, to know where its maximum came from.
 
-use super::conv::{DIMS, Window, fold_strided, input_f32, output_mut, span};
+use super::conv::{DIMS, Window, fold_strided, span};
 use super::{Kernel, KernelError, OpCx};
+use super::{input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use ingot_schema::DType;
