@@ -1,6 +1,7 @@
 //! Graph + plan → bundle bytes (manifest, weights), through ingot-schema's container writer.
 
 use crate::ir::Graph;
+use crate::kernels::{KernelError, KernelSet};
 use crate::plan::{Plan, Storage};
 use ingot_schema::container::{self, SectionKind};
 use ingot_schema::proto;
@@ -16,9 +17,18 @@ pub struct CompiledVariant<'a> {
     pub plan: &'a Plan,
 }
 
-/// Serialises the variants into one bundle. Deterministic: the bytes depend only on the
-/// graphs and plans.
-pub fn write(variants: &[CompiledVariant]) -> std::io::Result<Vec<u8>> {
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("cannot write the bundle: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serialises the variants into one bundle, with the Vulkan kernels of every step that has
+/// them. Deterministic: the bytes depend only on the graphs and plans.
+pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
+    let mut kernels = KernelSet::default();
     let mut weights_section = Vec::new();
     let mut manifest = proto::Manifest {
         producer: format!("ingot-compiler {}", env!("CARGO_PKG_VERSION")),
@@ -40,14 +50,18 @@ pub fn write(variants: &[CompiledVariant]) -> std::io::Result<Vec<u8>> {
                 length: c.bytes().len() as u64,
             });
         }
-        manifest.variants.push(variant(v, first_weight));
+        let mut variant = variant(v, first_weight);
+        kernels.add_variant(&mut variant)?;
+        manifest.variants.push(variant);
     }
+    manifest.kernels = kernels.kernels;
     let manifest_bytes = manifest.encode_to_vec();
     let mut out = Vec::new();
     container::write(
         &mut out,
         &[
             (SectionKind::Manifest, &manifest_bytes),
+            (SectionKind::Kernels, &kernels.section),
             (SectionKind::Weights, &weights_section),
         ],
     )?;
@@ -101,6 +115,7 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
             inputs: n.present_inputs().map(|i| index[i]).collect(),
             outputs: n.outputs.iter().map(|&o| index[o]).collect(),
             attributes: n.attrs.to_proto(),
+            vulkan: None,
         })
         .collect();
     proto::Variant {

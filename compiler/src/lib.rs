@@ -7,6 +7,7 @@
 
 pub mod bundle;
 pub mod ir;
+pub mod kernels;
 pub mod onnx;
 pub mod ops;
 pub mod passes;
@@ -67,8 +68,8 @@ pub enum CompileError {
     Pass(#[from] passes::PassError),
     #[error("the memory plan failed verification: {0}")]
     Plan(String),
-    #[error("cannot write the bundle: {0}")]
-    Write(#[from] std::io::Error),
+    #[error(transparent)]
+    Write(#[from] bundle::WriteError),
 }
 
 /// A model after import, passes and planning: what `compile`, `plan` and `inspect` share.

@@ -6,8 +6,11 @@
 
 pub mod bundle;
 pub mod cpu;
+pub mod ledger;
 pub mod session;
 pub mod tensor;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
 
 pub use bundle::{Bundle, BundleError};
 pub use session::{IoInfo, Session, SessionError, SessionOptions};

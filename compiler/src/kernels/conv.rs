@@ -1,0 +1,9 @@
+//! Vulkan kernels of the conv family (ops: runtime/src/cpu/conv.rs).
+
+use super::{Dispatch, KernelCx, NoKernel};
+
+pub const OPS: &[&str] = &[];
+
+pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    Err(crate::no_kernel!("no Vulkan kernel for {}", cx.op))
+}

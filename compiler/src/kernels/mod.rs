@@ -1,0 +1,480 @@
+//! Vulkan kernels: WGSL specialised at compile time with every shape of the step, compiled by
+//! naga to SPIR-V, deduplicated, and stored in the bundle's KERNELS section.
+//!
+//! One file per op family, named like `ops/` and the runtime's `cpu/`. A family exposes
+//! `pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel>`: the dispatches that run the
+//! step on a GPU, or why it has none (the step then needs another device).
+//!
+//! # The kernel ABI (what the runtime relies on)
+//! - Entry point `main`, a compute shader.
+//! - Storage buffers `@group(0) @binding(k)`, k = 0..n, one per [`Binding`] of the dispatch, in
+//!   its order; `var<storage, read>` for inputs, `var<storage, read_write>` for outputs. Every
+//!   binding is a runtime-sized `array<T>`; T is `f32`, `u32`, `i32` (4 bytes) or a 4-vector
+//!   of them (16 bytes), recorded as the binding's `element_bytes`.
+//! - A push-constant block (WGSL `var<immediate>`) of n u32 words: word k is where binding k's
+//!   tensor starts inside the range the runtime bound, in elements of the binding's array. The
+//!   runtime binds the smallest range that starts at a multiple of the device's
+//!   `minStorageBufferOffsetAlignment` and covers the tensor, so kernels index
+//!   `x[offsets.x + i]` and stay inside `maxStorageBufferRange` whatever the arena's size.
+//!   [`header`] writes all of this from a binding list.
+//! - Shapes, strides and parameters are literals in the source: a kernel serves exactly the
+//!   shapes it was made for, and equal shapes share one kernel.
+//! - Workgroup counts stay within 65535 per dimension (the least every device must take);
+//!   [`Grid`] spreads a long 1-D range over x and y.
+//! - A dispatch sees everything earlier dispatches wrote: the runtime puts a barrier between
+//!   dispatches whose byte ranges conflict.
+//! - An output may be the same bytes as an input (the plan runs the step in place,
+//!   [`KernelCx::in_place`]): a kernel must then read each element of that input only from the
+//!   invocation that writes the same element, before writing it.
+
+pub mod conv;
+pub mod elementwise;
+pub mod matmul;
+pub mod movement;
+pub mod norm;
+pub mod pool;
+pub mod post;
+pub mod reduce;
+pub mod resize;
+
+use ingot_runtime::TensorDesc;
+use ingot_schema::{Attrs, DType, proto};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// One operand of a step as a kernel sees it.
+#[derive(Clone, Debug)]
+pub struct Operand {
+    pub desc: TensorDesc,
+    /// Where its bytes start in the memory it lives in (arena offset, view offset, 0 for
+    /// weights and graph inputs/outputs); kernels use it only to pick vector widths.
+    pub byte_offset: u64,
+    /// Where it lives and which bytes, to tell aliasing operands apart.
+    location: (u8, u64, u64),
+}
+
+impl Operand {
+    /// Whether 16-byte vector loads can address it (`array<vec4<f32>>`).
+    pub fn aligned16(&self) -> bool {
+        self.byte_offset % 16 == 0
+    }
+}
+
+/// Everything a family needs to make the kernels of one step.
+pub struct KernelCx<'a> {
+    pub op: &'a str,
+    pub name: &'a str,
+    pub attrs: &'a Attrs,
+    pub inputs: &'a [Operand],
+    pub outputs: &'a [Operand],
+}
+
+impl KernelCx<'_> {
+    /// The input whose bytes output 0 is written over (the plan runs the step in place).
+    pub fn in_place(&self) -> Option<usize> {
+        let out = self.outputs.first()?;
+        if out.desc.bytes() == 0 {
+            return None;
+        }
+        self.inputs.iter().position(|i| i.location == out.location)
+    }
+
+    /// The error for an input or output dtype the family's kernels do not take.
+    pub fn dtype(&self, dtype: DType) -> NoKernel {
+        NoKernel(format!("{} on {dtype}", self.op))
+    }
+
+    /// Fails unless every input and output is f32.
+    pub fn require_f32(&self) -> Result<(), NoKernel> {
+        match self
+            .inputs
+            .iter()
+            .chain(self.outputs)
+            .find(|o| o.desc.dtype != DType::F32)
+        {
+            Some(o) => Err(self.dtype(o.desc.dtype)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a step has no Vulkan kernel (an op, dtype or attribute combination no kernel covers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoKernel(pub String);
+
+impl std::fmt::Display for NoKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Builds a [`NoKernel`] with a formatted reason.
+#[macro_export]
+macro_rules! no_kernel {
+    ($($arg:tt)*) => { $crate::kernels::NoKernel(format!($($arg)*)) };
+}
+
+/// Which operand of the step a binding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Input(usize),
+    Output(usize),
+}
+
+/// One storage buffer of a dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The WGSL name of the array (and of its offset in the push constants).
+    pub name: String,
+    pub slot: Slot,
+    /// WGSL element type: `f32`, `u32`, `i32`, `vec4<f32>`...
+    pub ty: &'static str,
+}
+
+impl Binding {
+    pub fn input(name: &str, index: usize, ty: &'static str) -> Binding {
+        Binding {
+            name: name.into(),
+            slot: Slot::Input(index),
+            ty,
+        }
+    }
+
+    pub fn output(name: &str, index: usize, ty: &'static str) -> Binding {
+        Binding {
+            name: name.into(),
+            slot: Slot::Output(index),
+            ty,
+        }
+    }
+
+    fn element_bytes(&self) -> u32 {
+        if self.ty.starts_with("vec4") { 16 } else { 4 }
+    }
+}
+
+/// One compute dispatch: a complete WGSL module and how to launch it.
+#[derive(Clone, Debug)]
+pub struct Dispatch {
+    /// What it computes, for humans (`ingot inspect`, profiles).
+    pub label: String,
+    pub wgsl: String,
+    pub groups: [u32; 3],
+    pub bindings: Vec<Binding>,
+}
+
+/// The declarations every kernel starts with: its bindings and their offsets (the ABI above).
+pub fn header(bindings: &[Binding]) -> String {
+    let mut s = String::new();
+    for (k, b) in bindings.iter().enumerate() {
+        let access = match b.slot {
+            Slot::Input(_) => "read",
+            Slot::Output(_) => "read_write",
+        };
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({k}) var<storage, {access}> {}: array<{}>;",
+            b.name, b.ty
+        );
+    }
+    s.push_str("struct Offsets {\n");
+    for b in bindings {
+        let _ = writeln!(s, "    {}: u32,", b.name);
+    }
+    s.push_str("}\nvar<immediate> offsets: Offsets;\n");
+    s
+}
+
+/// The most workgroups a dispatch may ask for in one dimension on any device.
+pub const MAX_GROUPS: u32 = 65535;
+
+/// A 1-D range of invocations laid out over x (and y when x is full).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    pub groups: [u32; 3],
+    /// Invocations per workgroup (x).
+    pub workgroup: u32,
+}
+
+impl Grid {
+    /// Enough workgroups of `workgroup` invocations for `invocations`.
+    pub fn new(invocations: u64, workgroup: u32) -> Result<Grid, NoKernel> {
+        let groups = invocations.div_ceil(u64::from(workgroup)).max(1);
+        let x = groups.min(u64::from(MAX_GROUPS));
+        let y = groups.div_ceil(x);
+        if y > u64::from(MAX_GROUPS) {
+            return Err(no_kernel!("{invocations} invocations are too many for one dispatch"));
+        }
+        Ok(Grid {
+            groups: [x as u32, y as u32, 1],
+            workgroup,
+        })
+    }
+
+    /// `@compute @workgroup_size(..)` and the entry point's parameters.
+    pub fn entry(&self) -> String {
+        format!(
+            "@compute @workgroup_size({})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>)",
+            self.workgroup
+        )
+    }
+
+    /// The WGSL expression of the invocation's linear index.
+    pub fn index(&self) -> String {
+        if self.groups[1] == 1 {
+            "gid.x".into()
+        } else {
+            format!("(gid.x + gid.y * {}u)", self.groups[0] * self.workgroup)
+        }
+    }
+}
+
+/// Formats an f32 as a WGSL literal that reads back to the same bits.
+pub fn f32_lit(v: f32) -> String {
+    if v.is_nan() {
+        // WGSL has no NaN literal; bitcast keeps the payload deterministic.
+        return format!("bitcast<f32>({}u)", v.to_bits());
+    }
+    if v.is_infinite() {
+        let bits = v.to_bits();
+        return format!("bitcast<f32>({bits}u)");
+    }
+    // `{:?}` prints the shortest representation that round-trips, always with a '.' or 'e'.
+    format!("f32({v:?})")
+}
+
+/// The families, in the order the compiler asks them.
+const FAMILIES: &[(&[&str], Lower)] = &[
+    (elementwise::OPS, elementwise::lower),
+    (conv::OPS, conv::lower),
+    (matmul::OPS, matmul::lower),
+    (movement::OPS, movement::lower),
+    (norm::OPS, norm::lower),
+    (pool::OPS, pool::lower),
+    (reduce::OPS, reduce::lower),
+    (resize::OPS, resize::lower),
+];
+
+type Lower = fn(&KernelCx) -> Result<Vec<Dispatch>, NoKernel>;
+
+/// The ops some family has a Vulkan kernel for (all dtypes and attributes or not).
+pub fn supported_ops() -> impl Iterator<Item = &'static str> {
+    FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied())
+}
+
+/// The dispatches of one step, or why it has none.
+pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let (_, lower) = FAMILIES
+        .iter()
+        .find(|(ops, _)| ops.contains(&cx.op))
+        .ok_or_else(|| no_kernel!("no Vulkan kernel for {}", cx.op))?;
+    lower(cx)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("kernel '{label}' of step '{step}' ({op}) does not compile: {message}\n{wgsl}")]
+    Compile {
+        step: String,
+        op: String,
+        label: String,
+        message: String,
+        wgsl: String,
+    },
+}
+
+/// The kernels of a bundle: unique SPIR-V modules, in first-use order.
+#[derive(Default)]
+pub struct KernelSet {
+    by_source: BTreeMap<String, u32>,
+    pub kernels: Vec<proto::Kernel>,
+    pub section: Vec<u8>,
+}
+
+/// SPIR-V modules start at multiples of this in the KERNELS section.
+const KERNEL_ALIGN: usize = 16;
+
+impl KernelSet {
+    /// Fills `vulkan` of every step of `variant` that has kernels; steps without keep `None`,
+    /// and why is returned per step index.
+    pub fn add_variant(
+        &mut self,
+        variant: &mut proto::Variant,
+    ) -> Result<Vec<(usize, NoKernel)>, KernelError> {
+        let mut missing = Vec::new();
+        let operand = |t: u32| operand(variant, t);
+        let mut per_step = Vec::with_capacity(variant.steps.len());
+        for (index, step) in variant.steps.iter().enumerate() {
+            let attrs = match Attrs::from_proto(&step.attributes) {
+                Ok(a) => a,
+                Err(e) => {
+                    missing.push((index, no_kernel!("{e}")));
+                    per_step.push(None);
+                    continue;
+                }
+            };
+            let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(t)).collect();
+            let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(t)).collect();
+            let cx = KernelCx {
+                op: &step.op,
+                name: &step.name,
+                attrs: &attrs,
+                inputs: &inputs,
+                outputs: &outputs,
+            };
+            match lower(&cx) {
+                Ok(dispatches) => {
+                    let mut out = Vec::with_capacity(dispatches.len());
+                    for d in dispatches {
+                        let kernel = self.intern(&d, step)?;
+                        out.push(proto::Dispatch {
+                            kernel,
+                            groups: d.groups.to_vec(),
+                            bindings: d
+                                .bindings
+                                .iter()
+                                .map(|b| proto::Binding {
+                                    tensor: match b.slot {
+                                        Slot::Input(i) => step.inputs[i],
+                                        Slot::Output(o) => step.outputs[o],
+                                    },
+                                    write: matches!(b.slot, Slot::Output(_)),
+                                    element_bytes: b.element_bytes(),
+                                })
+                                .collect(),
+                        });
+                    }
+                    per_step.push(Some(proto::Dispatches { dispatches: out }));
+                }
+                Err(why) => {
+                    missing.push((index, why));
+                    per_step.push(None);
+                }
+            }
+        }
+        for (step, vulkan) in variant.steps.iter_mut().zip(per_step) {
+            step.vulkan = vulkan;
+        }
+        Ok(missing)
+    }
+
+    /// The index of `d`'s module, compiling it the first time its source is seen.
+    fn intern(&mut self, d: &Dispatch, step: &proto::Step) -> Result<u32, KernelError> {
+        if let Some(&k) = self.by_source.get(&d.wgsl) {
+            return Ok(k);
+        }
+        let spirv = compile(&d.wgsl).map_err(|message| KernelError::Compile {
+            step: step.name.clone(),
+            op: step.op.clone(),
+            label: d.label.clone(),
+            message,
+            wgsl: d.wgsl.clone(),
+        })?;
+        let offset = self.section.len().next_multiple_of(KERNEL_ALIGN);
+        self.section.resize(offset, 0);
+        self.section.extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
+        let k = self.kernels.len() as u32;
+        self.kernels.push(proto::Kernel {
+            name: d.label.clone(),
+            offset: offset as u64,
+            length: (spirv.len() * 4) as u64,
+            bindings: d.bindings.len() as u32,
+        });
+        self.by_source.insert(d.wgsl.clone(), k);
+        Ok(k)
+    }
+}
+
+fn operand(variant: &proto::Variant, t: u32) -> Operand {
+    use proto::storage::Kind;
+    let tensor = &variant.tensors[t as usize];
+    let desc = ingot_runtime::bundle::tensor_desc(tensor);
+    let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind.clone());
+    let (root, view_offset) = match kind(tensor) {
+        Some(Kind::View(v)) => (v.of, v.byte_offset),
+        _ => (t, 0),
+    };
+    let (place, base) = match kind(&variant.tensors[root as usize]) {
+        Some(Kind::Arena(offset)) => ((0, 0), offset),
+        Some(Kind::Weight(w)) => ((1, u64::from(w)), 0),
+        Some(Kind::Input(i)) => ((2, u64::from(i)), 0),
+        Some(Kind::Output(o)) => ((3, u64::from(o)), 0),
+        Some(Kind::View(_)) | None => ((4, u64::from(root)), 0),
+    };
+    let byte_offset = base + view_offset;
+    Operand {
+        location: (place.0, place.1, byte_offset),
+        byte_offset,
+        desc,
+    }
+}
+
+/// WGSL -> validated SPIR-V. Every writer option is spelled out: naga's defaults depend on
+/// how naga itself was built, and the bundle bytes must not.
+pub fn compile(wgsl: &str) -> Result<Vec<u32>, String> {
+    use naga::back::spv;
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(wgsl))?;
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &Default::default())
+            .map_err(|e| e.to_string())?;
+    let options = spv::Options {
+        lang_version: (1, 3),
+        flags: spv::WriterFlags::empty(),
+        fake_missing_bindings: true,
+        binding_map: Default::default(),
+        capabilities: None,
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Restrict,
+            image_load: naga::proc::BoundsCheckPolicy::Restrict,
+            binding_array: naga::proc::BoundsCheckPolicy::Restrict,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        emit_int_div_checks: false,
+        use_storage_input_output_16: false,
+        debug_info: None,
+        ray_query_initialization_tracking: false,
+        trace_ray_argument_validation: false,
+        task_dispatch_limits: None,
+        mesh_shader_primitive_indices_clamp: false,
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relu_kernel_compiles_to_spirv() {
+        let desc = TensorDesc::new(DType::F32, vec![2, 3]);
+        let op = |byte_offset, location| Operand {
+            desc: desc.clone(),
+            byte_offset,
+            location,
+        };
+        let inputs = [op(0, (0, 0, 0))];
+        let outputs = [op(32, (0, 0, 32))];
+        let attrs = Attrs::default();
+        let cx = KernelCx {
+            op: "Relu",
+            name: "r",
+            attrs: &attrs,
+            inputs: &inputs,
+            outputs: &outputs,
+        };
+        let d = lower(&cx).unwrap();
+        let spirv = compile(&d[0].wgsl).unwrap();
+        assert_eq!(spirv[0], 0x0723_0203, "SPIR-V magic");
+        assert_eq!(cx.in_place(), None);
+    }
+}

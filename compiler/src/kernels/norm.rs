@@ -1,0 +1,9 @@
+//! Vulkan kernels of the norm family (ops: runtime/src/cpu/norm.rs).
+
+use super::{Dispatch, KernelCx, NoKernel};
+
+pub const OPS: &[&str] = &[];
+
+pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    Err(crate::no_kernel!("no Vulkan kernel for {}", cx.op))
+}

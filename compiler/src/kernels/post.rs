@@ -1,0 +1,122 @@
+//! Post-ops in WGSL: the activations and residual operands the `fuse` pass moved into Conv,
+//! ConvTranspose, Gemm and MatMul (canonical form: runtime/src/cpu/post.rs).
+//!
+//! A host kernel declares [`PostOps::bindings`] after its own, then, for each output element
+//! it holds in an f32 variable, emits [`PostOps::apply`] before storing it. The operand of a
+//! leading `Add` may be the output's own bytes (the plan ran the step in place): `apply` reads
+//! it at the element's index right before that element is stored, which is safe.
+
+use super::elementwise::unary_expr;
+use super::{Binding, KernelCx, NoKernel, f32_lit};
+use crate::no_kernel;
+use ingot_schema::DType;
+
+#[derive(Clone, Debug, PartialEq)]
+enum Step {
+    /// A WGSL expression of `pv`.
+    Map(String),
+    /// `v op r[k]`, r of the output's size or one element.
+    Binary { op: &'static str, operand: usize, scalar: bool },
+}
+
+/// The post-ops of one step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PostOps {
+    steps: Vec<Step>,
+    /// First input index of the operands.
+    first: usize,
+    operands: usize,
+}
+
+impl PostOps {
+    /// Reads the post-ops of `cx`, whose op takes `own` inputs before the operands.
+    pub fn new(cx: &KernelCx, own: usize) -> Result<PostOps, NoKernel> {
+        let names = cx.attrs.text("post_ops").map_err(|e| no_kernel!("{e}"))?;
+        let params = cx.attrs.floats("post_params").map_err(|e| no_kernel!("{e}"))?;
+        let mut params = params.iter().map(|&v| f32_lit(v as f32));
+        let mut param = || params.next().ok_or_else(|| no_kernel!("post_params too short"));
+        let out_len = cx.outputs.first().map_or(0, |o| o.desc.elements());
+        let mut post = PostOps {
+            first: own,
+            ..PostOps::default()
+        };
+        for name in names.split(',').filter(|n| !n.is_empty()) {
+            let step = match name {
+                "LeakyRelu" => Step::Map(format!("select({} * pv, pv, pv >= 0.0)", param()?)),
+                "Clip" => {
+                    let (lo, hi) = (param()?, param()?);
+                    Step::Map(format!("min(max(pv, {lo}), {hi})"))
+                }
+                "HardSigmoid" => {
+                    let (alpha, beta) = (param()?, param()?);
+                    Step::Map(format!("clamp({alpha} * pv + {beta}, 0.0, 1.0)"))
+                }
+                "Add" | "Sub" | "RSub" | "Mul" => {
+                    let k = post.operands;
+                    let r = cx
+                        .inputs
+                        .get(own + k)
+                        .ok_or_else(|| no_kernel!("post-op operand {k} is missing"))?;
+                    if r.desc.dtype != DType::F32 {
+                        return Err(cx.dtype(r.desc.dtype));
+                    }
+                    post.operands += 1;
+                    Step::Binary {
+                        op: match name {
+                            "Add" => "+",
+                            "Sub" => "-",
+                            "RSub" => "r-",
+                            _ => "*",
+                        },
+                        operand: k,
+                        scalar: r.desc.elements() == 1 && out_len != 1,
+                    }
+                }
+                act => Step::Map(
+                    unary_expr(act, "pv").ok_or_else(|| no_kernel!("post-op {act} on Vulkan"))?,
+                ),
+            };
+            post.steps.push(step);
+        }
+        Ok(post)
+    }
+
+    /// The operands' bindings, named `r0`, `r1`...
+    pub fn bindings(&self) -> Vec<Binding> {
+        (0..self.operands)
+            .map(|k| Binding::input(&format!("r{k}"), self.first + k, "f32"))
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// WGSL statements that apply every post-op to the f32 variable `var`, the output element
+    /// at linear index `index` (a u32 expression).
+    pub fn apply(&self, var: &str, index: &str) -> String {
+        let mut s = String::new();
+        for step in &self.steps {
+            let expr = match step {
+                Step::Map(e) => e.clone(),
+                Step::Binary {
+                    op,
+                    operand,
+                    scalar,
+                } => {
+                    let at = if *scalar {
+                        format!("r{operand}[offsets.r{operand}]")
+                    } else {
+                        format!("r{operand}[offsets.r{operand} + {index}]")
+                    };
+                    match *op {
+                        "r-" => format!("{at} - pv"),
+                        op => format!("pv {op} {at}"),
+                    }
+                }
+            };
+            s.push_str(&format!("    {{ let pv = {var}; {var} = {expr}; }}\n"));
+        }
+        s
+    }
+}

@@ -1,0 +1,174 @@
+//! The ledger: every device allocation and free, in order, with running and peak bytes per
+//! kind and in total. Backends record into it; tests compare it with the plan's schedule.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What an allocation is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MemoryKind {
+    Weight,
+    /// A host-visible buffer an upload passes through, freed right after it.
+    Staging,
+    Arena,
+    /// Graph inputs and outputs.
+    Io,
+    Other,
+}
+
+impl MemoryKind {
+    pub const ALL: [MemoryKind; 5] = [
+        MemoryKind::Weight,
+        MemoryKind::Staging,
+        MemoryKind::Arena,
+        MemoryKind::Io,
+        MemoryKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Weight => "weight",
+            MemoryKind::Staging => "staging",
+            MemoryKind::Arena => "arena",
+            MemoryKind::Io => "io",
+            MemoryKind::Other => "other",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Allocate,
+    Free,
+}
+
+/// One allocation or free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEvent {
+    pub action: Action,
+    pub kind: MemoryKind,
+    pub bytes: u64,
+    /// What it is, e.g. the weight's index or the device's name.
+    pub label: String,
+    /// Bytes allocated, all kinds, right after this event.
+    pub total_bytes: u64,
+}
+
+/// Running and peak bytes of one kind (or of all).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub current: u64,
+    pub peak: u64,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    events: Vec<LedgerEvent>,
+    kinds: [Usage; MemoryKind::ALL.len()],
+    total: Usage,
+}
+
+/// A shared, append-only record of device memory. Cloning it gives another handle to the same
+/// record.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger(Arc<Mutex<Book>>);
+
+/// The receipt of one allocation: hand it back to [`Ledger::free`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct Entry {
+    kind: MemoryKind,
+    bytes: u64,
+    label: String,
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        // A panic while holding the lock cannot leave a half-written event: keep going.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records an allocation of `bytes` (what the device was asked for).
+    pub fn allocate(&self, kind: MemoryKind, bytes: u64, label: impl Into<String>) -> Entry {
+        let label = label.into();
+        let mut book = self.book();
+        let usage = &mut book.kinds[kind.index()];
+        usage.current += bytes;
+        usage.peak = usage.peak.max(usage.current);
+        book.total.current += bytes;
+        book.total.peak = book.total.peak.max(book.total.current);
+        let total_bytes = book.total.current;
+        book.events.push(LedgerEvent {
+            action: Action::Allocate,
+            kind,
+            bytes,
+            label: label.clone(),
+            total_bytes,
+        });
+        Entry { kind, bytes, label }
+    }
+
+    /// Records that the allocation behind `entry` was freed.
+    pub fn free(&self, entry: Entry) {
+        let mut book = self.book();
+        let usage = &mut book.kinds[entry.kind.index()];
+        usage.current -= entry.bytes;
+        book.total.current -= entry.bytes;
+        let total_bytes = book.total.current;
+        book.events.push(LedgerEvent {
+            action: Action::Free,
+            kind: entry.kind,
+            bytes: entry.bytes,
+            label: entry.label,
+            total_bytes,
+        });
+    }
+
+    pub fn events(&self) -> Vec<LedgerEvent> {
+        self.book().events.clone()
+    }
+
+    pub fn usage(&self, kind: MemoryKind) -> Usage {
+        self.book().kinds[kind.index()]
+    }
+
+    pub fn total(&self) -> Usage {
+        self.book().total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_and_peak_bytes_follow_the_events() {
+        let ledger = Ledger::new();
+        let w = ledger.allocate(MemoryKind::Weight, 100, "w0");
+        let s = ledger.allocate(MemoryKind::Staging, 100, "w0");
+        ledger.free(s);
+        let a = ledger.allocate(MemoryKind::Arena, 40, "arena");
+        assert_eq!(ledger.total(), Usage { current: 140, peak: 200 });
+        assert_eq!(ledger.usage(MemoryKind::Staging), Usage { current: 0, peak: 100 });
+        ledger.free(a);
+        ledger.free(w);
+        let events = ledger.events();
+        let totals: Vec<u64> = events.iter().map(|e| e.total_bytes).collect();
+        assert_eq!(totals, [100, 200, 100, 140, 100, 0]);
+        assert_eq!(events[2].action, Action::Free);
+        assert_eq!(ledger.total().current, 0);
+    }
+}
