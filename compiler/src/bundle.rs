@@ -115,7 +115,7 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
             inputs: n.present_inputs().map(|i| index[i]).collect(),
             outputs: n.outputs.iter().map(|&o| index[o]).collect(),
             attributes: n.attrs.to_proto(),
-            vulkan: None,
+            vulkan: Vec::new(),
         })
         .collect();
     proto::Variant {

@@ -161,8 +161,20 @@ mod tests {
         let s = ledger.allocate(MemoryKind::Staging, 100, "w0");
         ledger.free(s);
         let a = ledger.allocate(MemoryKind::Arena, 40, "arena");
-        assert_eq!(ledger.total(), Usage { current: 140, peak: 200 });
-        assert_eq!(ledger.usage(MemoryKind::Staging), Usage { current: 0, peak: 100 });
+        assert_eq!(
+            ledger.total(),
+            Usage {
+                current: 140,
+                peak: 200
+            }
+        );
+        assert_eq!(
+            ledger.usage(MemoryKind::Staging),
+            Usage {
+                current: 0,
+                peak: 100
+            }
+        );
         ledger.free(a);
         ledger.free(w);
         let events = ledger.events();

@@ -16,7 +16,10 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
     let n = cx.outputs[0].desc.elements() as u64;
     let grid = Grid::new(n, 64)?;
-    let bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
+    let bindings = vec![
+        Binding::input("x", 0, "f32"),
+        Binding::output("y", 0, "f32"),
+    ];
     let expr = unary_expr(cx.op, "x[offsets.x + i]")
         .ok_or_else(|| crate::no_kernel!("no Vulkan kernel for {}", cx.op))?;
     let wgsl = format!(

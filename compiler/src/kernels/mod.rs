@@ -62,6 +62,8 @@ impl Operand {
 
 /// Everything a family needs to make the kernels of one step.
 pub struct KernelCx<'a> {
+    /// The devices the kernels are for: families with one kernel for all ignore it.
+    pub class: DeviceClass,
     pub op: &'a str,
     pub name: &'a str,
     pub attrs: &'a Attrs,
@@ -97,6 +99,8 @@ impl KernelCx<'_> {
         }
     }
 }
+
+pub use ingot_schema::proto::DeviceClass;
 
 /// Why a step has no Vulkan kernel (an op, dtype or attribute combination no kernel covers).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,7 +207,9 @@ impl Grid {
         let x = groups.min(u64::from(MAX_GROUPS));
         let y = groups.div_ceil(x);
         if y > u64::from(MAX_GROUPS) {
-            return Err(no_kernel!("{invocations} invocations are too many for one dispatch"));
+            return Err(no_kernel!(
+                "{invocations} invocations are too many for one dispatch"
+            ));
         }
         Ok(Grid {
             groups: [x as u32, y as u32, 1],
@@ -295,8 +301,9 @@ pub struct KernelSet {
 const KERNEL_ALIGN: usize = 16;
 
 impl KernelSet {
-    /// Fills `vulkan` of every step of `variant` that has kernels; steps without keep `None`,
-    /// and why is returned per step index.
+    /// Fills `vulkan` of every step of `variant` that has kernels (one entry for all devices,
+    /// or one per device class when the family makes different kernels); steps without stay
+    /// empty, and why is returned per step index.
     pub fn add_variant(
         &mut self,
         variant: &mut proto::Variant,
@@ -309,48 +316,63 @@ impl KernelSet {
                 Ok(a) => a,
                 Err(e) => {
                     missing.push((index, no_kernel!("{e}")));
-                    per_step.push(None);
+                    per_step.push(Vec::new());
                     continue;
                 }
             };
             let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(t)).collect();
             let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(t)).collect();
-            let cx = KernelCx {
+            let cx = |class| KernelCx {
+                class,
                 op: &step.op,
                 name: &step.name,
                 attrs: &attrs,
                 inputs: &inputs,
                 outputs: &outputs,
             };
-            match lower(&cx) {
-                Ok(dispatches) => {
-                    let mut out = Vec::with_capacity(dispatches.len());
-                    for d in dispatches {
-                        let kernel = self.intern(&d, step)?;
-                        out.push(proto::Dispatch {
-                            kernel,
-                            groups: d.groups.to_vec(),
-                            bindings: d
-                                .bindings
-                                .iter()
-                                .map(|b| proto::Binding {
-                                    tensor: match b.slot {
-                                        Slot::Input(i) => step.inputs[i],
-                                        Slot::Output(o) => step.outputs[o],
-                                    },
-                                    write: matches!(b.slot, Slot::Output(_)),
-                                    element_bytes: b.element_bytes(),
-                                })
-                                .collect(),
-                        });
-                    }
-                    per_step.push(Some(proto::Dispatches { dispatches: out }));
-                }
-                Err(why) => {
+            let (gpu, cpu) = match (lower(&cx(DeviceClass::Gpu)), lower(&cx(DeviceClass::Cpu))) {
+                (Ok(gpu), Ok(cpu)) => (gpu, cpu),
+                (Err(why), _) | (_, Err(why)) => {
                     missing.push((index, why));
-                    per_step.push(None);
+                    per_step.push(Vec::new());
+                    continue;
                 }
+            };
+            let same =
+                gpu.len() == cpu.len() && gpu.iter().zip(&cpu).all(|(a, b)| a.wgsl == b.wgsl);
+            let classes = if same {
+                vec![(DeviceClass::Any, gpu)]
+            } else {
+                vec![(DeviceClass::Gpu, gpu), (DeviceClass::Cpu, cpu)]
+            };
+            let mut entries = Vec::with_capacity(classes.len());
+            for (class, dispatches) in classes {
+                let mut out = Vec::with_capacity(dispatches.len());
+                for d in dispatches {
+                    let kernel = self.intern(&d, step)?;
+                    out.push(proto::Dispatch {
+                        kernel,
+                        groups: d.groups.to_vec(),
+                        bindings: d
+                            .bindings
+                            .iter()
+                            .map(|b| proto::Binding {
+                                tensor: match b.slot {
+                                    Slot::Input(i) => step.inputs[i],
+                                    Slot::Output(o) => step.outputs[o],
+                                },
+                                write: matches!(b.slot, Slot::Output(_)),
+                                element_bytes: b.element_bytes(),
+                            })
+                            .collect(),
+                    });
+                }
+                entries.push(proto::Dispatches {
+                    dispatches: out,
+                    device_class: class as i32,
+                });
             }
+            per_step.push(entries);
         }
         for (step, vulkan) in variant.steps.iter_mut().zip(per_step) {
             step.vulkan = vulkan;
@@ -372,7 +394,8 @@ impl KernelSet {
         })?;
         let offset = self.section.len().next_multiple_of(KERNEL_ALIGN);
         self.section.resize(offset, 0);
-        self.section.extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
+        self.section
+            .extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
         let k = self.kernels.len() as u32;
         self.kernels.push(proto::Kernel {
             name: d.label.clone(),
@@ -418,9 +441,13 @@ pub fn compile(wgsl: &str) -> Result<Vec<u32>, String> {
     let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
         .validate(&module)
         .map_err(|e| e.emit_to_string(wgsl))?;
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &Default::default())
-            .map_err(|e| e.to_string())?;
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        None,
+        &Default::default(),
+    )
+    .map_err(|e| e.to_string())?;
     let options = spv::Options {
         lang_version: (1, 3),
         flags: spv::WriterFlags::empty(),
@@ -466,6 +493,7 @@ mod tests {
         let outputs = [op(32, (0, 0, 32))];
         let attrs = Attrs::default();
         let cx = KernelCx {
+            class: DeviceClass::Any,
             op: "Relu",
             name: "r",
             attrs: &attrs,

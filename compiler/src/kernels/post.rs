@@ -16,7 +16,11 @@ enum Step {
     /// A WGSL expression of `pv`.
     Map(String),
     /// `v op r[k]`, r of the output's size or one element.
-    Binary { op: &'static str, operand: usize, scalar: bool },
+    Binary {
+        op: &'static str,
+        operand: usize,
+        scalar: bool,
+    },
 }
 
 /// The post-ops of one step.
@@ -32,9 +36,16 @@ impl PostOps {
     /// Reads the post-ops of `cx`, whose op takes `own` inputs before the operands.
     pub fn new(cx: &KernelCx, own: usize) -> Result<PostOps, NoKernel> {
         let names = cx.attrs.text("post_ops").map_err(|e| no_kernel!("{e}"))?;
-        let params = cx.attrs.floats("post_params").map_err(|e| no_kernel!("{e}"))?;
+        let params = cx
+            .attrs
+            .floats("post_params")
+            .map_err(|e| no_kernel!("{e}"))?;
         let mut params = params.iter().map(|&v| f32_lit(v as f32));
-        let mut param = || params.next().ok_or_else(|| no_kernel!("post_params too short"));
+        let mut param = || {
+            params
+                .next()
+                .ok_or_else(|| no_kernel!("post_params too short"))
+        };
         let out_len = cx.outputs.first().map_or(0, |o| o.desc.elements());
         let mut post = PostOps {
             first: own,
