@@ -54,6 +54,24 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// A tensor at `byte_offset` in the arena (two such operands at one offset alias).
+    pub fn arena(desc: TensorDesc, byte_offset: u64) -> Operand {
+        Operand {
+            desc,
+            byte_offset,
+            location: (0, 0, byte_offset),
+        }
+    }
+
+    /// Weight bank entry `index`.
+    pub fn weight(desc: TensorDesc, index: u64) -> Operand {
+        Operand {
+            desc,
+            byte_offset: 0,
+            location: (1, index, 0),
+        }
+    }
+
     /// Whether 16-byte vector loads can address it (`array<vec4<f32>>`).
     pub fn aligned16(&self) -> bool {
         self.byte_offset % 16 == 0
