@@ -4,10 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests need, installed when missing (CI machines start bare).
-# None yet. The Vulkan backend's tests will add: mesa-vulkan-drivers (lavapipe),
-# vulkan-validationlayers (a validation message fails a test).
-apt_packages=()
+# System packages the tests need, installed when missing (CI machines start bare):
+# the Vulkan loader, Mesa's lavapipe (a Vulkan device on the CPU, where there is no GPU) and
+# the Khronos validation layer (a validation message fails a test).
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -19,6 +19,10 @@ if ((${#missing[@]})); then
 fi
 
 step() { echo "==> $*"; }
+
+# Every Vulkan test runs under the validation layer; the runtime refuses to start without it
+# when this is set, and the tests fail (never skip) when no Vulkan device appears.
+export INGOT_VULKAN_VALIDATION=1
 
 step "test data (tools/setup.sh)"
 bash tools/setup.sh

@@ -10,6 +10,10 @@ use prost::Message;
 /// Weight offsets in the weights section are multiples of this (the runtime checks it).
 const WEIGHT_ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
 
+/// Graph inputs and outputs start at multiples of this in a device's IO buffer: vector loads
+/// need 16 bytes.
+pub const IO_ALIGN: u64 = 16;
+
 /// One compiled graph, ready to be written.
 pub struct CompiledVariant<'a> {
     pub name: &'a str,
@@ -116,6 +120,7 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
             outputs: n.outputs.iter().map(|&o| index[o]).collect(),
             attributes: n.attrs.to_proto(),
             vulkan: Vec::new(),
+            no_vulkan_kernel: String::new(),
         })
         .collect();
     proto::Variant {
@@ -137,29 +142,37 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
 }
 
 /// The load-time allocation schedule: every weight the variant reads, in first-use order,
-/// then the arena, with the running total.
+/// then the arena, then the buffer for graph inputs and outputs of devices that cannot read
+/// the caller's memory, with the running total. Empty tensors allocate nothing.
 fn allocations(v: &CompiledVariant, first_weight: usize) -> Vec<proto::Allocation> {
     use proto::AllocationKind;
-    let mut running = 0;
-    let mut out = Vec::with_capacity(v.plan.weights.len() + 1);
-    for (w, &value) in v.plan.weights.iter().enumerate() {
-        let bytes = v.graph.values[value]
+    let bytes_of = |value: usize| {
+        v.graph.values[value]
             .ty
             .as_ref()
-            .map_or(0, |t| t.bytes() as u64);
-        running += bytes;
-        out.push(proto::Allocation {
-            kind: AllocationKind::Weight as i32,
-            bytes,
-            weight: (first_weight + w) as u32,
-            running_bytes: running,
-        });
+            .map_or(0, |t| t.bytes() as u64)
+    };
+    let mut running = 0;
+    let mut out = Vec::with_capacity(v.plan.weights.len() + 2);
+    let mut push = |kind: AllocationKind, bytes: u64, weight: usize| {
+        if bytes > 0 {
+            running += bytes;
+            out.push(proto::Allocation {
+                kind: kind as i32,
+                bytes,
+                weight: weight as u32,
+                running_bytes: running,
+            });
+        }
+    };
+    for (w, &value) in v.plan.weights.iter().enumerate() {
+        // Device buffers hold whole 4-byte words: kernels read storage arrays by the word.
+        let bytes = bytes_of(value).next_multiple_of(4);
+        push(AllocationKind::Weight, bytes, first_weight + w);
     }
-    out.push(proto::Allocation {
-        kind: AllocationKind::Arena as i32,
-        bytes: v.plan.arena_bytes,
-        weight: 0,
-        running_bytes: running + v.plan.arena_bytes,
-    });
+    push(AllocationKind::Arena, v.plan.arena_bytes, 0);
+    let io = v.graph.inputs.iter().chain(&v.graph.outputs);
+    let io_bytes = io.map(|&t| bytes_of(t).next_multiple_of(IO_ALIGN)).sum();
+    push(AllocationKind::Io, io_bytes, 0);
     out
 }

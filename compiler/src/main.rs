@@ -25,6 +25,8 @@ enum Command {
     Inspect(cli::inspect::Args),
     /// Print the memory plan of a model or bundle (text or JSON).
     Plan(cli::plan::Args),
+    /// Measure a bundle: load, first run, run times, device memory against the plan, RSS.
+    Bench(cli::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cli::run::main(args),
         Command::Inspect(args) => cli::inspect::main(args),
         Command::Plan(args) => cli::plan::main(args),
+        Command::Bench(args) => cli::bench::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

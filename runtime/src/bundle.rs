@@ -57,6 +57,7 @@ pub struct Bundle {
     container: Container,
     manifest: proto::Manifest,
     weights: Range<usize>,
+    kernels: Range<usize>,
 }
 
 impl std::fmt::Debug for Bundle {
@@ -102,15 +103,15 @@ impl Bundle {
         let container = Container::parse(file)?;
         let manifest_range = container.require(SectionKind::Manifest)?.range.clone();
         let manifest = proto::Manifest::decode(&file[manifest_range])?;
-        let weights = container
-            .section(SectionKind::Weights)
-            .map_or(0..0, |s| s.range.clone());
-        validate(&manifest, weights.len() as u64)?;
+        let section = |kind| container.section(kind).map_or(0..0, |s| s.range.clone());
+        let (weights, kernels) = (section(SectionKind::Weights), section(SectionKind::Kernels));
+        validate(&manifest, weights.len() as u64, &file[kernels.clone()])?;
         Ok(Bundle {
             bytes,
             container,
             manifest,
             weights,
+            kernels,
         })
     }
 
@@ -160,7 +161,18 @@ impl Bundle {
         let start = self.weights.start + w.offset as usize;
         &self.bytes.as_slice()[start..start + w.length as usize]
     }
+
+    /// The SPIR-V bytes of kernel `index` (validated at open: a non-empty whole number of
+    /// little-endian words starting with the SPIR-V magic).
+    pub fn kernel_code(&self, index: usize) -> &[u8] {
+        let k = &self.manifest.kernels[index];
+        let start = self.kernels.start + k.offset as usize;
+        &self.bytes.as_slice()[start..start + k.length as usize]
+    }
 }
+
+/// The first word of every SPIR-V module.
+pub const SPIRV_MAGIC: u32 = 0x0723_0203;
 
 /// The dtype and shape of a manifest tensor (validated at open).
 pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
@@ -187,7 +199,7 @@ fn checked_bytes(dtype: i32, shape: &[u64]) -> Option<u64> {
     Some(if shape.contains(&0) { 0 } else { bound })
 }
 
-fn validate(m: &proto::Manifest, weights_len: u64) -> Result<(), BundleError> {
+fn validate(m: &proto::Manifest, weights_len: u64, kernels: &[u8]) -> Result<(), BundleError> {
     for (i, w) in m.weights.iter().enumerate() {
         let bytes = checked_bytes(w.dtype, &w.shape)
             .ok_or_else(|| invalid(format!("weight {i} has an invalid type or shape")))?;
@@ -206,6 +218,34 @@ fn validate(m: &proto::Manifest, weights_len: u64) -> Result<(), BundleError> {
             return Err(invalid(format!("two variants are named '{}'", v.name)));
         }
         validate_variant(m, v).map_err(|e| invalid(format!("variant '{}': {e}", v.name)))?;
+    }
+    // The kernels' bytes (the variants only checked their indices and binding counts).
+    for (i, k) in m.kernels.iter().enumerate() {
+        let code = usize::try_from(k.offset)
+            .ok()
+            .zip(usize::try_from(k.length).ok())
+            .and_then(|(start, len)| kernels.get(start..start.checked_add(len)?));
+        let Some(code) = code else {
+            return Err(invalid(format!(
+                "kernel {i} '{}' ({} bytes at {}) does not fit the {}-byte kernels section",
+                k.name,
+                k.length,
+                k.offset,
+                kernels.len()
+            )));
+        };
+        let magic = code.first_chunk::<4>().map(|w| u32::from_le_bytes(*w));
+        if code.len() % 4 != 0 || magic != Some(SPIRV_MAGIC) {
+            return Err(invalid(format!(
+                "kernel {i} '{}' is not SPIR-V (a non-empty whole number of words starting \
+                 with the magic number)",
+                k.name
+            )));
+        }
+        // The kernel ABI's push-constant block has one word per binding: it cannot be empty.
+        if k.bindings == 0 {
+            return Err(invalid(format!("kernel {i} '{}' has no bindings", k.name)));
+        }
     }
     Ok(())
 }
@@ -350,6 +390,234 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
             }
         }
         Attrs::from_proto(&step.attributes).map_err(|e| at(e.to_string()))?;
+        validate_dispatches(m, v, step, &sizes).map_err(at)?;
     }
     Ok(())
+}
+
+/// The Vulkan entries of one step (the kernel ABI, compiler/src/kernels/mod.rs): known device
+/// classes, at most one entry per class, and dispatches whose kernels, workgroup counts and
+/// bindings the Vulkan backend can use as they are. Runs after the tensors are validated.
+fn validate_dispatches(
+    m: &proto::Manifest,
+    v: &proto::Variant,
+    step: &proto::Step,
+    sizes: &[u64],
+) -> Result<(), String> {
+    let mut classes = Vec::with_capacity(step.vulkan.len());
+    for entry in &step.vulkan {
+        let class = proto::DeviceClass::try_from(entry.device_class)
+            .map_err(|_| format!("unknown Vulkan device class {}", entry.device_class))?;
+        if classes.contains(&class) {
+            return Err(format!(
+                "two Vulkan entries for device class {}",
+                class.as_str_name()
+            ));
+        }
+        classes.push(class);
+        for (d, dispatch) in entry.dispatches.iter().enumerate() {
+            let at = |msg: String| format!("dispatch {d} ({}): {msg}", class.as_str_name());
+            let kernel = m
+                .kernels
+                .get(dispatch.kernel as usize)
+                .ok_or_else(|| at(format!("kernel {} does not exist", dispatch.kernel)))?;
+            if dispatch.groups.len() != 3 || dispatch.groups.contains(&0) {
+                return Err(at(format!(
+                    "workgroup counts {:?} are not three values of at least 1",
+                    dispatch.groups
+                )));
+            }
+            if dispatch.bindings.len() != kernel.bindings as usize {
+                return Err(at(format!(
+                    "has {} bindings, its kernel {} '{}' takes {}",
+                    dispatch.bindings.len(),
+                    dispatch.kernel,
+                    kernel.name,
+                    kernel.bindings
+                )));
+            }
+            for (b, binding) in dispatch.bindings.iter().enumerate() {
+                let at = |msg: String| at(format!("binding {b}: {msg}"));
+                let t = binding.tensor as usize;
+                let (root, offset) =
+                    root_of(v, t).ok_or_else(|| at(format!("tensor {t} does not exist")))?;
+                if sizes[t] == 0 {
+                    return Err(at(format!("tensor {t} is empty")));
+                }
+                if binding.element_bytes != 4 && binding.element_bytes != 16 {
+                    return Err(at(format!(
+                        "element size {} is not 4 or 16 bytes",
+                        binding.element_bytes
+                    )));
+                }
+                // Every buffer starts at a multiple of 16 bytes, so this holds on any device.
+                if offset % u64::from(binding.element_bytes) != 0 {
+                    return Err(at(format!(
+                        "tensor {t} starts at byte {offset} of its buffer, not a multiple of \
+                         the {}-byte elements",
+                        binding.element_bytes
+                    )));
+                }
+                if binding.write && matches!(root, Kind::Input(_) | Kind::Weight(_)) {
+                    return Err(at(format!("writes tensor {t}, a graph input or weight")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The storage of tensor `t`'s root and `t`'s byte offset in the buffer the root lives in
+/// (arena offsets included; weights, inputs and outputs start at 0). `None` if `t` does not
+/// exist. Assumes validated views.
+fn root_of(v: &proto::Variant, t: usize) -> Option<(&Kind, u64)> {
+    fn kind(t: &proto::Tensor) -> Option<&Kind> {
+        t.storage.as_ref().and_then(|s| s.kind.as_ref())
+    }
+    let tensor = v.tensors.get(t)?;
+    let (root, view_offset) = match kind(tensor)? {
+        Kind::View(view) => (kind(v.tensors.get(view.of as usize)?)?, view.byte_offset),
+        k => (k, 0),
+    };
+    let base = match root {
+        Kind::Arena(offset) => *offset,
+        _ => 0,
+    };
+    Some((root, base.checked_add(view_offset)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{Binding, Dispatch, Dispatches, Storage};
+
+    fn tensor(name: &str, kind: Kind) -> proto::Tensor {
+        proto::Tensor {
+            name: name.into(),
+            dtype: proto::DataType::F32 as i32,
+            shape: vec![4],
+            storage: Some(Storage { kind: Some(kind) }),
+        }
+    }
+
+    /// y = Relu(x) with one Vulkan dispatch of a 2-binding kernel (8 bytes of "SPIR-V"), and
+    /// the kernels section it needs.
+    fn relu() -> (proto::Manifest, Vec<u8>) {
+        let binding = |tensor, write| Binding {
+            tensor,
+            write,
+            element_bytes: 4,
+        };
+        let step = proto::Step {
+            op: "Relu".into(),
+            name: "relu".into(),
+            inputs: vec![0],
+            outputs: vec![1],
+            vulkan: vec![Dispatches {
+                dispatches: vec![Dispatch {
+                    kernel: 0,
+                    groups: vec![1, 1, 1],
+                    bindings: vec![binding(0, false), binding(1, true)],
+                }],
+                device_class: proto::DeviceClass::Any as i32,
+            }],
+            ..Default::default()
+        };
+        let variant = proto::Variant {
+            name: "main".into(),
+            tensors: vec![tensor("x", Kind::Input(0)), tensor("y", Kind::Output(0))],
+            inputs: vec![0],
+            outputs: vec![1],
+            steps: vec![step],
+            plan: Some(proto::Plan {
+                alignment: 16,
+                ..Default::default()
+            }),
+        };
+        let manifest = proto::Manifest {
+            variants: vec![variant],
+            kernels: vec![proto::Kernel {
+                name: "relu_4".into(),
+                offset: 16,
+                length: 8,
+                bindings: 2,
+            }],
+            ..Default::default()
+        };
+        let mut kernels = vec![0u8; 16];
+        kernels.extend(SPIRV_MAGIC.to_le_bytes());
+        kernels.extend([0; 4]);
+        (manifest, kernels)
+    }
+
+    /// Validating `relu()` after `change` fails with a message that contains `expected`.
+    fn refused(expected: &str, change: impl FnOnce(&mut proto::Manifest, &mut Vec<u8>)) {
+        let (mut m, mut kernels) = relu();
+        change(&mut m, &mut kernels);
+        match validate(&m, 0, &kernels) {
+            Err(e) => assert!(e.to_string().contains(expected), "want '{expected}': {e}"),
+            Ok(()) => panic!("valid, want '{expected}'"),
+        }
+    }
+
+    fn entries(m: &mut proto::Manifest) -> &mut Vec<Dispatches> {
+        &mut m.variants[0].steps[0].vulkan
+    }
+
+    fn dispatch(m: &mut proto::Manifest) -> &mut Dispatch {
+        &mut entries(m)[0].dispatches[0]
+    }
+
+    #[test]
+    fn kernels_and_dispatches_are_validated() {
+        let (m, kernels) = relu();
+        assert!(validate(&m, 0, &kernels).is_ok());
+        refused("does not fit", |m, _| m.kernels[0].offset = 20);
+        refused("does not fit", |m, _| m.kernels[0].offset = u64::MAX);
+        refused("not SPIR-V", |m, _| m.kernels[0].length = 6);
+        refused("not SPIR-V", |m, _| m.kernels[0].length = 0);
+        refused("not SPIR-V", |_, k| k[16] = 0);
+        refused("no bindings", |m, _| {
+            m.kernels.push(proto::Kernel {
+                offset: 16,
+                length: 4,
+                ..Default::default()
+            })
+        });
+        refused("kernel 1 does not exist", |m, _| dispatch(m).kernel = 1);
+        refused("workgroup counts", |m, _| dispatch(m).groups = vec![1, 1]);
+        refused("workgroup counts", |m, _| dispatch(m).groups[2] = 0);
+        refused("takes 2", |m, _| dispatch(m).bindings.truncate(1));
+        refused("tensor 7 does not exist", |m, _| {
+            dispatch(m).bindings[0].tensor = 7
+        });
+        refused("not 4 or 16", |m, _| {
+            dispatch(m).bindings[0].element_bytes = 8
+        });
+        refused("a graph input", |m, _| dispatch(m).bindings[0].write = true);
+        refused("unknown Vulkan device class", |m, _| {
+            entries(m)[0].device_class = 9
+        });
+        refused("two Vulkan entries", |m, _| {
+            let twin = entries(m)[0].clone();
+            entries(m).push(twin)
+        });
+        refused("is empty", |m, _| m.variants[0].tensors[0].shape = vec![0]);
+        // A vec4 binding of a view 4 bytes into its root.
+        refused("not a multiple", |m, _| {
+            let view = Kind::View(proto::View {
+                of: 0,
+                byte_offset: 4,
+            });
+            m.variants[0].tensors.push(proto::Tensor {
+                shape: vec![2],
+                ..tensor("v", view)
+            });
+            dispatch(m).bindings[0] = Binding {
+                tensor: 2,
+                write: false,
+                element_bytes: 16,
+            };
+        });
+    }
 }

@@ -1,6 +1,7 @@
 //! The ledger: every device allocation and free, in order, with running and peak bytes per
 //! kind and in total. Backends record into it; tests compare it with the plan's schedule.
 
+use ingot_schema::proto;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -150,6 +151,40 @@ impl Ledger {
     }
 }
 
+/// The load-time events the plan's allocation schedule predicts, in order: each entry
+/// allocated; with `staged` uploads, each weight's staging buffer allocated and freed right
+/// after it.
+pub fn planned_events(plan: &proto::Plan, staged: bool) -> Vec<(Action, MemoryKind, u64)> {
+    let mut events = Vec::with_capacity(plan.allocations.len() * 3);
+    for a in &plan.allocations {
+        let kind = match proto::AllocationKind::try_from(a.kind) {
+            Ok(proto::AllocationKind::Weight) => MemoryKind::Weight,
+            Ok(proto::AllocationKind::Arena) => MemoryKind::Arena,
+            Ok(proto::AllocationKind::Io) => MemoryKind::Io,
+            _ => MemoryKind::Other,
+        };
+        events.push((Action::Allocate, kind, a.bytes));
+        if staged && kind == MemoryKind::Weight {
+            events.push((Action::Allocate, MemoryKind::Staging, a.bytes));
+            events.push((Action::Free, MemoryKind::Staging, a.bytes));
+        }
+    }
+    events
+}
+
+/// The peak of [`planned_events`]: at most weights + max(arena + io, largest weight).
+pub fn planned_peak(plan: &proto::Plan, staged: bool) -> u64 {
+    let (mut now, mut peak) = (0u64, 0u64);
+    for (action, _, bytes) in planned_events(plan, staged) {
+        match action {
+            Action::Allocate => now += bytes,
+            Action::Free => now -= bytes,
+        }
+        peak = peak.max(now);
+    }
+    peak
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +217,35 @@ mod tests {
         assert_eq!(totals, [100, 200, 100, 140, 100, 0]);
         assert_eq!(events[2].action, Action::Free);
         assert_eq!(ledger.total().current, 0);
+    }
+
+    #[test]
+    fn the_planned_peak_holds_one_staging_buffer_at_a_time() {
+        let entry = |kind: proto::AllocationKind, bytes| proto::Allocation {
+            kind: kind as i32,
+            bytes,
+            ..Default::default()
+        };
+        use proto::AllocationKind::*;
+        let plan = proto::Plan {
+            allocations: vec![
+                entry(Weight, 10),
+                entry(Weight, 50),
+                entry(Weight, 20),
+                entry(Arena, 30),
+                entry(Io, 5),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(planned_peak(&plan, false), 115);
+        // Staging the 50-byte weight: 10 + 50 + 50 = 110 < 115 at the end.
+        assert_eq!(planned_peak(&plan, true), 115);
+        let plan = proto::Plan {
+            allocations: vec![entry(Weight, 10), entry(Weight, 80), entry(Arena, 30)],
+            ..Default::default()
+        };
+        // 10 + 80 + 80 staging = 170 = W + max(A, largest weight).
+        assert_eq!(planned_peak(&plan, true), 170);
+        assert_eq!(planned_events(&plan, true).len(), 7);
     }
 }

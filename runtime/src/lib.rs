@@ -13,5 +13,6 @@ pub mod tensor;
 pub mod vulkan;
 
 pub use bundle::{Bundle, BundleError};
-pub use session::{IoInfo, Session, SessionError, SessionOptions};
+pub use ledger::{Ledger, MemoryKind};
+pub use session::{Device, Executable, IoInfo, Session, SessionError, SessionOptions};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

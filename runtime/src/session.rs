@@ -1,21 +1,69 @@
-//! A session runs one variant of a bundle: its steps, in order, out of the activation arena
-//! the plan sized, reading weights straight from the bundle.
-//!
-//! Every step's operands are resolved once, at creation, to a place (arena, weight, caller
-//! input, output) and a byte range; `run` only checks the caller's tensors and calls kernels.
+//! A session runs one variant of a bundle on one device. It checks what the caller passes,
+//! owns the outputs, and hands the work to an [`Executable`]: the variant prepared for a
+//! device. It does not know what a device is.
 
 use crate::bundle::{Bundle, BundleError, tensor_desc};
-use crate::cpu::{self, Kernel, KernelError, OpCx};
-use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
-use ingot_schema::Attrs;
-use ingot_schema::proto::storage::Kind;
-use std::ops::Range;
+use crate::cpu::{CpuExecutable, KernelError};
+use crate::ledger::Ledger;
+use crate::tensor::{Tensor, TensorDesc};
 use std::sync::Arc;
+
+/// Where a session runs.
+#[derive(Clone, Debug, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    #[cfg(feature = "vulkan")]
+    Vulkan(crate::vulkan::VulkanOptions),
+}
+
+impl Device {
+    /// The device names [`Device::parse`] knows.
+    pub const NAMES: &'static str = "cpu, vulkan, vulkan:N, vulkan:cpu";
+
+    /// A device by name: `cpu`; `vulkan` (the best Vulkan device: discrete, integrated,
+    /// virtual, then CPU-type), `vulkan:N` (by index), `vulkan:cpu` (a CPU-type device such
+    /// as lavapipe).
+    pub fn parse(name: &str) -> Result<Device, SessionError> {
+        #[cfg(feature = "vulkan")]
+        {
+            use crate::vulkan::{DeviceChoice, VulkanOptions};
+            let choice = match name {
+                "vulkan" => Some(DeviceChoice::Best),
+                "vulkan:cpu" => Some(DeviceChoice::CpuType),
+                _ => name
+                    .strip_prefix("vulkan:")
+                    .and_then(|n| n.parse().ok())
+                    .map(DeviceChoice::Index),
+            };
+            if let Some(device) = choice {
+                return Ok(Device::Vulkan(VulkanOptions {
+                    device,
+                    ..VulkanOptions::default()
+                }));
+            }
+        }
+        match name {
+            "cpu" => Ok(Device::Cpu),
+            _ => Err(SessionError::UnknownDevice {
+                name: name.into(),
+                known: if cfg!(feature = "vulkan") {
+                    Device::NAMES
+                } else {
+                    "cpu (this build has no Vulkan backend)"
+                },
+            }),
+        }
+    }
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct SessionOptions {
     /// The variant to run; `None` means the bundle's first variant.
     pub variant: Option<String>,
+    pub device: Device,
+    /// Where device memory is recorded; a fresh ledger when `None`.
+    pub ledger: Option<Ledger>,
 }
 
 /// A graph input or output as the caller sees it.
@@ -29,6 +77,8 @@ pub struct IoInfo {
 pub enum SessionError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error("unknown device '{name}'; known devices: {known}")]
+    UnknownDevice { name: String, known: &'static str },
     #[error("bundle has no variants")]
     NoVariant,
     #[error("cannot prepare step {index} '{name}' ({op}): {source}")]
@@ -63,6 +113,9 @@ pub enum SessionError {
     ArenaAllocation { bytes: u64 },
     #[error("cannot allocate {bytes} bytes for output '{name}'")]
     OutputAllocation { name: String, bytes: usize },
+    #[cfg(feature = "vulkan")]
+    #[error(transparent)]
+    Vulkan(#[from] crate::vulkan::VulkanError),
     #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
     Aliasing {
         index: usize,
@@ -71,46 +124,26 @@ pub enum SessionError {
     },
 }
 
-/// Where an operand's bytes live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Place {
-    Arena,
-    Weight(usize),
-    Input(usize),
-    Output(usize),
-}
-
-#[derive(Clone, Debug)]
-struct Operand {
-    place: Place,
-    bytes: Range<usize>,
-    desc: TensorDesc,
-}
-
-struct Step {
-    name: String,
-    op: String,
-    kernel: Box<dyn Kernel>,
-    inputs: Vec<Operand>,
-    outputs: Vec<Operand>,
-    /// The input whose bytes output 0 overwrites, when the plan runs this step in place.
-    in_place: Option<usize>,
+/// A variant prepared for one device.
+pub trait Executable {
+    /// Runs the variant: `inputs` are checked, `outputs` allocated and zeroed, both in the
+    /// variant's order.
+    fn run(&mut self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), SessionError>;
 }
 
 pub struct Session {
-    bundle: Arc<Bundle>,
     inputs: Vec<IoInfo>,
     outputs: Vec<IoInfo>,
-    steps: Vec<Step>,
-    // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
-    arena: Vec<u64>,
+    executable: Box<dyn Executable>,
+    device: String,
     arena_bytes: usize,
+    ledger: Ledger,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("steps", &self.steps.len())
+            .field("device", &self.device)
             .field("arena_bytes", &self.arena_bytes)
             .finish()
     }
@@ -125,34 +158,6 @@ impl Session {
             None => 0,
         };
         let variant = &manifest.variants[index];
-        let plan = variant
-            .plan
-            .as_ref()
-            .ok_or(BundleError::Invalid("no plan".into()))?;
-
-        let operand = |t: u32| -> Operand {
-            let tensor = &variant.tensors[t as usize];
-            let desc = tensor_desc(tensor);
-            let len = desc.bytes();
-            let (root, offset) = match tensor.storage.as_ref().and_then(|s| s.kind.as_ref()) {
-                Some(Kind::View(v)) => (&variant.tensors[v.of as usize], v.byte_offset as usize),
-                _ => (tensor, 0),
-            };
-            let (place, base) = match root.storage.as_ref().and_then(|s| s.kind.as_ref()) {
-                Some(Kind::Arena(off)) => (Place::Arena, *off as usize),
-                Some(Kind::Weight(w)) => (Place::Weight(*w as usize), 0),
-                Some(Kind::Input(i)) => (Place::Input(*i as usize), 0),
-                Some(Kind::Output(o)) => (Place::Output(*o as usize), 0),
-                // Validation guarantees a root has one of the kinds above.
-                Some(Kind::View(_)) | None => (Place::Arena, 0),
-            };
-            Operand {
-                place,
-                bytes: base + offset..base + offset + len,
-                desc,
-            }
-        };
-
         let io = |list: &[u32]| -> Vec<IoInfo> {
             list.iter()
                 .map(|&t| IoInfo {
@@ -164,68 +169,30 @@ impl Session {
         let (inputs, outputs) = (io(&variant.inputs), io(&variant.outputs));
         // Memory first: kernels may build tables as long as their outputs' dims, so outputs
         // that could never be allocated are refused before any kernel is prepared.
-        let arena_bytes = plan.arena_bytes;
-        let words = arena_bytes.div_ceil(8) as usize;
-        let mut arena = Vec::new();
-        arena
-            .try_reserve_exact(words)
-            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })?;
-        arena.resize(words, 0);
         for o in &outputs {
             probe_output(o)?;
         }
-
-        let mut steps = Vec::with_capacity(variant.steps.len());
-        for (index, s) in variant.steps.iter().enumerate() {
-            let prepare_error = |source| SessionError::Prepare {
-                index,
-                name: s.name.clone(),
-                op: s.op.clone(),
-                source,
-            };
-            let attrs = Attrs::from_proto(&s.attributes).map_err(|e| prepare_error(e.into()))?;
-            let inputs: Vec<Operand> = s.inputs.iter().map(|&t| operand(t)).collect();
-            let outputs: Vec<Operand> = s.outputs.iter().map(|&t| operand(t)).collect();
-            let in_descs: Vec<TensorDesc> = inputs.iter().map(|o| o.desc.clone()).collect();
-            let out_descs: Vec<TensorDesc> = outputs.iter().map(|o| o.desc.clone()).collect();
-            let kernel = cpu::prepare(&OpCx {
-                op: &s.op,
-                attrs: &attrs,
-                inputs: &in_descs,
-                outputs: &out_descs,
-            })
-            .map_err(prepare_error)?;
-            // Empty tensors share every place without aliasing anything.
-            let in_place = outputs
-                .first()
-                .filter(|o| !o.bytes.is_empty())
-                .and_then(|out| {
-                    inputs
-                        .iter()
-                        .position(|i| i.place == out.place && i.bytes == out.bytes)
-                });
-            if in_place.is_some_and(|k| !cpu::can_run_in_place(&s.op, &attrs, k)) {
-                return Err(prepare_error(KernelError::Invalid(
-                    "the plan writes its output over an input, which this op cannot do".into(),
-                )));
+        let arena_bytes = variant.plan.as_ref().map_or(0, |p| p.arena_bytes as usize);
+        let ledger = options.ledger.unwrap_or_default();
+        let (executable, device): (Box<dyn Executable>, String) = match &options.device {
+            Device::Cpu => (
+                Box::new(CpuExecutable::new(bundle, index, &ledger)?),
+                "cpu".into(),
+            ),
+            #[cfg(feature = "vulkan")]
+            Device::Vulkan(vulkan) => {
+                let e = crate::vulkan::VulkanExecutable::new(bundle, index, vulkan, &ledger)?;
+                let name = format!("vulkan:{} ({})", e.device().index, e.device().name);
+                (Box::new(e), name)
             }
-            steps.push(Step {
-                name: s.name.clone(),
-                op: s.op.clone(),
-                kernel,
-                inputs,
-                outputs,
-                in_place,
-            });
-        }
-
+        };
         Ok(Session {
             inputs,
             outputs,
-            steps,
-            arena,
-            arena_bytes: arena_bytes as usize,
-            bundle,
+            executable,
+            device,
+            arena_bytes,
+            ledger,
         })
     }
 
@@ -242,6 +209,16 @@ impl Session {
         self.arena_bytes
     }
 
+    /// The device the session runs on, e.g. `cpu` or `vulkan:0 (llvmpipe ...)`.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The record of the device memory this session allocated and freed.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
     /// Runs the variant on `inputs` (in the order of [`Session::inputs`]) and returns its
     /// outputs (in the order of [`Session::outputs`]).
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
@@ -251,52 +228,7 @@ impl Session {
             .iter()
             .map(zeroed_output)
             .collect::<Result<Vec<_>, _>>()?;
-        let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
-        for (index, step) in self.steps.iter().enumerate() {
-            let fail = |source| SessionError::Step {
-                index,
-                name: step.name.clone(),
-                op: step.op.clone(),
-                source,
-            };
-            let aliasing = || SessionError::Aliasing {
-                index,
-                name: step.name.clone(),
-                op: step.op.clone(),
-            };
-            let mut places = Places {
-                bundle: &self.bundle,
-                inputs,
-                arena: Carved::new(arena, &step.outputs, Place::Arena).ok_or_else(aliasing)?,
-                outputs: OutputSlots::new(&mut outputs, &step.outputs),
-            };
-            let ins = step
-                .inputs
-                .iter()
-                .enumerate()
-                .map(|(k, o)| match step.in_place {
-                    // Its bytes are output 0's: the kernel reads them from there.
-                    Some(aliased) if aliased == k => Some(TensorRef {
-                        dtype: o.desc.dtype,
-                        shape: &o.desc.shape,
-                        bytes: &[],
-                    }),
-                    _ => places.read(o),
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(aliasing)?;
-            let mut outs = step
-                .outputs
-                .iter()
-                .map(|o| places.write(o))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(aliasing)?;
-            match step.in_place {
-                Some(aliased) => step.kernel.run_in_place(aliased, &ins, &mut outs),
-                None => step.kernel.run(&ins, &mut outs),
-            }
-            .map_err(fail)?;
-        }
+        self.executable.run(inputs, &mut outputs)?;
         Ok(outputs)
     }
 
@@ -346,137 +278,15 @@ fn zeroed_output(info: &IoInfo) -> Result<Tensor, SessionError> {
     Ok(Tensor::zeros(info.desc.clone()))
 }
 
-/// One step's view of memory: shared borrows for what it reads, exclusive borrows for what it
-/// writes, carved from the same buffers without copies or unsafe code.
-struct Places<'a> {
-    bundle: &'a Bundle,
-    inputs: &'a [Tensor],
-    arena: Carved<'a>,
-    outputs: OutputSlots<'a>,
-}
-
-impl<'a> Places<'a> {
-    fn read(&mut self, o: &'a Operand) -> Option<TensorRef<'a>> {
-        let bytes: &'a [u8] = match o.place {
-            Place::Arena => self.arena.read(&o.bytes)?,
-            Place::Weight(w) => self.bundle.weight_bytes(w).get(o.bytes.clone())?,
-            Place::Input(i) => self.inputs.get(i)?.bytes().get(o.bytes.clone())?,
-            Place::Output(i) => self.outputs.read(i)?.get(o.bytes.clone())?,
-        };
-        Some(TensorRef {
-            dtype: o.desc.dtype,
-            shape: &o.desc.shape,
-            bytes,
-        })
-    }
-
-    fn write(&mut self, o: &'a Operand) -> Option<TensorMut<'a>> {
-        let bytes: &'a mut [u8] = match o.place {
-            Place::Arena => self.arena.take(&o.bytes)?,
-            Place::Output(i) => self.outputs.take(i)?.get_mut(o.bytes.clone())?,
-            Place::Weight(_) | Place::Input(_) => return None,
-        };
-        Some(TensorMut {
-            dtype: o.desc.dtype,
-            shape: &o.desc.shape,
-            bytes,
-        })
-    }
-}
-
-/// The arena cut at the ranges a step writes: those become exclusive slices, the gaps between
-/// them shared ones. A read that overlaps a written range is refused (it would alias).
-struct Carved<'a> {
-    gaps: Vec<(usize, &'a [u8])>,
-    written: Vec<(Range<usize>, Option<&'a mut [u8]>)>,
-}
-
-impl<'a> Carved<'a> {
-    fn new(arena: &'a mut [u8], outputs: &[Operand], place: Place) -> Option<Carved<'a>> {
-        let mut ranges: Vec<Range<usize>> = outputs
-            .iter()
-            .filter(|o| o.place == place && !o.bytes.is_empty())
-            .map(|o| o.bytes.clone())
-            .collect();
-        ranges.sort_by_key(|r| r.start);
-        let mut gaps = Vec::new();
-        let mut written = Vec::new();
-        let mut rest = arena;
-        let mut at = 0;
-        for r in ranges {
-            if r.start < at || r.end > at + rest.len() {
-                return None; // overlapping outputs or out of bounds: the verifier forbids both
-            }
-            let (gap, tail) = rest.split_at_mut(r.start - at);
-            let (out, tail) = tail.split_at_mut(r.len());
-            gaps.push((at, &*gap));
-            written.push((r.clone(), Some(out)));
-            at = r.end;
-            rest = tail;
-        }
-        gaps.push((at, &*rest));
-        Some(Carved { gaps, written })
-    }
-
-    fn read(&self, r: &Range<usize>) -> Option<&'a [u8]> {
-        if r.is_empty() {
-            // Empty, but aligned like every arena offset, so that typed views accept it.
-            return Some(bytemuck::cast_slice::<u64, u8>(&[]));
-        }
-        self.gaps.iter().find_map(|&(start, gap)| {
-            (r.start >= start && r.end <= start + gap.len())
-                .then(|| &gap[r.start - start..r.end - start])
-        })
-    }
-
-    fn take(&mut self, r: &Range<usize>) -> Option<&'a mut [u8]> {
-        if r.is_empty() {
-            return Some(bytemuck::cast_slice_mut::<u64, u8>(&mut []));
-        }
-        self.written
-            .iter_mut()
-            .find(|(w, _)| w == r)
-            .and_then(|(_, slot)| slot.take())
-    }
-}
-
-/// The caller-visible outputs, split into those the step writes and those it may read.
-struct OutputSlots<'a> {
-    slots: Vec<Slot<'a>>,
-}
-
-enum Slot<'a> {
-    Read(&'a [u8]),
-    Write(Option<&'a mut [u8]>),
-}
-
-impl<'a> OutputSlots<'a> {
-    fn new(outputs: &'a mut [Tensor], written: &[Operand]) -> Self {
-        let slots = outputs
-            .iter_mut()
-            .enumerate()
-            .map(|(i, t)| {
-                if written.iter().any(|o| o.place == Place::Output(i)) {
-                    Slot::Write(Some(t.bytes_mut()))
-                } else {
-                    Slot::Read(t.bytes())
-                }
-            })
-            .collect();
-        OutputSlots { slots }
-    }
-
-    fn read(&self, i: usize) -> Option<&'a [u8]> {
-        match self.slots.get(i)? {
-            Slot::Read(bytes) => Some(bytes),
-            Slot::Write(_) => None,
-        }
-    }
-
-    fn take(&mut self, i: usize) -> Option<&'a mut [u8]> {
-        match self.slots.get_mut(i)? {
-            Slot::Write(slot) => slot.take(),
-            Slot::Read(_) => None,
-        }
+#[cfg(feature = "vulkan")]
+impl Executable for crate::vulkan::VulkanExecutable {
+    fn run(&mut self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), SessionError> {
+        let inputs: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let mut outputs: Vec<_> = outputs.iter_mut().map(Tensor::view_mut).collect();
+        Ok(crate::vulkan::VulkanExecutable::run(
+            self,
+            &inputs,
+            &mut outputs,
+        )?)
     }
 }

@@ -20,7 +20,7 @@ pub use paths::{SETUP_COMMAND, target_dir};
 
 use anyhow::{Context, Result, bail};
 use ingot_compiler::CompileOptions;
-use ingot_runtime::{Bundle, Session, SessionOptions, Tensor};
+use ingot_runtime::{Bundle, Device, Session, SessionOptions, Tensor};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -35,10 +35,35 @@ pub fn compile(model: &Path, input_shapes: &[(String, Vec<usize>)]) -> Result<Ve
         .with_context(|| format!("compile {}", model.display()))
 }
 
-/// Opens bundle bytes in a session with the default options (the CPU, for now).
+/// Opens bundle bytes in a session on the CPU.
 pub fn session(bundle: &[u8]) -> Result<Session> {
+    session_on(bundle, Device::Cpu)
+}
+
+/// Opens bundle bytes in a session on `device`.
+pub fn session_on(bundle: &[u8], device: Device) -> Result<Session> {
     let bundle = Bundle::from_bytes(bundle).context("open bundle")?;
-    Session::new(Arc::new(bundle), SessionOptions::default()).context("create session")
+    let options = SessionOptions {
+        device,
+        ..SessionOptions::default()
+    };
+    Session::new(Arc::new(bundle), options).context("create session")
+}
+
+/// The Vulkan device the tests use: the best one the loader offers. The test command installs
+/// lavapipe and exports `INGOT_VULKAN_VALIDATION=1`, so every Vulkan test runs under the
+/// Khronos validation layer; no device is a failure, never a skip.
+pub fn vulkan() -> Device {
+    Device::Vulkan(ingot_runtime::vulkan::VulkanOptions::default())
+}
+
+/// Fails with the validation layer's messages if it sent any since `seen` were counted.
+pub fn check_validation(seen: usize) -> Result<()> {
+    let messages = ingot_runtime::vulkan::validation_messages();
+    match messages.get(seen..) {
+        Some(new) if !new.is_empty() => bail!("Vulkan validation: {}", new.join("\n")),
+        _ => Ok(()),
+    }
 }
 
 /// Runs `inputs` (in the session's input order) and checks the output count.

@@ -1,4 +1,4 @@
-//! ONNX's backend test suites, compiled and run on the CPU.
+//! ONNX's backend test suites, compiled and run on the CPU and on Vulkan.
 //!
 //! Data: `target/onnx-tests/<suite>/<test>/{model.onnx, test_data_set_*/}`, made by
 //! `bash tools/setup.sh` (tools/gen_onnx_tests.py). Each test compiles `model.onnx`, runs every
@@ -7,14 +7,16 @@
 //! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]) are
 //! bound at compile time from the data set, as `ingot compile --constant-input` does.
 //!
-//! Expected failures: `tests/expected-failures/cpu.txt`, one `test_name  # reason` a line. A
-//! listed test that fails is fine; an unlisted failure or a listed test that passes fails the
-//! suite. Every test runs; the summary and the failures are printed at the end.
+//! Expected failures: one list per backend, `tests/expected-failures/{cpu,vulkan}.txt`, one
+//! `test_name  # reason` a line. A listed test that fails is fine; an unlisted failure or a
+//! listed test that passes fails the suite. Every test runs; the summary and the failures are
+//! printed at the end. On Vulkan a message of the validation layer fails the test, and no
+//! Vulkan device fails every test.
 //!
 //! Environment:
 //! - `INGOT_TEST_FILTER=substring`: run only tests whose name contains it, printing each result
 //!   with its full error (`INGOT_TEST_FILTER=test_conv cargo test -p ingot-tests --test
-//!   conformance -- --nocapture`);
+//!   conformance -- --nocapture`; add `vulkan` after `--nocapture` for the Vulkan suites only);
 //! - `INGOT_UPDATE_EXPECTED_FAILURES=1`: rewrite the list from this run's results instead of
 //!   failing (new failures are added with their first error line as the reason, passing tests
 //!   are removed); review the diff before committing it.
@@ -23,7 +25,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use ingot_compiler::CompileOptions;
 use ingot_tests::data::{numbered_files, read_pb};
 use ingot_tests::paths::{generated, repo_root};
-use ingot_tests::{Tolerance, allclose, catch_panic, run, session};
+use ingot_tests::{
+    Tolerance, allclose, catch_panic, check_validation, run, session, session_on, vulkan,
+};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -37,7 +41,6 @@ const SUITES: [&str; 5] = [
     "light",
     "simple",
 ];
-const EXPECTED_FAILURES: &str = "tests/expected-failures/cpu.txt";
 /// ONNX's runner defaults (onnx/backend/test/case/node and loader: rtol 1e-3, atol 1e-7).
 const DEFAULT_TOLERANCE: Tolerance = Tolerance::new(1e-3, 1e-7);
 /// Without a filter, at most this many failures are listed one by one.
@@ -45,55 +48,109 @@ const MAX_LISTED: usize = 200;
 /// A reason written by INGOT_UPDATE_EXPECTED_FAILURES is cut to this many characters.
 const REASON_CHARS: usize = 160;
 
-#[test]
-fn node() {
-    suite("node");
+/// Where a suite runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    Vulkan,
 }
 
-#[test]
-fn pytorch_converted() {
-    suite("pytorch-converted");
+const BACKENDS: [Backend; 2] = [Backend::Cpu, Backend::Vulkan];
+
+impl Backend {
+    fn expected_failures(self) -> &'static str {
+        match self {
+            Backend::Cpu => "tests/expected-failures/cpu.txt",
+            Backend::Vulkan => "tests/expected-failures/vulkan.txt",
+        }
+    }
 }
 
-#[test]
-fn pytorch_operator() {
-    suite("pytorch-operator");
+mod cpu {
+    use super::*;
+
+    #[test]
+    fn node() {
+        suite("node", Backend::Cpu);
+    }
+
+    #[test]
+    fn pytorch_converted() {
+        suite("pytorch-converted", Backend::Cpu);
+    }
+
+    #[test]
+    fn pytorch_operator() {
+        suite("pytorch-operator", Backend::Cpu);
+    }
+
+    #[test]
+    fn light() {
+        suite("light", Backend::Cpu);
+    }
+
+    #[test]
+    fn simple() {
+        suite("simple", Backend::Cpu);
+    }
 }
 
-#[test]
-fn light() {
-    suite("light");
+mod vulkan {
+    use super::*;
+
+    #[test]
+    fn node() {
+        suite("node", Backend::Vulkan);
+    }
+
+    #[test]
+    fn pytorch_converted() {
+        suite("pytorch-converted", Backend::Vulkan);
+    }
+
+    #[test]
+    fn pytorch_operator() {
+        suite("pytorch-operator", Backend::Vulkan);
+    }
+
+    #[test]
+    fn light() {
+        suite("light", Backend::Vulkan);
+    }
+
+    #[test]
+    fn simple() {
+        suite("simple", Backend::Vulkan);
+    }
 }
 
-#[test]
-fn simple() {
-    suite("simple");
-}
-
-/// Every entry of the expected-failures list names a test that exists, so stale entries (a
+/// Every entry of each expected-failures list names a test that exists, so stale entries (a
 /// renamed or removed test) do not linger.
 #[test]
 fn expected_failures_name_existing_tests() {
-    let list = ExpectedFailures::load().unwrap_or_else(|e| panic!("{e:#}"));
     let mut known = std::collections::HashSet::new();
     for suite in SUITES {
         let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
         known.extend(test_dirs(&dir).into_iter().map(|(name, _)| name));
     }
-    let stale: Vec<&String> = list
-        .entries
-        .keys()
-        .filter(|n| !known.contains(*n))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "{EXPECTED_FAILURES} lists tests that do not exist; remove them: {stale:?}"
-    );
+    for backend in BACKENDS {
+        let list = ExpectedFailures::load(backend).unwrap_or_else(|e| panic!("{e:#}"));
+        let stale: Vec<&String> = list
+            .entries
+            .keys()
+            .filter(|n| !known.contains(*n))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "{} lists tests that do not exist; remove them: {stale:?}",
+            backend.expected_failures()
+        );
+    }
 }
 
-fn suite(suite: &str) {
+fn suite(suite: &str, backend: Backend) {
     let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
-    let expected = ExpectedFailures::load().unwrap_or_else(|e| panic!("{e:#}"));
+    let expected = ExpectedFailures::load(backend).unwrap_or_else(|e| panic!("{e:#}"));
     let filter = std::env::var("INGOT_TEST_FILTER")
         .ok()
         .filter(|f| !f.is_empty());
@@ -105,7 +162,7 @@ fn suite(suite: &str) {
         if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
             continue;
         }
-        let outcome = match catch_panic(|| run_test(&test_dir)) {
+        let outcome = match catch_panic(|| run_test(&test_dir, backend)) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("{e:#}")),
             Err(panic) => Err(panic),
@@ -123,14 +180,15 @@ fn suite(suite: &str) {
         results.push((name, outcome));
     }
 
-    let report = Report::new(suite, &results, &expected);
+    let title = format!("{suite} on {backend:?}");
+    let report = Report::new(&title, backend.expected_failures(), &results, &expected);
     let summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
     if update {
         println!("{summary}");
         expected
             .update(&results)
             .unwrap_or_else(|e| panic!("{e:#}"));
-        println!("updated {EXPECTED_FAILURES} from this run");
+        println!("updated {} from this run", backend.expected_failures());
     } else if report.ok() {
         println!("{summary}");
     } else {
@@ -207,7 +265,7 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
 
 /// Compiles a test's model and checks every data set (compiling once per data set when
 /// operand inputs are bound, since their values are part of the compiled graph).
-fn run_test(dir: &Path) -> Result<()> {
+fn run_test(dir: &Path, backend: Backend) -> Result<()> {
     let tolerance = tolerance(dir)?;
     let model = dir.join("model.onnx");
     let inputs_info = runtime_inputs(&model)?;
@@ -243,8 +301,15 @@ fn run_test(dir: &Path) -> Result<()> {
             let prefix = format!("{}: ", model.display());
             anyhow!("compile: {}", e.to_string().replace(&prefix, ""))
         })?;
-        let mut session = session(&bundle)?;
+        let seen = ingot_runtime::vulkan::validation_messages().len();
+        let mut session = match backend {
+            Backend::Cpu => session(&bundle)?,
+            Backend::Vulkan => session_on(&bundle, vulkan())?,
+        };
         let got = run(&mut session, &runtime).with_context(|| set.clone())?;
+        if backend == Backend::Vulkan {
+            check_validation(seen)?;
+        }
         if got.len() != wants.len() {
             bail!(
                 "{set}: {} outputs, the test expects {}",
@@ -313,6 +378,7 @@ fn file_name(p: &Path) -> String {
 /// A suite's results sorted into the four outcomes.
 struct Report<'a> {
     suite: &'a str,
+    list: &'a str,
     passed: usize,
     expected_failures: usize,
     failed: Vec<(&'a str, &'a str)>,
@@ -322,11 +388,13 @@ struct Report<'a> {
 impl<'a> Report<'a> {
     fn new(
         suite: &'a str,
+        list: &'a str,
         results: &'a [(String, Result<(), String>)],
         expected: &ExpectedFailures,
     ) -> Self {
         let mut r = Report {
             suite,
+            list,
             passed: 0,
             expected_failures: 0,
             failed: Vec::new(),
@@ -370,22 +438,23 @@ impl<'a> Report<'a> {
         for name in &self.unexpected_passes {
             let _ = write!(
                 s,
-                "\n  PASSED {name}, which is listed as an expected failure: remove it from \
-                 {EXPECTED_FAILURES}"
+                "\n  PASSED {name}, which is listed as an expected failure: remove it from {}",
+                self.list
             );
         }
         if !self.failed.is_empty() {
             let _ = write!(
                 s,
-                "\n  (a failure that is not a bug to fix now goes into {EXPECTED_FAILURES} as \
-                 `name  # reason`; INGOT_TEST_FILTER=name shows the full error)"
+                "\n  (a failure that is not a bug to fix now goes into {} as `name  # reason`; \
+                 INGOT_TEST_FILTER=name shows the full error)",
+                self.list
             );
         }
         s
     }
 }
 
-/// `tests/expected-failures/cpu.txt`: test name -> reason.
+/// `tests/expected-failures/<backend>.txt`: test name -> reason.
 struct ExpectedFailures {
     path: PathBuf,
     entries: BTreeMap<String, String>,
@@ -395,8 +464,12 @@ struct ExpectedFailures {
 static LIST_LOCK: Mutex<()> = Mutex::new(());
 
 impl ExpectedFailures {
-    fn load() -> Result<Self> {
-        let path = repo_root().join(EXPECTED_FAILURES);
+    fn load(backend: Backend) -> Result<Self> {
+        Self::load_path(&repo_root().join(backend.expected_failures()))
+    }
+
+    fn load_path(path: &Path) -> Result<Self> {
+        let path = path.to_path_buf();
         let text =
             std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
         let mut entries = BTreeMap::new();
@@ -433,7 +506,7 @@ impl ExpectedFailures {
     /// passed are removed. The leading comment block is kept; entries are sorted.
     fn update(&self, results: &[(String, Result<(), String>)]) -> Result<()> {
         let _guard = LIST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let mut current = Self::load()?;
+        let mut current = Self::load_path(&self.path)?;
         for (name, outcome) in results {
             match outcome {
                 Ok(()) => {

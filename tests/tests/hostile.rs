@@ -897,10 +897,11 @@ fn open_and_run(bytes: &[u8], seed: u64) -> Result<Stage, String> {
 // ---------------------------------------------------------------------------------------------
 // Bundles.
 
-/// A compiled model, taken apart: its manifest and weights section.
+/// A compiled model, taken apart: its manifest, kernels and weights sections.
 struct Compiled {
     name: &'static str,
     manifest: Manifest,
+    kernels: Vec<u8>,
     weights: Vec<u8>,
 }
 
@@ -922,6 +923,7 @@ fn compiled_models(dir: &Path) -> Vec<Compiled> {
             Compiled {
                 name,
                 manifest: Manifest::decode(section(SectionKind::Manifest).as_slice()).unwrap(),
+                kernels: section(SectionKind::Kernels),
                 weights: section(SectionKind::Weights),
             }
         })
@@ -929,12 +931,13 @@ fn compiled_models(dir: &Path) -> Vec<Compiled> {
 }
 
 /// A valid container holding `manifest` bytes and `weights`.
-fn bundle_bytes(manifest: &[u8], weights: &[u8]) -> Vec<u8> {
+fn bundle_bytes(manifest: &[u8], kernels: &[u8], weights: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     container::write(
         &mut out,
         &[
             (SectionKind::Manifest, manifest),
+            (SectionKind::Kernels, kernels),
             (SectionKind::Weights, weights),
         ],
     )
@@ -1338,6 +1341,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
                         inputs,
                         outputs,
                         attributes: Vec::new(),
+                        ..Default::default()
                     };
                     for _ in 0..rng.below(3) {
                         mutate_attributes(&mut step, rng);
@@ -1427,7 +1431,7 @@ fn mutated_manifests_fail_cleanly() {
         let mutations: Vec<String> = (0..1 + rng.below(3))
             .map(|_| mutate_manifest(&mut manifest, rng))
             .collect();
-        let bytes = bundle_bytes(&manifest.encode_to_vec(), &base.weights);
+        let bytes = bundle_bytes(&manifest.encode_to_vec(), &base.kernels, &base.weights);
         tally.case(
             format!("case {case} ({}): {}", base.name, mutations.join("; ")),
             || open_and_run(&bytes, case),
@@ -1442,8 +1446,8 @@ fn mutated_manifests_fail_cleanly() {
 fn wasteful_or_misaligned_manifests_are_refused_at_open() {
     let dir = scratch_dir("hostile/manifest_rules");
     let bases = compiled_models(&dir);
-    let open = |m: &Manifest, weights: &[u8]| {
-        let bytes = bundle_bytes(&m.encode_to_vec(), weights);
+    let open = |m: &Manifest, base: &Compiled| {
+        let bytes = bundle_bytes(&m.encode_to_vec(), &base.kernels, &base.weights);
         Bundle::from_bytes(&bytes)
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -1452,7 +1456,7 @@ fn wasteful_or_misaligned_manifests_are_refused_at_open() {
         let mut m = base.manifest.clone();
         let plan = m.variants[0].plan.as_mut().unwrap();
         plan.arena_bytes += plan.alignment;
-        let e = open(&m, &base.weights).unwrap_err();
+        let e = open(&m, base).unwrap_err();
         assert!(e.contains("arena"), "{}: {e}", base.name);
 
         let mut m = base.manifest.clone();
@@ -1464,7 +1468,7 @@ fn wasteful_or_misaligned_manifests_are_refused_at_open() {
         });
         if let Some(view) = view {
             view.byte_offset += 2;
-            let e = open(&m, &base.weights).unwrap_err();
+            let e = open(&m, base).unwrap_err();
             assert!(
                 e.contains("misaligns") || e.contains("exceeds"),
                 "{}: {e}",
@@ -1507,7 +1511,7 @@ fn corrupt_manifest_and_bundle_bytes_fail_cleanly() {
                 _ => {}
             }
         }
-        let bytes = bundle_bytes(&manifest, &base.weights);
+        let bytes = bundle_bytes(&manifest, &base.kernels, &base.weights);
         let what = format!(
             "case {case} ({}): manifest bytes {}",
             base.name,
@@ -1516,7 +1520,7 @@ fn corrupt_manifest_and_bundle_bytes_fail_cleanly() {
         tally.case(what, || open_and_run(&bytes, case));
     }
     for base in &bases {
-        let file = bundle_bytes(&base.manifest.encode_to_vec(), &base.weights);
+        let file = bundle_bytes(&base.manifest.encode_to_vec(), &base.kernels, &base.weights);
         let rng = &mut Rng::new(file.len() as u64);
         let mut cuts: Vec<usize> = (0..200).map(|_| rng.below(file.len())).collect();
         cuts.extend([0, 1, 63, 64, 65, 95, 96, file.len() - 1]);

@@ -1,30 +1,71 @@
 //! The PP-OCR models (detector, recogniser, direction classifier) compiled with the input shapes
-//! of each reference case and run on the CPU, compared with ONNX Runtime's outputs.
+//! of each reference case and run on the CPU and on Vulkan, compared with ONNX Runtime's
+//! outputs. On Vulkan the test also checks the device memory: the ledger's load trace is the
+//! plan's allocation schedule event by event (with and without staged uploads), repeated runs
+//! give identical outputs and allocate nothing, and dropping the session frees everything.
 //!
 //! Data: `target/models/*.onnx` and `target/references/` (manifest.txt, `<model>/<shape>/
 //! {input,output}_<i>.npy`), made by `bash tools/setup.sh` (tools/make_references.py says how
 //! the inputs and the reference were made). Prints the worst element of every output.
 
 use anyhow::{Context, Result, anyhow, bail};
+use ingot_runtime::ledger::{Action, planned_events, planned_peak};
+use ingot_runtime::vulkan::{VulkanOptions, validation_messages};
+use ingot_runtime::{Bundle, Device, MemoryKind, Session, Tensor};
+use ingot_schema::proto::AllocationKind;
 use ingot_tests::data::read_npy;
 use ingot_tests::paths::generated;
-use ingot_tests::{Tolerance, compare, compile, run, session};
+use ingot_tests::{
+    Tolerance, check_validation, compare, compile, run, session, session_on, vulkan,
+};
 
 const TOLERANCE: Tolerance = Tolerance::new(1e-4, 1e-5);
 
+const DET: &str = "ch_PP-OCRv4_det_infer.onnx";
+const REC: &str = "ch_PP-OCRv4_rec_infer.onnx";
+const CLS: &str = "ch_ppocr_mobile_v2.0_cls_infer.onnx";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Cpu,
+    Vulkan,
+    /// Vulkan with every weight uploaded through a staging buffer, as on a discrete GPU.
+    VulkanStaged,
+}
+
 #[test]
 fn det() {
-    check_model("ch_PP-OCRv4_det_infer.onnx");
+    check_model(DET, Backend::Cpu);
 }
 
 #[test]
 fn rec() {
-    check_model("ch_PP-OCRv4_rec_infer.onnx");
+    check_model(REC, Backend::Cpu);
 }
 
 #[test]
 fn cls() {
-    check_model("ch_ppocr_mobile_v2.0_cls_infer.onnx");
+    check_model(CLS, Backend::Cpu);
+}
+
+#[test]
+fn det_vulkan() {
+    check_model(DET, Backend::Vulkan);
+}
+
+#[test]
+fn rec_vulkan() {
+    check_model(REC, Backend::Vulkan);
+}
+
+#[test]
+fn cls_vulkan() {
+    check_model(CLS, Backend::Vulkan);
+}
+
+#[test]
+fn cls_vulkan_staged() {
+    check_model(CLS, Backend::VulkanStaged);
 }
 
 /// One line of manifest.txt:
@@ -73,7 +114,7 @@ fn manifest() -> Result<Vec<Case>> {
     Ok(cases)
 }
 
-fn check_model(model: &str) {
+fn check_model(model: &str, backend: Backend) {
     let result = (|| -> Result<Vec<String>> {
         let cases: Vec<Case> = manifest()?
             .into_iter()
@@ -84,7 +125,7 @@ fn check_model(model: &str) {
         }
         let mut failures = Vec::new();
         for case in &cases {
-            failures.extend(check_case(case)?);
+            failures.extend(check_case(case, backend)?);
         }
         Ok(failures)
     })();
@@ -95,11 +136,22 @@ fn check_model(model: &str) {
 }
 
 /// Compiles and runs one case; returns a line per output that does not match.
-fn check_case(case: &Case) -> Result<Vec<String>> {
+fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
     let model_path = generated(&format!("models/{}", case.model))?;
     let dir = generated(&format!("references/{}", case.case))?;
     let bundle = compile(&model_path, &case.inputs)?;
-    let mut session = session(&bundle)?;
+    let seen = validation_messages().len();
+    let mut session = match backend {
+        Backend::Cpu => session(&bundle)?,
+        Backend::Vulkan => session_on(&bundle, vulkan())?,
+        Backend::VulkanStaged => session_on(
+            &bundle,
+            Device::Vulkan(VulkanOptions {
+                force_staging: true,
+                ..VulkanOptions::default()
+            }),
+        )?,
+    };
     let inputs = (0..case.inputs.len())
         .map(|i| read_npy(&dir.join(format!("input_{i}.npy"))))
         .collect::<Result<Vec<_>>>()?;
@@ -132,5 +184,98 @@ fn check_case(case: &Case) -> Result<Vec<String>> {
             Err(e) => failures.push(format!("{} {name}: {e}", case.case)),
         }
     }
+    if backend != Backend::Cpu {
+        check_device_memory(&bundle, session, &inputs, &got, backend)
+            .with_context(|| format!("{} on {backend:?}", case.case))?;
+        check_validation(seen)?;
+    }
     Ok(failures)
+}
+
+/// The ledger of a Vulkan session: its load trace is the plan's schedule, event by event;
+/// more runs give the same outputs and allocate nothing; dropping it frees everything.
+fn check_device_memory(
+    bundle: &[u8],
+    mut session: Session,
+    inputs: &[Tensor],
+    first: &[Tensor],
+    backend: Backend,
+) -> Result<()> {
+    let opened = Bundle::from_bytes(bundle)?;
+    let plan = opened.manifest().variants[0]
+        .plan
+        .as_ref()
+        .context("no plan")?;
+    let staged = backend == Backend::VulkanStaged;
+    let ledger = session.ledger().clone();
+    let trace: Vec<(Action, MemoryKind, u64)> = ledger
+        .events()
+        .iter()
+        .map(|e| (e.action, e.kind, e.bytes))
+        .collect();
+    let planned = planned_events(plan, staged);
+    if trace != planned {
+        let diff = trace
+            .iter()
+            .zip(&planned)
+            .position(|(a, b)| a != b)
+            .unwrap_or(trace.len().min(planned.len()));
+        bail!(
+            "the ledger's load trace ({} events) differs from the plan's schedule ({} events) \
+             at event {diff}: {:?} vs {:?}",
+            trace.len(),
+            planned.len(),
+            trace.get(diff),
+            planned.get(diff)
+        );
+    }
+    let peak = ledger.total().peak;
+    if peak != planned_peak(plan, staged) {
+        bail!(
+            "device memory peaked at {peak} bytes; the plan predicts {}",
+            planned_peak(plan, staged)
+        );
+    }
+    // Never more than weights + max(arena + io, largest staging buffer).
+    let bytes = |kind| -> u64 {
+        plan.allocations
+            .iter()
+            .filter(|a| a.kind == kind as i32)
+            .map(|a| a.bytes)
+            .sum()
+    };
+    let largest = plan
+        .allocations
+        .iter()
+        .filter(|a| a.kind == AllocationKind::Weight as i32)
+        .map(|a| a.bytes)
+        .max()
+        .unwrap_or(0);
+    let activations = bytes(AllocationKind::Arena) + bytes(AllocationKind::Io);
+    let bound = bytes(AllocationKind::Weight) + activations.max(if staged { largest } else { 0 });
+    if peak > bound {
+        bail!("device memory peaked at {peak} bytes, over W + max(A, staging) = {bound}");
+    }
+
+    let events = ledger.events().len();
+    for run_index in 1..=5 {
+        let again = run(&mut session, inputs)?;
+        if again.iter().zip(first).any(|(a, b)| a.bytes() != b.bytes()) {
+            bail!("run {run_index} gave different outputs than the first");
+        }
+    }
+    if ledger.events().len() != events {
+        bail!(
+            "running again allocated device memory: {:?}",
+            &ledger.events()[events..]
+        );
+    }
+    drop(session);
+    if ledger.total().current != 0 {
+        bail!(
+            "{} bytes still allocated after the session dropped",
+            ledger.total().current
+        );
+    }
+    Ok(())
 }

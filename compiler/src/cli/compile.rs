@@ -65,6 +65,28 @@ pub fn main(args: Args) -> Result<()> {
         p.steps().count(),
         start.elapsed().as_secs_f64() * 1e3
     );
+    let opened = ingot_runtime::Bundle::from_bytes(&bytes)?;
+    for v in &opened.manifest().variants {
+        let missing: Vec<_> = v.steps.iter().filter(|s| s.vulkan.is_empty()).collect();
+        println!(
+            "vulkan: {} of {} steps have kernels, {} unique kernels in the bundle",
+            v.steps.len() - missing.len(),
+            v.steps.len(),
+            opened.manifest().kernels.len()
+        );
+        for s in missing.iter().take(5) {
+            println!(
+                "  no kernel for '{}' ({}): {}",
+                s.name, s.op, s.no_vulkan_kernel
+            );
+        }
+        if missing.len() > 5 {
+            println!(
+                "  ... and {} more (ingot inspect lists them)",
+                missing.len() - 5
+            );
+        }
+    }
     println!(
         "memory: arena {} bytes (lower bound {}, ratio {:.4}, naive {}), weights {weights} bytes; {} over {}",
         p.arena_bytes,

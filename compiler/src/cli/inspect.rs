@@ -51,6 +51,17 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 *ops.entry(s.op.as_str()).or_default() += 1;
             }
             let plan = v.plan.clone().unwrap_or_default();
+            // Steps with no Vulkan kernel, grouped by the reason.
+            let mut no_vulkan: BTreeMap<&str, usize> = BTreeMap::new();
+            for s in v.steps.iter().filter(|s| s.vulkan.is_empty()) {
+                *no_vulkan.entry(s.no_vulkan_kernel.as_str()).or_default() += 1;
+            }
+            let dispatches: usize = v
+                .steps
+                .iter()
+                .filter_map(|s| s.vulkan.first())
+                .map(|d| d.dispatches.len())
+                .sum();
             json!({
                 "name": v.name,
                 "inputs": io(&v.inputs),
@@ -60,6 +71,9 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 "arena_bytes": plan.arena_bytes,
                 "lower_bound_bytes": plan.lower_bound_bytes,
                 "strategy": plan.strategy,
+                "vulkan_steps": v.steps.len() - no_vulkan.values().sum::<usize>(),
+                "vulkan_dispatches": dispatches,
+                "no_vulkan_kernel": no_vulkan,
             })
         })
         .collect();
@@ -73,7 +87,7 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
         "file_bytes": bundle.file_len(),
         "weights": m.weights.len(),
         "weights_bytes": weights_bytes,
-        "kernels": 0,
+        "kernels": m.kernels.len(),
         "variants": variants,
         "sections": sections,
     })
@@ -139,6 +153,16 @@ fn text(r: &serde_json::Value) -> String {
             .map(|(k, n)| format!("{k} x{n}"))
             .collect();
         line(&mut s, format!("  ops: {}", ops.join(", ")));
+        line(
+            &mut s,
+            format!(
+                "  vulkan: {} of {} steps have kernels ({} dispatches)",
+                v["vulkan_steps"], v["steps"], v["vulkan_dispatches"]
+            ),
+        );
+        for (why, n) in v["no_vulkan_kernel"].as_object().into_iter().flatten() {
+            line(&mut s, format!("    no kernel x{n}: {why}"));
+        }
     }
     for sec in r["sections"].as_array().into_iter().flatten() {
         line(

@@ -1,5 +1,6 @@
 //! The CLI's subcommands, one file each, plus shared argument parsing.
 
+pub mod bench;
 pub mod compile;
 pub mod inspect;
 pub mod npy;
@@ -7,6 +8,8 @@ pub mod plan;
 pub mod run;
 
 use anyhow::{Context, Result, bail};
+use ingot_runtime::{Bundle, Device, Ledger, Session, SessionOptions};
+use std::sync::Arc;
 
 /// Parses `NAME=1x3x48x192` (`--input-shape`).
 pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
@@ -35,6 +38,40 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
         .split_once('=')
         .with_context(|| format!("'{s}' should look like NAME=FILE.npy"))?;
     Ok((name.to_string(), std::path::PathBuf::from(path)))
+}
+
+/// Opens a session of `variant` on the first of `devices` (names as [`Device::parse`] takes
+/// them) that prepares it, telling on stderr why each earlier one was skipped.
+pub fn open_session(
+    bundle: &Arc<Bundle>,
+    variant: Option<&str>,
+    devices: &[String],
+    ledger: &Ledger,
+) -> Result<Session> {
+    // Every name is checked before any device is tried.
+    let devices = devices
+        .iter()
+        .map(|name| Ok((name, Device::parse(name)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut skipped = Vec::new();
+    for (name, device) in devices {
+        let options = SessionOptions {
+            variant: variant.map(str::to_string),
+            device,
+            ledger: Some(ledger.clone()),
+        };
+        match Session::new(bundle.clone(), options) {
+            Ok(session) => return Ok(session),
+            Err(e) => {
+                eprintln!("skipped device {name}: {e}");
+                skipped.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    bail!(
+        "no device could run the bundle:\n  {}",
+        skipped.join("\n  ")
+    )
 }
 
 /// Formats a shape as `1x3x48x192` (`scalar` for rank 0).

@@ -2,7 +2,7 @@
 
 use super::npy;
 use anyhow::{Context, Result, bail};
-use ingot_runtime::{Bundle, Session, SessionOptions, Tensor};
+use ingot_runtime::{Bundle, Ledger, Session, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +17,7 @@ pub struct Args {
     /// Directory for the outputs, written as <output name>.npy (names made file-safe).
     #[arg(long)]
     output_dir: PathBuf,
-    /// Devices to try, in order. Only `cpu` exists so far.
+    /// Devices to try, in order: cpu, vulkan, vulkan:N, vulkan:cpu.
     #[arg(long, default_value = "cpu", value_delimiter = ',')]
     devices: Vec<String>,
     /// The variant to run (default: the first).
@@ -45,22 +45,14 @@ pub fn file_safe(name: &str) -> String {
 }
 
 pub fn main(args: Args) -> Result<()> {
-    for d in &args.devices {
-        if d != "cpu" {
-            bail!("unknown device '{d}'; known devices: cpu");
-        }
-    }
     let start = Instant::now();
     let bundle = Arc::new(
         Bundle::open(&args.bundle)
             .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
-    let mut session = Session::new(
-        bundle,
-        SessionOptions {
-            variant: args.variant.clone(),
-        },
-    )?;
+    let ledger = Ledger::new();
+    let mut session =
+        super::open_session(&bundle, args.variant.as_deref(), &args.devices, &ledger)?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let mut inputs: Vec<Tensor> = Vec::new();
@@ -101,7 +93,10 @@ pub fn main(args: Args) -> Result<()> {
             path.display()
         );
     }
-    println!("device cpu: load {load_ms:.1} ms, run {run_ms:.1} ms");
+    println!(
+        "device {}: load {load_ms:.1} ms, run {run_ms:.1} ms",
+        session.device()
+    );
     Ok(())
 }
 

@@ -74,7 +74,7 @@ impl Operand {
 
     /// Whether 16-byte vector loads can address it (`array<vec4<f32>>`).
     pub fn aligned16(&self) -> bool {
-        self.byte_offset % 16 == 0
+        self.byte_offset.is_multiple_of(16)
     }
 }
 
@@ -395,6 +395,9 @@ impl KernelSet {
         for (step, vulkan) in variant.steps.iter_mut().zip(per_step) {
             step.vulkan = vulkan;
         }
+        for (index, why) in &missing {
+            variant.steps[*index].no_vulkan_kernel = why.0.clone();
+        }
         Ok(missing)
     }
 
@@ -430,7 +433,7 @@ fn operand(variant: &proto::Variant, t: u32) -> Operand {
     use proto::storage::Kind;
     let tensor = &variant.tensors[t as usize];
     let desc = ingot_runtime::bundle::tensor_desc(tensor);
-    let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind.clone());
+    let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind);
     let (root, view_offset) = match kind(tensor) {
         Some(Kind::View(v)) => (v.of, v.byte_offset),
         _ => (t, 0),

@@ -132,6 +132,7 @@ fn allocation_kind(a: &proto::Allocation) -> &'static str {
     match proto::AllocationKind::try_from(a.kind) {
         Ok(proto::AllocationKind::Weight) => "weight",
         Ok(proto::AllocationKind::Arena) => "arena",
+        Ok(proto::AllocationKind::Io) => "io",
         _ => "?",
     }
 }

@@ -8,10 +8,12 @@
 //! attribute is explicit, no defaults are guessed here.
 
 use crate::tensor::{Tensor, TensorDesc, TensorError, TensorMut, TensorRef};
+pub use executable::CpuExecutable;
 use ingot_schema::{AttrError, Attrs, DType};
 
 mod conv;
 mod elementwise;
+mod executable;
 mod gemm;
 mod matmul;
 mod movement;

@@ -1,0 +1,842 @@
+//! One variant made ready to run on one device: its pipelines, its buffers (allocated in the
+//! plan's order), one descriptor set per dispatch and one command buffer recorded once.
+
+use super::context::Context;
+use super::layout::{Hazards, Region, descriptor_range, io_layout, local_size};
+use super::memory::{Buffer, Placement};
+use super::{DeviceInfo, VulkanError, VulkanOptions};
+use crate::bundle::{Bundle, tensor_desc};
+use crate::ledger::{Ledger, MemoryKind};
+use crate::tensor::{TensorMut, TensorRef};
+use ash::vk;
+use ingot_schema::proto::{self, DeviceClass, storage::Kind};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// A buffer of the allocation schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Slot {
+    /// Weight bank entry.
+    Weight(u32),
+    Arena,
+    /// Graph inputs then outputs.
+    Io,
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Slot::Weight(w) => write!(f, "weight {w}"),
+            Slot::Arena => f.write_str("the arena"),
+            Slot::Io => f.write_str("the IO buffer"),
+        }
+    }
+}
+
+/// Where every tensor of a variant lives: the buffers in schedule order, and the IO layout.
+struct Places<'a> {
+    variant: &'a proto::Variant,
+    /// The plan's allocations: which buffer and its bytes, in order.
+    schedule: Vec<(Slot, u64)>,
+    /// Where each buffer is in `schedule`.
+    index: BTreeMap<Slot, usize>,
+    /// Byte ranges of the graph inputs, then the outputs, in the IO buffer.
+    io: Vec<Range<u64>>,
+}
+
+impl<'a> Places<'a> {
+    /// Reads the allocation schedule and checks it against the manifest: every buffer once,
+    /// each with the bytes it must hold.
+    fn new(m: &proto::Manifest, v: &'a proto::Variant) -> Result<Places<'a>, VulkanError> {
+        let bundle = |msg: String| VulkanError::Bundle(format!("variant '{}': {msg}", v.name));
+        let plan = v
+            .plan
+            .as_ref()
+            .ok_or_else(|| bundle("has no plan".into()))?;
+        let io_bytes = v
+            .inputs
+            .iter()
+            .chain(&v.outputs)
+            .map(|&t| tensor_desc(&v.tensors[t as usize]).bytes() as u64);
+        let (io, io_total) =
+            io_layout(io_bytes).ok_or_else(|| bundle("the IO buffer's size overflows".into()))?;
+        let mut schedule: Vec<(Slot, u64)> = Vec::with_capacity(plan.allocations.len());
+        let mut index = BTreeMap::new();
+        for (k, a) in plan.allocations.iter().enumerate() {
+            let (slot, expected) = match proto::AllocationKind::try_from(a.kind) {
+                Ok(proto::AllocationKind::Weight) => (
+                    Slot::Weight(a.weight),
+                    m.weights.get(a.weight as usize).map_or(0, |w| w.length),
+                ),
+                Ok(proto::AllocationKind::Arena) => (Slot::Arena, plan.arena_bytes),
+                Ok(proto::AllocationKind::Io) => (Slot::Io, io_total),
+                _ => return Err(bundle(format!("allocation {k} has an unknown kind"))),
+            };
+            // Buffers are whole words (see `Buffer`): a plan may predict that, or the bytes.
+            if expected == 0 || (a.bytes != expected && a.bytes != expected.next_multiple_of(4)) {
+                return Err(bundle(format!(
+                    "allocation {k} ({slot}) is {} bytes; it must be {expected} (not 0)",
+                    a.bytes
+                )));
+            }
+            if index.insert(slot, schedule.len()).is_some() {
+                return Err(bundle(format!("allocation {k} allocates {slot} again")));
+            }
+            schedule.push((slot, a.bytes));
+        }
+        for (slot, bytes) in [(Slot::Arena, plan.arena_bytes), (Slot::Io, io_total)] {
+            if bytes > 0 && !index.contains_key(&slot) {
+                return Err(bundle(format!(
+                    "the plan's allocations miss {slot} ({bytes} bytes)"
+                )));
+            }
+        }
+        Ok(Places {
+            variant: v,
+            schedule,
+            index,
+            io,
+        })
+    }
+
+    /// The buffer (index into the schedule) and byte offset where tensor `t` starts.
+    fn locate(&self, t: u32) -> Result<(usize, u64), VulkanError> {
+        let v = self.variant;
+        let kind = |t: u32| {
+            v.tensors
+                .get(t as usize)
+                .and_then(|t| t.storage.as_ref())
+                .and_then(|s| s.kind.as_ref())
+        };
+        let (root, view_offset) = match kind(t) {
+            Some(Kind::View(view)) => (kind(view.of), view.byte_offset),
+            k => (k, 0),
+        };
+        let io = |i: usize| self.io.get(i).map(|r| r.start);
+        let (slot, base) = match root {
+            Some(Kind::Weight(w)) => (Slot::Weight(*w), Some(0)),
+            Some(Kind::Arena(offset)) => (Slot::Arena, Some(*offset)),
+            Some(Kind::Input(i)) => (Slot::Io, io(*i as usize)),
+            Some(Kind::Output(o)) => (Slot::Io, io(v.inputs.len() + *o as usize)),
+            Some(Kind::View(_)) | None => (Slot::Io, None),
+        };
+        let name = v.tensors.get(t as usize).map_or("", |t| t.name.as_str());
+        let bundle = |msg: String| {
+            VulkanError::Bundle(format!("variant '{}': tensor {t} '{name}' {msg}", v.name))
+        };
+        let base = base.ok_or_else(|| bundle("has no storage a kernel can bind".into()))?;
+        let buffer = self
+            .index
+            .get(&slot)
+            .ok_or_else(|| bundle(format!("lives in {slot}, which the plan never allocates")))?;
+        Ok((*buffer, base + view_offset))
+    }
+}
+
+/// One dispatch with everything resolved: what to bind, the push constants, what it touches.
+struct Bound {
+    kernel: usize,
+    groups: [u32; 3],
+    /// (buffer index, offset, range) per binding.
+    descriptors: Vec<(usize, u64, u64)>,
+    /// Push-constant words: where each tensor starts in its bound range, in elements.
+    words: Vec<u32>,
+    reads: Vec<Region>,
+    writes: Vec<Region>,
+}
+
+/// The dispatches of the device class's entry (else the ANY entry) of every step, in order.
+fn choose_dispatches(
+    v: &proto::Variant,
+    class: DeviceClass,
+) -> Result<Vec<(usize, &proto::Dispatch)>, VulkanError> {
+    let mut out = Vec::new();
+    for (index, step) in v.steps.iter().enumerate() {
+        let entry = |c: DeviceClass| step.vulkan.iter().find(|e| e.device_class == c as i32);
+        let Some(entry) = entry(class).or_else(|| entry(DeviceClass::Any)) else {
+            return Err(VulkanError::Unsupported {
+                index,
+                name: step.name.clone(),
+                op: step.op.clone(),
+                class: if class == DeviceClass::Cpu {
+                    "CPU-type"
+                } else {
+                    "GPU"
+                },
+                reason: match (step.vulkan.is_empty(), step.no_vulkan_kernel.as_str()) {
+                    (false, _) => "its kernels are for other device classes".into(),
+                    (true, "") => "the compiler gave it none".into(),
+                    (true, why) => why.into(),
+                },
+            });
+        };
+        out.extend(entry.dispatches.iter().map(|d| (index, d)));
+    }
+    Ok(out)
+}
+
+/// Resolves the bindings of `dispatch` (of step `step`) and checks it against the limits.
+fn bind(
+    cx: &Context,
+    places: &Places,
+    step: usize,
+    dispatch: &proto::Dispatch,
+) -> Result<Bound, VulkanError> {
+    let v = places.variant;
+    let s = &v.steps[step];
+    let what = || format!("dispatch of step {step} '{}' ({})", s.name, s.op);
+    let limit = |limit: &'static str, value: u64, need: u64, what: String| {
+        if need > value {
+            Err(VulkanError::Limits {
+                device: cx.info.to_string(),
+                limit,
+                value,
+                need,
+                what,
+            })
+        } else {
+            Ok(())
+        }
+    };
+    let l = &cx.limits;
+    let groups = [0, 1, 2].map(|i| dispatch.groups.get(i).copied().unwrap_or(1));
+    for (i, axis) in ["x", "y", "z"].iter().enumerate() {
+        limit(
+            "maxComputeWorkGroupCount",
+            l.max_compute_work_group_count[i].into(),
+            groups[i].into(),
+            format!("{} ({axis})", what()),
+        )?;
+    }
+    let n = dispatch.bindings.len() as u64;
+    limit(
+        "maxPushConstantsSize",
+        l.max_push_constants_size.into(),
+        4 * n,
+        what(),
+    )?;
+    limit(
+        "maxPerStageDescriptorStorageBuffers",
+        l.max_per_stage_descriptor_storage_buffers.into(),
+        n,
+        what(),
+    )?;
+    let mut bound = Bound {
+        kernel: dispatch.kernel as usize,
+        groups,
+        descriptors: Vec::with_capacity(dispatch.bindings.len()),
+        words: Vec::with_capacity(dispatch.bindings.len()),
+        reads: Vec::new(),
+        writes: Vec::new(),
+    };
+    for b in &dispatch.bindings {
+        let t = b.tensor;
+        let tensor = &v.tensors[t as usize];
+        let bytes = tensor_desc(tensor).bytes() as u64;
+        let (buffer, start) = places.locate(t)?;
+        let (offset, range) =
+            descriptor_range(start, bytes, l.min_storage_buffer_offset_alignment.max(1));
+        let binding = || format!("tensor {t} '{}' in the {}", tensor.name, what());
+        limit(
+            "maxStorageBufferRange",
+            l.max_storage_buffer_range.into(),
+            range,
+            binding(),
+        )?;
+        let buffer_size = places.schedule[buffer].1.next_multiple_of(4);
+        let eb = u64::from(b.element_bytes.max(1));
+        let word = u32::try_from((start - offset) / eb).ok();
+        match word {
+            Some(word) if (start - offset) % eb == 0 && offset + range <= buffer_size => {
+                bound.words.push(word)
+            }
+            _ => {
+                return Err(VulkanError::Bundle(format!(
+                    "{} cannot be bound: {bytes} bytes at {start} of a {buffer_size}-byte \
+                     buffer, {eb}-byte elements",
+                    binding()
+                )));
+            }
+        }
+        bound.descriptors.push((buffer, offset, range));
+        let region = Region::words(buffer, start..start + bytes);
+        if b.write {
+            bound.writes.push(region);
+        } else {
+            bound.reads.push(region);
+        }
+    }
+    Ok(bound)
+}
+
+/// Checks that tensors of byte lengths `lens` fit `ranges` of the IO buffer one for one.
+fn check_sizes(
+    what: &str,
+    lens: impl ExactSizeIterator<Item = usize>,
+    ranges: &[Range<u64>],
+) -> Result<(), VulkanError> {
+    if lens.len() != ranges.len() {
+        return Err(VulkanError::Arguments(format!(
+            "{} {what}s given, the variant has {}",
+            lens.len(),
+            ranges.len()
+        )));
+    }
+    for (i, (len, r)) in lens.zip(ranges).enumerate() {
+        if len as u64 != r.end - r.start {
+            return Err(VulkanError::Arguments(format!(
+                "{what} {i} has {len} bytes, the variant's has {}",
+                r.end - r.start
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A variant ready to run on one Vulkan device.
+pub struct VulkanExecutable {
+    cx: Arc<Context>,
+    ledger: Ledger,
+    /// In allocation order (the plan's); freed in reverse.
+    buffers: Vec<Buffer>,
+    /// Which of `buffers` holds the graph inputs and outputs.
+    io: Option<usize>,
+    /// Byte ranges of the inputs, then the outputs, in the IO buffer.
+    io_ranges: Vec<Range<u64>>,
+    inputs: usize,
+    pipelines: Vec<vk::Pipeline>,
+    descriptor_pool: vk::DescriptorPool,
+    command_pool: vk::CommandPool,
+    commands: vk::CommandBuffer,
+    fence: vk::Fence,
+}
+
+// Sessions may move executables between threads.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<VulkanExecutable>();
+};
+
+impl std::fmt::Debug for VulkanExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanExecutable")
+            .field("device", &self.cx.info)
+            .field("buffers", &self.buffers.len())
+            .field("pipelines", &self.pipelines.len())
+            .finish()
+    }
+}
+
+impl VulkanExecutable {
+    /// Prepares variant `variant` of `bundle` on the device `options` choose: pipelines first,
+    /// then the plan's allocations in order (each weight uploaded right after it is
+    /// allocated), then the command buffer. Every allocation is recorded in `ledger`; on
+    /// failure everything allocated so far is freed.
+    pub fn new(
+        bundle: Arc<Bundle>,
+        variant: usize,
+        options: &VulkanOptions,
+        ledger: &Ledger,
+    ) -> Result<VulkanExecutable, VulkanError> {
+        let m = bundle.manifest();
+        let v = m.variants.get(variant).ok_or_else(|| {
+            VulkanError::Bundle(format!(
+                "no variant {variant}; the bundle has {}",
+                m.variants.len()
+            ))
+        })?;
+        let places = Places::new(m, v)?;
+        let cx = Context::shared(&options.device)?;
+        // One allocation per buffer of the plan, and one staging buffer at a time.
+        let allocations = places.schedule.len() as u64 + 1;
+        if allocations > u64::from(cx.limits.max_memory_allocation_count) {
+            return Err(VulkanError::Limits {
+                device: cx.info.to_string(),
+                limit: "maxMemoryAllocationCount",
+                value: cx.limits.max_memory_allocation_count.into(),
+                need: allocations,
+                what: format!("variant '{}' (one allocation per weight)", v.name),
+            });
+        }
+        let bound = choose_dispatches(v, cx.class)?
+            .into_iter()
+            .map(|(step, d)| bind(&cx, &places, step, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut exe = VulkanExecutable {
+            cx,
+            ledger: ledger.clone(),
+            buffers: Vec::with_capacity(places.schedule.len()),
+            io: places.index.get(&Slot::Io).copied(),
+            io_ranges: places.io.clone(),
+            inputs: v.inputs.len(),
+            pipelines: Vec::new(),
+            descriptor_pool: vk::DescriptorPool::null(),
+            command_pool: vk::CommandPool::null(),
+            commands: vk::CommandBuffer::null(),
+            fence: vk::Fence::null(),
+        };
+        // From here on, dropping `exe` on an error frees whatever was made.
+        exe.create_sync()?;
+        let pipelines = exe.create_pipelines(&bundle, &bound)?;
+        exe.allocate(&bundle, &places.schedule, options.force_staging)?;
+        exe.record(&bound, &pipelines)?;
+        Ok(exe)
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.cx.info
+    }
+
+    /// Runs the variant: `inputs` and `outputs` in the variant's order, with the right dtypes
+    /// and shapes (the caller checked them; byte lengths are checked again here).
+    pub fn run(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), VulkanError> {
+        let (in_ranges, out_ranges) = self.io_ranges.split_at(self.inputs);
+        check_sizes("input", inputs.iter().map(|t| t.bytes.len()), in_ranges)?;
+        check_sizes("output", outputs.iter().map(|t| t.bytes.len()), out_ranges)?;
+        let span = |r: &Range<u64>| r.start as usize..r.end as usize;
+        if let Some(io) = self.io {
+            let mapped = self.buffers[io].bytes_mut();
+            for (t, r) in inputs.iter().zip(in_ranges) {
+                mapped[span(r)].copy_from_slice(t.bytes);
+            }
+        }
+        self.submit_and_wait(self.commands, "run")?;
+        if let Some(io) = self.io {
+            let mapped = self.buffers[io].bytes_mut();
+            for (t, r) in outputs.iter_mut().zip(out_ranges) {
+                t.bytes.copy_from_slice(&mapped[span(r)]);
+            }
+        }
+        Ok(())
+    }
+
+    /// The command pool and the fence of the runs (and uploads).
+    fn create_sync(&mut self) -> Result<(), VulkanError> {
+        let device = &self.cx.device;
+        let pool = vk::CommandPoolCreateInfo::default().queue_family_index(self.cx.queue_family);
+        let fail = |what: &str, r: vk::Result| {
+            VulkanError::Device(format!("{}: {what}: {r}", self.cx.info))
+        };
+        // SAFETY: plain creates on the live device; the handles are destroyed in `drop`.
+        unsafe {
+            self.command_pool = device
+                .create_command_pool(&pool, None)
+                .map_err(|r| fail("vkCreateCommandPool", r))?;
+            self.fence = device
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .map_err(|r| fail("vkCreateFence", r))?;
+        }
+        Ok(())
+    }
+
+    /// One compute pipeline per kernel the dispatches use, by kernel index.
+    fn create_pipelines(
+        &mut self,
+        bundle: &Bundle,
+        bound: &[Bound],
+    ) -> Result<BTreeMap<usize, (vk::Pipeline, vk::PipelineLayout)>, VulkanError> {
+        let kernels = &bundle.manifest().kernels;
+        let mut out = BTreeMap::new();
+        for b in bound {
+            if out.contains_key(&b.kernel) {
+                continue;
+            }
+            let kernel = &kernels[b.kernel];
+            let fail = |reason: String| VulkanError::Pipeline {
+                device: self.cx.info.to_string(),
+                kernel: b.kernel,
+                name: kernel.name.clone(),
+                reason,
+            };
+            let code: Vec<u32> = bundle
+                .kernel_code(b.kernel)
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            if let Some(size) = local_size(&code) {
+                self.check_workgroup(b.kernel, &kernel.name, size)?;
+            }
+            let layout = self
+                .cx
+                .layout(kernel.bindings)
+                .map_err(|r| fail(format!("creating its layout: {r}")))?;
+            let device = &self.cx.device;
+            let module_info = vk::ShaderModuleCreateInfo::default().code(&code);
+            // SAFETY: the code is a whole number of words starting with the SPIR-V magic
+            // (validated at open). Vulkan requires valid SPIR-V, which the runtime cannot
+            // check without a SPIR-V validator: kernels are trusted like code (the compiler
+            // validated them with naga, and the bundle's checksums cover them).
+            let module = unsafe { device.create_shader_module(&module_info, None) }
+                .map_err(|r| fail(format!("vkCreateShaderModule: {r}")))?;
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(c"main");
+            let info = [vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout.pipeline)];
+            // SAFETY: the module and layout are live; the module may be destroyed once the
+            // pipeline exists. A failed create returns null handles or pipelines to destroy.
+            let created = unsafe {
+                let created = device.create_compute_pipelines(self.cx.pipeline_cache, &info, None);
+                device.destroy_shader_module(module, None);
+                created
+            };
+            match created {
+                Ok(pipelines) => {
+                    self.pipelines.extend(&pipelines);
+                    let pipeline = pipelines.first().copied().unwrap_or_default();
+                    out.insert(b.kernel, (pipeline, layout.pipeline));
+                }
+                Err((pipelines, r)) => {
+                    self.pipelines.extend(&pipelines);
+                    return Err(fail(format!("vkCreateComputePipelines: {r}")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Fails if the device cannot run workgroups of `size` invocations.
+    fn check_workgroup(
+        &self,
+        kernel: usize,
+        name: &str,
+        size: [u32; 3],
+    ) -> Result<(), VulkanError> {
+        let l = &self.cx.limits;
+        let what = || format!("kernel {kernel} '{name}' (workgroup {size:?})");
+        let invocations = size.iter().map(|&s| u64::from(s)).product::<u64>();
+        let checks = [
+            (
+                "maxComputeWorkGroupSize",
+                l.max_compute_work_group_size[0],
+                size[0].into(),
+            ),
+            (
+                "maxComputeWorkGroupSize",
+                l.max_compute_work_group_size[1],
+                size[1].into(),
+            ),
+            (
+                "maxComputeWorkGroupSize",
+                l.max_compute_work_group_size[2],
+                size[2].into(),
+            ),
+            (
+                "maxComputeWorkGroupInvocations",
+                l.max_compute_work_group_invocations,
+                invocations,
+            ),
+        ];
+        match checks
+            .into_iter()
+            .find(|&(_, value, need)| need > u64::from(value))
+        {
+            Some((limit, value, need)) => Err(VulkanError::Limits {
+                device: self.cx.info.to_string(),
+                limit,
+                value: value.into(),
+                need,
+                what: what(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The plan's allocations in order; each weight is uploaded right after it is allocated
+    /// (through a staging buffer, freed at once, where the host cannot write it directly).
+    fn allocate(
+        &mut self,
+        bundle: &Bundle,
+        schedule: &[(Slot, u64)],
+        force_staging: bool,
+    ) -> Result<(), VulkanError> {
+        for &(slot, bytes) in schedule {
+            let (kind, label, placement) = match slot {
+                Slot::Weight(w) => (MemoryKind::Weight, format!("weight {w}"), Placement::Device),
+                Slot::Arena => (MemoryKind::Arena, "arena".into(), Placement::Device),
+                Slot::Io => (MemoryKind::Io, "io".into(), Placement::Host),
+            };
+            let buffer = Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)?;
+            self.buffers.push(buffer);
+            if let Slot::Weight(w) = slot {
+                self.upload(w, bundle.weight_bytes(w as usize), force_staging)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes weight `w` into the last allocated buffer.
+    fn upload(&mut self, w: u32, data: &[u8], force_staging: bool) -> Result<(), VulkanError> {
+        let cx = Arc::clone(&self.cx);
+        let fail = |reason: String| VulkanError::Allocation {
+            device: cx.info.to_string(),
+            kind: MemoryKind::Weight,
+            bytes: data.len() as u64,
+            label: format!("weight {w}"),
+            reason,
+        };
+        let Some(target) = self.buffers.last_mut() else {
+            return Ok(());
+        };
+        if target.host_coherent() && !force_staging {
+            return target.write(&cx, data).map_err(fail);
+        }
+        let target = target.buffer;
+        let mut staging = Buffer::allocate(
+            &cx,
+            &self.ledger,
+            MemoryKind::Staging,
+            data.len() as u64,
+            format!("staging for weight {w}"),
+            Placement::Staging,
+        )?;
+        let copied = staging
+            .write(&cx, data)
+            .map_err(fail)
+            .and_then(|()| self.copy(staging.buffer, target, data.len() as u64));
+        staging.free(&cx, &self.ledger);
+        copied
+    }
+
+    /// Submits `commands`, signalling this executable's fence, and waits for it.
+    fn submit_and_wait(
+        &self,
+        commands: vk::CommandBuffer,
+        stage: &'static str,
+    ) -> Result<(), VulkanError> {
+        let cx = &self.cx;
+        let fences = [self.fence];
+        // SAFETY: the fence is this executable's and not in use: its last submission was
+        // waited for (or failed, and a lost device ignores the reset).
+        unsafe { cx.device.reset_fences(&fences) }.map_err(|r| cx.submit_error(stage, r))?;
+        cx.submit(commands, self.fence)
+            .map_err(|r| cx.submit_error(stage, r))?;
+        // SAFETY: waits on this executable's own fence.
+        unsafe { cx.device.wait_for_fences(&fences, true, u64::MAX) }
+            .map_err(|r| cx.submit_error(stage, r))
+    }
+
+    /// Copies `bytes` from `src` to `dst` on the device and waits; makes them visible to
+    /// compute shaders.
+    fn copy(&self, src: vk::Buffer, dst: vk::Buffer, bytes: u64) -> Result<(), VulkanError> {
+        let cx = &self.cx;
+        let device = &cx.device;
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.command_pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool is this executable's, used from one thread at a time (`&mut self`
+        // callers only).
+        let commands = unsafe { device.allocate_command_buffers(&info) }
+            .map_err(|r| cx.submit_error("upload", r))?;
+        let Some(&cmd) = commands.first() else {
+            return Ok(());
+        };
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(vk::AccessFlags::SHADER_READ)];
+        // SAFETY: `cmd` is new; both buffers are live and hold at least `bytes`.
+        let recorded = unsafe {
+            device.begin_command_buffer(cmd, &begin).and_then(|()| {
+                device.cmd_copy_buffer(cmd, src, dst, &[vk::BufferCopy::default().size(bytes)]);
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+                device.end_command_buffer(cmd)
+            })
+        };
+        let result = recorded
+            .map_err(|r| cx.submit_error("upload", r))
+            .and_then(|()| self.submit_and_wait(cmd, "upload"));
+        if result.is_err() {
+            // The command buffer may still be pending: nothing may be freed before it ends.
+            let _ = cx.wait_idle();
+        }
+        // SAFETY: the device is done with `cmd` (waited for, or idle).
+        unsafe { device.free_command_buffers(self.command_pool, &commands) };
+        result
+    }
+
+    /// Writes one descriptor set per dispatch and records the command buffer every run
+    /// replays, with a barrier only before a dispatch that depends on an earlier one.
+    fn record(
+        &mut self,
+        bound: &[Bound],
+        pipelines: &BTreeMap<usize, (vk::Pipeline, vk::PipelineLayout)>,
+    ) -> Result<(), VulkanError> {
+        let cx = Arc::clone(&self.cx);
+        let device = &cx.device;
+        let fail = |what: &'static str, r: vk::Result| cx.submit_error(what, r);
+        let mut sets = Vec::new();
+        if !bound.is_empty() {
+            let descriptors: usize = bound.iter().map(|b| b.descriptors.len()).sum();
+            let sizes = [vk::DescriptorPoolSize::default()
+                .ty(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(descriptors as u32)];
+            let info = vk::DescriptorPoolCreateInfo::default()
+                .max_sets(bound.len() as u32)
+                .pool_sizes(&sizes);
+            // SAFETY: a plain create on the live device; destroyed in `drop`.
+            self.descriptor_pool = unsafe { device.create_descriptor_pool(&info, None) }
+                .map_err(|r| fail("creating the descriptor pool", r))?;
+            let layouts = bound
+                .iter()
+                .map(|b| cx.layout(b.descriptors.len() as u32).map(|l| l.set))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|r| fail("creating a descriptor set layout", r))?;
+            let info = vk::DescriptorSetAllocateInfo::default()
+                .descriptor_pool(self.descriptor_pool)
+                .set_layouts(&layouts);
+            // SAFETY: the pool was sized for exactly these sets.
+            sets = unsafe { device.allocate_descriptor_sets(&info) }
+                .map_err(|r| fail("allocating descriptor sets", r))?;
+            let infos: Vec<Vec<vk::DescriptorBufferInfo>> = bound
+                .iter()
+                .map(|b| {
+                    b.descriptors
+                        .iter()
+                        .map(|&(buffer, offset, range)| vk::DescriptorBufferInfo {
+                            buffer: self.buffers[buffer].buffer,
+                            offset,
+                            range,
+                        })
+                        .collect()
+                })
+                .collect();
+            let writes: Vec<vk::WriteDescriptorSet> = sets
+                .iter()
+                .zip(&infos)
+                .map(|(&set, infos)| {
+                    // Bindings 0..n in one write: they have the same type and stages.
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(set)
+                        .dst_binding(0)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(infos)
+                })
+                .collect();
+            // SAFETY: the sets are new and unused; every range was checked against its buffer
+            // and the device's limits in `bind`.
+            unsafe { device.update_descriptor_sets(&writes, &[]) };
+        }
+
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.command_pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool is this executable's.
+        let commands = unsafe { device.allocate_command_buffers(&info) }
+            .map_err(|r| fail("allocating the command buffer", r))?;
+        self.commands = commands.first().copied().unwrap_or_default();
+        let cmd = self.commands;
+        let barrier = |src: vk::AccessFlags, dst: vk::AccessFlags, stage| {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(src)
+                .dst_access_mask(dst)];
+            // SAFETY: `cmd` is recording (between begin and end below).
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    cmd,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    stage,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                )
+            }
+        };
+        // SAFETY: `cmd` is new; every pipeline, layout and set is live and matches the
+        // dispatch's binding count; push-constant sizes equal the layouts' ranges.
+        unsafe {
+            device
+                .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
+                .map_err(|r| fail("recording the command buffer", r))?;
+        }
+        let mut hazards = Hazards::default();
+        let mut current = vk::Pipeline::null();
+        for (b, &set) in bound.iter().zip(&sets) {
+            let Some(&(pipeline, layout)) = pipelines.get(&b.kernel) else {
+                continue;
+            };
+            if hazards.dispatch(&b.reads, &b.writes) {
+                barrier(
+                    vk::AccessFlags::SHADER_WRITE,
+                    vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                );
+            }
+            // SAFETY: as above.
+            unsafe {
+                if pipeline != current {
+                    device.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+                    current = pipeline;
+                }
+                device.cmd_bind_descriptor_sets(
+                    cmd,
+                    vk::PipelineBindPoint::COMPUTE,
+                    layout,
+                    0,
+                    &[set],
+                    &[],
+                );
+                device.cmd_push_constants(
+                    cmd,
+                    layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    bytemuck::cast_slice(&b.words),
+                );
+                device.cmd_dispatch(cmd, b.groups[0], b.groups[1], b.groups[2]);
+            }
+        }
+        if !bound.is_empty() {
+            // The host reads the outputs once the run's fence signals.
+            barrier(
+                vk::AccessFlags::SHADER_WRITE,
+                vk::AccessFlags::HOST_READ,
+                vk::PipelineStageFlags::HOST,
+            );
+        }
+        // SAFETY: `cmd` is recording.
+        unsafe { device.end_command_buffer(cmd) }
+            .map_err(|r| fail("recording the command buffer", r))
+    }
+}
+
+impl Drop for VulkanExecutable {
+    fn drop(&mut self) {
+        let cx = Arc::clone(&self.cx);
+        // Whatever happened (even a lost device), nothing may be in use past this point.
+        let _ = cx.wait_idle();
+        let device = &cx.device;
+        // SAFETY: the device is idle; every handle was created here from this device (null
+        // handles are ignored); destroying the pools frees their sets and command buffers.
+        unsafe {
+            for &p in &self.pipelines {
+                device.destroy_pipeline(p, None);
+            }
+            device.destroy_descriptor_pool(self.descriptor_pool, None);
+            device.destroy_command_pool(self.command_pool, None);
+            device.destroy_fence(self.fence, None);
+        }
+        while let Some(buffer) = self.buffers.pop() {
+            buffer.free(&cx, &self.ledger);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The arithmetic of the backend, free of Vulkan calls: device ranking, the IO buffer's layout,
+//! descriptor ranges and push-constant words, and where barriers go.
+
+use std::ops::Range;
+
+/// Graph inputs and outputs start at multiples of this in the IO buffer (the compiler's
+/// `IO_ALIGN`: it predicts the buffer's size with the same rule).
+pub const IO_ALIGN: u64 = 16;
+
+/// How much `DeviceChoice::Best` prefers a device type (`VkPhysicalDeviceType` as our kind
+/// names): discrete > integrated > virtual > cpu > anything else.
+pub fn rank(kind: &str) -> u8 {
+    match kind {
+        "discrete" => 4,
+        "integrated" => 3,
+        "virtual" => 2,
+        "cpu" => 1,
+        _ => 0,
+    }
+}
+
+/// Byte ranges of tensors of `bytes` laid one after another at [`IO_ALIGN`]-aligned offsets,
+/// and the total size (the sum of the aligned sizes). `None` on overflow.
+pub fn io_layout(bytes: impl IntoIterator<Item = u64>) -> Option<(Vec<Range<u64>>, u64)> {
+    let mut end = 0u64;
+    let mut ranges = Vec::new();
+    for b in bytes {
+        ranges.push(end..end.checked_add(b)?);
+        end = end.checked_add(b.checked_next_multiple_of(IO_ALIGN)?)?;
+    }
+    Some((ranges, end))
+}
+
+/// The range to bind for a tensor of `bytes` at byte `start` of its buffer: it starts at the
+/// largest multiple of `alignment` (a power of two) at or below `start`, and ends at the
+/// tensor's end rounded up to a whole 4-byte word. Returns (offset, range).
+pub fn descriptor_range(start: u64, bytes: u64, alignment: u64) -> (u64, u64) {
+    let offset = start - start % alignment.max(1);
+    let end = (start + bytes).next_multiple_of(4);
+    (offset, end - offset)
+}
+
+/// The workgroup size a SPIR-V module declares (`OpExecutionMode %main LocalSize x y z`), if
+/// it declares one with literals. Stops at the first malformed instruction.
+pub fn local_size(code: &[u32]) -> Option<[u32; 3]> {
+    const OP_EXECUTION_MODE: u32 = 16;
+    const LOCAL_SIZE: u32 = 17;
+    let mut at = 5; // the header: magic, version, generator, bound, schema
+    while let Some(&first) = code.get(at) {
+        let (words, opcode) = ((first >> 16) as usize, first & 0xffff);
+        let operands = code.get(at + 1..at + words.max(1))?;
+        if opcode == OP_EXECUTION_MODE
+            && let [_, LOCAL_SIZE, x, y, z, ..] = *operands
+        {
+            return Some([x, y, z]);
+        }
+        if words == 0 {
+            return None;
+        }
+        at += words;
+    }
+    None
+}
+
+/// Bytes `start..end` of buffer `buffer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub buffer: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Region {
+    /// The region of whole 4-byte words that holds `bytes`: kernels access memory in words,
+    /// so two tensors that share a word conflict.
+    pub fn words(buffer: usize, bytes: Range<u64>) -> Region {
+        Region {
+            buffer,
+            start: bytes.start - bytes.start % 4,
+            end: bytes.end.next_multiple_of(4),
+        }
+    }
+
+    fn overlaps(&self, other: &Region) -> bool {
+        self.buffer == other.buffer && self.start < other.end && other.start < self.end
+    }
+}
+
+/// The accesses since the last barrier, to put a barrier only before a dispatch that depends on
+/// one of them: one that reads or writes what an earlier dispatch wrote (read-after-write,
+/// write-after-write) or writes what an earlier dispatch read (write-after-read).
+#[derive(Debug, Default)]
+pub struct Hazards {
+    reads: Vec<Region>,
+    writes: Vec<Region>,
+}
+
+impl Hazards {
+    /// Records a dispatch that reads `reads` and writes `writes`; returns whether a barrier
+    /// must come before it (the earlier accesses are then forgotten).
+    pub fn dispatch(&mut self, reads: &[Region], writes: &[Region]) -> bool {
+        let after_write = reads
+            .iter()
+            .chain(writes)
+            .any(|r| self.writes.iter().any(|w| w.overlaps(r)));
+        let after_read = writes
+            .iter()
+            .any(|w| self.reads.iter().any(|r| r.overlaps(w)));
+        let barrier = after_write || after_read;
+        if barrier {
+            self.reads.clear();
+            self.writes.clear();
+        }
+        self.reads.extend_from_slice(reads);
+        self.writes.extend_from_slice(writes);
+        barrier
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_rank_discrete_first_and_unknown_last() {
+        let mut kinds = ["cpu", "other", "integrated", "discrete", "virtual"];
+        kinds.sort_by_key(|k| std::cmp::Reverse(rank(k)));
+        assert_eq!(kinds, ["discrete", "integrated", "virtual", "cpu", "other"]);
+    }
+
+    #[test]
+    fn io_tensors_start_at_16_byte_multiples() {
+        let (ranges, total) = io_layout([12, 0, 16, 1]).unwrap();
+        assert_eq!(ranges, [0..12, 16..16, 16..32, 32..33]);
+        assert_eq!(total, 48);
+        assert_eq!(io_layout([u64::MAX]), None);
+    }
+
+    #[test]
+    fn descriptor_ranges_start_aligned_and_end_on_a_word() {
+        // Tensor at 100, 10 bytes, alignment 16: bound from 96 to 112 (110 rounded up).
+        assert_eq!(descriptor_range(100, 10, 16), (96, 16));
+        assert_eq!(descriptor_range(64, 32, 64), (64, 32));
+        assert_eq!(descriptor_range(260, 8, 256), (256, 12));
+        assert_eq!(descriptor_range(0, 3, 16), (0, 4));
+    }
+
+    #[test]
+    fn the_workgroup_size_is_read_from_spirv() {
+        // Header, then OpCapability Shader (2 words), OpExecutionMode %30 LocalSize 64 2 1.
+        let header = [0x0723_0203, 0x0001_0300, 0, 64, 0];
+        let module = [
+            &header[..],
+            &[2 << 16 | 17, 1],
+            &[6 << 16 | 16, 30, 17, 64, 2, 1],
+        ]
+        .concat();
+        assert_eq!(local_size(&module), Some([64, 2, 1]));
+        // Truncated, or no execution mode.
+        assert_eq!(local_size(&module[..module.len() - 1]), None);
+        assert_eq!(local_size(&module[..7]), None);
+        assert_eq!(local_size(&[0x0723_0203, 0, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn barriers_only_between_conflicting_dispatches() {
+        let r = |buffer, start, end| Region::words(buffer, start..end);
+        let mut h = Hazards::default();
+        // a -> b in the arena, then c reads the weight and writes elsewhere: no conflict.
+        assert!(!h.dispatch(&[r(0, 0, 64)], &[r(1, 0, 64)]));
+        assert!(!h.dispatch(&[r(0, 0, 64)], &[r(1, 64, 128)]));
+        // Read after write.
+        assert!(h.dispatch(&[r(1, 0, 16)], &[r(1, 128, 192)]));
+        // Write after read (of 1:0..16 by the previous dispatch).
+        assert!(h.dispatch(&[], &[r(1, 8, 12)]));
+        // Write after write.
+        assert!(h.dispatch(&[], &[r(1, 8, 12)]));
+        // Same bytes in another buffer, and bytes sharing no word: no conflict.
+        assert!(!h.dispatch(&[r(2, 8, 12)], &[r(1, 12, 16)]));
+        // A tensor sharing a word with a written one conflicts.
+        assert!(h.dispatch(&[r(1, 15, 16)], &[]));
+        // In place: reading and writing the same bytes in one dispatch needs no barrier, and
+        // after a barrier only what came after it counts.
+        assert!(!h.dispatch(&[r(3, 0, 4)], &[r(3, 0, 4)]));
+        assert!(!h.dispatch(&[r(1, 8, 12)], &[]));
+    }
+}

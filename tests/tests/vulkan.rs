@@ -1,0 +1,510 @@
+//! The Vulkan backend on this machine's Vulkan device (Mesa's lavapipe where there is no GPU),
+//! driven directly through `VulkanExecutable`: outputs equal the CPU backend's, device memory
+//! follows the plan's allocation schedule event by event, and the validation layer stays
+//! silent.
+//!
+//! These tests fail, never skip, when no Vulkan device is found, and they must run under the
+//! Khronos validation layer: run them with `INGOT_VULKAN_VALIDATION=1` (tools/test.sh exports
+//! it), e.g. `INGOT_VULKAN_VALIDATION=1 cargo test -p ingot-tests --test vulkan`, or with
+//! `=sync` to add synchronization validation (slower). Every warning or error the layer
+//! reports fails the test that sees it.
+
+use anyhow::{Context, Result};
+use ingot_runtime::bundle::tensor_desc;
+use ingot_runtime::ledger::{Action, planned_events, planned_peak};
+use ingot_runtime::vulkan::{
+    DeviceChoice, VulkanError, VulkanExecutable, VulkanOptions, devices, validation_messages,
+};
+use ingot_runtime::{
+    Bundle, Device, Ledger, MemoryKind, Session, SessionOptions, Tensor, TensorMut,
+};
+use ingot_schema::container::Container;
+use ingot_schema::{DType, SectionKind, container, proto};
+use ingot_tests::model::OnnxModel;
+use ingot_tests::paths::scratch_dir;
+use ingot_tests::{Tolerance, allclose, compile};
+use prost::Message as _;
+use std::sync::Arc;
+
+const OPSET: i64 = 17;
+
+/// Fails unless the validation layer is on: these tests exist to run under it.
+fn require_validation() {
+    let setting = std::env::var("INGOT_VULKAN_VALIDATION");
+    assert!(
+        matches!(setting.as_deref(), Ok("1" | "sync")),
+        "run the Vulkan tests with INGOT_VULKAN_VALIDATION=1 (tools/test.sh exports it), or \
+         =sync for synchronization validation too; it is {setting:?}"
+    );
+}
+
+fn assert_no_validation_messages() {
+    let messages = validation_messages();
+    assert!(
+        messages.is_empty(),
+        "the validation layer reported:\n{}",
+        messages.join("\n")
+    );
+}
+
+/// Compiles `model` (with the plan verifier on) into bundle bytes.
+fn compiled(name: &str, model: &OnnxModel) -> Result<Vec<u8>> {
+    let dir = scratch_dir(&format!("vulkan/{name}"));
+    let path = dir.join("model.onnx");
+    model.write(&path)?;
+    compile(&path, &[])
+}
+
+/// Compiles `model` and opens the bundle.
+fn bundle(name: &str, model: &OnnxModel) -> Result<Arc<Bundle>> {
+    let bytes = compiled(name, model)?;
+    Ok(Arc::new(Bundle::from_bytes(&bytes).context("open bundle")?))
+}
+
+/// `n` values in [-1, 1) from a fixed-seed generator, some exactly 0.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 7 == 0 {
+                0.0
+            } else {
+                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            }
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], seed: u64) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(shape.to_vec(), &values(n, seed)).unwrap()
+}
+
+fn vulkan(bundle: &Arc<Bundle>, options: &VulkanOptions, ledger: &Ledger) -> VulkanExecutable {
+    require_validation();
+    let exe = VulkanExecutable::new(Arc::clone(bundle), 0, options, ledger)
+        .unwrap_or_else(|e| panic!("no Vulkan executable (a Vulkan device is required): {e}"));
+    assert_no_validation_messages();
+    exe
+}
+
+/// Runs variant 0 on `exe`; outputs are allocated in the variant's shapes.
+fn run_vulkan(exe: &mut VulkanExecutable, bundle: &Bundle, inputs: &[Tensor]) -> Vec<Tensor> {
+    let v = &bundle.manifest().variants[0];
+    let mut outputs: Vec<Tensor> = v
+        .outputs
+        .iter()
+        .map(|&t| Tensor::zeros(tensor_desc(&v.tensors[t as usize])))
+        .collect();
+    {
+        let ins: Vec<_> = inputs.iter().map(Tensor::view).collect();
+        let mut outs: Vec<TensorMut> = outputs.iter_mut().map(Tensor::view_mut).collect();
+        exe.run(&ins, &mut outs).expect("Vulkan run");
+    }
+    assert_no_validation_messages();
+    outputs
+}
+
+fn run_cpu(bundle: &Arc<Bundle>, inputs: &[Tensor]) -> Vec<Tensor> {
+    let options = SessionOptions {
+        device: Device::Cpu,
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(Arc::clone(bundle), options).expect("CPU session");
+    session.run(inputs).expect("CPU run")
+}
+
+/// The plan of variant 0.
+fn plan(bundle: &Bundle) -> &proto::Plan {
+    bundle.manifest().variants[0].plan.as_ref().unwrap()
+}
+
+/// The ledger's events without labels and totals.
+fn events(ledger: &Ledger) -> Vec<(Action, MemoryKind, u64)> {
+    ledger
+        .events()
+        .into_iter()
+        .map(|e| (e.action, e.kind, e.bytes))
+        .collect()
+}
+
+/// x -> Relu -> Neg -> Relu, and Abs(x) added back: dispatches that depend on each other (the
+/// validation layer's synchronization checks see a missing barrier) and some that do not.
+fn diamond(shape: &[usize]) -> OnnxModel {
+    OnnxModel::new(OPSET)
+        .input("x", DType::F32, shape)
+        .node("r1", "Relu", &["x"], &["a"], vec![])
+        .node("n", "Neg", &["a"], &["b"], vec![])
+        .node("r2", "Relu", &["b"], &["c"], vec![])
+        .node("abs", "Abs", &["x"], &["d"], vec![])
+        .node("add", "Add", &["c", "d"], &["y"], vec![])
+        .output("y", DType::F32, shape)
+}
+
+/// y = (x + w0) * w1 + w2, with weights of 12, 1000 and 4 bytes among others: three weights
+/// uploaded in the plan's order.
+fn with_weights() -> OnnxModel {
+    OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[2, 250])
+        .initializer("w0", &tensor(&[250], 11))
+        .initializer("w1", &tensor(&[2, 1], 12))
+        .initializer("w2", &tensor(&[3, 1, 1], 13))
+        .node("add", "Add", &["x", "w0"], &["a"], vec![])
+        .node("mul", "Mul", &["a", "w1"], &["b"], vec![])
+        .node("add2", "Add", &["b", "w2"], &["y"], vec![])
+        .output("y", DType::F32, &[3, 2, 250])
+}
+
+#[test]
+fn a_vulkan_device_is_listed() {
+    require_validation();
+    let devices = devices().expect("Vulkan devices (a Vulkan device is required)");
+    assert!(!devices.is_empty(), "no Vulkan device");
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d.index, i);
+        assert!(["discrete", "integrated", "virtual", "cpu", "other"].contains(&d.kind));
+    }
+    assert_no_validation_messages();
+}
+
+#[test]
+fn relu_equals_the_cpu() -> Result<()> {
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[2, 3, 5])
+        .node("relu", "Relu", &["x"], &["y"], vec![])
+        .output("y", DType::F32, &[2, 3, 5]);
+    let bundle = bundle("relu", &model)?;
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let x = tensor(&[2, 3, 5], 1);
+    let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    let want = run_cpu(&bundle, &[x]);
+    assert_eq!(got, want);
+    Ok(())
+}
+
+#[test]
+fn dependent_dispatches_equal_the_cpu() -> Result<()> {
+    let shape = [3, 7, 11];
+    let bundle = bundle("diamond", &diamond(&shape))?;
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let x = tensor(&shape, 2);
+    let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    assert_eq!(got, run_cpu(&bundle, &[x]));
+    Ok(())
+}
+
+/// 4.2M floats: more than 65535 workgroups of 64 invocations, so the grid spans x and y.
+#[test]
+fn one_tensor_of_over_4m_floats() -> Result<()> {
+    let shape = [4_200_007];
+    let bundle = bundle("large", &diamond(&shape))?;
+    let groups = &bundle.manifest().variants[0].steps[0].vulkan[0].dispatches[0].groups;
+    assert!(groups[1] > 1, "groups {groups:?}");
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let x = tensor(&shape, 3);
+    let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    assert_eq!(got, run_cpu(&bundle, &[x]));
+    Ok(())
+}
+
+#[test]
+fn weights_equal_the_cpu_and_memory_follows_the_plan() -> Result<()> {
+    let bundle = bundle("weights", &with_weights())?;
+    let plan = plan(&bundle);
+    let weights = plan
+        .allocations
+        .iter()
+        .filter(|a| a.kind == proto::AllocationKind::Weight as i32)
+        .count();
+    assert_eq!(weights, 3, "{plan:?}");
+    let x = tensor(&[2, 250], 4);
+    let want = run_cpu(&bundle, std::slice::from_ref(&x));
+    let tolerance = Tolerance {
+        rtol: 1e-6,
+        atol: 1e-6,
+    };
+    for force_staging in [false, true] {
+        let ledger = Ledger::new();
+        let options = VulkanOptions {
+            force_staging,
+            ..VulkanOptions::default()
+        };
+        let mut exe = vulkan(&bundle, &options, &ledger);
+        // A device whose memory the host cannot write stages every upload even unforced.
+        let staged = force_staging || ledger.usage(MemoryKind::Staging).peak > 0;
+        assert_eq!(
+            events(&ledger),
+            planned_events(plan, staged),
+            "staged: {staged}"
+        );
+        assert_eq!(ledger.total().peak, planned_peak(plan, staged));
+        let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+        allclose(&got[0], &want[0], tolerance).map_err(anyhow::Error::msg)?;
+        let loaded = ledger.events().len();
+        drop(exe);
+        assert_no_validation_messages();
+        assert_eq!(ledger.total().current, 0);
+        // Freed in reverse order of allocation (staging buffers were freed during the load).
+        let frees: Vec<_> = events(&ledger).split_off(loaded);
+        let mut allocations: Vec<_> = planned_events(plan, false)
+            .into_iter()
+            .map(|(_, kind, bytes)| (Action::Free, kind, bytes))
+            .collect();
+        allocations.reverse();
+        assert_eq!(frees, allocations);
+    }
+    Ok(())
+}
+
+#[test]
+fn twenty_runs_give_identical_outputs_and_allocate_nothing() -> Result<()> {
+    let bundle = bundle("repeat", &with_weights())?;
+    let ledger = Ledger::new();
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    let x = tensor(&[2, 250], 5);
+    let loaded = ledger.events();
+    let first = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    for _ in 0..19 {
+        // Different inputs in between: nothing of one run may leak into the next.
+        run_vulkan(&mut exe, &bundle, &[tensor(&[2, 250], 6)]);
+        assert_eq!(
+            run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x)),
+            first
+        );
+    }
+    assert_eq!(ledger.events(), loaded);
+    Ok(())
+}
+
+#[test]
+fn executables_share_the_device_and_free_it_last() -> Result<()> {
+    let bundle = bundle("shared", &diamond(&[5]))?;
+    let ledger = Ledger::new();
+    let a = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    let mut b = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    assert_eq!(a.device(), b.device());
+    drop(a);
+    let x = tensor(&[5], 7);
+    let got = run_vulkan(&mut b, &bundle, std::slice::from_ref(&x));
+    assert_eq!(got, run_cpu(&bundle, &[x]));
+    drop(b);
+    assert_eq!(ledger.total().current, 0);
+    assert_no_validation_messages();
+    Ok(())
+}
+
+#[test]
+fn an_unknown_device_index_is_an_error() {
+    require_validation();
+    let bundle = bundle("no_device", &diamond(&[4])).unwrap();
+    let options = VulkanOptions {
+        device: DeviceChoice::Index(1000),
+        ..VulkanOptions::default()
+    };
+    let ledger = Ledger::new();
+    match VulkanExecutable::new(bundle, 0, &options, &ledger) {
+        Err(VulkanError::Device(message)) => assert!(message.contains("1000"), "{message}"),
+        other => panic!("expected a device error, got {other:?}"),
+    }
+    assert!(ledger.events().is_empty());
+    assert_no_validation_messages();
+}
+
+/// A step whose Vulkan entries were removed: the executable names it, and allocates nothing.
+#[test]
+fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
+    let bytes = compiled("unsupported", &diamond(&[4]))?;
+    let mut manifest = Bundle::from_bytes(&bytes)?.manifest().clone();
+    let step = &mut manifest.variants[0].steps[2];
+    step.vulkan.clear();
+    step.no_vulkan_kernel = "a test removed it".into();
+    let (name, op) = (step.name.clone(), step.op.clone());
+    let bundle = Arc::new(with_manifest(&bytes, &manifest)?);
+    let ledger = Ledger::new();
+    match VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger) {
+        Err(e @ VulkanError::Unsupported { index: 2, .. }) => {
+            let message = e.to_string();
+            assert!(
+                message.contains(&name) && message.contains(&op),
+                "{message}"
+            );
+        }
+        other => panic!("expected step 2 to be unsupported, got {other:?}"),
+    }
+    assert!(ledger.events().is_empty());
+    Ok(())
+}
+
+/// The bundle `original` (file bytes) with its manifest replaced.
+fn with_manifest(original: &[u8], manifest: &proto::Manifest) -> Result<Bundle> {
+    let parsed = Container::parse(original)?;
+    let section = |kind| {
+        parsed
+            .section(kind)
+            .map_or(&[][..], |s| &original[s.range.clone()])
+    };
+    let mut out = Vec::new();
+    container::write(
+        &mut out,
+        &[
+            (SectionKind::Manifest, &manifest.encode_to_vec()),
+            (SectionKind::Kernels, section(SectionKind::Kernels)),
+            (SectionKind::Weights, section(SectionKind::Weights)),
+        ],
+    )?;
+    Ok(Bundle::from_bytes(&out)?)
+}
+
+/// Empty tensors get no memory and no binding; the other outputs are still computed.
+#[test]
+fn empty_tensors_are_skipped() -> Result<()> {
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[0, 3])
+        .input("w", DType::F32, &[2, 3])
+        .node("empty", "Relu", &["x"], &["y"], vec![])
+        .node("full", "Relu", &["w"], &["z"], vec![])
+        .output("y", DType::F32, &[0, 3])
+        .output("z", DType::F32, &[2, 3]);
+    let bundle = bundle("empty", &model)?;
+    let ledger = Ledger::new();
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    assert_eq!(events(&ledger), planned_events(plan(&bundle), false));
+    let inputs = [tensor(&[0, 3], 8), tensor(&[2, 3], 9)];
+    let got = run_vulkan(&mut exe, &bundle, &inputs);
+    assert_eq!(got, run_cpu(&bundle, &inputs));
+    Ok(())
+}
+
+/// Runs the ignored test `name` of this binary in a child process with `env` set (the loader
+/// reads its environment once per process); returns its output.
+fn child(name: &str, env: &[(&str, &str)]) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{name}:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn no_driver_is_an_error() {
+    require_validation();
+    let nowhere = "/nonexistent/ingot_icd.json";
+    child(
+        "without_a_driver",
+        &[("VK_ICD_FILENAMES", nowhere), ("VK_DRIVER_FILES", nowhere)],
+    );
+}
+
+#[test]
+#[ignore = "run by no_driver_is_an_error in a process that has no Vulkan driver"]
+fn without_a_driver() {
+    let e = devices().unwrap_err();
+    eprintln!("{e}");
+    assert!(matches!(e, VulkanError::Instance(_)), "{e}");
+    let bundle = bundle("no_driver", &diamond(&[4])).unwrap();
+    let ledger = Ledger::new();
+    let e = VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger).unwrap_err();
+    assert!(matches!(e, VulkanError::Instance(_)), "{e}");
+    assert!(ledger.events().is_empty());
+}
+
+#[test]
+fn a_missing_validation_layer_is_an_error() {
+    require_validation();
+    child(
+        "without_the_validation_layer",
+        &[("VK_LOADER_LAYERS_DISABLE", "VK_LAYER_KHRONOS_validation")],
+    );
+}
+
+#[test]
+#[ignore = "run by a_missing_validation_layer_is_an_error with the layer disabled"]
+fn without_the_validation_layer() {
+    match devices() {
+        Err(VulkanError::Instance(message)) => {
+            eprintln!("{message}");
+            assert!(message.contains("VK_LAYER_KHRONOS_validation"), "{message}")
+        }
+        other => panic!("expected an instance error, got {other:?}"),
+    }
+}
+
+/// A crop of a graph input is a view 12 bytes into it (bound from 0, push-constant word 3);
+/// the result is reshaped into the output.
+#[test]
+fn views_of_inputs_and_outputs_equal_the_cpu() -> Result<()> {
+    let ints = |v: &[i64]| Tensor::from_vec(vec![v.len()], v).unwrap();
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[4, 3])
+        .initializer("starts", &ints(&[1]))
+        .initializer("ends", &ints(&[3]))
+        .initializer("axes", &ints(&[0]))
+        .initializer("flat", &ints(&[6]))
+        .node(
+            "crop",
+            "Slice",
+            &["x", "starts", "ends", "axes"],
+            &["c"],
+            vec![],
+        )
+        .node("relu", "Relu", &["c"], &["r"], vec![])
+        .node("flatten", "Reshape", &["r", "flat"], &["y"], vec![])
+        .output("y", DType::F32, &[6]);
+    let bundle = bundle("views", &model)?;
+    let v = &bundle.manifest().variants[0];
+    let crop = proto::storage::Kind::View(proto::View {
+        of: 0,
+        byte_offset: 12,
+    });
+    assert!(
+        v.tensors
+            .iter()
+            .any(|t| t.storage.as_ref().and_then(|s| s.kind.as_ref()) == Some(&crop)),
+        "the crop should be a view 12 bytes into x: {v:?}"
+    );
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let x = tensor(&[4, 3], 10);
+    let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    assert_eq!(got, run_cpu(&bundle, &[x]));
+    Ok(())
+}
+
+/// An allocation that fails after others were made (an unused 1 TiB input makes the IO buffer
+/// larger than any device allocates) frees everything made before it.
+#[test]
+fn a_failed_load_frees_what_it_allocated() -> Result<()> {
+    let model = with_weights().input("huge", DType::F32, &[1 << 38]);
+    let bundle = bundle("failed_load", &model)?;
+    require_validation();
+    let ledger = Ledger::new();
+    match VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger) {
+        Err(VulkanError::Limits { .. } | VulkanError::Allocation { .. }) => {}
+        other => panic!("expected the IO buffer to fail, got {other:?}"),
+    }
+    let events = events(&ledger);
+    let allocated = events.iter().filter(|e| e.0 == Action::Allocate).count();
+    assert!(allocated >= 4, "weights and arena come first: {events:?}");
+    assert_eq!(ledger.total().current, 0, "{events:?}");
+    assert_no_validation_messages();
+    Ok(())
+}
