@@ -925,8 +925,8 @@ mod tests {
             .with("beta", AttrValue::Float(beta))
     }
 
-    /// Lowers `op` for both device classes, operands laid out one after the other at
-    /// 16-byte-aligned offsets (plus `skew` bytes), and compiles every kernel.
+    /// Lowers `op` for both device classes (see `lower_f32_all_classes`), `skew` bytes off
+    /// 16-byte alignment.
     fn lower_all(
         op: &str,
         attrs: &Attrs,
@@ -934,33 +934,7 @@ mod tests {
         out: &[usize],
         skew: u64,
     ) -> Vec<Dispatch> {
-        let mut at = 0;
-        let mut place = |shape: &[usize]| {
-            let o = Operand::arena(f32s(shape), at + skew);
-            at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
-            o
-        };
-        let inputs: Vec<Operand> = inputs.iter().map(|s| place(s)).collect();
-        let outputs = [place(out)];
-        let mut all = Vec::new();
-        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
-            let cx = KernelCx {
-                class,
-                op,
-                name: "n",
-                attrs,
-                inputs: &inputs,
-                outputs: &outputs,
-            };
-            for d in lower(&cx).unwrap() {
-                if let Err(e) = compile(&d.wgsl) {
-                    panic!("{}:\n{e}\n{}", d.label, d.wgsl);
-                }
-                assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
-                all.push(d);
-            }
-        }
-        all
+        crate::kernels::lower_f32_all_classes(lower, op, attrs, inputs, &[out], skew)
     }
 
     #[test]

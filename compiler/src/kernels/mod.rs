@@ -498,6 +498,48 @@ pub fn compile(wgsl: &str) -> Result<Vec<u32>, String> {
     spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())
 }
 
+/// For family tests: lowers `op` for both device classes with f32 operands laid out one after
+/// the other in the arena at 16-byte-aligned offsets plus `skew` bytes, compiles every kernel
+/// with naga and checks its workgroup counts; returns the CPU class's then the GPU class's
+/// dispatches.
+#[cfg(test)]
+pub(crate) fn lower_f32_all_classes(
+    lower: Lower,
+    op: &str,
+    attrs: &Attrs,
+    inputs: &[&[usize]],
+    outputs: &[&[usize]],
+    skew: u64,
+) -> Vec<Dispatch> {
+    let mut at = 0;
+    let mut place = |shape: &[usize]| {
+        let o = Operand::arena(TensorDesc::new(DType::F32, shape.to_vec()), at + skew);
+        at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
+        o
+    };
+    let inputs: Vec<Operand> = inputs.iter().map(|s| place(s)).collect();
+    let outputs: Vec<Operand> = outputs.iter().map(|s| place(s)).collect();
+    let mut all = Vec::new();
+    for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
+        let cx = KernelCx {
+            class,
+            op,
+            name: "n",
+            attrs,
+            inputs: &inputs,
+            outputs: &outputs,
+        };
+        for d in lower(&cx).unwrap() {
+            if let Err(e) = compile(&d.wgsl) {
+                panic!("{}:\n{e}\n{}", d.label, d.wgsl);
+            }
+            assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
+            all.push(d);
+        }
+    }
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

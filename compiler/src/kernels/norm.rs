@@ -562,7 +562,7 @@ fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{Operand, compile};
+    use crate::kernels::Operand;
     use ingot_runtime::TensorDesc;
     use ingot_schema::{AttrValue, Attrs, DType};
 
@@ -570,41 +570,14 @@ mod tests {
         TensorDesc::new(DType::F32, shape.to_vec())
     }
 
-    /// Lowers `op` for both device classes with operands one after the other, compiles every
-    /// kernel, and returns the CPU class's then the GPU class's dispatches.
+    /// Lowers `op` for both device classes (see `lower_f32_all_classes`).
     fn lower_all(
         op: &str,
         attrs: &Attrs,
         inputs: &[&[usize]],
         outputs: &[&[usize]],
     ) -> Vec<Dispatch> {
-        let mut at = 0;
-        let mut place = |shape: &[usize]| {
-            let o = Operand::arena(f32s(shape), at);
-            at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
-            o
-        };
-        let inputs: Vec<Operand> = inputs.iter().map(|s| place(s)).collect();
-        let outputs: Vec<Operand> = outputs.iter().map(|s| place(s)).collect();
-        let mut all = Vec::new();
-        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
-            let cx = KernelCx {
-                class,
-                op,
-                name: "n",
-                attrs,
-                inputs: &inputs,
-                outputs: &outputs,
-            };
-            for d in lower(&cx).unwrap() {
-                if let Err(e) = compile(&d.wgsl) {
-                    panic!("{}:\n{e}\n{}", d.label, d.wgsl);
-                }
-                assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
-                all.push(d);
-            }
-        }
-        all
+        crate::kernels::lower_f32_all_classes(lower, op, attrs, inputs, outputs, 0)
     }
 
     fn eps() -> Attrs {
