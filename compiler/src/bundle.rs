@@ -3,12 +3,11 @@
 use crate::ir::Graph;
 use crate::kernels::{KernelError, KernelSet};
 use crate::plan::{Plan, Storage};
+use crate::weights::Bank;
 use ingot_schema::container::{self, SectionKind};
 use ingot_schema::proto;
 use prost::Message;
-
-/// Weight offsets in the weights section are multiples of this (the runtime checks it).
-const WEIGHT_ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
+use std::ops::Range;
 
 /// Graph inputs and outputs start at multiples of this in a device's IO buffer: vector loads
 /// need 16 bytes.
@@ -29,35 +28,32 @@ pub enum WriteError {
     Io(#[from] std::io::Error),
 }
 
-/// Serialises the variants into one bundle, with the Vulkan kernels of every step that has
-/// them. Deterministic: the bytes depend only on the graphs and plans.
+/// Serialises the variants into one bundle, with every weight once in the bank and the Vulkan
+/// kernels of every step that has them. Deterministic: the bytes depend only on the graphs
+/// and plans.
 pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
     let mut kernels = KernelSet::default();
-    let mut weights_section = Vec::new();
+    let mut bank = Bank::default();
     let mut manifest = proto::Manifest {
         producer: format!("ingot-compiler {}", env!("CARGO_PKG_VERSION")),
         ..Default::default()
     };
     for v in variants {
-        let first_weight = manifest.weights.len();
-        for &value in &v.plan.weights {
-            let Some(c) = v.graph.values[value].constant.as_ref() else {
-                continue;
-            };
-            let offset = weights_section.len().next_multiple_of(WEIGHT_ALIGN);
-            weights_section.resize(offset, 0);
-            weights_section.extend_from_slice(c.bytes());
-            manifest.weights.push(proto::Weight {
-                dtype: c.desc().dtype.to_proto() as i32,
-                shape: c.desc().shape.iter().map(|&d| d as u64).collect(),
-                offset: offset as u64,
-                length: c.bytes().len() as u64,
-            });
-        }
-        let mut variant = variant(v, first_weight);
+        let entries: Vec<u32> = v
+            .plan
+            .weights
+            .iter()
+            .map(|&value| match v.graph.values[value].constant.as_ref() {
+                Some(c) => bank.add(c),
+                // The planner gives weight storage to constants only.
+                None => u32::MAX,
+            })
+            .collect();
+        let mut variant = variant(v, &entries);
         kernels.add_variant(&mut variant)?;
         manifest.variants.push(variant);
     }
+    manifest.weights = bank.entries;
     manifest.kernels = kernels.kernels;
     let manifest_bytes = manifest.encode_to_vec();
     let mut out = Vec::new();
@@ -66,14 +62,16 @@ pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
         &[
             (SectionKind::Manifest, &manifest_bytes),
             (SectionKind::Kernels, &kernels.section),
-            (SectionKind::Weights, &weights_section),
+            (SectionKind::Weights, &bank.section),
         ],
     )?;
     Ok(out)
 }
 
-/// The manifest entry of one variant whose weights start at bank index `first_weight`.
-pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
+/// The manifest entry of one variant whose plan weight `w` is bank entry `bank[w]` (without a
+/// bank, `(0..n)` numbers them in the plan's order).
+pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
+    let entry = |w: usize| bank.get(w).copied().unwrap_or(w as u32);
     use proto::storage::Kind;
     let g = v.graph;
     let mut index = vec![u32::MAX; g.values.len()];
@@ -94,8 +92,9 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
             let kind = match *storage {
                 Storage::Input(i) => Kind::Input(i as u32),
                 Storage::Output(k) => Kind::Output(k as u32),
-                Storage::Weight(w) => Kind::Weight((first_weight + w) as u32),
+                Storage::Weight(w) => Kind::Weight(entry(w)),
                 Storage::Arena { offset } => Kind::Arena(offset),
+                Storage::Boundary { offset } => Kind::Boundary(offset),
                 Storage::View { of, byte_offset } => Kind::View(proto::View {
                     of: index[of],
                     byte_offset,
@@ -112,15 +111,38 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
     let steps = v
         .plan
         .steps()
-        .map(|n| &g.nodes[n])
         .map(|n| proto::Step {
-            op: n.op.clone(),
-            name: n.name.clone(),
-            inputs: n.present_inputs().map(|i| index[i]).collect(),
-            outputs: n.outputs.iter().map(|&o| index[o]).collect(),
-            attributes: n.attrs.to_proto(),
+            op: g.nodes[n].op.clone(),
+            name: g.nodes[n].name.clone(),
+            inputs: g.nodes[n].present_inputs().map(|i| index[i]).collect(),
+            outputs: g.nodes[n].outputs.iter().map(|&o| index[o]).collect(),
+            attributes: g.nodes[n].attrs.to_proto(),
             vulkan: Vec::new(),
-            no_vulkan_kernel: String::new(),
+            no_vulkan_kernel: v.plan.no_vulkan[n].clone().unwrap_or_default(),
+        })
+        .collect();
+    let (allocations, ranges) = allocations(v, &entry);
+    let mut first_step = 0;
+    let submodels = v
+        .plan
+        .submodels
+        .iter()
+        .enumerate()
+        .zip(ranges)
+        .map(|((s, sub), allocations)| {
+            let step_count = v.plan.submodel_steps(s).count() as u32;
+            first_step += step_count;
+            proto::Submodel {
+                first_step: first_step - step_count,
+                step_count,
+                inputs: sub.inputs.iter().map(|&t| index[t]).collect(),
+                outputs: sub.outputs.iter().map(|&t| index[t]).collect(),
+                arena_bytes: sub.arena_bytes,
+                lower_bound_bytes: sub.lower_bound_bytes,
+                first_allocation: allocations.start as u32,
+                allocation_count: allocations.len() as u32,
+                strategy: sub.strategy.to_string(),
+            }
         })
         .collect();
     proto::Variant {
@@ -134,17 +156,23 @@ pub fn variant(v: &CompiledVariant, first_weight: usize) -> proto::Variant {
             lower_bound_bytes: v.plan.lower_bound_bytes,
             strategy: v.plan.strategy.to_string(),
             alignment: v.plan.alignment,
-            allocations: allocations(v, first_weight),
+            allocations,
             schedule: v.plan.schedule.to_string(),
             naive_bytes: v.plan.naive_bytes,
+            boundary_bytes: v.plan.boundary_bytes,
         }),
+        submodels,
     }
 }
 
-/// The load-time allocation schedule: every weight the variant reads, in first-use order,
-/// then the arena, then the buffer for graph inputs and outputs of devices that cannot read
-/// the caller's memory, with the running total. Empty tensors allocate nothing.
-fn allocations(v: &CompiledVariant, first_weight: usize) -> Vec<proto::Allocation> {
+/// The load-time allocation schedule if every submodel runs on Vulkan: per submodel, every
+/// weight it reads in first-use order, then its arena, then the buffer for its inputs and
+/// outputs (devices cannot read the caller's memory); the boundary buffer last. With the
+/// running total, and the range of each submodel's entries. Empty tensors allocate nothing.
+fn allocations(
+    v: &CompiledVariant,
+    entry: &dyn Fn(usize) -> u32,
+) -> (Vec<proto::Allocation>, Vec<Range<usize>>) {
     use proto::AllocationKind;
     let bytes_of = |value: usize| {
         v.graph.values[value]
@@ -153,26 +181,34 @@ fn allocations(v: &CompiledVariant, first_weight: usize) -> Vec<proto::Allocatio
             .map_or(0, |t| t.bytes() as u64)
     };
     let mut running = 0;
-    let mut out = Vec::with_capacity(v.plan.weights.len() + 2);
-    let mut push = |kind: AllocationKind, bytes: u64, weight: usize| {
+    let mut out = Vec::with_capacity(v.plan.weights.len() + 3 * v.plan.submodels.len() + 1);
+    let mut push = |out: &mut Vec<proto::Allocation>, kind: AllocationKind, bytes: u64, weight| {
         if bytes > 0 {
             running += bytes;
             out.push(proto::Allocation {
                 kind: kind as i32,
                 bytes,
-                weight: weight as u32,
+                weight,
                 running_bytes: running,
             });
         }
     };
-    for (w, &value) in v.plan.weights.iter().enumerate() {
-        // Device buffers hold whole 4-byte words: kernels read storage arrays by the word.
-        let bytes = bytes_of(value).next_multiple_of(4);
-        push(AllocationKind::Weight, bytes, first_weight + w);
+    let mut ranges = Vec::with_capacity(v.plan.submodels.len());
+    for sub in &v.plan.submodels {
+        let start = out.len();
+        // Two plan weights of equal content are one bank entry: allocated once.
+        let mut seen = std::collections::BTreeSet::new();
+        for &w in sub.weights.iter().filter(|&&w| seen.insert(entry(w))) {
+            // Device buffers hold whole 4-byte words: kernels read storage arrays by the word.
+            let bytes = bytes_of(v.plan.weights[w]).next_multiple_of(4);
+            push(&mut out, AllocationKind::Weight, bytes, entry(w));
+        }
+        push(&mut out, AllocationKind::Arena, sub.arena_bytes, 0);
+        let io = sub.inputs.iter().chain(&sub.outputs);
+        let io_bytes = io.map(|&t| bytes_of(t).next_multiple_of(IO_ALIGN)).sum();
+        push(&mut out, AllocationKind::Io, io_bytes, 0);
+        ranges.push(start..out.len());
     }
-    push(AllocationKind::Arena, v.plan.arena_bytes, 0);
-    let io = v.graph.inputs.iter().chain(&v.graph.outputs);
-    let io_bytes = io.map(|&t| bytes_of(t).next_multiple_of(IO_ALIGN)).sum();
-    push(AllocationKind::Io, io_bytes, 0);
-    out
+    push(&mut out, AllocationKind::Boundary, v.plan.boundary_bytes, 0);
+    (out, ranges)
 }

@@ -10,8 +10,10 @@ pub mod ir;
 pub mod kernels;
 pub mod onnx;
 pub mod ops;
+pub mod partition;
 pub mod passes;
 pub mod plan;
+pub mod weights;
 
 use std::path::Path;
 
@@ -60,8 +62,24 @@ impl Sharing {
     };
 }
 
+/// One graph of a bundle: its variant name, its ONNX file and the shapes its inputs take.
+#[derive(Clone, Debug)]
+pub struct VariantSource {
+    pub name: String,
+    pub model: std::path::PathBuf,
+    pub input_shapes: Vec<(String, Vec<usize>)>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
+    #[error("two variants are named '{0}'")]
+    DuplicateVariant(String),
+    #[error("variant '{variant}': {source}")]
+    Variant {
+        variant: String,
+        #[source]
+        source: Box<CompileError>,
+    },
     #[error(transparent)]
     Import(#[from] onnx::ImportError),
     #[error(transparent)]
@@ -97,11 +115,46 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
         views: options.sharing.views,
         reorder: options.sharing.reorder,
     };
-    let plan = plan::plan(&graph, target);
+    let plan = plan_graph(&graph, target);
     if options.verify || cfg!(debug_assertions) {
         plan::verify(&graph, &plan).map_err(CompileError::Plan)?;
     }
     Ok(Compiled { graph, plan })
+}
+
+/// Cuts `graph` into submodels and plans it. Which steps have a Vulkan kernel depends on their
+/// real operands (alignment, in-place), so this plans, asks the kernels about every step of a
+/// Vulkan submodel, moves the steps without one to the CPU, and plans again until none is
+/// left. Each round only moves steps to the CPU, so it ends.
+pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> plan::Plan {
+    let mut no_vulkan: Vec<Option<String>> = vec![None; graph.nodes.len()];
+    loop {
+        let parts = partition::Partition::new(graph, &no_vulkan);
+        let plan = plan::plan_parts(graph, &parts, target);
+        let compiled = bundle::CompiledVariant {
+            name: "",
+            graph,
+            plan: &plan,
+        };
+        let variant = bundle::variant(&compiled, &[]);
+        let nodes: Vec<usize> = plan.steps().collect();
+        let mut moved = false;
+        for (sub, s) in plan.submodels.iter().zip(&variant.submodels) {
+            if sub.kind != partition::Kind::Vulkan {
+                continue;
+            }
+            let steps = s.first_step as usize..(s.first_step + s.step_count) as usize;
+            for i in steps {
+                if let Err(why) = kernels::lower_step(&variant, &variant.steps[i]) {
+                    no_vulkan[nodes[i]] = Some(why.0);
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            return plan;
+        }
+    }
 }
 
 /// Compiles the ONNX model at `model` into bundle bytes.
@@ -114,6 +167,41 @@ pub fn compile_file(model: &Path, options: &CompileOptions) -> Result<Vec<u8>, C
     }])?)
 }
 
+/// Compiles several graphs into one bundle: variant `name` from `model` with its input
+/// shapes (the same file may appear under several names with different shapes). Weights
+/// equal in content are stored once whichever variant or file they come from.
+/// `options.input_shapes` applies to every variant, before its own.
+pub fn compile_variants(
+    variants: &[VariantSource],
+    options: &CompileOptions,
+) -> Result<Vec<u8>, CompileError> {
+    let mut compiled = Vec::with_capacity(variants.len());
+    for (k, v) in variants.iter().enumerate() {
+        if variants[..k].iter().any(|earlier| earlier.name == v.name) {
+            return Err(CompileError::DuplicateVariant(v.name.clone()));
+        }
+        let options = CompileOptions {
+            input_shapes: [&options.input_shapes[..], &v.input_shapes[..]].concat(),
+            ..options.clone()
+        };
+        let c = compile_graph(&v.model, &options).map_err(|e| CompileError::Variant {
+            variant: v.name.clone(),
+            source: Box::new(e),
+        })?;
+        compiled.push(c);
+    }
+    let variants: Vec<bundle::CompiledVariant> = variants
+        .iter()
+        .zip(&compiled)
+        .map(|(v, c)| bundle::CompiledVariant {
+            name: &v.name,
+            graph: &c.graph,
+            plan: &c.plan,
+        })
+        .collect();
+    Ok(bundle::write(&variants)?)
+}
+
 /// The plan of the model at `model` as deterministic text: what `ingot plan` prints, and what
 /// a model's own snapshot test asserts (`insta::assert_snapshot!(plan_text(path, &opts)?)`).
 pub fn plan_text(model: &Path, options: &CompileOptions) -> Result<String, CompileError> {
@@ -124,7 +212,7 @@ pub fn plan_text(model: &Path, options: &CompileOptions) -> Result<String, Compi
             graph: &c.graph,
             plan: &c.plan,
         },
-        0,
+        &[],
     );
     Ok(plan::render::text(&v))
 }

@@ -286,11 +286,14 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     };
     io_list(&v.inputs, "input")?;
     io_list(&v.outputs, "output")?;
-    // The end of the last arena tensor, and the bytes of all of them laid end to end (aligned):
-    // the planner's arena is never larger than either.
+    // The end of the last arena (and boundary) tensor, and the bytes of all of them laid end
+    // to end (aligned): the planner's arenas are never larger than either.
+    let largest_arena = v.submodels.iter().map(|s| s.arena_bytes).max().unwrap_or(0);
     let (mut arena_end, mut arena_sum) = (0, 0u64);
+    let (mut boundary_end, mut boundary_sum) = (0, 0u64);
     for (i, t) in v.tensors.iter().enumerate() {
         let at = |msg: String| format!("tensor {i} '{}': {msg}", t.name);
+        let aligned = |bytes: u64| bytes.checked_next_multiple_of(plan.alignment);
         match t.storage.as_ref().and_then(|s| s.kind.as_ref()) {
             None => return Err(at("has no storage".into())),
             Some(Kind::Input(k)) if v.inputs.get(*k as usize) != Some(&(i as u32)) => {
@@ -309,22 +312,35 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                 }
             }
             Some(Kind::Arena(off)) => {
-                let end = off.checked_add(sizes[i]);
-                match end {
-                    Some(end) if off % plan.alignment == 0 && end <= plan.arena_bytes => {
+                // Which submodel's arena is checked where the submodel resolves its operands.
+                match off.checked_add(sizes[i]) {
+                    Some(end) if off % plan.alignment == 0 && end <= largest_arena => {
                         arena_end = arena_end.max(end);
-                        let aligned = sizes[i].checked_next_multiple_of(plan.alignment);
-                        arena_sum = arena_sum.saturating_add(aligned.unwrap_or(u64::MAX));
+                        arena_sum = arena_sum.saturating_add(aligned(sizes[i]).unwrap_or(u64::MAX));
                     }
                     _ => {
                         return Err(at(format!(
-                            "{} bytes at arena offset {off} exceed the {}-byte arena or its \
-                             alignment",
-                            sizes[i], plan.arena_bytes
+                            "{} bytes at arena offset {off} exceed every submodel's arena \
+                             ({largest_arena} bytes at most) or its alignment",
+                            sizes[i]
                         )));
                     }
                 }
             }
+            Some(Kind::Boundary(off)) => match off.checked_add(sizes[i]) {
+                Some(end) if off % plan.alignment == 0 && end <= plan.boundary_bytes => {
+                    boundary_end = boundary_end.max(end);
+                    boundary_sum =
+                        boundary_sum.saturating_add(aligned(sizes[i]).unwrap_or(u64::MAX));
+                }
+                _ => {
+                    return Err(at(format!(
+                        "{} bytes at boundary offset {off} exceed the {}-byte boundary buffer \
+                         or its alignment",
+                        sizes[i], plan.boundary_bytes
+                    )));
+                }
+            },
             Some(Kind::View(view)) => {
                 let root = view.of as usize;
                 let root_kind = v
@@ -352,17 +368,36 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
             Some(_) => {}
         }
     }
-    // A larger arena would only make the session allocate (and zero) memory nothing uses.
-    let arena_need = arena_end
-        .checked_next_multiple_of(plan.alignment)
-        .unwrap_or(u64::MAX)
-        .min(arena_sum);
-    if plan.arena_bytes > arena_need {
+    // A larger arena or boundary buffer would only make the session allocate (and zero)
+    // memory nothing uses.
+    let need = |end: u64, sum: u64| {
+        end.checked_next_multiple_of(plan.alignment)
+            .unwrap_or(u64::MAX)
+            .min(sum)
+    };
+    let arena_need = need(arena_end, arena_sum);
+    if let Some(s) = v.submodels.iter().position(|s| s.arena_bytes > arena_need) {
         return Err(format!(
-            "the plan claims a {}-byte arena; its tensors need at most {arena_need}",
+            "submodel {s} claims a {}-byte arena; the arena tensors need at most {arena_need}",
+            v.submodels[s].arena_bytes
+        ));
+    }
+    let total = v.submodels.iter().map(|s| s.arena_bytes).sum::<u64>();
+    if plan.arena_bytes != total {
+        return Err(format!(
+            "the plan's arenas total {} bytes, its submodels' {total}",
             plan.arena_bytes
         ));
     }
+    let boundary_need = need(boundary_end, boundary_sum);
+    if plan.boundary_bytes > boundary_need {
+        return Err(format!(
+            "the plan claims a {}-byte boundary buffer; its tensors need at most \
+             {boundary_need}",
+            plan.boundary_bytes
+        ));
+    }
+    validate_submodels(v, plan)?;
     for (k, a) in plan.allocations.iter().enumerate() {
         let kind = proto::AllocationKind::try_from(a.kind).ok();
         let weight_ok =
@@ -391,6 +426,87 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
         }
         Attrs::from_proto(&step.attributes).map_err(|e| at(e.to_string()))?;
         validate_dispatches(m, v, step, &sizes).map_err(at)?;
+    }
+    Ok(())
+}
+
+/// The submodels tile the steps in order; each lists, as inputs or outputs, every root of
+/// the caller's or the boundary buffer that its steps touch, and its allocations lie in the
+/// plan's list.
+fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), String> {
+    let kind = |t: u32| {
+        v.tensors
+            .get(t as usize)
+            .and_then(|t| t.storage.as_ref())
+            .and_then(|s| s.kind.as_ref())
+    };
+    let mut next = 0u64;
+    for (k, sub) in v.submodels.iter().enumerate() {
+        let at = |msg: String| format!("submodel {k}: {msg}");
+        if u64::from(sub.first_step) != next || sub.step_count == 0 {
+            return Err(at(format!(
+                "steps [{}, +{}) do not start where the last submodel ended ({next}) or are empty",
+                sub.first_step, sub.step_count
+            )));
+        }
+        next += u64::from(sub.step_count);
+        let allocations = u64::from(sub.first_allocation) + u64::from(sub.allocation_count);
+        if allocations > plan.allocations.len() as u64 {
+            return Err(at("its allocations are outside the plan's list".into()));
+        }
+        for (list, what) in [(&sub.inputs, "input"), (&sub.outputs, "output")] {
+            for &t in list {
+                let ok = match kind(t) {
+                    Some(Kind::Input(_)) => what == "input",
+                    Some(Kind::Output(_) | Kind::Boundary(_)) => true,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(at(format!(
+                        "its {what} {t} is not a graph input, graph output or boundary tensor"
+                    )));
+                }
+            }
+        }
+        let steps = v
+            .steps
+            .get(sub.first_step as usize..next as usize)
+            .ok_or_else(|| {
+                at(format!(
+                    "its steps end past the variant's {}",
+                    v.steps.len()
+                ))
+            })?;
+        for step in steps {
+            let operands = step.inputs.iter().map(|t| (t, false));
+            for (&t, write) in operands.chain(step.outputs.iter().map(|t| (t, true))) {
+                let root = match kind(t) {
+                    Some(Kind::View(view)) => view.of,
+                    _ => t,
+                };
+                let shared = matches!(
+                    kind(root),
+                    Some(Kind::Input(_) | Kind::Output(_) | Kind::Boundary(_))
+                );
+                let listed = sub.outputs.contains(&root) || (!write && sub.inputs.contains(&root));
+                if shared && !listed {
+                    return Err(at(format!(
+                        "step '{}' ({}) {} tensor {root}, which the submodel does not list as \
+                         an {}",
+                        step.name,
+                        step.op,
+                        if write { "writes" } else { "reads" },
+                        if write { "output" } else { "input or output" }
+                    )));
+                }
+            }
+        }
+    }
+    if next != v.steps.len() as u64 {
+        return Err(format!(
+            "the submodels cover {next} of the {} steps",
+            v.steps.len()
+        ));
     }
     Ok(())
 }
@@ -461,6 +577,19 @@ fn validate_dispatches(
                 if binding.write && matches!(root, Kind::Input(_) | Kind::Weight(_)) {
                     return Err(at(format!("writes tensor {t}, a graph input or weight")));
                 }
+                // A chunk: whole elements inside the tensor (length 0: the whole tensor).
+                let (start, len) = (binding.byte_offset, binding.byte_length);
+                let inside = start.checked_add(len).is_some_and(|end| end <= sizes[t]);
+                if (len == 0 && start != 0)
+                    || !inside
+                    || start % u64::from(binding.element_bytes) != 0
+                {
+                    return Err(at(format!(
+                        "chunk of {len} bytes at {start} is not whole {}-byte elements of \
+                         tensor {t}'s {} bytes",
+                        binding.element_bytes, sizes[t]
+                    )));
+                }
             }
         }
     }
@@ -507,6 +636,7 @@ mod tests {
             tensor,
             write,
             element_bytes: 4,
+            ..Default::default()
         };
         let step = proto::Step {
             op: "Relu".into(),
@@ -533,6 +663,13 @@ mod tests {
                 alignment: 16,
                 ..Default::default()
             }),
+            submodels: vec![proto::Submodel {
+                first_step: 0,
+                step_count: 1,
+                inputs: vec![0],
+                outputs: vec![1],
+                ..Default::default()
+            }],
         };
         let manifest = proto::Manifest {
             variants: vec![variant],
@@ -566,6 +703,34 @@ mod tests {
 
     fn dispatch(m: &mut proto::Manifest) -> &mut Dispatch {
         &mut entries(m)[0].dispatches[0]
+    }
+
+    #[test]
+    fn submodels_must_tile_the_steps_and_list_what_they_touch() {
+        fn sub(m: &mut proto::Manifest) -> &mut proto::Submodel {
+            &mut m.variants[0].submodels[0]
+        }
+        refused("cover 0 of the 1 steps", |m, _| {
+            m.variants[0].submodels.clear()
+        });
+        refused("are empty", |m, _| sub(m).step_count = 0);
+        refused("do not start where", |m, _| sub(m).first_step = 1);
+        refused("end past", |m, _| sub(m).step_count = 2);
+        refused("does not list as an input", |m, _| sub(m).inputs.clear());
+        refused("does not list as an output", |m, _| sub(m).outputs.clear());
+        refused("not a graph input, graph output or boundary", |m, _| {
+            sub(m).outputs.push(0)
+        });
+        refused("allocations are outside", |m, _| {
+            sub(m).allocation_count = 1
+        });
+        refused("exceed the 0-byte boundary", |m, _| {
+            let t = tensor("b", Kind::Boundary(0));
+            m.variants[0].tensors.push(t)
+        });
+        refused("submodels' 0", |m, _| {
+            m.variants[0].plan.as_mut().unwrap().arena_bytes = 16
+        });
     }
 
     #[test]
@@ -617,7 +782,20 @@ mod tests {
                 tensor: 2,
                 write: false,
                 element_bytes: 16,
+                ..Default::default()
             };
         });
+        // Chunks of the 16-byte x: inside it and on whole elements.
+        let chunk = |m: &mut proto::Manifest, start, len| {
+            let b = &mut dispatch(m).bindings[0];
+            (b.byte_offset, b.byte_length) = (start, len);
+        };
+        let (mut m, kernels) = relu();
+        chunk(&mut m, 8, 8);
+        assert!(validate(&m, 0, &kernels).is_ok());
+        refused("chunk of 8 bytes at 12", |m, _| chunk(m, 12, 8));
+        refused("chunk of 4 bytes at 2", |m, _| chunk(m, 2, 4));
+        refused("chunk of 0 bytes at 4", |m, _| chunk(m, 4, 0));
+        refused("chunk of 1 bytes", |m, _| chunk(m, u64::MAX, 1));
     }
 }

@@ -12,17 +12,20 @@ pub enum MemoryKind {
     /// A host-visible buffer an upload passes through, freed right after it.
     Staging,
     Arena,
-    /// Graph inputs and outputs.
+    /// A device's copy of a submodel's inputs and outputs.
     Io,
+    /// The session's host buffer for tensors passed between submodels.
+    Boundary,
     Other,
 }
 
 impl MemoryKind {
-    pub const ALL: [MemoryKind; 5] = [
+    pub const ALL: [MemoryKind; 6] = [
         MemoryKind::Weight,
         MemoryKind::Staging,
         MemoryKind::Arena,
         MemoryKind::Io,
+        MemoryKind::Boundary,
         MemoryKind::Other,
     ];
 
@@ -32,6 +35,7 @@ impl MemoryKind {
             MemoryKind::Staging => "staging",
             MemoryKind::Arena => "arena",
             MemoryKind::Io => "io",
+            MemoryKind::Boundary => "boundary",
             MemoryKind::Other => "other",
         }
     }
@@ -59,8 +63,10 @@ pub struct LedgerEvent {
     pub action: Action,
     pub kind: MemoryKind,
     pub bytes: u64,
-    /// What it is, e.g. the weight's index or the device's name.
+    /// What it is, e.g. the weight's index.
     pub label: String,
+    /// Which device's memory: `cpu`, `vulkan:0`, or `host` for the session's own buffers.
+    pub device: Arc<str>,
     /// Bytes allocated, all kinds, right after this event.
     pub total_bytes: u64,
 }
@@ -80,9 +86,21 @@ struct Book {
 }
 
 /// A shared, append-only record of device memory. Cloning it gives another handle to the same
-/// record.
-#[derive(Clone, Debug, Default)]
-pub struct Ledger(Arc<Mutex<Book>>);
+/// record; [`Ledger::on`] gives one whose allocations are marked as another device's.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    book: Arc<Mutex<Book>>,
+    device: Arc<str>,
+}
+
+impl Default for Ledger {
+    fn default() -> Ledger {
+        Ledger {
+            book: Arc::default(),
+            device: "host".into(),
+        }
+    }
+}
 
 /// The receipt of one allocation: hand it back to [`Ledger::free`].
 #[derive(Debug, PartialEq, Eq)]
@@ -90,6 +108,7 @@ pub struct Entry {
     kind: MemoryKind,
     bytes: u64,
     label: String,
+    device: Arc<str>,
 }
 
 impl Ledger {
@@ -97,9 +116,17 @@ impl Ledger {
         Ledger::default()
     }
 
+    /// A handle to the same record whose allocations are `device`'s.
+    pub fn on(&self, device: &str) -> Ledger {
+        Ledger {
+            book: Arc::clone(&self.book),
+            device: device.into(),
+        }
+    }
+
     fn book(&self) -> MutexGuard<'_, Book> {
         // A panic while holding the lock cannot leave a half-written event: keep going.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records an allocation of `bytes` (what the device was asked for).
@@ -117,9 +144,15 @@ impl Ledger {
             kind,
             bytes,
             label: label.clone(),
+            device: Arc::clone(&self.device),
             total_bytes,
         });
-        Entry { kind, bytes, label }
+        Entry {
+            kind,
+            bytes,
+            label,
+            device: Arc::clone(&self.device),
+        }
     }
 
     /// Records that the allocation behind `entry` was freed.
@@ -134,6 +167,7 @@ impl Ledger {
             kind: entry.kind,
             bytes: entry.bytes,
             label: entry.label,
+            device: entry.device,
             total_bytes,
         });
     }
@@ -149,6 +183,18 @@ impl Ledger {
     pub fn total(&self) -> Usage {
         self.book().total
     }
+
+    /// Bytes `device` holds now (allocated minus freed).
+    pub fn held_on(&self, device: &str) -> u64 {
+        self.book()
+            .events
+            .iter()
+            .filter(|e| &*e.device == device)
+            .fold(0, |held, e| match e.action {
+                Action::Allocate => held + e.bytes,
+                Action::Free => held - e.bytes,
+            })
+    }
 }
 
 /// The load-time events the plan's allocation schedule predicts, in order: each entry
@@ -161,6 +207,7 @@ pub fn planned_events(plan: &proto::Plan, staged: bool) -> Vec<(Action, MemoryKi
             Ok(proto::AllocationKind::Weight) => MemoryKind::Weight,
             Ok(proto::AllocationKind::Arena) => MemoryKind::Arena,
             Ok(proto::AllocationKind::Io) => MemoryKind::Io,
+            Ok(proto::AllocationKind::Boundary) => MemoryKind::Boundary,
             _ => MemoryKind::Other,
         };
         events.push((Action::Allocate, kind, a.bytes));
@@ -172,10 +219,58 @@ pub fn planned_events(plan: &proto::Plan, staged: bool) -> Vec<(Action, MemoryKi
     events
 }
 
+/// The load-time events of a variant whose submodel `k` runs on Vulkan if `on_vulkan[k]`, else
+/// on the CPU, which reads weights from the mapped bundle and its inputs in place and so
+/// allocates its arena only. The boundary buffer comes last.
+pub fn planned_events_placed(
+    variant: &proto::Variant,
+    on_vulkan: &[bool],
+    staged: bool,
+) -> Vec<(Action, MemoryKind, u64)> {
+    let Some(plan) = variant.plan.as_ref() else {
+        return Vec::new();
+    };
+    let mut events = Vec::new();
+    let mut covered = 0;
+    for (k, sub) in variant.submodels.iter().enumerate() {
+        let first = sub.first_allocation as usize;
+        let range = first..first + sub.allocation_count as usize;
+        let Some(allocations) = plan.allocations.get(range.clone()) else {
+            continue;
+        };
+        covered = covered.max(range.end);
+        let entries = proto::Plan {
+            allocations: allocations.to_vec(),
+            ..Default::default()
+        };
+        let planned = planned_events(&entries, staged);
+        if on_vulkan.get(k).copied().unwrap_or(false) {
+            events.extend(planned);
+        } else {
+            events.extend(planned.into_iter().filter(|e| e.1 == MemoryKind::Arena));
+        }
+    }
+    let rest = proto::Plan {
+        allocations: plan.allocations.get(covered..).unwrap_or_default().to_vec(),
+        ..Default::default()
+    };
+    events.extend(planned_events(&rest, staged));
+    events
+}
+
+/// The peak of [`planned_events_placed`].
+pub fn planned_peak_placed(variant: &proto::Variant, on_vulkan: &[bool], staged: bool) -> u64 {
+    peak_of(planned_events_placed(variant, on_vulkan, staged))
+}
+
 /// The peak of [`planned_events`]: at most weights + max(arena + io, largest weight).
 pub fn planned_peak(plan: &proto::Plan, staged: bool) -> u64 {
+    peak_of(planned_events(plan, staged))
+}
+
+fn peak_of(events: Vec<(Action, MemoryKind, u64)>) -> u64 {
     let (mut now, mut peak) = (0u64, 0u64);
-    for (action, _, bytes) in planned_events(plan, staged) {
+    for (action, _, bytes) in events {
         match action {
             Action::Allocate => now += bytes,
             Action::Free => now -= bytes,

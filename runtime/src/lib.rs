@@ -5,7 +5,9 @@
 //! follows it.
 
 pub mod bundle;
+mod carve;
 pub mod cpu;
+pub mod failsafe;
 pub mod ledger;
 pub mod session;
 pub mod tensor;
@@ -13,6 +15,7 @@ pub mod tensor;
 pub mod vulkan;
 
 pub use bundle::{Bundle, BundleError};
+pub use failsafe::{Faults, Placement, Skip, Stage, SubmodelPlacement};
 pub use ledger::{Ledger, MemoryKind};
 pub use session::{Device, Executable, IoInfo, Session, SessionError, SessionOptions};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

@@ -1,11 +1,16 @@
-//! A session runs one variant of a bundle on one device. It checks what the caller passes,
-//! owns the outputs, and hands the work to an [`Executable`]: the variant prepared for a
-//! device. It does not know what a device is.
+//! A session runs one variant of a bundle: its submodels in order, each through an
+//! [`Executable`] that the failsafe prepared on the first device of the list that works. It
+//! checks what the caller passes, owns the outputs and the boundary buffer that carries
+//! tensors from one submodel to the next, and does not know what a device is.
 
 use crate::bundle::{Bundle, BundleError, tensor_desc};
-use crate::cpu::{CpuExecutable, KernelError};
-use crate::ledger::Ledger;
-use crate::tensor::{Tensor, TensorDesc};
+use crate::carve::Carved;
+use crate::cpu::KernelError;
+use crate::failsafe::{Devices, Fallback, Faults, Placement, Stage};
+use crate::ledger::{Entry, Ledger, MemoryKind};
+use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
+use ingot_schema::proto::storage::Kind;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Where a session runs.
@@ -55,15 +60,77 @@ impl Device {
             }),
         }
     }
+
+    /// An ordered list of device names, comma-separated: `vulkan,cpu`.
+    pub fn parse_list(names: &str) -> Result<Vec<Device>, SessionError> {
+        names
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(Device::parse)
+            .collect()
+    }
+
+    /// The list a session tries when told nothing: Vulkan, then the CPU (the CPU alone in a
+    /// build without the Vulkan backend).
+    pub fn default_list() -> Vec<Device> {
+        vec![
+            #[cfg(feature = "vulkan")]
+            Device::Vulkan(Default::default()),
+            Device::Cpu,
+        ]
+    }
+
+    /// The name [`Device::parse`] reads back.
+    pub fn name(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            #[cfg(feature = "vulkan")]
+            Device::Vulkan(o) => match o.device {
+                crate::vulkan::DeviceChoice::Best => "vulkan".into(),
+                crate::vulkan::DeviceChoice::CpuType => "vulkan:cpu".into(),
+                crate::vulkan::DeviceChoice::Index(i) => format!("vulkan:{i}"),
+            },
+        }
+    }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SessionOptions {
     /// The variant to run; `None` means the bundle's first variant.
     pub variant: Option<String>,
-    pub device: Device,
+    /// The devices to try for each submodel, in order ([`Device::default_list`]: Vulkan,
+    /// then the CPU).
+    pub devices: Vec<Device>,
+    /// When running a submodel fails, prepare it on the next device of the list and run it
+    /// again (on by default); off, the error is returned.
+    pub failover: bool,
     /// Where device memory is recorded; a fresh ledger when `None`.
     pub ledger: Option<Ledger>,
+    /// Failures to inject, for tests (inert without the `fault-injection` feature).
+    pub faults: Faults,
+}
+
+impl Default for SessionOptions {
+    fn default() -> SessionOptions {
+        SessionOptions {
+            variant: None,
+            devices: Device::default_list(),
+            failover: true,
+            ledger: None,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl SessionOptions {
+    /// The default options on the devices named by `names` (`vulkan,cpu`).
+    pub fn on(names: &str) -> Result<SessionOptions, SessionError> {
+        Ok(SessionOptions {
+            devices: Device::parse_list(names)?,
+            ..SessionOptions::default()
+        })
+    }
 }
 
 /// A graph input or output as the caller sees it.
@@ -111,6 +178,18 @@ pub enum SessionError {
     },
     #[error("cannot allocate the {bytes}-byte activation arena")]
     ArenaAllocation { bytes: u64 },
+    #[error("cannot allocate the {bytes}-byte boundary buffer")]
+    BoundaryAllocation { bytes: u64 },
+    #[error("no device in the list can run submodel {submodel}:{tried}")]
+    NoDevice { submodel: usize, tried: String },
+    #[error("the device list is empty")]
+    NoDevices,
+    #[error("{0}")]
+    NoKernel(String),
+    #[error("injected fault: {device} at {stage}")]
+    Injected { device: String, stage: Stage },
+    #[error("the plan makes submodel {submodel} read bytes it writes")]
+    BoundaryAliasing { submodel: usize },
     #[error("cannot allocate {bytes} bytes for output '{name}'")]
     OutputAllocation { name: String, bytes: usize },
     #[cfg(feature = "vulkan")]
@@ -124,18 +203,38 @@ pub enum SessionError {
     },
 }
 
-/// A variant prepared for one device.
+/// A submodel prepared for one device (or for the first device of a list that works).
 pub trait Executable {
-    /// Runs the variant: `inputs` are checked, `outputs` allocated and zeroed, both in the
-    /// variant's order.
-    fn run(&mut self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), SessionError>;
+    /// Runs the submodel: `inputs` and `outputs` in the order of its lists, with the dtypes
+    /// and shapes it expects (the session checked them; outputs are written whole).
+    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError>;
+}
+
+/// Where one of a submodel's inputs or outputs lives in the session.
+#[derive(Clone, Debug)]
+enum Home {
+    /// The caller's input.
+    Input(usize),
+    /// The session's output.
+    Output(usize),
+    /// Bytes of the boundary buffer.
+    Boundary(Range<usize>),
+}
+
+struct Part {
+    executable: Fallback,
+    inputs: Vec<(Home, TensorDesc)>,
+    outputs: Vec<(Home, TensorDesc)>,
 }
 
 pub struct Session {
     inputs: Vec<IoInfo>,
     outputs: Vec<IoInfo>,
-    executable: Box<dyn Executable>,
-    device: String,
+    parts: Vec<Part>,
+    // u64 words keep boundary offsets (multiples of the plan's alignment) aligned.
+    boundary: Vec<u64>,
+    boundary_bytes: usize,
+    boundary_entry: Option<Entry>,
     arena_bytes: usize,
     ledger: Ledger,
 }
@@ -143,9 +242,19 @@ pub struct Session {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("device", &self.device)
+            .field("device", &self.device())
             .field("arena_bytes", &self.arena_bytes)
             .finish()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Submodels first (their device memory), then the boundary buffer.
+        self.parts.clear();
+        if let Some(entry) = self.boundary_entry.take() {
+            self.ledger.free(entry);
+        }
     }
 }
 
@@ -157,6 +266,9 @@ impl Session {
             None if manifest.variants.is_empty() => return Err(SessionError::NoVariant),
             None => 0,
         };
+        if options.devices.is_empty() {
+            return Err(SessionError::NoDevices);
+        }
         let variant = &manifest.variants[index];
         let io = |list: &[u32]| -> Vec<IoInfo> {
             list.iter()
@@ -172,25 +284,55 @@ impl Session {
         for o in &outputs {
             probe_output(o)?;
         }
-        let arena_bytes = variant.plan.as_ref().map_or(0, |p| p.arena_bytes as usize);
+        let plan = variant.plan.as_ref();
+        let arena_bytes = plan.map_or(0, |p| p.arena_bytes as usize);
+        let boundary_bytes = plan.map_or(0, |p| p.boundary_bytes);
         let ledger = options.ledger.unwrap_or_default();
-        let (executable, device): (Box<dyn Executable>, String) = match &options.device {
-            Device::Cpu => (
-                Box::new(CpuExecutable::new(bundle, index, &ledger)?),
-                "cpu".into(),
-            ),
-            #[cfg(feature = "vulkan")]
-            Device::Vulkan(vulkan) => {
-                let e = crate::vulkan::VulkanExecutable::new(bundle, index, vulkan, &ledger)?;
-                let name = format!("vulkan:{} ({})", e.device().index, e.device().name);
-                (Box::new(e), name)
-            }
+        let devices = Arc::new(Devices::new(
+            options.devices,
+            options.failover,
+            options.faults,
+            ledger.clone(),
+        ));
+        let home = |t: u32| -> (Home, TensorDesc) {
+            let tensor = &variant.tensors[t as usize];
+            let desc = tensor_desc(tensor);
+            let home = match tensor.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+                Some(Kind::Input(i)) => Home::Input(*i as usize),
+                Some(Kind::Output(o)) => Home::Output(*o as usize),
+                // Validation allows only these three kinds in a submodel's lists.
+                Some(Kind::Boundary(offset)) => {
+                    Home::Boundary(*offset as usize..*offset as usize + desc.bytes())
+                }
+                _ => Home::Boundary(0..0),
+            };
+            (home, desc)
         };
+        let mut parts = Vec::with_capacity(variant.submodels.len());
+        for (k, sub) in variant.submodels.iter().enumerate() {
+            parts.push(Part {
+                inputs: sub.inputs.iter().map(|&t| home(t)).collect(),
+                outputs: sub.outputs.iter().map(|&t| home(t)).collect(),
+                executable: Fallback::new(Arc::clone(&bundle), index, k, Arc::clone(&devices))?,
+            });
+        }
+        // After every submodel's device memory: the buffer between them, on the host.
+        let mut boundary = Vec::new();
+        boundary
+            .try_reserve_exact(boundary_bytes.div_ceil(8) as usize)
+            .map_err(|_| SessionError::BoundaryAllocation {
+                bytes: boundary_bytes,
+            })?;
+        boundary.resize(boundary_bytes.div_ceil(8) as usize, 0);
+        let boundary_entry = (boundary_bytes > 0)
+            .then(|| ledger.allocate(MemoryKind::Boundary, boundary_bytes, "boundary"));
         Ok(Session {
             inputs,
             outputs,
-            executable,
-            device,
+            parts,
+            boundary,
+            boundary_bytes: boundary_bytes as usize,
+            boundary_entry,
             arena_bytes,
             ledger,
         })
@@ -204,14 +346,32 @@ impl Session {
         &self.outputs
     }
 
-    /// Bytes of the activation arena this session holds.
+    /// Bytes of the activation arenas of the variant's submodels.
     pub fn arena_bytes(&self) -> usize {
         self.arena_bytes
     }
 
-    /// The device the session runs on, e.g. `cpu` or `vulkan:0 (llvmpipe ...)`.
-    pub fn device(&self) -> &str {
-        &self.device
+    /// Where each submodel runs, and every device skipped with the stage and the reason.
+    pub fn placement(&self) -> Placement {
+        Placement(
+            self.parts
+                .iter()
+                .map(|p| p.executable.placement().clone())
+                .collect(),
+        )
+    }
+
+    /// The devices the submodels run on, e.g. `cpu` or `vulkan:0 (llvmpipe ...)`, joined
+    /// with ` + ` when they differ.
+    pub fn device(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for p in &self.parts {
+            let name = p.executable.placement().device.as_str();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names.join(" + ")
     }
 
     /// The record of the device memory this session allocated and freed.
@@ -228,7 +388,11 @@ impl Session {
             .iter()
             .map(zeroed_output)
             .collect::<Result<Vec<_>, _>>()?;
-        self.executable.run(inputs, &mut outputs)?;
+        let boundary =
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
+        for (k, part) in self.parts.iter_mut().enumerate() {
+            run_part(k, part, inputs, &mut outputs, boundary)?;
+        }
         Ok(outputs)
     }
 
@@ -278,15 +442,77 @@ fn zeroed_output(info: &IoInfo) -> Result<Tensor, SessionError> {
     Ok(Tensor::zeros(info.desc.clone()))
 }
 
+/// Runs submodel `k`: its inputs borrowed from the caller's inputs, the outputs written so
+/// far and the boundary buffer; its outputs carved out of the outputs and the boundary.
+fn run_part(
+    k: usize,
+    part: &mut Part,
+    inputs: &[Tensor],
+    outputs: &mut [Tensor],
+    boundary: &mut [u8],
+) -> Result<(), SessionError> {
+    let aliasing = || SessionError::BoundaryAliasing { submodel: k };
+    let writes_output = |j: usize| {
+        part.outputs
+            .iter()
+            .any(|(h, _)| matches!(h, Home::Output(o) if *o == j))
+    };
+    let (mut written, mut read): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+    for (j, t) in outputs.iter_mut().enumerate() {
+        if writes_output(j) {
+            written.push((j, Some(t.bytes_mut())));
+        } else {
+            read.push((j, t.bytes()));
+        }
+    }
+    let boundary_writes = part.outputs.iter().filter_map(|(h, _)| match h {
+        Home::Boundary(r) => Some(r.clone()),
+        _ => None,
+    });
+    let mut carved = Carved::new(boundary, boundary_writes).ok_or_else(aliasing)?;
+    let ins = part
+        .inputs
+        .iter()
+        .map(|(home, desc)| {
+            let bytes = match home {
+                Home::Input(i) => inputs.get(*i).map(Tensor::bytes),
+                Home::Output(j) => read.iter().find(|(o, _)| o == j).map(|(_, b)| *b),
+                Home::Boundary(r) => carved.read(r),
+            }?;
+            Some(TensorRef {
+                dtype: desc.dtype,
+                shape: &desc.shape,
+                bytes,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(aliasing)?;
+    let mut outs = part
+        .outputs
+        .iter()
+        .map(|(home, desc)| {
+            let bytes = match home {
+                Home::Output(j) => written
+                    .iter_mut()
+                    .find(|(o, _)| o == j)
+                    .and_then(|(_, b)| b.take()),
+                Home::Boundary(r) => carved.take(r),
+                Home::Input(_) => None,
+            }?;
+            Some(TensorMut {
+                dtype: desc.dtype,
+                shape: &desc.shape,
+                bytes,
+            })
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(aliasing)?;
+    part.executable.run(&ins, &mut outs)
+}
+
 #[cfg(feature = "vulkan")]
 impl Executable for crate::vulkan::VulkanExecutable {
-    fn run(&mut self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), SessionError> {
-        let inputs: Vec<_> = inputs.iter().map(Tensor::view).collect();
-        let mut outputs: Vec<_> = outputs.iter_mut().map(Tensor::view_mut).collect();
-        Ok(crate::vulkan::VulkanExecutable::run(
-            self,
-            &inputs,
-            &mut outputs,
-        )?)
+    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
+        Ok(crate::vulkan::VulkanExecutable::run(self, inputs, outputs)?)
     }
 }

@@ -848,6 +848,16 @@ fn too_large(m: &Manifest) -> bool {
         .any(|bytes| TOO_LARGE.contains(&bytes))
 }
 
+/// Sessions on the CPU alone: the Vulkan backend hands the bundle's SPIR-V to the driver, which
+/// trusts it like code (no SPIR-V validator in the runtime), so hostile kernel bytes are out of
+/// its scope; the manifest checks that guard it are unit-tested in runtime/src/bundle.rs.
+fn cpu_only() -> SessionOptions {
+    SessionOptions {
+        devices: vec![ingot_runtime::Device::Cpu],
+        ..SessionOptions::default()
+    }
+}
+
 /// Opens `bytes`, creates a session and runs it with inputs of the declared types; returns how
 /// far it got, or the panic.
 fn open_and_run(bytes: &[u8], seed: u64) -> Result<Stage, String> {
@@ -859,7 +869,7 @@ fn open_and_run(bytes: &[u8], seed: u64) -> Result<Stage, String> {
         if too_large(bundle.manifest()) {
             return Stage::TooLarge;
         }
-        let mut session = match Session::new(Arc::new(bundle), SessionOptions::default()) {
+        let mut session = match Session::new(Arc::new(bundle), cpu_only()) {
             Ok(session) => session,
             Err(e) => return traced(Stage::SessionError, e),
         };
@@ -1120,7 +1130,9 @@ fn mutate_attributes(step: &mut proto::Step, rng: &mut Rng) -> String {
 fn wild_storage(rng: &mut Rng, v: &proto::Variant) -> Option<proto::Storage> {
     let n = v.tensors.len();
     let arena = v.plan.as_ref().map_or(0, |p| p.arena_bytes);
-    let kind = match rng.below(7) {
+    let boundary = v.plan.as_ref().map_or(0, |p| p.boundary_bytes);
+    let kind = match rng.below(8) {
+        6 => Kind::Boundary(rng.wild_u64(boundary) & !7),
         0 => Kind::Input(rng.wild_index(v.inputs.len())),
         1 => Kind::Output(rng.wild_index(v.outputs.len())),
         2 => Kind::Weight(rng.wild_index(4)),
@@ -1248,10 +1260,10 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
             let t = rng.below(n);
             let tensor = &mut v.tensors[t];
             let what = match tensor.storage.as_mut().and_then(|s| s.kind.as_mut()) {
-                Some(Kind::Arena(off)) => {
+                Some(Kind::Arena(off) | Kind::Boundary(off)) => {
                     let old = *off;
                     *off = rng.wild_u64(old);
-                    format!("arena offset {old} -> {off}")
+                    format!("arena or boundary offset {old} -> {off}")
                 }
                 Some(Kind::View(view)) => {
                     let old = *view;
@@ -1291,11 +1303,48 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
             let Some(plan) = v.plan.as_mut() else {
                 return "nothing (no plan)".into();
             };
-            match rng.below(5) {
-                0 | 1 => {
+            match rng.below(6) {
+                0 => {
                     let old = plan.arena_bytes;
                     plan.arena_bytes = rng.wild_u64(old);
                     format!("arena_bytes {old} -> {}", plan.arena_bytes)
+                }
+                1 => {
+                    let old = plan.boundary_bytes;
+                    plan.boundary_bytes = rng.wild_u64(old);
+                    format!("boundary_bytes {old} -> {}", plan.boundary_bytes)
+                }
+                5 if !v.submodels.is_empty() => {
+                    let k = rng.below(v.submodels.len());
+                    let sub = &mut v.submodels[k];
+                    let what = match rng.below(6) {
+                        0 => {
+                            sub.arena_bytes = rng.wild_u64(sub.arena_bytes);
+                            "arena_bytes"
+                        }
+                        1 => {
+                            sub.first_step = rng.wild_index(sub.first_step as usize + 1);
+                            "first_step"
+                        }
+                        2 => {
+                            sub.step_count = rng.wild_index(sub.step_count as usize + 1);
+                            "step_count"
+                        }
+                        3 => {
+                            sub.inputs.push(rng.wild_index(n));
+                            "inputs"
+                        }
+                        4 => {
+                            sub.outputs.clear();
+                            "outputs"
+                        }
+                        _ => {
+                            sub.allocation_count =
+                                rng.wild_index(sub.allocation_count as usize + 2);
+                            "allocation_count"
+                        }
+                    };
+                    format!("submodel {k} {what} -> {sub:?}")
                 }
                 2 => {
                     let old = plan.alignment;
@@ -1306,7 +1355,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
                 3 if !plan.allocations.is_empty() => {
                     let k = rng.below(plan.allocations.len());
                     let a = &mut plan.allocations[k];
-                    a.kind = rng.pick(&[0, 1, 2, 3, -1]);
+                    a.kind = rng.pick(&[0, 1, 2, 3, 4, -1]);
                     a.weight = rng.wild_index(n_weights);
                     format!("allocation {k} -> {a:?}")
                 }
@@ -2034,11 +2083,7 @@ fn session_of(dir: &Path, name: &str, model: &OnnxModel) -> Session {
     let path = dir.join(format!("{name}.onnx"));
     model.write(&path).unwrap();
     let bytes = compile(&path, &[]).unwrap_or_else(|e| panic!("{name}: {e:#}"));
-    Session::new(
-        Arc::new(Bundle::from_bytes(&bytes).unwrap()),
-        SessionOptions::default(),
-    )
-    .unwrap()
+    Session::new(Arc::new(Bundle::from_bytes(&bytes).unwrap()), cpu_only()).unwrap()
 }
 
 /// A session with several inputs refuses each wrong one by name: swapped, of the wrong integer
@@ -2168,10 +2213,7 @@ fn outputs_larger_than_memory_are_errors() {
     let bytes = compile(&path, &[]).unwrap_or_else(|e| panic!("{e:#}"));
     let x = Tensor::from_vec(vec![1, 1], &[1.0f32]).unwrap();
     let message = error_of("run", || {
-        let mut session = Session::new(
-            Arc::new(Bundle::from_bytes(&bytes)?),
-            SessionOptions::default(),
-        )?;
+        let mut session = Session::new(Arc::new(Bundle::from_bytes(&bytes)?), cpu_only())?;
         session
             .run(std::slice::from_ref(&x))
             .map_err(anyhow::Error::from)

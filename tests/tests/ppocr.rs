@@ -11,13 +11,16 @@
 use anyhow::{Context, Result, anyhow, bail};
 use ingot_runtime::ledger::{Action, planned_events, planned_peak};
 use ingot_runtime::vulkan::{VulkanOptions, validation_messages};
-use ingot_runtime::{Bundle, Device, MemoryKind, Session, Tensor};
+use ingot_runtime::{
+    Bundle, Device, Faults, Ledger, MemoryKind, Session, SessionOptions, Stage, Tensor,
+};
 use ingot_schema::proto::AllocationKind;
 use ingot_tests::data::read_npy;
 use ingot_tests::paths::generated;
 use ingot_tests::{
     Tolerance, check_validation, compare, compile, run, session, session_on, vulkan,
 };
+use std::sync::Arc;
 
 const TOLERANCE: Tolerance = Tolerance::new(1e-4, 1e-5);
 
@@ -66,6 +69,91 @@ fn cls_vulkan() {
 #[test]
 fn cls_vulkan_staged() {
     check_model(CLS, Backend::VulkanStaged);
+}
+
+/// Every model on `vulkan,cpu`: healthy, and with Vulkan failing at each preparation stage
+/// and once while running. The outputs match ONNX Runtime every time, the placement names
+/// the stage, and a device that failed at preparation holds no memory.
+#[test]
+fn every_model_survives_every_fault() {
+    let stages = [
+        None,
+        Some(Stage::Instance),
+        Some(Stage::Device),
+        Some(Stage::Pipelines),
+        Some(Stage::Weights),
+        Some(Stage::Arena),
+        Some(Stage::Io),
+        Some(Stage::Run),
+    ];
+    let mut failures = Vec::new();
+    for model in [DET, REC, CLS] {
+        let case = manifest()
+            .and_then(|cases| {
+                cases
+                    .into_iter()
+                    .find(|c| c.model == model)
+                    .with_context(|| format!("no case for {model}"))
+            })
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        for stage in stages {
+            if let Err(e) = check_fault(&case, stage) {
+                failures.push(format!("{} with a fault at {stage:?}: {e:#}", case.case));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn check_fault(case: &Case, stage: Option<Stage>) -> Result<()> {
+    let model_path = generated(&format!("models/{}", case.model))?;
+    let dir = generated(&format!("references/{}", case.case))?;
+    let bundle = Arc::new(Bundle::from_bytes(&compile(&model_path, &case.inputs)?)?);
+    let seen = validation_messages().len();
+    let faults = Faults::default();
+    if let Some(stage) = stage {
+        faults.inject("vulkan", stage);
+    }
+    let ledger = Ledger::new();
+    let options = SessionOptions {
+        faults,
+        ledger: Some(ledger.clone()),
+        ..SessionOptions::on("vulkan,cpu")?
+    };
+    let mut session = Session::new(bundle, options)?;
+    let inputs = (0..case.inputs.len())
+        .map(|i| read_npy(&dir.join(format!("input_{i}.npy"))))
+        .collect::<Result<Vec<_>>>()?;
+    let got = run(&mut session, &inputs)?;
+    for (i, g) in got.iter().enumerate() {
+        let want = read_npy(&dir.join(format!("output_{i}.npy")))?;
+        let c = compare(g, &want, TOLERANCE).map_err(anyhow::Error::msg)?;
+        if !c.passed() {
+            bail!("output {i}: {c}");
+        }
+    }
+    let placement = session.placement();
+    let [only] = &placement.0[..] else {
+        bail!("PP-OCR should be one submodel:\n{placement}");
+    };
+    let want_device = if stage.is_some() { "cpu" } else { "vulkan" };
+    if !only.device.starts_with(want_device) || only.skipped.iter().map(|s| s.stage).ne(stage) {
+        bail!("want it on {want_device} after a fault at {stage:?}:\n{placement}");
+    }
+    let on_vulkan = |e: &ingot_runtime::ledger::LedgerEvent| e.device.starts_with("vulkan");
+    let vulkan_bytes =
+        ledger
+            .events()
+            .iter()
+            .filter(|e| on_vulkan(e))
+            .fold(0i128, |held, e| match e.action {
+                Action::Allocate => held + i128::from(e.bytes),
+                Action::Free => held - i128::from(e.bytes),
+            });
+    if stage.is_some() && vulkan_bytes != 0 {
+        bail!("the failed device still holds {vulkan_bytes} bytes");
+    }
+    check_validation(seen)
 }
 
 /// One line of manifest.txt:

@@ -16,7 +16,8 @@ use ingot_runtime::vulkan::{
     DeviceChoice, VulkanError, VulkanExecutable, VulkanOptions, devices, validation_messages,
 };
 use ingot_runtime::{
-    Bundle, Device, Ledger, MemoryKind, Session, SessionOptions, Tensor, TensorMut,
+    Bundle, Device, Faults, Ledger, MemoryKind, Session, SessionError, SessionOptions, Tensor,
+    TensorMut,
 };
 use ingot_schema::container::Container;
 use ingot_schema::{DType, SectionKind, container, proto};
@@ -83,9 +84,23 @@ fn tensor(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(shape.to_vec(), &values(n, seed)).unwrap()
 }
 
+/// Submodel 0 of variant 0 on the device `options` choose, or the backend's error.
+fn prepare(
+    bundle: Arc<Bundle>,
+    options: &VulkanOptions,
+    ledger: &Ledger,
+) -> Result<VulkanExecutable, VulkanError> {
+    VulkanExecutable::new(bundle, 0, 0, options, ledger, &Faults::default()).map_err(|f| {
+        match f.error {
+            SessionError::Vulkan(e) => e,
+            other => panic!("expected a Vulkan error at {:?}, got {other}", f.stage),
+        }
+    })
+}
+
 fn vulkan(bundle: &Arc<Bundle>, options: &VulkanOptions, ledger: &Ledger) -> VulkanExecutable {
     require_validation();
-    let exe = VulkanExecutable::new(Arc::clone(bundle), 0, options, ledger)
+    let exe = prepare(Arc::clone(bundle), options, ledger)
         .unwrap_or_else(|e| panic!("no Vulkan executable (a Vulkan device is required): {e}"));
     assert_no_validation_messages();
     exe
@@ -110,7 +125,7 @@ fn run_vulkan(exe: &mut VulkanExecutable, bundle: &Bundle, inputs: &[Tensor]) ->
 
 fn run_cpu(bundle: &Arc<Bundle>, inputs: &[Tensor]) -> Vec<Tensor> {
     let options = SessionOptions {
-        device: Device::Cpu,
+        devices: vec![Device::Cpu],
         ..SessionOptions::default()
     };
     let mut session = Session::new(Arc::clone(bundle), options).expect("CPU session");
@@ -305,7 +320,7 @@ fn an_unknown_device_index_is_an_error() {
         ..VulkanOptions::default()
     };
     let ledger = Ledger::new();
-    match VulkanExecutable::new(bundle, 0, &options, &ledger) {
+    match prepare(bundle, &options, &ledger) {
         Err(VulkanError::Device(message)) => assert!(message.contains("1000"), "{message}"),
         other => panic!("expected a device error, got {other:?}"),
     }
@@ -324,7 +339,7 @@ fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
     let (name, op) = (step.name.clone(), step.op.clone());
     let bundle = Arc::new(with_manifest(&bytes, &manifest)?);
     let ledger = Ledger::new();
-    match VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger) {
+    match prepare(bundle, &VulkanOptions::default(), &ledger) {
         Err(e @ VulkanError::Unsupported { index: 2, .. }) => {
             let message = e.to_string();
             assert!(
@@ -423,7 +438,7 @@ fn without_a_driver() {
     assert!(matches!(e, VulkanError::Instance(_)), "{e}");
     let bundle = bundle("no_driver", &diamond(&[4])).unwrap();
     let ledger = Ledger::new();
-    let e = VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger).unwrap_err();
+    let e = prepare(bundle, &VulkanOptions::default(), &ledger).unwrap_err();
     assert!(matches!(e, VulkanError::Instance(_)), "{e}");
     assert!(ledger.events().is_empty());
 }
@@ -489,15 +504,26 @@ fn views_of_inputs_and_outputs_equal_the_cpu() -> Result<()> {
     Ok(())
 }
 
-/// An allocation that fails after others were made (an unused 1 TiB input makes the IO buffer
-/// larger than any device allocates) frees everything made before it.
+/// An allocation that fails after others were made frees everything made before it: the
+/// bundle is edited so that an unused 1 TiB input joins the submodel's IO buffer, larger than
+/// any device allocates.
 #[test]
 fn a_failed_load_frees_what_it_allocated() -> Result<()> {
     let model = with_weights().input("huge", DType::F32, &[1 << 38]);
-    let bundle = bundle("failed_load", &model)?;
+    let bytes = compiled("failed_load", &model)?;
+    let mut manifest = Bundle::from_bytes(&bytes)?.manifest().clone();
+    let v = &mut manifest.variants[0];
+    let huge = v.inputs[v.inputs.len() - 1];
+    let sub = &mut v.submodels[0];
+    sub.inputs.push(huge);
+    let io = (sub.first_allocation + sub.allocation_count - 1) as usize;
+    let plan = v.plan.as_mut().context("plan")?;
+    assert_eq!(plan.allocations[io].kind, proto::AllocationKind::Io as i32);
+    plan.allocations[io].bytes += 4 << 38;
+    let bundle = Arc::new(with_manifest(&bytes, &manifest)?);
     require_validation();
     let ledger = Ledger::new();
-    match VulkanExecutable::new(bundle, 0, &VulkanOptions::default(), &ledger) {
+    match prepare(bundle, &VulkanOptions::default(), &ledger) {
         Err(VulkanError::Limits { .. } | VulkanError::Allocation { .. }) => {}
         other => panic!("expected the IO buffer to fail, got {other:?}"),
     }

@@ -13,8 +13,8 @@ use std::time::Instant;
 pub struct Args {
     /// The bundle to measure.
     bundle: PathBuf,
-    /// Devices to try, in order: cpu, vulkan, vulkan:N, vulkan:cpu.
-    #[arg(long, default_value = "cpu", value_delimiter = ',')]
+    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
+    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     devices: Vec<String>,
     /// Timed runs after the first.
     #[arg(long, default_value_t = 20)]
@@ -34,8 +34,13 @@ pub fn main(args: Args) -> Result<()> {
             .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
     let ledger = Ledger::new();
-    let mut session =
-        super::open_session(&bundle, args.variant.as_deref(), &args.devices, &ledger)?;
+    let mut session = super::open_session(
+        &bundle,
+        args.variant.as_deref(),
+        &args.devices,
+        true,
+        &ledger,
+    )?;
     let load_ms = ms(start);
 
     let inputs: Vec<Tensor> = session.inputs().iter().map(|i| seeded(&i.desc)).collect();
@@ -64,13 +69,14 @@ pub fn main(args: Args) -> Result<()> {
             .context("the bundle has no variants")?,
     };
     let staged = ledger.usage(MemoryKind::Staging).peak > 0;
-    // The CPU reads weights from the mapped bundle and the caller's inputs in place: it
-    // allocates the arena only.
-    let planned_peak_bytes = match variant.plan.as_ref() {
-        Some(p) if session.device() == "cpu" => p.arena_bytes,
-        Some(p) => ingot_runtime::ledger::planned_peak(p, staged),
-        None => 0,
-    };
+    let on_vulkan: Vec<bool> = session
+        .placement()
+        .0
+        .iter()
+        .map(|p| p.device.starts_with("vulkan"))
+        .collect();
+    let planned_peak_bytes =
+        ingot_runtime::ledger::planned_peak_placed(variant, &on_vulkan, staged);
     let ledger_peak_bytes = ledger.total().peak;
     let by_kind: serde_json::Map<String, serde_json::Value> = MemoryKind::ALL
         .iter()

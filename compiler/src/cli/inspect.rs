@@ -51,10 +51,15 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 *ops.entry(s.op.as_str()).or_default() += 1;
             }
             let plan = v.plan.clone().unwrap_or_default();
-            // Steps with no Vulkan kernel, grouped by the reason.
+            // Steps with no Vulkan kernel, grouped by the reason; steps that have one but sit
+            // in a submodel that needs the CPU carry none.
             let mut no_vulkan: BTreeMap<&str, usize> = BTreeMap::new();
             for s in v.steps.iter().filter(|s| s.vulkan.is_empty()) {
-                *no_vulkan.entry(s.no_vulkan_kernel.as_str()).or_default() += 1;
+                let why = match s.no_vulkan_kernel.as_str() {
+                    "" => "in a submodel that needs the CPU",
+                    why => why,
+                };
+                *no_vulkan.entry(why).or_default() += 1;
             }
             let dispatches: usize = v
                 .steps
@@ -74,6 +79,8 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 "vulkan_steps": v.steps.len() - no_vulkan.values().sum::<usize>(),
                 "vulkan_dispatches": dispatches,
                 "no_vulkan_kernel": no_vulkan,
+                "boundary_bytes": plan.boundary_bytes,
+                "submodels": ingot_compiler::plan::render::submodels_json(v),
             })
         })
         .collect();
@@ -162,6 +169,40 @@ fn text(r: &serde_json::Value) -> String {
         );
         for (why, n) in v["no_vulkan_kernel"].as_object().into_iter().flatten() {
             line(&mut s, format!("    no kernel x{n}: {why}"));
+        }
+        line(
+            &mut s,
+            format!(
+                "  submodels: {} (boundary buffer {} bytes)",
+                v["submodels"].as_array().map_or(0, Vec::len),
+                v["boundary_bytes"]
+            ),
+        );
+        for sub in v["submodels"].as_array().into_iter().flatten() {
+            let list = |key: &str| -> String {
+                let names: Vec<&str> = sub[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| n.as_str())
+                    .collect();
+                names.join(", ")
+            };
+            let devices = list("devices");
+            let first = sub["first_step"].as_u64().unwrap_or(0);
+            let end = first + sub["step_count"].as_u64().unwrap_or(0);
+            line(
+                &mut s,
+                format!(
+                    "    steps {first}..{end} on {devices}: arena {} bytes; in: {}; out: {}",
+                    sub["arena_bytes"],
+                    list("inputs"),
+                    list("outputs")
+                ),
+            );
+            if let Some(why) = sub["no_vulkan_kernel"].as_str().filter(|w| !w.is_empty()) {
+                line(&mut s, format!("      needs the CPU: {why}"));
+            }
         }
     }
     for sec in r["sections"].as_array().into_iter().flatten() {

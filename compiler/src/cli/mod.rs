@@ -40,38 +40,29 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
     Ok((name.to_string(), std::path::PathBuf::from(path)))
 }
 
-/// Opens a session of `variant` on the first of `devices` (names as [`Device::parse`] takes
-/// them) that prepares it, telling on stderr why each earlier one was skipped.
+/// Opens a session of `variant` whose submodels each run on the first of `devices` (names as
+/// [`Device::parse`] takes them) that prepares them. Failover moves a submodel whose run
+/// fails to the next device.
 pub fn open_session(
     bundle: &Arc<Bundle>,
     variant: Option<&str>,
     devices: &[String],
+    failover: bool,
     ledger: &Ledger,
 ) -> Result<Session> {
     // Every name is checked before any device is tried.
     let devices = devices
         .iter()
-        .map(|name| Ok((name, Device::parse(name)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let mut skipped = Vec::new();
-    for (name, device) in devices {
-        let options = SessionOptions {
-            variant: variant.map(str::to_string),
-            device,
-            ledger: Some(ledger.clone()),
-        };
-        match Session::new(bundle.clone(), options) {
-            Ok(session) => return Ok(session),
-            Err(e) => {
-                eprintln!("skipped device {name}: {e}");
-                skipped.push(format!("{name}: {e}"));
-            }
-        }
-    }
-    bail!(
-        "no device could run the bundle:\n  {}",
-        skipped.join("\n  ")
-    )
+        .map(|name| Device::parse(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = SessionOptions {
+        variant: variant.map(str::to_string),
+        devices,
+        failover,
+        ledger: Some(ledger.clone()),
+        ..SessionOptions::default()
+    };
+    Ok(Session::new(bundle.clone(), options)?)
 }
 
 /// Formats a shape as `1x3x48x192` (`scalar` for rank 0).

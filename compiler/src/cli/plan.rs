@@ -78,7 +78,7 @@ pub fn main(args: Args) -> Result<()> {
                 graph: &c.graph,
                 plan: &c.plan,
             },
-            0,
+            &[],
         )
     };
     match args.format {

@@ -17,9 +17,13 @@ pub struct Args {
     /// Directory for the outputs, written as <output name>.npy (names made file-safe).
     #[arg(long)]
     output_dir: PathBuf,
-    /// Devices to try, in order: cpu, vulkan, vulkan:N, vulkan:cpu.
-    #[arg(long, default_value = "cpu", value_delimiter = ',')]
+    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
+    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     devices: Vec<String>,
+    /// Return the error when running a submodel fails, instead of moving it to the next
+    /// device and running it again.
+    #[arg(long)]
+    no_failover: bool,
     /// The variant to run (default: the first).
     #[arg(long)]
     variant: Option<String>,
@@ -51,8 +55,13 @@ pub fn main(args: Args) -> Result<()> {
             .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
     let ledger = Ledger::new();
-    let mut session =
-        super::open_session(&bundle, args.variant.as_deref(), &args.devices, &ledger)?;
+    let mut session = super::open_session(
+        &bundle,
+        args.variant.as_deref(),
+        &args.devices,
+        !args.no_failover,
+        &ledger,
+    )?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let mut inputs: Vec<Tensor> = Vec::new();
@@ -93,10 +102,9 @@ pub fn main(args: Args) -> Result<()> {
             path.display()
         );
     }
-    println!(
-        "device {}: load {load_ms:.1} ms, run {run_ms:.1} ms",
-        session.device()
-    );
+    // After the run: a failover while running changes where a submodel runs.
+    print!("{}", session.placement());
+    println!("load {load_ms:.1} ms, run {run_ms:.1} ms");
     Ok(())
 }
 

@@ -12,10 +12,13 @@
 //! - [`tiled`] (GPUs): a workgroup stages BM x BK tiles of A and BK x BN tiles of B in
 //!   workgroup memory; each invocation computes 4 x 4 elements strided across the tile, so
 //!   neighbouring invocations read neighbouring words of the tiles and of Y.
+//!
+//! A or B larger than one binding may be (a fully connected weight of several hundred MB) is
+//! read through chunk bindings and its `load_a`/`load_b` accessor ([`InputBinding`]).
 
 use super::post::PostOps;
 use super::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit};
-use super::{Operand, header};
+use super::{InputBinding, Operand, header};
 use crate::no_kernel;
 use std::fmt::Write;
 
@@ -272,15 +275,29 @@ fn plus(base: &str, expr: &str, stride: usize) -> String {
     }
 }
 
+/// A and B as arrays of `f32` or `vec4<f32>`, in chunks when larger than one binding may be
+/// (a large weight): each chunk holds whole elements, which is all the accessor needs.
+fn operands(
+    cx: &KernelCx,
+    a_vec: bool,
+    b_vec: bool,
+) -> Result<(InputBinding, InputBinding), NoKernel> {
+    let read = |name, k, vec: bool| {
+        let (ty, unit) = if vec { ("vec4<f32>", 16) } else { ("f32", 4) };
+        InputBinding::new(name, k, ty, &cx.inputs[k], unit)
+    };
+    Ok((read("a", 0, a_vec)?, read("b", 1, b_vec)?))
+}
+
 /// The bindings: A, B, C when present, the post-op operands, Y.
 fn bindings(
     p: &Problem,
     post: &PostOps,
-    a: &'static str,
-    b: &'static str,
+    a: &InputBinding,
+    b: &InputBinding,
     y: &'static str,
 ) -> Vec<Binding> {
-    let mut v = vec![Binding::input("a", 0, a), Binding::input("b", 1, b)];
+    let mut v = [&a.bindings[..], &b.bindings[..]].concat();
     if p.c.is_some() {
         v.push(Binding::input("c", 2, "f32"));
     }
@@ -407,13 +424,9 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
     };
     let y_vec = rn >= 4 && p.n.is_multiple_of(4) && y_op.aligned16();
     let ty = |v: bool| if v { "vec4<f32>" } else { "f32" };
-    let bindings = bindings(
-        p,
-        post,
-        ty(a_read != Read::Scalar),
-        ty(b_read != Read::Scalar),
-        ty(y_vec),
-    );
+    let (a, b) = operands(cx, a_read != Read::Scalar, b_read != Read::Scalar)?;
+    let bindings = bindings(p, post, &a, &b, ty(y_vec));
+    let (ao, bo) = (a.base(), b.base());
     let (mb, nb) = (p.m.div_ceil(rm), p.n.div_ceil(rn));
     let total = p.batch * mb * nb;
     // Small workgroups on CPU-type devices: few, large blocks still spread over the cores.
@@ -426,7 +439,7 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
     let acc_ty = ty(rn >= 4);
     let comp = ["x", "y", "z", "w"];
 
-    let mut s = header(&bindings);
+    let mut s = header(&bindings) + &a.accessor + &b.accessor;
     let _ = writeln!(s, "\n{} {{", grid.entry());
     let _ = writeln!(s, "    let t = {};", grid.index());
     let _ = writeln!(s, "    if (t >= {}) {{ return; }}", u(total));
@@ -451,16 +464,16 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
         Read::AlongK => {
             for r in 0..rm {
                 let at = plus("ab", &row(r), p.a.rows);
-                let _ = writeln!(s, "    let ar{r} = offsets.a + ({at}) / 4u;");
+                let _ = writeln!(s, "    let ar{r} = {ao} + ({at}) / 4u;");
             }
         }
         Read::Across => {
-            let _ = writeln!(s, "    let ar = offsets.a + (ab + i0) / 4u;");
+            let _ = writeln!(s, "    let ar = {ao} + (ab + i0) / 4u;");
         }
         // (A is never read shifted.)
         Read::Scalar | Read::Shifted => {
             for r in 0..rm {
-                let at = plus("offsets.a + ab", &row(r), p.a.rows);
+                let at = plus(&format!("{ao} + ab"), &row(r), p.a.rows);
                 let _ = writeln!(s, "    let ar{r} = {at};");
             }
         }
@@ -469,24 +482,24 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
         Read::Across => {
             for h in 0..cg {
                 let j = format!("min(j0 + {}, {})", u(4 * h), u(p.n - 4));
-                let _ = writeln!(s, "    let bc{h} = offsets.b + (bb + {j}) / 4u;");
+                let _ = writeln!(s, "    let bc{h} = {bo} + (bb + {j}) / 4u;");
             }
         }
         Read::AlongK => {
             for c in 0..rn {
                 let at = plus("bb", &col(c), p.b.cols);
-                let _ = writeln!(s, "    let bc{c} = offsets.b + ({at}) / 4u;");
+                let _ = writeln!(s, "    let bc{c} = {bo} + ({at}) / 4u;");
             }
         }
         Read::Shifted => {
-            let _ = writeln!(s, "    let bq = offsets.b + (bb + j0) / 4u;");
+            let _ = writeln!(s, "    let bq = {bo} + (bb + j0) / 4u;");
             // The block's last vec4s may pass the end of B (their columns are not stored).
             let last = b_op.desc.elements() / 4 - 1;
-            let _ = writeln!(s, "    let blast = offsets.b + {};", u(last));
+            let _ = writeln!(s, "    let blast = {bo} + {};", u(last));
         }
         Read::Scalar => {
             for c in 0..rn {
-                let at = plus("offsets.b + bb", &col(c), p.b.cols);
+                let at = plus(&format!("{bo} + bb"), &col(c), p.b.cols);
                 let _ = writeln!(s, "    let bc{c} = {at};");
             }
         }
@@ -504,12 +517,12 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
     };
     if a_read == Read::AlongK {
         for r in 0..rm {
-            let _ = writeln!(s, "        let av{r} = a[ar{r} + kk];");
+            let _ = writeln!(s, "        let av{r} = {};", a.at(&format!("ar{r} + kk")));
         }
     }
     if b_read == Read::AlongK {
         for c in 0..rn {
-            let _ = writeln!(s, "        let bv{c} = b[bc{c} + kk];");
+            let _ = writeln!(s, "        let bv{c} = {};", b.at(&format!("bc{c} + kk")));
         }
     }
     for t in 0..ku {
@@ -518,18 +531,15 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
         if b_read == Read::Shifted {
             for q in 0..cg + usize::from(shift > 0) {
                 let at = plus("bq", "kk", p.b.rows);
-                let _ = writeln!(
-                    s,
-                    "        let q{t}_{q} = b[min({at} + {}, blast)];",
-                    u(first + q)
-                );
+                let at = format!("min({at} + {}, blast)", u(first + q));
+                let _ = writeln!(s, "        let q{t}_{q} = {};", b.at(&at));
             }
         }
         // B's row at k + t over the block's columns: vec4s (or one float).
         for h in 0..cg {
             let cols = (4 * h..(4 * h + 4).min(rn)).collect::<Vec<_>>();
             let b_row = match b_read {
-                Read::Across => format!("b[{}]", plus(&format!("bc{h}"), &kt(t), p.b.rows / 4)),
+                Read::Across => b.at(&plus(&format!("bc{h}"), &kt(t), p.b.rows / 4)),
                 Read::Shifted if shift == 0 => format!("q{t}_{h}"),
                 Read::Shifted => (4 * h + shift..4 * h + shift + 4)
                     .map(|i| format!("q{t}_{}.{}", i / 4, comp[i % 4]))
@@ -542,7 +552,7 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
                     .join(", "),
                 Read::Scalar => cols
                     .iter()
-                    .map(|c| format!("b[{}]", plus(&format!("bc{c}"), &kt(t), p.b.rows)))
+                    .map(|c| b.at(&plus(&format!("bc{c}"), &kt(t), p.b.rows)))
                     .collect::<Vec<_>>()
                     .join(", "),
             };
@@ -558,16 +568,15 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
         if a_read == Read::Across {
             for g in 0..rm / 4 {
                 let at = plus("ar", &kt(t), p.a.cols / 4);
-                let _ = writeln!(s, "        let a{t}_{g} = a[{at} + {}];", u(g));
+                let at = format!("{at} + {}", u(g));
+                let _ = writeln!(s, "        let a{t}_{g} = {};", a.at(&at));
             }
         }
         for r in 0..rm {
             let a = match a_read {
                 Read::AlongK => format!("av{r}.{}", comp[t]),
                 Read::Across => format!("a{t}_{}.{}", r / 4, comp[r % 4]),
-                Read::Scalar | Read::Shifted => {
-                    format!("a[{}]", plus(&format!("ar{r}"), &kt(t), p.a.cols))
-                }
+                Read::Scalar | Read::Shifted => a.at(&plus(&format!("ar{r}"), &kt(t), p.a.cols)),
             };
             for h in 0..cg {
                 let _ = writeln!(s, "        acc{r}_{h} += {a} * b{t}_{h};");
@@ -763,12 +772,13 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
     let bk = 16;
     let (tx, ty) = (bn / 4, bm / 4);
     let threads = tx * ty;
-    let bindings = bindings(p, post, "f32", "f32", "f32");
+    let (a, b) = operands(cx, false, false)?;
+    let bindings = bindings(p, post, &a, &b, "f32");
     let groups = [p.n.div_ceil(bn), p.m.div_ceil(bm), p.batch];
     if groups.iter().any(|&g| g > MAX_GROUPS as usize) {
         return Err(no_kernel!("{} too large for one dispatch", cx.op));
     }
-    let mut s = header(&bindings);
+    let mut s = header(&bindings) + &a.accessor + &b.accessor;
     let _ = writeln!(s, "var<workgroup> ta: array<f32, {}>;", bk * bm);
     let _ = writeln!(s, "var<workgroup> tb: array<f32, {}>;", bk * bn);
     let _ = writeln!(
@@ -782,12 +792,14 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
     let _ = writeln!(s, "    let n0 = wg.x * {};", u(bn));
     let _ = writeln!(
         s,
-        "    let ab = offsets.a + {};",
+        "    let ab = {} + {};",
+        a.base(),
         p.a.batch_offset(&p.batch_shape, "bi")
     );
     let _ = writeln!(
         s,
-        "    let bb = offsets.b + {};",
+        "    let bb = {} + {};",
+        b.base(),
         p.b.batch_offset(&p.batch_shape, "bi")
     );
     for r in 0..4 {
@@ -803,7 +815,7 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
     // operand's contiguous dimension.
     let load = |s: &mut String,
                 tile: &str,
-                src: &str,
+                src: &InputBinding,
                 base: &str,
                 l: &Layout,
                 outer: usize,
@@ -843,16 +855,17 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
             );
             let _ = writeln!(
                 s,
-                "            {tile}[kq * {} + o] = select(0.0, {src}[{at}], go < {} && gk < {});",
+                "            {tile}[kq * {} + o] = select(0.0, {}, go < {} && gk < {});",
                 u(outer),
+                src.at(&at),
                 u(limit),
                 u(p.k)
             );
             let _ = writeln!(s, "        }}");
         }
     };
-    load(&mut s, "ta", "a", "ab", &p.a, bm, true);
-    load(&mut s, "tb", "b", "bb", &p.b, bn, false);
+    load(&mut s, "ta", &a, "ab", &p.a, bm, true);
+    load(&mut s, "tb", &b, "bb", &p.b, bn, false);
     s.push_str("        workgroupBarrier();\n");
     let _ = writeln!(s, "        for (var kq = 0u; kq < {}; kq++) {{", u(bk));
     let row: Vec<String> = (0..4)
@@ -1072,6 +1085,45 @@ mod tests {
             d[1].label, "matmul_rb1x1_70000x1x1x4",
             "GPU: skinny, no tiles"
         );
+    }
+
+    #[test]
+    fn weights_larger_than_one_binding_are_read_in_chunks() {
+        let names =
+            |d: &Dispatch| -> Vec<String> { d.bindings.iter().map(|b| b.name.clone()).collect() };
+        // VGG19's fc6: 1 x 25088 by a transposed 4096 x 25088 weight (411041792 bytes, 4
+        // chunks of vec4s along k).
+        let g = post(gemm_attrs(0, 1, 1.0, 1.0), "Relu");
+        let d = lower_all(
+            "Gemm",
+            &g,
+            &[&[1, 25088], &[4096, 25088], &[4096]],
+            &[1, 4096],
+            0,
+        );
+        for d in &d {
+            assert_eq!(names(d), ["a", "b_0", "b_1", "b_2", "b_3", "c", "y"]);
+            assert_eq!(d.bindings[4].chunk, Some(308_281_344..411_041_792));
+            assert!(d.wgsl.contains("fn load_b(i: u32) -> vec4<f32>"));
+            assert!(!d.wgsl.contains("b["), "B is only read through load_b");
+        }
+        // B along its rows, scalar (misaligned), and not a multiple of 4 wide (shifted);
+        // A over one binding too; the GPU class tiles the large problems.
+        let m = post(Attrs::new(), "");
+        for (sa, sb, sy) in [
+            (&[2, 40000][..], &[40000, 1024][..], &[2, 1024][..]),
+            (&[32, 40000], &[40000, 1023], &[32, 1023]),
+            (&[40000, 900], &[900, 40], &[40000, 40]),
+        ] {
+            for skew in [0, 4] {
+                let d = lower_all("MatMul", &m, &[sa, sb], sy, skew);
+                assert!(
+                    d.iter().all(|d| d.bindings.len() == 4),
+                    "{:?}",
+                    names(&d[0])
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //!   `minStorageBufferOffsetAlignment` and covers the tensor, so kernels index
 //!   `x[offsets.x + i]` and stay inside `maxStorageBufferRange` whatever the arena's size.
 //!   [`header`] writes all of this from a binding list.
+//! - A binding may cover a chunk of its tensor (bytes `start..end`, [`Binding::chunk`]): the
+//!   runtime then binds that chunk as if it were the tensor, and word k is where the chunk
+//!   starts. Every device can bind 2^27 bytes; a tensor larger than [`MAX_BINDING_BYTES`] is
+//!   read through several chunks ([`InputBinding`]), and a step that would bind one whole has
+//!   no kernel ([`lower`] refuses it).
 //! - Shapes, strides and parameters are literals in the source: a kernel serves exactly the
 //!   shapes it was made for, and equal shapes share one kernel.
 //! - Workgroup counts stay within 65535 per dimension (the least every device must take);
@@ -36,15 +41,19 @@ pub mod pool;
 pub mod post;
 pub mod reduce;
 pub mod resize;
+pub mod rnn;
 
 use ingot_runtime::TensorDesc;
 use ingot_schema::{Attrs, DType, proto};
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::ops::Range;
 
 /// One operand of a step as a kernel sees it.
 #[derive(Clone, Debug)]
 pub struct Operand {
+    /// The tensor's name in the model, for messages (empty in family tests).
+    pub name: String,
     pub desc: TensorDesc,
     /// Where its bytes start in the memory it lives in (arena offset, view offset, 0 for
     /// weights and graph inputs/outputs); kernels use it only to pick vector widths.
@@ -57,6 +66,7 @@ impl Operand {
     /// A tensor at `byte_offset` in the arena (two such operands at one offset alias).
     pub fn arena(desc: TensorDesc, byte_offset: u64) -> Operand {
         Operand {
+            name: String::new(),
             desc,
             byte_offset,
             location: (0, 0, byte_offset),
@@ -66,6 +76,7 @@ impl Operand {
     /// Weight bank entry `index`.
     pub fn weight(desc: TensorDesc, index: u64) -> Operand {
         Operand {
+            name: String::new(),
             desc,
             byte_offset: 0,
             location: (1, index, 0),
@@ -151,6 +162,8 @@ pub struct Binding {
     pub slot: Slot,
     /// WGSL element type: `f32`, `u32`, `i32`, `vec4<f32>`...
     pub ty: &'static str,
+    /// The bytes of the tensor it covers, when not all of them (a chunk).
+    pub chunk: Option<Range<u64>>,
 }
 
 impl Binding {
@@ -159,6 +172,7 @@ impl Binding {
             name: name.into(),
             slot: Slot::Input(index),
             ty,
+            chunk: None,
         }
     }
 
@@ -167,11 +181,134 @@ impl Binding {
             name: name.into(),
             slot: Slot::Output(index),
             ty,
+            chunk: None,
+        }
+    }
+
+    /// A binding of bytes `bytes` of the operand: they start and end on whole elements of
+    /// `ty` (or the end is the tensor's), and are at most [`MAX_BINDING_BYTES`].
+    pub fn chunk(name: &str, slot: Slot, ty: &'static str, bytes: Range<u64>) -> Binding {
+        Binding {
+            name: name.into(),
+            slot,
+            ty,
+            chunk: Some(bytes),
         }
     }
 
     fn element_bytes(&self) -> u32 {
-        if self.ty.starts_with("vec4") { 16 } else { 4 }
+        element_bytes(self.ty)
+    }
+}
+
+/// Bytes of one element of the WGSL array type `ty` (the ABI's 4- and 16-byte types).
+fn element_bytes(ty: &str) -> u32 {
+    if ty.starts_with("vec4") { 16 } else { 4 }
+}
+
+/// The most bytes one binding may cover on any device: the spec guarantees
+/// `maxStorageBufferRange` >= 2^27, and the runtime binds from the largest multiple of
+/// `minStorageBufferOffsetAlignment` (at most 256) at or below the tensor's 4-aligned start.
+pub const MAX_BINDING_BYTES: u64 = (1 << 27) - 256;
+
+/// Splits `bytes` into the fewest chunks of at most [`MAX_BINDING_BYTES`] that start on
+/// multiples of `unit` (a whole element, or a row when a kernel needs whole rows), as equal as
+/// the units allow; the last one ends at `bytes`.
+pub fn chunk_ranges(bytes: u64, unit: u64) -> Result<Vec<Range<u64>>, NoKernel> {
+    let per_chunk = MAX_BINDING_BYTES / unit.max(1);
+    if per_chunk == 0 {
+        return Err(no_kernel!(
+            "{unit}-byte units do not fit one binding of {MAX_BINDING_BYTES} bytes"
+        ));
+    }
+    let units = bytes.div_ceil(unit);
+    let per_chunk = units.div_ceil(units.div_ceil(per_chunk).max(1)).max(1);
+    Ok((0..units.div_ceil(per_chunk))
+        .map(|k| k * per_chunk * unit..((k + 1) * per_chunk * unit).min(bytes))
+        .collect())
+}
+
+/// How a kernel reads one input: through one binding `x` (`x[offsets.x + i]`), or, when the
+/// tensor is larger than [`MAX_BINDING_BYTES`], through chunk bindings `x_0`, `x_1`... and the
+/// accessor `fn load_x(i: u32) -> T` it writes, which picks the chunk that holds element `i`.
+/// Kernels write `at(&format!("{} + i", base()))` and read either way.
+#[derive(Clone, Debug)]
+pub struct InputBinding {
+    name: String,
+    pub bindings: Vec<Binding>,
+    /// Module-scope WGSL to add to the kernel (the accessor; empty for one binding).
+    pub accessor: String,
+}
+
+impl InputBinding {
+    /// Input `index` (`operand`) as an array of `ty`, cut where needed into chunks that start
+    /// on multiples of `unit` bytes (a multiple of `ty`'s size).
+    pub fn new(
+        name: &str,
+        index: usize,
+        ty: &'static str,
+        operand: &Operand,
+        unit: u64,
+    ) -> Result<InputBinding, NoKernel> {
+        let bytes = operand.desc.bytes() as u64;
+        let eb = u64::from(element_bytes(ty));
+        if bytes <= MAX_BINDING_BYTES {
+            return Ok(InputBinding {
+                name: name.into(),
+                bindings: vec![Binding::input(name, index, ty)],
+                accessor: String::new(),
+            });
+        }
+        if !unit.is_multiple_of(eb) || !operand.byte_offset.is_multiple_of(eb) {
+            return Err(no_kernel!("chunks of {unit} bytes of an array of {ty}"));
+        }
+        let ranges = chunk_ranges(bytes, unit)?;
+        let mut accessor = format!("fn load_{name}(i: u32) -> {ty} {{\n");
+        let mut bindings = Vec::with_capacity(ranges.len());
+        for (k, r) in ranges.iter().enumerate() {
+            let (chunk, start) = (format!("{name}_{k}"), r.start / eb);
+            let at = match start {
+                0 => format!("{chunk}[offsets.{chunk} + i]"),
+                s => format!("{chunk}[offsets.{chunk} + (i - {s}u)]"),
+            };
+            if k + 1 < ranges.len() {
+                let end = r.end / eb;
+                let _ = writeln!(accessor, "    if (i < {end}u) {{ return {at}; }}");
+            } else {
+                let _ = writeln!(accessor, "    return {at};");
+            }
+            bindings.push(Binding::chunk(&chunk, Slot::Input(index), ty, r.clone()));
+        }
+        accessor.push_str("}\n");
+        Ok(InputBinding {
+            name: name.into(),
+            bindings,
+            accessor,
+        })
+    }
+
+    /// Whether the input is read through chunks.
+    pub fn chunked(&self) -> bool {
+        !self.accessor.is_empty()
+    }
+
+    /// The WGSL index of the tensor's first element: add it to element indices for [`at`].
+    ///
+    /// [`at`]: InputBinding::at
+    pub fn base(&self) -> String {
+        match self.chunked() {
+            true => "0u".into(),
+            false => format!("offsets.{}", self.name),
+        }
+    }
+
+    /// The WGSL expression of the element at index `i` (an expression that includes
+    /// [`base`](InputBinding::base)).
+    pub fn at(&self, i: &str) -> String {
+        match self.chunked() {
+            true => format!("load_{}({i})", self.name),
+            false => format!("{}[{i}]", self.name),
+        }
     }
 }
 
@@ -277,6 +414,7 @@ const FAMILIES: &[(&[&str], Lower)] = &[
     (pool::OPS, pool::lower),
     (reduce::OPS, reduce::lower),
     (resize::OPS, resize::lower),
+    (rnn::OPS, rnn::lower),
 ];
 
 type Lower = fn(&KernelCx) -> Result<Vec<Dispatch>, NoKernel>;
@@ -286,13 +424,30 @@ pub fn supported_ops() -> impl Iterator<Item = &'static str> {
     FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied())
 }
 
-/// The dispatches of one step, or why it has none.
+/// The dispatches of one step, or why it has none; also none when a dispatch would bind a
+/// whole operand larger than every device can bind (families that can, read it in chunks).
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let (_, lower) = FAMILIES
         .iter()
         .find(|(ops, _)| ops.contains(&cx.op))
         .ok_or_else(|| no_kernel!("no Vulkan kernel for {}", cx.op))?;
-    lower(cx)
+    let dispatches = lower(cx)?;
+    for b in dispatches.iter().flat_map(|d| &d.bindings) {
+        let (operand, what) = match b.slot {
+            Slot::Input(i) => (cx.inputs.get(i), format!("input {i}")),
+            Slot::Output(o) => (cx.outputs.get(o), format!("output {o}")),
+        };
+        let Some(o) = operand else { continue };
+        let bytes = o.desc.bytes() as u64;
+        if b.chunk.is_none() && bytes > MAX_BINDING_BYTES {
+            let name = if o.name.is_empty() { &what } else { &o.name };
+            return Err(no_kernel!(
+                "operand {name} is {bytes} bytes, more than the 128 MiB every Vulkan device \
+                 can bind"
+            ));
+        }
+    }
+    Ok(dispatches)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -327,30 +482,29 @@ impl KernelSet {
         variant: &mut proto::Variant,
     ) -> Result<Vec<(usize, NoKernel)>, KernelError> {
         let mut missing = Vec::new();
-        let operand = |t: u32| operand(variant, t);
+        // Steps of a submodel that needs the CPU (one of its steps has no kernel) get none.
+        let mut on_cpu = vec![false; variant.steps.len()];
+        for sub in &variant.submodels {
+            let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
+            let Some(steps) = variant.steps.get(steps.clone()).map(|_| steps) else {
+                continue;
+            };
+            if variant.steps[steps.clone()]
+                .iter()
+                .any(|s| !s.no_vulkan_kernel.is_empty())
+            {
+                on_cpu[steps].fill(true);
+            }
+        }
         let mut per_step = Vec::with_capacity(variant.steps.len());
         for (index, step) in variant.steps.iter().enumerate() {
-            let attrs = match Attrs::from_proto(&step.attributes) {
-                Ok(a) => a,
-                Err(e) => {
-                    missing.push((index, no_kernel!("{e}")));
-                    per_step.push(Vec::new());
-                    continue;
-                }
-            };
-            let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(t)).collect();
-            let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(t)).collect();
-            let cx = |class| KernelCx {
-                class,
-                op: &step.op,
-                name: &step.name,
-                attrs: &attrs,
-                inputs: &inputs,
-                outputs: &outputs,
-            };
-            let (gpu, cpu) = match (lower(&cx(DeviceClass::Gpu)), lower(&cx(DeviceClass::Cpu))) {
-                (Ok(gpu), Ok(cpu)) => (gpu, cpu),
-                (Err(why), _) | (_, Err(why)) => {
+            if on_cpu[index] {
+                per_step.push(Vec::new());
+                continue;
+            }
+            let (gpu, cpu) = match lower_step(variant, step) {
+                Ok(both) => both,
+                Err(why) => {
                     missing.push((index, why));
                     per_step.push(Vec::new());
                     continue;
@@ -381,6 +535,8 @@ impl KernelSet {
                                 },
                                 write: matches!(b.slot, Slot::Output(_)),
                                 element_bytes: b.element_bytes(),
+                                byte_offset: b.chunk.as_ref().map_or(0, |r| r.start),
+                                byte_length: b.chunk.as_ref().map_or(0, |r| r.end - r.start),
                             })
                             .collect(),
                     });
@@ -398,6 +554,15 @@ impl KernelSet {
         for (index, why) in &missing {
             variant.steps[*index].no_vulkan_kernel = why.0.clone();
         }
+        missing.extend(
+            variant
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(i, s)| on_cpu[*i] && !s.no_vulkan_kernel.is_empty())
+                .map(|(i, s)| (i, NoKernel(s.no_vulkan_kernel.clone()))),
+        );
+        missing.sort_by_key(|&(i, _)| i);
         Ok(missing)
     }
 
@@ -429,6 +594,26 @@ impl KernelSet {
     }
 }
 
+/// The dispatches of one step of `variant` for GPUs and for CPU-type devices, or why it has
+/// none (a step runs on Vulkan only if both classes have kernels).
+pub fn lower_step(
+    variant: &proto::Variant,
+    step: &proto::Step,
+) -> Result<(Vec<Dispatch>, Vec<Dispatch>), NoKernel> {
+    let attrs = Attrs::from_proto(&step.attributes).map_err(|e| no_kernel!("{e}"))?;
+    let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(variant, t)).collect();
+    let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(variant, t)).collect();
+    let cx = |class| KernelCx {
+        class,
+        op: &step.op,
+        name: &step.name,
+        attrs: &attrs,
+        inputs: &inputs,
+        outputs: &outputs,
+    };
+    Ok((lower(&cx(DeviceClass::Gpu))?, lower(&cx(DeviceClass::Cpu))?))
+}
+
 fn operand(variant: &proto::Variant, t: u32) -> Operand {
     use proto::storage::Kind;
     let tensor = &variant.tensors[t as usize];
@@ -443,10 +628,14 @@ fn operand(variant: &proto::Variant, t: u32) -> Operand {
         Some(Kind::Weight(w)) => ((1, u64::from(w)), 0),
         Some(Kind::Input(i)) => ((2, u64::from(i)), 0),
         Some(Kind::Output(o)) => ((3, u64::from(o)), 0),
+        // Inside a device, submodel inputs and outputs sit at 16-byte multiples of its IO
+        // buffer, as the boundary buffer's offsets are.
+        Some(Kind::Boundary(offset)) => ((5, 0), offset),
         Some(Kind::View(_)) | None => ((4, u64::from(root)), 0),
     };
     let byte_offset = base + view_offset;
     Operand {
+        name: tensor.name.clone(),
         location: (place.0, place.1, byte_offset),
         byte_offset,
         desc,
@@ -548,6 +737,7 @@ mod tests {
     fn a_relu_kernel_compiles_to_spirv() {
         let desc = TensorDesc::new(DType::F32, vec![2, 3]);
         let op = |byte_offset, location| Operand {
+            name: String::new(),
             desc: desc.clone(),
             byte_offset,
             location,
@@ -567,5 +757,107 @@ mod tests {
         let spirv = compile(&d[0].wgsl).unwrap();
         assert_eq!(spirv[0], 0x0723_0203, "SPIR-V magic");
         assert_eq!(cx.in_place(), None);
+    }
+
+    #[test]
+    fn chunks_fit_one_binding_and_start_on_whole_units() {
+        const MAX: u64 = (1 << 27) - 256;
+        // VGG19's fc6 weight, 4096 x 25088 floats = 411041792 bytes: 3.06 times MAX, so 4
+        // chunks; rows of 100352 bytes: 4096 rows as 4 x 1024, vec4s: 4 x 102760448 bytes.
+        let rows = chunk_ranges(411_041_792, 100_352).unwrap();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[1], 1024 * 100_352..2048 * 100_352);
+        let vec4s = chunk_ranges(411_041_792, 16).unwrap();
+        assert_eq!(vec4s[3], 3 * 102_760_448..411_041_792);
+        // Contiguous cover, each within MAX and starting on a unit; the last one ends at
+        // the tensor's end even mid-unit.
+        for (bytes, unit) in [(MAX, 4), (MAX + 4, 4), (3 * MAX + 6, 12), (1000, 16)] {
+            let chunks = chunk_ranges(bytes, unit).unwrap();
+            assert_eq!(chunks.len() as u64, bytes.div_ceil(MAX));
+            assert_eq!((chunks[0].start, chunks.last().unwrap().end), (0, bytes));
+            for (c, next) in chunks.iter().zip(chunks.iter().skip(1)) {
+                assert_eq!(c.end, next.start);
+            }
+            assert!(
+                chunks
+                    .iter()
+                    .all(|c| c.start % unit == 0 && c.end - c.start <= MAX)
+            );
+        }
+        assert!(chunk_ranges(1 << 30, 1 << 27).is_err(), "a unit over MAX");
+    }
+
+    #[test]
+    fn a_chunked_input_reads_through_its_accessor() {
+        let op = |n: usize, at| Operand::arena(TensorDesc::new(DType::F32, vec![n]), at);
+        // 2^26 floats (256 MiB), 2^24 vec4s: just over 2 x MAX, so three chunks of
+        // ceil(2^24 / 3) = 5592406 vec4s (89478496 bytes), the last one 32 bytes shorter.
+        let x = op(1 << 26, 0);
+        let input = InputBinding::new("x", 0, "vec4<f32>", &x, 16).unwrap();
+        assert!(input.chunked());
+        let names: Vec<&str> = input.bindings.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["x_0", "x_1", "x_2"]);
+        assert_eq!(input.bindings[2].chunk, Some(178_956_992..268_435_456));
+        assert_eq!(
+            input.accessor,
+            "fn load_x(i: u32) -> vec4<f32> {\n    \
+             if (i < 5592406u) { return x_0[offsets.x_0 + i]; }\n    \
+             if (i < 11184812u) { return x_1[offsets.x_1 + (i - 5592406u)]; }\n    \
+             return x_2[offsets.x_2 + (i - 11184812u)];\n}\n"
+        );
+        assert_eq!(
+            input.at(&format!("{} + 7u", input.base())),
+            "load_x(0u + 7u)"
+        );
+        let mut bindings = input.bindings.clone();
+        bindings.push(Binding::output("y", 0, "vec4<f32>"));
+        let wgsl = format!(
+            "{}{}@compute @workgroup_size(64)\n\
+             fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    \
+             y[offsets.y + gid.x] = {};\n}}\n",
+            header(&bindings),
+            input.accessor,
+            input.at("gid.x * 4096u")
+        );
+        compile(&wgsl).unwrap();
+        // Small inputs keep one binding and index it directly.
+        let small = InputBinding::new("x", 0, "f32", &op(100, 0), 4).unwrap();
+        assert_eq!(small.bindings, [Binding::input("x", 0, "f32")]);
+        assert_eq!(small.at("offsets.x + 3u"), "x[offsets.x + 3u]");
+        assert_eq!(small.base(), "offsets.x");
+        // Chunks of vec4s need 16-byte units and a 16-byte aligned tensor.
+        assert!(InputBinding::new("x", 0, "vec4<f32>", &x, 4).is_err());
+        assert!(InputBinding::new("x", 0, "vec4<f32>", &op(1 << 26, 4), 16).is_err());
+    }
+
+    #[test]
+    fn an_operand_over_the_guaranteed_range_needs_chunks() {
+        let attrs = Attrs::default();
+        // 2^25 + 1 floats: 4 bytes more than 128 MiB. Named as in a model, then not.
+        let mut x = Operand::arena(TensorDesc::new(DType::F32, vec![(1 << 25) + 1]), 0);
+        x.name = "big".into();
+        let y = Operand::arena(x.desc.clone(), 1 << 28);
+        let cx = |inputs, outputs| KernelCx {
+            class: DeviceClass::Cpu,
+            op: "Relu",
+            name: "r",
+            attrs: &attrs,
+            inputs,
+            outputs,
+        };
+        let (x, y) = ([x], [y]);
+        let why = lower(&cx(&x, &y)).unwrap_err();
+        assert_eq!(
+            why.0,
+            "operand big is 134217732 bytes, more than the 128 MiB every Vulkan device can bind"
+        );
+        let why = lower(&cx(&y, &y)).unwrap_err();
+        assert!(why.0.starts_with("operand input 0 is"), "{why}");
+        // 256 bytes less than 128 MiB still fits one binding.
+        let x = [Operand::arena(
+            TensorDesc::new(DType::F32, vec![(1 << 25) - 64]),
+            0,
+        )];
+        assert!(lower(&cx(&x, &x)).is_ok());
     }
 }

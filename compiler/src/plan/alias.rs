@@ -13,6 +13,10 @@
 //! Chains resolve as they are found (a view of a view is a view of the root, with the offsets
 //! added), so liveness and offsets only ever see roots. A graph output never aliases: it is
 //! written to the caller's buffer.
+//!
+//! Every write to a root happens in one submodel (`part`): an in-place write only over a root
+//! produced in the same submodel, a concat in place only when every piece is produced in the
+//! concat's submodel. A submodel can then be run again from its inputs, on another device.
 
 use crate::ir::{Graph, Node, ValueId};
 use ingot_schema::Attrs;
@@ -101,11 +105,12 @@ fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> 
 }
 
 /// Decides views (when `views`) and in-place writes for `g` executed in `order` (node
-/// indices). `can_run_in_place(op, attrs, k)` says whether an op's kernel accepts its output
-/// over input `k`.
+/// indices), each node in submodel `part[node]`. `can_run_in_place(op, attrs, k)` says
+/// whether an op's kernel accepts its output over input `k`.
 pub fn analyse(
     g: &Graph,
     order: &[usize],
+    part: &[usize],
     views: bool,
     can_run_in_place: &dyn Fn(&str, &Attrs, usize) -> bool,
 ) -> Aliases {
@@ -162,6 +167,7 @@ pub fn analyse(
                 node,
                 [&is_input, &is_output],
                 &producers,
+                |p| part[p] == part[ni],
                 &mut a,
                 &mut root_last,
             )
@@ -181,12 +187,13 @@ pub fn analyse(
                 !is_input[r.root] && !is_output[r.root] && g.values[r.root].constant.is_none();
             let same_type = g.values[input].ty.as_ref() == out_ty;
             let dies_here = root_last[r.root] == pos;
+            let same_submodel = producers[r.root].is_some_and(|p| part[p] == part[ni]);
             // The root must not also be read through another operand of this node.
             let read_once = node
                 .present_inputs()
                 .enumerate()
                 .all(|(j, other)| j == k || a.root(other).root != r.root);
-            (in_arena && same_type && dies_here && read_once).then_some((k, r))
+            (in_arena && same_type && dies_here && same_submodel && read_once).then_some((k, r))
         });
         if let Some((k, r)) = candidate {
             join(&mut a, output, r, &mut root_last);
@@ -228,13 +235,15 @@ fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(V
 }
 
 /// Makes each input of an outer-axis Concat a view of its piece of the output, when every
-/// input is an activation root that only this Concat places: its producer then writes into
-/// the output directly. All or nothing.
+/// input is an activation root that only this Concat places and whose producer is `local`
+/// (in the concat's submodel): its producer then writes into the output directly. All or
+/// nothing.
 fn concat_in_place(
     g: &Graph,
     node: &Node,
     [is_input, is_output]: [&[bool]; 2],
     producers: &[Option<usize>],
+    local: impl Fn(usize) -> bool,
     a: &mut Aliases,
     root_last: &mut [usize],
 ) -> bool {
@@ -255,7 +264,7 @@ fn concat_in_place(
     // in-place Concat qualifies: its pieces move along.
     let eligible = |&x: &ValueId| {
         let once = inputs.iter().filter(|&&y| y == x).count() == 1;
-        once && producers[x].is_some()
+        once && producers[x].is_some_and(&local)
             && a.of[x].is_none()
             && !is_input[x]
             && !is_output[x]

@@ -64,6 +64,7 @@ fn rows(v: &proto::Variant) -> Vec<Row<'_>> {
                 Some(Kind::Output(_)) => ("output", None, None),
                 Some(Kind::Weight(_)) => ("weight", None, None),
                 Some(Kind::Arena(o)) => ("arena", Some(*o), None),
+                Some(Kind::Boundary(o)) => ("boundary", Some(*o), None),
                 Some(Kind::View(view)) => (
                     "view",
                     Some(view.byte_offset),
@@ -133,7 +134,47 @@ fn allocation_kind(a: &proto::Allocation) -> &'static str {
         Ok(proto::AllocationKind::Weight) => "weight",
         Ok(proto::AllocationKind::Arena) => "arena",
         Ok(proto::AllocationKind::Io) => "io",
+        Ok(proto::AllocationKind::Boundary) => "boundary",
         _ => "?",
+    }
+}
+
+/// What can run a submodel: Vulkan and the CPU, or only the CPU and why.
+fn submodel_devices<'a>(v: &'a proto::Variant, sub: &proto::Submodel) -> (&'static str, &'a str) {
+    let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
+    let why = v
+        .steps
+        .get(steps)
+        .unwrap_or_default()
+        .iter()
+        .find(|s| !s.no_vulkan_kernel.is_empty());
+    match why {
+        Some(step) => ("cpu", &step.no_vulkan_kernel),
+        None => ("vulkan, cpu", ""),
+    }
+}
+
+/// One line per submodel: its steps, devices, arena, allocations and what crosses its edges.
+pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
+    for (k, sub) in v.submodels.iter().enumerate() {
+        let (devices, why) = submodel_devices(v, sub);
+        let end = sub.first_step + sub.step_count;
+        let alloc_end = sub.first_allocation + sub.allocation_count;
+        let _ = writeln!(
+            out,
+            "  {k} steps {}..{end} on {devices}: arena {} bytes ({}), allocations {}..{alloc_end}",
+            sub.first_step, sub.arena_bytes, sub.strategy, sub.first_allocation,
+        );
+        if !why.is_empty() {
+            let step = v
+                .steps
+                .iter()
+                .find(|s| s.no_vulkan_kernel == why)
+                .map_or("?", |s| s.name.as_str());
+            let _ = writeln!(out, "      no Vulkan kernel for '{step}': {why}");
+        }
+        let _ = writeln!(out, "      in:  {}", names(v, &sub.inputs).join(", "));
+        let _ = writeln!(out, "      out: {}", names(v, &sub.outputs).join(", "));
     }
 }
 
@@ -165,9 +206,11 @@ pub fn text(v: &proto::Variant) -> String {
     );
     let _ = writeln!(
         out,
-        "strategy {}, schedule {}, alignment {}",
-        p.strategy, p.schedule, p.alignment
+        "strategy {}, schedule {}, alignment {}, boundary {} bytes",
+        p.strategy, p.schedule, p.alignment, p.boundary_bytes
     );
+    let _ = writeln!(out, "\nsubmodels:");
+    submodel_lines(&mut out, v);
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in v.steps.iter().enumerate() {
         let (ins, outs) = (names(v, &step.inputs), names(v, &step.outputs));
@@ -192,6 +235,7 @@ pub fn text(v: &proto::Variant) -> String {
         };
         let place = match (r.storage, r.offset, r.root) {
             ("arena", Some(o), _) => format!("arena @{o}"),
+            ("boundary", Some(o), _) => format!("boundary @{o}"),
             ("view", Some(o), Some(root)) => format!("view of {root} +{o}"),
             (s, _, _) => s.to_string(),
         };
@@ -260,6 +304,7 @@ pub fn json(v: &proto::Variant) -> serde_json::Value {
         .iter()
         .map(|a| json!({"kind": allocation_kind(a), "bytes": a.bytes, "running_bytes": a.running_bytes}))
         .collect();
+    let submodels = submodels_json(v);
     json!({
         "variant": v.name,
         "arena_bytes": p.arena_bytes,
@@ -269,10 +314,35 @@ pub fn json(v: &proto::Variant) -> serde_json::Value {
         "strategy": p.strategy,
         "step_order": p.schedule,
         "alignment": p.alignment,
+        "boundary_bytes": p.boundary_bytes,
+        "submodels": submodels,
         "steps": steps,
         "tensors": tensors,
         "schedule": schedule,
     })
+}
+
+/// The submodels as JSON: steps, devices, arena, boundary tensors, allocations.
+pub fn submodels_json(v: &proto::Variant) -> Vec<serde_json::Value> {
+    v.submodels
+        .iter()
+        .map(|sub| {
+            let (devices, why) = submodel_devices(v, sub);
+            json!({
+                "first_step": sub.first_step,
+                "step_count": sub.step_count,
+                "devices": devices.split(", ").collect::<Vec<_>>(),
+                "no_vulkan_kernel": why,
+                "arena_bytes": sub.arena_bytes,
+                "lower_bound_bytes": sub.lower_bound_bytes,
+                "strategy": sub.strategy,
+                "inputs": names(v, &sub.inputs),
+                "outputs": names(v, &sub.outputs),
+                "first_allocation": sub.first_allocation,
+                "allocation_count": sub.allocation_count,
+            })
+        })
+        .collect()
 }
 
 /// The plan as an SVG picture: arena roots as boxes (step across, offset up), the lower bound

@@ -276,7 +276,7 @@ fn verifier_rejects_overlap_misalignment_and_clobbering() {
     assert!(verify(&g, &misaligned).unwrap_err().contains("aligned"));
 
     let mut outside = good.clone();
-    outside.arena_bytes = 16;
+    outside.submodels[0].arena_bytes = 16;
     assert!(verify(&g, &outside).unwrap_err().contains("overruns"));
 
     // c written over b while b is still to be read by the Add: the verifier sees b clobbered.
@@ -523,4 +523,87 @@ fn random_dags_plan_and_verify() {
             assert!(p.arena_bytes >= p.lower_bound_bytes);
         }
     }
+}
+
+/// The residual graph with its Relu and Add needing the CPU: Conv | Relu | Conv | Add | Conv.
+fn split_residual() -> (Graph, [usize; 6], Partition) {
+    let (g, values) = residual();
+    let mut no_vulkan = vec![None; g.nodes.len()];
+    no_vulkan[1] = Some("a test says so".to_string());
+    no_vulkan[3] = Some("a test says so".to_string());
+    let parts = Partition::new(&g, &no_vulkan);
+    (g, values, parts)
+}
+
+#[test]
+fn tensors_crossing_submodels_live_in_the_boundary_buffer() {
+    let (g, [x, a, b, c, d, y], parts) = split_residual();
+    assert_eq!(parts.part, [0, 1, 2, 3, 4]);
+    let p = plan_parts(&g, &parts, target());
+    verify(&g, &p).unwrap();
+    assert_eq!(p.submodels.len(), 5);
+    // Every activation crosses a submodel edge; b is read by two later submodels.
+    for v in [a, b, c, d] {
+        assert!(
+            matches!(p.storage[v], Some(Storage::Boundary { .. })),
+            "{v}: {:?}",
+            p.storage[v]
+        );
+    }
+    // The Relu cannot write over a (made by another submodel), nor the Add over c.
+    assert_eq!(p.in_place, vec![None; 5]);
+    assert_eq!(p.submodels[0].inputs, [x]);
+    assert_eq!(p.submodels[0].outputs, [a]);
+    assert_eq!(p.submodels[3].inputs, [b, c]);
+    assert_eq!(p.submodels[4].outputs, [y]);
+    assert_eq!(p.submodels[2].weights, [0]);
+    // b lives from submodel 1 to 3, so c (2 to 3) and d (3 to 4) cannot share its bytes;
+    // a (0 to 1) and c can.
+    let at = |v| match p.storage[v] {
+        Some(Storage::Boundary { offset }) => offset,
+        _ => unreachable!(),
+    };
+    assert_ne!(at(b), at(c));
+    assert_ne!(at(b), at(d));
+    assert_eq!(p.boundary_bytes, 3 * 512);
+    assert_eq!(p.arena_bytes, 0);
+}
+
+#[test]
+fn the_verifier_checks_submodel_storage() {
+    let (g, [_, a, b, _, _, _], parts) = split_residual();
+    let good = plan_parts(&g, &parts, target());
+    verify(&g, &good).unwrap();
+
+    let mut shared = good.clone();
+    shared.storage[b] = shared.storage[a].clone(); // a (0..1) and b (1..3) meet at submodel 1
+    assert!(verify(&g, &shared).unwrap_err().contains("overlap"));
+
+    let mut arena = good.clone();
+    arena.storage[b] = Some(Storage::Arena { offset: 0 });
+    arena.submodels[1].arena_bytes = 512;
+    assert!(
+        verify(&g, &arena)
+            .unwrap_err()
+            .contains("used by submodels 1 and 3")
+    );
+
+    let mut small = good.clone();
+    small.boundary_bytes = 512;
+    assert!(verify(&g, &small).unwrap_err().contains("boundary buffer"));
+}
+
+#[test]
+fn one_submodel_plans_as_before() {
+    let (g, _) = residual();
+    let single = plan(&g, target());
+    let parted = plan_parts(
+        &g,
+        &Partition::new(&g, &[None, None, None, None, None]),
+        target(),
+    );
+    assert_eq!(single.storage, parted.storage);
+    assert_eq!(single.arena_bytes, parted.arena_bytes);
+    assert_eq!(parted.boundary_bytes, 0);
+    assert_eq!(parted.submodels.len(), 1);
 }

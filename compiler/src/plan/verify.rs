@@ -3,7 +3,10 @@
 //! - every value a step touches has storage; views point at roots and lie inside them;
 //! - arena roots are aligned and inside the arena, and no two roots live at one step overlap;
 //! - every step reads bytes that hold what it expects: written before it and not overwritten
-//!   since. This is what makes in-place writes, shared views and in-place concats safe.
+//!   since. This is what makes in-place writes, shared views and in-place concats safe;
+//! - submodels cover the order in runs; an arena root is touched by one submodel only and fits
+//!   its arena; a boundary root is written by one submodel, and no two boundary roots whose
+//!   submodel spans meet share bytes.
 
 use super::{Plan, Storage};
 use crate::ir::{Graph, ValueId};
@@ -68,6 +71,15 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
     }
     let mut first = vec![usize::MAX; g.values.len()];
     let mut last = vec![0usize; g.values.len()];
+    // The submodel of each position, and the submodels that write each root.
+    let mut part = vec![usize::MAX; plan.order.len()];
+    for (k, sub) in plan.submodels.iter().enumerate() {
+        match part.get_mut(sub.positions.clone()) {
+            Some(slots) if slots.iter().all(|&p| p == usize::MAX) => slots.fill(k),
+            _ => return Err(format!("submodel {k} overlaps another or leaves the order")),
+        }
+    }
+    let mut writers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
     for (pos, &ni) in plan.order.iter().enumerate() {
         let node = &g.nodes[ni];
         if plan.elided[ni] {
@@ -113,6 +125,9 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
             }
             first[root] = first[root].min(pos);
             last[root] = last[root].max(pos);
+            if !writers[root].contains(&part[pos]) {
+                writers[root].push(part[pos]);
+            }
             // The written range now holds `v`; what was there is cut around it.
             let mut kept = Vec::with_capacity(contents[root].len() + 2);
             for &(s, e, who) in &contents[root] {
@@ -133,40 +148,79 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
         }
     }
 
+    // Arena roots: one submodel's, inside its arena. Boundary roots: one writer, inside the
+    // buffer. Both then must not overlap a root live at the same time, positions for arena
+    // roots and submodels for boundary roots.
     let mut arena: Vec<(ValueId, u64, u64)> = Vec::new();
+    let mut boundary: Vec<(ValueId, u64, u64)> = Vec::new();
     for (v, s) in plan.storage.iter().enumerate() {
-        if let Some(Storage::Arena { offset }) = s {
-            if offset % plan.alignment != 0 {
+        let (offset, is_arena) = match s {
+            Some(Storage::Arena { offset }) => (*offset, true),
+            Some(Storage::Boundary { offset }) => (*offset, false),
+            _ => continue,
+        };
+        if offset % plan.alignment != 0 {
+            return Err(format!(
+                "'{}' at offset {offset} is not {}-aligned",
+                name(v),
+                plan.alignment
+            ));
+        }
+        if first[v] == usize::MAX {
+            continue;
+        }
+        let end = offset + bytes(v);
+        let (from, to) = (part[first[v]], part[last[v]]);
+        if is_arena {
+            let capacity = plan.submodels.get(from).map_or(0, |s| s.arena_bytes);
+            if from != to {
                 return Err(format!(
-                    "'{}' at offset {offset} is not {}-aligned",
-                    name(v),
-                    plan.alignment
+                    "arena tensor '{}' is used by submodels {from} and {to}",
+                    name(v)
                 ));
             }
-            let end = offset + bytes(v);
-            if end > plan.arena_bytes {
+            if end > capacity {
                 return Err(format!(
-                    "'{}' [{offset}, {end}) overruns the {}-byte arena",
-                    name(v),
-                    plan.arena_bytes
+                    "'{}' [{offset}, {end}) overruns submodel {from}'s {capacity}-byte arena",
+                    name(v)
                 ));
             }
-            if first[v] != usize::MAX {
-                arena.push((v, *offset, end));
+            arena.push((v, offset, end));
+        } else {
+            if writers[v].len() > 1 {
+                return Err(format!(
+                    "boundary tensor '{}' is written by submodels {:?}",
+                    name(v),
+                    writers[v]
+                ));
             }
+            if end > plan.boundary_bytes {
+                return Err(format!(
+                    "'{}' [{offset}, {end}) overruns the {}-byte boundary buffer",
+                    name(v),
+                    plan.boundary_bytes
+                ));
+            }
+            // Its span in submodels, kept in `first`/`last` from here on.
+            first[v] = from;
+            last[v] = to;
+            boundary.push((v, offset, end));
         }
     }
-    // Sorted by offset, a root can only collide with those that start before it ends.
-    arena.sort_by_key(|&(v, start, _)| (start, v));
-    for (i, &(a, a0, a1)) in arena.iter().enumerate() {
-        for &(b, b0, b1) in arena[i + 1..].iter().take_while(|&&(_, b0, _)| b0 < a1) {
-            let live_together = first[a] <= last[b] && first[b] <= last[a];
-            if live_together && a0 < b1 && b0 < a1 {
-                return Err(format!(
-                    "'{}' [{a0}, {a1}) and '{}' [{b0}, {b1}) are live at the same step and overlap",
-                    name(a),
-                    name(b)
-                ));
+    for roots in [&mut arena, &mut boundary] {
+        // Sorted by offset, a root can only collide with those that start before it ends.
+        roots.sort_by_key(|&(v, start, _)| (start, v));
+        for (i, &(a, a0, a1)) in roots.iter().enumerate() {
+            for &(b, b0, b1) in roots[i + 1..].iter().take_while(|&&(_, b0, _)| b0 < a1) {
+                let live_together = first[a] <= last[b] && first[b] <= last[a];
+                if live_together && a0 < b1 && b0 < a1 {
+                    return Err(format!(
+                        "'{}' [{a0}, {a1}) and '{}' [{b0}, {b1}) are live at the same time and \
+                         overlap",
+                        name(a),
+                        name(b)
+                    ));
+                }
             }
         }
     }

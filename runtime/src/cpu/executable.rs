@@ -1,14 +1,16 @@
-//! The CPU executable: a variant's steps run in order out of the activation arena the plan
+//! The CPU executable: a submodel's steps run in order out of the activation arena the plan
 //! sized, reading weights straight from the bundle.
 //!
-//! Every step's operands are resolved once, at creation, to a place (arena, weight, caller
-//! input, output) and a byte range; `run` only calls kernels.
+//! Every step's operands are resolved once, at creation, to a place (arena, weight, the
+//! submodel's input or output) and a byte range; `run` only calls kernels.
 
 use super::{Kernel, KernelError, OpCx};
 use crate::bundle::{Bundle, tensor_desc};
+use crate::carve::Carved;
+use crate::failsafe::{Failure, Faults, Stage};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::session::{Executable, SessionError};
-use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
+use crate::tensor::{TensorDesc, TensorMut, TensorRef};
 use ingot_schema::Attrs;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
@@ -19,6 +21,7 @@ use std::sync::Arc;
 enum Place {
     Arena,
     Weight(usize),
+    /// The submodel's input or output (the caller's, or the boundary buffer's).
     Input(usize),
     Output(usize),
 }
@@ -31,6 +34,8 @@ struct Operand {
 }
 
 struct Step {
+    /// Its index in the variant, for errors.
+    index: usize,
     name: String,
     op: String,
     kernel: Box<dyn Kernel>,
@@ -40,9 +45,10 @@ struct Step {
     in_place: Option<usize>,
 }
 
-/// A variant prepared for the CPU.
+/// A submodel prepared for the CPU.
 pub struct CpuExecutable {
     bundle: Arc<Bundle>,
+    faults: Faults,
     steps: Vec<Step>,
     // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
     arena: Vec<u64>,
@@ -62,32 +68,39 @@ impl Drop for CpuExecutable {
 }
 
 impl CpuExecutable {
-    /// Prepares every step's kernel and allocates the arena of variant `index`.
+    /// Prepares every step's kernel and allocates the arena of submodel `submodel` of variant
+    /// `variant`.
     pub fn new(
         bundle: Arc<Bundle>,
-        index: usize,
+        variant: usize,
+        submodel: usize,
         ledger: &Ledger,
-    ) -> Result<CpuExecutable, SessionError> {
-        let variant = &bundle.manifest().variants[index];
-        let plan = variant
-            .plan
-            .as_ref()
-            .ok_or(crate::BundleError::Invalid("no plan".into()))?;
+        faults: &Faults,
+    ) -> Result<CpuExecutable, Failure> {
+        let v = &bundle.manifest().variants[variant];
+        let sub = &v.submodels[submodel];
         let operand = |t: u32| -> Operand {
-            let tensor = &variant.tensors[t as usize];
+            let tensor = &v.tensors[t as usize];
             let desc = tensor_desc(tensor);
             let len = desc.bytes();
             let (root, offset) = match tensor.storage.as_ref().and_then(|s| s.kind.as_ref()) {
-                Some(Kind::View(v)) => (&variant.tensors[v.of as usize], v.byte_offset as usize),
-                _ => (tensor, 0),
+                Some(Kind::View(view)) => (view.of, view.byte_offset as usize),
+                _ => (t, 0),
             };
-            let (place, base) = match root.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+            let root_kind = v.tensors[root as usize]
+                .storage
+                .as_ref()
+                .and_then(|s| s.kind.as_ref());
+            let position = |list: &[u32]| list.iter().position(|&x| x == root);
+            let (place, base) = match root_kind {
                 Some(Kind::Arena(off)) => (Place::Arena, *off as usize),
                 Some(Kind::Weight(w)) => (Place::Weight(*w as usize), 0),
-                Some(Kind::Input(i)) => (Place::Input(*i as usize), 0),
-                Some(Kind::Output(o)) => (Place::Output(*o as usize), 0),
-                // Validation guarantees a root has one of the kinds above.
-                Some(Kind::View(_)) | None => (Place::Arena, 0),
+                // Validation guarantees the submodel lists every other root its steps touch.
+                _ => match (position(&sub.outputs), position(&sub.inputs)) {
+                    (Some(o), _) => (Place::Output(o), 0),
+                    (None, Some(i)) => (Place::Input(i), 0),
+                    (None, None) => (Place::Arena, usize::MAX / 2),
+                },
             };
             Operand {
                 place,
@@ -96,21 +109,21 @@ impl CpuExecutable {
             }
         };
 
-        let arena_bytes = plan.arena_bytes;
-        let words = arena_bytes.div_ceil(8) as usize;
-        let mut arena = Vec::new();
-        arena
-            .try_reserve_exact(words)
-            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })?;
-        arena.resize(words, 0);
-
-        let mut steps = Vec::with_capacity(variant.steps.len());
-        for (index, s) in variant.steps.iter().enumerate() {
-            let prepare_error = |source| SessionError::Prepare {
-                index,
-                name: s.name.clone(),
-                op: s.op.clone(),
-                source,
+        let first = sub.first_step as usize;
+        let mut steps = Vec::with_capacity(sub.step_count as usize);
+        for (index, s) in v.steps[first..first + sub.step_count as usize]
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (first + k, s))
+        {
+            let prepare_error = |source| Failure {
+                stage: Stage::Pipelines,
+                error: SessionError::Prepare {
+                    index,
+                    name: s.name.clone(),
+                    op: s.op.clone(),
+                    source,
+                },
             };
             let attrs = Attrs::from_proto(&s.attributes).map_err(|e| prepare_error(e.into()))?;
             let inputs: Vec<Operand> = s.inputs.iter().map(|&t| operand(t)).collect();
@@ -139,6 +152,7 @@ impl CpuExecutable {
                 )));
             }
             steps.push(Step {
+                index,
                 name: s.name.clone(),
                 op: s.op.clone(),
                 kernel,
@@ -147,23 +161,41 @@ impl CpuExecutable {
                 in_place,
             });
         }
+        faults
+            .check("cpu", Stage::Pipelines)
+            .map_err(Failure::at(Stage::Pipelines))?;
 
-        let arena_entry = Some(ledger.allocate(MemoryKind::Arena, arena_bytes, "cpu arena"));
-        Ok(CpuExecutable {
+        let arena_bytes = sub.arena_bytes;
+        let words = arena_bytes.div_ceil(8) as usize;
+        let mut arena = Vec::new();
+        arena
+            .try_reserve_exact(words)
+            .map_err(|_| SessionError::ArenaAllocation { bytes: arena_bytes })
+            .map_err(Failure::at(Stage::Arena))?;
+        arena.resize(words, 0);
+        let exe = CpuExecutable {
             ledger: ledger.clone(),
-            arena_entry,
+            arena_entry: Some(ledger.allocate(MemoryKind::Arena, arena_bytes, "cpu arena")),
             steps,
             arena,
             arena_bytes: arena_bytes as usize,
             bundle,
-        })
+            faults: faults.clone(),
+        };
+        // After the allocation, so that a test sees it freed.
+        faults
+            .check("cpu", Stage::Arena)
+            .map_err(Failure::at(Stage::Arena))?;
+        Ok(exe)
     }
 }
 
 impl Executable for CpuExecutable {
-    fn run(&mut self, inputs: &[Tensor], outputs: &mut [Tensor]) -> Result<(), SessionError> {
+    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
+        self.faults.check("cpu", Stage::Run)?;
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
-        for (index, step) in self.steps.iter().enumerate() {
+        for step in &self.steps {
+            let index = step.index;
             let fail = |source| SessionError::Step {
                 index,
                 name: step.name.clone(),
@@ -178,7 +210,7 @@ impl Executable for CpuExecutable {
             let mut places = Places {
                 bundle: &self.bundle,
                 inputs,
-                arena: Carved::new(arena, &step.outputs, Place::Arena).ok_or_else(aliasing)?,
+                arena: Carved::new(arena, arena_writes(&step.outputs)).ok_or_else(aliasing)?,
                 outputs: OutputSlots::new(outputs, &step.outputs),
             };
             let ins = step
@@ -212,11 +244,19 @@ impl Executable for CpuExecutable {
     }
 }
 
+/// The arena ranges a step writes.
+fn arena_writes(outputs: &[Operand]) -> impl Iterator<Item = Range<usize>> + '_ {
+    outputs
+        .iter()
+        .filter(|o| o.place == Place::Arena)
+        .map(|o| o.bytes.clone())
+}
+
 /// One step's view of memory: shared borrows for what it reads, exclusive borrows for what it
 /// writes, carved from the same buffers without copies or unsafe code.
 struct Places<'a> {
     bundle: &'a Bundle,
-    inputs: &'a [Tensor],
+    inputs: &'a [TensorRef<'a>],
     arena: Carved<'a>,
     outputs: OutputSlots<'a>,
 }
@@ -226,7 +266,7 @@ impl<'a> Places<'a> {
         let bytes: &'a [u8] = match o.place {
             Place::Arena => self.arena.read(&o.bytes)?,
             Place::Weight(w) => self.bundle.weight_bytes(w).get(o.bytes.clone())?,
-            Place::Input(i) => self.inputs.get(i)?.bytes().get(o.bytes.clone())?,
+            Place::Input(i) => self.inputs.get(i)?.bytes.get(o.bytes.clone())?,
             Place::Output(i) => self.outputs.read(i)?.get(o.bytes.clone())?,
         };
         Some(TensorRef {
@@ -250,62 +290,6 @@ impl<'a> Places<'a> {
     }
 }
 
-/// The arena cut at the ranges a step writes: those become exclusive slices, the gaps between
-/// them shared ones. A read that overlaps a written range is refused (it would alias).
-struct Carved<'a> {
-    gaps: Vec<(usize, &'a [u8])>,
-    written: Vec<(Range<usize>, Option<&'a mut [u8]>)>,
-}
-
-impl<'a> Carved<'a> {
-    fn new(arena: &'a mut [u8], outputs: &[Operand], place: Place) -> Option<Carved<'a>> {
-        let mut ranges: Vec<Range<usize>> = outputs
-            .iter()
-            .filter(|o| o.place == place && !o.bytes.is_empty())
-            .map(|o| o.bytes.clone())
-            .collect();
-        ranges.sort_by_key(|r| r.start);
-        let mut gaps = Vec::new();
-        let mut written = Vec::new();
-        let mut rest = arena;
-        let mut at = 0;
-        for r in ranges {
-            if r.start < at || r.end > at + rest.len() {
-                return None; // overlapping outputs or out of bounds: the verifier forbids both
-            }
-            let (gap, tail) = rest.split_at_mut(r.start - at);
-            let (out, tail) = tail.split_at_mut(r.len());
-            gaps.push((at, &*gap));
-            written.push((r.clone(), Some(out)));
-            at = r.end;
-            rest = tail;
-        }
-        gaps.push((at, &*rest));
-        Some(Carved { gaps, written })
-    }
-
-    fn read(&self, r: &Range<usize>) -> Option<&'a [u8]> {
-        if r.is_empty() {
-            // Empty, but aligned like every arena offset, so that typed views accept it.
-            return Some(bytemuck::cast_slice::<u64, u8>(&[]));
-        }
-        self.gaps.iter().find_map(|&(start, gap)| {
-            (r.start >= start && r.end <= start + gap.len())
-                .then(|| &gap[r.start - start..r.end - start])
-        })
-    }
-
-    fn take(&mut self, r: &Range<usize>) -> Option<&'a mut [u8]> {
-        if r.is_empty() {
-            return Some(bytemuck::cast_slice_mut::<u64, u8>(&mut []));
-        }
-        self.written
-            .iter_mut()
-            .find(|(w, _)| w == r)
-            .and_then(|(_, slot)| slot.take())
-    }
-}
-
 /// The caller-visible outputs, split into those the step writes and those it may read.
 struct OutputSlots<'a> {
     slots: Vec<Slot<'a>>,
@@ -317,15 +301,15 @@ enum Slot<'a> {
 }
 
 impl<'a> OutputSlots<'a> {
-    fn new(outputs: &'a mut [Tensor], written: &[Operand]) -> Self {
+    fn new(outputs: &'a mut [TensorMut], written: &[Operand]) -> Self {
         let slots = outputs
             .iter_mut()
             .enumerate()
             .map(|(i, t)| {
                 if written.iter().any(|o| o.place == Place::Output(i)) {
-                    Slot::Write(Some(t.bytes_mut()))
+                    Slot::Write(Some(&mut *t.bytes))
                 } else {
-                    Slot::Read(t.bytes())
+                    Slot::Read(&*t.bytes)
                 }
             })
             .collect();

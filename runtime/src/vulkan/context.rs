@@ -135,10 +135,21 @@ impl Physical {
 
 impl Instance {
     pub fn new(validation: Validation) -> Result<Instance, VulkanError> {
-        // SAFETY: opening the system's libvulkan runs its initialisation code; the library
-        // stays loaded as long as `entry` lives, which outlives every object made from it.
-        let entry = unsafe { ash::Entry::load() }
-            .map_err(|e| VulkanError::Loader(format!("cannot load libvulkan: {e}")))?;
+        // `INGOT_VULKAN_LOADER` names another loader library (a path that does not exist
+        // stands in for a machine without Vulkan).
+        let path = std::env::var_os("INGOT_VULKAN_LOADER");
+        // SAFETY: opening libvulkan runs its initialisation code; the library stays loaded as
+        // long as `entry` lives, which outlives every object made from it.
+        let entry = match &path {
+            Some(path) => unsafe { ash::Entry::load_from(path) },
+            None => unsafe { ash::Entry::load() },
+        }
+        .map_err(|e| {
+            let which = path
+                .as_ref()
+                .map_or("libvulkan".into(), |p| p.to_string_lossy());
+            VulkanError::Loader(format!("cannot load {which}: {e}"))
+        })?;
         let instance_error =
             |what: &str, r: vk::Result| VulkanError::Instance(format!("{what}: {r}"));
         // SAFETY: plain queries of the loader.

@@ -1,4 +1,4 @@
-//! One variant made ready to run on one device: its pipelines, its buffers (allocated in the
+//! One submodel made ready to run on one device: its pipelines, its buffers (allocated in the
 //! plan's order), one descriptor set per dispatch and one command buffer recorded once.
 
 use super::context::Context;
@@ -6,6 +6,7 @@ use super::layout::{Hazards, Region, descriptor_range, io_layout, local_size};
 use super::memory::{Buffer, Placement};
 use super::{DeviceInfo, VulkanError, VulkanOptions};
 use crate::bundle::{Bundle, tensor_desc};
+use crate::failsafe::{Failure, Faults, Stage};
 use crate::ledger::{Ledger, MemoryKind};
 use crate::tensor::{TensorMut, TensorRef};
 use ash::vk;
@@ -20,7 +21,7 @@ enum Slot {
     /// Weight bank entry.
     Weight(u32),
     Arena,
-    /// Graph inputs then outputs.
+    /// The submodel's inputs then outputs.
     Io,
 }
 
@@ -34,42 +35,49 @@ impl std::fmt::Display for Slot {
     }
 }
 
-/// Where every tensor of a variant lives: the buffers in schedule order, and the IO layout.
+/// Where every tensor of a submodel lives: the buffers in schedule order, and the IO layout.
 struct Places<'a> {
     variant: &'a proto::Variant,
+    submodel: &'a proto::Submodel,
     /// The plan's allocations: which buffer and its bytes, in order.
     schedule: Vec<(Slot, u64)>,
     /// Where each buffer is in `schedule`.
     index: BTreeMap<Slot, usize>,
-    /// Byte ranges of the graph inputs, then the outputs, in the IO buffer.
+    /// Byte ranges of the submodel's inputs, then its outputs, in the IO buffer.
     io: Vec<Range<u64>>,
 }
 
 impl<'a> Places<'a> {
     /// Reads the allocation schedule and checks it against the manifest: every buffer once,
     /// each with the bytes it must hold.
-    fn new(m: &proto::Manifest, v: &'a proto::Variant) -> Result<Places<'a>, VulkanError> {
+    fn new(
+        m: &proto::Manifest,
+        v: &'a proto::Variant,
+        sub: &'a proto::Submodel,
+    ) -> Result<Places<'a>, VulkanError> {
         let bundle = |msg: String| VulkanError::Bundle(format!("variant '{}': {msg}", v.name));
         let plan = v
             .plan
             .as_ref()
             .ok_or_else(|| bundle("has no plan".into()))?;
-        let io_bytes = v
+        let io_bytes = sub
             .inputs
             .iter()
-            .chain(&v.outputs)
+            .chain(&sub.outputs)
             .map(|&t| tensor_desc(&v.tensors[t as usize]).bytes() as u64);
         let (io, io_total) =
             io_layout(io_bytes).ok_or_else(|| bundle("the IO buffer's size overflows".into()))?;
-        let mut schedule: Vec<(Slot, u64)> = Vec::with_capacity(plan.allocations.len());
+        let first = sub.first_allocation as usize;
+        let allocations = &plan.allocations[first..first + sub.allocation_count as usize];
+        let mut schedule: Vec<(Slot, u64)> = Vec::with_capacity(allocations.len());
         let mut index = BTreeMap::new();
-        for (k, a) in plan.allocations.iter().enumerate() {
+        for (k, a) in allocations.iter().enumerate() {
             let (slot, expected) = match proto::AllocationKind::try_from(a.kind) {
                 Ok(proto::AllocationKind::Weight) => (
                     Slot::Weight(a.weight),
                     m.weights.get(a.weight as usize).map_or(0, |w| w.length),
                 ),
-                Ok(proto::AllocationKind::Arena) => (Slot::Arena, plan.arena_bytes),
+                Ok(proto::AllocationKind::Arena) => (Slot::Arena, sub.arena_bytes),
                 Ok(proto::AllocationKind::Io) => (Slot::Io, io_total),
                 _ => return Err(bundle(format!("allocation {k} has an unknown kind"))),
             };
@@ -85,7 +93,7 @@ impl<'a> Places<'a> {
             }
             schedule.push((slot, a.bytes));
         }
-        for (slot, bytes) in [(Slot::Arena, plan.arena_bytes), (Slot::Io, io_total)] {
+        for (slot, bytes) in [(Slot::Arena, sub.arena_bytes), (Slot::Io, io_total)] {
             if bytes > 0 && !index.contains_key(&slot) {
                 return Err(bundle(format!(
                     "the plan's allocations miss {slot} ({bytes} bytes)"
@@ -94,6 +102,7 @@ impl<'a> Places<'a> {
         }
         Ok(Places {
             variant: v,
+            submodel: sub,
             schedule,
             index,
             io,
@@ -110,16 +119,22 @@ impl<'a> Places<'a> {
                 .and_then(|s| s.kind.as_ref())
         };
         let (root, view_offset) = match kind(t) {
-            Some(Kind::View(view)) => (kind(view.of), view.byte_offset),
-            k => (k, 0),
+            Some(Kind::View(view)) => (view.of, view.byte_offset),
+            _ => (t, 0),
         };
-        let io = |i: usize| self.io.get(i).map(|r| r.start);
-        let (slot, base) = match root {
+        // Roots outside the arena and the weights are the submodel's inputs or outputs.
+        let sub = self.submodel;
+        let io = sub
+            .inputs
+            .iter()
+            .chain(&sub.outputs)
+            .position(|&x| x == root)
+            .and_then(|i| self.io.get(i))
+            .map(|r| r.start);
+        let (slot, base) = match kind(root) {
             Some(Kind::Weight(w)) => (Slot::Weight(*w), Some(0)),
             Some(Kind::Arena(offset)) => (Slot::Arena, Some(*offset)),
-            Some(Kind::Input(i)) => (Slot::Io, io(*i as usize)),
-            Some(Kind::Output(o)) => (Slot::Io, io(v.inputs.len() + *o as usize)),
-            Some(Kind::View(_)) | None => (Slot::Io, None),
+            _ => (Slot::Io, io),
         };
         let name = v.tensors.get(t as usize).map_or("", |t| t.name.as_str());
         let bundle = |msg: String| {
@@ -146,13 +161,19 @@ struct Bound {
     writes: Vec<Region>,
 }
 
-/// The dispatches of the device class's entry (else the ANY entry) of every step, in order.
+/// The dispatches of the device class's entry (else the ANY entry) of every step of `steps`,
+/// in order.
 fn choose_dispatches(
     v: &proto::Variant,
+    steps: Range<usize>,
     class: DeviceClass,
 ) -> Result<Vec<(usize, &proto::Dispatch)>, VulkanError> {
     let mut out = Vec::new();
-    for (index, step) in v.steps.iter().enumerate() {
+    for (index, step) in v.steps[steps.clone()]
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (steps.start + k, s))
+    {
         let entry = |c: DeviceClass| step.vulkan.iter().find(|e| e.device_class == c as i32);
         let Some(entry) = entry(class).or_else(|| entry(DeviceClass::Any)) else {
             return Err(VulkanError::Unsupported {
@@ -233,8 +254,12 @@ fn bind(
     for b in &dispatch.bindings {
         let t = b.tensor;
         let tensor = &v.tensors[t as usize];
-        let bytes = tensor_desc(tensor).bytes() as u64;
         let (buffer, start) = places.locate(t)?;
+        // A chunk binding is bound as if its bytes were the tensor (validated inside it).
+        let (start, bytes) = match b.byte_length {
+            0 => (start, tensor_desc(tensor).bytes() as u64),
+            len => (start + b.byte_offset, len),
+        };
         let (offset, range) =
             descriptor_range(start, bytes, l.min_storage_buffer_offset_alignment.max(1));
         let binding = || format!("tensor {t} '{}' in the {}", tensor.name, what());
@@ -300,10 +325,11 @@ pub struct VulkanExecutable {
     ledger: Ledger,
     /// In allocation order (the plan's); freed in reverse.
     buffers: Vec<Buffer>,
-    /// Which of `buffers` holds the graph inputs and outputs.
+    /// Which of `buffers` holds the submodel's inputs and outputs.
     io: Option<usize>,
     /// Byte ranges of the inputs, then the outputs, in the IO buffer.
     io_ranges: Vec<Range<u64>>,
+    faults: Faults,
     inputs: usize,
     pipelines: Vec<vk::Pipeline>,
     descriptor_pool: vk::DescriptorPool,
@@ -329,47 +355,77 @@ impl std::fmt::Debug for VulkanExecutable {
 }
 
 impl VulkanExecutable {
-    /// Prepares variant `variant` of `bundle` on the device `options` choose: pipelines first,
-    /// then the plan's allocations in order (each weight uploaded right after it is
-    /// allocated), then the command buffer. Every allocation is recorded in `ledger`; on
-    /// failure everything allocated so far is freed.
+    /// Prepares submodel `submodel` of variant `variant` of `bundle` on the device `options`
+    /// choose: pipelines first, then the plan's allocations in order (each weight uploaded
+    /// right after it is allocated), then the command buffer. Every allocation is recorded in
+    /// `ledger`, marked with the device; on failure everything allocated so far is freed, and
+    /// the error says at which stage it failed.
     pub fn new(
         bundle: Arc<Bundle>,
         variant: usize,
+        submodel: usize,
         options: &VulkanOptions,
         ledger: &Ledger,
-    ) -> Result<VulkanExecutable, VulkanError> {
+        faults: &Faults,
+    ) -> Result<VulkanExecutable, Failure> {
         let m = bundle.manifest();
-        let v = m.variants.get(variant).ok_or_else(|| {
-            VulkanError::Bundle(format!(
-                "no variant {variant}; the bundle has {}",
-                m.variants.len()
-            ))
+        let fail = |stage| move |e: VulkanError| Failure::at(stage)(e.into());
+        let missing =
+            || VulkanError::Bundle(format!("no submodel {submodel} of variant {variant}"));
+        let v = m
+            .variants
+            .get(variant)
+            .ok_or_else(missing)
+            .map_err(fail(Stage::Kernels))?;
+        let sub = v
+            .submodels
+            .get(submodel)
+            .ok_or_else(missing)
+            .map_err(fail(Stage::Kernels))?;
+        let places = Places::new(m, v, sub).map_err(fail(Stage::Kernels))?;
+        faults
+            .check("vulkan", Stage::Instance)
+            .map_err(Failure::at(Stage::Instance))?;
+        faults
+            .check("vulkan", Stage::Device)
+            .map_err(Failure::at(Stage::Device))?;
+        let cx = Context::shared(&options.device).map_err(|e| {
+            let stage = match e {
+                VulkanError::Loader(_) => Stage::Loader,
+                VulkanError::Instance(_) => Stage::Instance,
+                _ => Stage::Device,
+            };
+            Failure::at(stage)(e.into())
         })?;
-        let places = Places::new(m, v)?;
-        let cx = Context::shared(&options.device)?;
         // One allocation per buffer of the plan, and one staging buffer at a time.
         let allocations = places.schedule.len() as u64 + 1;
         if allocations > u64::from(cx.limits.max_memory_allocation_count) {
-            return Err(VulkanError::Limits {
+            return Err(fail(Stage::Weights)(VulkanError::Limits {
                 device: cx.info.to_string(),
                 limit: "maxMemoryAllocationCount",
                 value: cx.limits.max_memory_allocation_count.into(),
                 need: allocations,
                 what: format!("variant '{}' (one allocation per weight)", v.name),
-            });
+            }));
         }
-        let bound = choose_dispatches(v, cx.class)?
-            .into_iter()
-            .map(|(step, d)| bind(&cx, &places, step, d))
-            .collect::<Result<Vec<_>, _>>()?;
+        let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
+        let bound = choose_dispatches(v, steps, cx.class)
+            .and_then(|dispatches| {
+                dispatches
+                    .into_iter()
+                    .map(|(step, d)| bind(&cx, &places, step, d))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(fail(Stage::Kernels))?;
+        let device = format!("vulkan:{}", cx.info.index);
         let mut exe = VulkanExecutable {
             cx,
-            ledger: ledger.clone(),
+            ledger: ledger.on(&device),
             buffers: Vec::with_capacity(places.schedule.len()),
             io: places.index.get(&Slot::Io).copied(),
             io_ranges: places.io.clone(),
-            inputs: v.inputs.len(),
+            inputs: sub.inputs.len(),
+            faults: faults.clone(),
             pipelines: Vec::new(),
             descriptor_pool: vk::DescriptorPool::null(),
             command_pool: vk::CommandPool::null(),
@@ -377,10 +433,16 @@ impl VulkanExecutable {
             fence: vk::Fence::null(),
         };
         // From here on, dropping `exe` on an error frees whatever was made.
-        exe.create_sync()?;
-        let pipelines = exe.create_pipelines(&bundle, &bound)?;
+        exe.create_sync().map_err(fail(Stage::Device))?;
+        let pipelines = exe
+            .create_pipelines(&bundle, &bound)
+            .map_err(fail(Stage::Pipelines))?;
+        faults
+            .check("vulkan", Stage::Pipelines)
+            .map_err(Failure::at(Stage::Pipelines))?;
         exe.allocate(&bundle, &places.schedule, options.force_staging)?;
-        exe.record(&bound, &pipelines)?;
+        exe.record(&bound, &pipelines)
+            .map_err(fail(Stage::Pipelines))?;
         Ok(exe)
     }
 
@@ -395,6 +457,12 @@ impl VulkanExecutable {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<(), VulkanError> {
+        if self.faults.check("vulkan", Stage::Run).is_err() {
+            return Err(VulkanError::DeviceLost {
+                device: self.cx.info.to_string(),
+                stage: "run (injected fault)",
+            });
+        }
         let (in_ranges, out_ranges) = self.io_ranges.split_at(self.inputs);
         check_sizes("input", inputs.iter().map(|t| t.bytes.len()), in_ranges)?;
         check_sizes("output", outputs.iter().map(|t| t.bytes.len()), out_ranges)?;
@@ -551,25 +619,47 @@ impl VulkanExecutable {
 
     /// The plan's allocations in order; each weight is uploaded right after it is allocated
     /// (through a staging buffer, freed at once, where the host cannot write it directly).
+    /// An injected fault fires when its stage's allocations are done (even if there are none),
+    /// so a test sees what was allocated freed.
     fn allocate(
         &mut self,
         bundle: &Bundle,
         schedule: &[(Slot, u64)],
         force_staging: bool,
-    ) -> Result<(), VulkanError> {
+    ) -> Result<(), Failure> {
+        const STAGES: [Stage; 3] = [Stage::Weights, Stage::Arena, Stage::Io];
+        let faults = self.faults.clone();
+        let mut done = 0;
+        let mut finish = |upto: usize| -> Result<(), Failure> {
+            while done < upto {
+                let stage = STAGES[done];
+                faults.check("vulkan", stage).map_err(Failure::at(stage))?;
+                done += 1;
+            }
+            Ok(())
+        };
         for &(slot, bytes) in schedule {
-            let (kind, label, placement) = match slot {
-                Slot::Weight(w) => (MemoryKind::Weight, format!("weight {w}"), Placement::Device),
-                Slot::Arena => (MemoryKind::Arena, "arena".into(), Placement::Device),
-                Slot::Io => (MemoryKind::Io, "io".into(), Placement::Host),
+            let (kind, label, placement, stage) = match slot {
+                Slot::Weight(w) => (
+                    MemoryKind::Weight,
+                    format!("weight {w}"),
+                    Placement::Device,
+                    0,
+                ),
+                Slot::Arena => (MemoryKind::Arena, "arena".into(), Placement::Device, 1),
+                Slot::Io => (MemoryKind::Io, "io".into(), Placement::Host, 2),
             };
-            let buffer = Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)?;
+            finish(stage)?;
+            let fail = |e: VulkanError| Failure::at(STAGES[stage])(e.into());
+            let buffer = Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)
+                .map_err(fail)?;
             self.buffers.push(buffer);
             if let Slot::Weight(w) = slot {
-                self.upload(w, bundle.weight_bytes(w as usize), force_staging)?;
+                self.upload(w, bundle.weight_bytes(w as usize), force_staging)
+                    .map_err(fail)?;
             }
         }
-        Ok(())
+        finish(STAGES.len())
     }
 
     /// Writes weight `w` into the last allocated buffer.

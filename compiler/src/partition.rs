@@ -1,0 +1,220 @@
+//! Cuts a graph into submodels: maximal runs of nodes that one kind of device can execute
+//! (DESIGN.md, "Submodels and the device fallback list").
+//!
+//! The CPU runs every op; Vulkan runs the nodes that have a kernel. Which nodes those are is
+//! the capability table: `kernels::lower` answers it for a step's real operands (op, dtypes,
+//! attributes, alignment, in-place), so the compiler plans, asks, and cuts again where the
+//! answer was no (see `crate::plan_graph`).
+//!
+//! The cut follows a capability-aware topological order: Kahn's algorithm that keeps taking
+//! ready nodes of the current kind before it switches, so a CPU-only op on a side branch
+//! does not split the Vulkan run around it. Views (the Reshape family) run no kernel and join
+//! whichever run is current.
+
+use crate::ir::Graph;
+use crate::plan::alias::VIEW_OPS;
+use std::collections::BTreeSet;
+
+/// The kind of device a submodel needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Every node has a Vulkan kernel (the CPU can run it too).
+    Vulkan,
+    /// Some node runs only on the CPU; `why` names the first one and the reason.
+    Cpu { why: String },
+}
+
+impl Kind {
+    /// The device kinds that can run it, best first, as `ingot plan` prints them.
+    pub fn devices(&self) -> &'static str {
+        match self {
+            Kind::Vulkan => "vulkan, cpu",
+            Kind::Cpu { .. } => "cpu",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Per node: the index of its submodel. Submodels are numbered in execution order, and a
+    /// node only reads values of nodes in the same or earlier submodels.
+    pub part: Vec<usize>,
+    /// Per submodel: what can run it.
+    pub kinds: Vec<Kind>,
+    /// Per node: why it has no Vulkan kernel (`None`: it has one).
+    pub no_vulkan: Vec<Option<String>>,
+}
+
+impl Partition {
+    /// Everything in one submodel that Vulkan can run.
+    pub fn single(g: &Graph) -> Partition {
+        Partition {
+            part: vec![0; g.nodes.len()],
+            kinds: vec![Kind::Vulkan],
+            no_vulkan: vec![None; g.nodes.len()],
+        }
+    }
+
+    /// Cuts `g` given, per node, why it has no Vulkan kernel (`None`: it has one).
+    pub fn new(g: &Graph, no_vulkan: &[Option<String>]) -> Partition {
+        let class = |n: usize| match &no_vulkan[n] {
+            Some(_) => Class::Cpu,
+            None if VIEW_OPS.contains(&g.nodes[n].op.as_str()) => Class::Either,
+            None => Class::Vulkan,
+        };
+        let producers = g.producers();
+        let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
+        let mut waiting = vec![0usize; g.nodes.len()];
+        for (n, node) in g.nodes.iter().enumerate() {
+            let deps: BTreeSet<usize> =
+                node.present_inputs().filter_map(|v| producers[v]).collect();
+            waiting[n] = deps.len();
+            for d in deps {
+                consumers[d].push(n);
+            }
+        }
+        let mut ready: BTreeSet<usize> = (0..g.nodes.len()).filter(|&n| waiting[n] == 0).collect();
+        let mut p = Partition {
+            part: vec![0; g.nodes.len()],
+            kinds: Vec::new(),
+            no_vulkan: no_vulkan.to_vec(),
+        };
+        // The current run: its class (`Either` until a node decides it), why it needs the
+        // CPU (its first CPU-only node), and how many nodes it has.
+        let mut current = Class::Either;
+        let mut why = None;
+        let mut len = 0;
+        while let Some(&first_ready) = ready.first() {
+            let fits = |c: Class| current == Class::Either || c == Class::Either || c == current;
+            let n = match ready.iter().copied().find(|&n| fits(class(n))) {
+                Some(n) => n,
+                None => {
+                    // Nothing more of this kind is ready: the run ends here.
+                    p.close(current, why.take());
+                    current = Class::Either;
+                    len = 0;
+                    first_ready
+                }
+            };
+            ready.remove(&n);
+            if current == Class::Either {
+                current = class(n);
+            }
+            if why.is_none() {
+                why = no_vulkan[n]
+                    .as_ref()
+                    .map(|r| format!("{}: {r}", g.nodes[n].label()));
+            }
+            p.part[n] = p.kinds.len();
+            len += 1;
+            for &c in &consumers[n] {
+                waiting[c] -= 1;
+                if waiting[c] == 0 {
+                    ready.insert(c);
+                }
+            }
+        }
+        if len > 0 {
+            p.close(current, why);
+        }
+        p
+    }
+
+    fn close(&mut self, class: Class, why: Option<String>) {
+        self.kinds.push(match (class, why) {
+            (Class::Cpu, why) => Kind::Cpu {
+                why: why.unwrap_or_default(),
+            },
+            _ => Kind::Vulkan,
+        });
+    }
+}
+
+/// What one node needs: a Vulkan kernel, the CPU, or nothing (a view).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Vulkan,
+    Cpu,
+    Either,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Node;
+    use ingot_runtime::TensorDesc;
+    use ingot_schema::DType;
+
+    /// A graph of unary nodes: `(op, input value)` per node, node k writing value k + 1;
+    /// value 0 is the input.
+    fn graph(nodes: &[(&str, usize)]) -> Graph {
+        let mut g = Graph::default();
+        let ty = || Some(TensorDesc::new(DType::F32, vec![4]));
+        for k in 0..=nodes.len() {
+            g.add_value(format!("v{k}"), ty());
+        }
+        for (k, &(op, input)) in nodes.iter().enumerate() {
+            g.nodes.push(Node {
+                name: format!("n{k}"),
+                op: op.into(),
+                domain: String::new(),
+                inputs: vec![Some(input)],
+                outputs: vec![k + 1],
+                attrs: Default::default(),
+            });
+        }
+        g.inputs = vec![0];
+        g
+    }
+
+    fn cpu_at(n: usize, at: &[usize]) -> Vec<Option<String>> {
+        (0..n)
+            .map(|k| at.contains(&k).then(|| "no kernel".to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_cpu_op_in_a_chain_makes_three_submodels() {
+        let g = graph(&[("Relu", 0), ("Cast", 1), ("Relu", 2)]);
+        let p = Partition::new(&g, &cpu_at(3, &[1]));
+        assert_eq!(p.part, [0, 1, 2]);
+        assert_eq!(
+            p.kinds,
+            [
+                Kind::Vulkan,
+                Kind::Cpu {
+                    why: "'n1' (Cast): no kernel".into()
+                },
+                Kind::Vulkan
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cpu_op_on_a_side_branch_does_not_split_the_vulkan_run() {
+        // n0 and n2 read the input, n1 (CPU) too: in the model's order V C V, cut as V V | C.
+        let g = graph(&[("Relu", 0), ("Cast", 0), ("Relu", 0)]);
+        let p = Partition::new(&g, &cpu_at(3, &[1]));
+        assert_eq!(p.part, [0, 1, 0]);
+        assert_eq!(p.kinds.len(), 2);
+    }
+
+    #[test]
+    fn views_join_the_current_run() {
+        let g = graph(&[("Relu", 0), ("Reshape", 1), ("Cast", 2), ("Reshape", 3)]);
+        let p = Partition::new(&g, &cpu_at(4, &[2]));
+        assert_eq!(p.part, [0, 0, 1, 1]);
+        // A graph of views alone is one submodel.
+        let g = graph(&[("Reshape", 0), ("Flatten", 1)]);
+        assert_eq!(Partition::new(&g, &cpu_at(2, &[])).kinds, [Kind::Vulkan]);
+    }
+
+    #[test]
+    fn everything_on_one_kind_is_one_submodel() {
+        let g = graph(&[("Relu", 0), ("Relu", 1)]);
+        assert_eq!(Partition::new(&g, &cpu_at(2, &[])), Partition::single(&g));
+        let all_cpu = Partition::new(&g, &cpu_at(2, &[0, 1]));
+        assert_eq!(all_cpu.part, [0, 0]);
+        assert!(matches!(all_cpu.kinds[..], [Kind::Cpu { .. }]));
+    }
+}

@@ -1,0 +1,85 @@
+//! The weight bank: every weight of every variant of a bundle, stored once.
+//!
+//! An entry is keyed by the blake3 hash of its element type, shape and bytes, so two
+//! initializers with equal content are one entry whatever their names, and whichever file or
+//! variant they come from (an LLM's prefill and decode graphs each carry a full copy). The key
+//! is the weight after the compiler's transforms (BN folding, per-channel scales), so a weight
+//! transformed the same way in two variants is stored once too.
+
+use crate::ir::Const;
+use ingot_schema::proto;
+use std::collections::BTreeMap;
+
+/// Weight offsets in the weights section are multiples of this (the runtime checks it).
+pub const ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
+
+#[derive(Default)]
+pub struct Bank {
+    pub entries: Vec<proto::Weight>,
+    pub section: Vec<u8>,
+    by_hash: BTreeMap<[u8; 32], u32>,
+}
+
+/// blake3 over the dtype code, the rank, the dims and the bytes.
+pub fn content_hash(c: &Const) -> [u8; 32] {
+    let desc = c.desc();
+    let mut h = blake3::Hasher::new();
+    h.update(&(desc.dtype.to_proto() as i32).to_le_bytes());
+    h.update(&(desc.shape.len() as u64).to_le_bytes());
+    for &d in &desc.shape {
+        h.update(&(d as u64).to_le_bytes());
+    }
+    h.update(c.bytes());
+    *h.finalize().as_bytes()
+}
+
+impl Bank {
+    /// The entry holding `c`'s content, added (and its bytes written) the first time.
+    pub fn add(&mut self, c: &Const) -> u32 {
+        let hash = content_hash(c);
+        if let Some(&index) = self.by_hash.get(&hash) {
+            return index;
+        }
+        let offset = self.section.len().next_multiple_of(ALIGN);
+        self.section.resize(offset, 0);
+        self.section.extend_from_slice(c.bytes());
+        let index = self.entries.len() as u32;
+        self.entries.push(proto::Weight {
+            dtype: c.desc().dtype.to_proto() as i32,
+            shape: c.desc().shape.iter().map(|&d| d as u64).collect(),
+            offset: offset as u64,
+            length: c.bytes().len() as u64,
+            content_hash: hash.to_vec(),
+        });
+        self.by_hash.insert(hash, index);
+        index
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_runtime::{Tensor, TensorDesc};
+    use ingot_schema::DType;
+
+    fn constant(shape: &[usize], values: &[f32]) -> Const {
+        Const::owned(Tensor::from_vec(shape.to_vec(), values).unwrap())
+    }
+
+    #[test]
+    fn equal_content_is_one_entry_and_shape_or_type_tell_apart() {
+        let mut bank = Bank::default();
+        let a = bank.add(&constant(&[2, 2], &[1.0, 2.0, 3.0, 4.0]));
+        let same = bank.add(&constant(&[2, 2], &[1.0, 2.0, 3.0, 4.0]));
+        let reshaped = bank.add(&constant(&[4], &[1.0, 2.0, 3.0, 4.0]));
+        let bits = Const::owned(Tensor::zeros(TensorDesc::new(DType::I32, vec![4])));
+        let zeros = bank.add(&constant(&[4], &[0.0; 4]));
+        let ints = bank.add(&bits);
+        assert_eq!((a, same, reshaped, zeros, ints), (0, 0, 1, 2, 3));
+        assert_eq!(bank.entries.len(), 4);
+        // Entries start aligned; the bytes are there once each.
+        assert!(bank.entries.iter().all(|w| w.offset % ALIGN as u64 == 0));
+        assert_eq!(bank.entries[1].offset, ALIGN as u64);
+        assert_eq!(bank.entries[0].content_hash.len(), 32);
+    }
+}

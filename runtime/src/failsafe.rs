@@ -1,0 +1,533 @@
+//! The device fallback list: the one place that knows a session may use several devices.
+//!
+//! Each submodel is prepared on the first device of the session's list that can run it and
+//! succeeds: loader present, instance and device created, pipelines created, weights uploaded,
+//! arena and IO allocated. Every device passed over is recorded with the stage and the error,
+//! and whatever it had allocated is freed before the next is tried (dropping an executable
+//! frees its memory; the ledger shows it). A device that failed before any work of the
+//! submodel began (no loader, no instance, no device) is not tried again for later submodels.
+//!
+//! When running fails (device lost, out of memory), the submodel is prepared on the next
+//! device of its list and run again from its inputs, which the plan keeps intact while it
+//! runs; with failover off the error is returned and the session stays usable.
+//!
+//! To the session a [`Fallback`] is one more [`Executable`].
+
+use crate::bundle::Bundle;
+use crate::cpu::CpuExecutable;
+use crate::ledger::Ledger;
+use crate::session::{Device, Executable, SessionError};
+use crate::tensor::{TensorMut, TensorRef};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Where preparing or running a submodel on a device failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// The device cannot run the submodel at all: a step has no kernel for it.
+    Kernels,
+    /// Loading the Vulkan loader library.
+    Loader,
+    Instance,
+    Device,
+    Pipelines,
+    Weights,
+    Arena,
+    /// The device's buffer for the submodel's inputs and outputs.
+    Io,
+    /// Running: a dispatch, a lost device, memory running out.
+    Run,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 9] = [
+        Stage::Kernels,
+        Stage::Loader,
+        Stage::Instance,
+        Stage::Device,
+        Stage::Pipelines,
+        Stage::Weights,
+        Stage::Arena,
+        Stage::Io,
+        Stage::Run,
+    ];
+
+    /// The short name fault specifications use (`vulkan@weights`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Kernels => "kernels",
+            Stage::Loader => "loader",
+            Stage::Instance => "instance",
+            Stage::Device => "device",
+            Stage::Pipelines => "pipelines",
+            Stage::Weights => "weights",
+            Stage::Arena => "arena",
+            Stage::Io => "io",
+            Stage::Run => "dispatch",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Stage::Kernels => "kernel check",
+            Stage::Loader => "loading the Vulkan loader",
+            Stage::Instance => "instance creation",
+            Stage::Device => "device creation",
+            Stage::Pipelines => "pipeline creation",
+            Stage::Weights => "weight upload",
+            Stage::Arena => "arena allocation",
+            Stage::Io => "IO buffer allocation",
+            Stage::Run => "dispatch",
+        }
+    }
+
+    /// Whether failing here means the device is unusable for every submodel.
+    fn device_wide(self) -> bool {
+        matches!(self, Stage::Loader | Stage::Instance | Stage::Device)
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// Preparing an executable failed at `stage`.
+#[derive(Debug)]
+pub struct Failure {
+    pub stage: Stage,
+    pub error: SessionError,
+}
+
+impl Failure {
+    pub fn at(stage: Stage) -> impl FnOnce(SessionError) -> Failure {
+        move |error| Failure { stage, error }
+    }
+}
+
+/// A device passed over for a submodel, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skip {
+    /// The device as the list names it (`vulkan`, `cpu`, ...).
+    pub device: String,
+    pub stage: Stage,
+    pub reason: String,
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} failed: {}", self.device, self.stage, self.reason)
+    }
+}
+
+/// Where one submodel runs, and what was tried before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubmodelPlacement {
+    pub index: usize,
+    /// Its steps in the variant.
+    pub steps: Range<usize>,
+    /// Its ops, most frequent first (`Conv x12, Relu x8`).
+    pub ops: String,
+    /// The device it runs on now, e.g. `vulkan:0 (llvmpipe ...)` or `cpu`.
+    pub device: String,
+    /// Devices passed over at preparation or failed over from while running, in order.
+    pub skipped: Vec<Skip>,
+}
+
+/// Per submodel, the device used and every device skipped with its stage and reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement(pub Vec<SubmodelPlacement>);
+
+impl fmt::Display for Placement {
+    /// One line per submodel and per skip; a device that failed for every submodel for the
+    /// same device-wide reason (no loader, no device) is one line of notice instead.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let common: Vec<&Skip> = match self.0.first() {
+            Some(first) => first
+                .skipped
+                .iter()
+                .filter(|s| s.stage.device_wide())
+                .filter(|s| self.0.iter().all(|p| p.skipped.contains(s)))
+                .collect(),
+            None => Vec::new(),
+        };
+        for s in &common {
+            writeln!(f, "notice: {s}")?;
+        }
+        for p in &self.0 {
+            writeln!(
+                f,
+                "submodel {} (steps {}..{}: {}): {}",
+                p.index, p.steps.start, p.steps.end, p.ops, p.device
+            )?;
+            for s in p.skipped.iter().filter(|s| !common.contains(s)) {
+                writeln!(f, "  skipped {s}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A failure to inject: `device` (`vulkan` or `cpu`, the device's kind) fails at `stage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub device: String,
+    pub stage: Stage,
+}
+
+/// Failures injected for tests (cargo feature `fault-injection`; without it nothing can be
+/// injected and every check passes). A fault at [`Stage::Run`] fires once, like a transient
+/// device loss; one at a preparation stage fires every time the stage is reached.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    #[cfg(feature = "fault-injection")]
+    armed: Arc<Mutex<Vec<Fault>>>,
+}
+
+impl Faults {
+    /// Fails if a fault is armed for a device of kind `device` at `stage`.
+    #[cfg_attr(not(feature = "fault-injection"), inline(always))]
+    pub fn check(&self, device: &str, stage: Stage) -> Result<(), SessionError> {
+        #[cfg(feature = "fault-injection")]
+        {
+            let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = armed
+                .iter()
+                .position(|f| f.device == device && f.stage == stage)
+            {
+                if stage == Stage::Run {
+                    armed.remove(i);
+                }
+                return Err(SessionError::Injected {
+                    device: device.into(),
+                    stage,
+                });
+            }
+        }
+        let _ = (device, stage);
+        Ok(())
+    }
+
+    /// Arms a fault.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&self, device: &str, stage: Stage) {
+        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+        armed.push(Fault {
+            device: device.into(),
+            stage,
+        });
+    }
+
+    /// Faults from a list such as `vulkan@weights,cpu@arena` (what `INGOT_INJECT_FAULTS`
+    /// holds for the CLI).
+    #[cfg(feature = "fault-injection")]
+    pub fn parse(spec: &str) -> Result<Faults, String> {
+        let faults = Faults::default();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (device, stage) = item
+                .split_once('@')
+                .ok_or_else(|| format!("fault '{item}' is not DEVICE@STAGE"))?;
+            let stage = Stage::ALL
+                .into_iter()
+                .find(|s| s.name() == stage)
+                .ok_or_else(|| {
+                    let names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
+                    format!("unknown stage '{stage}'; stages: {}", names.join(", "))
+                })?;
+            if device != "vulkan" && device != "cpu" {
+                return Err(format!("fault device '{device}' is not vulkan or cpu"));
+            }
+            faults.inject(device, stage);
+        }
+        Ok(faults)
+    }
+}
+
+/// What every submodel of a session shares: the list, the policy, the record.
+pub(crate) struct Devices {
+    pub list: Vec<Device>,
+    pub failover: bool,
+    pub faults: Faults,
+    pub ledger: Ledger,
+    /// Devices (by position in `list`) that failed for every submodel, and how.
+    dead: Mutex<BTreeMap<usize, Skip>>,
+}
+
+impl Devices {
+    pub fn new(list: Vec<Device>, failover: bool, faults: Faults, ledger: Ledger) -> Devices {
+        Devices {
+            list,
+            failover,
+            faults,
+            ledger,
+            dead: Mutex::default(),
+        }
+    }
+}
+
+/// One submodel on the first device of the list that works.
+pub(crate) struct Fallback {
+    bundle: Arc<Bundle>,
+    variant: usize,
+    submodel: usize,
+    devices: Arc<Devices>,
+    /// The position in the list of the device it runs on, and its executable.
+    current: Option<(usize, Box<dyn Executable>)>,
+    placement: SubmodelPlacement,
+}
+
+impl Fallback {
+    /// Prepares submodel `submodel` of variant `variant` on the first device that works.
+    pub fn new(
+        bundle: Arc<Bundle>,
+        variant: usize,
+        submodel: usize,
+        devices: Arc<Devices>,
+    ) -> Result<Fallback, SessionError> {
+        let v = &bundle.manifest().variants[variant];
+        let sub = &v.submodels[submodel];
+        let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
+        let ops = op_summary(v.steps[steps.clone()].iter().map(|s| s.op.as_str()));
+        let mut f = Fallback {
+            placement: SubmodelPlacement {
+                index: submodel,
+                steps,
+                ops,
+                device: String::new(),
+                skipped: Vec::new(),
+            },
+            bundle,
+            variant,
+            submodel,
+            devices,
+            current: None,
+        };
+        f.prepare_from(0)?;
+        Ok(f)
+    }
+
+    pub fn placement(&self) -> &SubmodelPlacement {
+        &self.placement
+    }
+
+    /// Prepares the submodel on the first device from position `start` on that works.
+    fn prepare_from(&mut self, start: usize) -> Result<(), SessionError> {
+        self.current = None;
+        let devices = Arc::clone(&self.devices);
+        for (at, device) in devices.list.iter().enumerate().skip(start) {
+            let known_dead = devices
+                .dead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&at)
+                .cloned();
+            if let Some(skip) = known_dead {
+                self.placement.skipped.push(skip);
+                continue;
+            }
+            match self.open(device) {
+                Ok((exe, name)) => {
+                    self.placement.device = name;
+                    self.current = Some((at, exe));
+                    return Ok(());
+                }
+                Err(failure) => {
+                    let skip = Skip {
+                        device: device.name(),
+                        stage: failure.stage,
+                        reason: failure.error.to_string(),
+                    };
+                    if failure.stage.device_wide() {
+                        let mut dead = devices.dead.lock().unwrap_or_else(|e| e.into_inner());
+                        dead.insert(at, skip.clone());
+                    }
+                    self.placement.skipped.push(skip);
+                }
+            }
+        }
+        self.placement.device = "none".into();
+        Err(SessionError::NoDevice {
+            submodel: self.submodel,
+            tried: self
+                .placement
+                .skipped
+                .iter()
+                .map(|s| format!("\n  {s}"))
+                .collect(),
+        })
+    }
+
+    /// The executable of this submodel on `device`, and the device's name.
+    fn open(&self, device: &Device) -> Result<(Box<dyn Executable>, String), Failure> {
+        let (bundle, variant, submodel) = (&self.bundle, self.variant, self.submodel);
+        let faults = &self.devices.faults;
+        let ledger = &self.devices.ledger;
+        match device {
+            Device::Cpu => {
+                let exe = CpuExecutable::new(
+                    Arc::clone(bundle),
+                    variant,
+                    submodel,
+                    &ledger.on("cpu"),
+                    faults,
+                )?;
+                Ok((Box::new(exe), "cpu".into()))
+            }
+            #[cfg(feature = "vulkan")]
+            Device::Vulkan(options) => {
+                let v = &bundle.manifest().variants[variant];
+                vulkan_kernels(v, &v.submodels[submodel]).map_err(|reason| Failure {
+                    stage: Stage::Kernels,
+                    error: SessionError::NoKernel(reason),
+                })?;
+                let exe = crate::vulkan::VulkanExecutable::new(
+                    Arc::clone(bundle),
+                    variant,
+                    submodel,
+                    options,
+                    ledger,
+                    faults,
+                )?;
+                let name = format!("vulkan:{} ({})", exe.device().index, exe.device().name);
+                Ok((Box::new(exe), name))
+            }
+        }
+    }
+}
+
+impl Executable for Fallback {
+    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
+        loop {
+            let Some((at, exe)) = self.current.as_mut() else {
+                self.prepare_from(0)?;
+                continue;
+            };
+            let error = match exe.run(inputs, outputs) {
+                Ok(()) => return Ok(()),
+                Err(e) if !self.devices.failover => return Err(e),
+                Err(e) => e,
+            };
+            let at = *at;
+            self.placement.skipped.push(Skip {
+                device: self.devices.list[at].name(),
+                stage: Stage::Run,
+                reason: error.to_string(),
+            });
+            // Frees what the failed device held, then prepares the next one; its inputs are
+            // intact, so running it again gives the answer the failed run would have.
+            self.prepare_from(at + 1)?;
+        }
+    }
+}
+
+/// Fails with the first step of `sub` that has no Vulkan kernel.
+#[cfg(feature = "vulkan")]
+fn vulkan_kernels(
+    v: &ingot_schema::proto::Variant,
+    sub: &ingot_schema::proto::Submodel,
+) -> Result<(), String> {
+    let steps = &v.steps[sub.first_step as usize..(sub.first_step + sub.step_count) as usize];
+    let Some(missing) = steps.iter().find(|s| s.vulkan.is_empty()) else {
+        return Ok(());
+    };
+    // The step that sent the submodel to the CPU says why; the others have kernels to spare.
+    let culprit = steps
+        .iter()
+        .find(|s| !s.no_vulkan_kernel.is_empty())
+        .unwrap_or(missing);
+    let why = match culprit.no_vulkan_kernel.as_str() {
+        "" => "the compiler gave it none",
+        why => why,
+    };
+    Err(format!(
+        "step '{}' ({}) has no Vulkan kernel: {why}",
+        culprit.name, culprit.op
+    ))
+}
+
+/// `Conv x12, Relu x8, Add`: op counts, most frequent first, ties by first appearance.
+fn op_summary<'a>(ops: impl Iterator<Item = &'a str>) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for op in ops {
+        match counts.iter_mut().find(|(o, _)| *o == op) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((op, 1)),
+        }
+    }
+    counts.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let shown: Vec<String> = counts
+        .iter()
+        .take(6)
+        .map(|&(op, n)| {
+            if n == 1 {
+                op.into()
+            } else {
+                format!("{op} x{n}")
+            }
+        })
+        .collect();
+    let more = if counts.len() > 6 { ", ..." } else { "" };
+    format!("{}{more}", shown.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_are_summarised_most_frequent_first() {
+        let ops = ["Conv", "Relu", "Conv", "Add", "Relu", "Conv"];
+        assert_eq!(op_summary(ops.into_iter()), "Conv x3, Relu x2, Add");
+    }
+
+    #[test]
+    fn a_device_wide_skip_shared_by_every_submodel_is_one_notice() {
+        let skip = |stage| Skip {
+            device: "vulkan".into(),
+            stage,
+            reason: "no libvulkan".into(),
+        };
+        let sub = |index, skipped| SubmodelPlacement {
+            index,
+            steps: index..index + 1,
+            ops: "Relu".into(),
+            device: "cpu".into(),
+            skipped,
+        };
+        let p = Placement(vec![
+            sub(0, vec![skip(Stage::Loader)]),
+            sub(1, vec![skip(Stage::Loader)]),
+        ]);
+        assert_eq!(
+            p.to_string(),
+            "notice: vulkan: loading the Vulkan loader failed: no libvulkan\n\
+             submodel 0 (steps 0..1: Relu): cpu\n\
+             submodel 1 (steps 1..2: Relu): cpu\n"
+        );
+        let p = Placement(vec![sub(0, vec![skip(Stage::Weights)])]);
+        assert_eq!(
+            p.to_string(),
+            "submodel 0 (steps 0..1: Relu): cpu\n  skipped vulkan: weight upload failed: no libvulkan\n"
+        );
+    }
+
+    #[cfg(feature = "fault-injection")]
+    #[test]
+    fn faults_parse_and_a_run_fault_fires_once() {
+        let f = Faults::parse("vulkan@weights, cpu@dispatch").unwrap();
+        assert!(f.check("vulkan", Stage::Weights).is_err());
+        assert!(
+            f.check("vulkan", Stage::Weights).is_err(),
+            "preparation faults persist"
+        );
+        assert!(f.check("cpu", Stage::Weights).is_ok());
+        assert!(f.check("cpu", Stage::Run).is_err());
+        assert!(f.check("cpu", Stage::Run).is_ok(), "a run fault fires once");
+        assert!(Faults::parse("vulkan@nowhere").is_err());
+        assert!(Faults::parse("gpu@weights").is_err());
+        assert!(Faults::parse("weights").is_err());
+    }
+}
