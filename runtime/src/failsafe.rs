@@ -250,6 +250,8 @@ impl Faults {
 pub(crate) struct Devices {
     pub list: Vec<Device>,
     pub failover: bool,
+    /// Threads for the CPU backend.
+    pub threads: usize,
     pub faults: Faults,
     pub ledger: Ledger,
     /// Devices (by position in `list`) that failed for every submodel, and how.
@@ -257,10 +259,17 @@ pub(crate) struct Devices {
 }
 
 impl Devices {
-    pub fn new(list: Vec<Device>, failover: bool, faults: Faults, ledger: Ledger) -> Devices {
+    pub fn new(
+        list: Vec<Device>,
+        failover: bool,
+        threads: usize,
+        faults: Faults,
+        ledger: Ledger,
+    ) -> Devices {
         Devices {
             list,
             failover,
+            threads,
             faults,
             ledger,
             dead: Mutex::default(),
@@ -373,7 +382,8 @@ impl Fallback {
                     submodel,
                     &ledger.on("cpu"),
                     faults,
-                )?;
+                )?
+                .with_threads(self.devices.threads);
                 Ok((Box::new(exe), "cpu".into()))
             }
             #[cfg(feature = "vulkan")]

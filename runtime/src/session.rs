@@ -107,6 +107,8 @@ pub struct SessionOptions {
     pub failover: bool,
     /// Where device memory is recorded; a fresh ledger when `None`.
     pub ledger: Option<Ledger>,
+    /// Threads the CPU backend may use; `None` means one per core.
+    pub threads: Option<usize>,
     /// Failures to inject, for tests (inert without the `fault-injection` feature).
     pub faults: Faults,
 }
@@ -118,6 +120,7 @@ impl Default for SessionOptions {
             devices: Device::default_list(),
             failover: true,
             ledger: None,
+            threads: None,
             faults: Faults::default(),
         }
     }
@@ -288,9 +291,13 @@ impl Session {
         let arena_bytes = plan.map_or(0, |p| p.arena_bytes as usize);
         let boundary_bytes = plan.map_or(0, |p| p.boundary_bytes);
         let ledger = options.ledger.unwrap_or_default();
+        let threads = options.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
         let devices = Arc::new(Devices::new(
             options.devices,
             options.failover,
+            threads,
             options.faults,
             ledger.clone(),
         ));

@@ -16,6 +16,9 @@ pub struct Args {
     /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
     #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     devices: Vec<String>,
+    /// Threads for the CPU backend (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Timed runs after the first.
     #[arg(long, default_value_t = 20)]
     iterations: usize,
@@ -39,6 +42,7 @@ pub fn main(args: Args) -> Result<()> {
         args.variant.as_deref(),
         &args.devices,
         true,
+        args.threads,
         &ledger,
     )?;
     let load_ms = ms(start);

@@ -4,8 +4,9 @@ use super::shape_text;
 use anyhow::{Context, Result};
 use ingot_runtime::Bundle;
 use ingot_runtime::bundle::tensor_desc;
+use ingot_schema::proto::{self, storage::Kind};
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -51,6 +52,11 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 *ops.entry(s.op.as_str()).or_default() += 1;
             }
             let plan = v.plan.clone().unwrap_or_default();
+            let referenced: u64 = referenced_entries(v)
+                .iter()
+                .filter_map(|&w| m.weights.get(w as usize))
+                .map(|w| w.length)
+                .sum();
             // Steps with no Vulkan kernel, grouped by the reason; steps that have one but sit
             // in a submodel that needs the CPU carry none.
             let mut no_vulkan: BTreeMap<&str, usize> = BTreeMap::new();
@@ -69,6 +75,7 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 .sum();
             json!({
                 "name": v.name,
+                "referenced_weight_bytes": referenced,
                 "inputs": io(&v.inputs),
                 "outputs": io(&v.outputs),
                 "steps": v.steps.len(),
@@ -84,6 +91,35 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
             })
         })
         .collect();
+    // Without the bank, every weight tensor of every variant would be stored.
+    let stored_without_dedup: u64 = m
+        .variants
+        .iter()
+        .flat_map(|v| &v.tensors)
+        .filter_map(|t| match t.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+            Some(Kind::Weight(w)) => m.weights.get(*w as usize).map(|w| w.length),
+            _ => None,
+        })
+        .sum();
+    // Entries grouped by the set of variants that read them.
+    let mut sharing: BTreeMap<Vec<&str>, (usize, u64)> = BTreeMap::new();
+    let readers: Vec<BTreeSet<u32>> = m.variants.iter().map(referenced_entries).collect();
+    for (w, weight) in m.weights.iter().enumerate() {
+        let names: Vec<&str> = m
+            .variants
+            .iter()
+            .zip(&readers)
+            .filter(|(_, r)| r.contains(&(w as u32)))
+            .map(|(v, _)| v.name.as_str())
+            .collect();
+        let group = sharing.entry(names).or_default();
+        group.0 += 1;
+        group.1 += weight.length;
+    }
+    let sharing: Vec<_> = sharing
+        .into_iter()
+        .map(|(variants, (entries, bytes))| json!({"variants": variants, "entries": entries, "bytes": bytes}))
+        .collect();
     let sections: Vec<_> = bundle
         .sections()
         .map(|(kind, r)| json!({"kind": kind, "offset": r.start, "bytes": r.len()}))
@@ -94,10 +130,25 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
         "file_bytes": bundle.file_len(),
         "weights": m.weights.len(),
         "weights_bytes": weights_bytes,
+        "unique_weight_bytes": weights_bytes,
+        "weight_bytes_without_dedup": stored_without_dedup,
+        "dedup_saved_bytes": stored_without_dedup.saturating_sub(weights_bytes),
+        "weight_sharing": sharing,
         "kernels": m.kernels.len(),
         "variants": variants,
         "sections": sections,
     })
+}
+
+/// The bank entries a variant's tensors refer to.
+fn referenced_entries(v: &proto::Variant) -> BTreeSet<u32> {
+    v.tensors
+        .iter()
+        .filter_map(|t| match t.storage.as_ref().and_then(|s| s.kind.as_ref()) {
+            Some(Kind::Weight(w)) => Some(*w),
+            _ => None,
+        })
+        .collect()
 }
 
 fn text(r: &serde_json::Value) -> String {
@@ -121,13 +172,41 @@ fn text(r: &serde_json::Value) -> String {
             r["file_bytes"], r["weights"], r["weights_bytes"], r["kernels"]
         ),
     );
+    line(
+        &mut s,
+        format!(
+            "weight bank: {} unique bytes, {} without dedup, {} saved",
+            r["unique_weight_bytes"], r["weight_bytes_without_dedup"], r["dedup_saved_bytes"]
+        ),
+    );
+    for g in r["weight_sharing"].as_array().into_iter().flatten() {
+        let names: Vec<&str> = g["variants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str())
+            .collect();
+        let who = if names.is_empty() {
+            "no variant".to_string()
+        } else {
+            names.join(", ")
+        };
+        line(
+            &mut s,
+            format!(
+                "  read by {who}: {} entries, {} bytes",
+                g["entries"], g["bytes"]
+            ),
+        );
+    }
     for v in r["variants"].as_array().into_iter().flatten() {
         line(
             &mut s,
             format!(
-                "variant {}: {} steps, arena {} bytes (lower bound {}, {})",
+                "variant {}: {} steps, {} weight bytes, arena {} bytes (lower bound {}, {})",
                 v["name"].as_str().unwrap_or(""),
                 v["steps"],
+                v["referenced_weight_bytes"],
                 v["arena_bytes"],
                 v["lower_bound_bytes"],
                 v["strategy"].as_str().unwrap_or("")

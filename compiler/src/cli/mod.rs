@@ -48,6 +48,7 @@ pub fn open_session(
     variant: Option<&str>,
     devices: &[String],
     failover: bool,
+    threads: Option<usize>,
     ledger: &Ledger,
 ) -> Result<Session> {
     // Every name is checked before any device is tried.
@@ -59,6 +60,7 @@ pub fn open_session(
         variant: variant.map(str::to_string),
         devices,
         failover,
+        threads,
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()
     };

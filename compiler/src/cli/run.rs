@@ -20,6 +20,9 @@ pub struct Args {
     /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
     #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     devices: Vec<String>,
+    /// Threads for the CPU backend (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Return the error when running a submodel fails, instead of moving it to the next
     /// device and running it again.
     #[arg(long)]
@@ -60,6 +63,7 @@ pub fn main(args: Args) -> Result<()> {
         args.variant.as_deref(),
         &args.devices,
         !args.no_failover,
+        args.threads,
         &ledger,
     )?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;

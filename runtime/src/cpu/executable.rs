@@ -49,6 +49,8 @@ struct Step {
 pub struct CpuExecutable {
     bundle: Arc<Bundle>,
     faults: Faults,
+    /// Threads a matrix product may use.
+    threads: usize,
     steps: Vec<Step>,
     // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
     arena: Vec<u64>,
@@ -181,6 +183,7 @@ impl CpuExecutable {
             arena_bytes: arena_bytes as usize,
             bundle,
             faults: faults.clone(),
+            threads: 1,
         };
         // After the allocation, so that a test sees it freed.
         faults
@@ -190,9 +193,27 @@ impl CpuExecutable {
     }
 }
 
+impl CpuExecutable {
+    /// Lets matrix products use up to `threads` threads (1 by default).
+    pub fn with_threads(mut self, threads: usize) -> CpuExecutable {
+        self.threads = threads.max(1);
+        self
+    }
+}
+
 impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
+        super::gemm::with_threads(self.threads, || self.run_steps(inputs, outputs))
+    }
+}
+
+impl CpuExecutable {
+    fn run_steps(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), SessionError> {
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
         for step in &self.steps {
             let index = step.index;
