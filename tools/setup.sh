@@ -4,6 +4,7 @@
 #   models/        the PP-OCR models, from the rapidocr-onnxruntime wheel, sha256-checked
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
+#   decoder/       a small transformer as prefill + decode graphs, and ONNX Runtime's outputs
 # Idempotent: each step skips work already done, so a second run takes a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +32,4 @@ fi
 bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_references.py --models "$target/models" --out "$target/references"
 "$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"
+"$py" tools/make_decoder.py --out "$target/decoder"

@@ -1,0 +1,203 @@
+//! Variants and the weight bank: a small decoder-only transformer exported as a prefill graph
+//! and a decode graph (tools/make_decoder.py, run by tools/setup.sh), two files that each
+//! carry a full copy of the weights under different names. One bundle holds both graphs and
+//! one copy of the weights, and running prefill then decode through it gives ONNX Runtime's
+//! logits and key/value caches.
+
+use anyhow::{Context, Result, ensure};
+use ingot_compiler::{CompileOptions, VariantSource, compile_variants};
+use ingot_runtime::{Bundle, Session, SessionOptions, Tensor};
+use ingot_schema::SectionKind;
+use ingot_tests::cli::{expect_success, ingot};
+use ingot_tests::data::read_npy;
+use ingot_tests::paths::{generated, scratch_dir};
+use ingot_tests::{Tolerance, allclose, check_validation};
+use onnx_protobuf::ModelProto;
+use protobuf::Message as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const LAYERS: usize = 2;
+const TOLERANCE: Tolerance = Tolerance::new(1e-4, 1e-5);
+
+fn fixture(name: &str) -> Result<PathBuf> {
+    generated(&format!("decoder/{name}"))
+}
+
+fn sources() -> Result<Vec<VariantSource>> {
+    ["prefill", "decode"]
+        .into_iter()
+        .map(|name| {
+            Ok(VariantSource {
+                name: name.into(),
+                model: fixture(&format!("{name}.onnx"))?,
+                input_shapes: Vec::new(),
+            })
+        })
+        .collect()
+}
+
+/// Bytes of the initializers of one ONNX file: one copy of the weights.
+fn initializer_bytes(path: &PathBuf) -> Result<u64> {
+    let model = ModelProto::parse_from_bytes(&std::fs::read(path)?)?;
+    Ok(model
+        .graph
+        .initializer
+        .iter()
+        .map(|t| t.raw_data.len() as u64)
+        .sum())
+}
+
+#[test]
+fn one_bundle_stores_one_copy_of_the_weights() -> Result<()> {
+    let bytes = compile_variants(&sources()?, &CompileOptions::default())?;
+    let bundle = Bundle::from_bytes(&bytes)?;
+    let weights = bundle
+        .sections()
+        .find(|(kind, _)| *kind == SectionKind::Weights.name())
+        .map(|(_, r)| r.len() as u64)
+        .context("no weights section")?;
+    let one_copy = initializer_bytes(&fixture("prefill.onnx")?)?;
+    let two_copies = one_copy + initializer_bytes(&fixture("decode.onnx")?)?;
+    println!("weights section {weights} bytes; one copy {one_copy}, both files {two_copies}");
+    ensure!(
+        weights.abs_diff(one_copy) * 100 <= one_copy,
+        "the weights section ({weights} bytes) is not within 1% of one copy ({one_copy})"
+    );
+    let names: Vec<&str> = bundle
+        .manifest()
+        .variants
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    ensure!(names == ["prefill", "decode"], "{names:?}");
+    Ok(())
+}
+
+/// Runs `variant` of `bundle` on `devices` with `inputs` by name; the outputs by name.
+fn run(
+    bundle: &Arc<Bundle>,
+    variant: &str,
+    devices: &str,
+    inputs: &[(String, Tensor)],
+) -> Result<Vec<(String, Tensor)>> {
+    let options = SessionOptions {
+        variant: Some(variant.into()),
+        ..SessionOptions::on(devices)?
+    };
+    let mut session = Session::new(Arc::clone(bundle), options)?;
+    let ordered = session
+        .inputs()
+        .iter()
+        .map(|info| {
+            inputs
+                .iter()
+                .find(|(name, _)| *name == info.name)
+                .map(|(_, t)| t.clone())
+                .with_context(|| format!("no input '{}'", info.name))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let outputs = session.run(&ordered)?;
+    Ok(session
+        .outputs()
+        .iter()
+        .map(|o| o.name.clone())
+        .zip(outputs)
+        .collect())
+}
+
+fn check(stage: &str, outputs: &[(String, Tensor)]) -> Result<()> {
+    for (name, got) in outputs {
+        let want = read_npy(&fixture(&format!("{stage}_{name}.npy"))?)?;
+        allclose(got, &want, TOLERANCE).map_err(|e| anyhow::anyhow!("{stage} {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Prefill, then one decode step fed with the prefill's caches and ONNX Runtime's next
+/// token: logits and caches equal ONNX Runtime's at each step.
+fn prefill_then_decode(devices: &str) -> Result<()> {
+    let bundle = Arc::new(Bundle::from_bytes(&compile_variants(
+        &sources()?,
+        &CompileOptions::default(),
+    )?)?);
+    let ids = read_npy(&fixture("prefill_input_ids.npy")?)?;
+    let prefill = run(&bundle, "prefill", devices, &[("input_ids".into(), ids)])?;
+    check("prefill", &prefill)?;
+    let mut inputs = vec![(
+        "input_ids".to_string(),
+        read_npy(&fixture("decode_input_ids.npy")?)?,
+    )];
+    for l in 0..LAYERS {
+        for kind in ["key", "value"] {
+            let present = prefill
+                .iter()
+                .find(|(name, _)| *name == format!("present_{kind}_{l}"))
+                .map(|(_, t)| t.clone())
+                .with_context(|| format!("prefill has no present_{kind}_{l}"))?;
+            inputs.push((format!("past_{kind}_{l}"), present));
+        }
+    }
+    let decode = run(&bundle, "decode", devices, &inputs)?;
+    check("decode", &decode)
+}
+
+#[test]
+fn prefill_then_decode_matches_onnx_runtime_on_the_cpu() -> Result<()> {
+    prefill_then_decode("cpu")
+}
+
+#[test]
+fn prefill_then_decode_matches_onnx_runtime_on_vulkan() -> Result<()> {
+    let seen = ingot_runtime::vulkan::validation_messages().len();
+    prefill_then_decode("vulkan")?;
+    check_validation(seen)
+}
+
+#[test]
+fn inspect_reports_the_shared_weights() -> Result<()> {
+    let dir = scratch_dir("variants/inspect");
+    let out = dir.join("decoder.ingot");
+    let [prefill, decode] = ["prefill", "decode"].map(|n| fixture(&format!("{n}.onnx")));
+    let (prefill, decode) = (prefill?, decode?);
+    let compiled = ingot([
+        "compile".into(),
+        format!("--variant=prefill={}", prefill.display()),
+        format!("--variant=decode={}", decode.display()),
+        "-o".into(),
+        out.display().to_string(),
+    ])?;
+    expect_success("compile", &compiled)?;
+    let json: serde_json::Value = serde_json::from_str(&expect_success(
+        "inspect --json",
+        &ingot(["inspect".as_ref(), out.as_os_str(), "--json".as_ref()])?,
+    )?)?;
+    let one_copy = initializer_bytes(&prefill)?;
+    let unique = json["unique_weight_bytes"]
+        .as_u64()
+        .context("unique_weight_bytes")?;
+    ensure!(
+        unique.abs_diff(one_copy) * 100 <= one_copy,
+        "{unique} vs {one_copy}"
+    );
+    for v in json["variants"].as_array().context("variants")? {
+        let referenced = v["referenced_weight_bytes"]
+            .as_u64()
+            .context("referenced")?;
+        ensure!(
+            referenced.abs_diff(one_copy) * 100 <= one_copy,
+            "variant {} references {referenced} bytes, one copy is {one_copy}",
+            v["name"]
+        );
+    }
+    let text = expect_success("inspect", &ingot(["inspect".as_ref(), out.as_os_str()])?)?;
+    // The sections' offsets and the producer's version are the only parts that would change
+    // with unrelated work; the snapshot keeps the rest.
+    let stable: String = text
+        .lines()
+        .filter(|l| !l.starts_with("section ") && !l.starts_with("format "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    insta::assert_snapshot!(stable);
+    Ok(())
+}
