@@ -201,3 +201,79 @@ fn inspect_reports_the_shared_weights() -> Result<()> {
     insta::assert_snapshot!(stable);
     Ok(())
 }
+
+/// Prefill and decode sessions of one bundle on one Vulkan device: every weight is uploaded
+/// once (the ledger has one allocation per bank entry), the peak is the unique weights plus
+/// both sessions' arenas and IO buffers, dropping one session keeps what the other reads, and
+/// dropping both frees everything.
+#[test]
+fn two_sessions_on_one_device_upload_each_weight_once() -> Result<()> {
+    use ingot_runtime::ledger::Action;
+    use ingot_runtime::{Ledger, MemoryKind};
+    use ingot_schema::proto::AllocationKind;
+    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let bundle = Arc::new(Bundle::from_bytes(&compile_variants(
+        &sources()?,
+        &CompileOptions::default(),
+    )?)?);
+    let ledger = Ledger::new();
+    let open = |variant: &str| -> Result<Session> {
+        let options = SessionOptions {
+            variant: Some(variant.into()),
+            ledger: Some(ledger.clone()),
+            ..SessionOptions::on("vulkan")?
+        };
+        Ok(Session::new(Arc::clone(&bundle), options)?)
+    };
+    let prefill = open("prefill")?;
+    let decode = open("decode")?;
+    // What the plans say: the union of both variants' weights, each variant's arena and IO.
+    let mut weights = std::collections::BTreeMap::new();
+    let mut activations = 0;
+    for v in &bundle.manifest().variants {
+        for a in &v.plan.as_ref().context("plan")?.allocations {
+            match AllocationKind::try_from(a.kind) {
+                Ok(AllocationKind::Weight) => {
+                    weights.insert(a.weight, a.bytes);
+                }
+                _ => activations += a.bytes,
+            }
+        }
+    }
+    let events = ledger.events();
+    let uploads: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == MemoryKind::Weight && e.action == Action::Allocate)
+        .map(|e| e.label.as_str())
+        .collect();
+    ensure!(
+        uploads.len() == weights.len(),
+        "{} weight allocations for {} bank entries: {uploads:?}",
+        uploads.len(),
+        weights.len()
+    );
+    let unique: u64 = weights.values().sum();
+    ensure!(
+        ledger.total().peak == unique + activations,
+        "peak {} != unique weights {unique} + arenas and IO {activations}",
+        ledger.total().peak
+    );
+    drop(prefill);
+    let held = ledger.usage(MemoryKind::Weight).current;
+    let decode_reads: u64 = bundle.manifest().variants[1]
+        .plan
+        .as_ref()
+        .context("plan")?
+        .allocations
+        .iter()
+        .filter(|a| a.kind == AllocationKind::Weight as i32)
+        .map(|a| a.bytes)
+        .sum();
+    ensure!(
+        held == decode_reads,
+        "after prefill dropped: {held} weight bytes held, decode reads {decode_reads}"
+    );
+    drop(decode);
+    ensure!(ledger.total().current == 0, "{:?}", ledger.events());
+    check_validation(seen)
+}

@@ -37,7 +37,7 @@ pub fn validation_requested() -> Validation {
 
 /// A lock that survives a panic of another holder: every value behind these locks stays
 /// consistent between statements.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -365,6 +365,10 @@ pub struct Context {
     pub pipeline_cache: vk::PipelineCache,
     /// By binding count.
     layouts: Mutex<Vec<(u32, Layout)>>,
+    /// The weights resident on this device, by (bundle, weight index): every executable of one
+    /// bundle shares them (see `executable::Resident`).
+    pub resident:
+        Mutex<std::collections::BTreeMap<(usize, u32), Weak<super::executable::Resident>>>,
     /// Kept alive for the device; dropped after `Drop::drop` destroyed the device.
     _instance: Instance,
 }
@@ -481,6 +485,7 @@ impl Context {
             queue: Mutex::new(queue),
             pipeline_cache,
             layouts: Mutex::new(Vec::new()),
+            resident: Mutex::default(),
             _instance: instance,
         })
     }

@@ -1,7 +1,7 @@
 //! One submodel made ready to run on one device: its pipelines, its buffers (allocated in the
 //! plan's order), one descriptor set per dispatch and one command buffer recorded once.
 
-use super::context::Context;
+use super::context::{Context, lock};
 use super::layout::{Hazards, Region, descriptor_range, io_layout, local_size};
 use super::memory::{Buffer, Placement};
 use super::{DeviceInfo, VulkanError, VulkanOptions};
@@ -13,7 +13,7 @@ use ash::vk;
 use ingot_schema::proto::{self, DeviceClass, storage::Kind};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// A buffer of the allocation schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -319,12 +319,47 @@ fn check_sizes(
     Ok(())
 }
 
+/// A weight uploaded to one device, shared by every executable of its bundle there (sessions
+/// of all variants, all submodels): uploaded by the first, freed with the last, recorded in
+/// the ledger of the one that uploaded it.
+pub struct Resident {
+    buffer: Option<Buffer>,
+    cx: Arc<Context>,
+    ledger: Ledger,
+    // Keeps the bundle's address, the residency key, from being reused while this lives.
+    _bundle: Arc<Bundle>,
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        // The executables that used it waited for the device before letting it go.
+        if let Some(buffer) = self.buffer.take() {
+            buffer.free(&self.cx, &self.ledger);
+        }
+    }
+}
+
+/// A buffer of an executable: its own, or a resident weight it shares.
+enum Held {
+    Own(Buffer),
+    Shared(Arc<Resident>),
+}
+
+impl Held {
+    fn buffer(&self) -> vk::Buffer {
+        match self {
+            Held::Own(b) => b.buffer,
+            Held::Shared(r) => r.buffer.as_ref().map_or(vk::Buffer::null(), |b| b.buffer),
+        }
+    }
+}
+
 /// A variant ready to run on one Vulkan device.
 pub struct VulkanExecutable {
     cx: Arc<Context>,
     ledger: Ledger,
     /// In allocation order (the plan's); freed in reverse.
-    buffers: Vec<Buffer>,
+    buffers: Vec<Held>,
     /// Which of `buffers` holds the submodel's inputs and outputs.
     io: Option<usize>,
     /// Byte ranges of the inputs, then the outputs, in the IO buffer.
@@ -467,15 +502,16 @@ impl VulkanExecutable {
         check_sizes("input", inputs.iter().map(|t| t.bytes.len()), in_ranges)?;
         check_sizes("output", outputs.iter().map(|t| t.bytes.len()), out_ranges)?;
         let span = |r: &Range<u64>| r.start as usize..r.end as usize;
-        if let Some(io) = self.io {
-            let mapped = self.buffers[io].bytes_mut();
+        // The IO buffer is always this executable's own.
+        if let Some(Held::Own(io)) = self.io.and_then(|io| self.buffers.get_mut(io)) {
+            let mapped = io.bytes_mut();
             for (t, r) in inputs.iter().zip(in_ranges) {
                 mapped[span(r)].copy_from_slice(t.bytes);
             }
         }
         self.submit_and_wait(self.commands, "run")?;
-        if let Some(io) = self.io {
-            let mapped = self.buffers[io].bytes_mut();
+        if let Some(Held::Own(io)) = self.io.and_then(|io| self.buffers.get_mut(io)) {
+            let mapped = io.bytes_mut();
             for (t, r) in outputs.iter_mut().zip(out_ranges) {
                 t.bytes.copy_from_slice(&mapped[span(r)]);
             }
@@ -623,7 +659,7 @@ impl VulkanExecutable {
     /// so a test sees what was allocated freed.
     fn allocate(
         &mut self,
-        bundle: &Bundle,
+        bundle: &Arc<Bundle>,
         schedule: &[(Slot, u64)],
         force_staging: bool,
     ) -> Result<(), Failure> {
@@ -650,13 +686,34 @@ impl VulkanExecutable {
                 Slot::Io => (MemoryKind::Io, "io".into(), Placement::Host, 2),
             };
             finish(stage)?;
+            let key = |w: u32| (Arc::as_ptr(bundle) as usize, w);
+            if let Slot::Weight(w) = slot {
+                let shared = lock(&self.cx.resident).get(&key(w)).and_then(Weak::upgrade);
+                if let Some(resident) = shared {
+                    self.buffers.push(Held::Shared(resident));
+                    continue;
+                }
+            }
             let fail = |e: VulkanError| Failure::at(STAGES[stage])(e.into());
             let buffer = Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)
                 .map_err(fail)?;
-            self.buffers.push(buffer);
+            self.buffers.push(Held::Own(buffer));
             if let Slot::Weight(w) = slot {
                 self.upload(w, bundle.weight_bytes(w as usize), force_staging)
                     .map_err(fail)?;
+                // Uploaded: from now on every executable of this bundle here shares it.
+                if let Some(Held::Own(buffer)) = self.buffers.pop() {
+                    let resident = Arc::new(Resident {
+                        buffer: Some(buffer),
+                        cx: Arc::clone(&self.cx),
+                        ledger: self.ledger.clone(),
+                        _bundle: Arc::clone(bundle),
+                    });
+                    let mut table = lock(&self.cx.resident);
+                    table.retain(|_, r| r.strong_count() > 0);
+                    table.insert(key(w), Arc::downgrade(&resident));
+                    self.buffers.push(Held::Shared(resident));
+                }
             }
         }
         finish(STAGES.len())
@@ -672,7 +729,7 @@ impl VulkanExecutable {
             label: format!("weight {w}"),
             reason,
         };
-        let Some(target) = self.buffers.last_mut() else {
+        let Some(Held::Own(target)) = self.buffers.last_mut() else {
             return Ok(());
         };
         if target.host_coherent() && !force_staging {
@@ -801,7 +858,7 @@ impl VulkanExecutable {
                     b.descriptors
                         .iter()
                         .map(|&(buffer, offset, range)| vk::DescriptorBufferInfo {
-                            buffer: self.buffers[buffer].buffer,
+                            buffer: self.buffers[buffer].buffer(),
                             offset,
                             range,
                         })
@@ -925,8 +982,12 @@ impl Drop for VulkanExecutable {
             device.destroy_command_pool(self.command_pool, None);
             device.destroy_fence(self.fence, None);
         }
-        while let Some(buffer) = self.buffers.pop() {
-            buffer.free(&cx, &self.ledger);
+        while let Some(held) = self.buffers.pop() {
+            match held {
+                Held::Own(buffer) => buffer.free(&cx, &self.ledger),
+                // Freed here if this was its last user (the device is idle).
+                Held::Shared(resident) => drop(resident),
+            }
         }
     }
 }
