@@ -4,7 +4,7 @@ use crate::ir::Graph;
 use crate::kernels::{KernelError, KernelSet};
 use crate::plan::{Plan, Storage};
 use crate::weights::Bank;
-use ingot_schema::container::{self, SectionKind};
+use ingot_schema::container::{self, SectionKind, Source};
 use ingot_schema::proto;
 use prost::Message;
 use std::ops::Range;
@@ -32,6 +32,18 @@ pub enum WriteError {
 /// kernels of every step that has them. Deterministic: the bytes depend only on the graphs
 /// and plans.
 pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    write_to(variants, &mut out)?;
+    Ok(out.into_inner())
+}
+
+/// [`write`] into `out`, streaming the weights from their sources (mapped external data is
+/// read twice, to hash and to write, and its pages released after each): compiling holds
+/// the manifest and the kernels in memory, never all the weights. Returns the manifest.
+pub fn write_to<W: std::io::Write + std::io::Seek>(
+    variants: &[CompiledVariant],
+    out: &mut W,
+) -> Result<proto::Manifest, WriteError> {
     let mut kernels = KernelSet::default();
     let mut bank = Bank::default();
     let mut manifest = proto::Manifest {
@@ -53,19 +65,23 @@ pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
         kernels.add_variant(&mut variant)?;
         manifest.variants.push(variant);
     }
-    manifest.weights = bank.entries;
-    manifest.kernels = kernels.kernels;
+    manifest.weights = bank.entries.clone();
+    manifest.kernels = std::mem::take(&mut kernels.kernels);
     let manifest_bytes = manifest.encode_to_vec();
-    let mut out = Vec::new();
-    container::write(
-        &mut out,
-        &[
-            (SectionKind::Manifest, &manifest_bytes),
-            (SectionKind::Kernels, &kernels.section),
-            (SectionKind::Weights, &bank.section),
+    let mut weights = |w: &mut dyn std::io::Write| bank.write_section(w);
+    container::write_to(
+        out,
+        &mut [
+            Source::Bytes(SectionKind::Manifest, &manifest_bytes),
+            Source::Bytes(SectionKind::Kernels, &kernels.section),
+            Source::Stream {
+                kind: SectionKind::Weights,
+                len: bank.section_len(),
+                write: &mut weights,
+            },
         ],
     )?;
-    Ok(out)
+    Ok(manifest)
 }
 
 /// The manifest entry of one variant whose plan weight `w` is bank entry `bank[w]` (without a

@@ -175,6 +175,43 @@ pub fn compile_variants(
     variants: &[VariantSource],
     options: &CompileOptions,
 ) -> Result<Vec<u8>, CompileError> {
+    let mut out = std::io::Cursor::new(Vec::new());
+    compile_variants_into(variants, options, &mut out)?;
+    Ok(out.into_inner())
+}
+
+/// [`compile_variants`] straight into the file at `path`, streaming the weights: what
+/// `ingot compile` does. Returns the bundle's manifest.
+pub fn compile_variants_to(
+    variants: &[VariantSource],
+    options: &CompileOptions,
+    path: &Path,
+) -> Result<ingot_schema::proto::Manifest, CompileError> {
+    // Written beside the target and renamed at the end: a failed compile leaves no bundle.
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = (|| {
+        let file = std::fs::File::create(&partial).map_err(bundle::WriteError::Io)?;
+        let mut out = std::io::BufWriter::new(file);
+        let manifest = compile_variants_into(variants, options, &mut out)?;
+        use std::io::Write as _;
+        out.flush().map_err(bundle::WriteError::Io)?;
+        drop(out);
+        std::fs::rename(&partial, path).map_err(bundle::WriteError::Io)?;
+        Ok(manifest)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
+}
+
+fn compile_variants_into<W: std::io::Write + std::io::Seek>(
+    variants: &[VariantSource],
+    options: &CompileOptions,
+    out: &mut W,
+) -> Result<ingot_schema::proto::Manifest, CompileError> {
     let mut compiled = Vec::with_capacity(variants.len());
     for (k, v) in variants.iter().enumerate() {
         if variants[..k].iter().any(|earlier| earlier.name == v.name) {
@@ -199,7 +236,7 @@ pub fn compile_variants(
             plan: &c.plan,
         })
         .collect();
-    Ok(bundle::write(&variants)?)
+    Ok(bundle::write_to(&variants, out)?)
 }
 
 /// The plan of the model at `model` as deterministic text: what `ingot plan` prints, and what

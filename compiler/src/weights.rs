@@ -13,11 +13,15 @@ use std::collections::BTreeMap;
 /// Weight offsets in the weights section are multiples of this (the runtime checks it).
 pub const ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
 
+/// The bank keeps each entry's source constant (an Arc), not its bytes: the section is
+/// streamed from the sources when the bundle is written, so compiling never holds every
+/// weight in memory.
 #[derive(Default)]
 pub struct Bank {
     pub entries: Vec<proto::Weight>,
-    pub section: Vec<u8>,
+    sources: Vec<Const>,
     by_hash: BTreeMap<[u8; 32], u32>,
+    len: u64,
 }
 
 /// blake3 over the dtype code, the rank, the dims and the bytes.
@@ -37,22 +41,42 @@ impl Bank {
     /// The entry holding `c`'s content, added (and its bytes written) the first time.
     pub fn add(&mut self, c: &Const) -> u32 {
         let hash = content_hash(c);
+        c.release_pages();
         if let Some(&index) = self.by_hash.get(&hash) {
             return index;
         }
-        let offset = self.section.len().next_multiple_of(ALIGN);
-        self.section.resize(offset, 0);
-        self.section.extend_from_slice(c.bytes());
+        let offset = self.len.next_multiple_of(ALIGN as u64);
+        let length = c.bytes().len() as u64;
+        self.len = offset + length;
         let index = self.entries.len() as u32;
         self.entries.push(proto::Weight {
             dtype: c.desc().dtype.to_proto() as i32,
             shape: c.desc().shape.iter().map(|&d| d as u64).collect(),
-            offset: offset as u64,
-            length: c.bytes().len() as u64,
+            offset,
+            length,
             content_hash: hash.to_vec(),
         });
+        self.sources.push(c.clone());
         self.by_hash.insert(hash, index);
         index
+    }
+
+    /// Bytes of the weights section.
+    pub fn section_len(&self) -> u64 {
+        self.len
+    }
+
+    /// Writes the weights section: every entry at its offset, zeros between.
+    pub fn write_section(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        const ZEROS: [u8; ALIGN] = [0; ALIGN];
+        let mut at = 0;
+        for (w, c) in self.entries.iter().zip(&self.sources) {
+            out.write_all(&ZEROS[..(w.offset - at) as usize])?;
+            out.write_all(c.bytes())?;
+            c.release_pages();
+            at = w.offset + w.length;
+        }
+        Ok(())
     }
 }
 
@@ -81,5 +105,13 @@ mod tests {
         assert!(bank.entries.iter().all(|w| w.offset % ALIGN as u64 == 0));
         assert_eq!(bank.entries[1].offset, ALIGN as u64);
         assert_eq!(bank.entries[0].content_hash.len(), 32);
+        let mut section = Vec::new();
+        bank.write_section(&mut section).unwrap();
+        assert_eq!(section.len() as u64, bank.section_len());
+        assert_eq!(
+            &section[..16],
+            bytemuck::cast_slice::<f32, u8>(&[1.0, 2.0, 3.0, 4.0])
+        );
+        assert_eq!(&section[16..ALIGN], &[0; ALIGN][16..]);
     }
 }

@@ -156,6 +156,24 @@ impl Bundle {
     }
 
     /// The bytes of weight bank entry `index` (validated at open).
+    /// Lets the OS drop the resident pages of weight `index` of a mapped bundle (a device that
+    /// uploaded it no longer reads them); the next read faults them in from the file again.
+    /// Nothing to do for a bundle in memory.
+    pub fn release_weight_pages(&self, index: usize) {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        let w = &self.manifest.weights[index];
+        let start = self.weights.start + w.offset as usize;
+        #[allow(unsafe_code)]
+        // SAFETY: a read-only mapping (see `open`); MADV_DONTNEED discards only clean pages of
+        // this process's view, and later reads see the file's bytes again, so no reference
+        // into the map observes a change.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, w.length as usize)
+        };
+    }
+
     pub fn weight_bytes(&self, index: usize) -> &[u8] {
         let w = &self.manifest.weights[index];
         let start = self.weights.start + w.offset as usize;

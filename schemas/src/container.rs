@@ -267,6 +267,97 @@ pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Res
     Ok(())
 }
 
+/// What [`write_to`] writes as a section: bytes, or a function that writes them (`len` of them).
+pub enum Source<'a> {
+    Bytes(SectionKind, &'a [u8]),
+    Stream {
+        kind: SectionKind,
+        len: u64,
+        write: &'a mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    },
+}
+
+/// Writes what [`write`] writes, byte for byte, without holding the sections in memory: the
+/// header and table are written last (after a seek back), once every section's checksum is
+/// known. A streamed section must write exactly `len` bytes.
+pub fn write_to<W: Write + io::Seek>(out: &mut W, sections: &mut [Source]) -> io::Result<()> {
+    let table_end = (HEADER_LEN + sections.len() * ENTRY_LEN) as u64;
+    write_zeros(out, table_end)?;
+    let mut written = table_end;
+    let mut entries = Vec::with_capacity(sections.len());
+    for section in sections.iter_mut() {
+        let start = align_up(written);
+        write_zeros(out, start - written)?;
+        let mut crc = Crc {
+            out: &mut *out,
+            hasher: crc32fast::Hasher::new(),
+            bytes: 0,
+        };
+        let (kind, want) = match section {
+            Source::Bytes(kind, bytes) => {
+                crc.write_all(bytes)?;
+                (*kind, bytes.len() as u64)
+            }
+            Source::Stream { kind, len, write } => {
+                write(&mut crc)?;
+                (*kind, *len)
+            }
+        };
+        if crc.bytes != want {
+            return Err(io::Error::other(format!(
+                "section {} wrote {} bytes, said {want}",
+                kind.name(),
+                crc.bytes
+            )));
+        }
+        entries.push((kind, start, want, crc.hasher.finalize()));
+        written = start + want;
+    }
+    let mut table = Vec::with_capacity(entries.len() * ENTRY_LEN);
+    for &(kind, offset, length, crc) in &entries {
+        table.extend_from_slice(&kind.code().to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&offset.to_le_bytes());
+        table.extend_from_slice(&length.to_le_bytes());
+        table.extend_from_slice(&crc.to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+    }
+    let mut header = [0u8; HEADER_LEN];
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+    header[12..16].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    header[16..24].copy_from_slice(&written.to_le_bytes());
+    header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
+    let crc = crc32fast::hash(&header[0..60]);
+    header[60..64].copy_from_slice(&crc.to_le_bytes());
+    out.seek(io::SeekFrom::Start(0))?;
+    out.write_all(&header)?;
+    out.write_all(&table)?;
+    out.seek(io::SeekFrom::Start(written))?;
+    Ok(())
+}
+
+/// Passes bytes on, counting them into a CRC32.
+struct Crc<'a, W: Write> {
+    out: &'a mut W,
+    hasher: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Crc<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
 fn write_zeros(out: &mut impl Write, mut n: u64) -> io::Result<()> {
     const ZEROS: [u8; 4096] = [0; 4096];
     while n > 0 {
@@ -280,6 +371,50 @@ fn write_zeros(out: &mut impl Write, mut n: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streaming_writes_the_same_bytes() {
+        let manifest = b"manifest bytes".as_slice();
+        let weights: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        let mut whole = Vec::new();
+        write(
+            &mut whole,
+            &[
+                (SectionKind::Manifest, manifest),
+                (SectionKind::Weights, &weights),
+            ],
+        )
+        .unwrap();
+        let mut stream = |w: &mut dyn Write| {
+            for chunk in weights.chunks(4096) {
+                w.write_all(chunk)?;
+            }
+            Ok(())
+        };
+        let mut streamed = io::Cursor::new(Vec::new());
+        write_to(
+            &mut streamed,
+            &mut [
+                Source::Bytes(SectionKind::Manifest, manifest),
+                Source::Stream {
+                    kind: SectionKind::Weights,
+                    len: weights.len() as u64,
+                    write: &mut stream,
+                },
+            ],
+        )
+        .unwrap();
+        assert_eq!(streamed.into_inner(), whole);
+        // A stream that writes other than it said is an error.
+        let mut short = |w: &mut dyn Write| w.write_all(b"abc");
+        let mut out = io::Cursor::new(Vec::new());
+        let wrong = [Source::Stream {
+            kind: SectionKind::Weights,
+            len: 4,
+            write: &mut short,
+        }];
+        assert!(write_to(&mut out, &mut { wrong }).is_err());
+    }
 
     fn sample() -> Vec<u8> {
         let mut out = Vec::new();

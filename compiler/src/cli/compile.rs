@@ -2,7 +2,7 @@
 //! `ingot compile --variant prefill=a.onnx --variant decode=b.onnx -o OUT.ingot`.
 
 use anyhow::{Context, Result, bail};
-use ingot_compiler::{CompileOptions, VariantSource, compile_variants};
+use ingot_compiler::{CompileOptions, VariantSource, compile_variants_to};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -78,9 +78,11 @@ pub fn main(args: Args) -> Result<()> {
         verify: args.verify,
         ..CompileOptions::default()
     };
-    let bytes = compile_variants(&sources, &options).context("cannot compile")?;
-    std::fs::write(&args.output, &bytes)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    let m = compile_variants_to(&sources, &options, &args.output)
+        .with_context(|| format!("cannot compile into {}", args.output.display()))?;
+    let bytes = std::fs::metadata(&args.output)
+        .with_context(|| format!("cannot read {}", args.output.display()))?
+        .len();
     println!(
         "compiled {} -> {} ({} bytes) in {:.1} ms",
         sources
@@ -89,11 +91,9 @@ pub fn main(args: Args) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", "),
         args.output.display(),
-        bytes.len(),
+        bytes,
         start.elapsed().as_secs_f64() * 1e3
     );
-    let opened = ingot_runtime::Bundle::from_bytes(&bytes)?;
-    let m = opened.manifest();
     let unique: u64 = m.weights.iter().map(|w| w.length).sum();
     println!(
         "weights: {} entries, {unique} bytes; {} unique Vulkan kernels",

@@ -161,6 +161,26 @@ impl Const {
         }
     }
 
+    /// Lets the OS drop the pages of a mapped constant that reading it made resident: the
+    /// bundle writer reads each weight twice (hash, write) and would otherwise keep every
+    /// external-data byte in memory. The next read faults them in from the file again.
+    #[allow(unsafe_code)]
+    pub fn release_pages(&self) {
+        if let ConstData::Mapped { map, range } = &self.data {
+            // SAFETY: the map is a read-only mapping of a file nobody writes while we compile
+            // (see onnx/external.rs); MADV_DONTNEED on it only discards clean page-cache pages
+            // of this process's view, and later reads see the file's bytes again, so no
+            // reference into the map observes a change.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    range.len(),
+                )
+            };
+        }
+    }
+
     /// The value as an owned tensor (cheap for owned constants, a copy for mapped ones).
     pub fn tensor(&self) -> Arc<Tensor> {
         match &self.data {

@@ -701,6 +701,7 @@ impl VulkanExecutable {
             if let Slot::Weight(w) = slot {
                 self.upload(w, bundle.weight_bytes(w as usize), force_staging)
                     .map_err(fail)?;
+                bundle.release_weight_pages(w as usize);
                 // Uploaded: from now on every executable of this bundle here shares it.
                 if let Some(Held::Own(buffer)) = self.buffers.pop() {
                     let resident = Arc::new(Resident {
