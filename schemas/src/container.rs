@@ -228,43 +228,47 @@ fn align_up(x: u64) -> u64 {
 /// Writes a container holding `sections` in the given order.
 pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Result<()> {
     let table_end = (HEADER_LEN + sections.len() * ENTRY_LEN) as u64;
-    let mut table = Vec::with_capacity(sections.len() * ENTRY_LEN);
     let mut offset = align_up(table_end);
-    let mut layout = Vec::with_capacity(sections.len());
+    let mut entries = Vec::with_capacity(sections.len());
     for (kind, bytes) in sections {
-        let length = bytes.len() as u64;
-        table.extend_from_slice(&kind.code().to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-        table.extend_from_slice(&offset.to_le_bytes());
-        table.extend_from_slice(&length.to_le_bytes());
-        table.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-        layout.push(offset);
-        offset = align_up(offset + length);
+        entries.push((*kind, offset, bytes.len() as u64, crc32fast::hash(bytes)));
+        offset = align_up(offset + bytes.len() as u64);
     }
-    let file_len = match (layout.last(), sections.last()) {
-        (Some(start), Some((_, bytes))) => start + bytes.len() as u64,
-        _ => table_end,
-    };
-    let mut header = [0u8; HEADER_LEN];
-    header[0..8].copy_from_slice(&MAGIC);
-    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
-    header[12..16].copy_from_slice(&(sections.len() as u32).to_le_bytes());
-    header[16..24].copy_from_slice(&file_len.to_le_bytes());
-    header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
-    let crc = crc32fast::hash(&header[0..60]);
-    header[60..64].copy_from_slice(&crc.to_le_bytes());
-
-    out.write_all(&header)?;
-    out.write_all(&table)?;
+    let file_len = entries
+        .last()
+        .map_or(table_end, |&(_, start, len, _)| start + len);
+    out.write_all(&header_and_table(&entries, file_len))?;
     let mut written = table_end;
-    for ((_, bytes), start) in sections.iter().zip(layout) {
+    for ((_, bytes), &(_, start, _, _)) in sections.iter().zip(&entries) {
         write_zeros(out, start - written)?;
         out.write_all(bytes)?;
         written = start + bytes.len() as u64;
     }
     Ok(())
+}
+
+/// The header and the section table for sections (kind, offset, length, CRC32) of a file of
+/// `file_len` bytes.
+fn header_and_table(entries: &[(SectionKind, u64, u64, u32)], file_len: u64) -> Vec<u8> {
+    let mut table = Vec::with_capacity(entries.len() * ENTRY_LEN);
+    for &(kind, offset, length, crc) in entries {
+        table.extend_from_slice(&kind.code().to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&offset.to_le_bytes());
+        table.extend_from_slice(&length.to_le_bytes());
+        table.extend_from_slice(&crc.to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+    }
+    let mut header = [0u8; HEADER_LEN];
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+    header[12..16].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    header[16..24].copy_from_slice(&file_len.to_le_bytes());
+    header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
+    let crc = crc32fast::hash(&header[0..60]);
+    header[60..64].copy_from_slice(&crc.to_le_bytes());
+    [&header[..], &table].concat()
 }
 
 /// What [`write_to`] writes as a section: bytes, or a function that writes them (`len` of them).
@@ -313,27 +317,8 @@ pub fn write_to<W: Write + io::Seek>(out: &mut W, sections: &mut [Source]) -> io
         entries.push((kind, start, want, crc.hasher.finalize()));
         written = start + want;
     }
-    let mut table = Vec::with_capacity(entries.len() * ENTRY_LEN);
-    for &(kind, offset, length, crc) in &entries {
-        table.extend_from_slice(&kind.code().to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-        table.extend_from_slice(&offset.to_le_bytes());
-        table.extend_from_slice(&length.to_le_bytes());
-        table.extend_from_slice(&crc.to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
-    }
-    let mut header = [0u8; HEADER_LEN];
-    header[0..8].copy_from_slice(&MAGIC);
-    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
-    header[12..16].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    header[16..24].copy_from_slice(&written.to_le_bytes());
-    header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
-    let crc = crc32fast::hash(&header[0..60]);
-    header[60..64].copy_from_slice(&crc.to_le_bytes());
     out.seek(io::SeekFrom::Start(0))?;
-    out.write_all(&header)?;
-    out.write_all(&table)?;
+    out.write_all(&header_and_table(&entries, written))?;
     out.seek(io::SeekFrom::Start(written))?;
     Ok(())
 }
