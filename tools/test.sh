@@ -42,3 +42,16 @@ cargo build --workspace --all-targets
 # K failed") and the PP-OCR worst errors.
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast -- --show-output
+
+# The examples an app developer starts from, and the runtime without its Vulkan backend: its
+# unit tests, and the embed example built CPU-only running a bundle (the default device list
+# then skips Vulkan with a notice).
+step "examples and the CPU-only runtime"
+target="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target/examples"
+cargo run --quiet -p quickstart
+"$target/debug/ingot" compile examples/plan-snapshot/model.onnx --input-shape x=1x3x32x32 \
+    -o "$target/examples/cnn.ingot"
+cargo run --quiet -p embed -- "$target/examples/cnn.ingot" --from-memory
+cargo test --quiet -p ingot-runtime --no-default-features --lib
+cargo run --quiet -p embed --no-default-features -- "$target/examples/cnn.ingot"

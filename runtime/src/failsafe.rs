@@ -375,6 +375,10 @@ impl Fallback {
         let faults = &self.devices.faults;
         let ledger = &self.devices.ledger;
         match device {
+            Device::Unavailable(name) => Err(Failure {
+                stage: Stage::Loader,
+                error: SessionError::Unavailable(name.clone()),
+            }),
             Device::Cpu => {
                 let exe = CpuExecutable::new(
                     Arc::clone(bundle),

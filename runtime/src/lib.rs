@@ -16,6 +16,7 @@ pub mod vulkan;
 
 pub use bundle::{Bundle, BundleError};
 pub use failsafe::{Faults, Placement, Skip, Stage, SubmodelPlacement};
+pub use ingot_schema::DType;
 pub use ledger::{Ledger, MemoryKind};
 pub use session::{Device, Executable, IoInfo, Session, SessionError, SessionOptions};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

@@ -20,6 +20,9 @@ pub enum Device {
     Cpu,
     #[cfg(feature = "vulkan")]
     Vulkan(crate::vulkan::VulkanOptions),
+    /// A device this build cannot drive (a Vulkan name in a build without the Vulkan
+    /// backend): listed so that one device list serves every build, and always skipped.
+    Unavailable(String),
 }
 
 impl Device {
@@ -48,8 +51,13 @@ impl Device {
                 }));
             }
         }
+        let vulkan_name = name == "vulkan"
+            || name
+                .strip_prefix("vulkan:")
+                .is_some_and(|n| n == "cpu" || n.parse::<usize>().is_ok());
         match name {
             "cpu" => Ok(Device::Cpu),
+            _ if vulkan_name => Ok(Device::Unavailable(name.into())),
             _ => Err(SessionError::UnknownDevice {
                 name: name.into(),
                 known: if cfg!(feature = "vulkan") {
@@ -91,6 +99,7 @@ impl Device {
                 crate::vulkan::DeviceChoice::CpuType => "vulkan:cpu".into(),
                 crate::vulkan::DeviceChoice::Index(i) => format!("vulkan:{i}"),
             },
+            Device::Unavailable(name) => name.clone(),
         }
     }
 }
@@ -187,6 +196,8 @@ pub enum SessionError {
     NoDevice { submodel: usize, tried: String },
     #[error("the device list is empty")]
     NoDevices,
+    #[error("this build of ingot-runtime has no backend for '{0}' (the `vulkan` feature is off)")]
+    Unavailable(String),
     #[error("{0}")]
     NoKernel(String),
     #[error("injected fault: {device} at {stage}")]
