@@ -7,11 +7,13 @@ decode.onnx:  input_ids int64 [1, 1], past_{key,value}_L [1, 4, 16, 16]
 
 The two files name their initializers differently (`prefill.` / `decode.` prefixes), as two
 separate exports would: a bundle can only store the weights once by comparing content.
-Everything is seeded; the outputs are written as .npy beside the models.
+Everything is seeded; the inputs and outputs are written as .npy beside the models, with
+manifest.json (sizes, each file's initializer bytes, each array's dtype and shape).
 """
 
 import argparse
 import hashlib
+import json
 import pathlib
 
 import numpy as np
@@ -121,24 +123,35 @@ def main():
         return
     out.mkdir(parents=True, exist_ok=True)
     params = weights()
+    manifest = {"vocab": VOCAB, "hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "seq": SEQ,
+                "initializer_bytes": {}, "arrays": {}}
     for kind in ("prefill", "decode"):
-        onnx.save(graph(kind, params), out / f"{kind}.onnx")
+        model = graph(kind, params)
+        onnx.save(model, out / f"{kind}.onnx")
+        manifest["initializer_bytes"][kind] = sum(len(t.raw_data) for t in model.graph.initializer)
+    manifest["weight_bytes"] = sum(a.nbytes for a in params.values())  # one copy, shared part
 
-    run = lambda kind, feeds: dict(zip(
-        [o.name for o in ort.InferenceSession(str(out / f"{kind}.onnx")).get_outputs()],
-        ort.InferenceSession(str(out / f"{kind}.onnx")).run(None, feeds)))
+    def save(name, value):
+        np.save(out / f"{name}.npy", value)
+        manifest["arrays"][name] = f"{value.dtype} {'x'.join(map(str, value.shape))}"
+
+    def run(kind, feeds):
+        session = ort.InferenceSession(str(out / f"{kind}.onnx"))
+        return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
     ids = np.random.default_rng(7).integers(0, VOCAB, size=(1, SEQ), dtype=np.int64)
     prefill = run("prefill", {"input_ids": ids})
-    np.save(out / "prefill_input_ids.npy", ids)
+    save("prefill_input_ids", ids)
     for name, value in prefill.items():
-        np.save(out / f"prefill_{name}.npy", value)
+        save(f"prefill_{name}", value)
     feeds = {"input_ids": prefill["logits"][:, -1:].argmax(-1).astype(np.int64)}
     for l in range(LAYERS):
         feeds[f"past_key_{l}"] = prefill[f"present_key_{l}"]
         feeds[f"past_value_{l}"] = prefill[f"present_value_{l}"]
-    np.save(out / "decode_input_ids.npy", feeds["input_ids"])
+    save("decode_input_ids", feeds["input_ids"])
     for name, value in run("decode", feeds).items():
-        np.save(out / f"decode_{name}.npy", value)
+        save(f"decode_{name}", value)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     stamp.write_text(key + "\n")
     print(f"make_decoder: {out} (prefill + decode, {LAYERS} layers, vocab {VOCAB})")
 

@@ -48,10 +48,28 @@ cargo test --workspace --no-fail-fast -- --show-output
 # then skips Vulkan with a notice).
 step "examples and the CPU-only runtime"
 target="${CARGO_TARGET_DIR:-target}"
-mkdir -p "$target/examples"
+out="$target/examples"
+mkdir -p "$out"
 cargo run --quiet -p quickstart
+cargo run --quiet -p build-step
 "$target/debug/ingot" compile examples/plan-snapshot/model.onnx --input-shape x=1x3x32x32 \
-    -o "$target/examples/cnn.ingot"
-cargo run --quiet -p embed -- "$target/examples/cnn.ingot" --from-memory
+    -o "$out/cnn.ingot"
+"$target/debug/ingot" compile "$target/models/ch_PP-OCRv4_rec_infer.onnx" \
+    --input-shape x=1x3x48x320 -o "$out/rec.ingot"
+cargo run --quiet -p embed -- "$out/cnn.ingot" --from-memory
 cargo test --quiet -p ingot-runtime --no-default-features --lib
-cargo run --quiet -p embed --no-default-features -- "$target/examples/cnn.ingot"
+# The default device list in a CPU-only build: Vulkan skipped with a notice.
+cargo run --quiet -p embed --no-default-features -- "$out/cnn.ingot"
+# The CPU-only build computes the same bytes (embed prints a digest per output) as the
+# default build on the CPU, which the test suites compare with ONNX Runtime.
+for b in cnn rec; do
+    cargo run --quiet -p embed -- "$out/$b.ingot" --devices cpu >"$out/$b.cpu.txt"
+    cargo run --quiet -p embed --no-default-features -- "$out/$b.ingot" --devices cpu |
+        diff -u "$out/$b.cpu.txt" -
+done
+
+# The C API: libingot built, capi/examples/run_bundle.c compiled against capi/include/ingot.h
+# and the static library, run on the PP-OCR classifier (Vulkan, then the CPU).
+step "C API example (capi/run_example.sh)"
+bash capi/run_example.sh vulkan,cpu "$target/capi/out"
+cargo build --quiet -p ingot-capi --no-default-features

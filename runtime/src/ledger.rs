@@ -2,6 +2,7 @@
 //! kind and in total. Backends record into it; tests compare it with the plan's schedule.
 
 use ingot_schema::proto;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -197,19 +198,24 @@ impl Ledger {
     }
 }
 
+/// What an allocation of the plan is for.
+fn kind(a: &proto::Allocation) -> MemoryKind {
+    match proto::AllocationKind::try_from(a.kind) {
+        Ok(proto::AllocationKind::Weight) => MemoryKind::Weight,
+        Ok(proto::AllocationKind::Arena) => MemoryKind::Arena,
+        Ok(proto::AllocationKind::Io) => MemoryKind::Io,
+        Ok(proto::AllocationKind::Boundary) => MemoryKind::Boundary,
+        _ => MemoryKind::Other,
+    }
+}
+
 /// The load-time events the plan's allocation schedule predicts, in order: each entry
 /// allocated; with `staged` uploads, each weight's staging buffer allocated and freed right
 /// after it.
 pub fn planned_events(plan: &proto::Plan, staged: bool) -> Vec<(Action, MemoryKind, u64)> {
     let mut events = Vec::with_capacity(plan.allocations.len() * 3);
     for a in &plan.allocations {
-        let kind = match proto::AllocationKind::try_from(a.kind) {
-            Ok(proto::AllocationKind::Weight) => MemoryKind::Weight,
-            Ok(proto::AllocationKind::Arena) => MemoryKind::Arena,
-            Ok(proto::AllocationKind::Io) => MemoryKind::Io,
-            Ok(proto::AllocationKind::Boundary) => MemoryKind::Boundary,
-            _ => MemoryKind::Other,
-        };
+        let kind = kind(a);
         events.push((Action::Allocate, kind, a.bytes));
         if staged && kind == MemoryKind::Weight {
             events.push((Action::Allocate, MemoryKind::Staging, a.bytes));
@@ -221,11 +227,35 @@ pub fn planned_events(plan: &proto::Plan, staged: bool) -> Vec<(Action, MemoryKi
 
 /// The load-time events of a variant whose submodel `k` runs on Vulkan if `on_vulkan[k]`, else
 /// on the CPU, which reads weights from the mapped bundle and its inputs in place and so
-/// allocates its arena only. The boundary buffer comes last.
+/// allocates its arena only. The boundary buffer comes last. Every Vulkan submodel allocates
+/// the weights its schedule lists; the runtime shares one upload of each bank entry between
+/// them, which [`planned_events_shared`] predicts.
 pub fn planned_events_placed(
     variant: &proto::Variant,
     on_vulkan: &[bool],
     staged: bool,
+) -> Vec<(Action, MemoryKind, u64)> {
+    placed(variant, on_vulkan, staged, None)
+}
+
+/// [`planned_events_placed`] on a Vulkan device where the bank entries in `resident` are
+/// already uploaded (by another submodel, variant or session of the same bundle): those are
+/// shared, not allocated. Adds the entries it allocates to `resident`, so that calling it for
+/// each session in the order they are created predicts the ledger they share.
+pub fn planned_events_shared(
+    variant: &proto::Variant,
+    on_vulkan: &[bool],
+    staged: bool,
+    resident: &mut BTreeSet<u32>,
+) -> Vec<(Action, MemoryKind, u64)> {
+    placed(variant, on_vulkan, staged, Some(resident))
+}
+
+fn placed(
+    variant: &proto::Variant,
+    on_vulkan: &[bool],
+    staged: bool,
+    mut resident: Option<&mut BTreeSet<u32>>,
 ) -> Vec<(Action, MemoryKind, u64)> {
     let Some(plan) = variant.plan.as_ref() else {
         return Vec::new();
@@ -239,23 +269,28 @@ pub fn planned_events_placed(
             continue;
         };
         covered = covered.max(range.end);
-        let entries = proto::Plan {
-            allocations: allocations.to_vec(),
-            ..Default::default()
-        };
-        let planned = planned_events(&entries, staged);
-        if on_vulkan.get(k).copied().unwrap_or(false) {
-            events.extend(planned);
-        } else {
-            events.extend(planned.into_iter().filter(|e| e.1 == MemoryKind::Arena));
-        }
+        let on_vulkan = on_vulkan.get(k).copied().unwrap_or(false);
+        let allocations = allocations.iter().filter(|a| match kind(a) {
+            MemoryKind::Weight if on_vulkan => match resident.as_deref_mut() {
+                Some(resident) => resident.insert(a.weight),
+                None => true,
+            },
+            MemoryKind::Arena => true,
+            _ => on_vulkan,
+        });
+        events.extend(planned_events(&only(allocations), staged));
     }
-    let rest = proto::Plan {
-        allocations: plan.allocations.get(covered..).unwrap_or_default().to_vec(),
-        ..Default::default()
-    };
-    events.extend(planned_events(&rest, staged));
+    let rest = plan.allocations.get(covered..).unwrap_or_default();
+    events.extend(planned_events(&only(rest), staged));
     events
+}
+
+/// A plan of these allocations only.
+fn only<'a>(allocations: impl IntoIterator<Item = &'a proto::Allocation>) -> proto::Plan {
+    proto::Plan {
+        allocations: allocations.into_iter().cloned().collect(),
+        ..Default::default()
+    }
 }
 
 /// The peak of [`planned_events_placed`].
@@ -268,7 +303,9 @@ pub fn planned_peak(plan: &proto::Plan, staged: bool) -> u64 {
     peak_of(planned_events(plan, staged))
 }
 
-fn peak_of(events: Vec<(Action, MemoryKind, u64)>) -> u64 {
+/// The most bytes held at once over `events` (e.g. several sessions' planned events, one
+/// after the other).
+pub fn peak_of(events: impl IntoIterator<Item = (Action, MemoryKind, u64)>) -> u64 {
     let (mut now, mut peak) = (0u64, 0u64);
     for (action, _, bytes) in events {
         match action {
@@ -342,5 +379,92 @@ mod tests {
         // 10 + 80 + 80 staging = 170 = W + max(A, largest weight).
         assert_eq!(planned_peak(&plan, true), 170);
         assert_eq!(planned_events(&plan, true).len(), 7);
+    }
+
+    #[test]
+    fn shared_weights_are_planned_once_per_device() {
+        use proto::AllocationKind::*;
+        let entry = |kind: proto::AllocationKind, bytes, weight| proto::Allocation {
+            kind: kind as i32,
+            bytes,
+            weight,
+            ..Default::default()
+        };
+        let sub = |first, count| proto::Submodel {
+            first_allocation: first,
+            allocation_count: count,
+            ..Default::default()
+        };
+        // Vulkan, CPU, Vulkan: weight 0 is read by submodels 0 and 2, weight 1 by 1 and 2.
+        let variant = proto::Variant {
+            plan: Some(proto::Plan {
+                allocations: vec![
+                    entry(Weight, 8, 0),
+                    entry(Arena, 16, 0),
+                    entry(Io, 4, 0),
+                    entry(Weight, 12, 1),
+                    entry(Arena, 32, 0),
+                    entry(Weight, 8, 0),
+                    entry(Weight, 12, 1),
+                    entry(Arena, 20, 0),
+                    entry(Io, 4, 0),
+                    entry(Boundary, 64, 0),
+                ],
+                ..Default::default()
+            }),
+            submodels: vec![sub(0, 3), sub(3, 2), sub(5, 4)],
+            ..Default::default()
+        };
+        let placed = [true, false, true];
+        use Action::{Allocate as A, Free as F};
+        use MemoryKind::{Arena as Ar, Boundary as B, Staging as S, Weight as W};
+        const IO: MemoryKind = MemoryKind::Io;
+        // Each submodel's own weights, as the schedule lists them.
+        assert_eq!(
+            planned_events_placed(&variant, &placed, false),
+            [
+                (A, W, 8),
+                (A, Ar, 16),
+                (A, IO, 4),
+                (A, Ar, 32),
+                (A, W, 8),
+                (A, W, 12),
+                (A, Ar, 20),
+                (A, IO, 4),
+                (A, B, 64)
+            ]
+        );
+        // Shared: submodel 2 finds weight 0 resident and uploads weight 1 (the CPU read it
+        // from the bundle), staged.
+        let mut resident = BTreeSet::new();
+        let first = planned_events_shared(&variant, &placed, true, &mut resident);
+        assert_eq!(
+            first,
+            [
+                (A, W, 8),
+                (A, S, 8),
+                (F, S, 8),
+                (A, Ar, 16),
+                (A, IO, 4),
+                (A, Ar, 32),
+                (A, W, 12),
+                (A, S, 12),
+                (F, S, 12),
+                (A, Ar, 20),
+                (A, IO, 4),
+                (A, B, 64)
+            ]
+        );
+        assert_eq!(resident, BTreeSet::from([0, 1]));
+        // A second session of the bundle uploads nothing.
+        let second = planned_events_shared(&variant, &placed, true, &mut resident);
+        assert!(second.iter().all(|e| e.1 != W && e.1 != S), "{second:?}");
+        assert_eq!(second.len(), 6);
+        // Both: 20 weight bytes once, and 68 of arenas, 8 of IO and 64 of boundary each (the
+        // staging buffers come and go below that).
+        assert_eq!(
+            peak_of(first.into_iter().chain(second)),
+            20 + 2 * (68 + 8 + 64)
+        );
     }
 }

@@ -218,7 +218,7 @@ pub enum SessionError {
 }
 
 /// A submodel prepared for one device (or for the first device of a list that works).
-pub trait Executable {
+pub trait Executable: Send {
     /// Runs the submodel: `inputs` and `outputs` in the order of its lists, with the dtypes
     /// and shapes it expects (the session checked them; outputs are written whole).
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError>;

@@ -241,18 +241,23 @@ fn two_sessions_on_one_device_upload_each_weight_once() -> Result<()> {
         }
     }
     let events = ledger.events();
-    let uploads: Vec<&str> = events
+    let uploads: Vec<_> = events
         .iter()
         .filter(|e| e.kind == MemoryKind::Weight && e.action == Action::Allocate)
-        .map(|e| e.label.as_str())
         .collect();
+    let labels: Vec<&str> = uploads.iter().map(|e| e.label.as_str()).collect();
     ensure!(
         uploads.len() == weights.len(),
-        "{} weight allocations for {} bank entries: {uploads:?}",
+        "{} weight allocations for {} bank entries: {labels:?}",
         uploads.len(),
         weights.len()
     );
     let unique: u64 = weights.values().sum();
+    let uploaded: u64 = uploads.iter().map(|e| e.bytes).sum();
+    ensure!(
+        uploaded == unique,
+        "{uploaded} weight bytes uploaded, the bank entries both variants read hold {unique}"
+    );
     ensure!(
         ledger.total().peak == unique + activations,
         "peak {} != unique weights {unique} + arenas and IO {activations}",

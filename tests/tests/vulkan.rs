@@ -534,3 +534,213 @@ fn a_failed_load_frees_what_it_allocated() -> Result<()> {
     assert_no_validation_messages();
     Ok(())
 }
+
+/// A session of `bundle` on Vulkan alone, recording into `ledger`.
+fn vulkan_session(bundle: &Arc<Bundle>, force_staging: bool, ledger: &Ledger) -> Session {
+    require_validation();
+    let options = SessionOptions {
+        devices: vec![Device::Vulkan(VulkanOptions {
+            force_staging,
+            ..VulkanOptions::default()
+        })],
+        ledger: Some(ledger.clone()),
+        ..SessionOptions::default()
+    };
+    let session = Session::new(Arc::clone(bundle), options)
+        .unwrap_or_else(|e| panic!("no Vulkan session (a Vulkan device is required): {e}"));
+    assert_no_validation_messages();
+    session
+}
+
+/// The labels of the weights the ledger shows allocated (or freed), sorted.
+fn weight_labels(ledger: &Ledger, action: Action) -> Vec<String> {
+    let mut labels: Vec<String> = ledger
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == MemoryKind::Weight && e.action == action)
+        .map(|e| e.label)
+        .collect();
+    labels.sort();
+    labels
+}
+
+/// Two sessions of one bundle on one device, staged or not: the second uploads nothing (the
+/// ledger is the plan's schedule once, then without weights); dropping the first keeps every
+/// weight, dropping the second frees each once.
+#[test]
+fn two_sessions_of_one_bundle_upload_each_weight_once() -> Result<()> {
+    use ingot_runtime::ledger::{peak_of, planned_events_shared};
+    let bundle = bundle("two_sessions", &with_weights())?;
+    let v = &bundle.manifest().variants[0];
+    let x = tensor(&[2, 250], 14);
+    let want = run_cpu(&bundle, std::slice::from_ref(&x));
+    let tolerance = Tolerance {
+        rtol: 1e-6,
+        atol: 1e-6,
+    };
+    for force_staging in [false, true] {
+        let ledger = Ledger::new();
+        let mut first = vulkan_session(&bundle, force_staging, &ledger);
+        // A device whose memory the host cannot write stages every upload even unforced.
+        let staged = force_staging || ledger.usage(MemoryKind::Staging).peak > 0;
+        let mut second = vulkan_session(&bundle, force_staging, &ledger);
+        let mut resident = std::collections::BTreeSet::new();
+        let mut planned = planned_events_shared(v, &[true], staged, &mut resident);
+        let alone = planned.len();
+        planned.extend(planned_events_shared(v, &[true], staged, &mut resident));
+        assert_eq!(events(&ledger), planned, "staged: {staged}");
+        assert_eq!(
+            events(&ledger)[..alone],
+            planned_events(plan(&bundle), staged)
+        );
+        assert_eq!(ledger.total().peak, peak_of(planned));
+        assert_eq!(weight_labels(&ledger, Action::Allocate).len(), 3);
+        for session in [&mut first, &mut second] {
+            let got = session.run(std::slice::from_ref(&x))?;
+            allclose(&got[0], &want[0], tolerance).map_err(anyhow::Error::msg)?;
+        }
+        let weights = ledger.usage(MemoryKind::Weight).current;
+        let loaded = ledger.events().len();
+        drop(first);
+        let freed = events(&ledger).split_off(loaded);
+        assert!(
+            !freed.is_empty()
+                && freed
+                    .iter()
+                    .all(|e| e.0 == Action::Free && e.1 != MemoryKind::Weight),
+            "the first session frees its arena and IO buffer only: {freed:?}"
+        );
+        assert_eq!(ledger.usage(MemoryKind::Weight).current, weights);
+        let x2 = tensor(&[2, 250], 15);
+        let got = second.run(std::slice::from_ref(&x2))?;
+        let want2 = run_cpu(&bundle, &[x2]);
+        allclose(&got[0], &want2[0], tolerance).map_err(anyhow::Error::msg)?;
+        drop(second);
+        assert_eq!(ledger.total().current, 0);
+        assert_eq!(
+            weight_labels(&ledger, Action::Free),
+            weight_labels(&ledger, Action::Allocate)
+        );
+    }
+    assert_no_validation_messages();
+    Ok(())
+}
+
+/// A shared weight stays in the ledger of the session that uploaded it, allocated and freed,
+/// even when another session, with its own ledger, is the last to use it.
+#[test]
+fn a_shared_weight_is_recorded_by_its_uploader() -> Result<()> {
+    let bundle = bundle("uploader", &with_weights())?;
+    let (mine, theirs) = (Ledger::new(), Ledger::new());
+    let first = vulkan_session(&bundle, false, &mine);
+    let second = vulkan_session(&bundle, false, &theirs);
+    let uploaded = weight_labels(&mine, Action::Allocate);
+    assert_eq!(uploaded.len(), 3);
+    assert!(weight_labels(&theirs, Action::Allocate).is_empty());
+    let weights = mine.usage(MemoryKind::Weight).current;
+    drop(first);
+    assert_eq!(mine.total().current, weights, "{:?}", mine.events());
+    drop(second);
+    assert_eq!(weight_labels(&mine, Action::Free), uploaded);
+    assert_eq!(mine.total().current, 0);
+    assert!(weight_labels(&theirs, Action::Free).is_empty());
+    assert_eq!(theirs.total().current, 0);
+    assert_no_validation_messages();
+    Ok(())
+}
+
+/// `w` is read before and after an f64 detour that has no Vulkan kernel, so the graph runs
+/// Vulkan -> CPU -> Vulkan and both Vulkan submodels list `w` in their schedule: it is
+/// uploaded once.
+#[test]
+fn two_submodels_reading_one_weight_allocate_it_once() -> Result<()> {
+    use ingot_runtime::ledger::planned_events_shared;
+    use ingot_tests::model::attr_int;
+    let w = tensor(&[8], 16);
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[4, 8])
+        .initializer("w", &w)
+        .node("shift", "Add", &["x", "w"], &["a"], vec![])
+        .node("relu", "Relu", &["a"], &["r"], vec![])
+        .node("wide", "Cast", &["r"], &["d"], vec![attr_int("to", 11)])
+        .node("root", "Sqrt", &["d"], &["s"], vec![])
+        .node("narrow", "Cast", &["s"], &["n"], vec![attr_int("to", 1)])
+        .node("scale", "Mul", &["n", "w"], &["y"], vec![])
+        .output("y", DType::F32, &[4, 8]);
+    let bundle = bundle("one_weight_two_submodels", &model)?;
+    let v = &bundle.manifest().variants[0];
+    assert_eq!(v.submodels.len(), 3, "{:?}", v.submodels);
+    let listed: Vec<u32> = plan(&bundle)
+        .allocations
+        .iter()
+        .filter(|a| a.kind == proto::AllocationKind::Weight as i32)
+        .map(|a| a.weight)
+        .collect();
+    assert!(
+        listed.len() == 2 && listed[0] == listed[1],
+        "submodels 0 and 2 should both list the weight: {listed:?}"
+    );
+    require_validation();
+    let ledger = Ledger::new();
+    let options = SessionOptions {
+        ledger: Some(ledger.clone()),
+        ..SessionOptions::on("vulkan,cpu")?
+    };
+    let mut session = Session::new(Arc::clone(&bundle), options)?;
+    let placement = session.placement();
+    let on_vulkan: Vec<bool> = placement
+        .0
+        .iter()
+        .map(|p| p.device.starts_with("vulkan"))
+        .collect();
+    assert_eq!(on_vulkan, [true, false, true], "{placement}");
+    let staged = ledger.usage(MemoryKind::Staging).peak > 0;
+    let planned = planned_events_shared(v, &on_vulkan, staged, &mut Default::default());
+    assert_eq!(events(&ledger), planned);
+    assert_eq!(weight_labels(&ledger, Action::Allocate).len(), 1);
+    let x = tensor(&[4, 8], 17);
+    let got = session.run(std::slice::from_ref(&x))?;
+    let want = run_cpu(&bundle, &[x]);
+    allclose(&got[0], &want[0], Tolerance::new(1e-6, 1e-6)).map_err(anyhow::Error::msg)?;
+    drop(session);
+    assert_eq!(ledger.total().current, 0);
+    assert_eq!(weight_labels(&ledger, Action::Free).len(), 1);
+    assert_no_validation_messages();
+    Ok(())
+}
+
+/// Sessions of one bundle created at the same moment on several threads: one uploads each
+/// weight, the others wait for it and share it.
+#[test]
+fn sessions_created_on_several_threads_upload_each_weight_once() -> Result<()> {
+    let bundle = bundle("threads", &with_weights())?;
+    let x = tensor(&[2, 250], 18);
+    let want = run_cpu(&bundle, std::slice::from_ref(&x));
+    let ledger = Ledger::new();
+    const THREADS: usize = 4;
+    let (start, created) = (
+        std::sync::Barrier::new(THREADS),
+        std::sync::Barrier::new(THREADS),
+    );
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                start.wait();
+                let mut session = vulkan_session(&bundle, false, &ledger);
+                // Every session lives until all are made, so none can upload after another
+                // dropped a weight.
+                created.wait();
+                let got = session.run(std::slice::from_ref(&x)).expect("Vulkan run");
+                allclose(&got[0], &want[0], Tolerance::new(1e-6, 1e-6)).unwrap();
+            });
+        }
+    });
+    assert_eq!(weight_labels(&ledger, Action::Allocate).len(), 3);
+    assert_eq!(
+        weight_labels(&ledger, Action::Free),
+        weight_labels(&ledger, Action::Allocate)
+    );
+    assert_eq!(ledger.total().current, 0);
+    assert_no_validation_messages();
+    Ok(())
+}

@@ -1,10 +1,11 @@
 //! A runtime-only program, as an app would embed Ingot: open a bundle (from a path, or from
 //! bytes already in memory), make a session on a device list, run it on seeded inputs of the
-//! declared shapes, and print where each submodel ran and what came out.
+//! declared shapes, and print where each submodel ran and what came out (shape, first values
+//! and a digest of the bytes).
 //!
 //! `cargo run -p embed -- BUNDLE [--from-memory] [--devices vulkan,cpu]`
 
-use ingot_runtime::{Bundle, Session, SessionOptions, Tensor};
+use ingot_runtime::{Bundle, DType, Session, SessionOptions, Tensor};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -45,14 +46,32 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let n: usize = info.desc.shape.iter().product();
             let values: Vec<f32> = (0..n).map(|i| (i % 17) as f32 / 17.0).collect();
             match info.desc.dtype {
-                ingot_runtime::DType::F32 => Tensor::from_vec(info.desc.shape.clone(), &values),
+                DType::F32 => Tensor::from_vec(info.desc.shape.clone(), &values),
                 _ => Ok(Tensor::zeros(info.desc.clone())),
             }
         })
         .collect::<Result<_, _>>()?;
     let outputs = session.run(&inputs)?;
     for (info, t) in session.outputs().iter().zip(&outputs) {
-        println!("{} {} {:?}", info.name, t.dtype(), t.shape());
+        let head: Vec<f32> = match t.dtype() {
+            DType::F32 => t.as_slice::<f32>()?.iter().take(4).copied().collect(),
+            _ => Vec::new(),
+        };
+        let digest = fnv1a(t.bytes());
+        println!(
+            "{} {} {:?} {head:?} fnv1a {digest:016x}",
+            info.name,
+            t.dtype(),
+            t.shape()
+        );
     }
     Ok(())
+}
+
+/// A digest of an output's bytes: two builds or devices that print the same one computed the
+/// same bits (tools/test.sh compares the CPU-only build with the default one this way).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }

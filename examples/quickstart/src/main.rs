@@ -2,7 +2,7 @@
 //! outputs. `cargo run -p quickstart -- [MODEL.onnx [INPUT=1x3x224x224 ...]]` (default: the
 //! small CNN of examples/plan-snapshot, batch 1).
 
-use ingot_compiler::{CompileOptions, VariantSource, compile_variants, plan_text};
+use ingot_compiler::{CompileOptions, compile_file, plan_text};
 use ingot_runtime::{Bundle, DType, Session, SessionOptions, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,13 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{line}");
     }
 
-    // The bundle: one variant, `main`.
-    let source = VariantSource {
-        name: "main".into(),
-        model: model.clone(),
-        input_shapes: Vec::new(),
-    };
-    let bytes = compile_variants(&[source], &options)?;
+    // The bundle (what `ingot compile` writes): one variant, `main`.
+    let bytes = compile_file(&model, &options)?;
     println!("== bundle: {} bytes", bytes.len());
 
     // Run it on Vulkan where a submodel can, else the CPU.

@@ -2,7 +2,9 @@
 //! every executable that asks for the same choice (a process may hold hundreds of small
 //! executables), freed when the last of them drops.
 
+use super::executable::{Resident, WeightKey};
 use super::layout::rank;
+use super::memory::Residency;
 use super::{DeviceChoice, DeviceInfo, VulkanError};
 use ash::vk;
 use ingot_schema::proto::DeviceClass;
@@ -367,8 +369,7 @@ pub struct Context {
     layouts: Mutex<Vec<(u32, Layout)>>,
     /// The weights resident on this device, by (bundle, weight index): every executable of one
     /// bundle shares them (see `executable::Resident`).
-    pub resident:
-        Mutex<std::collections::BTreeMap<(usize, u32), Weak<super::executable::Resident>>>,
+    pub resident: Residency<WeightKey, Resident>,
     /// Kept alive for the device; dropped after `Drop::drop` destroyed the device.
     _instance: Instance,
 }
@@ -485,7 +486,7 @@ impl Context {
             queue: Mutex::new(queue),
             pipeline_cache,
             layouts: Mutex::new(Vec::new()),
-            resident: Mutex::default(),
+            resident: Residency::default(),
             _instance: instance,
         })
     }
@@ -521,6 +522,7 @@ impl Context {
         let pipeline = match unsafe { self.device.create_pipeline_layout(&info, None) } {
             Ok(p) => p,
             Err(r) => {
+                // SAFETY: the set layout was created above and nothing uses it yet.
                 unsafe { self.device.destroy_descriptor_set_layout(set, None) };
                 return Err(r);
             }

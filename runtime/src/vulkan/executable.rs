@@ -1,7 +1,7 @@
 //! One submodel made ready to run on one device: its pipelines, its buffers (allocated in the
 //! plan's order), one descriptor set per dispatch and one command buffer recorded once.
 
-use super::context::{Context, lock};
+use super::context::Context;
 use super::layout::{Hazards, Region, descriptor_range, io_layout, local_size};
 use super::memory::{Buffer, Placement};
 use super::{DeviceInfo, VulkanError, VulkanOptions};
@@ -13,7 +13,7 @@ use ash::vk;
 use ingot_schema::proto::{self, DeviceClass, storage::Kind};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// A buffer of the allocation schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -320,8 +320,8 @@ fn check_sizes(
 }
 
 /// A weight uploaded to one device, shared by every executable of its bundle there (sessions
-/// of all variants, all submodels): uploaded by the first, freed with the last, recorded in
-/// the ledger of the one that uploaded it.
+/// of all variants, all submodels) through the context's residency table: uploaded by the
+/// first, freed with the last, both recorded in the ledger of the one that uploaded it.
 pub struct Resident {
     buffer: Option<Buffer>,
     cx: Arc<Context>,
@@ -329,6 +329,10 @@ pub struct Resident {
     // Keeps the bundle's address, the residency key, from being reused while this lives.
     _bundle: Arc<Bundle>,
 }
+
+/// The residency key of a weight: (the bundle's address, its bank entry). Only executables of
+/// one `Arc<Bundle>` share: see ARCHITECTURE.md for why not equal content across bundles.
+pub type WeightKey = (usize, u32);
 
 impl Drop for Resident {
     fn drop(&mut self) {
@@ -391,10 +395,11 @@ impl std::fmt::Debug for VulkanExecutable {
 
 impl VulkanExecutable {
     /// Prepares submodel `submodel` of variant `variant` of `bundle` on the device `options`
-    /// choose: pipelines first, then the plan's allocations in order (each weight uploaded
-    /// right after it is allocated), then the command buffer. Every allocation is recorded in
-    /// `ledger`, marked with the device; on failure everything allocated so far is freed, and
-    /// the error says at which stage it failed.
+    /// choose: pipelines first, then the plan's allocations in order (each weight shared if
+    /// an executable of `bundle` already holds it on the device, else uploaded right after it
+    /// is allocated), then the command buffer. Every allocation is recorded in `ledger`,
+    /// marked with the device; on failure everything allocated so far is released (a shared
+    /// weight is freed with its last user), and the error says at which stage it failed.
     pub fn new(
         bundle: Arc<Bundle>,
         variant: usize,
@@ -653,8 +658,8 @@ impl VulkanExecutable {
         }
     }
 
-    /// The plan's allocations in order; each weight is uploaded right after it is allocated
-    /// (through a staging buffer, freed at once, where the host cannot write it directly).
+    /// The plan's allocations in order. A weight already resident on the device (uploaded by
+    /// another executable of the bundle) is shared; else it is allocated and uploaded at once.
     /// An injected fault fires when its stage's allocations are done (even if there are none),
     /// so a test sees what was allocated freed.
     fn allocate(
@@ -675,82 +680,93 @@ impl VulkanExecutable {
             Ok(())
         };
         for &(slot, bytes) in schedule {
-            let (kind, label, placement, stage) = match slot {
-                Slot::Weight(w) => (
-                    MemoryKind::Weight,
-                    format!("weight {w}"),
-                    Placement::Device,
-                    0,
-                ),
-                Slot::Arena => (MemoryKind::Arena, "arena".into(), Placement::Device, 1),
-                Slot::Io => (MemoryKind::Io, "io".into(), Placement::Host, 2),
+            let stage = match slot {
+                Slot::Weight(_) => 0,
+                Slot::Arena => 1,
+                Slot::Io => 2,
             };
             finish(stage)?;
-            let key = |w: u32| (Arc::as_ptr(bundle) as usize, w);
-            if let Slot::Weight(w) = slot {
-                let shared = lock(&self.cx.resident).get(&key(w)).and_then(Weak::upgrade);
-                if let Some(resident) = shared {
-                    self.buffers.push(Held::Shared(resident));
-                    continue;
-                }
-            }
             let fail = |e: VulkanError| Failure::at(STAGES[stage])(e.into());
-            let buffer = Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)
-                .map_err(fail)?;
-            self.buffers.push(Held::Own(buffer));
-            if let Slot::Weight(w) = slot {
-                self.upload(w, bundle.weight_bytes(w as usize), force_staging)
-                    .map_err(fail)?;
-                bundle.release_weight_pages(w as usize);
-                // Uploaded: from now on every executable of this bundle here shares it.
-                if let Some(Held::Own(buffer)) = self.buffers.pop() {
-                    let resident = Arc::new(Resident {
-                        buffer: Some(buffer),
-                        cx: Arc::clone(&self.cx),
-                        ledger: self.ledger.clone(),
-                        _bundle: Arc::clone(bundle),
-                    });
-                    let mut table = lock(&self.cx.resident);
-                    table.retain(|_, r| r.strong_count() > 0);
-                    table.insert(key(w), Arc::downgrade(&resident));
-                    self.buffers.push(Held::Shared(resident));
+            let own = |kind, label: &str, placement| {
+                let label = label.to_string();
+                Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)
+                    .map(Held::Own)
+            };
+            let held = match slot {
+                Slot::Weight(w) => {
+                    let key = (Arc::as_ptr(bundle) as usize, w);
+                    let upload = || self.upload(bundle, w, bytes, force_staging);
+                    self.cx.resident.get_or_make(key, upload).map(Held::Shared)
                 }
-            }
+                Slot::Arena => own(MemoryKind::Arena, "arena", Placement::Device),
+                Slot::Io => own(MemoryKind::Io, "io", Placement::Host),
+            };
+            self.buffers.push(held.map_err(fail)?);
         }
         finish(STAGES.len())
     }
 
-    /// Writes weight `w` into the last allocated buffer.
-    fn upload(&mut self, w: u32, data: &[u8], force_staging: bool) -> Result<(), VulkanError> {
-        let cx = Arc::clone(&self.cx);
+    /// Allocates a buffer of `bytes` for weight `w` and writes the weight into it (through a
+    /// staging buffer, freed at once, where the host cannot write it directly); the mapped
+    /// bundle's pages of it are released after. On failure nothing is left allocated.
+    fn upload(
+        &self,
+        bundle: &Arc<Bundle>,
+        w: u32,
+        bytes: u64,
+        force_staging: bool,
+    ) -> Result<Resident, VulkanError> {
+        let (cx, ledger) = (&self.cx, &self.ledger);
+        let label = format!("weight {w}");
+        let data = bundle.weight_bytes(w as usize);
         let fail = |reason: String| VulkanError::Allocation {
             device: cx.info.to_string(),
             kind: MemoryKind::Weight,
             bytes: data.len() as u64,
-            label: format!("weight {w}"),
+            label: label.clone(),
             reason,
         };
-        let Some(Held::Own(target)) = self.buffers.last_mut() else {
-            return Ok(());
-        };
-        if target.host_coherent() && !force_staging {
-            return target.write(&cx, data).map_err(fail);
-        }
-        let target = target.buffer;
-        let mut staging = Buffer::allocate(
-            &cx,
-            &self.ledger,
-            MemoryKind::Staging,
-            data.len() as u64,
-            format!("staging for weight {w}"),
-            Placement::Staging,
+        let mut target = Buffer::allocate(
+            cx,
+            ledger,
+            MemoryKind::Weight,
+            bytes,
+            label.clone(),
+            Placement::Device,
         )?;
-        let copied = staging
-            .write(&cx, data)
-            .map_err(fail)
-            .and_then(|()| self.copy(staging.buffer, target, data.len() as u64));
-        staging.free(&cx, &self.ledger);
-        copied
+        let stage = || {
+            let mut staging = Buffer::allocate(
+                cx,
+                ledger,
+                MemoryKind::Staging,
+                data.len() as u64,
+                format!("staging for {label}"),
+                Placement::Staging,
+            )?;
+            let copied = staging
+                .write(cx, data)
+                .map_err(fail)
+                .and_then(|()| self.copy(staging.buffer, target.buffer, data.len() as u64));
+            staging.free(cx, ledger);
+            copied
+        };
+        let written = if target.host_coherent() && !force_staging {
+            target.write(cx, data).map_err(fail)
+        } else {
+            stage()
+        };
+        if let Err(e) = written {
+            // Nothing uses it: a failed copy waited for the device to be idle.
+            target.free(cx, ledger);
+            return Err(e);
+        }
+        bundle.release_weight_pages(w as usize);
+        Ok(Resident {
+            buffer: Some(target),
+            cx: Arc::clone(cx),
+            ledger: ledger.clone(),
+            _bundle: Arc::clone(bundle),
+        })
     }
 
     /// Submits `commands`, signalling this executable's fence, and waits for it.
@@ -780,8 +796,8 @@ impl VulkanExecutable {
             .command_pool(self.command_pool)
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
-        // SAFETY: the pool is this executable's, used from one thread at a time (`&mut self`
-        // callers only).
+        // SAFETY: the pool is this executable's, used from one thread at a time: copies happen
+        // only while it is prepared (`allocate` holds `&mut self`).
         let commands = unsafe { device.allocate_command_buffers(&info) }
             .map_err(|r| cx.submit_error("upload", r))?;
         let Some(&cmd) = commands.first() else {

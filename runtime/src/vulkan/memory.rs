@@ -1,11 +1,14 @@
 //! Buffers, each with its own memory allocation, recorded in the ledger with the exact
-//! `allocationSize` the device was asked for.
+//! `allocationSize` the device was asked for; and the residency table through which
+//! executables share the buffers they can (weights).
 
 use super::VulkanError;
-use super::context::Context;
+use super::context::{Context, lock};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use ash::vk;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Where a buffer's memory should be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,5 +209,148 @@ impl Buffer {
         if let Some(entry) = self.entry.take() {
             ledger.free(entry);
         }
+    }
+}
+
+/// Values shared by key, each made by its first user and dropped with its last (the weights
+/// resident on a device). The table holds only weak references: it never keeps a value alive.
+pub struct Residency<K, T> {
+    slots: Mutex<Slots<K, T>>,
+}
+
+/// One lock per key, held while its value is made, so that concurrent users of a key wait for
+/// one maker instead of each making their own.
+type Slot<T> = Arc<Mutex<Weak<T>>>;
+
+struct Slots<K, T> {
+    map: BTreeMap<K, Slot<T>>,
+    /// Unused slots are dropped when the map reaches this size (amortised: a process that
+    /// opens many bundles does not keep a slot per weight it ever held).
+    prune_at: usize,
+}
+
+impl<K, T> Default for Residency<K, T> {
+    fn default() -> Self {
+        Residency {
+            slots: Mutex::new(Slots {
+                map: BTreeMap::new(),
+                prune_at: 0,
+            }),
+        }
+    }
+}
+
+impl<K: Ord, T> Residency<K, T> {
+    /// The value resident under `key`, else the one `make` returns, which becomes resident.
+    /// `make` runs without the table locked (other keys go on), while other users of `key`
+    /// wait for it; if it fails, nothing is kept and the next user makes its own.
+    pub fn get_or_make<E>(&self, key: K, make: impl FnOnce() -> Result<T, E>) -> Result<Arc<T>, E> {
+        let slot = {
+            let mut slots = lock(&self.slots);
+            if slots.map.len() >= slots.prune_at {
+                // A slot is in use while someone holds a clone of it or its value lives. The
+                // map's lock is the only way to a slot, so these slot locks are free.
+                slots
+                    .map
+                    .retain(|_, s| Arc::strong_count(s) > 1 || lock(s).strong_count() > 0);
+                slots.prune_at = 2 * slots.map.len().max(8);
+            }
+            Arc::clone(slots.map.entry(key).or_default())
+        };
+        let mut resident = lock(&slot);
+        if let Some(value) = resident.upgrade() {
+            return Ok(value);
+        }
+        let value = Arc::new(make()?);
+        *resident = Arc::downgrade(&value);
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    /// Counts its drops.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_value_is_made_by_its_first_user_and_dropped_with_its_last() {
+        let table = Residency::default();
+        let (made, dropped) = (AtomicUsize::new(0), Arc::new(AtomicUsize::new(0)));
+        let get = || {
+            table.get_or_make(7, || {
+                made.fetch_add(1, SeqCst);
+                Ok::<_, ()>(Counted(Arc::clone(&dropped)))
+            })
+        };
+        let (a, b) = (get().unwrap(), get().unwrap());
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(made.load(SeqCst), 1);
+        drop(a);
+        assert_eq!(dropped.load(SeqCst), 0);
+        drop(b);
+        assert_eq!(dropped.load(SeqCst), 1);
+        // Gone: the next user makes it again.
+        let _c = get().unwrap();
+        assert_eq!(made.load(SeqCst), 2);
+    }
+
+    #[test]
+    fn a_failed_make_keeps_nothing() {
+        let table = Residency::default();
+        assert_eq!(table.get_or_make(1, || Err("no memory")), Err("no memory"));
+        let value = table.get_or_make(1, || Ok::<_, &str>(5)).unwrap();
+        assert_eq!(*value, 5);
+        // Other keys are other values.
+        assert_eq!(*table.get_or_make(2, || Ok::<_, &str>(6)).unwrap(), 6);
+        assert_eq!(*table.get_or_make(1, || Ok::<_, &str>(7)).unwrap(), 5);
+    }
+
+    #[test]
+    fn concurrent_users_of_a_key_wait_for_one_maker() {
+        let table = Residency::default();
+        let made = AtomicUsize::new(0);
+        let start = std::sync::Barrier::new(8);
+        let values: Vec<Arc<u32>> = std::thread::scope(|s| {
+            let users: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        table.get_or_make("w", || {
+                            made.fetch_add(1, SeqCst);
+                            // Long enough for every other thread to arrive meanwhile.
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            Ok::<_, ()>(42)
+                        })
+                    })
+                })
+                .collect();
+            users
+                .into_iter()
+                .map(|u| u.join().unwrap().unwrap())
+                .collect()
+        });
+        assert_eq!(made.load(SeqCst), 1);
+        assert!(values.iter().all(|v| Arc::ptr_eq(v, &values[0])));
+    }
+
+    #[test]
+    fn slots_of_dropped_values_are_pruned() {
+        let table = Residency::default();
+        let kept = table.get_or_make(0, || Ok::<_, ()>(0)).unwrap();
+        for key in 1..1000 {
+            drop(table.get_or_make(key, || Ok::<_, ()>(key)));
+        }
+        let slots = lock(&table.slots).map.len();
+        assert!(slots <= 16, "{slots} slots for 1 live value");
+        assert_eq!(*table.get_or_make(0, || Ok::<_, ()>(1)).unwrap(), *kept);
     }
 }

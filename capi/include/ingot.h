@@ -1,0 +1,188 @@
+/*
+ * ingot.h: the C API of the Ingot runtime (Rust crate ingot-capi, library libingot.a / .so).
+ *
+ * Open a bundle that `ingot compile MODEL.onnx -o MODEL.ingot` wrote, make a session on a
+ * device list, look at its inputs and outputs, and run it on your own buffers:
+ *
+ *     IngotBundle *bundle;
+ *     IngotSession *session;
+ *     if (ingot_bundle_open("model.ingot", &bundle) != INGOT_OK) {
+ *         fprintf(stderr, "%s\n", ingot_last_error());
+ *         return 1;
+ *     }
+ *     IngotStatus status = ingot_session_new(bundle, "vulkan,cpu", NULL, &session);
+ *     ingot_bundle_free(bundle);  // the session keeps what it needs
+ *     if (status != INGOT_OK) { ... }
+ *     IngotTensorInfo in, out;
+ *     ingot_session_input_info(session, 0, &in);    // in.bytes: the buffer size to pass
+ *     ingot_session_output_info(session, 0, &out);
+ *     ...
+ *     ingot_session_run(session, &in_ptr, &in.bytes, 1, &out_ptr, &out.bytes, 1);
+ *     ingot_session_free(session);
+ *
+ * Link: libingot.so, or libingot.a plus the system libraries Rust needs
+ * (Linux: -ldl -lgcc_s -lutil -lrt -lpthread -lm -lc). capi/examples/run_bundle.c is a
+ * complete program; capi/run_example.sh builds and runs it.
+ *
+ * Conventions
+ * - Errors: every function that can fail returns an IngotStatus. On failure,
+ *   ingot_last_error() returns a message for the calling thread. Every function that returns
+ *   an IngotStatus replaces that message (with "" on success); the *_free functions leave it
+ *   alone, so they may be called while handling an error.
+ * - Pointers: a pointer argument must not be NULL unless its function says so; a NULL
+ *   where one is required is INGOT_INVALID_ARGUMENT, never a crash. An out-parameter
+ *   receiving a handle or a string is set to NULL when the call fails.
+ * - Strings passed in are NUL-terminated UTF-8 (file paths: any bytes on Unix). A string
+ *   returned as `char *` belongs to the caller: free it with ingot_string_free. A
+ *   `const char *` belongs to Ingot, for as long as the function that returned it says.
+ * - Panics: no Rust panic crosses this boundary; an internal error (a bug in Ingot, please
+ *   report it) is INGOT_INTERNAL. This holds for the library as built by Cargo (panic=unwind).
+ * - Threads: a bundle may be shared between threads (ingot_session_new from several threads
+ *   at once). A session must stay on the thread that made it. Messages from
+ *   ingot_last_error() are per thread.
+ * - Tensors are dense, row-major, little-endian; booleans are one byte (0 or 1) per element.
+ */
+#ifndef INGOT_H
+#define INGOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a call returns. */
+typedef enum IngotStatus {
+    INGOT_OK = 0,
+    /* A NULL where a pointer is required, an index out of range, a wrong number of buffers
+     * or a wrong byte length, a string that is not UTF-8. */
+    INGOT_INVALID_ARGUMENT = 1,
+    /* The bundle cannot be read, or is not a valid bundle (corrupt, truncated, another
+     * format version). */
+    INGOT_BUNDLE = 2,
+    /* The session cannot be made: an unknown device name or variant, an empty device list,
+     * no device in the list can run a submodel. */
+    INGOT_SESSION = 3,
+    /* Running failed on every device the list allowed. */
+    INGOT_RUN = 4,
+    /* A bug in Ingot, caught at the boundary. */
+    INGOT_INTERNAL = 5
+} IngotStatus;
+
+/* Element types, numbered like ONNX's TensorProto.DataType. */
+typedef enum IngotDType {
+    INGOT_DTYPE_F32 = 1,
+    INGOT_DTYPE_U8 = 2,
+    INGOT_DTYPE_I8 = 3,
+    INGOT_DTYPE_U16 = 4,
+    INGOT_DTYPE_I16 = 5,
+    INGOT_DTYPE_I32 = 6,
+    INGOT_DTYPE_I64 = 7,
+    INGOT_DTYPE_BOOL = 9,
+    INGOT_DTYPE_F16 = 10,
+    INGOT_DTYPE_F64 = 11,
+    INGOT_DTYPE_U32 = 12,
+    INGOT_DTYPE_U64 = 13
+} IngotDType;
+
+/* A compiled model, opened and validated. */
+typedef struct IngotBundle IngotBundle;
+
+/* One variant of a bundle, prepared on devices, ready to run. */
+typedef struct IngotSession IngotSession;
+
+/* An input or output of a session. `name` and `dims` belong to the session and live as long
+ * as it does. */
+typedef struct IngotTensorInfo {
+    const char *name;
+    int32_t dtype;      /* an IngotDType */
+    size_t rank;        /* the number of dims; 0 for a scalar */
+    const size_t *dims; /* rank entries */
+    size_t bytes;       /* product of dims times the element size: the buffer to pass */
+} IngotTensorInfo;
+
+/* ---- Library ---------------------------------------------------------------------------- */
+
+/* The library's version, e.g. "0.1.0". A static string. */
+const char *ingot_version(void);
+
+/* The message of this thread's last failed call; "" if the last call succeeded. Valid until
+ * the next ingot_ call on this thread. Never NULL. */
+const char *ingot_last_error(void);
+
+/* Bytes per element of an IngotDType; 0 for a code Ingot does not know. */
+size_t ingot_dtype_size(int32_t dtype);
+
+/* ---- Bundles ---------------------------------------------------------------------------- */
+
+/* Opens the bundle file at `path`. The file is mapped, not read: weights are used in place,
+ * and the file must not change while the bundle or a session made from it is alive.
+ * INGOT_BUNDLE if it cannot be read or is not valid. */
+IngotStatus ingot_bundle_open(const char *path, IngotBundle **out);
+
+/* Opens a bundle from `len` bytes at `data` (an asset, an embedded array). The bytes are
+ * copied once, so `data` may be freed as soon as this returns. */
+IngotStatus ingot_bundle_from_memory(const void *data, size_t len, IngotBundle **out);
+
+/* Frees a bundle. Sessions made from it stay valid (they share it). NULL is a no-op. */
+void ingot_bundle_free(IngotBundle *bundle);
+
+/* ---- Sessions --------------------------------------------------------------------------- */
+
+/* Makes a session of the bundle's variant `variant` (NULL: the first variant; a
+ * single-model bundle has one, "main") on the devices `devices` names, tried in order per
+ * submodel: a comma-separated list of "cpu", "vulkan" (the best Vulkan device),
+ * "vulkan:N" (by index), "vulkan:cpu" (a CPU-type Vulkan device). NULL means the default
+ * list, "vulkan,cpu". A device that cannot run a submodel is skipped (the placement report
+ * says why); INGOT_SESSION when no device of the list can. */
+IngotStatus ingot_session_new(const IngotBundle *bundle, const char *devices,
+                              const char *variant, IngotSession **out);
+
+/* Frees a session and its device memory. NULL is a no-op. */
+void ingot_session_free(IngotSession *session);
+
+/* The number of inputs and outputs. */
+IngotStatus ingot_session_input_count(const IngotSession *session, size_t *count);
+IngotStatus ingot_session_output_count(const IngotSession *session, size_t *count);
+
+/* Input or output `index` (0-based, in the model's order). */
+IngotStatus ingot_session_input_info(const IngotSession *session, size_t index,
+                                     IngotTensorInfo *info);
+IngotStatus ingot_session_output_info(const IngotSession *session, size_t index,
+                                      IngotTensorInfo *info);
+
+/* Runs the session. `inputs[i]` points to `input_bytes[i]` bytes holding input i;
+ * `outputs[j]` to `output_bytes[j]` writable bytes for output j. The counts must equal the
+ * session's input and output counts and each byte length the tensor's `bytes` exactly
+ * (else INGOT_INVALID_ARGUMENT, before anything runs). Buffers need no particular
+ * alignment; inputs are copied in, and each output is written whole only when the run
+ * succeeds (on failure the output buffers are untouched). An output buffer must not
+ * overlap another. A buffer pointer may be NULL only when its length is 0, an array only
+ * when its count is 0. */
+IngotStatus ingot_session_run(IngotSession *session,
+                              const void *const *inputs, const size_t *input_bytes,
+                              size_t input_count,
+                              void *const *outputs, const size_t *output_bytes,
+                              size_t output_count);
+
+/* The placement report, as `ingot run` prints it: one line per submodel with the device it
+ * runs on, and every device skipped with the stage and the reason. It can change after a
+ * run (a submodel whose device failed moves to the next device of the list). Free the
+ * string with ingot_string_free. */
+IngotStatus ingot_session_placement(const IngotSession *session, char **out);
+
+/* The number of submodels, and the device submodel `index` runs on now ("cpu",
+ * "vulkan:0 (llvmpipe ...)"). Free the string with ingot_string_free. */
+IngotStatus ingot_session_submodel_count(const IngotSession *session, size_t *count);
+IngotStatus ingot_session_submodel_device(const IngotSession *session, size_t index,
+                                          char **out);
+
+/* Frees a string an ingot_ function returned as `char *`. NULL is a no-op. */
+void ingot_string_free(char *string);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* INGOT_H */

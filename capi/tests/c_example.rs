@@ -1,0 +1,108 @@
+//! The C example (capi/examples/run_bundle.c, built and run by capi/run_example.sh on the
+//! PP-OCR direction classifier) gives the Rust API's outputs: bit for bit on the CPU, within
+//! a tolerance on `vulkan,cpu`, with the same placement report.
+//!
+//! Data: `target/models/` and `target/references/`, made by `bash tools/setup.sh`. Needs a C
+//! compiler (`cc`).
+
+use ingot_runtime::{Bundle, Session, SessionOptions, Tensor, TensorDesc};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+const INPUT: &str = "references/ch_ppocr_mobile_v2.0_cls_infer/1x3x48x192/input_0.npy";
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// The data bytes of a little-endian, C-order .npy file holding `desc` (version 1 to 3
+/// headers; the dtype and shape are checked against the header's text).
+fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
+    let file = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&file[..6], b"\x93NUMPY", "{}", path.display());
+    let (len, start) = match file[6] {
+        1 => (u16::from_le_bytes([file[8], file[9]]) as usize, 10),
+        _ => (
+            u32::from_le_bytes([file[8], file[9], file[10], file[11]]) as usize,
+            12,
+        ),
+    };
+    let header = std::str::from_utf8(&file[start..start + len]).unwrap();
+    assert!(header.contains("'descr': '<f4'"), "{header}");
+    let dims: Vec<String> = desc.shape.iter().map(usize::to_string).collect();
+    assert!(
+        header.contains(&format!("'shape': ({})", dims.join(", "))),
+        "{header}"
+    );
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let data = file[start + len..].to_vec();
+    assert_eq!(data.len(), desc.bytes(), "{}", path.display());
+    data
+}
+
+/// Runs the C example on `devices` into its own directory; returns its stdout and output 0.
+fn run_c_example(devices: &str, from_memory: bool) -> (String, PathBuf) {
+    let out = target_dir().join(format!("capi/out-{}", devices.replace(',', "-")));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("run_example.sh");
+    let mut command = Command::new("bash");
+    command.arg(&script).arg(devices).arg(&out);
+    if from_memory {
+        command.arg("--from-memory");
+    }
+    let _ = std::fs::remove_file(out.join("output_0.npy"));
+    let result = command.output().expect("bash runs");
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+    assert!(
+        result.status.success(),
+        "run_example.sh {devices} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    (stdout, out.join("output_0.npy"))
+}
+
+#[test]
+fn c_example_matches_the_rust_api() {
+    for (devices, from_memory, tolerance) in [("cpu", false, 0.0), ("vulkan,cpu", true, 1e-5)] {
+        let (stdout, c_output) = run_c_example(devices, from_memory);
+        print!("== run_example.sh {devices}\n{stdout}");
+
+        let bundle = Arc::new(Bundle::open(target_dir().join("capi/cls.ingot")).unwrap());
+        let mut session = Session::new(bundle, SessionOptions::on(devices).unwrap()).unwrap();
+        let placement = session.placement().to_string();
+        assert!(
+            stdout.contains(&placement),
+            "the C example's placement differs:\n{placement}"
+        );
+        let desc = session.inputs()[0].desc.clone();
+        let x = read_npy(&target_dir().join(INPUT), &desc);
+        let expected = session
+            .run(&[Tensor::from_bytes(desc, &x).unwrap()])
+            .unwrap();
+        let expected = &expected[0];
+        let got = read_npy(&c_output, expected.desc());
+
+        if tolerance == 0.0 {
+            assert_eq!(
+                got,
+                expected.bytes(),
+                "{devices}: C and Rust outputs differ"
+            );
+        } else {
+            let got = Tensor::from_bytes(expected.desc().clone(), &got).unwrap();
+            let pairs = got
+                .as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .zip(expected.as_slice::<f32>().unwrap());
+            for (i, (c, rust)) in pairs.enumerate() {
+                assert!(
+                    (c - rust).abs() <= tolerance,
+                    "{devices}: element {i}: C {c}, Rust {rust}"
+                );
+            }
+        }
+    }
+}
