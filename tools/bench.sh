@@ -53,27 +53,8 @@ for m in "${model_keys[@]}"; do
     [[ -n "${file[$m]:-}" ]] || die "unknown model '$m' (det, rec, cls)"
 done
 
-# --- the bench venv: reused while it has exactly the pinned versions -----------------------
-# The requirements file is a complete lock (every transitive dependency pinned), installed
-# with --no-deps: pnnx declares torch, which its converter binary does not need.
-reqs=tools/bench-requirements.txt
-check_pins='
-import importlib.metadata as m, sys
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if line:
-        name, want = line.split("==")
-        if m.version(name) != want:
-            sys.exit(1)'
-if [[ ! -x "$py" ]]; then
-    log "creating $venv"
-    python3 -m venv "$venv"
-fi
-if ! "$py" -c "$check_pins" "$reqs" 2>/dev/null; then
-    log "installing $reqs into $venv"
-    "$py" -m pip install --quiet --disable-pip-version-check --no-deps -r "$reqs" \
-        || die "pip could not install $reqs"
-fi
+# --- the bench venv (tools/bench_venv.sh) and the models -----------------------------------
+source tools/bench_venv.sh
 
 bash tools/fetch_models.sh "$target/models" || die "could not fetch the PP-OCR models"
 

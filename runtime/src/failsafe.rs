@@ -21,7 +21,7 @@ use crate::tensor::{TensorMut, TensorRef};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Where preparing or running a submodel on a device failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -252,6 +252,9 @@ pub(crate) struct Devices {
     pub failover: bool,
     /// Threads for the CPU backend.
     pub threads: usize,
+    /// The CPU backend's pool of `threads` threads, started by the first CPU submodel and
+    /// shared by all of them (they run one at a time).
+    cpu_pool: OnceLock<Arc<rayon::ThreadPool>>,
     pub faults: Faults,
     pub ledger: Ledger,
     /// Devices (by position in `list`) that failed for every submodel, and how.
@@ -270,10 +273,26 @@ impl Devices {
             list,
             failover,
             threads,
+            cpu_pool: OnceLock::new(),
             faults,
             ledger,
             dead: Mutex::default(),
         }
+    }
+
+    fn cpu_pool(&self) -> Result<Arc<rayon::ThreadPool>, SessionError> {
+        if let Some(pool) = self.cpu_pool.get() {
+            return Ok(Arc::clone(pool));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(|i| format!("ingot-cpu-{i}"))
+            .build()
+            .map_err(|e| SessionError::Threads {
+                threads: self.threads,
+                reason: e.to_string(),
+            })?;
+        Ok(Arc::clone(self.cpu_pool.get_or_init(|| Arc::new(pool))))
     }
 }
 
@@ -387,7 +406,11 @@ impl Fallback {
                     &ledger.on("cpu"),
                     faults,
                 )?
-                .with_threads(self.devices.threads);
+                .with_pool(
+                    self.devices
+                        .cpu_pool()
+                        .map_err(Failure::at(Stage::Device))?,
+                );
                 Ok((Box::new(exe), "cpu".into()))
             }
             #[cfg(feature = "vulkan")]

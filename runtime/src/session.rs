@@ -196,6 +196,8 @@ pub enum SessionError {
     NoDevice { submodel: usize, tried: String },
     #[error("the device list is empty")]
     NoDevices,
+    #[error("cannot start {threads} CPU threads: {reason}")]
+    Threads { threads: usize, reason: String },
     #[error("this build of ingot-runtime has no backend for '{0}' (the `vulkan` feature is off)")]
     Unavailable(String),
     #[error("{0}")]

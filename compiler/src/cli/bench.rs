@@ -31,6 +31,8 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> Result<()> {
+    // What the process holds before the bundle: peak RSS minus this is the model's share.
+    let baseline_rss_bytes = rss_bytes("VmRSS:");
     let start = Instant::now();
     let bundle = Arc::new(
         Bundle::open(&args.bundle)
@@ -86,7 +88,7 @@ pub fn main(args: Args) -> Result<()> {
         .iter()
         .map(|&k| (k.name().to_string(), json!(ledger.usage(k).peak)))
         .collect();
-    let peak_rss_bytes = peak_rss_bytes();
+    let peak_rss_bytes = rss_bytes("VmHWM:");
 
     if args.json {
         let report = json!({
@@ -102,6 +104,7 @@ pub fn main(args: Args) -> Result<()> {
             "ledger_peak_by_kind": by_kind,
             "planned_peak_bytes": planned_peak_bytes,
             "peak_rss_bytes": peak_rss_bytes,
+            "baseline_rss_bytes": baseline_rss_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -124,9 +127,9 @@ pub fn main(args: Args) -> Result<()> {
                 println!("  {k:<8} {peak}");
             }
         }
-        match peak_rss_bytes {
-            Some(b) => println!("peak RSS  {b} bytes"),
-            None => println!("peak RSS  unknown on this platform"),
+        match (peak_rss_bytes, baseline_rss_bytes) {
+            (Some(b), Some(base)) => println!("peak RSS  {b} bytes ({base} before the bundle)"),
+            _ => println!("peak RSS  unknown on this platform"),
         }
     }
     Ok(())
@@ -155,10 +158,11 @@ fn seeded(desc: &TensorDesc) -> Tensor {
     Tensor::from_vec(desc.shape.clone(), &values).unwrap_or_else(|_| Tensor::zeros(desc.clone()))
 }
 
-/// The process's peak resident set (Linux: VmHWM), if the platform says.
-fn peak_rss_bytes() -> Option<u64> {
+/// A resident-set figure of this process (Linux: `VmRSS:` now, `VmHWM:` its peak), if the
+/// platform says.
+fn rss_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

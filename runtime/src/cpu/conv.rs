@@ -18,12 +18,15 @@
 //! planes (ConvTranspose). With a leading `Add`, the output starts as the residual plus the
 //! bias and everything accumulates onto it, so the step can run over the residual's bytes.
 
-use super::gemm::{Layout, gemm};
+use super::gemm::{Layout, gemm, gemm_into};
+use super::parallel::{column_blocks, with_scratch};
 use super::post::PostOps;
 use super::{Kernel, KernelError, OpCx, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
+use ndarray::ArrayViewMut2;
+use rayon::prelude::*;
 use std::ops::Range;
 
 pub const OPS: &[&str] = &["Conv", "ConvTranspose"];
@@ -375,6 +378,28 @@ impl<'a> Post<'a> {
     }
 }
 
+impl Post<'_> {
+    /// Applies the post-ops to each row of `block`, a block of the output whose first element
+    /// is element `first` of the output and whose rows are `row_stride` elements apart.
+    fn apply_rows(
+        &self,
+        mut block: ArrayViewMut2<f32>,
+        first: usize,
+        row_stride: usize,
+    ) -> Result<(), KernelError> {
+        if !self.ops.applies() {
+            return Ok(());
+        }
+        for (r, mut row) in block.rows_mut().into_iter().enumerate() {
+            let run = row
+                .as_slice_mut()
+                .ok_or_else(|| invalid!("a post-op row is not contiguous"))?;
+            self.ops.apply(run, first + r * row_stride, &self.extras)?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `run(aliased)` for `run_in_place`, which only the residual of a leading `Add` allows.
 fn in_place(
     post: &PostOps,
@@ -440,45 +465,46 @@ impl Conv {
             own,
         })
     }
+}
 
-    /// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`.
-    fn depthwise(&self, xp: &[f32], padded: Padded, wk: &[f32], yp: &mut [f32]) {
-        let win = &self.win;
-        let [_, oh, ow] = win.output;
-        let [kd, kh, kw] = win.kernel;
-        let [sd, sh, _] = win.strides;
-        let [dd, dh, dw] = win.dilations;
-        let [_, ph, pw] = padded.dims;
-        let offsets: Vec<usize> = (0..kw).map(|k| padded.column(k * dw)).collect();
-        let mut rows: Vec<(&[f32], &[f32])> = Vec::with_capacity(kd * kh);
-        for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
-            let (z0, y0) = (r / oh * sd, r % oh * sh);
-            rows.clear();
-            for a in 0..kd {
-                for b in 0..kh {
-                    let row = ((z0 + a * dd) * ph + y0 + b * dh) * pw;
-                    rows.push((&xp[row..][..pw], &wk[(a * kh + b) * kw..][..kw]));
-                }
+/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`.
+/// Compiled for the wider vector units too: the baseline x86-64 target has SSE2 only. The
+/// sums are the same in every version (no FMA contraction).
+#[multiversion::multiversion(targets = "simd")]
+fn depthwise(win: &Window, xp: &[f32], padded: Padded, wk: &[f32], yp: &mut [f32]) {
+    let [_, oh, ow] = win.output;
+    let [kd, kh, kw] = win.kernel;
+    let [sd, sh, _] = win.strides;
+    let [dd, dh, dw] = win.dilations;
+    let [_, ph, pw] = padded.dims;
+    let offsets: Vec<usize> = (0..kw).map(|k| padded.column(k * dw)).collect();
+    let mut rows: Vec<(&[f32], &[f32])> = Vec::with_capacity(kd * kh);
+    for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
+        let (z0, y0) = (r / oh * sd, r % oh * sh);
+        rows.clear();
+        for a in 0..kd {
+            for b in 0..kh {
+                let row = ((z0 + a * dd) * ph + y0 + b * dh) * pw;
+                rows.push((&xp[row..][..pw], &wk[(a * kh + b) * kw..][..kw]));
             }
-            if ow >= BLOCK {
-                // The last block is moved back to end at `ow` and adds only the columns the
-                // blocks before it have not.
-                for j in (0..ow).step_by(BLOCK) {
-                    let j0 = j.min(ow - BLOCK);
-                    block_row(&rows, &offsets, j0, j - j0, &mut yrow[j0..]);
-                }
-            } else {
-                for &(x, w) in &rows {
-                    for (&wv, &off) in w.iter().zip(&offsets) {
-                        for (yv, xv) in yrow.iter_mut().zip(&x[off..]) {
-                            *yv += wv * xv;
-                        }
+        }
+        if ow >= BLOCK {
+            blocks::<BLOCK>(&rows, &offsets, yrow);
+        } else if ow >= BLOCK / 2 {
+            blocks::<{ BLOCK / 2 }>(&rows, &offsets, yrow);
+        } else {
+            for &(x, w) in &rows {
+                for (&wv, &off) in w.iter().zip(&offsets) {
+                    for (yv, xv) in yrow.iter_mut().zip(&x[off..]) {
+                        *yv += wv * xv;
                     }
                 }
             }
         }
     }
+}
 
+impl Conv {
     /// Copies the input patches of output rows `rows` (lifted rows: D x H) into `col`, one
     /// matrix row per (channel, tap), one column per output position.
     fn im2col(&self, xg: &[f32], rows: Range<usize>, col: &mut [f32]) {
@@ -631,22 +657,41 @@ impl Padded {
     }
 }
 
-/// Output columns a depthwise register block computes at once.
+/// Output columns a depthwise register block computes at once (half as many on rows
+/// narrower than this).
 const BLOCK: usize = 16;
 
-/// `y[j] += Σ w[k] * x[j0 + j + offsets[k]]` over the `(x, w)` rows for `skip <= j < BLOCK`,
+/// One output row in blocks of `N` columns. The last block is moved back to end at the row's
+/// end and adds only the columns the blocks before it have not.
+#[inline(always)]
+fn blocks<const N: usize>(rows: &[(&[f32], &[f32])], offsets: &[usize], yrow: &mut [f32]) {
+    let ow = yrow.len();
+    for j in (0..ow).step_by(N) {
+        let j0 = j.min(ow - N);
+        block_row::<N>(rows, offsets, j0, j - j0, &mut yrow[j0..]);
+    }
+}
+
+/// `y[j] += Σ w[k] * x[j0 + j + offsets[k]]` over the `(x, w)` rows for `skip <= j < N`,
 /// with the sums kept in registers.
-fn block_row(rows: &[(&[f32], &[f32])], offsets: &[usize], j0: usize, skip: usize, y: &mut [f32]) {
-    let mut acc = [0.0f32; BLOCK];
+#[inline(always)]
+fn block_row<const N: usize>(
+    rows: &[(&[f32], &[f32])],
+    offsets: &[usize],
+    j0: usize,
+    skip: usize,
+    y: &mut [f32],
+) {
+    let mut acc = [0.0f32; N];
     for &(x, w) in rows {
         for (&wv, &off) in w.iter().zip(offsets) {
-            let xs = &x[j0 + off..][..BLOCK];
+            let xs = &x[j0 + off..][..N];
             for (a, xv) in acc.iter_mut().zip(xs) {
                 *a += wv * xv;
             }
         }
     }
-    for (yv, a) in y[skip..BLOCK].iter_mut().zip(&acc[skip..]) {
+    for (yv, a) in y[skip..N].iter_mut().zip(&acc[skip..]) {
         *yv += a;
     }
 }
@@ -686,11 +731,7 @@ impl Conv {
         let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
         let Channels {
-            batch,
-            groups,
-            cin,
-            cout,
-            ..
+            groups, cin, cout, ..
         } = self.ch;
         let (in_plane, out_plane, taps) = (
             self.win.input_size(),
@@ -702,68 +743,68 @@ impl Conv {
             return Ok(());
         }
         let wg_len = cout * cin * taps;
-        let mut scratch = match self.path {
-            ConvPath::Pointwise => Vec::new(),
-            ConvPath::Depthwise(padded) => vec![0.0; padded.len()],
-            ConvPath::Im2col { rows } => vec![0.0; cin * taps * rows * self.win.output[DIMS - 1]],
-        };
-        for n in 0..batch {
-            for g in 0..groups {
-                let xg = &x[(n * groups + g) * cin * in_plane..][..cin * in_plane];
+        let ow = self.win.output[DIMS - 1].max(1);
+        // One block of the output per (image, group), in parallel; pointwise and im2col
+        // blocks split again into chunks of columns.
+        let block = cout * out_plane;
+        y.par_chunks_mut(block)
+            .enumerate()
+            .try_for_each(|(ng, yg)| {
+                let g = ng % groups;
+                let xg = &x[ng * cin * in_plane..][..cin * in_plane];
                 let wg = &w[g * wg_len..][..wg_len];
-                let base = (n * groups + g) * cout * out_plane;
-                let yg = &mut y[base..][..cout * out_plane];
+                let base = ng * block;
+                let yv = ArrayViewMut2::from_shape((cout, out_plane), yg)
+                    .map_err(|e| invalid!("conv output block: {e}"))?;
                 match self.path {
                     ConvPath::Pointwise => {
                         let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
-                        for c0 in (0..out_plane).step_by(cols) {
-                            let width = cols.min(out_plane - c0);
-                            gemm(
+                        column_blocks(yv, cols, &|c, mut yc| {
+                            let b = (&xg[c.start..], Layout::new(cin, c.len(), in_plane, 1));
+                            gemm_into(
                                 1.0,
-                                wg,
-                                Layout::row_major(cout, cin),
-                                &xg[c0..],
-                                Layout::new(cin, width, in_plane, 1),
+                                (wg, Layout::row_major(cout, cin)),
+                                b,
                                 1.0,
-                                &mut yg[c0..],
-                                Layout::new(cout, width, out_plane, 1),
+                                yc.view_mut(),
                             )?;
-                            post.apply(yg, base, c0, (cout, width, out_plane))?;
-                        }
+                            post.apply_rows(yc, base + c.start, out_plane)
+                        })
                     }
-                    ConvPath::Depthwise(padded) => {
-                        padded.fill(&self.win, xg, &mut scratch);
-                        for (m, yp) in yg.chunks_exact_mut(out_plane).enumerate() {
-                            self.depthwise(&scratch, padded, &wg[m * taps..][..taps], yp);
+                    ConvPath::Depthwise(padded) => with_scratch(padded.len(), |scratch| {
+                        // The scratch is shared with other kernels: its padding must be zeroed.
+                        scratch.fill(0.0);
+                        padded.fill(&self.win, xg, scratch);
+                        for (m, yp) in yg_planes(yv, out_plane)?.enumerate() {
+                            depthwise(&self.win, scratch, padded, &wg[m * taps..][..taps], yp);
                             post.apply(yp, base + m * out_plane, 0, (1, out_plane, 0))?;
                         }
-                    }
-                    ConvPath::Im2col { rows } => {
-                        let ow = self.win.output[DIMS - 1];
-                        let total = out_plane / ow.max(1);
-                        for r0 in (0..total).step_by(rows) {
-                            let r1 = (r0 + rows).min(total);
-                            let width = (r1 - r0) * ow;
-                            let col = &mut scratch[..cin * taps * width];
-                            self.im2col(xg, r0..r1, col);
-                            gemm(
-                                1.0,
-                                wg,
-                                Layout::row_major(cout, cin * taps),
-                                col,
-                                Layout::row_major(cin * taps, width),
-                                1.0,
-                                &mut yg[r0 * ow..],
-                                Layout::new(cout, width, out_plane, 1),
-                            )?;
-                            post.apply(yg, base, r0 * ow, (cout, width, out_plane))?;
-                        }
-                    }
+                        Ok(())
+                    }),
+                    ConvPath::Im2col { rows } => column_blocks(yv, rows * ow, &|c, mut yc| {
+                        let rows = c.start / ow..c.end.div_ceil(ow);
+                        let k = cin * taps;
+                        with_scratch(k * c.len(), |col| {
+                            self.im2col(xg, rows, col);
+                            let b = (&*col, Layout::row_major(k, c.len()));
+                            gemm_into(1.0, (wg, Layout::row_major(cout, k)), b, 1.0, yc.view_mut())
+                        })?;
+                        post.apply_rows(yc, base + c.start, out_plane)
+                    }),
                 }
-            }
-        }
-        Ok(())
+            })
     }
+}
+
+/// The planes of a contiguous block of output channels.
+fn yg_planes(
+    yv: ArrayViewMut2<'_, f32>,
+    plane: usize,
+) -> Result<std::slice::ChunksExactMut<'_, f32>, KernelError> {
+    let yg = yv
+        .into_slice()
+        .ok_or_else(|| invalid!("a conv output block is not contiguous"))?;
+    Ok(yg.chunks_exact_mut(plane))
 }
 
 struct ConvTranspose {

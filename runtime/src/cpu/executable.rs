@@ -49,8 +49,9 @@ struct Step {
 pub struct CpuExecutable {
     bundle: Arc<Bundle>,
     faults: Faults,
-    /// Threads a matrix product may use.
-    threads: usize,
+    /// The threads kernels split their work over; `None` runs on the caller's thread
+    /// (and its rayon pool, if any: the compiler's constant folding).
+    pool: Option<Arc<rayon::ThreadPool>>,
     steps: Vec<Step>,
     // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
     arena: Vec<u64>,
@@ -183,7 +184,7 @@ impl CpuExecutable {
             arena_bytes: arena_bytes as usize,
             bundle,
             faults: faults.clone(),
-            threads: 1,
+            pool: None,
         };
         // After the allocation, so that a test sees it freed.
         faults
@@ -194,9 +195,9 @@ impl CpuExecutable {
 }
 
 impl CpuExecutable {
-    /// Lets matrix products use up to `threads` threads (1 by default).
-    pub fn with_threads(mut self, threads: usize) -> CpuExecutable {
-        self.threads = threads.max(1);
+    /// Runs the kernels on `pool` (a session's, shared by its CPU submodels).
+    pub fn with_pool(mut self, pool: Arc<rayon::ThreadPool>) -> CpuExecutable {
+        self.pool = Some(pool);
         self
     }
 }
@@ -204,7 +205,10 @@ impl CpuExecutable {
 impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
-        super::gemm::with_threads(self.threads, || self.run_steps(inputs, outputs))
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.run_steps(inputs, outputs)),
+            None => self.run_steps(inputs, outputs),
+        }
     }
 }
 

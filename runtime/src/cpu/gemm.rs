@@ -6,29 +6,13 @@
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, Ix2, LinalgScalar, ShapeBuilder, StrideShape};
-use std::cell::Cell;
 
 use crate::cpu::KernelError;
 use crate::invalid;
 
-thread_local! {
-    /// How many threads a product on this thread may use (see [`with_threads`]).
-    static THREADS: Cell<usize> = const { Cell::new(1) };
-}
-
-/// Runs `f` with products on this thread split over up to `threads` threads (the CPU
-/// executable sets its session's count around each run; constant folding keeps 1).
-pub fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
-    let before = THREADS.with(|t| t.replace(threads.max(1)));
-    let result = f();
-    THREADS.with(|t| t.set(before));
-    result
-}
-
-/// Products smaller than this many multiply-adds run on one thread: starting and joining a
-/// thread costs ~40 µs, and the thin products of convolutions are bound by memory, not by
-/// arithmetic (splitting them made PP-OCR det slower; 256x256x3136 runs 1.9x faster on 2).
-const PARALLEL_WORK: usize = 1 << 25;
+/// Products smaller than this many multiply-adds run as one piece: below it, splitting costs
+/// more (each part packs its own share of the operands) than a second core gains.
+const PARALLEL_WORK: usize = 1 << 21;
 
 /// Where a `rows x cols` matrix sits in a slice: element (i, j) at `i * rs + j * cs`.
 /// A stride of 0 repeats elements (a broadcast operand); C must not repeat any.
@@ -86,34 +70,49 @@ pub fn gemm<T: Float>(
     let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
     let bv = ArrayView2::from_shape(lb.shape()?, b).map_err(misfit("B", b.len(), lb))?;
     let c_len = c.len();
-    let mut cv = ArrayViewMut2::from_shape(lc.shape()?, c).map_err(misfit("C", c_len, lc))?;
-    product(alpha, av, bv, beta, cv.view_mut(), THREADS.with(Cell::get));
+    let cv = ArrayViewMut2::from_shape(lc.shape()?, c).map_err(misfit("C", c_len, lc))?;
+    product(alpha, av, bv, beta, cv);
     Ok(())
 }
 
-/// `C = alpha·A·B + beta·C` on `threads` threads: C is halved along its longer side (A's
-/// rows or B's columns with it) until each part has one thread or too little work. The
-/// parts are disjoint views, so this is safe Rust; each part's numbers are what one thread
-/// computes for those elements, so results do not depend on the thread count.
-fn product<T: Float>(
+/// [`gemm`] into a view of C (a block of a larger matrix that parallel work split off).
+pub fn gemm_into<T: Float>(
     alpha: T,
-    a: ArrayView2<T>,
-    b: ArrayView2<T>,
+    (a, la): (&[T], Layout),
+    (b, lb): (&[T], Layout),
     beta: T,
     c: ArrayViewMut2<T>,
-    threads: usize,
-) {
+) -> Result<(), KernelError> {
+    if la.cols != lb.rows || (la.rows, lb.cols) != c.dim() {
+        return Err(invalid!(
+            "gemm shapes do not chain: {la:?} x {lb:?} -> {:?}",
+            c.dim()
+        ));
+    }
+    let misfit = |name: &'static str, len: usize, l: Layout| {
+        move |e| invalid!("gemm operand {name} ({len} elements) does not fit {l:?}: {e}")
+    };
+    let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
+    let bv = ArrayView2::from_shape(lb.shape()?, b).map_err(misfit("B", b.len(), lb))?;
+    product(alpha, av, bv, beta, c);
+    Ok(())
+}
+
+/// `C = alpha·A·B + beta·C` on the current thread pool: C is halved along its longer side
+/// (A's rows or B's columns with it) while the halves are worth a core. The halves are
+/// disjoint views, so this is safe Rust, and each element is computed exactly as one piece
+/// would compute it (the same sums in the same order), so results never depend on the pool.
+fn product<T: Float>(alpha: T, a: ArrayView2<T>, b: ArrayView2<T>, beta: T, c: ArrayViewMut2<T>) {
     let (m, n) = c.dim();
     let work = m.saturating_mul(n).saturating_mul(a.ncols());
     let axis = if m >= n { Axis(0) } else { Axis(1) };
     let len = c.len_of(axis);
-    if threads < 2 || work < PARALLEL_WORK || len < 2 {
+    if rayon::current_num_threads() < 2 || work < PARALLEL_WORK || len < 2 {
         let mut c = c;
         general_mat_mul(alpha, &a, &b, beta, &mut c);
         return;
     }
-    let (first, second) = (threads / 2, threads - threads / 2);
-    let mid = len * first / threads;
+    let mid = len / 2;
     let (c1, c2) = c.split_at(axis, mid);
     let ((a1, b1), (a2, b2)) = if axis == Axis(0) {
         let (a1, a2) = a.split_at(Axis(0), mid);
@@ -122,15 +121,22 @@ fn product<T: Float>(
         let (b1, b2) = b.split_at(Axis(1), mid);
         ((a.view(), b1), (a, b2))
     };
-    std::thread::scope(|s| {
-        s.spawn(move || product(alpha, a1, b1, beta, c1, first));
-        product(alpha, a2, b2, beta, c2, second);
-    });
+    rayon::join(
+        move || product(alpha, a1, b1, beta, c1),
+        move || product(alpha, a2, b2, beta, c2),
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
 
     #[test]
     fn threads_split_the_product_and_change_no_bit() {
@@ -145,19 +151,20 @@ mod tests {
         let run = |threads, m, n| {
             let mut c = vec![1.0f32; m * n];
             let (la, lb) = (Layout::row_major(m, k), Layout::row_major(k, n));
-            with_threads(threads, || {
-                gemm(
-                    1.0,
-                    &a[..m * k],
-                    la,
-                    &b[..k * n],
-                    lb,
-                    0.5,
-                    &mut c,
-                    Layout::row_major(m, n),
-                )
-            })
-            .unwrap();
+            pool(threads)
+                .install(|| {
+                    gemm(
+                        1.0,
+                        &a[..m * k],
+                        la,
+                        &b[..k * n],
+                        lb,
+                        0.5,
+                        &mut c,
+                        Layout::row_major(m, n),
+                    )
+                })
+                .unwrap();
             c
         };
         assert!(m * n * k >= PARALLEL_WORK);
@@ -169,19 +176,20 @@ mod tests {
             let b: Vec<f32> = (0..k * 2100).map(|i| (i % 13) as f32).collect();
             let mut c = vec![0.0f32; 24 * 2100];
             let (la, lb) = (Layout::row_major(24, k), Layout::row_major(k, 2100));
-            with_threads(threads, || {
-                gemm(
-                    1.0,
-                    &a[..24 * k],
-                    la,
-                    &b,
-                    lb,
-                    0.0,
-                    &mut c,
-                    Layout::row_major(24, 2100),
-                )
-            })
-            .unwrap();
+            pool(threads)
+                .install(|| {
+                    gemm(
+                        1.0,
+                        &a[..24 * k],
+                        la,
+                        &b,
+                        lb,
+                        0.0,
+                        &mut c,
+                        Layout::row_major(24, 2100),
+                    )
+                })
+                .unwrap();
             c
         };
         assert!(24 * k * 2100 >= PARALLEL_WORK);

@@ -18,6 +18,7 @@ mod gemm;
 mod matmul;
 mod movement;
 mod norm;
+mod parallel;
 mod pool;
 pub mod post;
 mod reduce;

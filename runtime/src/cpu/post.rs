@@ -228,8 +228,27 @@ impl PostOps {
 
     /// Applies every post-op but a leading `Add` to `y`, the output's elements from `at`.
     pub fn apply(&self, y: &mut [f32], at: usize, extras: &[&[f32]]) -> Result<(), KernelError> {
+        apply_steps(
+            &self.steps[usize::from(self.accumulates())..],
+            y,
+            at,
+            extras,
+        )
+    }
+}
+
+/// Applies `steps` to `y`, the output's elements from `at`. Compiled for the wider vector
+/// units too (the baseline x86-64 target has SSE2 only); every version computes the same bits.
+#[multiversion::multiversion(targets = "simd")]
+fn apply_steps(
+    steps: &[Step],
+    y: &mut [f32],
+    at: usize,
+    extras: &[&[f32]],
+) -> Result<(), KernelError> {
+    {
         let (zero, one) = (0.0f32, 1.0f32);
-        for step in &self.steps[usize::from(self.accumulates())..] {
+        for step in steps {
             match *step {
                 Step::Relu => map(y, |x| max(x, zero)),
                 Step::LeakyRelu(alpha) => map(y, |x| if x < zero { alpha * x } else { x }),
