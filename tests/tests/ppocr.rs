@@ -51,6 +51,43 @@ fn cls() {
     check_model(CLS, Backend::Cpu);
 }
 
+/// The CPU splits work at places that do not depend on the thread count, so every output is
+/// the same bits on 1 thread as on 3 (more than this machine's cores, with uneven splits).
+#[test]
+fn cpu_outputs_do_not_depend_on_the_thread_count() {
+    let result = (|| -> Result<()> {
+        for model in [DET, REC, CLS] {
+            let case = manifest()?
+                .into_iter()
+                .find(|c| c.model == model)
+                .ok_or_else(|| anyhow!("references/manifest.txt has no case for {model}"))?;
+            let bundle = compile(&generated(&format!("models/{model}"))?, &case.inputs)?;
+            let dir = generated(&format!("references/{}", case.case))?;
+            let inputs = (0..case.inputs.len())
+                .map(|i| read_npy(&dir.join(format!("input_{i}.npy"))))
+                .collect::<Result<Vec<_>>>()?;
+            let on = |threads| -> Result<Vec<Tensor>> {
+                let options = SessionOptions {
+                    threads: Some(threads),
+                    ..SessionOptions::on("cpu")?
+                };
+                let bundle = Arc::new(Bundle::from_bytes(&bundle)?);
+                run(&mut Session::new(bundle, options)?, &inputs)
+            };
+            let (one, three) = (on(1)?, on(3)?);
+            for (i, (a, b)) in one.iter().zip(&three).enumerate() {
+                if a.bytes() != b.bytes() {
+                    bail!("{model}: output {i} differs between 1 and 3 threads");
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        panic!("{e:#}");
+    }
+}
+
 #[test]
 fn det_vulkan() {
     check_model(DET, Backend::Vulkan);

@@ -477,24 +477,31 @@ fn depthwise(win: &Window, xp: &[f32], padded: Padded, wk: &[f32], yp: &mut [f32
     let [sd, sh, _] = win.strides;
     let [dd, dh, dw] = win.dilations;
     let [_, ph, pw] = padded.dims;
-    let offsets: Vec<usize> = (0..kw).map(|k| padded.column(k * dw)).collect();
-    let mut rows: Vec<(&[f32], &[f32])> = Vec::with_capacity(kd * kh);
+    // Kernels up to 16 taps wide and 16 rows (7x7, 3x3x3) keep their tables on the stack;
+    // larger ones allocate them once per plane.
+    let (mut offsets_stack, mut offsets_heap) = ([0usize; 16], Vec::new());
+    let offsets = small_or_heap(&mut offsets_stack, &mut offsets_heap, kw);
+    for (k, o) in offsets.iter_mut().enumerate() {
+        *o = padded.column(k * dw);
+    }
+    let empty: (&[f32], &[f32]) = (&[], &[]);
+    let (mut rows_stack, mut rows_heap) = ([empty; 16], Vec::new());
+    let rows = small_or_heap(&mut rows_stack, &mut rows_heap, kd * kh);
     for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
         let (z0, y0) = (r / oh * sd, r % oh * sh);
-        rows.clear();
-        for a in 0..kd {
-            for b in 0..kh {
-                let row = ((z0 + a * dd) * ph + y0 + b * dh) * pw;
-                rows.push((&xp[row..][..pw], &wk[(a * kh + b) * kw..][..kw]));
-            }
+        for (i, slot) in rows.iter_mut().enumerate() {
+            let (a, b) = (i / kh, i % kh);
+            let row = ((z0 + a * dd) * ph + y0 + b * dh) * pw;
+            *slot = (&xp[row..][..pw], &wk[i * kw..][..kw]);
         }
+        let (rows, offsets) = (&*rows, &*offsets);
         if ow >= BLOCK {
-            blocks::<BLOCK>(&rows, &offsets, yrow);
+            blocks::<BLOCK>(rows, offsets, yrow);
         } else if ow >= BLOCK / 2 {
-            blocks::<{ BLOCK / 2 }>(&rows, &offsets, yrow);
+            blocks::<{ BLOCK / 2 }>(rows, offsets, yrow);
         } else {
-            for &(x, w) in &rows {
-                for (&wv, &off) in w.iter().zip(&offsets) {
+            for &(x, w) in rows {
+                for (&wv, &off) in w.iter().zip(offsets) {
                     for (yv, xv) in yrow.iter_mut().zip(&x[off..]) {
                         *yv += wv * xv;
                     }
@@ -654,6 +661,16 @@ impl Padded {
                 self.scatter(row, xs.start, dst);
             }
         }
+    }
+}
+
+/// The first `len` elements of `stack`, or of `heap` grown to `len` when `stack` is shorter.
+fn small_or_heap<'a, T: Copy>(stack: &'a mut [T], heap: &'a mut Vec<T>, len: usize) -> &'a mut [T] {
+    if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, stack[0]);
+        heap
     }
 }
 
