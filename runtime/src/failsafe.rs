@@ -399,18 +399,18 @@ impl Fallback {
                 error: SessionError::Unavailable(name.clone()),
             }),
             Device::Cpu => {
+                let pool = self
+                    .devices
+                    .cpu_pool()
+                    .map_err(Failure::at(Stage::Device))?;
                 let exe = CpuExecutable::new(
                     Arc::clone(bundle),
                     variant,
                     submodel,
                     &ledger.on("cpu"),
                     faults,
-                )?
-                .with_pool(
-                    self.devices
-                        .cpu_pool()
-                        .map_err(Failure::at(Stage::Device))?,
-                );
+                    pool,
+                )?;
                 Ok((Box::new(exe), "cpu".into()))
             }
             #[cfg(feature = "vulkan")]

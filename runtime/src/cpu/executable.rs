@@ -49,9 +49,9 @@ struct Step {
 pub struct CpuExecutable {
     bundle: Arc<Bundle>,
     faults: Faults,
-    /// The threads kernels split their work over; `None` runs on the caller's thread
-    /// (and its rayon pool, if any: the compiler's constant folding).
-    pool: Option<Arc<rayon::ThreadPool>>,
+    /// The threads kernels split their work over: the session's, shared by its CPU
+    /// submodels.
+    pool: Arc<rayon::ThreadPool>,
     steps: Vec<Step>,
     // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
     arena: Vec<u64>,
@@ -72,13 +72,14 @@ impl Drop for CpuExecutable {
 
 impl CpuExecutable {
     /// Prepares every step's kernel and allocates the arena of submodel `submodel` of variant
-    /// `variant`.
+    /// `variant`, to run on `pool`.
     pub fn new(
         bundle: Arc<Bundle>,
         variant: usize,
         submodel: usize,
         ledger: &Ledger,
         faults: &Faults,
+        pool: Arc<rayon::ThreadPool>,
     ) -> Result<CpuExecutable, Failure> {
         let v = &bundle.manifest().variants[variant];
         let sub = &v.submodels[submodel];
@@ -184,7 +185,7 @@ impl CpuExecutable {
             arena_bytes: arena_bytes as usize,
             bundle,
             faults: faults.clone(),
-            pool: None,
+            pool,
         };
         // After the allocation, so that a test sees it freed.
         faults
@@ -194,21 +195,11 @@ impl CpuExecutable {
     }
 }
 
-impl CpuExecutable {
-    /// Runs the kernels on `pool` (a session's, shared by its CPU submodels).
-    pub fn with_pool(mut self, pool: Arc<rayon::ThreadPool>) -> CpuExecutable {
-        self.pool = Some(pool);
-        self
-    }
-}
-
 impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
-        match self.pool.clone() {
-            Some(pool) => pool.install(|| self.run_steps(inputs, outputs)),
-            None => self.run_steps(inputs, outputs),
-        }
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.run_steps(inputs, outputs))
     }
 }
 

@@ -59,20 +59,10 @@ pub fn gemm<T: Float>(
     c: &mut [T],
     lc: Layout,
 ) -> Result<(), KernelError> {
-    if la.cols != lb.rows || la.rows != lc.rows || lb.cols != lc.cols {
-        return Err(invalid!(
-            "gemm shapes do not chain: {la:?} x {lb:?} -> {lc:?}"
-        ));
-    }
-    let misfit = |name: &'static str, len: usize, l: Layout| {
-        move |e| invalid!("gemm operand {name} ({len} elements) does not fit {l:?}: {e}")
-    };
-    let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
-    let bv = ArrayView2::from_shape(lb.shape()?, b).map_err(misfit("B", b.len(), lb))?;
     let c_len = c.len();
-    let cv = ArrayViewMut2::from_shape(lc.shape()?, c).map_err(misfit("C", c_len, lc))?;
-    product(alpha, av, bv, beta, cv);
-    Ok(())
+    let cv = ArrayViewMut2::from_shape(lc.shape()?, c)
+        .map_err(|e| invalid!("gemm operand C ({c_len} elements) does not fit {lc:?}: {e}"))?;
+    gemm_into(alpha, (a, la), (b, lb), beta, cv)
 }
 
 /// [`gemm`] into a view of C (a block of a larger matrix that parallel work split off).
