@@ -20,6 +20,10 @@ fi
 
 step() { echo "==> $*"; }
 
+# A full check builds each crate once per profile and feature set: incremental caches would only
+# double the target dir (CI machines have little disk) without speeding anything up.
+export CARGO_INCREMENTAL=0
+
 # Every Vulkan test runs under the validation layer; the runtime refuses to start without it
 # when this is set, and the tests fail (never skip) when no Vulkan device appears.
 export INGOT_VULKAN_VALIDATION=1
