@@ -1,11 +1,23 @@
 //! The one matrix product of the CPU kernels (conv, MatMul/Gemm/Einsum, the recurrent cells):
-//! `C = alpha·A·B + beta·C` on strided matrices inside slices. It runs on `ndarray`'s
-//! `general_mat_mul`, which hands the strides straight to `matrixmultiply`, so the speed is the
-//! library's and this file is safe Rust: ndarray checks each view against its slice, and a
-//! layout that does not fit is an error here, never a panic or an out-of-bounds access.
+//! `C = alpha·A·B + beta·C` on strided matrices inside slices, in safe Rust.
+//!
+//! It is the classic blocked product (Goto; BLIS): B is packed `KC x NC` at a time into panels
+//! `NR` columns wide, A `MC x KC` at a time into panels `MR` rows tall, and a microkernel keeps
+//! an `MR x NR` tile of C in vector registers through `KC` multiply-adds. The microkernel is
+//! plain Rust over fixed-size arrays, which LLVM turns into vector FMAs; `multiversion`
+//! compiles the product for AVX-512, AVX2+FMA and NEON and picks one at run time, with a tile
+//! shaped to that register file (AVX-512: 8 x 32 floats in 16 of its 32 registers). Rows are
+//! in panels of 8 or 6 because conv weights have 8k rows far more often than 16k (the tile of
+//! matrixmultiply, used before, wasted a third of its work on 24-row weights).
+//!
+//! Every element of C is summed in the same order (k ascending, one `KC` block after the
+//! other) whatever the tile, the blocking of M and N, and the thread count.
 
-use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Axis, Ix2, LinalgScalar, ShapeBuilder, StrideShape};
+use super::parallel::{Scratch, with_scratch};
+use multiversion::multiversion;
+use multiversion::target::match_target;
+use ndarray::{ArrayView2, ArrayViewMut2, Axis, Ix2, ShapeBuilder, StrideShape, s};
+use std::ops::{Add, Mul, Range};
 
 use crate::cpu::KernelError;
 use crate::invalid;
@@ -13,6 +25,13 @@ use crate::invalid;
 /// Products smaller than this many multiply-adds run as one piece: below it, splitting costs
 /// more (each part packs its own share of the operands) than a second core gains.
 const PARALLEL_WORK: usize = 1 << 21;
+
+/// Depth of a packed block: an A panel (`MR x KC`) stays in L1 while B panels stream by.
+const KC: usize = 256;
+/// Rows of A packed at a time (`MC x KC`, 128 KiB of floats, in L2).
+const MC: usize = 128;
+/// Columns of B packed at a time (`KC x NC`, 1 MiB of floats, in L2).
+const NC: usize = 1024;
 
 /// Where a `rows x cols` matrix sits in a slice: element (i, j) at `i * rs + j * cs`.
 /// A stride of 0 repeats elements (a broadcast operand); C must not repeat any.
@@ -42,10 +61,111 @@ impl Layout {
     }
 }
 
-/// The element types with a fast product underneath (matrixmultiply's sgemm and dgemm).
-pub trait Float: LinalgScalar + Send + Sync {}
-impl Float for f32 {}
-impl Float for f64 {}
+/// The element types of the product.
+pub trait Float:
+    Copy
+    + Default
+    + PartialEq
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Mul<Output = Self>
+    + Scratch
+    + std::fmt::Debug
+{
+    const ZERO: Self;
+
+    /// `self * a + b`, rounded once.
+    fn fused(self, a: Self, b: Self) -> Self;
+
+    /// The product on this thread, with the tile that suits this CPU.
+    fn product_here(
+        alpha: Self,
+        a: ArrayView2<Self>,
+        b: ArrayView2<Self>,
+        beta: Self,
+        c: ArrayViewMut2<Self>,
+    );
+}
+
+impl Float for f32 {
+    const ZERO: Self = 0.0;
+
+    #[inline(always)]
+    fn fused(self, a: Self, b: Self) -> Self {
+        self.mul_add(a, b)
+    }
+
+    fn product_here(
+        alpha: f32,
+        a: ArrayView2<f32>,
+        b: ArrayView2<f32>,
+        beta: f32,
+        c: ArrayViewMut2<f32>,
+    ) {
+        match Tile::for_this_cpu() {
+            Tile::Avx512 => packed::<f32, 8, 16, 2>(alpha, a, b, beta, c),
+            Tile::Avx2 => packed::<f32, 6, 8, 2>(alpha, a, b, beta, c),
+            Tile::Neon => packed::<f32, 6, 4, 4>(alpha, a, b, beta, c),
+            Tile::Baseline => packed::<f32, 4, 4, 2>(alpha, a, b, beta, c),
+        }
+    }
+}
+
+impl Float for f64 {
+    const ZERO: Self = 0.0;
+
+    #[inline(always)]
+    fn fused(self, a: Self, b: Self) -> Self {
+        self.mul_add(a, b)
+    }
+
+    fn product_here(
+        alpha: f64,
+        a: ArrayView2<f64>,
+        b: ArrayView2<f64>,
+        beta: f64,
+        c: ArrayViewMut2<f64>,
+    ) {
+        match Tile::for_this_cpu() {
+            Tile::Avx512 => packed::<f64, 8, 8, 2>(alpha, a, b, beta, c),
+            Tile::Avx2 => packed::<f64, 6, 4, 2>(alpha, a, b, beta, c),
+            Tile::Neon => packed::<f64, 6, 2, 4>(alpha, a, b, beta, c),
+            Tile::Baseline => packed::<f64, 4, 2, 2>(alpha, a, b, beta, c),
+        }
+    }
+}
+
+/// The register files the microkernel's tile is shaped for; the same features as the
+/// `multiversion` targets of [`packed_on`], so the tile and the code agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tile {
+    Avx512,
+    Avx2,
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    Neon,
+    Baseline,
+}
+
+impl Tile {
+    fn for_this_cpu() -> Tile {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") {
+                return Tile::Avx512;
+            }
+            if has!("avx2") && has!("fma") {
+                return Tile::Avx2;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Tile::Neon;
+        }
+        Tile::Baseline
+    }
+}
 
 /// `C = alpha·A·B + beta·C`. With `beta == 0` the old contents of C are not read.
 #[allow(clippy::too_many_arguments)] // BLAS's own argument list, each operand beside its layout
@@ -79,6 +199,12 @@ pub fn gemm_into<T: Float>(
             c.dim()
         ));
     }
+    if la.cols == 0 {
+        // An empty sum: C = beta·C (ndarray has no view of an empty operand with strides).
+        let mut c = c;
+        c.map_inplace(|cv| *cv = if beta == T::ZERO { T::ZERO } else { beta * *cv });
+        return Ok(());
+    }
     let misfit = |name: &'static str, len: usize, l: Layout| {
         move |e| invalid!("gemm operand {name} ({len} elements) does not fit {l:?}: {e}")
     };
@@ -88,21 +214,34 @@ pub fn gemm_into<T: Float>(
     Ok(())
 }
 
-/// `C = alpha·A·B + beta·C` on the current thread pool: C is halved along its longer side
-/// (A's rows or B's columns with it) while the halves are worth a core. The halves are
-/// disjoint views, so this is safe Rust, and each element is computed exactly as one piece
-/// would compute it (the same sums in the same order), so results never depend on the pool.
+/// `C = alpha·A·B + beta·C` on the current thread pool: C is cut along its longer side (A's
+/// rows or B's columns with it) into one piece per thread while pieces are worth a core. More
+/// pieces would only repeat the packing of B (and the reading of A) for each. The pieces are
+/// disjoint views, so this is safe Rust, and each element of C is summed in the same order
+/// however C is cut, so results never depend on the pool.
 fn product<T: Float>(alpha: T, a: ArrayView2<T>, b: ArrayView2<T>, beta: T, c: ArrayViewMut2<T>) {
+    split(alpha, a, b, beta, c, rayon::current_num_threads());
+}
+
+fn split<T: Float>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: ArrayView2<T>,
+    beta: T,
+    c: ArrayViewMut2<T>,
+    pieces: usize,
+) {
     let (m, n) = c.dim();
     let work = m.saturating_mul(n).saturating_mul(a.ncols());
     let axis = if m >= n { Axis(0) } else { Axis(1) };
     let len = c.len_of(axis);
-    if rayon::current_num_threads() < 2 || work < PARALLEL_WORK || len < 2 {
-        let mut c = c;
-        general_mat_mul(alpha, &a, &b, beta, &mut c);
+    if pieces < 2 || work < PARALLEL_WORK || len < 2 {
+        T::product_here(alpha, a, b, beta, c);
         return;
     }
-    let mid = len / 2;
+    // Uneven thread counts get proportional shares: 3 threads cut at a third.
+    let (p1, p2) = (pieces / 2, pieces - pieces / 2);
+    let mid = (len * p1 / pieces).max(1);
     let (c1, c2) = c.split_at(axis, mid);
     let ((a1, b1), (a2, b2)) = if axis == Axis(0) {
         let (a1, a2) = a.split_at(Axis(0), mid);
@@ -112,9 +251,235 @@ fn product<T: Float>(alpha: T, a: ArrayView2<T>, b: ArrayView2<T>, beta: T, c: A
         ((a.view(), b1), (a, b2))
     };
     rayon::join(
-        move || product(alpha, a1, b1, beta, c1),
-        move || product(alpha, a2, b2, beta, c2),
+        move || split(alpha, a1, b1, beta, c1, p1),
+        move || split(alpha, a2, b2, beta, c2, p2),
     );
+}
+
+/// The blocked product with an `MR x (W·NV)` tile (`NV` vectors of `W` lanes per row), its
+/// buffers taken from this thread's scratch: B's packed panels, a row-major copy of A's block
+/// where A's rows are not contiguous, and one of C where C's are not.
+fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: ArrayView2<T>,
+    beta: T,
+    mut c: ArrayViewMut2<T>,
+) {
+    let (m, n) = c.dim();
+    let k = a.ncols();
+    let nr = W * NV;
+    let kc = k.min(KC);
+    let b_len = n.min(NC / nr * nr).div_ceil(nr) * nr * kc;
+    let a_rows_contiguous = m == 0 || a.row(0).as_slice().is_some();
+    let a_len = if a_rows_contiguous { 0 } else { m.min(MC) * kc };
+    with_scratch(b_len, |pb: &mut [T]| {
+        with_scratch(a_len, |pa: &mut [T]| {
+            if n <= 1 || c.strides()[1] == 1 {
+                return packed_on::<T, MR, W, NV>(alpha, a, b, beta, c, pa, pb);
+            }
+            with_scratch(m * n, |pc: &mut [T]| {
+                let mut copy = ArrayViewMut2::from_shape((m, n), pc).expect("m x n floats");
+                copy.assign(&c);
+                packed_on::<T, MR, W, NV>(alpha, a, b, beta, copy.view_mut(), pa, pb);
+                c.assign(&copy);
+            })
+        })
+    })
+}
+
+/// The rows of A one MC block holds, plus a panel's worth past it for a partial last panel.
+const A_ROWS: usize = MC + 8;
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: ArrayView2<T>,
+    beta: T,
+    mut c: ArrayViewMut2<T>,
+    pa: &mut [T],
+    pb: &mut [T],
+) {
+    // One rounding per multiply-add where the CPU has the instruction.
+    let fused = match_target! {
+        "x86_64+fma" => true,
+        "aarch64+neon" => true,
+        _ => false,
+    };
+    let (m, n) = c.dim();
+    let k = a.ncols();
+    let nr = W * NV;
+    // The rows of a partial panel past C's last row read zeros.
+    let zeros = [T::ZERO; KC];
+    // Blocks of whole panels, so only the last panel of C's edge is partial.
+    let nc_max = NC / nr * nr;
+    for jc in (0..n).step_by(nc_max) {
+        let nc = nc_max.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let pb = &mut pb[..nc.div_ceil(nr) * nr * kc];
+            pack_b(b.slice(s![pc..pc + kc, jc..jc + nc]), nr, pb);
+            // The first block of k brings in beta·C; the later ones add to it.
+            let beta = (pc == 0).then_some(beta);
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                // A is read in place, one stream per row of the panel: packing it (as BLIS
+                // does) costs as much as the product when C has few columns (a late conv
+                // layer's 7x7 pixels against 2048 x 4608 weights).
+                let block = a.slice(s![ic..ic + mc, pc..pc + kc]);
+                if mc > 0 && block.row(0).to_slice().is_none() {
+                    copy_rows(block, &mut pa[..mc * kc]);
+                }
+                let copied = &*pa;
+                let a_rows: [&[T]; A_ROWS] = std::array::from_fn(|i| match i < mc {
+                    true => (block.row(i).to_slice()).unwrap_or_else(|| &copied[i * kc..][..kc]),
+                    false => &zeros[..kc],
+                });
+                // C's rows are contiguous (`packed` saw to it).
+                let mut c_block = c.slice_mut(s![ic..ic + mc, jc..jc + nc]);
+                let mut c_rows = c_block.rows_mut().into_iter().map(|r| r.into_slice());
+                let mut c_rows: [&mut [T]; MC] =
+                    std::array::from_fn(|_| c_rows.next().flatten().unwrap_or_default());
+                // B's panel stays in L1 while A's rows stream past it from L2.
+                for (jp, b_panel) in pb.chunks_exact(nr * kc).enumerate() {
+                    let cols = jp * nr..((jp + 1) * nr).min(nc);
+                    for i0 in (0..mc).step_by(MR) {
+                        let rows = i0..(i0 + MR).min(mc);
+                        let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
+                        let acc = microkernel::<T, MR, W, NV>(fused, a_panel, b_panel);
+                        store(&acc, &mut c_rows[rows], cols.clone(), alpha, beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `W` lanes of a vector register. The wrapper is what LLVM needs to see a tile row as
+/// registers: over bare nested arrays it vectorizes across rows instead, with gathers.
+#[derive(Clone, Copy)]
+struct Lanes<T, const W: usize>([T; W]);
+
+/// `MR x (W·NV)` sums over `MR` rows of A (`kc` values each) and a packed B panel (`W·NV`
+/// values per k), held in registers. Needs opt-level 3 (the workspace sets it for this crate).
+#[inline(always)]
+fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    b_panel: &[T],
+) -> [[[T; W]; NV]; MR] {
+    const { assert!(MR <= 8, "rows! below writes out 8 rows") };
+    let kc = b_panel.len() / (W * NV);
+    // Each row cut to exactly kc values: LLVM then drops the bounds checks in the loop.
+    let a: [&[T]; MR] = a_rows.map(|row| &row[..kc]);
+    let mut acc = [[Lanes([T::ZERO; W]); NV]; MR];
+    for (kk, b) in (0..kc).zip(b_panel.chunks_exact(W * NV)) {
+        let b: [Lanes<T, W>; NV] =
+            std::array::from_fn(|v| Lanes(b[v * W..][..W].try_into().unwrap()));
+        // The rows are written out: given a loop over them, LLVM may vectorize across rows
+        // (gathering and scattering the sums) instead of keeping each row in registers.
+        macro_rules! rows {
+            ($($i:literal)*) => {$(
+                if $i < MR {
+                    for v in 0..NV {
+                        multiply_add(fused, a[$i][kk], &b[v], &mut acc[$i][v]);
+                    }
+                }
+            )*};
+        }
+        rows!(0 1 2 3 4 5 6 7);
+    }
+    acc.map(|row| row.map(|v| v.0))
+}
+
+/// `sum += a·b` over one vector's lanes.
+#[inline(always)]
+fn multiply_add<T: Float, const W: usize>(
+    fused: bool,
+    a: T,
+    b: &Lanes<T, W>,
+    sum: &mut Lanes<T, W>,
+) {
+    for (s, &bv) in sum.0.iter_mut().zip(&b.0) {
+        *s = if fused { a.fused(bv, *s) } else { a * bv + *s };
+    }
+}
+
+/// Writes a tile's sums into `cols` of C's `rows`: `alpha·sum + beta·C` for the first block of
+/// k (C unread when beta is 0), `C + alpha·sum` for the later ones. Sums past C's edge (fewer
+/// rows, fewer columns) are dropped.
+#[inline(always)]
+fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    acc: &[[[T; W]; NV]; MR],
+    rows: &mut [&mut [T]],
+    cols: Range<usize>,
+    alpha: T,
+    beta: Option<T>,
+) {
+    for (sums, row) in acc.iter().zip(rows) {
+        let row = &mut row[cols.clone()];
+        let sums = &sums.as_flattened()[..row.len()];
+        let pairs = row.iter_mut().zip(sums);
+        match beta {
+            Some(beta) if beta == T::ZERO => pairs.for_each(|(c, &x)| *c = alpha * x),
+            Some(beta) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
+            None => pairs.for_each(|(c, &x)| *c = *c + alpha * x),
+        }
+    }
+}
+
+/// Packs a `kc x nc` block of B into panels of `nr` columns, each `kc` rows of `nr` values
+/// (zeros past B's last column). Reads B along whichever of its axes is contiguous.
+#[inline(always)]
+fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
+    let (kc, nc) = b.dim();
+    let panel_len = nr * kc;
+    if nc % nr != 0 {
+        // The last panel's columns past B's edge.
+        let last = &mut pb[nc / nr * panel_len..][..panel_len];
+        for row in last.chunks_exact_mut(nr) {
+            row[nc % nr..].fill(T::ZERO);
+        }
+    }
+    let rows_contiguous = kc == 0 || b.row(0).as_slice().is_some();
+    if !rows_contiguous && b.column(0).as_slice().is_some() {
+        // B transposed in memory (a weight as [N, K]): a column at a time.
+        for (j, column) in b.columns().into_iter().enumerate() {
+            let panel = &mut pb[j / nr * panel_len..][..panel_len];
+            let column = column.to_slice().unwrap_or_default();
+            for (dst, &v) in panel[j % nr..].iter_mut().step_by(nr).zip(column) {
+                *dst = v;
+            }
+        }
+        return;
+    }
+    for (kk, row) in b.rows().into_iter().enumerate() {
+        match row.as_slice() {
+            Some(row) => {
+                for (p, src) in row.chunks(nr).enumerate() {
+                    pb[p * panel_len + kk * nr..][..src.len()].copy_from_slice(src);
+                }
+            }
+            None => {
+                for (j, &v) in row.iter().enumerate() {
+                    pb[j / nr * panel_len + kk * nr + j % nr] = v;
+                }
+            }
+        }
+    }
+}
+
+/// Copies a block of A whose rows are not contiguous (A transposed in memory) row by row.
+#[inline(always)]
+fn copy_rows<T: Float>(a: ArrayView2<T>, to: &mut [T]) {
+    for (row, dst) in a.rows().into_iter().zip(to.chunks_exact_mut(a.ncols())) {
+        row.iter().zip(dst).for_each(|(&v, d)| *d = v);
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +551,92 @@ mod tests {
         assert_eq!(wide(4), wide(1));
         // A 1x1 product cannot split: still right.
         assert_eq!(run(8, 1, 1), run(1, 1, 1));
+    }
+
+    /// `alpha·A·B + beta·C` by the definition, in f64.
+    fn reference(
+        alpha: f64,
+        (a, la): (&[f32], Layout),
+        (b, lb): (&[f32], Layout),
+        beta: f64,
+        (c, lc): (&[f32], Layout),
+    ) -> Vec<f32> {
+        let mut out = c.to_vec();
+        for i in 0..lc.rows {
+            for j in 0..lc.cols {
+                let sum: f64 = (0..la.cols)
+                    .map(|p| {
+                        f64::from(a[i * la.rs + p * la.cs]) * f64::from(b[p * lb.rs + j * lb.cs])
+                    })
+                    .sum();
+                let at = i * lc.rs + j * lc.cs;
+                out[at] = (alpha * sum + beta * f64::from(c[at])) as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_edge_of_the_blocking_matches_the_definition() {
+        // Small integers: every sum is exact in f32, so the packed product must equal the
+        // definition bit for bit. Each tile shape runs here (the code of this CPU's clone),
+        // on sizes that straddle the tiles, KC, MC and NC; A and B are also read transposed,
+        // and C has a row stride wider than its rows.
+        type Product = fn(f32, ArrayView2<f32>, ArrayView2<f32>, f32, ArrayViewMut2<f32>);
+        let tiles: [Product; 4] = [
+            packed::<f32, 8, 16, 2>,
+            packed::<f32, 6, 8, 2>,
+            packed::<f32, 6, 4, 4>,
+            packed::<f32, 4, 4, 2>,
+        ];
+        let value = |i: usize| ((i * 7 + 3) % 9) as f32 - 4.0;
+        for (m, k, n) in [
+            (1, 1, 1),
+            (7, 3, 33),
+            (9, 257, 17),
+            (130, 520, 40),
+            (3, 300, 1100),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(value).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
+            let lc = Layout::new(m, n, n + 3, 1);
+            let c: Vec<f32> = (0..m * (n + 3)).map(|i| value(i + 1)).collect();
+            for (la, lb) in [
+                (Layout::row_major(m, k), Layout::row_major(k, n)),
+                (Layout::new(m, k, 1, m), Layout::new(k, n, 1, k)),
+            ] {
+                for (alpha, beta) in [(1.0, 0.0), (2.0, 0.5), (1.0, 1.0)] {
+                    let want = reference(alpha.into(), (&a, la), (&b, lb), beta.into(), (&c, lc));
+                    let mut got = c.clone();
+                    gemm(alpha, &a, la, &b, lb, beta, &mut got, lc).unwrap();
+                    let at = |got: &[f32]| got.iter().zip(&want).position(|(g, w)| g != w);
+                    assert_eq!(at(&got), None, "{m}x{k}x{n} {la:?} {lb:?} {alpha} {beta}");
+                    for (t, tile) in tiles.iter().enumerate() {
+                        let mut got = c.clone();
+                        let av = ArrayView2::from_shape(la.shape().unwrap(), &a).unwrap();
+                        let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();
+                        let cv = ArrayViewMut2::from_shape(lc.shape().unwrap(), &mut got);
+                        tile(alpha, av, bv, beta, cv.unwrap());
+                        assert_eq!(at(&got), None, "tile {t}: {m}x{k}x{n} {la:?} {lb:?}");
+                    }
+                }
+            }
+        }
+        // With k = 0 the sum is empty: C = beta·C.
+        let mut c = [3.0f32, -1.0];
+        let l = Layout::row_major(1, 2);
+        gemm(
+            1.0,
+            &[],
+            Layout::row_major(1, 0),
+            &[],
+            Layout::row_major(0, 2),
+            2.0,
+            &mut c,
+            l,
+        )
+        .unwrap();
+        assert_eq!(c, [6.0, -2.0]);
     }
 
     #[test]

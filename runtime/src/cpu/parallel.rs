@@ -7,30 +7,48 @@
 
 use super::KernelError;
 use ndarray::{ArrayViewMut2, Axis};
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::ops::Range;
+use std::thread::LocalKey;
 
 thread_local! {
-    /// This thread's scratch floats: they grow to the largest need and stay, so a pool thread
-    /// allocates during the first run only.
-    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// This thread's scratch buffers, a stack: a buffer grows to the largest need at its depth
+    /// and stays, so a pool thread allocates during the first run only.
+    static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` over `len` floats of this thread's scratch (their contents are left over from
-/// earlier use). Taking the buffer out, not borrowing it, makes nested use safe: a thread
-/// waiting in a join may run another task that wants scratch, which then gets its own.
-pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    let mut buf = SCRATCH.take();
+/// The element types kernels take scratch memory in.
+pub trait Scratch: Copy + Default + 'static {
+    fn stack() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+impl Scratch for f32 {
+    fn stack() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+        &SCRATCH_F32
+    }
+}
+
+impl Scratch for f64 {
+    fn stack() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
+        &SCRATCH_F64
+    }
+}
+
+/// Runs `f` over `len` elements of this thread's scratch (their contents are left over from
+/// earlier use). The buffer is taken off the thread's stack, not borrowed, so nesting is safe
+/// and allocation-free once warm: a kernel's inner scratch (a GEMM's packing inside a conv's
+/// im2col) and a task a waiting join runs here each take the next buffer down, and the
+/// buffers come back in the order they left.
+pub fn with_scratch<T: Scratch, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let mut buf = T::stack()
+        .with_borrow_mut(|stack| stack.pop())
+        .unwrap_or_default();
     if buf.len() < len {
-        buf.resize(len, 0.0);
+        buf.resize(len, T::default());
     }
     let result = f(&mut buf[..len]);
-    let kept = SCRATCH.take();
-    SCRATCH.set(if kept.capacity() > buf.capacity() {
-        kept
-    } else {
-        buf
-    });
+    T::stack().with_borrow_mut(|stack| stack.push(buf));
     result
 }
 
@@ -100,12 +118,15 @@ mod tests {
 
     #[test]
     fn nested_scratch_is_a_separate_buffer() {
-        with_scratch(4, |outer| {
+        with_scratch(4, |outer: &mut [f32]| {
             outer.fill(1.0);
-            with_scratch(8, |inner| inner.fill(2.0));
+            with_scratch(8, |inner: &mut [f32]| inner.fill(2.0));
             assert_eq!(outer, [1.0; 4]);
         });
-        // The larger buffer is kept for the next use.
-        with_scratch(8, |again| assert_eq!(again.len(), 8));
+        // Both buffers are kept, each at its depth: the same nesting finds them again.
+        with_scratch(4, |outer: &mut [f32]| {
+            assert_eq!(outer, [1.0; 4]);
+            with_scratch(8, |inner: &mut [f32]| assert_eq!(inner, [2.0; 8]));
+        });
     }
 }

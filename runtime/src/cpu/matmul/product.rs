@@ -234,10 +234,10 @@ impl Call {
 }
 
 /// Small products with a short contraction and contiguous rows in B and C (or one column) skip
-/// the shared GEMM, whose packing and full-tile kernels (matrixmultiply's) cost more than they
-/// save there: measured here, attention's per-head [40, 15] x [15, 40] runs 2x faster with
-/// plain loops, while 16x16x16 and anything with a longer contraction is faster through the
-/// library.
+/// the shared GEMM, whose packing and full tiles cost more than they save there: attention's
+/// per-head [40, 15] x [15, 40] ran 2x faster with plain loops (measured against the GEMM
+/// library used before `gemm.rs` had its own), 16x16x16 and anything with a longer contraction
+/// faster through the GEMM.
 fn prefer_simple(call: &Call) -> bool {
     call.k < 16
         && call.m * call.n * call.k <= 32 * 32 * 32
