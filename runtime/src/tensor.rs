@@ -45,7 +45,7 @@ pub enum TensorError {
 }
 
 /// Plain element types that map to a [`DType`].
-pub trait Element: Pod {
+pub trait Element: Pod + Send + Sync {
     const DTYPE: DType;
 }
 macro_rules! element {

@@ -26,6 +26,7 @@ use broadcast::Broadcast;
 use half::f16;
 use ingot_schema::{AttrValue, Attrs, DType};
 use scalar::{Float, Num, Scalar, Wide};
+use rayon::prelude::*;
 use std::marker::PhantomData;
 
 mod broadcast;
@@ -35,6 +36,9 @@ const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOr
 
 /// Ops of this family whose kernels are not built on `Map` or `Binary` and so do not run in
 /// place: Pow, the variadic ops and Where.
+/// Elements a unary map hands to one task: enough to be worth another thread.
+const MAP_TASK: usize = 1 << 15;
+
 const NOT_IN_PLACE: &[&str] = &["Pow", "Max", "Min", "Sum", "Mean", "Where"];
 
 /// Whether `op` runs in place ([`Kernel::run_in_place`]): every op of this family built on the
@@ -261,9 +265,12 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
                 y.len()
             ));
         }
-        for (y, &x) in y.iter_mut().zip(x) {
-            *y = (self.f)(x);
-        }
+        let tasks = y.par_chunks_mut(MAP_TASK).zip(x.par_chunks(MAP_TASK));
+        tasks.for_each(|(y, x)| {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (self.f)(x);
+            }
+        });
         Ok(())
     }
 
@@ -285,9 +292,11 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
             ));
         }
         // The output holds the input's bits: read each element as the input type.
-        for y in y.iter_mut() {
-            *y = (self.f)(bytemuck::cast(*y));
-        }
+        y.par_chunks_mut(MAP_TASK).for_each(|y| {
+            for y in y.iter_mut() {
+                *y = (self.f)(bytemuck::cast(*y));
+            }
+        });
         Ok(())
     }
 }

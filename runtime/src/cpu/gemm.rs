@@ -461,8 +461,15 @@ fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
     for (kk, row) in b.rows().into_iter().enumerate() {
         match row.as_slice() {
             Some(row) => {
-                for (p, src) in row.chunks(nr).enumerate() {
-                    pb[p * panel_len + kk * nr..][..src.len()].copy_from_slice(src);
+                // Whole panels by chunks_exact: a copy of constant length (nr is the tile's
+                // width here) compiles to a few vector moves, not a call to memmove.
+                let mut chunks = row.chunks_exact(nr);
+                for (p, src) in chunks.by_ref().enumerate() {
+                    pb[p * panel_len + kk * nr..][..nr].copy_from_slice(src);
+                }
+                let rest = chunks.remainder();
+                if !rest.is_empty() {
+                    pb[nc / nr * panel_len + kk * nr..][..rest.len()].copy_from_slice(rest);
                 }
             }
             None => {

@@ -11,11 +11,17 @@
 
 use super::conv::{DIMS, Window, fold_strided, span};
 use super::{Kernel, KernelError, OpCx};
+use super::parallel::with_scratch;
 use super::{input_f32, output_mut};
+use rayon::prelude::*;
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use ingot_schema::DType;
 use std::ops::Range;
+
+/// Input floats a pooling task takes on (whole planes): enough to be worth handing to another
+/// thread.
+const PLANE_TASK_FLOATS: usize = 1 << 14;
 
 pub const OPS: &[&str] = &[
     "AveragePool",
@@ -279,33 +285,43 @@ impl Pool {
     }
 
     fn run_float(&self, x: &[f32], y: &mut [f32]) {
-        let (ip, op) = (self.win.input_size(), self.win.output_size());
-        let (mut h, mut v) = self.scratch(0.0);
-        let mut terms = match self.reduce {
-            Reduce::Lp(_) => vec![0.0; ip],
-            _ => Vec::new(),
-        };
-        for (xp, yp) in x.chunks_exact(ip).zip(y.chunks_exact_mut(op)) {
-            let scratch = (&mut h[..], &mut v[..]);
-            match self.reduce {
-                Reduce::Max => self.separable((xp, yp), f32::MIN, max_f32, scratch),
-                Reduce::Average { .. } => {
-                    self.separable((xp, &mut *yp), 0.0, |a, b| a + b, scratch);
-                    for (y, &d) in yp.iter_mut().zip(&self.divisors) {
-                        *y = self.reduce.finish(*y, d);
+        let (ip, op) = (self.win.input_size().max(1), self.win.output_size().max(1));
+        let [depth, ih, _] = self.win.input;
+        let [_, oh, ow] = self.win.output;
+        let h_len = depth * ih * ow;
+        let v_len = if self.flat_d { 0 } else { depth * oh * ow };
+        let t_len = if matches!(self.reduce, Reduce::Lp(_)) { ip } else { 0 };
+        // Planes in parallel, a few at a time; each task's scratch from its thread's.
+        let per_task = (PLANE_TASK_FLOATS / ip).max(1);
+        let tasks = x.par_chunks(ip * per_task).zip(y.par_chunks_mut(op * per_task));
+        tasks.for_each(|(xs, ys)| {
+            with_scratch(h_len + v_len + t_len, |s: &mut [f32]| {
+                s.fill(0.0);
+                let (h, rest) = s.split_at_mut(h_len);
+                let (v, terms) = rest.split_at_mut(v_len);
+                for (xp, yp) in xs.chunks_exact(ip).zip(ys.chunks_exact_mut(op)) {
+                    let scratch = (&mut *h, &mut *v);
+                    match self.reduce {
+                        Reduce::Max => self.separable((xp, yp), f32::MIN, max_f32, scratch),
+                        Reduce::Average { .. } => {
+                            self.separable((xp, &mut *yp), 0.0, |a, b| a + b, scratch);
+                            for (y, &d) in yp.iter_mut().zip(&self.divisors) {
+                                *y = self.reduce.finish(*y, d);
+                            }
+                        }
+                        Reduce::Lp(_) => {
+                            for (t, &v) in terms.iter_mut().zip(xp) {
+                                *t = self.reduce.term(v);
+                            }
+                            self.separable((&*terms, &mut *yp), 0.0, |a, b| a + b, scratch);
+                            for y in yp.iter_mut() {
+                                *y = self.reduce.finish(*y, 0.0);
+                            }
+                        }
                     }
                 }
-                Reduce::Lp(_) => {
-                    for (t, &v) in terms.iter_mut().zip(xp) {
-                        *t = self.reduce.term(v);
-                    }
-                    self.separable((&terms, &mut *yp), 0.0, |a, b| a + b, scratch);
-                    for y in yp.iter_mut() {
-                        *y = self.reduce.finish(*y, 0.0);
-                    }
-                }
-            }
-        }
+            })
+        });
     }
 
     fn run_max<T: Element + Ord>(&self, x: &[T], y: &mut [T], lowest: T) {
