@@ -25,8 +25,8 @@ use crate::tensor::{Element, TensorMut, TensorRef};
 use broadcast::Broadcast;
 use half::f16;
 use ingot_schema::{AttrValue, Attrs, DType};
-use scalar::{Float, Num, Scalar, Wide};
 use rayon::prelude::*;
+use scalar::{Float, Num, Scalar, Wide};
 use std::marker::PhantomData;
 
 mod broadcast;

@@ -10,13 +10,13 @@
 //! Indices visits each window whole instead, to know where its maximum came from.
 
 use super::conv::{DIMS, Window, fold_strided, span};
-use super::{Kernel, KernelError, OpCx};
 use super::parallel::with_scratch;
+use super::{Kernel, KernelError, OpCx};
 use super::{input_f32, output_mut};
-use rayon::prelude::*;
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use ingot_schema::DType;
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// Input floats a pooling task takes on (whole planes): enough to be worth handing to another
@@ -290,10 +290,16 @@ impl Pool {
         let [_, oh, ow] = self.win.output;
         let h_len = depth * ih * ow;
         let v_len = if self.flat_d { 0 } else { depth * oh * ow };
-        let t_len = if matches!(self.reduce, Reduce::Lp(_)) { ip } else { 0 };
+        let t_len = if matches!(self.reduce, Reduce::Lp(_)) {
+            ip
+        } else {
+            0
+        };
         // Planes in parallel, a few at a time; each task's scratch from its thread's.
         let per_task = (PLANE_TASK_FLOATS / ip).max(1);
-        let tasks = x.par_chunks(ip * per_task).zip(y.par_chunks_mut(op * per_task));
+        let tasks = x
+            .par_chunks(ip * per_task)
+            .zip(y.par_chunks_mut(op * per_task));
         tasks.for_each(|(xs, ys)| {
             with_scratch(h_len + v_len + t_len, |s: &mut [f32]| {
                 s.fill(0.0);

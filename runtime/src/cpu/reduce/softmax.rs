@@ -5,6 +5,10 @@ use super::{Lanes, axis_attr, check_lens, check_output};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
+use rayon::prelude::*;
+
+/// Floats a Softmax task takes on (whole blocks): enough to be worth another thread.
+const TASK_FLOATS: usize = 1 << 14;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -43,6 +47,52 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }))
 }
 
+impl Softmax {
+    /// One block: `n` rows of `inner` lanes, reduced along the rows.
+    fn block(
+        &self,
+        xb: &[f32],
+        yb: &mut [f32],
+        (m, s, idx): (&mut Vec<f32>, &mut [f32], &mut [i64]),
+    ) {
+        let l = self.lanes;
+        let rows = || xb.chunks_exact(l.inner);
+        if self.kind == Kind::Hardmax {
+            super::arg::best_along(xb, l.inner, |v, b| v > b, m, idx);
+            yb.fill(0.0);
+            for (i, &r) in idx.iter().enumerate() {
+                yb[r as usize * l.inner + i] = 1.0;
+            }
+            return;
+        }
+        // Subtract the maximum so that exp never overflows.
+        super::arg::best_along(xb, l.inner, |v, b| v > b, m, idx);
+        s.fill(0.0);
+        for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
+            for (((y, &x), &m), s) in yr.iter_mut().zip(xr).zip(m.iter()).zip(s.iter_mut()) {
+                *y = (x - m).exp();
+                *s += *y;
+            }
+        }
+        if self.kind == Kind::Softmax {
+            s.iter_mut().for_each(|v| *v = 1.0 / *v);
+            for yr in yb.chunks_exact_mut(l.inner) {
+                yr.iter_mut().zip(s.iter()).for_each(|(y, s)| *y *= s);
+            }
+        } else {
+            // log softmax = x - m - log Σ exp(x - m)
+            s.iter_mut()
+                .zip(m.iter())
+                .for_each(|(s, m)| *s = m + s.ln());
+            for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
+                for ((y, &x), s) in yr.iter_mut().zip(xr).zip(s.iter()) {
+                    *y = x - s;
+                }
+            }
+        }
+    }
+}
+
 impl Kernel for Softmax {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let x = inputs[0].as_slice::<f32>()?;
@@ -52,45 +102,21 @@ impl Kernel for Softmax {
         if l.len() == 0 {
             return Ok(());
         }
-        // Per block, one running value per column of `inner` lanes.
-        let mut m = Vec::with_capacity(l.inner);
-        let mut s = vec![0f32; l.inner];
-        let mut idx = vec![0i64; l.inner];
+        // Blocks in parallel, a few per task; per task, one running value per column of
+        // `inner` lanes.
         let block = l.n * l.inner;
-        for (xb, yb) in x.chunks_exact(block).zip(y.chunks_exact_mut(block)) {
-            let rows = || xb.chunks_exact(l.inner);
-            if self.kind == Kind::Hardmax {
-                super::arg::best_along(xb, l.inner, |v, b| v > b, &mut m, &mut idx);
-                yb.fill(0.0);
-                for (i, &r) in idx.iter().enumerate() {
-                    yb[r as usize * l.inner + i] = 1.0;
-                }
-                continue;
+        let per_task = (TASK_FLOATS / block.max(1)).max(1);
+        let tasks = x
+            .par_chunks(block * per_task)
+            .zip(y.par_chunks_mut(block * per_task));
+        tasks.for_each(|(xs, ys)| {
+            let mut m = Vec::with_capacity(l.inner);
+            let mut s = vec![0f32; l.inner];
+            let mut idx = vec![0i64; l.inner];
+            for (xb, yb) in xs.chunks_exact(block).zip(ys.chunks_exact_mut(block)) {
+                self.block(xb, yb, (&mut m, &mut s, &mut idx));
             }
-            // Subtract the maximum so that exp never overflows.
-            super::arg::best_along(xb, l.inner, |v, b| v > b, &mut m, &mut idx);
-            s.fill(0.0);
-            for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
-                for (((y, &x), &m), s) in yr.iter_mut().zip(xr).zip(&m).zip(&mut s) {
-                    *y = (x - m).exp();
-                    *s += *y;
-                }
-            }
-            if self.kind == Kind::Softmax {
-                s.iter_mut().for_each(|v| *v = 1.0 / *v);
-                for yr in yb.chunks_exact_mut(l.inner) {
-                    yr.iter_mut().zip(&s).for_each(|(y, s)| *y *= s);
-                }
-            } else {
-                // log softmax = x - m - log Σ exp(x - m)
-                s.iter_mut().zip(&m).for_each(|(s, m)| *s = m + s.ln());
-                for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
-                    for ((y, &x), s) in yr.iter_mut().zip(xr).zip(&s) {
-                        *y = x - s;
-                    }
-                }
-            }
-        }
+        });
         Ok(())
     }
 }
