@@ -77,7 +77,7 @@ pub const OPS: &[OpDef] = &[
     def("Xor", lower_attrs, logical),
     def("Max", lower_attrs, broadcast),
     def("Min", lower_attrs, broadcast),
-    def("Sum", lower_attrs, broadcast),
+    def("Sum", lower_sum, broadcast),
     def("Mean", lower_attrs, broadcast),
     def("Where", lower_attrs, where_),
 ];
@@ -176,6 +176,16 @@ fn lower_clip(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 
 /// `Cast` keeps `to` (`saturate` only matters for float8, which Ingot has not); `CastLike`
 /// becomes a `Cast` to its second input's type.
+/// A Sum of two is an Add, which the fusion pass folds into the op before it (the residual of
+/// a conv, as Caffe2-converted ResNets write it).
+fn lower_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    lower_attrs(node, cx)?;
+    if node.inputs.len() == 2 {
+        node.op = "Add".into();
+    }
+    Ok(())
+}
+
 fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let to = if node.op == "CastLike" {
         i64::from(cx.input(1)?.dtype.onnx_code())

@@ -2,8 +2,8 @@
 //! `C = alpha·A·B + beta·C` on strided matrices inside slices, in safe Rust.
 //!
 //! It is the classic blocked product (Goto; BLIS): B is packed `KC x NC` at a time into panels
-//! `NR` columns wide, A `MC x KC` at a time into panels `MR` rows tall, and a microkernel keeps
-//! an `MR x NR` tile of C in vector registers through `KC` multiply-adds. The microkernel is
+//! `NR` columns wide, A is read in place `MR` rows at a time, and a microkernel keeps an
+//! `MR x NR` tile of C in vector registers through `KC` multiply-adds. The microkernel is
 //! plain Rust over fixed-size arrays, which LLVM turns into vector FMAs; `multiversion`
 //! compiles the product for AVX-512, AVX2+FMA and NEON and picks one at run time, with a tile
 //! shaped to that register file (AVX-512: 8 x 32 floats in 16 of its 32 registers). Rows are
@@ -345,14 +345,16 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
                 let mut c_rows = c_block.rows_mut().into_iter().map(|r| r.into_slice());
                 let mut c_rows: [&mut [T]; MC] =
                     std::array::from_fn(|_| c_rows.next().flatten().unwrap_or_default());
-                // B's panel stays in L1 while A's rows stream past it from L2.
-                for (jp, b_panel) in pb.chunks_exact(nr * kc).enumerate() {
-                    let cols = jp * nr..((jp + 1) * nr).min(nc);
-                    for i0 in (0..mc).step_by(MR) {
-                        let rows = i0..(i0 + MR).min(mc);
+                // A's rows stay in L1 while B's block streams past them from L2, two vectors
+                // per k in order. The other way round (B's panel in L1, A's rows streaming)
+                // ran at 80% of this speed: A's scattered rows evicted B's panel.
+                for i0 in (0..mc).step_by(MR) {
+                    let rows = i0..(i0 + MR).min(mc);
+                    for (jp, b_panel) in pb.chunks_exact(nr * kc).enumerate() {
+                        let cols = jp * nr..((jp + 1) * nr).min(nc);
                         let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
                         let acc = microkernel::<T, MR, W, NV>(fused, a_panel, b_panel);
-                        store(&acc, &mut c_rows[rows], cols.clone(), alpha, beta);
+                        store(&acc, &mut c_rows[rows.clone()], cols, alpha, beta);
                     }
                 }
             }
@@ -373,28 +375,61 @@ fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize>(
     a_rows: &[&[T]; MR],
     b_panel: &[T],
 ) -> [[[T; W]; NV]; MR] {
-    const { assert!(MR <= 8, "rows! below writes out 8 rows") };
-    let kc = b_panel.len() / (W * NV);
-    // Each row cut to exactly kc values: LLVM then drops the bounds checks in the loop.
-    let a: [&[T]; MR] = a_rows.map(|row| &row[..kc]);
     let mut acc = [[Lanes([T::ZERO; W]); NV]; MR];
-    for (kk, b) in (0..kc).zip(b_panel.chunks_exact(W * NV)) {
-        let b: [Lanes<T, W>; NV] =
-            std::array::from_fn(|v| Lanes(b[v * W..][..W].try_into().unwrap()));
-        // The rows are written out: given a loop over them, LLVM may vectorize across rows
-        // (gathering and scattering the sums) instead of keeping each row in registers.
-        macro_rules! rows {
-            ($($i:literal)*) => {$(
-                if $i < MR {
-                    for v in 0..NV {
-                        multiply_add(fused, a[$i][kk], &b[v], &mut acc[$i][v]);
-                    }
-                }
-            )*};
-        }
-        rows!(0 1 2 3 4 5 6 7);
-    }
+    // Four values of k per turn of the loop, so that its counters take fewer of the issue
+    // slots the multiply-adds need; then the last few one at a time.
+    let kc = b_panel.len() / (W * NV);
+    let (whole, _) = b_panel.split_at(kc / UNROLL * UNROLL * W * NV);
+    steps::<T, MR, W, NV, UNROLL>(fused, a_rows, 0, whole, &mut acc);
+    let (done, rest) = (kc / UNROLL * UNROLL, &b_panel[whole.len()..]);
+    steps::<T, MR, W, NV, 1>(fused, a_rows, done, rest, &mut acc);
     acc.map(|row| row.map(|v| v.0))
+}
+
+/// Values of k per turn of the microkernel's loop.
+const UNROLL: usize = 4;
+
+/// Adds the products of k in `from..` (`U` values per turn) to the sums.
+#[inline(always)]
+fn steps<T: Float, const MR: usize, const W: usize, const NV: usize, const U: usize>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    from: usize,
+    b_panel: &[T],
+    acc: &mut [[Lanes<T, W>; NV]; MR],
+) {
+    const { assert!(MR <= 8, "rows! below writes out 8 rows") };
+    // One iterator over B's panel and the 8 rows zipped: LLVM then runs it on one index with
+    // no bounds check per row (rows past MR repeat the last one; their loads are dead).
+    let row = |i: usize| a_rows[i.min(MR - 1)][from..].chunks_exact(U);
+    let turns = (b_panel.chunks_exact(U * W * NV))
+        .zip(row(0))
+        .zip(row(1))
+        .zip(row(2))
+        .zip(row(3))
+        .zip(row(4))
+        .zip(row(5))
+        .zip(row(6))
+        .zip(row(7));
+    for ((((((((b, x0), x1), x2), x3), x4), x5), x6), x7) in turns {
+        let a = [x0, x1, x2, x3, x4, x5, x6, x7];
+        for u in 0..U {
+            let b: [Lanes<T, W>; NV] =
+                std::array::from_fn(|v| Lanes(b[(u * NV + v) * W..][..W].try_into().unwrap()));
+            // The rows are written out: given a loop over them, LLVM may vectorize across
+            // rows (gathering and scattering the sums) instead of keeping each in registers.
+            macro_rules! rows {
+                ($($i:literal)*) => {$(
+                    if $i < MR {
+                        for v in 0..NV {
+                            multiply_add(fused, a[$i][u], &b[v], &mut acc[$i][v]);
+                        }
+                    }
+                )*};
+            }
+            rows!(0 1 2 3 4 5 6 7);
+        }
+    }
 }
 
 /// `sum += a·b` over one vector's lanes.
