@@ -467,11 +467,26 @@ impl Conv {
     }
 }
 
-/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`.
-/// Compiled for the wider vector units too: the baseline x86-64 target has SSE2 only. The
-/// sums are the same in every version (no FMA contraction).
-#[multiversion::multiversion(targets = "simd")]
-fn depthwise(win: &Window, xp: &[f32], padded: Padded, wk: &[f32], yp: &mut [f32]) {
+/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`, with
+/// `flat` as scratch for stride 1 (see [`Padded::flat_len`]). Compiled for the wider vector
+/// units too: the baseline x86-64 target has SSE2 only. The sums are the same in every version
+/// (no FMA contraction) and on either path: taps in order, from zero, then added to `yp`.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn depthwise(
+    win: &Window,
+    xp: &[f32],
+    padded: Padded,
+    wk: &[f32],
+    yp: &mut [f32],
+    flat: &mut [f32],
+) {
+    if win.strides == [1; DIMS] {
+        return depthwise_flat(win, xp, padded, wk, yp, flat);
+    }
     let [_, oh, ow] = win.output;
     let [kd, kh, kw] = win.kernel;
     let [sd, sh, _] = win.strides;
@@ -509,6 +524,77 @@ fn depthwise(win: &Window, xp: &[f32], padded: Padded, wk: &[f32], yp: &mut [f32
             }
         }
     }
+}
+
+/// Floats of a flat depthwise plane one register block computes (four AVX-512 vectors).
+const FLAT_BLOCK: usize = 64;
+
+/// A stride-1 depthwise plane as one 1-D conv along the padded plane read flat: output
+/// (z, y, x) is computed at padded position `q = (z·ph + y)·pw + x` and tap `t` reads
+/// `q + offset[t]`, so register blocks run the length of the plane however narrow its rows
+/// (7x7 planes too). Positions past a row's end are computed and dropped.
+#[inline(always)]
+fn depthwise_flat(
+    win: &Window,
+    xp: &[f32],
+    padded: Padded,
+    wk: &[f32],
+    yp: &mut [f32],
+    flat: &mut [f32],
+) {
+    let [od, oh, ow] = win.output;
+    let [kd, kh, kw] = win.kernel;
+    let [dd, dh, dw] = win.dilations;
+    let [_, ph, pw] = padded.dims;
+    let (mut stack, mut heap) = ([(0usize, 0.0f32); 64], Vec::new());
+    let taps = small_or_heap(&mut stack, &mut heap, kd * kh * kw);
+    for (t, (tap, &w)) in taps.iter_mut().zip(wk).enumerate() {
+        let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
+        *tap = ((a * dd * ph + b * dh) * pw + k * dw, w);
+    }
+    let taps = &*taps;
+    let flat = &mut flat[..padded.flat_len(win)];
+    let len = flat.len();
+    // Blocks of FLAT_BLOCK, the last moved back to end at the end (recomputing a few values);
+    // shorter planes in blocks of 16, then one at a time.
+    let mut j = 0;
+    if len >= FLAT_BLOCK {
+        while j < len {
+            let j0 = j.min(len - FLAT_BLOCK);
+            flat_block::<FLAT_BLOCK>(xp, taps, j0, flat);
+            j += FLAT_BLOCK;
+        }
+    } else {
+        while j + 16 <= len {
+            flat_block::<16>(xp, taps, j, flat);
+            j += 16;
+        }
+        for (q, out) in flat.iter_mut().enumerate().skip(j) {
+            *out = taps
+                .iter()
+                .fold(0.0, |acc, &(off, w)| acc + w * xp[q + off]);
+        }
+    }
+    for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
+        let q = (r / oh * ph + r % oh) * pw;
+        for (y, &v) in yrow.iter_mut().zip(&flat[q..][..ow]) {
+            *y += v;
+        }
+    }
+    debug_assert_eq!(yp.len(), od * oh * ow);
+}
+
+/// `flat[j0..j0 + N] = Σ_t w_t · xp[j0 + offset_t ..][..N]`, the sums kept in registers.
+#[inline(always)]
+fn flat_block<const N: usize>(xp: &[f32], taps: &[(usize, f32)], j0: usize, flat: &mut [f32]) {
+    let mut acc = [0.0f32; N];
+    for &(off, w) in taps {
+        let xs: &[f32; N] = xp[j0 + off..][..N].try_into().unwrap();
+        for (a, x) in acc.iter_mut().zip(xs) {
+            *a += w * x;
+        }
+    }
+    flat[j0..][..N].copy_from_slice(&acc);
 }
 
 impl Conv {
@@ -603,6 +689,17 @@ impl Padded {
 
     fn len(&self) -> usize {
         self.dims.iter().product()
+    }
+
+    /// Floats of the flat scratch a stride-1 plane is computed in: every padded position from
+    /// the first output's to the last one's (none for other strides).
+    fn flat_len(&self, win: &Window) -> usize {
+        let [od, oh, ow] = win.output;
+        let [_, ph, pw] = self.dims;
+        match win.strides == [1; DIMS] && od * oh * ow > 0 {
+            true => ((od - 1) * ph + oh - 1) * pw + ow,
+            false => 0,
+        }
     }
 
     /// Where padded column `c` is stored in its row.
@@ -792,11 +889,14 @@ impl Conv {
                         // The scratch is shared with other kernels: its padding must be zeroed.
                         scratch.fill(0.0);
                         padded.fill(&self.win, xg, scratch);
-                        for (m, yp) in yg_planes(yv, out_plane)?.enumerate() {
-                            depthwise(&self.win, scratch, padded, &wg[m * taps..][..taps], yp);
-                            post.apply(yp, base + m * out_plane, 0, (1, out_plane, 0))?;
-                        }
-                        Ok(())
+                        with_scratch(padded.flat_len(&self.win), |flat| {
+                            for (m, yp) in yg_planes(yv, out_plane)?.enumerate() {
+                                let wk = &wg[m * taps..][..taps];
+                                depthwise(&self.win, scratch, padded, wk, yp, flat);
+                                post.apply(yp, base + m * out_plane, 0, (1, out_plane, 0))?;
+                            }
+                            Ok(())
+                        })
                     }),
                     ConvPath::Im2col { rows } => column_blocks(yv, rows * ow, &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
@@ -1113,11 +1213,36 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn depthwise_3d_agrees_with_im2col() {
+        // Stride 1 reads the padded volume flat across planes as well as rows.
+        let x = ramp(&[1, 1, 4, 5, 6], 28);
+        let w = ramp(&[1, 1, 3, 3, 3], 29);
+        let x2 = Tensor::from_vec(
+            vec![1, 2, 4, 5, 6],
+            &[x.as_slice::<f32>().unwrap(), &[0.0; 120]].concat(),
+        )
+        .unwrap();
+        let w2 = Tensor::from_vec(
+            vec![1, 2, 3, 3, 3],
+            &[w.as_slice::<f32>().unwrap(), &[9.0; 27]].concat(),
+        )
+        .unwrap();
+        let a = attrs(&[3, 3, 3], &[1, 1, 1], &[1, 1, 1], &[1, 0, 1, 1, 0, 1], 1);
+        let desc = [TensorDesc::new(DType::F32, vec![1, 1, 4, 3, 6])];
+        let direct = eval("Conv", &a, &[&x, &w], &desc).unwrap();
+        let gemm = eval("Conv", &a, &[&x2, &w2], &desc).unwrap();
+        assert_eq!(direct, gemm);
+    }
+
+    #[test]
     fn depthwise_path_agrees_with_im2col() {
         // A one-channel conv runs the depthwise path; the same conv with a second, all-zero
-        // input channel runs im2col + GEMM. Widths cover register blocks and their borders.
+        // input channel runs im2col + GEMM. Widths cover register blocks and their borders;
+        // at stride 1, planes of 19 and 26 flat positions (shorter than a block) too.
         for (k, stride, dilation, pad, width) in [
             (3, 1, 1, 1, 37),
+            (3, 1, 1, 1, 2),
+            (3, 1, 1, 1, 1),
             (3, 2, 1, 1, 70),
             (5, 1, 2, 4, 41),
             (5, 2, 1, 2, 16),
