@@ -315,20 +315,44 @@ impl Channels {
         plane: usize,
         post: &Post,
     ) -> Result<(), KernelError> {
-        let m = self.cout * self.groups;
+        let (m, plane) = (self.cout * self.groups, plane.max(1));
         let accumulate = post.ops.accumulates();
-        if accumulate {
-            post.ops.start(y, &post.extras, post.in_place)?;
+        // The residual a leading Add starts from, unless the output was written over it.
+        let residual = match accumulate && !post.in_place {
+            true => post.extras.first().copied(),
+            false => None,
+        };
+        if residual.is_some_and(|r| r.len() != 1 && r.len() != y.len()) {
+            return Err(invalid!("the residual does not match the output"));
         }
-        for (i, yp) in y.chunks_exact_mut(plane.max(1)).enumerate() {
-            let b = bias.and_then(|b| b.get(i % m)).copied().unwrap_or(0.0);
+        // In parallel, whole planes per task.
+        let planes = (INIT_TASK_FLOATS / plane).max(1);
+        let task = |(t, yt): (usize, &mut [f32])| {
+            let at = t * planes * plane;
             if accumulate {
-                yp.iter_mut().for_each(|v| *v += b);
-            } else {
-                yp.fill(b);
+                let r = residual.map(|r| {
+                    if r.len() == 1 {
+                        r
+                    } else {
+                        &r[at..][..yt.len()]
+                    }
+                });
+                post.ops.start(yt, r.as_slice(), post.in_place)?;
             }
-        }
-        Ok(())
+            for (i, yp) in yt.chunks_exact_mut(plane).enumerate() {
+                let b = bias.and_then(|b| b.get((at / plane + i) % m)).copied();
+                let b = b.unwrap_or(0.0);
+                if accumulate {
+                    yp.iter_mut().for_each(|v| *v += b);
+                } else {
+                    yp.fill(b);
+                }
+            }
+            Ok(())
+        };
+        y.par_chunks_mut(planes * plane)
+            .enumerate()
+            .try_for_each(task)
     }
 }
 
@@ -525,6 +549,9 @@ fn depthwise(
         }
     }
 }
+
+/// Floats of output one task of [`Channels::init_output`] starts.
+const INIT_TASK_FLOATS: usize = 1 << 15;
 
 /// Floats of a flat depthwise plane one register block computes (four AVX-512 vectors).
 const FLAT_BLOCK: usize = 64;

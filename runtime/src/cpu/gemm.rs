@@ -214,14 +214,18 @@ pub fn gemm_into<T: Float>(
     Ok(())
 }
 
-/// `C = alpha·A·B + beta·C` on the current thread pool: C is cut along its longer side (A's
-/// rows or B's columns with it) into one piece per thread while pieces are worth a core. More
-/// pieces would only repeat the packing of B (and the reading of A) for each. The pieces are
-/// disjoint views, so this is safe Rust, and each element of C is summed in the same order
-/// however C is cut, so results never depend on the pool.
+/// `C = alpha·A·B + beta·C` on the current thread pool: C is cut along its longer side into
+/// one piece per thread while pieces are worth a core. Each piece reads all of the operand
+/// not cut (A's rows in place, B packed), so the cut that repeats less is the one across the
+/// longer side. The pieces are disjoint views, so this is safe Rust, and each element of C is
+/// summed in the same order however C is cut, so results never depend on the pool.
 fn product<T: Float>(alpha: T, a: ArrayView2<T>, b: ArrayView2<T>, beta: T, c: ArrayViewMut2<T>) {
     split(alpha, a, b, beta, c, rayon::current_num_threads());
 }
+
+/// Columns are cut at multiples of this, a multiple of every tile's width: pieces then hold
+/// whole panels, and a partial panel is never computed twice.
+const COLUMN_UNIT: usize = 32;
 
 fn split<T: Float>(
     alpha: T,
@@ -233,15 +237,17 @@ fn split<T: Float>(
 ) {
     let (m, n) = c.dim();
     let work = m.saturating_mul(n).saturating_mul(a.ncols());
-    let axis = if m >= n { Axis(0) } else { Axis(1) };
-    let len = c.len_of(axis);
-    if pieces < 2 || work < PARALLEL_WORK || len < 2 {
+    let (axis, units, unit) = match n.div_ceil(COLUMN_UNIT) {
+        units if m < n && units >= 2 => (Axis(1), units, COLUMN_UNIT),
+        _ => (Axis(0), m, 1),
+    };
+    if pieces < 2 || work < PARALLEL_WORK || units < 2 {
         T::product_here(alpha, a, b, beta, c);
         return;
     }
     // Uneven thread counts get proportional shares: 3 threads cut at a third.
     let (p1, p2) = (pieces / 2, pieces - pieces / 2);
-    let mid = (len * p1 / pieces).max(1);
+    let mid = (units * p1 / pieces).max(1) * unit;
     let (c1, c2) = c.split_at(axis, mid);
     let ((a1, b1), (a2, b2)) = if axis == Axis(0) {
         let (a1, a2) = a.split_at(Axis(0), mid);
