@@ -550,6 +550,9 @@ fn depthwise(
     }
 }
 
+/// Floats of the im2col matrix one task fills.
+const IM2COL_TASK_FLOATS: usize = 1 << 14;
+
 /// Floats of output one task of [`Channels::init_output`] starts.
 const INIT_TASK_FLOATS: usize = 1 << 15;
 
@@ -628,32 +631,45 @@ impl Conv {
     /// Copies the input patches of output rows `rows` (lifted rows: D x H) into `col`, one
     /// matrix row per (channel, tap), one column per output position.
     fn im2col(&self, xg: &[f32], rows: Range<usize>, col: &mut [f32]) {
+        let width = rows.len() * self.win.output[DIMS - 1];
+        // In parallel, whole matrix rows per task: the chunks of output rows that column
+        // blocks hand out are too few on small images to keep every thread busy.
+        let per_task = (IM2COL_TASK_FLOATS / width.max(1)).max(1);
+        let task = |(n, chunk): (usize, &mut [f32])| {
+            for (j, crow) in chunk.chunks_exact_mut(width).enumerate() {
+                self.im2col_row(xg, rows.clone(), n * per_task + j, crow);
+            }
+        };
+        col.par_chunks_mut(per_task * width)
+            .enumerate()
+            .for_each(task);
+    }
+
+    /// Row `i` of [`Self::im2col`]'s matrix: channel `i / taps`, tap `i % taps`.
+    fn im2col_row(&self, xg: &[f32], rows: Range<usize>, i: usize, crow: &mut [f32]) {
         let win = &self.win;
         let [_, oh, ow] = win.output;
         let [id, ih, iw] = win.input;
         let [_, kh, kw] = win.kernel;
         let [sd, sh, sw] = win.strides;
         let (taps, plane) = (win.taps(), win.input_size());
-        let width = rows.len() * ow;
-        for (i, crow) in col.chunks_exact_mut(width).enumerate() {
-            let (c, t) = (i / taps, i % taps);
-            let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
-            let xp = &xg[c * plane..][..plane];
-            let off = win.offset(2, k);
-            let valid = span(ow, iw, sw, off);
-            for (r, seg) in rows.clone().zip(crow.chunks_exact_mut(ow)) {
-                let z = at(r / oh, sd, win.offset(0, a), id);
-                let yy = at(r % oh, sh, win.offset(1, b), ih);
-                let (Some(z), Some(yy), false) = (z, yy, valid.is_empty()) else {
-                    seg.fill(0.0);
-                    continue;
-                };
-                let xrow = &xp[(z * ih + yy) * iw..][..iw];
-                seg[..valid.start].fill(0.0);
-                seg[valid.end..].fill(0.0);
-                let start = (valid.start * sw).wrapping_add_signed(off);
-                fold_strided(&mut seg[valid.clone()], &xrow[start..], sw, |_, v| v);
-            }
+        let (c, t) = (i / taps, i % taps);
+        let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
+        let xp = &xg[c * plane..][..plane];
+        let off = win.offset(2, k);
+        let valid = span(ow, iw, sw, off);
+        for (r, seg) in rows.clone().zip(crow.chunks_exact_mut(ow)) {
+            let z = at(r / oh, sd, win.offset(0, a), id);
+            let yy = at(r % oh, sh, win.offset(1, b), ih);
+            let (Some(z), Some(yy), false) = (z, yy, valid.is_empty()) else {
+                seg.fill(0.0);
+                continue;
+            };
+            let xrow = &xp[(z * ih + yy) * iw..][..iw];
+            seg[..valid.start].fill(0.0);
+            seg[valid.end..].fill(0.0);
+            let start = (valid.start * sw).wrapping_add_signed(off);
+            fold_strided(&mut seg[valid.clone()], &xrow[start..], sw, |_, v| v);
         }
     }
 }
