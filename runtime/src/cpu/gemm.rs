@@ -67,6 +67,40 @@ impl Layout {
     }
 }
 
+/// What the product adds to: `beta·C` (C unread when beta is 0), plus `bias[i]` on row i when
+/// given. A conv's bias added as C is written saves the pass that would write it first.
+#[derive(Clone, Copy, Debug)]
+pub struct Start<'a, T> {
+    pub beta: T,
+    pub bias: Option<&'a [T]>,
+}
+
+impl<'a, T: Float> Start<'a, T> {
+    pub fn scaled(beta: T) -> Self {
+        Self { beta, bias: None }
+    }
+
+    /// The start of rows `from..` of C.
+    fn rows_from(self, from: usize) -> Self {
+        Self {
+            bias: self.bias.map(|b| &b[from..]),
+            ..self
+        }
+    }
+
+    /// C's new value on row `row`: `sum + (beta·c + bias)`, c unread when beta is 0.
+    #[inline(always)]
+    fn finish(&self, sum: T, c: T, row: usize) -> T {
+        let bias = self.bias.map(|b| b[row]);
+        match (self.beta == T::ZERO, bias) {
+            (true, None) => sum,
+            (false, None) => sum + self.beta * c,
+            (true, Some(b)) => sum + b,
+            (false, Some(b)) => sum + (self.beta * c + b),
+        }
+    }
+}
+
 /// The element types of the product.
 pub trait Float:
     Copy
@@ -89,7 +123,7 @@ pub trait Float:
         alpha: Self,
         a: ArrayView2<Self>,
         b: ArrayView2<Self>,
-        beta: Self,
+        start: Start<Self>,
         c: ArrayViewMut2<Self>,
     );
 }
@@ -106,14 +140,14 @@ impl Float for f32 {
         alpha: f32,
         a: ArrayView2<f32>,
         b: ArrayView2<f32>,
-        beta: f32,
+        start: Start<f32>,
         c: ArrayViewMut2<f32>,
     ) {
         match Tile::for_this_cpu() {
-            Tile::Avx512 => packed::<f32, 8, 16, 2>(alpha, a, b, beta, c),
-            Tile::Avx2 => packed::<f32, 6, 8, 2>(alpha, a, b, beta, c),
-            Tile::Neon => packed::<f32, 6, 4, 4>(alpha, a, b, beta, c),
-            Tile::Baseline => packed::<f32, 4, 4, 2>(alpha, a, b, beta, c),
+            Tile::Avx512 => packed::<f32, 8, 16, 2>(alpha, a, b, start, c),
+            Tile::Avx2 => packed::<f32, 6, 8, 2>(alpha, a, b, start, c),
+            Tile::Neon => packed::<f32, 6, 4, 4>(alpha, a, b, start, c),
+            Tile::Baseline => packed::<f32, 4, 4, 2>(alpha, a, b, start, c),
         }
     }
 }
@@ -130,14 +164,14 @@ impl Float for f64 {
         alpha: f64,
         a: ArrayView2<f64>,
         b: ArrayView2<f64>,
-        beta: f64,
+        start: Start<f64>,
         c: ArrayViewMut2<f64>,
     ) {
         match Tile::for_this_cpu() {
-            Tile::Avx512 => packed::<f64, 8, 8, 2>(alpha, a, b, beta, c),
-            Tile::Avx2 => packed::<f64, 6, 4, 2>(alpha, a, b, beta, c),
-            Tile::Neon => packed::<f64, 6, 2, 4>(alpha, a, b, beta, c),
-            Tile::Baseline => packed::<f64, 4, 2, 2>(alpha, a, b, beta, c),
+            Tile::Avx512 => packed::<f64, 8, 8, 2>(alpha, a, b, start, c),
+            Tile::Avx2 => packed::<f64, 6, 4, 2>(alpha, a, b, start, c),
+            Tile::Neon => packed::<f64, 6, 2, 4>(alpha, a, b, start, c),
+            Tile::Baseline => packed::<f64, 4, 2, 2>(alpha, a, b, start, c),
         }
     }
 }
@@ -188,15 +222,16 @@ pub fn gemm<T: Float>(
     let c_len = c.len();
     let cv = ArrayViewMut2::from_shape(lc.shape()?, c)
         .map_err(|e| invalid!("gemm operand C ({c_len} elements) does not fit {lc:?}: {e}"))?;
-    gemm_into(alpha, (a, la), (b, lb), beta, cv)
+    gemm_into(alpha, (a, la), (b, lb), Start::scaled(beta), cv)
 }
 
-/// [`gemm`] into a view of C (a block of a larger matrix that parallel work split off).
+/// `C = alpha·A·B + start` into a view of C (a block of a larger matrix that parallel work
+/// split off).
 pub fn gemm_into<T: Float>(
     alpha: T,
     (a, la): (&[T], Layout),
     (b, lb): (&[T], Layout),
-    beta: T,
+    start: Start<T>,
     c: ArrayViewMut2<T>,
 ) -> Result<(), KernelError> {
     if la.cols != lb.rows || (la.rows, lb.cols) != c.dim() {
@@ -205,10 +240,17 @@ pub fn gemm_into<T: Float>(
             c.dim()
         ));
     }
+    if start.bias.is_some_and(|b| b.len() != la.rows) {
+        return Err(invalid!(
+            "gemm bias does not hold one value per row of {la:?}"
+        ));
+    }
     if la.cols == 0 {
-        // An empty sum: C = beta·C (ndarray has no view of an empty operand with strides).
+        // An empty sum (ndarray has no view of an empty operand with strides).
         let mut c = c;
-        c.map_inplace(|cv| *cv = if beta == T::ZERO { T::ZERO } else { beta * *cv });
+        for (i, mut row) in c.rows_mut().into_iter().enumerate() {
+            row.map_inplace(|cv| *cv = start.finish(T::ZERO, *cv, i));
+        }
         return Ok(());
     }
     let misfit = |name: &'static str, len: usize, l: Layout| {
@@ -216,35 +258,41 @@ pub fn gemm_into<T: Float>(
     };
     let av = ArrayView2::from_shape(la.shape()?, a).map_err(misfit("A", a.len(), la))?;
     let bv = ArrayView2::from_shape(lb.shape()?, b).map_err(misfit("B", b.len(), lb))?;
-    product(alpha, av, bv, beta, c);
+    product(alpha, av, bv, start, c);
     Ok(())
 }
 
-/// `C = alpha·A·B + beta·C` on the current thread pool: C is cut along its longer side into
+/// `C = alpha·A·B + start` on the current thread pool: C is cut along its longer side into
 /// one piece per thread while pieces are worth a core. Each piece reads all of the operand
 /// not cut (A's rows in place, B packed), so the cut that repeats less is the one across the
 /// longer side. The pieces are disjoint views, so this is safe Rust, and each element of C is
 /// summed in the same order however C is cut, so results never depend on the pool.
-fn product<T: Float>(alpha: T, a: ArrayView2<T>, b: ArrayView2<T>, beta: T, c: ArrayViewMut2<T>) {
+fn product<T: Float>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: ArrayView2<T>,
+    start: Start<T>,
+    c: ArrayViewMut2<T>,
+) {
     let threads = rayon::current_num_threads();
     match c.dim() {
+        // One row: every output is on row 0.
         (1, _) => vector_product(
             alpha,
-            a.row(0),
-            b,
-            beta,
+            (a.row(0), b),
+            (start, 0),
             c.index_axis_move(Axis(0), 0),
             threads,
         ),
+        // One column: output i is on row i.
         (_, 1) => vector_product(
             alpha,
-            b.column(0),
-            a.t(),
-            beta,
+            (b.column(0), a.t()),
+            (start, 1),
             c.index_axis_move(Axis(1), 0),
             threads,
         ),
-        _ => split(alpha, a, b, beta, c, threads),
+        _ => split(alpha, a, b, start, c, threads),
     }
 }
 
@@ -254,32 +302,32 @@ const VECTOR_PARALLEL_WORK: usize = 1 << 17;
 /// Outputs of a vector product are cut at multiples of this.
 const VECTOR_UNIT: usize = 64;
 
-/// `out = alpha·x·mat + beta·out`: a product with one row of C (a fully connected layer at
-/// batch 1) or one column (with `mat` = Aᵀ). Each output is one dot product of `x` with a
+/// `out = alpha·x·mat + start`: a product with one row of C (a fully connected layer at
+/// batch 1) or one column (with `mat` = Aᵀ), output j on row `j·step` of `start`. Each output is one dot product of `x` with a
 /// column of `mat`, read once: packing would copy all of `mat` to use each value once, which
 /// made the classifier of a ResNet the slowest layer per multiply-add by 20x. Outputs are cut
 /// into one piece per thread; each is summed whole by one piece, so threads change no bit.
 fn vector_product<T: Float>(
     alpha: T,
-    x: ArrayView1<T>,
-    mat: ArrayView2<T>,
-    beta: T,
+    (x, mat): (ArrayView1<T>, ArrayView2<T>),
+    (start, step): (Start<T>, usize),
     out: ArrayViewMut1<T>,
     pieces: usize,
 ) {
     let n = out.len();
     let units = n / VECTOR_UNIT;
     if pieces < 2 || units < 2 || mat.len() < VECTOR_PARALLEL_WORK {
-        vector_on(alpha, x, mat, beta, out);
+        vector_on(alpha, (x, mat), (start, step), out);
         return;
     }
     let (p1, p2) = (pieces / 2, pieces - pieces / 2);
     let mid = (units * p1 / pieces).max(1) * VECTOR_UNIT;
     let (o1, o2) = out.split_at(Axis(0), mid);
     let (m1, m2) = mat.split_at(Axis(1), mid);
+    let s2 = start.rows_from(mid * step);
     rayon::join(
-        || vector_product(alpha, x, m1, beta, o1, p1),
-        || vector_product(alpha, x, m2, beta, o2, p2),
+        || vector_product(alpha, (x, m1), (start, step), o1, p1),
+        || vector_product(alpha, (x, m2), (s2, step), o2, p2),
     );
 }
 
@@ -293,9 +341,8 @@ const ROW_BLOCK: usize = 256;
 ))]
 fn vector_on<T: Float>(
     alpha: T,
-    x: ArrayView1<T>,
-    mat: ArrayView2<T>,
-    beta: T,
+    (x, mat): (ArrayView1<T>, ArrayView2<T>),
+    (start, step): (Start<T>, usize),
     mut out: ArrayViewMut1<T>,
 ) {
     let fused = match_target! {
@@ -304,19 +351,14 @@ fn vector_on<T: Float>(
         _ => false,
     };
     let mad = |a: T, b: T, sum: T| if fused { a.fused(b, sum) } else { a * b + sum };
-    let finish = |o: &mut T, sum: T| {
-        *o = match beta == T::ZERO {
-            true => alpha * sum,
-            false => alpha * sum + beta * *o,
-        }
-    };
+    let finish = |j: usize, o: &mut T, sum: T| *o = start.finish(alpha * sum, *o, j * step);
     let columns_contiguous = mat.ncols() == 0 || mat.column(0).as_slice().is_some();
     let rows_contiguous = mat.nrows() == 0 || mat.row(0).as_slice().is_some();
     match x.as_slice() {
         // A weight stored as [N, K]: one contiguous dot product per output.
         Some(xs) if columns_contiguous => {
-            for (o, column) in out.iter_mut().zip(mat.columns()) {
-                finish(o, dot(mad, xs, column.to_slice().unwrap_or_default()));
+            for (j, (o, column)) in out.iter_mut().zip(mat.columns()).enumerate() {
+                finish(j, o, dot(mad, xs, column.to_slice().unwrap_or_default()));
             }
         }
         // [K, N]: rows of `mat` scaled and summed into a block of outputs at a time.
@@ -330,20 +372,15 @@ fn vector_on<T: Float>(
                         *s = mad(xv, m, *s);
                     }
                 }
-                block
-                    .iter_mut()
-                    .zip(&*sums)
-                    .for_each(|(o, &s)| finish(o, s));
+                for (j, (o, &s)) in block.iter_mut().zip(&*sums).enumerate() {
+                    finish(jb * ROW_BLOCK + j, o, s);
+                }
             }
         }
         _ => {
-            for (o, column) in out.iter_mut().zip(mat.columns()) {
-                finish(
-                    o,
-                    x.iter()
-                        .zip(column)
-                        .fold(T::ZERO, |s, (&a, &b)| mad(a, b, s)),
-                );
+            for (j, (o, column)) in out.iter_mut().zip(mat.columns()).enumerate() {
+                let sum = (x.iter().zip(column)).fold(T::ZERO, |s, (&a, &b)| mad(a, b, s));
+                finish(j, o, sum);
             }
         }
     }
@@ -376,7 +413,7 @@ fn split<T: Float>(
     alpha: T,
     a: ArrayView2<T>,
     b: ArrayView2<T>,
-    beta: T,
+    start: Start<T>,
     c: ArrayViewMut2<T>,
     pieces: usize,
 ) {
@@ -387,23 +424,23 @@ fn split<T: Float>(
         _ => (Axis(0), m, 1),
     };
     if pieces < 2 || work < PARALLEL_WORK || units < 2 {
-        T::product_here(alpha, a, b, beta, c);
+        T::product_here(alpha, a, b, start, c);
         return;
     }
     // Uneven thread counts get proportional shares: 3 threads cut at a third.
     let (p1, p2) = (pieces / 2, pieces - pieces / 2);
     let mid = (units * p1 / pieces).max(1) * unit;
     let (c1, c2) = c.split_at(axis, mid);
-    let ((a1, b1), (a2, b2)) = if axis == Axis(0) {
+    let ((a1, b1, s1), (a2, b2, s2)) = if axis == Axis(0) {
         let (a1, a2) = a.split_at(Axis(0), mid);
-        ((a1, b.view()), (a2, b))
+        ((a1, b.view(), start), (a2, b, start.rows_from(mid)))
     } else {
         let (b1, b2) = b.split_at(Axis(1), mid);
-        ((a.view(), b1), (a, b2))
+        ((a.view(), b1, start), (a, b2, start))
     };
     rayon::join(
-        move || split(alpha, a1, b1, beta, c1, p1),
-        move || split(alpha, a2, b2, beta, c2, p2),
+        move || split(alpha, a1, b1, s1, c1, p1),
+        move || split(alpha, a2, b2, s2, c2, p2),
     );
 }
 
@@ -414,7 +451,7 @@ fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
     alpha: T,
     a: ArrayView2<T>,
     b: ArrayView2<T>,
-    beta: T,
+    start: Start<T>,
     mut c: ArrayViewMut2<T>,
 ) {
     let (m, n) = c.dim();
@@ -427,12 +464,12 @@ fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
     with_scratch(b_len, |pb: &mut [T]| {
         with_scratch(a_len, |pa: &mut [T]| {
             if n <= 1 || c.strides()[1] == 1 {
-                return packed_on::<T, MR, W, NV>(alpha, a, b, beta, c, pa, pb);
+                return packed_on::<T, MR, W, NV>(alpha, a, b, start, c, pa, pb);
             }
             with_scratch(m * n, |pc: &mut [T]| {
                 let mut copy = ArrayViewMut2::from_shape((m, n), pc).expect("m x n floats");
                 copy.assign(&c);
-                packed_on::<T, MR, W, NV>(alpha, a, b, beta, copy.view_mut(), pa, pb);
+                packed_on::<T, MR, W, NV>(alpha, a, b, start, copy.view_mut(), pa, pb);
                 c.assign(&copy);
             })
         })
@@ -451,7 +488,7 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
     alpha: T,
     a: ArrayView2<T>,
     b: ArrayView2<T>,
-    beta: T,
+    start: Start<T>,
     mut c: ArrayViewMut2<T>,
     pa: &mut [T],
     pb: &mut [T],
@@ -475,8 +512,8 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
             let kc = KC.min(k - pc);
             let pb = &mut pb[..nc.div_ceil(nr) * nr * kc];
             pack_b(b.slice(s![pc..pc + kc, jc..jc + nc]), nr, pb);
-            // The first block of k brings in beta·C; the later ones add to it.
-            let beta = (pc == 0).then_some(beta);
+            // The first block of k brings in the start; the later ones add to C.
+            let first = (pc == 0).then_some(start);
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 // A is read in place, one stream per row of the panel: packing it (as BLIS
@@ -505,7 +542,13 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
                         let cols = jp * nr..((jp + 1) * nr).min(nc);
                         let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
                         let acc = microkernel::<T, MR, W, NV>(fused, a_panel, b_panel);
-                        store(&acc, &mut c_rows[rows.clone()], cols, alpha, beta);
+                        store(
+                            &acc,
+                            &mut c_rows[rows.clone()],
+                            cols,
+                            alpha,
+                            first.map(|s| s.rows_from(ic + i0)),
+                        );
                     }
                 }
             }
@@ -596,25 +639,32 @@ fn multiply_add<T: Float, const W: usize>(
     }
 }
 
-/// Writes a tile's sums into `cols` of C's `rows`: `alpha·sum + beta·C` for the first block of
-/// k (C unread when beta is 0), `C + alpha·sum` for the later ones. Sums past C's edge (fewer
-/// rows, fewer columns) are dropped.
+/// Writes a tile's sums into `cols` of C's `rows`: onto the `first` start for the first block
+/// of k, `C + alpha·sum` for the later ones. Sums past C's edge (fewer rows, fewer columns)
+/// are dropped.
 #[inline(always)]
 fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
     acc: &[[[T; W]; NV]; MR],
     rows: &mut [&mut [T]],
     cols: Range<usize>,
     alpha: T,
-    beta: Option<T>,
+    first: Option<Start<T>>,
 ) {
-    for (sums, row) in acc.iter().zip(rows) {
+    for (r, (sums, row)) in acc.iter().zip(rows).enumerate() {
         let row = &mut row[cols.clone()];
         let sums = &sums.as_flattened()[..row.len()];
         let pairs = row.iter_mut().zip(sums);
-        match beta {
-            Some(beta) if beta == T::ZERO => pairs.for_each(|(c, &x)| *c = alpha * x),
-            Some(beta) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
-            None => pairs.for_each(|(c, &x)| *c = *c + alpha * x),
+        // The same sums as `Start::finish`, its choices made once per row.
+        let Some(start) = first else {
+            pairs.for_each(|(c, &x)| *c = *c + alpha * x);
+            continue;
+        };
+        let beta = start.beta;
+        match (beta == T::ZERO, start.bias.map(|b| b[r])) {
+            (true, None) => pairs.for_each(|(c, &x)| *c = alpha * x),
+            (false, None) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
+            (true, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + b),
+            (false, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + (beta * *c + b)),
         }
     }
 }
@@ -775,12 +825,12 @@ mod tests {
         }
     }
 
-    /// `alpha·A·B + beta·C` by the definition, in f64.
+    /// `alpha·A·B + beta·C + bias` (bias[i] on row i) by the definition, in f64.
     fn reference(
         alpha: f64,
         (a, la): (&[f32], Layout),
         (b, lb): (&[f32], Layout),
-        beta: f64,
+        (beta, bias): (f64, Option<&[f32]>),
         (c, lc): (&[f32], Layout),
     ) -> Vec<f32> {
         let mut out = c.to_vec();
@@ -792,10 +842,15 @@ mod tests {
                     })
                     .sum();
                 let at = i * lc.rs + j * lc.cs;
-                out[at] = (alpha * sum + beta * f64::from(c[at])) as f32;
+                let bias = bias.map_or(0.0, |b| f64::from(b[i]));
+                out[at] = (alpha * sum + beta * f64::from(c[at]) + bias) as f32;
             }
         }
         out
+    }
+
+    fn view(l: Layout, values: &mut [f32]) -> ArrayViewMut2<'_, f32> {
+        ArrayViewMut2::from_shape(l.shape().unwrap(), values).unwrap()
     }
 
     #[test]
@@ -803,8 +858,8 @@ mod tests {
         // Small integers: every sum is exact in f32, so the packed product must equal the
         // definition bit for bit. Each tile shape runs here (the code of this CPU's clone),
         // on sizes that straddle the tiles, KC, MC and NC; A and B are also read transposed,
-        // and C has a row stride wider than its rows.
-        type Product = fn(f32, ArrayView2<f32>, ArrayView2<f32>, f32, ArrayViewMut2<f32>);
+        // C has a row stride wider than its rows, and a bias may start each row.
+        type Product = fn(f32, ArrayView2<f32>, ArrayView2<f32>, Start<f32>, ArrayViewMut2<f32>);
         let tiles: [Product; 4] = [
             packed::<f32, 8, 16, 2>,
             packed::<f32, 6, 8, 2>,
@@ -826,22 +881,27 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
             let lc = Layout::new(m, n, n + 3, 1);
             let c: Vec<f32> = (0..m * (n + 3)).map(|i| value(i + 1)).collect();
+            let bias: Vec<f32> = (0..m).map(|i| value(i + 2)).collect();
             for (la, lb) in [
                 (Layout::row_major(m, k), Layout::row_major(k, n)),
                 (Layout::new(m, k, 1, m), Layout::new(k, n, 1, k)),
             ] {
-                for (alpha, beta) in [(1.0, 0.0), (2.0, 0.5), (1.0, 1.0)] {
-                    let want = reference(alpha.into(), (&a, la), (&b, lb), beta.into(), (&c, lc));
-                    let mut got = c.clone();
-                    gemm(alpha, &a, la, &b, lb, beta, &mut got, lc).unwrap();
+                let starts = [(1.0, 0.0, None), (2.0, 0.5, None), (1.0, 1.0, None)]
+                    .into_iter()
+                    .chain([(1.0, 0.0, Some(&bias[..])), (2.0, 1.0, Some(&bias[..]))]);
+                for (alpha, beta, bias) in starts {
+                    let (ab, bb) = ((&a[..], la), (&b[..], lb));
+                    let want = reference(alpha.into(), ab, bb, (beta.into(), bias), (&c, lc));
                     let at = |got: &[f32]| got.iter().zip(&want).position(|(g, w)| g != w);
-                    assert_eq!(at(&got), None, "{m}x{k}x{n} {la:?} {lb:?} {alpha} {beta}");
+                    let mut got = c.clone();
+                    let start = Start { beta, bias };
+                    gemm_into(alpha, ab, bb, start, view(lc, &mut got)).unwrap();
+                    assert_eq!(at(&got), None, "{m}x{k}x{n} {la:?} {lb:?} {start:?}");
                     for (t, tile) in tiles.iter().enumerate() {
                         let mut got = c.clone();
                         let av = ArrayView2::from_shape(la.shape().unwrap(), &a).unwrap();
                         let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();
-                        let cv = ArrayViewMut2::from_shape(lc.shape().unwrap(), &mut got);
-                        tile(alpha, av, bv, beta, cv.unwrap());
+                        tile(alpha, av, bv, start, view(lc, &mut got));
                         assert_eq!(at(&got), None, "tile {t}: {m}x{k}x{n} {la:?} {lb:?}");
                     }
                 }
