@@ -496,9 +496,10 @@ impl Conv {
 }
 
 /// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`, with
-/// `flat` as scratch for stride 1 (see [`Padded::flat_len`]). Compiled for the wider vector
-/// units too: the baseline x86-64 target has SSE2 only. The sums are the same in every version
-/// (no FMA contraction) and on either path: taps in order, from zero, then added to `yp`.
+/// `flat` as scratch for stride 1 (see [`Padded::flat_len`]; `xp` then holds `FLAT_BLOCK`
+/// zeros past the plane). Compiled for the wider vector units too: the baseline x86-64 target
+/// has SSE2 only. The sums are the same in every version (no FMA contraction) and on either
+/// path: taps in order, from zero, then added to `yp`.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
@@ -566,7 +567,8 @@ const FLAT_BLOCK: usize = 64;
 /// A stride-1 depthwise plane as one 1-D conv along the padded plane read flat: output
 /// (z, y, x) is computed at padded position `q = (z·ph + y)·pw + x` and tap `t` reads
 /// `q + offset[t]`, so register blocks run the length of the plane however narrow its rows
-/// (7x7 planes too). Positions past a row's end are computed and dropped.
+/// (7x7 planes too). Positions past a row's end are computed and dropped. `xp` holds
+/// `FLAT_BLOCK` zeros past the padded plane.
 #[inline(always)]
 fn depthwise_flat(
     win: &Window,
@@ -589,8 +591,7 @@ fn depthwise_flat(
     let taps = &*taps;
     let flat = &mut flat[..padded.flat_len(win)];
     let len = flat.len();
-    // Blocks of FLAT_BLOCK, the last moved back to end at the end (recomputing a few values);
-    // shorter planes in blocks of 16, then one at a time.
+    // Blocks of FLAT_BLOCK, the last moved back to end at the end (recomputing a few values).
     let mut j = 0;
     if len >= FLAT_BLOCK {
         while j < len {
@@ -599,15 +600,11 @@ fn depthwise_flat(
             j += FLAT_BLOCK;
         }
     } else {
-        while j + 16 <= len {
-            flat_block::<16>(xp, taps, j, flat);
-            j += 16;
-        }
-        for (q, out) in flat.iter_mut().enumerate().skip(j) {
-            *out = taps
-                .iter()
-                .fold(0.0, |acc, &(off, w)| acc + w * xp[q + off]);
-        }
+        // A short plane (7x7: 61 positions) in one block on the stack, its reads running into
+        // the block of zeros past the padded plane's end.
+        let mut block = [0.0f32; FLAT_BLOCK];
+        flat_block::<FLAT_BLOCK>(xp, taps, 0, &mut block);
+        flat.copy_from_slice(&block[..len]);
     }
     for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
         let q = (r / oh * ph + r % oh) * pw;
@@ -979,7 +976,8 @@ impl Conv {
         let block = (cout * out_plane).max(1);
         let per_task = (DEPTHWISE_TASK_FLOATS / block).max(1);
         let task = |(t, yt): (usize, &mut [f32])| {
-            with_scratch(padded.len(), |scratch| {
+            // A block of zeros past the padded plane for a short flat plane to read into.
+            with_scratch(padded.len() + FLAT_BLOCK, |scratch| {
                 // The scratch is shared with other kernels: its padding must be zeroed (once:
                 // every plane writes the same interior).
                 scratch.fill(0.0);
