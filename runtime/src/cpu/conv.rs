@@ -685,9 +685,20 @@ impl Conv {
             seg[..valid.start].fill(0.0);
             seg[valid.end..].fill(0.0);
             let start = (valid.start * sw).wrapping_add_signed(off);
-            fold_strided(&mut seg[valid.clone()], &xrow[start..], sw, |_, v| v);
+            copy_strided(&mut seg[valid.clone()], &xrow[start..], sw);
         }
     }
+}
+
+/// `dst[j] = src[j * stride]`: im2col's inner loop, compiled for the wider vector units too
+/// (stride 2 deinterleaves, which SSE2 does in narrow steps).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+    fold_strided(dst, src, stride, |_, v| v);
 }
 
 /// `dst[j] = f(dst[j], src[j * stride])` for every j (`src` must be long enough).
