@@ -778,6 +778,7 @@ impl Padded {
     }
 
     /// Stores `row`, padded columns `first..`, into its phases in `dst`.
+    #[inline(always)]
     fn scatter(&self, row: &[f32], first: usize, dst: &mut [f32]) {
         match self.stride {
             1 => dst[first..][..row.len()].copy_from_slice(row),
@@ -811,6 +812,7 @@ impl Padded {
     }
 
     /// Copies the input plane `xp` in; the padding of `out` must already be zero.
+    #[inline(always)]
     fn fill(&self, win: &Window, xp: &[f32], out: &mut [f32]) {
         let [_, ih, iw] = win.input;
         let [_, ph, pw] = self.dims;
@@ -829,6 +831,17 @@ impl Padded {
             }
         }
     }
+}
+
+/// [`Padded::fill`], compiled for the wider vector units too (a stride-2 plane's phases
+/// deinterleave its rows, which SSE2 does in narrow steps).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn fill_padded(padded: Padded, win: &Window, xp: &[f32], out: &mut [f32]) {
+    padded.fill(win, xp, out);
 }
 
 /// The first `len` elements of `stack`, or of `heap` grown to `len` when `stack` is shorter.
@@ -1014,7 +1027,7 @@ impl Conv {
                         let xg = &x[ng * cin * in_plane..][..cin * in_plane];
                         let wg = &w[ng % groups * cout * taps..][..cout * taps];
                         self.ch.start_planes(yg, base, bias, out_plane, post)?;
-                        padded.fill(&self.win, xg, scratch);
+                        fill_padded(padded, &self.win, xg, scratch);
                         for (m, yp) in yg.chunks_exact_mut(out_plane.max(1)).enumerate() {
                             let wk = &wg[m * taps..][..taps];
                             depthwise(&self.win, scratch, padded, wk, yp, flat);
