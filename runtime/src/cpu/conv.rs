@@ -191,6 +191,10 @@ impl Window {
     pub fn taps(&self) -> usize {
         self.kernel.iter().product()
     }
+    /// `(input_size, output_size, taps)`.
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        (self.input_size(), self.output_size(), self.taps())
+    }
 }
 
 /// `v` padded at the front with `fill` to [`DIMS`] entries (`v.len() <= DIMS`).
@@ -930,11 +934,7 @@ impl Conv {
         let Channels {
             groups, cin, cout, ..
         } = self.ch;
-        let (in_plane, out_plane, taps) = (
-            self.win.input_size(),
-            self.win.output_size(),
-            self.win.taps(),
-        );
+        let (in_plane, out_plane, taps) = self.win.sizes();
         if let ConvPath::Depthwise(padded) = self.path {
             return self.depthwise_planes((x, w, bias), y, &post, padded);
         }
@@ -1007,11 +1007,7 @@ impl Conv {
         let Channels {
             groups, cin, cout, ..
         } = self.ch;
-        let (in_plane, out_plane, taps) = (
-            self.win.input_size(),
-            self.win.output_size(),
-            self.win.taps(),
-        );
+        let (in_plane, out_plane, taps) = self.win.sizes();
         let block = (cout * out_plane).max(1);
         let per_task = (DEPTHWISE_TASK_FLOATS / block).max(1);
         let task = |(t, yt): (usize, &mut [f32])| {
@@ -1162,11 +1158,7 @@ impl ConvTranspose {
             cout,
             ..
         } = self.ch;
-        let (in_plane, out_plane, taps) = (
-            self.win.input_size(),
-            self.win.output_size(),
-            self.win.taps(),
-        );
+        let (in_plane, out_plane, taps) = self.win.sizes();
         self.ch.init_output(y, bias, out_plane, &post)?;
         if y.is_empty() {
             return Ok(());
