@@ -15,8 +15,9 @@
 //! W, an optional bias B (present when post-ops read extra inputs), then one extra input per
 //! binary post-op. Post-ops are applied to each block of output as soon as it is complete: a
 //! chunk of columns (pointwise), a plane (depthwise), a chunk of rows (im2col), a group's
-//! planes (ConvTranspose). With a leading `Add`, the output starts as the residual plus the
-//! bias and everything accumulates onto it, so the step can run over the residual's bytes.
+//! planes (ConvTranspose). With a leading `Add`, the output starts as the residual and
+//! everything accumulates onto it (the bias too: the GEMM paths add it as they write the
+//! product), so the step can run over the residual's bytes.
 
 use super::gemm::{Layout, Start, gemm, gemm_into};
 use super::parallel::{column_blocks, with_scratch};
@@ -975,7 +976,7 @@ impl Conv {
                             post.apply_rows(yc, base + c.start, out_plane)
                         })
                     }
-                    ConvPath::Depthwise(_) => unreachable!("depthwise_planes ran it"),
+                    ConvPath::Depthwise(_) => Err(invalid!("depthwise convs run by plane")),
                     ConvPath::Im2col { rows } => column_blocks(yv, rows * ow, &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
                         let k = cin * taps;

@@ -303,10 +303,11 @@ const VECTOR_PARALLEL_WORK: usize = 1 << 17;
 const VECTOR_UNIT: usize = 64;
 
 /// `out = alpha·x·mat + start`: a product with one row of C (a fully connected layer at
-/// batch 1) or one column (with `mat` = Aᵀ), output j on row `j·step` of `start`. Each output is one dot product of `x` with a
-/// column of `mat`, read once: packing would copy all of `mat` to use each value once, which
-/// made the classifier of a ResNet the slowest layer per multiply-add by 20x. Outputs are cut
-/// into one piece per thread; each is summed whole by one piece, so threads change no bit.
+/// batch 1) or one column (with `mat` = Aᵀ), output j on row `j·step` of `start`. Each output
+/// is one dot product of `x` with a column of `mat`, read once: packing would copy all of
+/// `mat` to use each value once, which made the classifier of a ResNet the slowest layer per
+/// multiply-add by 20x. Outputs are cut into one piece per thread; each is summed whole by
+/// one piece, so threads change no bit.
 fn vector_product<T: Float>(
     alpha: T,
     (x, mat): (ArrayView1<T>, ArrayView2<T>),
