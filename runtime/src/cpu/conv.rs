@@ -3,7 +3,8 @@
 //! Conv picks one of three paths in `prepare`: 1x1 stride-1 unpadded convs multiply the
 //! weights with the input directly (one GEMM per group); convs with one input channel per
 //! group (depthwise) run a direct loop over output rows; everything else copies input patches
-//! into a bounded scratch matrix (im2col, a chunk of output rows at a time) and multiplies.
+//! into a bounded scratch matrix (im2col, a chunk of output rows at a time), laid out as the
+//! GEMM's packed panels so the product does not copy it again, and multiplies.
 //! ConvTranspose multiplies Wᵀ·X for a chunk of input rows and adds the columns into the
 //! output (col2im).
 //!
@@ -19,7 +20,7 @@
 //! everything accumulates onto it (the bias too: the GEMM paths add it as they write the
 //! product), so the step can run over the residual's bytes.
 
-use super::gemm::{Layout, Start, gemm, gemm_into};
+use super::gemm::{Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
 use super::parallel::{column_blocks, with_scratch};
 use super::post::PostOps;
 use super::{Kernel, KernelError, OpCx, input_f32, output_mut};
@@ -649,61 +650,114 @@ fn flat_block<const N: usize>(xp: &[f32], taps: &[(usize, f32)], j0: usize, flat
 }
 
 impl Conv {
-    /// Copies the input patches of output rows `rows` (lifted rows: D x H) into `col`, one
-    /// matrix row per (channel, tap), one column per output position.
-    fn im2col(&self, xg: &[f32], rows: Range<usize>, col: &mut [f32]) {
-        let width = rows.len() * self.win.output[DIMS - 1];
-        // In parallel, whole matrix rows per task: the chunks of output rows that column
-        // blocks hand out are too few on small images to keep every thread busy.
-        let per_task = (IM2COL_TASK_FLOATS / width.max(1)).max(1);
-        let task = |(n, chunk): (usize, &mut [f32])| {
-            for (j, crow) in chunk.chunks_exact_mut(width).enumerate() {
-                self.im2col_row(xg, rows.clone(), n * per_task + j, crow);
+    /// Copies the input patches of output rows `rows` (lifted rows: D x H) into `panels`: the
+    /// im2col matrix (one row per (channel, tap), one column per output position) written as
+    /// the GEMM's [`Panels`], so the product reads it without packing it again.
+    fn im2col(&self, xg: &[f32], rows: Range<usize>, panels: &mut [f32]) {
+        let ow = self.win.output[DIMS - 1];
+        let (first, width) = (rows.start * ow, rows.len() * ow);
+        let nr = f32::panel_width();
+        let panel_len = self.ch.cin * self.win.taps() * nr;
+        // In parallel, whole panels per task: the chunks of output rows that column blocks
+        // hand out are too few on small images to keep every thread busy.
+        let per_task = (IM2COL_TASK_FLOATS / panel_len.max(1)).max(1);
+        let task = |(t, chunk): (usize, &mut [f32])| {
+            for (p, panel) in chunk.chunks_exact_mut(panel_len).enumerate() {
+                let j = (t * per_task + p) * nr;
+                let columns = first + j..first + width.min(j + nr);
+                im2col_panel(&self.win, self.ch.cin, xg, columns, panel);
             }
         };
-        col.par_chunks_mut(per_task * width)
+        (panels.par_chunks_mut(per_task * panel_len.max(1)))
             .enumerate()
             .for_each(task);
     }
-
-    /// Row `i` of [`Self::im2col`]'s matrix: channel `i / taps`, tap `i % taps`.
-    fn im2col_row(&self, xg: &[f32], rows: Range<usize>, i: usize, crow: &mut [f32]) {
-        let win = &self.win;
-        let [_, oh, ow] = win.output;
-        let [id, ih, iw] = win.input;
-        let [_, kh, kw] = win.kernel;
-        let [sd, sh, sw] = win.strides;
-        let (taps, plane) = (win.taps(), win.input_size());
-        let (c, t) = (i / taps, i % taps);
-        let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
-        let xp = &xg[c * plane..][..plane];
-        let off = win.offset(2, k);
-        let valid = span(ow, iw, sw, off);
-        for (r, seg) in rows.clone().zip(crow.chunks_exact_mut(ow)) {
-            let z = at(r / oh, sd, win.offset(0, a), id);
-            let yy = at(r % oh, sh, win.offset(1, b), ih);
-            let (Some(z), Some(yy), false) = (z, yy, valid.is_empty()) else {
-                seg.fill(0.0);
-                continue;
-            };
-            let xrow = &xp[(z * ih + yy) * iw..][..iw];
-            seg[..valid.start].fill(0.0);
-            seg[valid.end..].fill(0.0);
-            let start = (valid.start * sw).wrapping_add_signed(off);
-            copy_strided(&mut seg[valid.clone()], &xrow[start..], sw);
-        }
-    }
 }
 
-/// `dst[j] = src[j * stride]`: im2col's inner loop, compiled for the wider vector units too
-/// (stride 2 deinterleaves, which SSE2 does in narrow steps).
+/// One panel of [`Conv::im2col`]: output positions `columns` (lifted D x H x W, flat) of
+/// every (channel, tap) row, `panel.len() / rows` values per row, zeros past the last column.
+/// Compiled for the wider vector units too (stride-2 copies deinterleave, which SSE2 does in
+/// narrow steps).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
     "aarch64+neon"
 ))]
-fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
-    fold_strided(dst, src, stride, |_, v| v);
+fn im2col_panel(win: &Window, cin: usize, xg: &[f32], columns: Range<usize>, panel: &mut [f32]) {
+    let [_, oh, ow] = win.output;
+    let [id, ih, iw] = win.input;
+    let [_, kh, kw] = win.kernel;
+    let [sd, sh, sw] = win.strides;
+    let (taps, plane) = (win.taps(), win.input_size());
+    let nr = panel.len() / (cin * taps);
+    debug_assert!(nr <= ZEROS.len() && columns.len() <= nr);
+    if columns.len() < nr {
+        for row in panel.chunks_exact_mut(nr) {
+            copy_short(&mut row[columns.len()..], &ZEROS);
+        }
+    }
+    // A run of the panel's columns on one output row, then each tap of it for every channel.
+    let mut pos = columns.start;
+    while pos < columns.end {
+        let (r, x0) = (pos / ow, pos % ow);
+        let xs = x0..ow.min(x0 + columns.end - pos);
+        let j = pos - columns.start;
+        for t in 0..taps {
+            let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
+            let z = at(r / oh, sd, win.offset(0, a), id);
+            let y = at(r % oh, sh, win.offset(1, b), ih);
+            let off = win.offset(2, k);
+            let valid = span(ow, iw, sw, off);
+            let valid = valid.start.clamp(xs.start, xs.end)..valid.end.clamp(xs.start, xs.end);
+            // Columns `cols` of this tap's row for every channel: `taps * nr` apart.
+            let rows = |cols: Range<usize>| {
+                let first = t * nr + j + cols.start - xs.start;
+                (0..cin).map(move |c| first + c * taps * nr..first + c * taps * nr + cols.len())
+            };
+            let (Some(z), Some(y), false) = (z, y, valid.is_empty()) else {
+                rows(xs.clone()).for_each(|r| copy_short(&mut panel[r], &ZEROS));
+                continue;
+            };
+            for pad in [xs.start..valid.start, valid.end..xs.end] {
+                if !pad.is_empty() {
+                    rows(pad).for_each(|r| copy_short(&mut panel[r], &ZEROS));
+                }
+            }
+            let from = (z * ih + y) * iw + (valid.start * sw).wrapping_add_signed(off);
+            for (c, r) in rows(valid).enumerate() {
+                let src = &xg[c * plane + from..];
+                match sw {
+                    1 => copy_short(&mut panel[r], src),
+                    _ => fold_strided(&mut panel[r], src, sw, |_, v| v),
+                }
+            }
+        }
+        pos += xs.len();
+    }
+}
+
+/// Zeros for [`copy_short`]: a panel is never wider.
+const ZEROS: [f32; 64] = [0.0; 64];
+
+/// `dst = src[..dst.len()]` for the short runs of a panel row (at most its width), in copies
+/// of fixed length that overlap at the end: a call to `memcpy` per run cost more than the run.
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    fn fixed<const N: usize>(dst: &mut [f32], src: &[f32]) {
+        let n = dst.len();
+        for (d, s) in dst.chunks_exact_mut(N).zip(src.chunks_exact(N)) {
+            *<&mut [f32; N]>::try_from(d).unwrap() = s.try_into().unwrap();
+        }
+        *<&mut [f32; N]>::try_from(&mut dst[n - N..]).unwrap() = src[n - N..].try_into().unwrap();
+    }
+    let src = &src[..dst.len()];
+    match dst.len() {
+        16.. => fixed::<16>(dst, src),
+        8.. => fixed::<8>(dst, src),
+        4.. => fixed::<4>(dst, src),
+        0 => {}
+        n => [0, n / 2, n - 1].into_iter().for_each(|i| dst[i] = src[i]),
+    }
 }
 
 /// `dst[j] = f(dst[j], src[j * stride])` for every j (`src` must be long enough).
@@ -980,11 +1034,11 @@ impl Conv {
                     ConvPath::Im2col { rows } => column_blocks(yv, rows * ow, &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
                         let k = cin * taps;
-                        with_scratch(k * c.len(), |col| {
+                        with_scratch(Panels::<f32>::len(k, c.len()), |col| {
                             self.im2col(xg, rows, col);
-                            let b = (&*col, Layout::row_major(k, c.len()));
+                            let b = Panels::new(col, k, c.len())?;
                             let w = (wg, Layout::row_major(cout, k));
-                            gemm_into(1.0, w, b, start(g), yc.view_mut())
+                            gemm_panels(1.0, w, b, start(g), yc.view_mut())
                         })?;
                         post.apply_rows(yc, base + c.start, out_plane)
                     }),
