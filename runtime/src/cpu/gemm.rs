@@ -813,6 +813,9 @@ fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
 fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
     let (kc, nc) = b.dim();
     let panel_len = nr * kc;
+    if panel_len == 0 {
+        return;
+    }
     if nc % nr != 0 {
         // The last panel's columns past B's edge.
         let last = &mut pb[nc / nr * panel_len..][..panel_len];
@@ -820,37 +823,34 @@ fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
             row[nc % nr..].fill(T::ZERO);
         }
     }
-    let rows_contiguous = kc == 0 || b.row(0).as_slice().is_some();
-    if !rows_contiguous && b.column(0).as_slice().is_some() {
-        // B transposed in memory (a weight as [N, K]): a column at a time.
-        for (j, column) in b.columns().into_iter().enumerate() {
-            let panel = &mut pb[j / nr * panel_len..][..panel_len];
-            let column = column.to_slice().unwrap_or_default();
-            for (dst, &v) in panel[j % nr..].iter_mut().step_by(nr).zip(column) {
-                *dst = v;
+    if b.row(0).as_slice().is_some() {
+        // Panel after panel, each written front to back while B's rows are read `nr` values
+        // at a time. Row after row (one stream read, one written per panel) ran 15-20% slower
+        // on products with few rows of A, where packing B is a large part of the work.
+        let rows: [&[T]; KC] = std::array::from_fn(|i| match i < kc {
+            true => b.row(i).to_slice().unwrap_or_default(),
+            false => &[],
+        });
+        let (whole, last) = pb[..nc.div_ceil(nr) * panel_len].split_at_mut(nc / nr * panel_len);
+        for (p, panel) in whole.chunks_exact_mut(panel_len).enumerate() {
+            for (row, dst) in rows[..kc].iter().zip(panel.chunks_exact_mut(nr)) {
+                // A copy of constant length (nr is the tile's width here) compiles to a few
+                // vector moves, not a call to memmove.
+                dst.copy_from_slice(&row[p * nr..][..nr]);
             }
+        }
+        for (row, dst) in rows[..kc].iter().zip(last.chunks_exact_mut(nr)) {
+            dst[..nc % nr].copy_from_slice(&row[nc / nr * nr..]);
         }
         return;
     }
-    for (kk, row) in b.rows().into_iter().enumerate() {
-        match row.as_slice() {
-            Some(row) => {
-                // Whole panels by chunks_exact: a copy of constant length (nr is the tile's
-                // width here) compiles to a few vector moves, not a call to memmove.
-                let mut chunks = row.chunks_exact(nr);
-                for (p, src) in chunks.by_ref().enumerate() {
-                    pb[p * panel_len + kk * nr..][..nr].copy_from_slice(src);
-                }
-                let rest = chunks.remainder();
-                if !rest.is_empty() {
-                    pb[nc / nr * panel_len + kk * nr..][..rest.len()].copy_from_slice(rest);
-                }
-            }
-            None => {
-                for (j, &v) in row.iter().enumerate() {
-                    pb[j / nr * panel_len + kk * nr + j % nr] = v;
-                }
-            }
+    // B transposed in memory (a weight as [N, K]), or strided both ways: a column at a time.
+    for (j, column) in b.columns().into_iter().enumerate() {
+        let panel = &mut pb[j / nr * panel_len..][..panel_len];
+        let dst = panel[j % nr..].iter_mut().step_by(nr);
+        match column.to_slice() {
+            Some(column) => dst.zip(column).for_each(|(d, &v)| *d = v),
+            None => dst.zip(column).for_each(|(d, &v)| *d = v),
         }
     }
 }
