@@ -516,11 +516,14 @@ impl Conv {
     }
 }
 
-/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`, with
-/// `flat` as scratch for stride 1 (see [`Padded::flat_len`]; `xp` then holds `FLAT_BLOCK`
-/// zeros past the plane). Compiled for the wider vector units too: the baseline x86-64 target
-/// has SSE2 only. The sums are the same in every version (no FMA contraction) and on either
-/// path: taps in order, from zero, then added to `yp`.
+/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`, as
+/// one 1-D conv along the plane's sub-planes read flat (see [`Padded`]): output (z, y, x) is
+/// computed at flat position `q = (z·p1 + y)·p2 + x` and tap `t` reads `q + offset[t]`, so
+/// register blocks run the length of the plane whatever its stride and however narrow its
+/// rows (7x7 planes too). Positions past a row's end are computed into `flat` and dropped;
+/// `xp` holds `FLAT_BLOCK` zeros past the padded plane. Compiled for the wider vector units
+/// too: the baseline x86-64 target has SSE2 only. The sums are the same in every version (no
+/// FMA contraction): taps in order, from zero, then added to `yp`.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
@@ -534,80 +537,15 @@ fn depthwise(
     yp: &mut [f32],
     flat: &mut [f32],
 ) {
-    if win.strides == [1; DIMS] {
-        return depthwise_flat(win, xp, padded, wk, yp, flat);
-    }
-    let [_, oh, ow] = win.output;
-    let [kd, kh, kw] = win.kernel;
-    let [sd, sh, _] = win.strides;
-    let [dd, dh, dw] = win.dilations;
-    let [_, ph, pw] = padded.dims;
-    // Kernels up to 16 taps wide and 16 rows (7x7, 3x3x3) keep their tables on the stack;
-    // larger ones allocate them once per plane.
-    let (mut offsets_stack, mut offsets_heap) = ([0usize; 16], Vec::new());
-    let offsets = small_or_heap(&mut offsets_stack, &mut offsets_heap, kw);
-    for (k, o) in offsets.iter_mut().enumerate() {
-        *o = padded.column(k * dw);
-    }
-    let empty: (&[f32], &[f32]) = (&[], &[]);
-    let (mut rows_stack, mut rows_heap) = ([empty; 16], Vec::new());
-    let rows = small_or_heap(&mut rows_stack, &mut rows_heap, kd * kh);
-    for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
-        let (z0, y0) = (r / oh * sd, r % oh * sh);
-        for (i, slot) in rows.iter_mut().enumerate() {
-            let (a, b) = (i / kh, i % kh);
-            let row = ((z0 + a * dd) * ph + y0 + b * dh) * pw;
-            *slot = (&xp[row..][..pw], &wk[i * kw..][..kw]);
-        }
-        let (rows, offsets) = (&*rows, &*offsets);
-        if ow >= BLOCK {
-            blocks::<BLOCK>(rows, offsets, yrow);
-        } else if ow >= BLOCK / 2 {
-            blocks::<{ BLOCK / 2 }>(rows, offsets, yrow);
-        } else {
-            for &(x, w) in rows {
-                for (&wv, &off) in w.iter().zip(offsets) {
-                    for (yv, xv) in yrow.iter_mut().zip(&x[off..]) {
-                        *yv += wv * xv;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Floats of the im2col matrix one task fills.
-const IM2COL_TASK_FLOATS: usize = 1 << 14;
-
-/// Floats of output one task of [`Channels::init_output`] starts.
-const INIT_TASK_FLOATS: usize = 1 << 15;
-
-/// Floats of a flat depthwise plane one register block computes (four AVX-512 vectors).
-const FLAT_BLOCK: usize = 64;
-
-/// A stride-1 depthwise plane as one 1-D conv along the padded plane read flat: output
-/// (z, y, x) is computed at padded position `q = (z·ph + y)·pw + x` and tap `t` reads
-/// `q + offset[t]`, so register blocks run the length of the plane however narrow its rows
-/// (7x7 planes too). Positions past a row's end are computed and dropped. `xp` holds
-/// `FLAT_BLOCK` zeros past the padded plane.
-#[inline(always)]
-fn depthwise_flat(
-    win: &Window,
-    xp: &[f32],
-    padded: Padded,
-    wk: &[f32],
-    yp: &mut [f32],
-    flat: &mut [f32],
-) {
     let [od, oh, ow] = win.output;
     let [kd, kh, kw] = win.kernel;
     let [dd, dh, dw] = win.dilations;
-    let [_, ph, pw] = padded.dims;
+    let [_, p1, p2] = padded.phase;
     let (mut stack, mut heap) = ([(0usize, 0.0f32); 64], Vec::new());
     let taps = small_or_heap(&mut stack, &mut heap, kd * kh * kw);
     for (t, (tap, &w)) in taps.iter_mut().zip(wk).enumerate() {
         let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
-        *tap = ((a * dd * ph + b * dh) * pw + k * dw, w);
+        *tap = (padded.index([a * dd, b * dh, k * dw]), w);
     }
     let taps = &*taps;
     let flat = &mut flat[..padded.flat_len(win)];
@@ -628,13 +566,22 @@ fn depthwise_flat(
         flat.copy_from_slice(&block[..len]);
     }
     for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
-        let q = (r / oh * ph + r % oh) * pw;
+        let q = (r / oh * p1 + r % oh) * p2;
         for (y, &v) in yrow.iter_mut().zip(&flat[q..][..ow]) {
             *y += v;
         }
     }
     debug_assert_eq!(yp.len(), od * oh * ow);
 }
+
+/// Floats of the im2col matrix one task fills.
+const IM2COL_TASK_FLOATS: usize = 1 << 14;
+
+/// Floats of output one task of [`Channels::init_output`] starts.
+const INIT_TASK_FLOATS: usize = 1 << 15;
+
+/// Floats of a flat depthwise plane one register block computes (four AVX-512 vectors).
+const FLAT_BLOCK: usize = 64;
 
 /// `flat[j0..j0 + N] = Σ_t w_t · xp[j0 + offset_t ..][..N]`, the sums kept in registers.
 #[inline(always)]
@@ -793,78 +740,107 @@ pub(super) fn fold_strided<T: Copy>(
 }
 
 /// A depthwise conv's input plane, zero-padded so that every tap of every output lands
-/// inside it, with each row stored as `stride` phases (columns `q, q + stride, ..` for phase
-/// `q`): the taps of consecutive outputs are then consecutive in memory whatever the stride.
+/// inside it, and split into its stride phases along every dimension: sub-plane (i, j, k)
+/// holds the padded positions (z, y, x) with `z % sd == i`, `y % sh == j`, `x % sw == k`, at
+/// (z / sd, y / sh, x / sw) of a `p0 x p1 x p2` block. Tap (a, b, c) of output (z, y, x) is
+/// then at the output's own position in the tap's sub-plane, moved by the same amount for
+/// every output: any stride is a stride-1 conv read flat.
 #[derive(Clone, Copy, Debug)]
 struct Padded {
-    /// Extents; the last is `stride * phase`.
-    dims: [usize; DIMS],
-    stride: usize,
-    /// Columns per phase.
-    phase: usize,
+    strides: [usize; DIMS],
+    /// Extents of a sub-plane.
+    phase: [usize; DIMS],
+}
+
+/// The sub-plane of padded position `p`: `p % strides`, without a division for strides of
+/// 1 and 2.
+#[inline(always)]
+fn phases(p: [usize; DIMS], strides: [usize; DIMS]) -> [usize; DIMS] {
+    std::array::from_fn(|d| match strides[d] {
+        1 => 0,
+        2 => p[d] & 1,
+        s => p[d] % s,
+    })
 }
 
 impl Padded {
     fn new(win: &Window) -> Self {
         let extent = |d: usize| (win.output[d].max(1) - 1) * win.strides[d] + win.extent(d);
-        let stride = win.strides[DIMS - 1];
-        let phase = extent(DIMS - 1).div_ceil(stride);
         Self {
-            dims: [extent(0), extent(1), phase * stride],
-            stride,
-            phase,
+            strides: win.strides,
+            phase: std::array::from_fn(|d| extent(d).div_ceil(win.strides[d])),
         }
+    }
+
+    fn sub_len(&self) -> usize {
+        self.phase.iter().product()
     }
 
     fn len(&self) -> usize {
-        self.dims.iter().product()
+        self.sub_len() * self.strides.iter().product::<usize>()
     }
 
-    /// Floats of the flat scratch a stride-1 plane is computed in: every padded position from
-    /// the first output's to the last one's (none for other strides).
+    /// Where padded position `p` is stored.
+    #[inline(always)]
+    fn index(&self, p: [usize; DIMS]) -> usize {
+        let ([_, s1, s2], [_, p1, p2]) = (self.strides, self.phase);
+        let ([i, j, k], [z, y, x]) = (phases(p, self.strides), self.within(p));
+        ((i * s1 + j) * s2 + k) * self.sub_len() + (z * p1 + y) * p2 + x
+    }
+
+    /// `p` within its sub-plane.
+    #[inline(always)]
+    fn within(&self, p: [usize; DIMS]) -> [usize; DIMS] {
+        std::array::from_fn(|d| match self.strides[d] {
+            // Without a division for the common strides: the planes are copied row by row.
+            1 => p[d],
+            2 => p[d] >> 1,
+            s => p[d] / s,
+        })
+    }
+
+    /// Floats of the flat scratch a plane is computed in: every flat position from the first
+    /// output's to the last one's.
     fn flat_len(&self, win: &Window) -> usize {
         let [od, oh, ow] = win.output;
-        let [_, ph, pw] = self.dims;
-        match win.strides == [1; DIMS] && od * oh * ow > 0 {
-            true => ((od - 1) * ph + oh - 1) * pw + ow,
-            false => 0,
+        let [_, p1, p2] = self.phase;
+        match od * oh * ow {
+            0 => 0,
+            _ => ((od - 1) * p1 + oh - 1) * p2 + ow,
         }
     }
 
-    /// Where padded column `c` is stored in its row.
-    fn column(&self, c: usize) -> usize {
-        c % self.stride * self.phase + c / self.stride
-    }
-
-    /// Stores `row`, padded columns `first..`, into its phases in `dst`.
+    /// Stores `row`, padded columns `x..` of a row, into its sub-planes: `dst` starts where
+    /// the row's column 0 is stored, and the sub-plane of each next phase is `sub_len` further.
     #[inline(always)]
-    fn scatter(&self, row: &[f32], first: usize, dst: &mut [f32]) {
-        match self.stride {
-            1 => dst[first..][..row.len()].copy_from_slice(row),
+    fn scatter(&self, row: &[f32], x: usize, dst: &mut [f32]) {
+        let sub = self.sub_len();
+        match self.strides[DIMS - 1] {
+            1 => dst[x..][..row.len()].copy_from_slice(row),
             2 => {
-                // Pairs of (even, odd) columns go to the two phases; a leading odd column and
-                // a trailing even one are stored alone.
-                let lead = (first % 2).min(row.len());
+                // Pairs of (even, odd) columns go to the two sub-planes; a leading odd column
+                // and a trailing even one are stored alone.
+                let lead = (x % 2).min(row.len());
                 let body = &row[lead..];
-                let (even, odd) = dst.split_at_mut(self.phase);
-                let base = (first + lead) / 2;
-                for ((e, o), pair) in even[base..]
+                let (even, odd) = dst.split_at_mut(sub);
+                let at = (x + lead) / 2;
+                for ((e, o), pair) in even[at..]
                     .iter_mut()
-                    .zip(&mut odd[base..])
+                    .zip(&mut odd[at..])
                     .zip(body.chunks_exact(2))
                 {
                     (*e, *o) = (pair[0], pair[1]);
                 }
                 if lead == 1 {
-                    dst[self.column(first)] = row[0];
+                    odd[x / 2] = row[0];
                 }
                 if let (1, Some(&last)) = (body.len() % 2, row.last()) {
-                    dst[self.column(first + row.len() - 1)] = last;
+                    even[(x + row.len() - 1) / 2] = last;
                 }
             }
-            _ => {
+            s => {
                 for (i, &v) in row.iter().enumerate() {
-                    dst[self.column(first + i)] = v;
+                    dst[(x + i) % s * sub + (x + i) / s] = v;
                 }
             }
         }
@@ -874,8 +850,8 @@ impl Padded {
     #[inline(always)]
     fn fill(&self, win: &Window, xp: &[f32], out: &mut [f32]) {
         let [_, ih, iw] = win.input;
-        let [_, ph, pw] = self.dims;
-        let range = |d: usize| span(self.dims[d], win.input[d], 1, -win.pads_begin[d]);
+        let extent = |d: usize| self.phase[d] * self.strides[d];
+        let range = |d: usize| span(extent(d), win.input[d], 1, -win.pads_begin[d]);
         let src = |p: usize, d: usize| p.wrapping_add_signed(-win.pads_begin[d]);
         let (zs, ys, xs) = (range(0), range(1), range(2));
         if xs.is_empty() {
@@ -884,9 +860,8 @@ impl Padded {
         for z in zs {
             for y in ys.clone() {
                 let row = &xp[(src(z, 0) * ih + src(y, 1)) * iw..][..iw];
-                let dst = &mut out[(z * ph + y) * pw..][..pw];
                 let row = &row[src(xs.start, 2)..][..xs.len()];
-                self.scatter(row, xs.start, dst);
+                self.scatter(row, xs.start, &mut out[self.index([z, y, 0])..]);
             }
         }
     }
@@ -910,45 +885,6 @@ fn small_or_heap<'a, T: Copy>(stack: &'a mut [T], heap: &'a mut Vec<T>, len: usi
     } else {
         heap.resize(len, stack[0]);
         heap
-    }
-}
-
-/// Output columns a depthwise register block computes at once (half as many on rows
-/// narrower than this).
-const BLOCK: usize = 16;
-
-/// One output row in blocks of `N` columns. The last block is moved back to end at the row's
-/// end and adds only the columns the blocks before it have not.
-#[inline(always)]
-fn blocks<const N: usize>(rows: &[(&[f32], &[f32])], offsets: &[usize], yrow: &mut [f32]) {
-    let ow = yrow.len();
-    for j in (0..ow).step_by(N) {
-        let j0 = j.min(ow - N);
-        block_row::<N>(rows, offsets, j0, j - j0, &mut yrow[j0..]);
-    }
-}
-
-/// `y[j] += Σ w[k] * x[j0 + j + offsets[k]]` over the `(x, w)` rows for `skip <= j < N`,
-/// with the sums kept in registers.
-#[inline(always)]
-fn block_row<const N: usize>(
-    rows: &[(&[f32], &[f32])],
-    offsets: &[usize],
-    j0: usize,
-    skip: usize,
-    y: &mut [f32],
-) {
-    let mut acc = [0.0f32; N];
-    for &(x, w) in rows {
-        for (&wv, &off) in w.iter().zip(offsets) {
-            let xs = &x[j0 + off..][..N];
-            for (a, xv) in acc.iter_mut().zip(xs) {
-                *a += wv * xv;
-            }
-        }
-    }
-    for (yv, a) in y[skip..N].iter_mut().zip(&acc[skip..]) {
-        *yv += a;
     }
 }
 
