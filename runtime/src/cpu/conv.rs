@@ -463,7 +463,7 @@ fn in_place(
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum ConvPath {
     /// 1x1 kernel, stride 1, no padding: Y_g = W_g · X_g.
     Pointwise,
@@ -471,7 +471,16 @@ enum ConvPath {
     /// zero-padded plane (see [`Padded`]).
     Depthwise(Padded),
     /// im2col `rows` output rows at a time, then GEMM.
-    Im2col { rows: usize },
+    Im2col { rows: usize, taps: Vec<Tap> },
+}
+
+/// Where one tap of the window reads, worked out once so that im2col divides nothing per run.
+#[derive(Clone, Debug)]
+struct Tap {
+    /// Where the tap of output position 0 lands along each lifted dimension.
+    offsets: [isize; DIMS],
+    /// The output columns whose tap lands inside the input row.
+    inside: Range<usize>,
 }
 
 struct Conv {
@@ -501,8 +510,19 @@ impl Conv {
             ConvPath::Depthwise(Padded::new(&win))
         } else {
             let row = ch.cin * win.taps() * win.output[DIMS - 1];
+            let [_, kh, kw] = win.kernel;
+            let taps = (0..win.taps()).map(|t| {
+                let offsets = [
+                    win.offset(0, t / (kh * kw)),
+                    win.offset(1, t / kw % kh),
+                    win.offset(2, t % kw),
+                ];
+                let inside = span(win.output[2], win.input[2], win.strides[2], offsets[2]);
+                Tap { offsets, inside }
+            });
             ConvPath::Im2col {
                 rows: (SCRATCH_FLOATS / row.max(1)).max(1),
+                taps: taps.collect(),
             }
         };
         Ok(Self {
@@ -600,7 +620,7 @@ impl Conv {
     /// Copies the input patches of output rows `rows` (lifted rows: D x H) into `panels`: the
     /// im2col matrix (one row per (channel, tap), one column per output position) written as
     /// the GEMM's [`Panels`], so the product reads it without packing it again.
-    fn im2col(&self, xg: &[f32], rows: Range<usize>, panels: &mut [f32]) {
+    fn im2col(&self, taps: &[Tap], xg: &[f32], rows: Range<usize>, panels: &mut [f32]) {
         let ow = self.win.output[DIMS - 1];
         let (first, width) = (rows.start * ow, rows.len() * ow);
         let nr = f32::panel_width();
@@ -612,7 +632,7 @@ impl Conv {
             for (p, panel) in chunk.chunks_exact_mut(panel_len).enumerate() {
                 let j = (t * per_task + p) * nr;
                 let columns = first + j..first + width.min(j + nr);
-                im2col_panel(&self.win, self.ch.cin, xg, columns, panel);
+                im2col_panel(&self.win, taps, self.ch.cin, xg, columns, panel);
             }
         };
         (panels.par_chunks_mut(per_task * panel_len.max(1)))
@@ -630,12 +650,18 @@ impl Conv {
     "x86_64+avx2+fma+avx",
     "aarch64+neon"
 ))]
-fn im2col_panel(win: &Window, cin: usize, xg: &[f32], columns: Range<usize>, panel: &mut [f32]) {
+fn im2col_panel(
+    win: &Window,
+    tap_list: &[Tap],
+    cin: usize,
+    xg: &[f32],
+    columns: Range<usize>,
+    panel: &mut [f32],
+) {
     let [_, oh, ow] = win.output;
-    let [id, ih, iw] = win.input;
-    let [_, kh, kw] = win.kernel;
+    let [id, ih, _] = win.input;
     let [sd, sh, sw] = win.strides;
-    let (taps, plane) = (win.taps(), win.input_size());
+    let (taps, plane) = (tap_list.len(), win.input_size());
     let nr = panel.len() / (cin * taps);
     debug_assert!(nr <= ZEROS.len() && columns.len() <= nr);
     if columns.len() < nr {
@@ -649,13 +675,12 @@ fn im2col_panel(win: &Window, cin: usize, xg: &[f32], columns: Range<usize>, pan
         let (r, x0) = (pos / ow, pos % ow);
         let xs = x0..ow.min(x0 + columns.end - pos);
         let j = pos - columns.start;
-        for t in 0..taps {
-            let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
-            let z = at(r / oh, sd, win.offset(0, a), id);
-            let y = at(r % oh, sh, win.offset(1, b), ih);
-            let off = win.offset(2, k);
-            let valid = span(ow, iw, sw, off);
-            let valid = valid.start.clamp(xs.start, xs.end)..valid.end.clamp(xs.start, xs.end);
+        let (zo, yo) = (r / oh, r % oh);
+        for (t, tap) in tap_list.iter().enumerate() {
+            let [oz, oy, off] = tap.offsets;
+            let (z, y) = (at(zo, sd, oz, id), at(yo, sh, oy, ih));
+            let inside = &tap.inside;
+            let valid = inside.start.clamp(xs.start, xs.end)..inside.end.clamp(xs.start, xs.end);
             // Columns `cols` of this tap's row for every channel: `taps * nr` apart.
             let rows = |cols: Range<usize>| {
                 let first = t * nr + j + cols.start - xs.start;
@@ -670,7 +695,8 @@ fn im2col_panel(win: &Window, cin: usize, xg: &[f32], columns: Range<usize>, pan
                     rows(pad).for_each(|r| copy_short(&mut panel[r], &ZEROS));
                 }
             }
-            let from = (z * ih + y) * iw + (valid.start * sw).wrapping_add_signed(off);
+            let from =
+                (z * ih + y) * win.input[DIMS - 1] + (valid.start * sw).wrapping_add_signed(off);
             for (c, r) in rows(valid).enumerate() {
                 let src = &xg[c * plane + from..];
                 match sw {
@@ -967,11 +993,14 @@ impl Conv {
                         })
                     }
                     ConvPath::Depthwise(_) => Err(invalid!("depthwise convs run by plane")),
-                    ConvPath::Im2col { rows } => column_blocks(yv, rows * ow, &|c, mut yc| {
+                    ConvPath::Im2col {
+                        rows,
+                        taps: ref tap_list,
+                    } => column_blocks(yv, rows * ow, &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
                         let k = cin * taps;
                         with_scratch(Panels::<f32>::len(k, c.len()), |col| {
-                            self.im2col(xg, rows, col);
+                            self.im2col(tap_list, xg, rows, col);
                             let b = Panels::new(col, k, c.len())?;
                             let w = (wg, Layout::row_major(cout, k));
                             gemm_panels(1.0, w, b, start(g), yc.view_mut())
