@@ -2,9 +2,10 @@
 //!
 //! Conv picks one of three paths in `prepare`: 1x1 stride-1 unpadded convs multiply the
 //! weights with the input directly (one GEMM per group); convs with one input channel per
-//! group (depthwise) run a direct loop over output rows; everything else copies input patches
-//! into a bounded scratch matrix (im2col, a chunk of output rows at a time), laid out as the
-//! GEMM's packed panels so the product does not copy it again, and multiplies.
+//! group (depthwise) sweep each padded input plane flat (see [`Padded`]); everything else
+//! copies input patches into a bounded scratch matrix (im2col, a chunk of output rows at a
+//! time), laid out as the GEMM's packed panels so the product does not copy it again, and
+//! multiplies.
 //! ConvTranspose multiplies Wᵀ·X for a chunk of input rows and adds the columns into the
 //! output (col2im).
 //!
@@ -467,8 +468,8 @@ fn in_place(
 enum ConvPath {
     /// 1x1 kernel, stride 1, no padding: Y_g = W_g · X_g.
     Pointwise,
-    /// One input channel per group: a direct loop over each input plane, copied into a
-    /// zero-padded plane (see [`Padded`]).
+    /// One input channel per group: each input plane copied into a zero-padded plane split
+    /// into its stride phases (see [`Padded`]) and swept flat.
     Depthwise(Padded),
     /// im2col `rows` output rows at a time, then GEMM.
     Im2col { rows: usize, taps: Vec<Tap> },
