@@ -194,6 +194,11 @@ impl Window {
     pub fn taps(&self) -> usize {
         self.kernel.iter().product()
     }
+    /// Tap `t` of the window (taps in row-major order) as a position in the kernel.
+    pub fn tap(&self, t: usize) -> [usize; DIMS] {
+        let [_, kh, kw] = self.kernel;
+        [t / (kh * kw), t / kw % kh, t % kw]
+    }
     /// `(input_size, output_size, taps)`.
     pub fn sizes(&self) -> (usize, usize, usize) {
         (self.input_size(), self.output_size(), self.taps())
@@ -511,13 +516,8 @@ impl Conv {
             ConvPath::Depthwise(Padded::new(&win))
         } else {
             let row = ch.cin * win.taps() * win.output[DIMS - 1];
-            let [_, kh, kw] = win.kernel;
             let taps = (0..win.taps()).map(|t| {
-                let offsets = [
-                    win.offset(0, t / (kh * kw)),
-                    win.offset(1, t / kw % kh),
-                    win.offset(2, t % kw),
-                ];
+                let offsets: [isize; DIMS] = std::array::from_fn(|d| win.offset(d, win.tap(t)[d]));
                 let inside = span(win.output[2], win.input[2], win.strides[2], offsets[2]);
                 Tap { offsets, inside }
             });
@@ -559,14 +559,15 @@ fn depthwise(
     flat: &mut [f32],
 ) {
     let [od, oh, ow] = win.output;
-    let [kd, kh, kw] = win.kernel;
-    let [dd, dh, dw] = win.dilations;
     let [_, p1, p2] = padded.phase;
     let (mut stack, mut heap) = ([(0usize, 0.0f32); 64], Vec::new());
-    let taps = small_or_heap(&mut stack, &mut heap, kd * kh * kw);
+    let taps = small_or_heap(&mut stack, &mut heap, win.taps());
     for (t, (tap, &w)) in taps.iter_mut().zip(wk).enumerate() {
-        let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
-        *tap = (padded.index([a * dd, b * dh, k * dw]), w);
+        let at = win.tap(t);
+        *tap = (
+            padded.index(std::array::from_fn(|d| at[d] * win.dilations[d])),
+            w,
+        );
     }
     let taps = &*taps;
     let flat = &mut flat[..padded.flat_len(win)];
@@ -653,7 +654,7 @@ impl Conv {
 ))]
 fn im2col_panel(
     win: &Window,
-    tap_list: &[Tap],
+    taps: &[Tap],
     cin: usize,
     xg: &[f32],
     columns: Range<usize>,
@@ -662,8 +663,10 @@ fn im2col_panel(
     let [_, oh, ow] = win.output;
     let [id, ih, _] = win.input;
     let [sd, sh, sw] = win.strides;
-    let (taps, plane) = (tap_list.len(), win.input_size());
-    let nr = panel.len() / (cin * taps);
+    let plane = win.input_size();
+    let nr = panel.len() / (cin * taps.len());
+    // The same tap of consecutive channels: panel rows `channel_stride` values apart.
+    let channel_stride = taps.len() * nr;
     debug_assert!(nr <= ZEROS.len() && columns.len() <= nr);
     if columns.len() < nr {
         for row in panel.chunks_exact_mut(nr) {
@@ -677,15 +680,17 @@ fn im2col_panel(
         let xs = x0..ow.min(x0 + columns.end - pos);
         let j = pos - columns.start;
         let (zo, yo) = (r / oh, r % oh);
-        for (t, tap) in tap_list.iter().enumerate() {
+        for (t, tap) in taps.iter().enumerate() {
             let [oz, oy, off] = tap.offsets;
             let (z, y) = (at(zo, sd, oz, id), at(yo, sh, oy, ih));
             let inside = &tap.inside;
             let valid = inside.start.clamp(xs.start, xs.end)..inside.end.clamp(xs.start, xs.end);
-            // Columns `cols` of this tap's row for every channel: `taps * nr` apart.
+            // Columns `cols` of this tap's row, for every channel.
             let rows = |cols: Range<usize>| {
                 let first = t * nr + j + cols.start - xs.start;
-                (0..cin).map(move |c| first + c * taps * nr..first + c * taps * nr + cols.len())
+                (0..cin)
+                    .map(move |c| first + c * channel_stride..)
+                    .map(move |r| r.start..r.start + cols.len())
             };
             let (Some(z), Some(y), false) = (z, y, valid.is_empty()) else {
                 rows(xs.clone()).for_each(|r| copy_short(&mut panel[r], &ZEROS));
@@ -779,17 +784,6 @@ struct Padded {
     phase: [usize; DIMS],
 }
 
-/// The sub-plane of padded position `p`: `p % strides`, without a division for strides of
-/// 1 and 2.
-#[inline(always)]
-fn phases(p: [usize; DIMS], strides: [usize; DIMS]) -> [usize; DIMS] {
-    std::array::from_fn(|d| match strides[d] {
-        1 => 0,
-        2 => p[d] & 1,
-        s => p[d] % s,
-    })
-}
-
 impl Padded {
     fn new(win: &Window) -> Self {
         let extent = |d: usize| (win.output[d].max(1) - 1) * win.strides[d] + win.extent(d);
@@ -811,19 +805,14 @@ impl Padded {
     #[inline(always)]
     fn index(&self, p: [usize; DIMS]) -> usize {
         let ([_, s1, s2], [_, p1, p2]) = (self.strides, self.phase);
-        let ([i, j, k], [z, y, x]) = (phases(p, self.strides), self.within(p));
+        // Divisions only for strides past 2: this runs once per row copied in.
+        let split = |d: usize| match self.strides[d] {
+            1 => (0, p[d]),
+            2 => (p[d] & 1, p[d] >> 1),
+            s => (p[d] % s, p[d] / s),
+        };
+        let [(i, z), (j, y), (k, x)] = std::array::from_fn(split);
         ((i * s1 + j) * s2 + k) * self.sub_len() + (z * p1 + y) * p2 + x
-    }
-
-    /// `p` within its sub-plane.
-    #[inline(always)]
-    fn within(&self, p: [usize; DIMS]) -> [usize; DIMS] {
-        std::array::from_fn(|d| match self.strides[d] {
-            // Without a division for the common strides: the planes are copied row by row.
-            1 => p[d],
-            2 => p[d] >> 1,
-            s => p[d] / s,
-        })
     }
 
     /// Floats of the flat scratch a plane is computed in: every flat position from the first
@@ -1105,13 +1094,12 @@ impl ConvTranspose {
         let win = &self.win;
         let [od, oh, ow] = win.output;
         let [_, ih, iw] = win.input;
-        let [_, kh, kw] = win.kernel;
         let [sd, sh, sw] = win.strides;
         let (taps, plane) = (win.taps(), win.output_size());
         let width = rows.len() * iw;
         for (i, crow) in col.chunks_exact(width).enumerate() {
             let (m, t) = (i / taps, i % taps);
-            let (a, b, k) = (t / (kh * kw), t / kw % kh, t % kw);
+            let [a, b, k] = win.tap(t);
             let yp = &mut yg[m * plane..][..plane];
             let off = win.offset(2, k);
             let valid = span(iw, ow, sw, off);

@@ -105,7 +105,7 @@ impl<'a, T: Float> Start<'a, T> {
 /// B already in the layout the product packs it to: panels of `nr` columns (the tile's width,
 /// [`Float::panel_width`]), each holding all `k` rows, `k x nr` values row-major, zeros past
 /// B's last column. A conv's im2col writes its patches straight into it, sparing the product
-/// the copy that would pack them, a third of the time of a 3x3 conv with 64 filters.
+/// the copy that would pack them (64x576x3136, one thread: 49 GMAC/s packing B, 72 without).
 #[derive(Clone, Copy, Debug)]
 pub struct Panels<'a, T> {
     data: &'a [T],
@@ -389,12 +389,9 @@ fn product<T: Float>(
         }
         b => b,
     };
-    let OperandB::Matrix(b) = b else {
-        return split(alpha, a, b, start, c, threads);
-    };
-    match c.dim() {
+    match (c.dim(), b) {
         // One row: every output is on row 0.
-        (1, _) => vector_product(
+        ((1, _), OperandB::Matrix(b)) => vector_product(
             alpha,
             (a.row(0), b),
             (start, 0),
@@ -402,14 +399,14 @@ fn product<T: Float>(
             threads,
         ),
         // One column: output i is on row i.
-        (_, 1) => vector_product(
+        ((_, 1), OperandB::Matrix(b)) => vector_product(
             alpha,
             (b.column(0), a.t()),
             (start, 1),
             c.index_axis_move(Axis(1), 0),
             threads,
         ),
-        _ => split(alpha, a, OperandB::Matrix(b), start, c, threads),
+        _ => split(alpha, a, b, start, c, threads),
     }
 }
 
@@ -848,6 +845,7 @@ fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
     for (j, column) in b.columns().into_iter().enumerate() {
         let panel = &mut pb[j / nr * panel_len..][..panel_len];
         let dst = panel[j % nr..].iter_mut().step_by(nr);
+        // The same copy; over a slice when the column is one, which iterates faster.
         match column.to_slice() {
             Some(column) => dst.zip(column).for_each(|(d, &v)| *d = v),
             None => dst.zip(column).for_each(|(d, &v)| *d = v),
