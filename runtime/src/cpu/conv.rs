@@ -18,8 +18,8 @@
 //! binary post-op. Post-ops are applied to each block of output as soon as it is complete: a
 //! chunk of columns (pointwise), a plane (depthwise), a chunk of rows (im2col), a group's
 //! planes (ConvTranspose). With a leading `Add`, the output starts as the residual and
-//! everything accumulates onto it (the bias too: the GEMM paths add it as they write the
-//! product), so the step can run over the residual's bytes.
+//! everything accumulates onto it (the bias too: every path adds it as it writes its sums),
+//! so the step can run over the residual's bytes.
 
 use super::gemm::{Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
 use super::parallel::{column_blocks, with_scratch};
@@ -28,6 +28,7 @@ use super::{Kernel, KernelError, OpCx, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
+use multiversion::target::match_target;
 use ndarray::{ArrayViewMut2, Axis};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -475,7 +476,7 @@ enum ConvPath {
     Pointwise,
     /// One input channel per group: each input plane copied into a zero-padded plane split
     /// into its stride phases (see [`Padded`]) and swept flat.
-    Depthwise(Padded),
+    Depthwise { padded: Padded, taps: Vec<usize> },
     /// im2col `rows` output rows at a time, then GEMM.
     Im2col { rows: usize, taps: Vec<Tap> },
 }
@@ -513,7 +514,15 @@ impl Conv {
         let path = if pointwise {
             ConvPath::Pointwise
         } else if ch.cin == 1 {
-            ConvPath::Depthwise(Padded::new(&win))
+            let padded = Padded::new(&win);
+            let taps = (0..win.taps()).map(|t| {
+                let at = win.tap(t);
+                padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
+            });
+            ConvPath::Depthwise {
+                padded,
+                taps: taps.collect(),
+            }
         } else {
             let row = ch.cin * win.taps() * win.output[DIMS - 1];
             let taps = (0..win.taps()).map(|t| {
@@ -537,14 +546,16 @@ impl Conv {
     }
 }
 
-/// One output plane of a depthwise conv over a padded input plane: `yp += conv(xp, wk)`, as
+/// One output plane of a depthwise conv over a padded input plane, `conv(xp, wk)`, as
 /// one 1-D conv along the plane's sub-planes read flat (see [`Padded`]): output (z, y, x) is
 /// computed at flat position `q = (z·p1 + y)·p2 + x` and tap `t` reads `q + offset[t]`, so
 /// register blocks run the length of the plane whatever its stride and however narrow its
 /// rows (7x7 planes too). Positions past a row's end are computed into `flat` and dropped;
-/// `xp` holds `FLAT_BLOCK` zeros past the padded plane. Compiled for the wider vector units
-/// too: the baseline x86-64 target has SSE2 only. The sums are the same in every version (no
-/// FMA contraction): taps in order, from zero, then added to `yp`.
+/// `xp` holds `FLAT_BLOCK` zeros past the padded plane. The sums are written as the GEMM
+/// writes its own, `sum + start` for output channel `m` of `start` (its bias and any
+/// residual already in `yp`). Compiled for the wider vector units and FMA too (the baseline
+/// x86-64 target has SSE2 only); each version sums the taps in order from zero, fused where
+/// the GEMM's microkernel is, so the depthwise and the GEMM paths give the same bits.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
@@ -553,45 +564,38 @@ impl Conv {
 fn depthwise(
     win: &Window,
     xp: &[f32],
-    padded: Padded,
+    planes: &DepthwisePlanes,
     wk: &[f32],
+    (start, m): (&Start<f32>, usize),
     yp: &mut [f32],
     flat: &mut [f32],
 ) {
+    let fused = match_target! {
+        "x86_64+fma" => true,
+        "aarch64+neon" => true,
+        _ => false,
+    };
     let [od, oh, ow] = win.output;
-    let [_, p1, p2] = padded.phase;
-    let (mut stack, mut heap) = ([(0usize, 0.0f32); 64], Vec::new());
-    let taps = small_or_heap(&mut stack, &mut heap, win.taps());
-    for (t, (tap, &w)) in taps.iter_mut().zip(wk).enumerate() {
-        let at = win.tap(t);
-        *tap = (
-            padded.index(std::array::from_fn(|d| at[d] * win.dilations[d])),
-            w,
-        );
-    }
-    let taps = &*taps;
-    let flat = &mut flat[..padded.flat_len(win)];
-    let len = flat.len();
-    // Blocks of FLAT_BLOCK, the last moved back to end at the end (recomputing a few values).
-    let mut j = 0;
-    if len >= FLAT_BLOCK {
-        while j < len {
-            let j0 = j.min(len - FLAT_BLOCK);
-            flat_block::<FLAT_BLOCK>(xp, taps, j0, flat);
-            j += FLAT_BLOCK;
+    let [_, p1, p2] = planes.padded.phase;
+    let taps = (planes.taps, wk);
+    let len = planes.padded.flat_len(win);
+    let mut block = [0.0f32; FLAT_BLOCK];
+    let flat = if len >= FLAT_BLOCK {
+        // Blocks of FLAT_BLOCK, the last moved back to end at the end (recomputing a few).
+        let flat = &mut flat[..len];
+        for j in (0..len).step_by(FLAT_BLOCK) {
+            flat_block::<FLAT_BLOCK>(fused, xp, taps, j.min(len - FLAT_BLOCK), flat);
         }
+        &*flat
     } else {
         // A short plane (7x7: 61 positions) in one block on the stack, its reads running into
         // the block of zeros past the padded plane's end.
-        let mut block = [0.0f32; FLAT_BLOCK];
-        flat_block::<FLAT_BLOCK>(xp, taps, 0, &mut block);
-        flat.copy_from_slice(&block[..len]);
-    }
+        flat_block::<FLAT_BLOCK>(fused, xp, taps, 0, &mut block);
+        &block[..len]
+    };
     for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
         let q = (r / oh * p1 + r % oh) * p2;
-        for (y, &v) in yrow.iter_mut().zip(&flat[q..][..ow]) {
-            *y += v;
-        }
+        start_row(start, m, &flat[q..][..ow], yrow);
     }
     debug_assert_eq!(yp.len(), od * oh * ow);
 }
@@ -607,15 +611,35 @@ const FLAT_BLOCK: usize = 64;
 
 /// `flat[j0..j0 + N] = Σ_t w_t · xp[j0 + offset_t ..][..N]`, the sums kept in registers.
 #[inline(always)]
-fn flat_block<const N: usize>(xp: &[f32], taps: &[(usize, f32)], j0: usize, flat: &mut [f32]) {
+fn flat_block<const N: usize>(
+    fused: bool,
+    xp: &[f32],
+    (offsets, weights): (&[usize], &[f32]),
+    j0: usize,
+    flat: &mut [f32],
+) {
     let mut acc = [0.0f32; N];
-    for &(off, w) in taps {
+    for (&off, &w) in offsets.iter().zip(weights) {
         let xs: &[f32; N] = xp[j0 + off..][..N].try_into().unwrap();
-        for (a, x) in acc.iter_mut().zip(xs) {
-            *a += w * x;
+        for (a, &x) in acc.iter_mut().zip(xs) {
+            *a = if fused { w.mul_add(x, *a) } else { *a + w * x };
         }
     }
     flat[j0..][..N].copy_from_slice(&acc);
+}
+
+/// `y = sums + start` for output channel `m`, as [`Start::finish`] adds them, with the bias
+/// and beta looked up once per row.
+#[inline(always)]
+fn start_row(start: &Start<f32>, m: usize, sums: &[f32], y: &mut [f32]) {
+    let bias = start.bias.map(|b| b[m]);
+    let pairs = y.iter_mut().zip(sums);
+    match (start.beta, bias) {
+        (0.0, None) => pairs.for_each(|(y, &s)| *y = s),
+        (0.0, Some(b)) => pairs.for_each(|(y, s)| *y = s + b),
+        (beta, None) => pairs.for_each(|(y, s)| *y = s + beta * *y),
+        (beta, Some(b)) => pairs.for_each(|(y, s)| *y = s + (beta * *y + b)),
+    }
 }
 
 impl Conv {
@@ -832,7 +856,7 @@ impl Padded {
     fn scatter(&self, row: &[f32], x: usize, dst: &mut [f32]) {
         let sub = self.sub_len();
         match self.strides[DIMS - 1] {
-            1 => dst[x..][..row.len()].copy_from_slice(row),
+            1 => copy_short(&mut dst[x..][..row.len()], row),
             2 => {
                 // Pairs of (even, odd) columns go to the two sub-planes; a leading odd column
                 // and a trailing even one are stored alone.
@@ -894,16 +918,6 @@ fn fill_padded(padded: Padded, win: &Window, xp: &[f32], out: &mut [f32]) {
     padded.fill(win, xp, out);
 }
 
-/// The first `len` elements of `stack`, or of `heap` grown to `len` when `stack` is shorter.
-fn small_or_heap<'a, T: Copy>(stack: &'a mut [T], heap: &'a mut Vec<T>, len: usize) -> &'a mut [T] {
-    if len <= stack.len() {
-        &mut stack[..len]
-    } else {
-        heap.resize(len, stack[0]);
-        heap
-    }
-}
-
 impl Kernel for Conv {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         self.compute(inputs, outputs, None)
@@ -942,11 +956,8 @@ impl Conv {
             groups, cin, cout, ..
         } = self.ch;
         let (in_plane, out_plane, taps) = self.win.sizes();
-        if let ConvPath::Depthwise(padded) = self.path {
-            return self.depthwise_planes((x, w, bias), y, &post, padded);
-        }
-        // The GEMM paths add the bias as they write the product, over the residual if any:
-        // only the residual is written first.
+        // Every path adds the bias as it writes its sums, over the residual if any: only the
+        // residual is written first.
         let accumulate = post.ops.accumulates();
         if accumulate && !post.in_place {
             self.ch.init_output(y, None, out_plane, &post)?;
@@ -954,8 +965,14 @@ impl Conv {
         if y.is_empty() {
             return Ok(());
         }
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        if let ConvPath::Depthwise { padded, ref taps } = self.path {
+            let planes = DepthwisePlanes { padded, taps };
+            let start = Start { beta, bias };
+            return self.depthwise_planes((x, w, start), y, &post, planes);
+        }
         let start = |g: usize| Start {
-            beta: if accumulate { 1.0 } else { 0.0 },
+            beta,
             bias: bias.map(|b| &b[g * cout..][..cout]),
         };
         let wg_len = cout * cin * taps;
@@ -982,7 +999,7 @@ impl Conv {
                             post.apply_rows(yc, base + c.start, out_plane)
                         })
                     }
-                    ConvPath::Depthwise(_) => Err(invalid!("depthwise convs run by plane")),
+                    ConvPath::Depthwise { .. } => Err(invalid!("depthwise convs run by plane")),
                     ConvPath::Im2col {
                         rows,
                         taps: ref tap_list,
@@ -1004,19 +1021,22 @@ impl Conv {
 
 impl Conv {
     /// The depthwise path: each (image, group) block is its input plane, copied into a padded
-    /// plane, against its `cout` filters, started (bias, residual) just before. Blocks go in
-    /// tasks of several: small planes (7x7) otherwise paid a task, two scratch buffers and a
-    /// zeroed padding each, 1.3 GMAC/s on shufflenet's last stage.
+    /// plane, against its `cout` filters; each output plane is written once, its sums plus
+    /// the bias (and the residual already there). Blocks go in tasks of several: small planes
+    /// (7x7) otherwise paid a task, two scratch buffers and a zeroed padding each, 1.3 GMAC/s
+    /// on shufflenet's last stage. The tap offsets are worked out in `prepare`: per plane,
+    /// they cost as much as a 7x7 plane's sums.
     fn depthwise_planes(
         &self,
-        (x, w, bias): (&[f32], &[f32], Option<&[f32]>),
+        (x, w, start): (&[f32], &[f32], Start<f32>),
         y: &mut [f32],
         post: &Post,
-        padded: Padded,
+        planes: DepthwisePlanes,
     ) -> Result<(), KernelError> {
         let Channels {
             groups, cin, cout, ..
         } = self.ch;
+        let padded = planes.padded;
         let (in_plane, out_plane, taps) = self.win.sizes();
         let block = (cout * out_plane).max(1);
         let per_task = (DEPTHWISE_TASK_FLOATS / block).max(1);
@@ -1032,11 +1052,11 @@ impl Conv {
                         let base = ng * block;
                         let xg = &x[ng * cin * in_plane..][..cin * in_plane];
                         let wg = &w[ng % groups * cout * taps..][..cout * taps];
-                        self.ch.start_planes(yg, base, bias, out_plane, post)?;
                         fill_padded(padded, &self.win, xg, scratch);
                         for (m, yp) in yg.chunks_exact_mut(out_plane.max(1)).enumerate() {
                             let wk = &wg[m * taps..][..taps];
-                            depthwise(&self.win, scratch, padded, wk, yp, flat);
+                            let plane = (&start, ng % groups * cout + m);
+                            depthwise(&self.win, scratch, &planes, wk, plane, yp, flat);
                             post.apply(yp, base + m * out_plane, 0, (1, out_plane, 0))?;
                         }
                     }
@@ -1048,6 +1068,13 @@ impl Conv {
             .enumerate()
             .try_for_each(task)
     }
+}
+
+/// A depthwise conv's padded planes and where each tap reads in them, from an output's own
+/// flat position.
+struct DepthwisePlanes<'a> {
+    padded: Padded,
+    taps: &'a [usize],
 }
 
 /// Output floats one depthwise task computes.
