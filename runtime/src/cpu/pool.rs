@@ -34,7 +34,13 @@ pub const OPS: &[&str] = &[
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
-        "MaxPool" | "AveragePool" | "LpPool" => Ok(Box::new(Pool::new(cx)?)),
+        "MaxPool" | "AveragePool" | "LpPool" => {
+            let pool = Pool::new(cx)?;
+            Ok(match pool.as_global() {
+                Some(global) => Box::new(global),
+                None => Box::new(pool),
+            })
+        }
         "GlobalMaxPool" | "GlobalAveragePool" | "GlobalLpPool" => Ok(Box::new(Global::new(cx)?)),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
@@ -232,6 +238,22 @@ impl Pool {
             divisors,
             indices,
             win,
+        })
+    }
+
+    /// The pool as a [`Global`] one when its one window is the whole input (a classifier's
+    /// final 7x7 average): the separable path's per-row set-up cost ten times the sums.
+    fn as_global(&self) -> Option<Global> {
+        let w = &self.win;
+        let whole = w.output == [1; DIMS]
+            && w.kernel == w.input
+            && w.dilations == [1; DIMS]
+            && w.pads_begin == [0; DIMS]
+            && w.pads_end == [0; DIMS];
+        (whole && self.indices.is_none() && self.dtype == DType::F32).then(|| Global {
+            reduce: self.reduce,
+            planes: self.planes,
+            plane: w.input_size(),
         })
     }
 
@@ -785,6 +807,38 @@ mod tests {
         let a = window(&[2, 2], &[2, 2], &[0; 4]).with("p", AttrValue::Int(2));
         let out = eval("LpPool", &a, &[&x], &[f32_out(&[1, 2, 2, 2])]).unwrap();
         close(out[0].as_slice().unwrap(), &p2);
+    }
+
+    #[test]
+    fn pools_with_one_window_over_the_whole_input_agree_with_the_window_path() {
+        // A 5x6 window over a 5x6 input runs as a global pool; the same pool over a 5x7 input
+        // with a 5x6 window at stride 2 (one output, the extra column unread) runs the
+        // separable window path.
+        let x = ramp(&[2, 3, 5, 6], 31);
+        let wide = Tensor::from_vec(
+            vec![2, 3, 5, 7],
+            &x.as_slice::<f32>()
+                .unwrap()
+                .chunks(6)
+                .flat_map(|row| [row, &[9.0]].concat())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let out = [f32_out(&[2, 3, 1, 1])];
+        for (op, extra) in [
+            ("AveragePool", ("count_include_pad", 1)),
+            ("MaxPool", ("storage_order", 0)),
+            ("LpPool", ("p", 2)),
+        ] {
+            let a = window(&[5, 6], &[1, 1], &[0; 4]).with(extra.0, AttrValue::Int(extra.1));
+            let whole = eval(op, &a, &[&x], &out).unwrap();
+            let a = window(&[5, 6], &[2, 2], &[0; 4]).with(extra.0, AttrValue::Int(extra.1));
+            let windowed = eval(op, &a, &[&wide], &out).unwrap();
+            close(
+                whole[0].as_slice().unwrap(),
+                windowed[0].as_slice().unwrap(),
+            );
+        }
     }
 
     #[test]
