@@ -595,7 +595,7 @@ fn depthwise(
     };
     for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
         let q = (r / oh * p1 + r % oh) * p2;
-        start_row(start, m, &flat[q..][..ow], yrow);
+        start.finish_run(m, 1.0, &flat[q..][..ow], yrow);
     }
     debug_assert_eq!(yp.len(), od * oh * ow);
 }
@@ -626,20 +626,6 @@ fn flat_block<const N: usize>(
         }
     }
     flat[j0..][..N].copy_from_slice(&acc);
-}
-
-/// `y = sums + start` for output channel `m`, as [`Start::finish`] adds them, with the bias
-/// and beta looked up once per row.
-#[inline(always)]
-fn start_row(start: &Start<f32>, m: usize, sums: &[f32], y: &mut [f32]) {
-    let bias = start.bias.map(|b| b[m]);
-    let pairs = y.iter_mut().zip(sums);
-    match (start.beta, bias) {
-        (0.0, None) => pairs.for_each(|(y, &s)| *y = s),
-        (0.0, Some(b)) => pairs.for_each(|(y, s)| *y = s + b),
-        (beta, None) => pairs.for_each(|(y, s)| *y = s + beta * *y),
-        (beta, Some(b)) => pairs.for_each(|(y, s)| *y = s + (beta * *y + b)),
-    }
 }
 
 impl Conv {

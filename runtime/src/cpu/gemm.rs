@@ -100,6 +100,19 @@ impl<'a, T: Float> Start<'a, T> {
             (false, Some(b)) => sum + (self.beta * c + b),
         }
     }
+
+    /// [`Self::finish`] over a run of row `row`: `c[j] = finish(alpha·sums[j], c[j], row)`,
+    /// the bias and beta looked up once (per element, the lookups cost more than the adds).
+    #[inline(always)]
+    pub(super) fn finish_run(&self, row: usize, alpha: T, sums: &[T], c: &mut [T]) {
+        let (beta, pairs) = (self.beta, c.iter_mut().zip(sums));
+        match (beta == T::ZERO, self.bias.map(|b| b[row])) {
+            (true, None) => pairs.for_each(|(c, &x)| *c = alpha * x),
+            (false, None) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
+            (true, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + b),
+            (false, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + (beta * *c + b)),
+        }
+    }
 }
 
 /// B already in the layout the product packs it to: panels of `nr` columns (the tile's width,
@@ -800,18 +813,9 @@ fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
     for (r, (sums, row)) in acc.iter().zip(rows).enumerate() {
         let row = &mut row[cols.clone()];
         let sums = &sums.as_flattened()[..row.len()];
-        let pairs = row.iter_mut().zip(sums);
-        // The same sums as `Start::finish`, its choices made once per row.
-        let Some(start) = first else {
-            pairs.for_each(|(c, &x)| *c = *c + alpha * x);
-            continue;
-        };
-        let beta = start.beta;
-        match (beta == T::ZERO, start.bias.map(|b| b[r])) {
-            (true, None) => pairs.for_each(|(c, &x)| *c = alpha * x),
-            (false, None) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
-            (true, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + b),
-            (false, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + (beta * *c + b)),
+        match first {
+            Some(start) => start.finish_run(r, alpha, sums, row),
+            None => (row.iter_mut().zip(sums)).for_each(|(c, &x)| *c = *c + alpha * x),
         }
     }
 }
