@@ -810,12 +810,21 @@ fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
     alpha: T,
     first: Option<Start<T>>,
 ) {
+    let finish = |r: usize, sums: &[T], row: &mut [T]| match first {
+        Some(start) => start.finish_run(r, alpha, sums, row),
+        None => (row.iter_mut().zip(sums)).for_each(|(c, &x)| *c = *c + alpha * x),
+    };
     for (r, (sums, row)) in acc.iter().zip(rows).enumerate() {
         let row = &mut row[cols.clone()];
-        let sums = &sums.as_flattened()[..row.len()];
-        match first {
-            Some(start) => start.finish_run(r, alpha, sums, row),
-            None => (row.iter_mut().zip(sums)).for_each(|(c, &x)| *c = *c + alpha * x),
+        if row.len() == W * NV {
+            // A whole tile row, a vector at a time: each run's length is known to LLVM,
+            // which then writes it with no loop.
+            for (sums, row) in sums.iter().zip(row.chunks_exact_mut(W)) {
+                let row: &mut [T; W] = row.try_into().unwrap();
+                finish(r, sums, row);
+            }
+        } else {
+            finish(r, &sums.as_flattened()[..row.len()], row);
         }
     }
 }
