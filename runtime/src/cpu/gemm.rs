@@ -701,14 +701,17 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
                         let b_panel = b_block.block(jp, b_rows.clone());
                         let cols = jp * nr..((jp + 1) * nr).min(nc);
                         let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
-                        let acc = microkernel::<T, MR, W, NV>(fused, a_panel, b_panel);
-                        store(
-                            &acc,
-                            &mut c_rows[rows.clone()],
-                            cols,
-                            alpha,
-                            first.map(|s| s.rows_from(ic + i0)),
-                        );
+                        let (c_tile, start) = (&mut c_rows[rows.clone()], first);
+                        let start = start.map(|s| s.rows_from(ic + i0));
+                        if cols.len() <= W {
+                            // A last panel no wider than one vector (14x14 images end with
+                            // 4 columns of 32): one vector of the tile does its sums.
+                            let acc = microkernel::<T, MR, W, 1, NV>(fused, a_panel, b_panel);
+                            store(&acc, c_tile, cols, alpha, start);
+                        } else {
+                            let acc = microkernel::<T, MR, W, NV, NV>(fused, a_panel, b_panel);
+                            store(&acc, c_tile, cols, alpha, start);
+                        }
                     }
                 }
             }
@@ -721,10 +724,11 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
 #[derive(Clone, Copy)]
 struct Lanes<T, const W: usize>([T; W]);
 
-/// `MR x (W·NV)` sums over `MR` rows of A (`kc` values each) and a packed B panel (`W·NV`
-/// values per k), held in registers. Needs opt-level 3 (the workspace sets it for this crate).
+/// `MR x (W·NV)` sums over `MR` rows of A (`kc` values each) and the first `NV` vectors of
+/// a packed B panel (`W·S` values per k), held in registers. Needs opt-level 3 (the
+/// workspace sets it for this crate).
 #[inline(always)]
-fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize>(
+fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize, const S: usize>(
     fused: bool,
     a_rows: &[&[T]; MR],
     b_panel: &[T],
@@ -732,11 +736,11 @@ fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize>(
     let mut acc = [[Lanes([T::ZERO; W]); NV]; MR];
     // Four values of k per turn of the loop, so that its counters take fewer of the issue
     // slots the multiply-adds need; then the last few one at a time.
-    let kc = b_panel.len() / (W * NV);
-    let (whole, _) = b_panel.split_at(kc / UNROLL * UNROLL * W * NV);
-    steps::<T, MR, W, NV, UNROLL>(fused, a_rows, 0, whole, &mut acc);
+    let kc = b_panel.len() / (W * S);
+    let (whole, _) = b_panel.split_at(kc / UNROLL * UNROLL * W * S);
+    steps::<T, MR, W, NV, S, UNROLL>(fused, a_rows, 0, whole, &mut acc);
     let (done, rest) = (kc / UNROLL * UNROLL, &b_panel[whole.len()..]);
-    steps::<T, MR, W, NV, 1>(fused, a_rows, done, rest, &mut acc);
+    steps::<T, MR, W, NV, S, 1>(fused, a_rows, done, rest, &mut acc);
     acc.map(|row| row.map(|v| v.0))
 }
 
@@ -745,7 +749,14 @@ const UNROLL: usize = 4;
 
 /// Adds the products of k in `from..` (`U` values per turn) to the sums.
 #[inline(always)]
-fn steps<T: Float, const MR: usize, const W: usize, const NV: usize, const U: usize>(
+fn steps<
+    T: Float,
+    const MR: usize,
+    const W: usize,
+    const NV: usize,
+    const S: usize,
+    const U: usize,
+>(
     fused: bool,
     a_rows: &[&[T]; MR],
     from: usize,
@@ -756,7 +767,7 @@ fn steps<T: Float, const MR: usize, const W: usize, const NV: usize, const U: us
     // One iterator over B's panel and the 8 rows zipped: LLVM then runs it on one index with
     // no bounds check per row (rows past MR repeat the last one; their loads are dead).
     let row = |i: usize| a_rows[i.min(MR - 1)][from..].chunks_exact(U);
-    let turns = (b_panel.chunks_exact(U * W * NV))
+    let turns = (b_panel.chunks_exact(U * W * S))
         .zip(row(0))
         .zip(row(1))
         .zip(row(2))
@@ -769,7 +780,7 @@ fn steps<T: Float, const MR: usize, const W: usize, const NV: usize, const U: us
         let a = [x0, x1, x2, x3, x4, x5, x6, x7];
         for u in 0..U {
             let b: [Lanes<T, W>; NV] =
-                std::array::from_fn(|v| Lanes(b[(u * NV + v) * W..][..W].try_into().unwrap()));
+                std::array::from_fn(|v| Lanes(b[(u * S + v) * W..][..W].try_into().unwrap()));
             // The rows are written out: given a loop over them, LLVM may vectorize across
             // rows (gathering and scattering the sums) instead of keeping each in registers.
             macro_rules! rows {
@@ -1028,7 +1039,8 @@ mod tests {
     fn every_edge_of_the_blocking_matches_the_definition() {
         // Small integers: every sum is exact in f32, so the packed product must equal the
         // definition bit for bit. Each tile shape runs here (the code of this CPU's clone),
-        // on sizes that straddle the tiles, KC, MC and NC; A and B are also read transposed,
+        // on sizes that straddle the tiles (n = 33 and 40 end in a panel one vector wide, which
+        // a narrower tile sums), KC, MC and NC; A and B are also read transposed,
         // C has a row stride wider than its rows, and a bias may start each row.
         // B is also given as panels, of each tile's width.
         type Product = fn(f32, ArrayView2<f32>, OperandB<f32>, Start<f32>, ArrayViewMut2<f32>);
