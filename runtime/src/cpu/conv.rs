@@ -21,7 +21,7 @@
 //! everything accumulates onto it (the bias too: every path adds it as it writes its sums),
 //! so the step can run over the residual's bytes.
 
-use super::gemm::{Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
+use super::gemm::{COLUMN_UNIT, Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
 use super::parallel::{column_blocks, with_scratch};
 use super::post::PostOps;
 use super::{Kernel, KernelError, OpCx, input_f32, output_mut};
@@ -978,7 +978,7 @@ impl Conv {
                 match self.path {
                     ConvPath::Pointwise => {
                         let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
-                        column_blocks(yv, cols, &|c, mut yc| {
+                        column_blocks(yv, (cols, COLUMN_UNIT), &|c, mut yc| {
                             let b = (&xg[c.start..], Layout::new(cin, c.len(), in_plane, 1));
                             let w = (wg, Layout::row_major(cout, cin));
                             gemm_into(1.0, w, b, start(g), yc.view_mut())?;
@@ -989,7 +989,7 @@ impl Conv {
                     ConvPath::Im2col {
                         rows,
                         taps: ref tap_list,
-                    } => column_blocks(yv, rows * ow, &|c, mut yc| {
+                    } => column_blocks(yv, (rows * ow, ow), &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
                         let k = cin * taps;
                         with_scratch(Panels::<f32>::len(k, c.len()), |col| {

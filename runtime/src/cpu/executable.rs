@@ -4,6 +4,7 @@
 //! Every step's operands are resolved once, at creation, to a place (arena, weight, the
 //! submodel's input or output) and a byte range; `run` only calls kernels.
 
+use super::parallel::with_threads_awake;
 use super::{Kernel, KernelError, OpCx};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
@@ -199,7 +200,7 @@ impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
         let pool = Arc::clone(&self.pool);
-        pool.install(|| self.run_steps(inputs, outputs))
+        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs)))
     }
 }
 

@@ -547,7 +547,7 @@ fn dot<T: Float>(mad: impl Fn(T, T, T) -> T, x: &[T], y: &[T]) -> T {
 
 /// Columns are cut at multiples of this, a multiple of every tile's width: pieces then hold
 /// whole panels, and a partial panel is never computed twice.
-const COLUMN_UNIT: usize = 32;
+pub(super) const COLUMN_UNIT: usize = 32;
 
 fn split<T: Float>(
     alpha: T,
