@@ -116,7 +116,9 @@ pub struct SessionOptions {
     pub failover: bool,
     /// Where device memory is recorded; a fresh ledger when `None`.
     pub ledger: Option<Ledger>,
-    /// Threads the CPU backend may use; `None` means one per core.
+    /// Threads the CPU backend may use; `None` means one per core. While a CPU submodel runs,
+    /// the threads not running its steps spin waiting for work (as ONNX Runtime's do); they
+    /// sleep between runs.
     pub threads: Option<usize>,
     /// Failures to inject, for tests (inert without the `fault-injection` feature).
     pub faults: Faults,

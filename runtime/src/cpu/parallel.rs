@@ -8,7 +8,7 @@
 use super::KernelError;
 use ndarray::{ArrayViewMut2, Axis};
 use rayon::Yield;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::LocalKey;
@@ -63,23 +63,18 @@ pub fn with_threads_awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let runner = rayon::current_thread_index();
     let done = AtomicBool::new(false);
     rayon::scope(|s| {
-        for _ in 1..rayon::current_num_threads() {
-            s.spawn(|_| keep_awake(&done, runner));
-        }
+        // One spinner per thread: a broadcast job is never stolen, so none finds another.
+        s.spawn_broadcast(|_, thread| keep_awake(&done, thread.index(), runner));
         // Set however `f` ends, or the spinners would never let the scope end.
         let _finished = Finished(&done);
         f()
     })
 }
 
-thread_local! {
-    static SPINNING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// One pool thread's spin in [`with_threads_awake`]. Not on the thread running `f`, which
-/// would then wait for itself, and not twice on one thread (a spinner can find another).
-fn keep_awake(done: &AtomicBool, runner: Option<usize>) {
-    if rayon::current_thread_index() == runner || SPINNING.replace(true) {
+/// Thread `thread`'s spin in [`with_threads_awake`]; none on the thread running `f`, which
+/// would then wait for itself.
+fn keep_awake(done: &AtomicBool, thread: usize, runner: Option<usize>) {
+    if Some(thread) == runner {
         return;
     }
     while !done.load(Ordering::Acquire) {
@@ -87,7 +82,6 @@ fn keep_awake(done: &AtomicBool, runner: Option<usize>) {
             std::hint::spin_loop();
         }
     }
-    SPINNING.set(false);
 }
 
 struct Finished<'a>(&'a AtomicBool);
