@@ -18,7 +18,7 @@ for f in "$model" "$input"; do
 done
 
 cargo build --quiet -p ingot-capi
-cargo build --quiet -p ingot-compiler --bin ingot
+cargo build --quiet -p ingot-cli
 mkdir -p "$target/capi" "$out"
 "$target/debug/ingot" compile "$model" --input-shape x=1x3x48x192 -o "$target/capi/cls.ingot" >/dev/null
 

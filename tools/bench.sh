@@ -61,8 +61,8 @@ bash tools/fetch_models.sh "$target/models" || die "could not fetch the PP-OCR m
 # --- ingot: build, then one bundle per model ------------------------------------------------
 ingot="$target/release/ingot"
 if $build; then
-    log "cargo build --release -p ingot-compiler --bin ingot"
-    cargo build --release --quiet -p ingot-compiler --bin ingot || die "cargo build failed"
+    log "cargo build --release -p ingot-cli"
+    cargo build --release --quiet -p ingot-cli || die "cargo build failed"
 fi
 [[ -x "$ingot" ]] || die "$ingot not found (drop --no-build)"
 mkdir -p "$out/results"

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 py="$target/venv/bin/python"
 [[ -x "$py" ]] || bash tools/setup.sh
-cargo build --release --quiet -p ingot-compiler --bin ingot
+cargo build --release --quiet -p ingot-cli
 ingot="$target/release/ingot"
 work="$target/bench/compile"
 mkdir -p "$work"

@@ -58,8 +58,8 @@ done
 
 ingot="$target/release/ingot"
 if $build; then
-    log "cargo build --release -p ingot-compiler --bin ingot"
-    cargo build --release --quiet -p ingot-compiler --bin ingot || die "cargo build failed"
+    log "cargo build --release -p ingot-cli"
+    cargo build --release --quiet -p ingot-cli || die "cargo build failed"
 fi
 mkdir -p "$out"
 for m in "${model_keys[@]}"; do

@@ -16,7 +16,7 @@ fi
 bash tools/fetch_models.sh "$target/models"
 model="$target/models/ch_PP-OCRv4_rec_infer.onnx"
 
-cargo build --release --quiet -p ingot-compiler
+cargo build --release --quiet -p ingot-cli
 ingot="$target/release/ingot"
 
 echo "== ingot compile"

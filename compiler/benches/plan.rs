@@ -9,7 +9,7 @@
 use ingot_compiler::ir::{Graph, Node};
 use ingot_compiler::plan::{self, Stats, Target};
 use ingot_compiler::{CompileOptions, compile_graph};
-use ingot_runtime::TensorDesc;
+use ingot_ops::TensorDesc;
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::path::PathBuf;
 

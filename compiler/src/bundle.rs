@@ -102,9 +102,10 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
         .into_iter()
         .filter_map(|value| v.plan.storage[value].as_ref().map(|s| (value, s)))
         .map(|(value, storage)| {
-            let ty = g.values[value].ty.clone().unwrap_or_else(|| {
-                ingot_runtime::TensorDesc::new(ingot_schema::DType::U8, vec![0])
-            });
+            let ty = g.values[value]
+                .ty
+                .clone()
+                .unwrap_or_else(|| ingot_ops::TensorDesc::new(ingot_schema::DType::U8, vec![0]));
             let kind = match *storage {
                 Storage::Input(i) => Kind::Input(i as u32),
                 Storage::Output(k) => Kind::Output(k as u32),

@@ -9,7 +9,6 @@ pub mod bundle;
 pub mod ir;
 pub mod kernels;
 pub mod onnx;
-pub mod ops;
 pub mod partition;
 pub mod passes;
 pub mod plan;
@@ -23,7 +22,7 @@ pub struct CompileOptions {
     /// Static shapes for graph inputs, by name (`--input-shape x=1x3x48x192`).
     pub input_shapes: Vec<(String, Vec<usize>)>,
     /// Graph inputs bound to a value at compile time (`--constant-input x=FILE.npy`).
-    pub constant_inputs: Vec<(String, ingot_runtime::Tensor)>,
+    pub constant_inputs: Vec<(String, ingot_ops::Tensor)>,
     /// Run the plan verifier (`--verify`); it also runs in debug builds.
     pub verify: bool,
     /// Which planning mechanisms may share memory (all by default).

@@ -12,7 +12,6 @@
 //! whichever run is current.
 
 use crate::ir::Graph;
-use crate::plan::alias::VIEW_OPS;
 use std::collections::BTreeSet;
 
 /// The kind of device a submodel needs.
@@ -59,7 +58,7 @@ impl Partition {
     pub fn new(g: &Graph, no_vulkan: &[Option<String>]) -> Partition {
         let class = |n: usize| match &no_vulkan[n] {
             Some(_) => Class::Cpu,
-            None if VIEW_OPS.contains(&g.nodes[n].op.as_str()) => Class::Either,
+            None if ingot_ops::is_view(&g.nodes[n].op) => Class::Either,
             None => Class::Vulkan,
         };
         let producers = g.producers();
@@ -142,7 +141,7 @@ enum Class {
 mod tests {
     use super::*;
     use crate::ir::Node;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::DType;
 
     /// A graph of unary nodes: `(op, input value)` per node, node k writing value k + 1;

@@ -11,7 +11,7 @@ use ingot_schema::proto;
 use std::collections::BTreeMap;
 
 /// Weight offsets in the weights section are multiples of this (the runtime checks it).
-pub const ALIGN: usize = ingot_runtime::bundle::WEIGHT_ALIGN as usize;
+pub const ALIGN: usize = ingot_schema::container::WEIGHT_ALIGN as usize;
 
 /// The bank keeps each entry's source constant (an Arc), not its bytes: the section is
 /// streamed from the sources when the bundle is written, so compiling never holds every
@@ -83,7 +83,7 @@ impl Bank {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_runtime::{Tensor, TensorDesc};
+    use ingot_ops::{Tensor, TensorDesc};
     use ingot_schema::DType;
 
     fn constant(shape: &[usize], values: &[f32]) -> Const {

@@ -12,8 +12,7 @@ use prost::Message;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// Weight offsets in the weights section are multiples of this, so typed views need no copy.
-pub const WEIGHT_ALIGN: u64 = 64;
+pub use ingot_schema::container::WEIGHT_ALIGN;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -194,14 +193,7 @@ pub const SPIRV_MAGIC: u32 = 0x0723_0203;
 
 /// The dtype and shape of a manifest tensor (validated at open).
 pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
-    let dtype = proto::DataType::try_from(t.dtype)
-        .ok()
-        .and_then(DType::from_proto)
-        .unwrap_or(DType::U8);
-    TensorDesc::new(
-        dtype,
-        t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
-    )
+    TensorDesc::of(t)
 }
 
 /// Bytes of a tensor with this dtype and shape, or `None` for an unknown dtype or a shape whose

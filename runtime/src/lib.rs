@@ -10,7 +10,7 @@ pub mod cpu;
 pub mod failsafe;
 pub mod ledger;
 pub mod session;
-pub mod tensor;
+pub use ingot_ops::tensor;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;
 

@@ -5,10 +5,10 @@
 
 use crate::bundle::{Bundle, BundleError, tensor_desc};
 use crate::carve::Carved;
-use crate::cpu::KernelError;
 use crate::failsafe::{Devices, Fallback, Faults, Placement, Stage};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
+use ingot_ops::cpu::KernelError;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
 use std::sync::Arc;

@@ -21,6 +21,8 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// Bumped for additions an old runtime may ignore.
 pub const FORMAT_MINOR: u16 = 0;
 pub const SECTION_ALIGN: u64 = 64 * 1024;
+/// Weight offsets in the weights section are multiples of this, so typed views need no copy.
+pub const WEIGHT_ALIGN: u64 = 64;
 const HEADER_LEN: usize = 64;
 const ENTRY_LEN: usize = 32;
 const MAX_SECTIONS: u32 = 64;

@@ -54,7 +54,7 @@ pub fn ingot_binary() -> Result<PathBuf> {
         bail!("cannot locate the profile dir from {}", exe.display());
     };
     let binary = profile_dir.join(format!("ingot{}", std::env::consts::EXE_SUFFIX));
-    let build = "cargo build -p ingot-compiler --bin ingot";
+    let build = "cargo build -p ingot-cli";
     let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
         bail!(
             "{} does not exist: build it with `{build}`",

@@ -1,7 +1,7 @@
 //! Bad input gives a clear error, never a panic: through the library API and through the
 //! `ingot` binary (non-zero exit, a message on stderr, no "panicked").
 //!
-//! The CLI half runs `target/<profile>/ingot`; build it with `cargo build -p ingot-compiler`
+//! The CLI half runs `target/<profile>/ingot`; build it with `cargo build -p ingot-cli`
 //! (tools/test.sh builds every target first).
 
 use anyhow::Result;

@@ -1160,7 +1160,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
         return "no variant left".into();
     };
     let n = v.tensors.len();
-    let ops = ingot_runtime::cpu::supported_ops();
+    let ops = ingot_ops::supported_ops();
     // Weighted towards what reaches kernels: attributes, shapes and op names.
     match rng.below(40) {
         0..=11 if !v.steps.is_empty() => {

@@ -3,15 +3,14 @@
 //! Nodes live in a `Vec` in a valid execution order once import has sorted them; algorithms
 //! that need graph structure (topological order, cycle detection) build a petgraph view.
 
-use ingot_runtime::{Tensor, TensorDesc};
-use ingot_schema::Attrs;
+use ingot_ops::{Tensor, TensorDesc};
 use std::ops::Range;
 use std::sync::Arc;
 
 mod check;
 pub use check::check;
 
-pub type ValueId = usize;
+pub use ingot_ops::{Node, ValueId};
 
 /// A tensor of the graph.
 #[derive(Clone, Debug)]
@@ -21,34 +20,6 @@ pub struct Value {
     pub ty: Option<TensorDesc>,
     /// Set for initializers, Constant nodes and everything folded from them.
     pub constant: Option<Const>,
-}
-
-/// One operation, in ONNX terms until lowering makes it canonical.
-#[derive(Clone, Debug)]
-pub struct Node {
-    pub name: String,
-    pub op: String,
-    pub domain: String,
-    /// `None` marks an omitted optional input; canonical nodes have none.
-    pub inputs: Vec<Option<ValueId>>,
-    pub outputs: Vec<ValueId>,
-    pub attrs: Attrs,
-}
-
-impl Node {
-    /// The node as messages name it: `'conv_3' (Conv)`.
-    pub fn label(&self) -> String {
-        if self.name.is_empty() {
-            format!("unnamed {} node", self.op)
-        } else {
-            format!("'{}' ({})", self.name, self.op)
-        }
-    }
-
-    /// Inputs of a canonical node (all present).
-    pub fn present_inputs(&self) -> impl Iterator<Item = ValueId> + '_ {
-        self.inputs.iter().flatten().copied()
-    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -191,68 +162,13 @@ impl Const {
             ),
         }
     }
+}
 
-    /// The elements as i64 (for shape-like operands of any integer type).
-    pub fn to_i64s(&self) -> Option<Vec<i64>> {
-        let t = self.tensor();
-        use ingot_schema::DType::*;
-        Some(match t.dtype() {
-            I64 => t.to_vec::<i64>().ok()?,
-            I32 => t
-                .as_slice::<i32>()
-                .ok()?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            U8 | Bool => t.as_slice::<u8>().ok()?.iter().map(|&v| v as i64).collect(),
-            I8 => t.as_slice::<i8>().ok()?.iter().map(|&v| v as i64).collect(),
-            U32 => t
-                .as_slice::<u32>()
-                .ok()?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            U64 => t
-                .as_slice::<u64>()
-                .ok()?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            I16 => t
-                .as_slice::<i16>()
-                .ok()?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            U16 => t
-                .as_slice::<u16>()
-                .ok()?
-                .iter()
-                .map(|&v| v as i64)
-                .collect(),
-            _ => return None,
-        })
+impl ingot_ops::Constant for Const {
+    fn desc(&self) -> &TensorDesc {
+        &self.desc
     }
-
-    /// The elements as f64 (for scalar operands such as Clip bounds or Pad values).
-    pub fn to_f64s(&self) -> Option<Vec<f64>> {
-        let t = self.tensor();
-        use ingot_schema::DType::*;
-        Some(match t.dtype() {
-            F32 => t
-                .as_slice::<f32>()
-                .ok()?
-                .iter()
-                .map(|&v| v as f64)
-                .collect(),
-            F64 => t.to_vec::<f64>().ok()?,
-            F16 => t
-                .as_slice::<half::f16>()
-                .ok()?
-                .iter()
-                .map(|v| v.to_f64())
-                .collect(),
-            _ => self.to_i64s()?.into_iter().map(|v| v as f64).collect(),
-        })
+    fn value(&self) -> Arc<Tensor> {
+        self.tensor()
     }
 }

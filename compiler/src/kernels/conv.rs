@@ -1,4 +1,4 @@
-//! Vulkan kernels of the conv family (ops: runtime/src/cpu/conv.rs): Conv and ConvTranspose
+//! Vulkan kernels of the conv family (ops: ops/src/conv/cpu.rs): Conv and ConvTranspose
 //! in float32 for 1, 2 and 3 spatial dimensions, any group count, with fused post-ops.
 //!
 //! Geometries are lifted to 3-D with leading unit dimensions, as on the CPU; the literal unit
@@ -1177,7 +1177,7 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
 mod tests {
     use super::super::{Operand, compile};
     use super::*;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs, DType};
 
     /// One conv step for the tests.

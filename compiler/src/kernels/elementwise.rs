@@ -1,5 +1,5 @@
 //! Elementwise kernels: unary maps, Clip, broadcasting binary and variadic ops, Where (ops and
-//! canonical attributes: runtime/src/cpu/elementwise.rs, the numeric reference).
+//! canonical attributes: ops/src/elementwise/cpu.rs, the numeric reference).
 //!
 //! One generator makes every kernel: the op is a WGSL function `fx` of one scalar per input,
 //! and an invocation computes one output element from its inputs, each read at the output's
@@ -1304,7 +1304,7 @@ fn broadcast(
 mod tests {
     use super::*;
     use crate::kernels::{DeviceClass, compile};
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs};
 
     fn f32s(shape: &[usize], byte_offset: u64) -> Operand {

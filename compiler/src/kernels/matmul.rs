@@ -1,4 +1,4 @@
-//! Vulkan kernels of the matmul family (ops: runtime/src/cpu/matmul.rs): MatMul with numpy's
+//! Vulkan kernels of the matmul family (ops: ops/src/matmul/cpu.rs): MatMul with numpy's
 //! batch broadcasting and 1-D operands, and Gemm (transA, transB, alpha, beta, C broadcast),
 //! both with fused post-ops, and Einsum (a plain kernel: one invocation per output element).
 //!
@@ -642,7 +642,7 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
     })
 }
 
-/// Einsum from its canonical labels (runtime/src/cpu/matmul.rs): one invocation per output
+/// Einsum from its canonical labels (ops/src/matmul/cpu.rs): one invocation per output
 /// element, looping over the labels that are summed. A label's stride in an operand is the
 /// sum of the strides of the operand's axes that carry it (a repeated label is a diagonal),
 /// 0 where the operand has it with size 1 (broadcast).
@@ -917,7 +917,7 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
 mod tests {
     use super::*;
     use crate::kernels::compile;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs, DType};
 
     fn f32s(shape: &[usize]) -> TensorDesc {

@@ -43,7 +43,7 @@ pub mod reduce;
 pub mod resize;
 pub mod rnn;
 
-use ingot_runtime::TensorDesc;
+use ingot_ops::TensorDesc;
 use ingot_schema::{Attrs, DType, proto};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -617,7 +617,7 @@ pub fn lower_step(
 fn operand(variant: &proto::Variant, t: u32) -> Operand {
     use proto::storage::Kind;
     let tensor = &variant.tensors[t as usize];
-    let desc = ingot_runtime::bundle::tensor_desc(tensor);
+    let desc = ingot_ops::TensorDesc::of(tensor);
     let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind);
     let (root, view_offset) = match kind(tensor) {
         Some(Kind::View(v)) => (v.of, v.byte_offset),

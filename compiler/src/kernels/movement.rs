@@ -1,4 +1,4 @@
-//! Movement kernels (ops and canonical attributes: runtime/src/cpu/movement.rs).
+//! Movement kernels (ops and canonical attributes: ops/src/movement/cpu.rs).
 //!
 //! Most ops are one strided copy, as on the CPU ([`Copy`]): an invocation takes one element of
 //! an iteration space, splits its index into coordinates, and reads the source at a literal
@@ -1477,7 +1477,7 @@ fn dest_fn(plan: &Copy) -> String {
 mod tests {
     use super::*;
     use crate::kernels::{DeviceClass, Operand, compile};
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::Attrs;
 
     fn t(dtype: DType, shape: &[usize], byte_offset: u64) -> Operand {

@@ -1,4 +1,4 @@
-//! Vulkan kernels of the norm family (ops: runtime/src/cpu/norm.rs): BatchNormalization
+//! Vulkan kernels of the norm family (ops: ops/src/norm/cpu.rs): BatchNormalization
 //! (inference), InstanceNormalization, GroupNormalization, LayerNormalization (with its
 //! optional Mean and InvStdDev outputs), LRN and MeanVarianceNormalization, float32.
 //!
@@ -563,7 +563,7 @@ fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
 mod tests {
     use super::*;
     use crate::kernels::Operand;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs, DType};
 
     fn f32s(shape: &[usize]) -> TensorDesc {

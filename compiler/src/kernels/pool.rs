@@ -1,4 +1,4 @@
-//! Vulkan kernels of the pool family (ops: runtime/src/cpu/pool.rs): MaxPool, AveragePool and
+//! Vulkan kernels of the pool family (ops: ops/src/pool/cpu.rs): MaxPool, AveragePool and
 //! LpPool over 1 to 3 spatial dimensions, float32, and the global pools.
 //!
 //! A windowed pool is one invocation per output element, looping over its window with literal
@@ -379,7 +379,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
 mod tests {
     use super::super::{DeviceClass, Operand, compile};
     use super::*;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs};
 
     fn ints(v: &[i64]) -> AttrValue {

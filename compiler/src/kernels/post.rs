@@ -1,5 +1,5 @@
 //! Post-ops in WGSL: the activations and residual operands the `fuse` pass moved into Conv,
-//! ConvTranspose, Gemm and MatMul (canonical form: runtime/src/cpu/post.rs).
+//! ConvTranspose, Gemm and MatMul (canonical form: ops/src/cpu/post.rs).
 //!
 //! A host kernel declares [`PostOps::bindings`] after its own, then, for each output element
 //! it holds in an f32 variable, emits [`PostOps::apply`] before storing it. The operand of a

@@ -1,4 +1,4 @@
-//! Vulkan kernels of the reduce family (ops: runtime/src/cpu/reduce.rs): `Reduce*`,
+//! Vulkan kernels of the reduce family (ops: ops/src/reduce/cpu.rs): `Reduce*`,
 //! `ArgMax`/`ArgMin` and `Softmax`/`LogSoftmax`/`Hardmax`. The pool family's global pools are
 //! made by the same generator, [`Reduction`].
 //!
@@ -837,7 +837,7 @@ impl Reduction {
 mod tests {
     use super::super::{Operand, compile};
     use super::*;
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs};
 
     fn cx_lower(

@@ -1,4 +1,4 @@
-//! Vulkan kernels of the resize family (ops: runtime/src/cpu/resize.rs): Resize in nearest
+//! Vulkan kernels of the resize family (ops: ops/src/resize/cpu.rs): Resize in nearest
 //! mode (any 4-byte dtype), linear and cubic modes (float32), with antialiasing.
 //!
 //! One invocation per output element, or per 4 neighbouring ones along the last axis (one vec4
@@ -15,7 +15,7 @@
 
 use super::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use crate::no_kernel;
-use ingot_runtime::{Tensor, TensorDesc, cpu};
+use ingot_ops::{Tensor, TensorDesc, cpu};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::fmt::Write;
 
@@ -761,7 +761,7 @@ mod tests {
     use super::super::{DeviceClass, Operand, compile};
     use super::*;
 
-    /// Canonical Resize attributes (as compiler/src/ops/resize.rs writes them).
+    /// Canonical Resize attributes (as ops/src/resize/mod.rs writes them).
     fn attrs(mode: &str, coord: &str, nearest: &str, scales: &[f64], sizes: &[usize]) -> Attrs {
         let rank = sizes.len();
         Attrs::new()

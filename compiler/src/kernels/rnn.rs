@@ -1,4 +1,4 @@
-//! Vulkan kernels of the recurrent layers (ops: runtime/src/cpu/rnn.rs): LSTM, GRU and RNN in
+//! Vulkan kernels of the recurrent layers (ops: ops/src/rnn/cpu.rs): LSTM, GRU and RNN in
 //! float32, with every canonical attribute (direction, layout, clip, activations with their
 //! alpha/beta, sequence lengths of int32 or int64, initial states, peepholes, input_forget,
 //! linear_before_reset) and any of the outputs `Y`, `Y_h`, `Y_c`.
@@ -717,7 +717,7 @@ fn state_at(d: u32, b: u32) -> u32 {{ return {state_at}; }}
 }
 
 /// The WGSL expression of an ONNX recurrent activation of `v` (names and parameters as
-/// `compiler/src/ops/rnn.rs` canonicalises them; formulas as runtime/src/cpu/rnn.rs).
+/// `ops/src/rnn/mod.rs` canonicalises them; formulas as ops/src/rnn/cpu.rs).
 fn activation(name: &str, alpha: f32, beta: f32) -> Result<String, NoKernel> {
     let (a, b) = (f32_lit(alpha), f32_lit(beta));
     let unary = |op: &str, x: &str| unary_expr(op, x).ok_or_else(|| no_kernel!("{op}"));
@@ -884,7 +884,7 @@ fn u(v: usize) -> String {
 mod tests {
     use super::*;
     use crate::kernels::{DeviceClass, Operand, compile, lower_f32_all_classes};
-    use ingot_runtime::TensorDesc;
+    use ingot_ops::TensorDesc;
     use ingot_schema::{AttrValue, Attrs};
 
     /// Canonical attributes with no optional input and `acts` for every direction.

@@ -3,7 +3,8 @@
 use super::external::ExternalData;
 use super::tensor;
 use crate::ir::Const;
-use ingot_runtime::Tensor;
+use ingot_ops::Constant as _;
+use ingot_ops::Tensor;
 use ingot_schema::{AttrValue, Attrs};
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, NodeProto};
@@ -104,9 +105,8 @@ pub(super) fn constant_value(node: &NodeProto, ext: &mut ExternalData) -> Result
             node.attribute.len()
         ));
     };
-    let owned = |t: Result<Tensor, ingot_runtime::TensorError>| {
-        t.map(Const::owned).map_err(|e| e.to_string())
-    };
+    let owned =
+        |t: Result<Tensor, ingot_ops::TensorError>| t.map(Const::owned).map_err(|e| e.to_string());
     match a.name.as_str() {
         "value" => {
             let t = a.t.as_ref().ok_or("attribute 'value' has no tensor")?;

@@ -4,7 +4,7 @@
 //! to the model's directory), `offset` (default 0) and `length` (default: the tensor's size).
 
 use crate::ir::Const;
-use ingot_runtime::{Tensor, TensorDesc};
+use ingot_ops::{Tensor, TensorDesc};
 use memmap2::Mmap;
 use onnx_protobuf::StringStringEntryProto;
 use std::collections::HashMap;

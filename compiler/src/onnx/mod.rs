@@ -9,13 +9,13 @@
 //!   is an error that says how to fix it;
 //! - nodes keep their ONNX op type, attributes (converted to [`Attrs`]) and value names; they
 //!   are sorted topologically; intermediate values are left untyped for shape inference;
-//! - every op is checked against [`crate::ops::lookup`] up front, and all unsupported nodes
+//! - every op is checked against [`ingot_ops::lookup`] up front, and all unsupported nodes
 //!   are reported in one error.
 //!
 //! The default domain is accepted at opsets [`OPSETS`].
 
 use crate::ir::{Const, Graph, Node, ValueId};
-use ingot_runtime::{Tensor, TensorDesc};
+use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::Attrs;
 use onnx_protobuf::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use onnx_protobuf::{tensor_shape_proto::dimension, type_proto};
@@ -143,7 +143,7 @@ pub fn read_tensor_proto(bytes: &[u8]) -> Result<(String, Tensor), ImportError> 
 type Support<'a> = &'a dyn Fn(&str, &str) -> bool;
 
 fn default_support(domain: &str, op: &str) -> bool {
-    domain.is_empty() && crate::ops::lookup(op).is_some()
+    domain.is_empty() && ingot_ops::lookup(op).is_some()
 }
 
 fn import(

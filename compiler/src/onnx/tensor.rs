@@ -5,7 +5,7 @@
 use super::external::ExternalData;
 use crate::ir::Const;
 use bytemuck::Pod;
-use ingot_runtime::{Tensor, TensorDesc};
+use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::DType;
 use onnx_protobuf::TensorProto;
 use onnx_protobuf::tensor_proto::{DataLocation, DataType};

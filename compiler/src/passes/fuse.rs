@@ -19,7 +19,8 @@
 
 use super::PassError;
 use crate::ir::{Const, Graph, Node, ValueId};
-use ingot_runtime::{Tensor, TensorDesc};
+use ingot_ops::Constant as _;
+use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::sync::Arc;
 
@@ -42,7 +43,7 @@ const HOSTS: &[(&str, usize)] = &[
 ];
 
 /// The parameters an activation passes to `post_params`, from its canonical attributes, in the
-/// order `runtime/src/cpu/post.rs` reads them.
+/// order `ops/src/cpu/post.rs` reads them.
 const ACTIVATION_ATTRS: &[(&str, &[&str])] = &[
     ("Relu", &[]),
     ("LeakyRelu", &["alpha"]),

@@ -7,8 +7,8 @@
 use super::PassError;
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
-use crate::ops::{self, LowerCx, OpError};
-use ingot_runtime::{Tensor, TensorDesc, cpu};
+use ingot_ops::lower::{LowerCx, OpError};
+use ingot_ops::{Tensor, TensorDesc, cpu};
 
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut folded = vec![false; g.nodes.len()];
@@ -18,7 +18,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             node: node.label(),
             message: e.0,
         };
-        let def = ops::lookup(&node.op)
+        let def = ingot_ops::lookup(&node.op)
             .ok_or_else(|| at(OpError(format!("op {} is not supported", node.op)), node))?;
         let values = &g.values;
         for (k, input) in node.inputs.iter().enumerate() {
@@ -44,10 +44,13 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             consts: node
                 .inputs
                 .iter()
-                .map(|v| v.and_then(|v| values[v].constant.as_ref()))
+                .map(|v| {
+                    v.and_then(|v| values[v].constant.as_ref())
+                        .map(|c| c as &dyn ingot_ops::Constant)
+                })
                 .collect(),
         };
-        (def.lower)(node, &cx).map_err(|e| at(e, node))?;
+        (def.def.lower)(node, &cx).map_err(|e| at(e, node))?;
         let inputs: Vec<usize> = node
             .inputs
             .iter()
@@ -59,7 +62,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             .map(|&v| values[v].ty.as_ref())
             .collect::<Option<_>>()
             .ok_or_else(|| at(OpError("an input's type is unknown".into()), node))?;
-        let out_types = (def.infer)(node, &in_types).map_err(|e| at(e, node))?;
+        let out_types = (def.def.infer)(node, &in_types).map_err(|e| at(e, node))?;
         if out_types.len() != node.outputs.len() {
             return Err(at(
                 OpError(format!(

@@ -21,16 +21,6 @@
 use crate::ir::{Graph, Node, ValueId};
 use ingot_schema::Attrs;
 
-/// Ops whose output is their first input's bytes, unchanged.
-pub const VIEW_OPS: &[&str] = &[
-    "Reshape",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Identity",
-    "Dropout",
-];
-
 /// Where a value's bytes are, relative to its root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alias {
@@ -212,7 +202,7 @@ fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(V
         byte_offset: r.byte_offset + offset,
     };
     match (node.op.as_str(), node.outputs.as_slice()) {
-        (op, &[output]) if VIEW_OPS.contains(&op) => Some(vec![(output, r)]),
+        (op, &[output]) if ingot_ops::is_view(op) => Some(vec![(output, r)]),
         ("Slice", &[output]) => {
             contiguous_slice(g, node, input, output).map(|off| vec![(output, at(off))])
         }

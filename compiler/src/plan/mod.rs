@@ -70,7 +70,7 @@ impl Target<'_> {
     /// What the CPU backend supports.
     pub fn cpu() -> Target<'static> {
         Target {
-            can_run_in_place: &ingot_runtime::cpu::can_run_in_place,
+            can_run_in_place: &ingot_ops::can_run_in_place,
             views: true,
             reorder: true,
         }

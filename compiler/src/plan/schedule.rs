@@ -2,7 +2,6 @@
 //! prefers, among the ready nodes, the one that frees the most bytes for the fewest it
 //! allocates (list scheduling on the live-bytes delta).
 
-use super::alias::VIEW_OPS;
 use crate::ir::Graph;
 use std::collections::BTreeSet;
 
@@ -42,7 +41,7 @@ pub fn memory_aware(g: &Graph) -> Vec<usize> {
     while !ready.is_empty() {
         let score = |i: usize| -> i64 {
             let node = &g.nodes[i];
-            if VIEW_OPS.contains(&node.op.as_str()) {
+            if ingot_ops::is_view(&node.op) {
                 return 0;
             }
             let allocated: i64 = node

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::ir::{Const, Graph, Node};
-use ingot_runtime::{Tensor, TensorDesc};
+use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::DType;
 
 fn f32s(shape: &[usize]) -> Option<TensorDesc> {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::ir;
 use crate::passes::lower;
-use ingot_runtime::cpu::{self, post};
+use ingot_ops::cpu::{self, post};
 
 /// A graph under construction, in ONNX terms (it is lowered when finished).
 struct Builder {
@@ -417,7 +417,7 @@ fn sums_differences_and_products_with_a_residual_become_post_ops() {
         let bias = conv.inputs[2].unwrap();
         assert_eq!(f.ty(bias).unwrap().shape, [3], "a zero bias comes before R");
         assert_eq!(conv.inputs[3], Some(r));
-        let reads_r = cpu::can_run_in_place("Conv", &conv.attrs, 3);
+        let reads_r = ingot_ops::can_run_in_place("Conv", &conv.attrs, 3);
         assert_eq!(reads_r, name == "Add", "only a leading sum may run over R");
     }
 }

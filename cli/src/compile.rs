@@ -1,0 +1,143 @@
+//! `ingot compile MODEL.onnx -o OUT.ingot`, or several graphs into one bundle:
+//! `ingot compile --variant prefill=a.onnx --variant decode=b.onnx -o OUT.ingot`.
+
+use anyhow::{Context, Result, bail};
+use ingot_compiler::{CompileOptions, VariantSource, compile_variants_to};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ONNX model (one variant, named `main`).
+    #[arg(required_unless_present = "variants", conflicts_with = "variants")]
+    model: Option<PathBuf>,
+    /// A variant: NAME=MODEL.onnx. Repeatable; one bundle holds them all, each weight once.
+    /// The same file may appear under several names with different input shapes.
+    #[arg(long = "variant", value_name = "NAME=MODEL.onnx", value_parser = crate::args::parse_constant_input)]
+    variants: Vec<(String, PathBuf)>,
+    /// Where to write the bundle.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Fix a graph input's shape: NAME=1x3x48x192, or VARIANT:NAME=1x128 for one variant.
+    /// Repeatable. Required for symbolic dims; accepted for a static input when it agrees.
+    #[arg(long = "input-shape", value_name = "[VARIANT:]NAME=DIMS", value_parser = crate::args::parse_input_shape)]
+    input_shapes: Vec<(String, Vec<usize>)>,
+    /// Bind a graph input to a value at compile time: NAME=FILE.npy. Repeatable. The input
+    /// becomes a constant and everything computed from it folds.
+    #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
+    constant_inputs: Vec<(String, PathBuf)>,
+    /// Run the independent plan verifier (always on in debug builds).
+    #[arg(long)]
+    verify: bool,
+}
+
+pub fn main(args: Args) -> Result<()> {
+    let start = Instant::now();
+    let mut constant_inputs = Vec::new();
+    for (name, path) in &args.constant_inputs {
+        constant_inputs.push((
+            name.clone(),
+            crate::npy::read(path).with_context(|| format!("--constant-input {name}"))?,
+        ));
+    }
+    let sources: Vec<VariantSource> = match &args.model {
+        Some(model) => vec![VariantSource {
+            name: "main".into(),
+            model: model.clone(),
+            input_shapes: Vec::new(),
+        }],
+        None => args
+            .variants
+            .iter()
+            .map(|(name, model)| VariantSource {
+                name: name.clone(),
+                model: model.clone(),
+                input_shapes: Vec::new(),
+            })
+            .collect(),
+    };
+    // `VARIANT:NAME=DIMS` goes to that variant; anything else to all (an input may itself
+    // be named `a:b`, so only a known variant's prefix is split off).
+    let (mut sources, mut shared) = (sources, Vec::new());
+    for (name, dims) in args.input_shapes {
+        let target = name.split_once(':').and_then(|(variant, input)| {
+            let k = sources.iter().position(|s| s.name == variant)?;
+            Some((k, input.to_string()))
+        });
+        match target {
+            Some((k, input)) => sources[k].input_shapes.push((input, dims)),
+            None => shared.push((name, dims)),
+        }
+    }
+    if args.model.is_some() && !args.variants.is_empty() {
+        bail!("give either MODEL or --variant NAME=MODEL, not both");
+    }
+    let options = CompileOptions {
+        input_shapes: shared,
+        constant_inputs,
+        verify: args.verify,
+        ..CompileOptions::default()
+    };
+    let m = compile_variants_to(&sources, &options, &args.output)
+        .with_context(|| format!("cannot compile into {}", args.output.display()))?;
+    let bytes = std::fs::metadata(&args.output)
+        .with_context(|| format!("cannot read {}", args.output.display()))?
+        .len();
+    println!(
+        "compiled {} -> {} ({} bytes) in {:.1} ms",
+        sources
+            .iter()
+            .map(|s| s.model.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.output.display(),
+        bytes,
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    let unique: u64 = m.weights.iter().map(|w| w.length).sum();
+    println!(
+        "weights: {} entries, {unique} bytes; {} unique Vulkan kernels",
+        m.weights.len(),
+        m.kernels.len()
+    );
+    for v in &m.variants {
+        let p = v.plan.clone().unwrap_or_default();
+        let on_cpu: Vec<_> = v
+            .submodels
+            .iter()
+            .filter_map(|sub| {
+                let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
+                let culprit = v.steps[steps.clone()]
+                    .iter()
+                    .find(|s| !s.no_vulkan_kernel.is_empty())?;
+                Some((steps, culprit))
+            })
+            .collect();
+        println!(
+            "variant {}: {} steps, {} submodels ({} need the CPU); arena {} bytes (lower bound \
+             {}, ratio {:.4}, naive {}), boundary {} bytes; {} over {}",
+            v.name,
+            v.steps.len(),
+            v.submodels.len(),
+            on_cpu.len(),
+            p.arena_bytes,
+            p.lower_bound_bytes,
+            if p.lower_bound_bytes == 0 {
+                1.0
+            } else {
+                p.arena_bytes as f64 / p.lower_bound_bytes as f64
+            },
+            p.naive_bytes,
+            p.boundary_bytes,
+            p.strategy,
+            p.schedule
+        );
+        for (steps, s) in &on_cpu {
+            println!(
+                "  steps {}..{} on the CPU: '{}' ({}) has no Vulkan kernel: {}",
+                steps.start, steps.end, s.name, s.op, s.no_vulkan_kernel
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1212 @@
+//! The one matrix product of the CPU kernels (conv, MatMul/Gemm/Einsum, the recurrent cells):
+//! `C = alpha·A·B + beta·C` on strided matrices inside slices, in safe Rust.
+//!
+//! It is the classic blocked product (Goto; BLIS): B is packed `KC x NC` at a time into panels
+//! `NR` columns wide, A is read in place `MR` rows at a time, and a microkernel keeps an
+//! `MR x NR` tile of C in vector registers through `KC` multiply-adds. The microkernel is
+//! plain Rust over fixed-size arrays, which LLVM turns into vector FMAs; `multiversion`
+//! compiles the product for AVX-512, AVX2+FMA and NEON and picks one at run time, with a tile
+//! shaped to that register file (AVX-512: 8 x 32 floats in 16 of its 32 registers). Rows are
+//! in panels of 8 or 6 because conv weights have 8k rows far more often than 16k (the tile of
+//! matrixmultiply, used before, wasted a third of its work on 24-row weights).
+//!
+//! B may also come already packed ([`Panels`], which a conv's im2col writes directly): the
+//! product then reads its panels in place. A product with one row or one column of C is a
+//! vector product instead (see [`vector_product`]): nothing is packed.
+//!
+//! Every element of C is summed in the same order (k ascending, one `KC` block after the
+//! other; a vector product's fixed lanes) whatever the tile, the blocking of M and N, and the
+//! thread count.
+
+use super::parallel::{Scratch, with_scratch};
+use multiversion::multiversion;
+use multiversion::target::match_target;
+use ndarray::{
+    ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis, Ix2, ShapeBuilder, StrideShape, s,
+};
+use std::ops::{Add, Mul, Range};
+
+use crate::cpu::KernelError;
+use crate::invalid;
+
+/// Products smaller than this many multiply-adds run as one piece: below it, splitting costs
+/// more (each part packs its own share of the operands) than a second core gains.
+const PARALLEL_WORK: usize = 1 << 21;
+
+/// Depth of a packed block: an A panel (`MR x KC`) stays in L1 while B panels stream by.
+const KC: usize = 256;
+/// Rows of A packed at a time (`MC x KC`, 128 KiB of floats, in L2).
+const MC: usize = 128;
+/// Columns of B packed at a time (`KC x NC`, 1 MiB of floats, in L2).
+const NC: usize = 1024;
+
+/// Where a `rows x cols` matrix sits in a slice: element (i, j) at `i * rs + j * cs`.
+/// A stride of 0 repeats elements (a broadcast operand); C must not repeat any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl Layout {
+    pub fn new(rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Self { rows, cols, rs, cs }
+    }
+
+    pub fn row_major(rows: usize, cols: usize) -> Self {
+        Self::new(rows, cols, cols, 1)
+    }
+
+    fn shape(&self) -> Result<StrideShape<Ix2>, KernelError> {
+        // ndarray reads strides as isize: a larger one would turn negative.
+        if isize::try_from(self.rs.max(self.cs)).is_err() {
+            return Err(invalid!("gemm strides are too large: {self:?}"));
+        }
+        Ok((self.rows, self.cols).strides((self.rs, self.cs)))
+    }
+}
+
+/// What the product adds to: `beta·C` (C unread when beta is 0), plus `bias[i]` on row i when
+/// given. A conv's bias added as C is written saves the pass that would write it first.
+#[derive(Clone, Copy, Debug)]
+pub struct Start<'a, T> {
+    pub beta: T,
+    pub bias: Option<&'a [T]>,
+}
+
+impl<'a, T: Float> Start<'a, T> {
+    pub fn scaled(beta: T) -> Self {
+        Self { beta, bias: None }
+    }
+
+    /// The start of rows `from..` of C.
+    fn rows_from(self, from: usize) -> Self {
+        Self {
+            bias: self.bias.map(|b| &b[from..]),
+            ..self
+        }
+    }
+
+    /// C's new value on row `row`: `sum + (beta·c + bias)`, c unread when beta is 0.
+    #[inline(always)]
+    fn finish(&self, sum: T, c: T, row: usize) -> T {
+        let bias = self.bias.map(|b| b[row]);
+        match (self.beta == T::ZERO, bias) {
+            (true, None) => sum,
+            (false, None) => sum + self.beta * c,
+            (true, Some(b)) => sum + b,
+            (false, Some(b)) => sum + (self.beta * c + b),
+        }
+    }
+
+    /// [`Self::finish`] over a run of row `row`: `c[j] = finish(alpha·sums[j], c[j], row)`,
+    /// the bias and beta looked up once (per element, the lookups cost more than the adds).
+    #[inline(always)]
+    pub(crate) fn finish_run(&self, row: usize, alpha: T, sums: &[T], c: &mut [T]) {
+        let (beta, pairs) = (self.beta, c.iter_mut().zip(sums));
+        match (beta == T::ZERO, self.bias.map(|b| b[row])) {
+            (true, None) => pairs.for_each(|(c, &x)| *c = alpha * x),
+            (false, None) => pairs.for_each(|(c, &x)| *c = alpha * x + beta * *c),
+            (true, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + b),
+            (false, Some(b)) => pairs.for_each(|(c, &x)| *c = alpha * x + (beta * *c + b)),
+        }
+    }
+}
+
+/// B already in the layout the product packs it to: panels of `nr` columns (the tile's width,
+/// [`Float::panel_width`]), each holding all `k` rows, `k x nr` values row-major, zeros past
+/// B's last column. A conv's im2col writes its patches straight into it, sparing the product
+/// the copy that would pack them (64x576x3136, one thread: 49 GMAC/s packing B, 72 without).
+#[derive(Clone, Copy, Debug)]
+pub struct Panels<'a, T> {
+    data: &'a [T],
+    k: usize,
+    n: usize,
+    nr: usize,
+}
+
+impl<'a, T: Float> Panels<'a, T> {
+    /// The values a `k x n` B takes as panels.
+    pub fn len(k: usize, n: usize) -> usize {
+        n.div_ceil(T::panel_width()) * T::panel_width() * k
+    }
+
+    pub fn new(data: &'a [T], k: usize, n: usize) -> Result<Self, KernelError> {
+        if data.len() != Self::len(k, n) {
+            return Err(invalid!(
+                "{} values are not the panels of a {k} x {n} matrix",
+                data.len()
+            ));
+        }
+        let nr = T::panel_width();
+        Ok(Self { data, k, n, nr })
+    }
+
+    /// Columns `..mid` and `mid..`; `mid` is a whole number of panels.
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        debug_assert_eq!(mid % self.nr, 0, "columns are cut between panels");
+        let (left, right) = self.data.split_at(mid * self.k);
+        let n = self.n;
+        (
+            Self {
+                data: left,
+                n: mid,
+                ..self
+            },
+            Self {
+                data: right,
+                n: n - mid,
+                ..self
+            },
+        )
+    }
+
+    /// Rows `rows` of panel `p`.
+    #[inline(always)]
+    fn block(&self, p: usize, rows: Range<usize>) -> &'a [T] {
+        &self.data[(p * self.k + rows.start) * self.nr..][..rows.len() * self.nr]
+    }
+}
+
+/// The B of a product: a matrix, packed a block at a time as the product goes, or panels
+/// packed before.
+#[derive(Clone, Copy, Debug)]
+pub enum OperandB<'a, T> {
+    Matrix(ArrayView2<'a, T>),
+    Panels(Panels<'a, T>),
+}
+
+impl<'a, T: Float> OperandB<'a, T> {
+    fn split_columns(self, mid: usize) -> (Self, Self) {
+        match self {
+            Self::Matrix(b) => {
+                let (l, r) = b.split_at(Axis(1), mid);
+                (Self::Matrix(l), Self::Matrix(r))
+            }
+            Self::Panels(b) => {
+                let (l, r) = b.split_at(mid);
+                (Self::Panels(l), Self::Panels(r))
+            }
+        }
+    }
+}
+
+/// The element types of the product.
+pub trait Float:
+    Copy
+    + Default
+    + PartialEq
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Mul<Output = Self>
+    + Scratch
+    + std::fmt::Debug
+{
+    const ZERO: Self;
+
+    /// `self * a + b`, rounded once.
+    fn fused(self, a: Self, b: Self) -> Self;
+
+    /// The product on this thread, with the tile that suits this CPU.
+    fn product_here(
+        alpha: Self,
+        a: ArrayView2<Self>,
+        b: OperandB<Self>,
+        start: Start<Self>,
+        c: ArrayViewMut2<Self>,
+    );
+
+    /// The columns of that tile: the width of B's packed panels.
+    fn panel_width() -> usize;
+}
+
+/// A `Float` impl whose tiles (`MR` rows, `NV` vectors of `W` lanes) are listed once: the
+/// product runs with them and B's panels are packed to their width.
+macro_rules! float_with_tiles {
+    ($t:ty: $($tile:ident => $mr:literal x $w:literal x $nv:literal),* $(,)?) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+
+            #[inline(always)]
+            fn fused(self, a: Self, b: Self) -> Self {
+                self.mul_add(a, b)
+            }
+
+            fn product_here(
+                alpha: $t,
+                a: ArrayView2<$t>,
+                b: OperandB<$t>,
+                start: Start<$t>,
+                c: ArrayViewMut2<$t>,
+            ) {
+                match Tile::for_this_cpu() {
+                    $(Tile::$tile => packed::<$t, $mr, $w, $nv>(alpha, a, b, start, c),)*
+                }
+            }
+
+            fn panel_width() -> usize {
+                match Tile::for_this_cpu() {
+                    $(Tile::$tile => $w * $nv,)*
+                }
+            }
+        }
+    };
+}
+
+float_with_tiles!(f32: Avx512 => 8 x 16 x 2, Avx2 => 6 x 8 x 2, Neon => 6 x 4 x 4, Baseline => 4 x 4 x 2);
+float_with_tiles!(f64: Avx512 => 8 x 8 x 2, Avx2 => 6 x 4 x 2, Neon => 6 x 2 x 4, Baseline => 4 x 2 x 2);
+
+/// The register files the microkernel's tile is shaped for; the same features as the
+/// `multiversion` targets of [`packed_on`], so the tile and the code agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tile {
+    Avx512,
+    Avx2,
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    Neon,
+    Baseline,
+}
+
+impl Tile {
+    fn for_this_cpu() -> Tile {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") {
+                return Tile::Avx512;
+            }
+            if has!("avx2") && has!("fma") {
+                return Tile::Avx2;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Tile::Neon;
+        }
+        Tile::Baseline
+    }
+}
+
+/// `C = alpha·A·B + beta·C`. With `beta == 0` the old contents of C are not read.
+#[allow(clippy::too_many_arguments)] // BLAS's own argument list, each operand beside its layout
+pub fn gemm<T: Float>(
+    alpha: T,
+    a: &[T],
+    la: Layout,
+    b: &[T],
+    lb: Layout,
+    beta: T,
+    c: &mut [T],
+    lc: Layout,
+) -> Result<(), KernelError> {
+    let c_len = c.len();
+    let cv = ArrayViewMut2::from_shape(lc.shape()?, c)
+        .map_err(|e| invalid!("gemm operand C ({c_len} elements) does not fit {lc:?}: {e}"))?;
+    gemm_into(alpha, (a, la), (b, lb), Start::scaled(beta), cv)
+}
+
+/// `C = alpha·A·B + start` into a view of C (a block of a larger matrix that parallel work
+/// split off).
+pub fn gemm_into<T: Float>(
+    alpha: T,
+    (a, la): (&[T], Layout),
+    (b, lb): (&[T], Layout),
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    let Some(a) = operand_a(a, la, (lb.rows, lb.cols), &start, &mut c)? else {
+        return Ok(());
+    };
+    let b = ArrayView2::from_shape(lb.shape()?, b).map_err(|e| {
+        invalid!(
+            "gemm operand B ({} elements) does not fit {lb:?}: {e}",
+            b.len()
+        )
+    })?;
+    product(alpha, a, OperandB::Matrix(b), start, c);
+    Ok(())
+}
+
+/// [`gemm_into`] with B given as [`Panels`].
+pub fn gemm_panels<T: Float>(
+    alpha: T,
+    (a, la): (&[T], Layout),
+    b: Panels<T>,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    let Some(a) = operand_a(a, la, (b.k, b.n), &start, &mut c)? else {
+        return Ok(());
+    };
+    product(alpha, a, OperandB::Panels(b), start, c);
+    Ok(())
+}
+
+/// A as a view once the operands are checked against each other; `None` when the sum is
+/// empty (k = 0), which this writes into C itself: ndarray has no view of an empty operand
+/// with strides.
+fn operand_a<'a, T: Float>(
+    a: &'a [T],
+    la: Layout,
+    (k, n): (usize, usize),
+    start: &Start<T>,
+    c: &mut ArrayViewMut2<T>,
+) -> Result<Option<ArrayView2<'a, T>>, KernelError> {
+    if la.cols != k || (la.rows, n) != c.dim() {
+        return Err(invalid!(
+            "gemm shapes do not chain: {la:?} x {k} x {n} -> {:?}",
+            c.dim()
+        ));
+    }
+    if start.bias.is_some_and(|b| b.len() != la.rows) {
+        return Err(invalid!(
+            "gemm bias does not hold one value per row of {la:?}"
+        ));
+    }
+    if k == 0 {
+        for (i, mut row) in c.rows_mut().into_iter().enumerate() {
+            row.map_inplace(|cv| *cv = start.finish(T::ZERO, *cv, i));
+        }
+        return Ok(None);
+    }
+    let a = ArrayView2::from_shape(la.shape()?, a).map_err(|e| {
+        invalid!(
+            "gemm operand A ({} elements) does not fit {la:?}: {e}",
+            a.len()
+        )
+    })?;
+    Ok(Some(a))
+}
+
+/// `C = alpha·A·B + start` on the current thread pool: C is cut along its longer side into
+/// one piece per thread while pieces are worth a core. Each piece reads all of the operand
+/// not cut (A's rows in place, B packed), so the cut that repeats less is the one across the
+/// longer side. The pieces are disjoint views, so this is safe Rust, and each element of C is
+/// summed in the same order however C is cut, so results never depend on the pool.
+fn product<T: Float>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: OperandB<T>,
+    start: Start<T>,
+    c: ArrayViewMut2<T>,
+) {
+    let threads = rayon::current_num_threads();
+    let b = match b {
+        // One panel is a matrix with rows `nr` apart.
+        OperandB::Panels(p) if p.n <= p.nr => {
+            let shape = (p.k, p.n).strides((p.nr, 1));
+            OperandB::Matrix(ArrayView2::from_shape(shape, p.data).expect("one whole panel"))
+        }
+        b => b,
+    };
+    match (c.dim(), b) {
+        // One row: every output is on row 0.
+        ((1, _), OperandB::Matrix(b)) => vector_product(
+            alpha,
+            (a.row(0), b),
+            (start, 0),
+            c.index_axis_move(Axis(0), 0),
+            threads,
+        ),
+        // One column: output i is on row i.
+        ((_, 1), OperandB::Matrix(b)) => vector_product(
+            alpha,
+            (b.column(0), a.t()),
+            (start, 1),
+            c.index_axis_move(Axis(1), 0),
+            threads,
+        ),
+        _ => split(alpha, a, b, start, c, threads),
+    }
+}
+
+/// Vector products below this many multiply-adds run as one piece.
+const VECTOR_PARALLEL_WORK: usize = 1 << 17;
+
+/// Outputs of a vector product are cut at multiples of this.
+const VECTOR_UNIT: usize = 64;
+
+/// `out = alpha·x·mat + start`: a product with one row of C (a fully connected layer at
+/// batch 1) or one column (with `mat` = Aᵀ), output j on row `j·step` of `start`. Each output
+/// is one dot product of `x` with a column of `mat`, read once: packing would copy all of
+/// `mat` to use each value once, which made the classifier of a ResNet the slowest layer per
+/// multiply-add by 20x. Outputs are cut into one piece per thread; each is summed whole by
+/// one piece, so threads change no bit.
+fn vector_product<T: Float>(
+    alpha: T,
+    (x, mat): (ArrayView1<T>, ArrayView2<T>),
+    (start, step): (Start<T>, usize),
+    out: ArrayViewMut1<T>,
+    pieces: usize,
+) {
+    let n = out.len();
+    let units = n / VECTOR_UNIT;
+    if pieces < 2 || units < 2 || mat.len() < VECTOR_PARALLEL_WORK {
+        vector_on(alpha, (x, mat), (start, step), out);
+        return;
+    }
+    let (p1, p2) = (pieces / 2, pieces - pieces / 2);
+    let mid = (units * p1 / pieces).max(1) * VECTOR_UNIT;
+    let (o1, o2) = out.split_at(Axis(0), mid);
+    let (m1, m2) = mat.split_at(Axis(1), mid);
+    let s2 = start.rows_from(mid * step);
+    rayon::join(
+        || vector_product(alpha, (x, m1), (start, step), o1, p1),
+        || vector_product(alpha, (x, m2), (s2, step), o2, p2),
+    );
+}
+
+/// Outputs a row-wise vector product sums at a time, in a buffer that stays in L1.
+const ROW_BLOCK: usize = 256;
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn vector_on<T: Float>(
+    alpha: T,
+    (x, mat): (ArrayView1<T>, ArrayView2<T>),
+    (start, step): (Start<T>, usize),
+    mut out: ArrayViewMut1<T>,
+) {
+    let fused = match_target! {
+        "x86_64+fma" => true,
+        "aarch64+neon" => true,
+        _ => false,
+    };
+    let mad = |a: T, b: T, sum: T| if fused { a.fused(b, sum) } else { a * b + sum };
+    let finish = |j: usize, o: &mut T, sum: T| *o = start.finish(alpha * sum, *o, j * step);
+    let columns_contiguous = mat.ncols() == 0 || mat.column(0).as_slice().is_some();
+    let rows_contiguous = mat.nrows() == 0 || mat.row(0).as_slice().is_some();
+    match x.as_slice() {
+        // A weight stored as [N, K]: one contiguous dot product per output.
+        Some(xs) if columns_contiguous => {
+            for (j, (o, column)) in out.iter_mut().zip(mat.columns()).enumerate() {
+                finish(j, o, dot(mad, xs, column.to_slice().unwrap_or_default()));
+            }
+        }
+        // [K, N]: rows of `mat` scaled and summed into a block of outputs at a time.
+        _ if rows_contiguous => {
+            for (jb, mut block) in out.axis_chunks_iter_mut(Axis(0), ROW_BLOCK).enumerate() {
+                let mut sums = [T::ZERO; ROW_BLOCK];
+                let sums = &mut sums[..block.len()];
+                for (&xv, row) in x.iter().zip(mat.rows()) {
+                    let row = &row.to_slice().unwrap_or_default()[jb * ROW_BLOCK..];
+                    for (s, &m) in sums.iter_mut().zip(row) {
+                        *s = mad(xv, m, *s);
+                    }
+                }
+                for (j, (o, &s)) in block.iter_mut().zip(&*sums).enumerate() {
+                    finish(jb * ROW_BLOCK + j, o, s);
+                }
+            }
+        }
+        _ => {
+            for (j, (o, column)) in out.iter_mut().zip(mat.columns()).enumerate() {
+                let sum = (x.iter().zip(column)).fold(T::ZERO, |s, (&a, &b)| mad(a, b, s));
+                finish(j, o, sum);
+            }
+        }
+    }
+}
+
+/// Lanes of a dot product's partial sums: four AVX-512 vectors of f32, so four chains of
+/// multiply-adds overlap.
+const DOT_LANES: usize = 64;
+
+/// `Σ x·y` in `DOT_LANES` partial sums (the tail into the first of them), then the partial
+/// sums added in halves: in order, one after the other, they took longer than the products
+/// of a 544-long row.
+#[inline(always)]
+fn dot<T: Float>(mad: impl Fn(T, T, T) -> T, x: &[T], y: &[T]) -> T {
+    let mut lanes = [T::ZERO; DOT_LANES];
+    let (xs, ys) = (x.chunks_exact(DOT_LANES), y.chunks_exact(DOT_LANES));
+    let tail = (xs.remainder().iter()).zip(ys.remainder());
+    for (xc, yc) in xs.zip(ys) {
+        for ((l, &a), &b) in lanes.iter_mut().zip(xc).zip(yc) {
+            *l = mad(a, b, *l);
+        }
+    }
+    for (l, (&a, &b)) in lanes.iter_mut().zip(tail) {
+        *l = mad(a, b, *l);
+    }
+    let mut width = DOT_LANES;
+    while width > 1 {
+        width /= 2;
+        let (low, high) = lanes.split_at_mut(width);
+        for (l, &h) in low.iter_mut().zip(&*high) {
+            *l = *l + h;
+        }
+    }
+    lanes[0]
+}
+
+/// Columns are cut at multiples of this, a multiple of every tile's width: pieces then hold
+/// whole panels, and a partial panel is never computed twice.
+pub(crate) const COLUMN_UNIT: usize = 32;
+
+fn split<T: Float>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: OperandB<T>,
+    start: Start<T>,
+    c: ArrayViewMut2<T>,
+    pieces: usize,
+) {
+    let (m, n) = c.dim();
+    let work = m.saturating_mul(n).saturating_mul(a.ncols());
+    let (axis, units, unit) = match n.div_ceil(COLUMN_UNIT) {
+        units if m < n && units >= 2 => (Axis(1), units, COLUMN_UNIT),
+        _ => (Axis(0), m, 1),
+    };
+    if pieces < 2 || work < PARALLEL_WORK || units < 2 {
+        T::product_here(alpha, a, b, start, c);
+        return;
+    }
+    // Uneven thread counts get proportional shares: 3 threads cut at a third.
+    let (p1, p2) = (pieces / 2, pieces - pieces / 2);
+    let mid = (units * p1 / pieces).max(1) * unit;
+    let (c1, c2) = c.split_at(axis, mid);
+    let ((a1, b1, s1), (a2, b2, s2)) = if axis == Axis(0) {
+        let (a1, a2) = a.split_at(Axis(0), mid);
+        ((a1, b, start), (a2, b, start.rows_from(mid)))
+    } else {
+        let (b1, b2) = b.split_columns(mid);
+        ((a.view(), b1, start), (a, b2, start))
+    };
+    rayon::join(
+        move || split(alpha, a1, b1, s1, c1, p1),
+        move || split(alpha, a2, b2, s2, c2, p2),
+    );
+}
+
+/// The blocked product with an `MR x (W·NV)` tile (`NV` vectors of `W` lanes per row), its
+/// buffers taken from this thread's scratch: B's packed panels, a row-major copy of A's block
+/// where A's rows are not contiguous, and one of C where C's are not.
+fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: OperandB<T>,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) {
+    let (m, n) = c.dim();
+    let k = a.ncols();
+    let nr = W * NV;
+    let kc = k.min(KC);
+    let b_len = match b {
+        OperandB::Matrix(_) => n.min(NC / nr * nr).div_ceil(nr) * nr * kc,
+        OperandB::Panels(_) => 0,
+    };
+    let a_rows_contiguous = m == 0 || a.row(0).as_slice().is_some();
+    let a_len = if a_rows_contiguous { 0 } else { m.min(MC) * kc };
+    with_scratch(b_len, |pb: &mut [T]| {
+        with_scratch(a_len, |pa: &mut [T]| {
+            if n <= 1 || c.strides()[1] == 1 {
+                return packed_on::<T, MR, W, NV>(alpha, a, b, start, c, pa, pb);
+            }
+            with_scratch(m * n, |pc: &mut [T]| {
+                let mut copy = ArrayViewMut2::from_shape((m, n), pc).expect("m x n floats");
+                copy.assign(&c);
+                packed_on::<T, MR, W, NV>(alpha, a, b, start, copy.view_mut(), pa, pb);
+                c.assign(&copy);
+            })
+        })
+    })
+}
+
+/// The rows of A one MC block holds, plus a panel's worth past it for a partial last panel.
+const A_ROWS: usize = MC + 8;
+
+#[multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    alpha: T,
+    a: ArrayView2<T>,
+    b: OperandB<T>,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+    pa: &mut [T],
+    pb: &mut [T],
+) {
+    // One rounding per multiply-add where the CPU has the instruction.
+    let fused = match_target! {
+        "x86_64+fma" => true,
+        "aarch64+neon" => true,
+        _ => false,
+    };
+    let (m, n) = c.dim();
+    let k = a.ncols();
+    let nr = W * NV;
+    // The rows of a partial panel past C's last row read zeros.
+    let zeros = [T::ZERO; KC];
+    // Blocks of whole panels, so only the last panel of C's edge is partial.
+    let nc_max = NC / nr * nr;
+    for jc in (0..n).step_by(nc_max) {
+        let nc = nc_max.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let panels = nc.div_ceil(nr);
+            // This block's panels and their rows in it.
+            let (b_block, b_rows) = match b {
+                OperandB::Matrix(b) => {
+                    let pb = &mut pb[..panels * nr * kc];
+                    pack_b(b.slice(s![pc..pc + kc, jc..jc + nc]), nr, pb);
+                    (
+                        Panels {
+                            data: &*pb,
+                            k: kc,
+                            n: nc,
+                            nr,
+                        },
+                        0..kc,
+                    )
+                }
+                OperandB::Panels(b) => (b.split_at(jc).1, pc..pc + kc),
+            };
+            // The first block of k brings in the start; the later ones add to C.
+            let first = (pc == 0).then_some(start);
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                // A is read in place, one stream per row of the panel: packing it (as BLIS
+                // does) costs as much as the product when C has few columns (a late conv
+                // layer's 7x7 pixels against 2048 x 4608 weights).
+                let block = a.slice(s![ic..ic + mc, pc..pc + kc]);
+                if mc > 0 && block.row(0).to_slice().is_none() {
+                    copy_rows(block, &mut pa[..mc * kc]);
+                }
+                let copied = &*pa;
+                let a_rows: [&[T]; A_ROWS] = std::array::from_fn(|i| match i < mc {
+                    true => (block.row(i).to_slice()).unwrap_or_else(|| &copied[i * kc..][..kc]),
+                    false => &zeros[..kc],
+                });
+                // C's rows are contiguous (`packed` saw to it).
+                let mut c_block = c.slice_mut(s![ic..ic + mc, jc..jc + nc]);
+                let mut c_rows = c_block.rows_mut().into_iter().map(|r| r.into_slice());
+                let mut c_rows: [&mut [T]; MC] =
+                    std::array::from_fn(|_| c_rows.next().flatten().unwrap_or_default());
+                // A's rows stay in L1 while B's block streams past them from L2, two vectors
+                // per k in order. The other way round (B's panel in L1, A's rows streaming)
+                // ran at 80% of this speed: A's scattered rows evicted B's panel.
+                for i0 in (0..mc).step_by(MR) {
+                    let rows = i0..(i0 + MR).min(mc);
+                    for jp in 0..panels {
+                        let b_panel = b_block.block(jp, b_rows.clone());
+                        let cols = jp * nr..((jp + 1) * nr).min(nc);
+                        let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
+                        let (c_tile, start) = (&mut c_rows[rows.clone()], first);
+                        let start = start.map(|s| s.rows_from(ic + i0));
+                        if cols.len() <= W {
+                            // A last panel no wider than one vector (14x14 images end with
+                            // 4 columns of 32): one vector of the tile does its sums.
+                            let acc = microkernel::<T, MR, W, 1, NV>(fused, a_panel, b_panel);
+                            store(&acc, c_tile, cols, alpha, start);
+                        } else {
+                            let acc = microkernel::<T, MR, W, NV, NV>(fused, a_panel, b_panel);
+                            store(&acc, c_tile, cols, alpha, start);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `W` lanes of a vector register. The wrapper is what LLVM needs to see a tile row as
+/// registers: over bare nested arrays it vectorizes across rows instead, with gathers.
+#[derive(Clone, Copy)]
+struct Lanes<T, const W: usize>([T; W]);
+
+/// `MR x (W·NV)` sums over `MR` rows of A (`kc` values each) and the first `NV` vectors of
+/// a packed B panel (`W·S` values per k), held in registers. Needs opt-level 3 (the
+/// workspace sets it for this crate).
+#[inline(always)]
+fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize, const S: usize>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    b_panel: &[T],
+) -> [[[T; W]; NV]; MR] {
+    let mut acc = [[Lanes([T::ZERO; W]); NV]; MR];
+    // Four values of k per turn of the loop, so that its counters take fewer of the issue
+    // slots the multiply-adds need; then the last few one at a time.
+    let kc = b_panel.len() / (W * S);
+    let (whole, _) = b_panel.split_at(kc / UNROLL * UNROLL * W * S);
+    steps::<T, MR, W, NV, S, UNROLL>(fused, a_rows, 0, whole, &mut acc);
+    let (done, rest) = (kc / UNROLL * UNROLL, &b_panel[whole.len()..]);
+    steps::<T, MR, W, NV, S, 1>(fused, a_rows, done, rest, &mut acc);
+    acc.map(|row| row.map(|v| v.0))
+}
+
+/// Values of k per turn of the microkernel's loop.
+const UNROLL: usize = 4;
+
+/// Adds the products of k in `from..` (`U` values per turn) to the sums.
+#[inline(always)]
+fn steps<
+    T: Float,
+    const MR: usize,
+    const W: usize,
+    const NV: usize,
+    const S: usize,
+    const U: usize,
+>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    from: usize,
+    b_panel: &[T],
+    acc: &mut [[Lanes<T, W>; NV]; MR],
+) {
+    const { assert!(MR <= 8, "rows! below writes out 8 rows") };
+    // One iterator over B's panel and the 8 rows zipped: LLVM then runs it on one index with
+    // no bounds check per row (rows past MR repeat the last one; their loads are dead).
+    let row = |i: usize| a_rows[i.min(MR - 1)][from..].chunks_exact(U);
+    let turns = (b_panel.chunks_exact(U * W * S))
+        .zip(row(0))
+        .zip(row(1))
+        .zip(row(2))
+        .zip(row(3))
+        .zip(row(4))
+        .zip(row(5))
+        .zip(row(6))
+        .zip(row(7));
+    for ((((((((b, x0), x1), x2), x3), x4), x5), x6), x7) in turns {
+        let a = [x0, x1, x2, x3, x4, x5, x6, x7];
+        for u in 0..U {
+            let b: [Lanes<T, W>; NV] =
+                std::array::from_fn(|v| Lanes(b[(u * S + v) * W..][..W].try_into().unwrap()));
+            // The rows are written out: given a loop over them, LLVM may vectorize across
+            // rows (gathering and scattering the sums) instead of keeping each in registers.
+            macro_rules! rows {
+                ($($i:literal)*) => {$(
+                    if $i < MR {
+                        for v in 0..NV {
+                            multiply_add(fused, a[$i][u], &b[v], &mut acc[$i][v]);
+                        }
+                    }
+                )*};
+            }
+            rows!(0 1 2 3 4 5 6 7);
+        }
+    }
+}
+
+/// `sum += a·b` over one vector's lanes.
+#[inline(always)]
+fn multiply_add<T: Float, const W: usize>(
+    fused: bool,
+    a: T,
+    b: &Lanes<T, W>,
+    sum: &mut Lanes<T, W>,
+) {
+    for (s, &bv) in sum.0.iter_mut().zip(&b.0) {
+        *s = if fused { a.fused(bv, *s) } else { a * bv + *s };
+    }
+}
+
+/// Writes a tile's sums into `cols` of C's `rows`: onto the `first` start for the first block
+/// of k, `C + alpha·sum` for the later ones. Sums past C's edge (fewer rows, fewer columns)
+/// are dropped.
+#[inline(always)]
+fn store<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    acc: &[[[T; W]; NV]; MR],
+    rows: &mut [&mut [T]],
+    cols: Range<usize>,
+    alpha: T,
+    first: Option<Start<T>>,
+) {
+    let finish = |r: usize, sums: &[T], row: &mut [T]| match first {
+        Some(start) => start.finish_run(r, alpha, sums, row),
+        None => (row.iter_mut().zip(sums)).for_each(|(c, &x)| *c = *c + alpha * x),
+    };
+    for (r, (sums, row)) in acc.iter().zip(rows).enumerate() {
+        let row = &mut row[cols.clone()];
+        if row.len() == W * NV {
+            // A whole tile row, a vector at a time: each run's length is known to LLVM,
+            // which then writes it with no loop.
+            for (sums, row) in sums.iter().zip(row.chunks_exact_mut(W)) {
+                let row: &mut [T; W] = row.try_into().unwrap();
+                finish(r, sums, row);
+            }
+        } else {
+            finish(r, &sums.as_flattened()[..row.len()], row);
+        }
+    }
+}
+
+/// Packs a `kc x nc` block of B into panels of `nr` columns, each `kc` rows of `nr` values
+/// (zeros past B's last column). Reads B along whichever of its axes is contiguous.
+#[inline(always)]
+fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
+    let (kc, nc) = b.dim();
+    let panel_len = nr * kc;
+    if panel_len == 0 {
+        return;
+    }
+    if nc % nr != 0 {
+        // The last panel's columns past B's edge.
+        let last = &mut pb[nc / nr * panel_len..][..panel_len];
+        for row in last.chunks_exact_mut(nr) {
+            row[nc % nr..].fill(T::ZERO);
+        }
+    }
+    if b.row(0).as_slice().is_some() {
+        // Panel after panel, each written front to back while B's rows are read `nr` values
+        // at a time. Row after row (one stream read, one written per panel) ran 15-20% slower
+        // on products with few rows of A, where packing B is a large part of the work.
+        let rows: [&[T]; KC] = std::array::from_fn(|i| match i < kc {
+            true => b.row(i).to_slice().unwrap_or_default(),
+            false => &[],
+        });
+        let (whole, last) = pb[..nc.div_ceil(nr) * panel_len].split_at_mut(nc / nr * panel_len);
+        for (p, panel) in whole.chunks_exact_mut(panel_len).enumerate() {
+            for (row, dst) in rows[..kc].iter().zip(panel.chunks_exact_mut(nr)) {
+                // A copy of constant length (nr is the tile's width here) compiles to a few
+                // vector moves, not a call to memmove.
+                dst.copy_from_slice(&row[p * nr..][..nr]);
+            }
+        }
+        for (row, dst) in rows[..kc].iter().zip(last.chunks_exact_mut(nr)) {
+            dst[..nc % nr].copy_from_slice(&row[nc / nr * nr..]);
+        }
+        return;
+    }
+    // B transposed in memory (a weight as [N, K]), or strided both ways: a column at a time.
+    for (j, column) in b.columns().into_iter().enumerate() {
+        let panel = &mut pb[j / nr * panel_len..][..panel_len];
+        let dst = panel[j % nr..].iter_mut().step_by(nr);
+        // The same copy; over a slice when the column is one, which iterates faster.
+        match column.to_slice() {
+            Some(column) => dst.zip(column).for_each(|(d, &v)| *d = v),
+            None => dst.zip(column).for_each(|(d, &v)| *d = v),
+        }
+    }
+}
+
+/// Copies a block of A whose rows are not contiguous (A transposed in memory) row by row.
+#[inline(always)]
+fn copy_rows<T: Float>(a: ArrayView2<T>, to: &mut [T]) {
+    for (row, dst) in a.rows().into_iter().zip(to.chunks_exact_mut(a.ncols())) {
+        row.iter().zip(dst).for_each(|(&v, d)| *d = v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn threads_split_the_product_and_change_no_bit() {
+        // 256 x 700 x 200: above the threshold; odd thread counts make uneven halves.
+        let (m, k, n) = (256, 700, 200);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0)
+            .collect();
+        let run = |threads, m, n| {
+            let mut c = vec![1.0f32; m * n];
+            let (la, lb) = (Layout::row_major(m, k), Layout::row_major(k, n));
+            pool(threads)
+                .install(|| {
+                    gemm(
+                        1.0,
+                        &a[..m * k],
+                        la,
+                        &b[..k * n],
+                        lb,
+                        0.5,
+                        &mut c,
+                        Layout::row_major(m, n),
+                    )
+                })
+                .unwrap();
+            c
+        };
+        assert!(m * n * k >= PARALLEL_WORK);
+        let one = run(1, m, n);
+        assert_eq!(run(2, m, n), one);
+        assert_eq!(run(3, m, n), one);
+        // Wider than tall: split by columns.
+        let wide = |threads| {
+            let b: Vec<f32> = (0..k * 2100).map(|i| (i % 13) as f32).collect();
+            let mut c = vec![0.0f32; 24 * 2100];
+            let (la, lb) = (Layout::row_major(24, k), Layout::row_major(k, 2100));
+            pool(threads)
+                .install(|| {
+                    gemm(
+                        1.0,
+                        &a[..24 * k],
+                        la,
+                        &b,
+                        lb,
+                        0.0,
+                        &mut c,
+                        Layout::row_major(24, 2100),
+                    )
+                })
+                .unwrap();
+            c
+        };
+        assert!(24 * k * 2100 >= PARALLEL_WORK);
+        assert_eq!(wide(4), wide(1));
+        // A 1x1 product cannot split: still right.
+        assert_eq!(run(8, 1, 1), run(1, 1, 1));
+        // One row of C (B read as [K, N], then as [N, K]): outputs cut between threads.
+        let n = 3000;
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0)
+            .collect();
+        assert!(k * n >= VECTOR_PARALLEL_WORK);
+        for lb in [Layout::row_major(k, n), Layout::new(k, n, 1, k)] {
+            let row = |threads| {
+                let mut c = vec![1.0f32; n];
+                let lc = Layout::row_major(1, n);
+                let product = || {
+                    gemm(
+                        1.0,
+                        &a[..k],
+                        Layout::row_major(1, k),
+                        &b,
+                        lb,
+                        0.5,
+                        &mut c,
+                        lc,
+                    )
+                };
+                pool(threads).install(product).unwrap();
+                c
+            };
+            let one = row(1);
+            assert_eq!(row(2), one, "{lb:?}");
+            assert_eq!(row(3), one, "{lb:?}");
+        }
+    }
+
+    /// `alpha·A·B + beta·C + bias` (bias[i] on row i) by the definition, in f64.
+    fn reference(
+        alpha: f64,
+        (a, la): (&[f32], Layout),
+        (b, lb): (&[f32], Layout),
+        (beta, bias): (f64, Option<&[f32]>),
+        (c, lc): (&[f32], Layout),
+    ) -> Vec<f32> {
+        let mut out = c.to_vec();
+        for i in 0..lc.rows {
+            for j in 0..lc.cols {
+                let sum: f64 = (0..la.cols)
+                    .map(|p| {
+                        f64::from(a[i * la.rs + p * la.cs]) * f64::from(b[p * lb.rs + j * lb.cs])
+                    })
+                    .sum();
+                let at = i * lc.rs + j * lc.cs;
+                let bias = bias.map_or(0.0, |b| f64::from(b[i]));
+                out[at] = (alpha * sum + beta * f64::from(c[at]) + bias) as f32;
+            }
+        }
+        out
+    }
+
+    /// B written as panels of `nr` columns, element by element.
+    fn panels_of(b: ArrayView2<f32>, nr: usize) -> Vec<f32> {
+        let (k, n) = b.dim();
+        let mut data = vec![0.0; n.div_ceil(nr) * nr * k];
+        for ((i, j), &v) in b.indexed_iter() {
+            data[(j / nr * k + i) * nr + j % nr] = v;
+        }
+        data
+    }
+
+    fn view(l: Layout, values: &mut [f32]) -> ArrayViewMut2<'_, f32> {
+        ArrayViewMut2::from_shape(l.shape().unwrap(), values).unwrap()
+    }
+
+    #[test]
+    fn every_edge_of_the_blocking_matches_the_definition() {
+        // Small integers: every sum is exact in f32, so the packed product must equal the
+        // definition bit for bit. Each tile shape runs here (the code of this CPU's clone),
+        // on sizes that straddle the tiles (n = 33 and 40 end in a panel one vector wide, which
+        // a narrower tile sums), KC, MC and NC; A and B are also read transposed,
+        // C has a row stride wider than its rows, and a bias may start each row.
+        // B is also given as panels, of each tile's width.
+        type Product = fn(f32, ArrayView2<f32>, OperandB<f32>, Start<f32>, ArrayViewMut2<f32>);
+        let tiles: [(Product, usize); 4] = [
+            (packed::<f32, 8, 16, 2>, 32),
+            (packed::<f32, 6, 8, 2>, 16),
+            (packed::<f32, 6, 4, 4>, 16),
+            (packed::<f32, 4, 4, 2>, 8),
+        ];
+        let value = |i: usize| ((i * 7 + 3) % 9) as f32 - 4.0;
+        for (m, k, n) in [
+            (1, 1, 1),
+            (7, 3, 33),
+            (9, 257, 17),
+            (130, 520, 40),
+            (3, 300, 1100),
+            // One row or one column of C: the vector product, both ways round.
+            (1, 300, 700),
+            (70, 300, 1),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(value).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
+            let lc = Layout::new(m, n, n + 3, 1);
+            let c: Vec<f32> = (0..m * (n + 3)).map(|i| value(i + 1)).collect();
+            let bias: Vec<f32> = (0..m).map(|i| value(i + 2)).collect();
+            for (la, lb) in [
+                (Layout::row_major(m, k), Layout::row_major(k, n)),
+                (Layout::new(m, k, 1, m), Layout::new(k, n, 1, k)),
+            ] {
+                let starts = [(1.0, 0.0, None), (2.0, 0.5, None), (1.0, 1.0, None)]
+                    .into_iter()
+                    .chain([(1.0, 0.0, Some(&bias[..])), (2.0, 1.0, Some(&bias[..]))]);
+                for (alpha, beta, bias) in starts {
+                    let (ab, bb) = ((&a[..], la), (&b[..], lb));
+                    let want = reference(alpha.into(), ab, bb, (beta.into(), bias), (&c, lc));
+                    let at = |got: &[f32]| got.iter().zip(&want).position(|(g, w)| g != w);
+                    let mut got = c.clone();
+                    let start = Start { beta, bias };
+                    gemm_into(alpha, ab, bb, start, view(lc, &mut got)).unwrap();
+                    assert_eq!(at(&got), None, "{m}x{k}x{n} {la:?} {lb:?} {start:?}");
+                    let av = ArrayView2::from_shape(la.shape().unwrap(), &a).unwrap();
+                    let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();
+                    for (t, &(tile, nr)) in tiles.iter().enumerate() {
+                        let mut got = c.clone();
+                        tile(alpha, av, OperandB::Matrix(bv), start, view(lc, &mut got));
+                        assert_eq!(at(&got), None, "tile {t}: {m}x{k}x{n} {la:?} {lb:?}");
+                        let data = panels_of(bv, nr);
+                        let panels = OperandB::Panels(Panels {
+                            data: &data,
+                            k,
+                            n,
+                            nr,
+                        });
+                        let mut got = c.clone();
+                        tile(alpha, av, panels, start, view(lc, &mut got));
+                        assert_eq!(at(&got), None, "tile {t} panels: {m}x{k}x{n} {la:?}");
+                    }
+                }
+            }
+        }
+        // With k = 0 the sum is empty: C = beta·C.
+        let mut c = [3.0f32, -1.0];
+        let l = Layout::row_major(1, 2);
+        gemm(
+            1.0,
+            &[],
+            Layout::row_major(1, 0),
+            &[],
+            Layout::row_major(0, 2),
+            2.0,
+            &mut c,
+            l,
+        )
+        .unwrap();
+        assert_eq!(c, [6.0, -2.0]);
+    }
+
+    #[test]
+    fn multiplies_strided_operands_and_accumulates() {
+        // A = [[1, 2], [3, 4]] stored transposed; B = [[5], [6]]; C starts at [[1], [1]] with
+        // its rows two apart. By hand: C = 2·A·B + C = [[2·17 + 1], [2·39 + 1]].
+        let a = [1.0, 3.0, 2.0, 4.0];
+        let mut c = [1.0f32, -7.0, 1.0];
+        let (la, lb, lc) = (
+            Layout::new(2, 2, 1, 2),
+            Layout::row_major(2, 1),
+            Layout::new(2, 1, 2, 1),
+        );
+        gemm(2.0, &a, la, &[5.0, 6.0], lb, 1.0, &mut c, lc).unwrap();
+        assert_eq!(c, [35.0, -7.0, 79.0]);
+        let mut c64 = [1.0f64, -7.0, 1.0];
+        let a64 = a.map(f64::from);
+        gemm(1.0, &a64, la, &[5.0, 6.0], lb, 0.0, &mut c64, lc).unwrap();
+        assert_eq!(c64, [17.0, -7.0, 39.0]);
+    }
+
+    #[test]
+    fn broadcasts_zero_strides_in_the_inputs() {
+        // A's rows are one row [1, 2] repeated, B is one column [3] repeated: every element of
+        // C is 1·3 + 2·3 = 9.
+        let mut c = [0.0f32; 6];
+        let (la, lb) = (Layout::new(3, 2, 0, 1), Layout::new(2, 2, 0, 0));
+        gemm(
+            1.0,
+            &[1.0, 2.0],
+            la,
+            &[3.0],
+            lb,
+            0.0,
+            &mut c[..6],
+            Layout::new(3, 2, 2, 1),
+        )
+        .unwrap();
+        assert_eq!(c, [9.0; 6]);
+    }
+
+    #[test]
+    fn misfits_are_errors_not_panics() {
+        let l = Layout::row_major(2, 2);
+        let mut c = [0.0f32; 4];
+        // Too short, shapes that do not chain, C repeating an element, a stride past isize.
+        assert!(gemm(1.0, &[0.0; 3], l, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+        let wide = Layout::row_major(2, 3);
+        assert!(gemm(1.0, &[0.0; 6], wide, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+        let aliased = Layout::new(2, 2, 1, 1);
+        assert!(gemm(1.0, &[0.0; 4], l, &[0.0; 4], l, 0.0, &mut c, aliased).is_err());
+        let huge = Layout::new(2, 2, usize::MAX, 1);
+        assert!(gemm(1.0, &[0.0; 4], huge, &[0.0; 4], l, 0.0, &mut c, l).is_err());
+        // Panels: too few values for the matrix, or a matrix that does not chain.
+        let len = Panels::<f32>::len(2, 2);
+        assert!(Panels::new(&vec![0.0; len - 1], 2, 2).is_err());
+        let b = vec![0.0; Panels::<f32>::len(3, 2)];
+        let b = Panels::new(&b, 3, 2).unwrap();
+        let start = Start::scaled(0.0);
+        assert!(gemm_panels(1.0, (&[0.0; 4], l), b, start, view(l, &mut c)).is_err());
+    }
+
+    #[test]
+    fn panels_are_the_product_of_the_matrix_on_any_pool() {
+        // Wide enough to be cut by columns between threads, tall enough to be cut by rows,
+        // and one panel's worth (read as a matrix).
+        let value = |i: usize| ((i * 7 + 3) % 9) as f32 - 4.0;
+        for (m, k, n) in [(24, 300, 2100), (300, 200, 70), (5, 40, 3)] {
+            let a: Vec<f32> = (0..m * k).map(value).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
+            let (la, lb, lc) = (
+                Layout::row_major(m, k),
+                Layout::row_major(k, n),
+                Layout::row_major(m, n),
+            );
+            let bias: Vec<f32> = (0..m).map(value).collect();
+            let start = Start {
+                beta: 0.0,
+                bias: Some(&bias[..]),
+            };
+            let mut want = vec![0.0; m * n];
+            gemm_into(1.0, (&a, la), (&b, lb), start, view(lc, &mut want)).unwrap();
+            let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();
+            let data = panels_of(bv, f32::panel_width());
+            for threads in [1, 2, 3] {
+                let mut got = vec![0.0; m * n];
+                let panels = Panels::new(&data, k, n).unwrap();
+                let product = || gemm_panels(1.0, (&a, la), panels, start, view(lc, &mut got));
+                pool(threads).install(product).unwrap();
+                assert_eq!(got, want, "{m}x{k}x{n} on {threads} threads");
+            }
+        }
+    }
+}

@@ -1,0 +1,801 @@
+//! Elementwise ops: unary functions and activations, `Clip`, `Cast`, binary arithmetic,
+//! comparisons and logic with numpy broadcasting, the variadic `Max`/`Min`/`Sum`/`Mean`, and
+//! `Where`.
+//!
+//! Canonical attributes (filled in by `ops/src/elementwise/mod.rs`):
+//! - `LeakyRelu`, `Elu`, `Celu`, `ThresholdedRelu`: `alpha`; `Selu`: `alpha`, `gamma`;
+//!   `HardSigmoid`: `alpha`, `beta`; `Gelu`: `approximate` (`none` or `tanh`);
+//!   `IsInf`: `detect_negative`, `detect_positive`; `Mod`: `fmod`; `BitShift`: `direction`
+//!   (`LEFT` or `RIGHT`).
+//! - `Clip`: `min` and `max` (float or int; ±inf when unbounded); one input.
+//! - `Cast`: `to` (ONNX type code), which must be the output's type. `CastLike` casts its first
+//!   input to the output's type (the compiler lowers it to `Cast`).
+//!
+//! Types: arithmetic, comparisons, `Clip`, `Max`/`Min`/`Sum`/`Mean`, `Abs`/`Neg`/`Sign`/`Relu`
+//! on every numeric type (f32, f64, f16, 8- to 64-bit integers); the float functions on f32,
+//! f64 and f16 (computed in f32); `Pow` with an f32/f64/f16/i32/i64 base and any numeric
+//! exponent; `BitShift` on integers; logic on bool; `Equal`, `Where` and `Cast` on every type.
+//!
+//! Element semantics (wrapping integers, casts, NaN) are in `elementwise/scalar.rs`; the
+//! broadcasting plan is in `elementwise/broadcast.rs`.
+
+use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::invalid;
+use crate::tensor::{Element, TensorMut, TensorRef};
+use broadcast::Broadcast;
+use half::f16;
+use ingot_schema::{AttrValue, Attrs, DType};
+use rayon::prelude::*;
+use scalar::{Float, Num, Scalar, Wide};
+use std::marker::PhantomData;
+
+mod broadcast;
+mod scalar;
+
+const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"];
+
+/// Elements a unary map hands to one task: enough to be worth another thread.
+const MAP_TASK: usize = 1 << 15;
+
+/// Ops of this family whose kernels are not built on `Map` or `Binary` and so do not run in
+/// place: Pow, the variadic ops and Where.
+const NOT_IN_PLACE: &[&str] = &["Pow", "Max", "Min", "Sum", "Mean", "Where"];
+
+/// Whether `op` runs in place ([`Kernel::run_in_place`]) over any of its inputs: every op of
+/// this family built on the `Map` and `Binary` kernels.
+pub(super) fn in_place(op: &str, _: &Attrs, _: usize) -> bool {
+    !NOT_IN_PLACE.contains(&op)
+}
+
+pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    match cx.op {
+        "Cast" | "CastLike" => cast(cx),
+        "Clip" => clip(cx),
+        "Max" | "Min" | "Sum" | "Mean" => variadic(cx),
+        "Where" => where_(cx),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" | "BitShift" | "And" | "Or"
+        | "Xor" => binary(cx),
+        op if COMPARE.contains(&op) => binary(cx),
+        _ => unary(cx),
+    }
+}
+
+/// Runs `$body` with the type `$T` bound to the element type of `$dt`, one of those listed.
+macro_rules! with_type {
+    ($dt:expr, $cx:expr, |$T:ident| $body:expr, [$($d:ident => $t:ty),*]) => {
+        match $dt {
+            $(DType::$d => {
+                type $T = $t;
+                $body
+            })*
+            #[allow(unreachable_patterns)]
+            other => Err($cx.dtype_error(other)),
+        }
+    };
+}
+/// Every type with arithmetic.
+macro_rules! numeric {
+    ($dt:expr, $cx:expr, |$T:ident| $body:expr) => {
+        with_type!($dt, $cx, |$T| $body, [F32 => f32, F64 => f64, F16 => f16, I8 => i8,
+            U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32, I64 => i64, U64 => u64])
+    };
+}
+/// The float types.
+macro_rules! floats {
+    ($dt:expr, $cx:expr, |$T:ident| $body:expr) => {
+        with_type!($dt, $cx, |$T| $body, [F32 => f32, F64 => f64, F16 => f16])
+    };
+}
+/// Every type; bool as its 0/1 bytes.
+macro_rules! any_type {
+    ($dt:expr, $cx:expr, |$T:ident| $body:expr) => {
+        with_type!($dt, $cx, |$T| $body, [F32 => f32, F64 => f64, F16 => f16, I8 => i8,
+            U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+            Bool => u8])
+    };
+}
+
+type Prepared = Result<Box<dyn Kernel>, KernelError>;
+
+// ---- checks and tensor access ----
+
+/// Errors unless the output has `dtype`.
+fn expect_output(cx: &OpCx, dtype: DType) -> Result<(), KernelError> {
+    let y = &cx.outputs[0];
+    if y.dtype != dtype {
+        return Err(invalid!(
+            "{} produces {dtype}, but its output is declared {}",
+            cx.op,
+            y.dtype
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a one-input op: its output has `dtype` and the input's shape. Returns the length.
+fn same_shape(cx: &OpCx, dtype: DType) -> Result<usize, KernelError> {
+    expect_output(cx, dtype)?;
+    let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
+    if y.shape != x.shape {
+        return Err(invalid!(
+            "{} maps shape {:?} to itself, but its output is declared {:?}",
+            cx.op,
+            x.shape,
+            y.shape
+        ));
+    }
+    Ok(x.elements())
+}
+
+fn input<'a, T: Element>(inputs: &[TensorRef<'a>], i: usize) -> Result<&'a [T], KernelError> {
+    let t = inputs
+        .get(i)
+        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    Ok(t.as_slice()?)
+}
+
+fn output<'a, T: Element>(outputs: &'a mut [TensorMut<'_>]) -> Result<&'a mut [T], KernelError> {
+    let t = outputs
+        .first_mut()
+        .ok_or_else(|| invalid!("the output is missing"))?;
+    Ok(t.as_slice_mut()?)
+}
+
+/// Input `i`'s raw elements of `T`'s size, whatever its type (for ops that only move values).
+fn input_bits<'a, T: bytemuck::Pod>(
+    inputs: &[TensorRef<'a>],
+    i: usize,
+) -> Result<&'a [T], KernelError> {
+    let t = inputs
+        .get(i)
+        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    bytemuck::try_cast_slice(t.bytes).map_err(|_| invalid!("input {i} is misaligned"))
+}
+
+fn output_bits<'a, T: bytemuck::Pod>(
+    outputs: &'a mut [TensorMut<'_>],
+) -> Result<&'a mut [T], KernelError> {
+    let t = outputs
+        .first_mut()
+        .ok_or_else(|| invalid!("the output is missing"))?;
+    bytemuck::try_cast_slice_mut(t.bytes).map_err(|_| invalid!("the output is misaligned"))
+}
+
+// ---- kernels ----
+
+/// `y = f(x)`, element by element.
+struct Map<A, O, F> {
+    len: usize,
+    f: F,
+    _t: PhantomData<fn(A) -> O>,
+}
+
+fn map<A: Element, O: Element>(
+    len: usize,
+    f: impl Fn(A) -> O + Send + Sync + 'static,
+) -> Box<dyn Kernel> {
+    Box::new(Map {
+        len,
+        f,
+        _t: PhantomData,
+    })
+}
+
+impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F> {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let x = input::<A>(inputs, 0)?;
+        let y = output::<O>(outputs)?;
+        if x.len() != self.len || y.len() != self.len {
+            return Err(invalid!(
+                "prepared for {} elements, got {} -> {}",
+                self.len,
+                x.len(),
+                y.len()
+            ));
+        }
+        let tasks = y.par_chunks_mut(MAP_TASK).zip(x.par_chunks(MAP_TASK));
+        tasks.for_each(|(y, x)| {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (self.f)(x);
+            }
+        });
+        Ok(())
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        _inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        if aliased != 0 || size_of::<A>() != size_of::<O>() {
+            return Err(invalid!("cannot run in place over input {aliased}"));
+        }
+        let y = output::<O>(outputs)?;
+        if y.len() != self.len {
+            return Err(invalid!(
+                "prepared for {} elements, got {}",
+                self.len,
+                y.len()
+            ));
+        }
+        // The output holds the input's bits: read each element as the input type.
+        y.par_chunks_mut(MAP_TASK).for_each(|y| {
+            for y in y.iter_mut() {
+                *y = (self.f)(bytemuck::cast(*y));
+            }
+        });
+        Ok(())
+    }
+}
+
+/// `y = f(a, b)` with `a` and `b` broadcast.
+struct Binary<A, B, O, F> {
+    bc: Broadcast<2>,
+    f: F,
+    _t: PhantomData<fn(A, B) -> O>,
+}
+
+fn binary_kernel<A: Element, B: Element, O: Element>(
+    bc: Broadcast<2>,
+    f: impl Fn(A, B) -> O + Send + Sync + 'static,
+) -> Box<dyn Kernel> {
+    Box::new(Binary {
+        bc,
+        f,
+        _t: PhantomData,
+    })
+}
+
+impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
+    for Binary<A, B, O, F>
+{
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let (a, b) = (input::<A>(inputs, 0)?, input::<B>(inputs, 1)?);
+        let y = output::<O>(outputs)?;
+        self.bc.check([a.len(), b.len()], y.len())?;
+        zip_broadcast(&self.bc, a, b, y, &self.f);
+        Ok(())
+    }
+
+    /// The aliased operand has the output's shape (the planner only aliases equal types), so
+    /// its blocks are the output's: each element is read, then overwritten.
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let y = output::<O>(outputs)?;
+        let f = &self.f;
+        match aliased {
+            0 if size_of::<A>() == size_of::<O>() => {
+                let b = input::<B>(inputs, 1)?;
+                self.bc.check([y.len(), b.len()], y.len())?;
+                self.bc.for_each(|[_, rb], ry| match &b[rb] {
+                    &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
+                    b => {
+                        (y[ry].iter_mut().zip(b)).for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b))
+                    }
+                });
+            }
+            1 if size_of::<B>() == size_of::<O>() => {
+                let a = input::<A>(inputs, 0)?;
+                self.bc.check([a.len(), y.len()], y.len())?;
+                self.bc.for_each(|[ra, _], ry| match &a[ra] {
+                    &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
+                    a => {
+                        (y[ry].iter_mut().zip(a)).for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y)))
+                    }
+                });
+            }
+            _ => return Err(invalid!("cannot run in place over input {aliased}")),
+        }
+        Ok(())
+    }
+}
+
+/// `y = f(a, b)` over a checked plan; the block loops are what the compiler vectorises.
+#[inline(always)]
+fn zip_broadcast<A: Copy, B: Copy, O: Copy>(
+    bc: &Broadcast<2>,
+    a: &[A],
+    b: &[B],
+    y: &mut [O],
+    f: &impl Fn(A, B) -> O,
+) {
+    bc.for_each(|[ra, rb], ry| {
+        let y = &mut y[ry];
+        match (&a[ra], &b[rb]) {
+            (&[a], &[b]) => y.fill(f(a, b)),
+            (&[a], b) => y.iter_mut().zip(b).for_each(|(y, &b)| *y = f(a, b)),
+            (a, &[b]) => y.iter_mut().zip(a).for_each(|(y, &a)| *y = f(a, b)),
+            (a, b) => {
+                for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+                    *y = f(a, b);
+                }
+            }
+        }
+    });
+}
+
+// ---- unary ----
+
+fn unary(cx: &OpCx) -> Prepared {
+    cx.expect_arity(1..=1, 1)?;
+    let dt = cx.inputs[0].dtype;
+    let bool_out = matches!(cx.op, "Not" | "IsNaN" | "IsInf");
+    let len = same_shape(cx, if bool_out { DType::Bool } else { dt })?;
+    match cx.op {
+        "Abs" => numeric!(dt, cx, |T| Ok(map(len, <T as Num>::abs))),
+        "Neg" => numeric!(dt, cx, |T| Ok(map(len, <T as Num>::neg))),
+        "Sign" => numeric!(dt, cx, |T| Ok(map(len, <T as Num>::sign))),
+        "Relu" => numeric!(dt, cx, |T| Ok(map(len, |x: T| Num::max(x, T::ZERO)))),
+        "Not" if dt == DType::Bool => Ok(map(len, |x: u8| (x == 0) as u8)),
+        "Not" => Err(cx.dtype_error(dt)),
+        "IsNaN" => floats!(dt, cx, |T| Ok(map(len, |x: T| Num::is_nan(x) as u8))),
+        "IsInf" => {
+            let neg = cx.attrs.int("detect_negative")? != 0;
+            let pos = cx.attrs.int("detect_positive")? != 0;
+            floats!(dt, cx, |T| Ok(map(len, move |x: T| {
+                (Num::is_infinite(x) && if x > T::ZERO { pos } else { neg }) as u8
+            })))
+        }
+        op => match dt {
+            DType::F32 => float_unary::<f32>(op, cx.attrs, Direct(len)),
+            DType::F64 => float_unary::<f64>(op, cx.attrs, Direct(len)),
+            DType::F16 => float_unary::<f32>(op, cx.attrs, ViaF32(len)),
+            other => Err(cx.dtype_error(other)),
+        },
+    }
+}
+
+/// Where a float function's kernel reads and writes its elements.
+trait Sink<F> {
+    fn build(self, f: impl Fn(F) -> F + Send + Sync + 'static) -> Box<dyn Kernel>;
+}
+
+/// Elements of the function's own type.
+struct Direct(usize);
+impl<F: Float> Sink<F> for Direct {
+    fn build(self, f: impl Fn(F) -> F + Send + Sync + 'static) -> Box<dyn Kernel> {
+        map(self.0, f)
+    }
+}
+
+/// f16 elements, computed in f32.
+struct ViaF32(usize);
+impl Sink<f32> for ViaF32 {
+    fn build(self, f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Box<dyn Kernel> {
+        map(self.0, move |x: f16| f16::from_f32(f(x.to_f32())))
+    }
+}
+
+fn float_unary<F: Float>(op: &str, attrs: &Attrs, sink: impl Sink<F>) -> Prepared {
+    let attr = |name: &str| -> Result<F, KernelError> { Ok(F::of(attrs.float(name)? as f64)) };
+    let (zero, half, one) = (F::ZERO, F::of(0.5), F::of(1.0));
+    // ln(1 + e^x) without overflow.
+    let softplus = move |x: F| x.max(zero) + (-x.abs()).exp().ln_1p();
+    Ok(match op {
+        "Ceil" => sink.build(F::ceil),
+        "Floor" => sink.build(F::floor),
+        "Round" => sink.build(F::round),
+        "Sqrt" => sink.build(F::sqrt),
+        "Reciprocal" => sink.build(F::recip),
+        "Exp" => sink.build(F::exp),
+        "Log" => sink.build(F::ln),
+        "Sin" => sink.build(F::sin),
+        "Cos" => sink.build(F::cos),
+        "Tan" => sink.build(F::tan),
+        "Asin" => sink.build(F::asin),
+        "Acos" => sink.build(F::acos),
+        "Atan" => sink.build(F::atan),
+        "Sinh" => sink.build(F::sinh),
+        "Cosh" => sink.build(F::cosh),
+        "Tanh" => sink.build(F::tanh),
+        "Asinh" => sink.build(F::asinh),
+        "Acosh" => sink.build(F::acosh),
+        "Atanh" => sink.build(F::atanh),
+        "Erf" => sink.build(F::erf),
+        "Sigmoid" => sink.build(move |x: F| one / (one + (-x).exp())),
+        "Softplus" => sink.build(softplus),
+        "Softsign" => sink.build(move |x: F| x / (one + x.abs())),
+        "Mish" => sink.build(move |x: F| x * softplus(x).tanh()),
+        "HardSwish" => {
+            let sixth = F::of(1.0 / 6.0);
+            sink.build(move |x: F| x * (x * sixth + half).max(zero).min(one))
+        }
+        "HardSigmoid" => {
+            let (alpha, beta) = (attr("alpha")?, attr("beta")?);
+            sink.build(move |x: F| (alpha * x + beta).max(zero).min(one))
+        }
+        "LeakyRelu" => {
+            let alpha = attr("alpha")?;
+            sink.build(move |x: F| if x < zero { alpha * x } else { x })
+        }
+        "ThresholdedRelu" => {
+            let alpha = attr("alpha")?;
+            sink.build(move |x: F| if x > alpha { x } else { zero })
+        }
+        "Elu" => {
+            let alpha = attr("alpha")?;
+            sink.build(move |x: F| if x < zero { alpha * (x.exp() - one) } else { x })
+        }
+        "Selu" => {
+            let (alpha, gamma) = (attr("alpha")?, attr("gamma")?);
+            sink.build(move |x: F| gamma * if x > zero { x } else { alpha * (x.exp() - one) })
+        }
+        "Celu" => {
+            let alpha = attr("alpha")?;
+            sink.build(move |x: F| x.max(zero) + (alpha * ((x / alpha).exp() - one)).min(zero))
+        }
+        "Gelu" => match attrs.text("approximate")? {
+            "none" => {
+                let r = F::of(std::f64::consts::FRAC_1_SQRT_2);
+                sink.build(move |x: F| half * x * (one + (x * r).erf()))
+            }
+            "tanh" => {
+                let k = F::of((2.0 / std::f64::consts::PI).sqrt());
+                let c = F::of(0.044715);
+                sink.build(move |x: F| half * x * (one + (k * (x + c * x * x * x)).tanh()))
+            }
+            other => return Err(invalid!("Gelu: unknown approximation '{other}'")),
+        },
+        op => return Err(KernelError::UnknownOp(op.to_string())),
+    })
+}
+
+/// Attribute `name` as a bound: an int or a float, kept exact for either.
+fn bound(attrs: &Attrs, name: &str) -> Result<Wide, KernelError> {
+    match attrs.get(name) {
+        Some(AttrValue::Int(v)) => Ok(Wide::I(*v)),
+        Some(AttrValue::Float(v)) => Ok(Wide::F(*v)),
+        _ => Ok(Wide::F(attrs.float(name)? as f64)), // the getter's error
+    }
+}
+
+fn clip(cx: &OpCx) -> Prepared {
+    cx.expect_arity(1..=1, 1)?;
+    let dt = cx.inputs[0].dtype;
+    let len = same_shape(cx, dt)?;
+    let (lo, hi) = (bound(cx.attrs, "min")?, bound(cx.attrs, "max")?);
+    numeric!(dt, cx, |T| {
+        let (lo, hi) = (T::from_wide(lo), T::from_wide(hi));
+        // NaN passes through; with min > max everything becomes max, as ONNX says.
+        Ok(map(len, move |x: T| {
+            let x = if x < lo { lo } else { x };
+            if x > hi { hi } else { x }
+        }))
+    })
+}
+
+fn cast(cx: &OpCx) -> Prepared {
+    let n_in = if cx.op == "CastLike" { 2 } else { 1 };
+    cx.expect_arity(n_in..=n_in, 1)?;
+    let (src, dst) = (cx.inputs[0].dtype, cx.outputs[0].dtype);
+    if cx.op == "Cast" {
+        let to = cx.attrs.int("to")?;
+        if i32::try_from(to).ok().and_then(DType::from_onnx_code) != Some(dst) {
+            return Err(invalid!("Cast to type code {to}, but its output is {dst}"));
+        }
+    }
+    let len = same_shape(cx, dst)?;
+    // Bool is stored as 0/1 bytes, so as a source it converts like u8.
+    any_type!(src, cx, |A| if dst == DType::Bool {
+        Ok(map(len, |x: A| x.to_wide().is_nonzero() as u8))
+    } else {
+        any_type!(dst, cx, |B| Ok(map(len, |x: A| B::from_wide(x.to_wide()))))
+    })
+}
+
+// ---- binary ----
+
+fn binary(cx: &OpCx) -> Prepared {
+    cx.expect_arity(2..=2, 1)?;
+    let (a, b, y) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
+    let bc = Broadcast::new([&a.shape, &b.shape], &y.shape)?;
+    let (op, dt) = (cx.op, a.dtype);
+    if op != "Pow" && b.dtype != dt {
+        return Err(invalid!(
+            "{op} of {dt} and {}: the types must match",
+            b.dtype
+        ));
+    }
+    let bool_out = COMPARE.contains(&op) || matches!(op, "And" | "Or" | "Xor");
+    expect_output(cx, if bool_out { DType::Bool } else { dt })?;
+    match op {
+        "Pow" => pow(cx, bc, dt, b.dtype),
+        "And" | "Or" | "Xor" if dt != DType::Bool => Err(cx.dtype_error(dt)),
+        "And" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 && b != 0) as u8)),
+        "Or" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 || b != 0) as u8)),
+        "Xor" => Ok(binary_kernel(bc, |a: u8, b: u8| {
+            ((a != 0) != (b != 0)) as u8
+        })),
+        "BitShift" => {
+            let left = match cx.attrs.text("direction")? {
+                "LEFT" => true,
+                "RIGHT" => false,
+                other => return Err(invalid!("BitShift: unknown direction '{other}'")),
+            };
+            with_type!(dt, cx, |T| Ok(binary_kernel(bc, move |a: T, n: T| {
+                // As the ONNX reference: a negative amount or one of the width or more
+                // shifts everything out, leaving 0, or -1 for a negative value shifted right.
+                let n = shift_amount(n);
+                if left {
+                    n.and_then(|n| a.checked_shl(n)).unwrap_or(0)
+                } else {
+                    n.and_then(|n| a.checked_shr(n)) // arithmetic for signed types
+                        .unwrap_or_else(|| Num::min(Num::sign(a), 0))
+                }
+            })), [I8 => i8, U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32,
+                I64 => i64, U64 => u64])
+        }
+        op if COMPARE.contains(&op) => any_type!(dt, cx, |T| compare::<T>(op, bc)),
+        op => numeric!(dt, cx, |T| arith::<T>(op, cx.attrs, bc)),
+    }
+}
+
+/// A shift amount as u32; `None` when negative.
+fn shift_amount<T: Scalar>(n: T) -> Option<u32> {
+    match n.to_wide() {
+        Wide::U(v) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
+        Wide::I(v) => u64::try_from(v)
+            .ok()
+            .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+        Wide::F(_) => None,
+    }
+}
+
+fn arith<T: Num>(op: &str, attrs: &Attrs, bc: Broadcast<2>) -> Prepared {
+    Ok(match op {
+        "Add" => binary_kernel(bc, T::add),
+        "Sub" => binary_kernel(bc, T::sub),
+        "Mul" => binary_kernel(bc, T::mul),
+        "Div" => binary_kernel(bc, T::div),
+        "Mod" => match attrs.int("fmod")? {
+            0 => binary_kernel(bc, |a: T, b: T| a.rem(b, false)),
+            1 => binary_kernel(bc, |a: T, b: T| a.rem(b, true)),
+            v => return Err(invalid!("Mod: fmod must be 0 or 1, got {v}")),
+        },
+        "PRelu" => binary_kernel(
+            bc,
+            |x: T, slope: T| {
+                if x < T::ZERO { x.mul(slope) } else { x }
+            },
+        ),
+        op => return Err(KernelError::UnknownOp(op.to_string())),
+    })
+}
+
+fn compare<T: Scalar>(op: &str, bc: Broadcast<2>) -> Prepared {
+    Ok(match op {
+        "Equal" => binary_kernel(bc, |a: T, b: T| (a == b) as u8),
+        "Greater" => binary_kernel(bc, |a: T, b: T| (a > b) as u8),
+        "GreaterOrEqual" => binary_kernel(bc, |a: T, b: T| (a >= b) as u8),
+        "Less" => binary_kernel(bc, |a: T, b: T| (a < b) as u8),
+        "LessOrEqual" => binary_kernel(bc, |a: T, b: T| (a <= b) as u8),
+        op => return Err(KernelError::UnknownOp(op.to_string())),
+    })
+}
+
+/// `Pow`: the result has the base's type; computed in f64 (exact for integer results that
+/// fit), with `x * x` for the common square.
+struct Pow<T, E> {
+    bc: Broadcast<2>,
+    _t: PhantomData<fn(T, E) -> T>,
+}
+
+fn pow(cx: &OpCx, bc: Broadcast<2>, base: DType, exp: DType) -> Prepared {
+    // ONNX's base types; the exponent may be any numeric type.
+    with_type!(base, cx, |T| numeric!(exp, cx, |E| Ok(Box::new(Pow::<T, E> {
+        bc,
+        _t: PhantomData
+    }))), [F32 => f32, F64 => f64, F16 => f16, I32 => i32, I64 => i64])
+}
+
+impl<T: Num, E: Scalar> Kernel for Pow<T, E> {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let (a, b) = (input::<T>(inputs, 0)?, input::<E>(inputs, 1)?);
+        let y = output::<T>(outputs)?;
+        self.bc.check([a.len(), b.len()], y.len())?;
+        if let &[e] = b
+            && e.to_wide().to_f64() == 2.0
+        {
+            zip_broadcast(&self.bc, a, b, y, &|x: T, _| x.mul(x));
+        } else {
+            zip_broadcast(&self.bc, a, b, y, &|x: T, e: E| {
+                T::from_wide(Wide::F(x.to_wide().to_f64().powf(e.to_wide().to_f64())))
+            });
+        }
+        Ok(())
+    }
+}
+
+// ---- variadic ----
+
+/// `Max`, `Min`, `Sum`, `Mean`: the first two inputs combine into the output, each further one
+/// folds into it in place.
+struct Variadic<T, F> {
+    head: Head,
+    rest: Vec<Broadcast<1>>,
+    f: F,
+    /// Divide by the number of inputs at the end.
+    mean: bool,
+    _t: PhantomData<fn(T) -> T>,
+}
+
+enum Head {
+    /// A single input, copied (expanded) to the output.
+    Copy(Broadcast<1>),
+    Zip(Broadcast<2>),
+}
+
+fn variadic(cx: &OpCx) -> Prepared {
+    let Some(dt) = cx
+        .inputs
+        .first()
+        .map(|x| x.dtype)
+        .filter(|_| cx.outputs.len() == 1)
+    else {
+        return Err(invalid!("{} takes 1 or more inputs and 1 output", cx.op));
+    };
+    if let Some(x) = cx.inputs.iter().find(|x| x.dtype != dt) {
+        return Err(invalid!(
+            "{} of {dt} and {}: the types must match",
+            cx.op,
+            x.dtype
+        ));
+    }
+    expect_output(cx, dt)?;
+    let out = &cx.outputs[0].shape;
+    let (head, skip) = match cx.inputs {
+        [a] => (Head::Copy(Broadcast::new([&a.shape], out)?), 1),
+        [a, b, ..] => (Head::Zip(Broadcast::new([&a.shape, &b.shape], out)?), 2),
+        [] => return Err(invalid!("{} needs an input", cx.op)),
+    };
+    let rest = cx.inputs[skip..]
+        .iter()
+        .map(|x| Broadcast::new([&x.shape], out))
+        .collect::<Result<Vec<_>, _>>()?;
+    fn kernel<T: Num>(
+        head: Head,
+        rest: Vec<Broadcast<1>>,
+        mean: bool,
+        f: impl Fn(T, T) -> T + Send + Sync + 'static,
+    ) -> Prepared {
+        Ok(Box::new(Variadic {
+            head,
+            rest,
+            f,
+            mean,
+            _t: PhantomData,
+        }))
+    }
+    let mean = cx.op == "Mean";
+    numeric!(dt, cx, |T| match cx.op {
+        "Max" => kernel::<T>(head, rest, mean, Num::max),
+        "Min" => kernel::<T>(head, rest, mean, Num::min),
+        _ => kernel::<T>(head, rest, mean, Num::add),
+    })
+}
+
+impl<T: Num, F: Fn(T, T) -> T + Send + Sync> Kernel for Variadic<T, F> {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let xs = (0..inputs.len())
+            .map(|i| input::<T>(inputs, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let y = output::<T>(outputs)?;
+        let skip = match (&self.head, &xs[..]) {
+            (Head::Copy(bc), [a, ..]) => {
+                bc.check([a.len()], y.len())?;
+                bc.for_each(|[ra], ry| match &a[ra] {
+                    &[v] => y[ry].fill(v),
+                    a => y[ry].copy_from_slice(a),
+                });
+                1
+            }
+            (Head::Zip(bc), [a, b, ..]) => {
+                bc.check([a.len(), b.len()], y.len())?;
+                zip_broadcast(bc, a, b, y, &self.f);
+                2
+            }
+            _ => return Err(invalid!("too few inputs")),
+        };
+        if xs.len() != skip + self.rest.len() {
+            return Err(invalid!(
+                "prepared for {} inputs, got {}",
+                skip + self.rest.len(),
+                xs.len()
+            ));
+        }
+        for (bc, x) in self.rest.iter().zip(&xs[skip..]) {
+            bc.check([x.len()], y.len())?;
+            bc.for_each(|[rx], ry| {
+                let y = &mut y[ry];
+                match &x[rx] {
+                    &[v] => y.iter_mut().for_each(|y| *y = (self.f)(*y, v)),
+                    x => y.iter_mut().zip(x).for_each(|(y, &x)| *y = (self.f)(*y, x)),
+                }
+            });
+        }
+        if self.mean {
+            let n = T::from_wide(Wide::U(xs.len() as u64));
+            y.iter_mut().for_each(|y| *y = y.div(n));
+        }
+        Ok(())
+    }
+}
+
+// ---- Where ----
+
+/// `Where` only moves values, so it works on raw elements of the value type's size.
+struct Where<T> {
+    bc: Broadcast<3>,
+    _t: PhantomData<fn(T) -> T>,
+}
+
+fn where_(cx: &OpCx) -> Prepared {
+    cx.expect_arity(3..=3, 1)?;
+    let [c, x, y] = [&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]];
+    if c.dtype != DType::Bool {
+        return Err(invalid!("Where: the condition is {}, not bool", c.dtype));
+    }
+    if y.dtype != x.dtype {
+        return Err(invalid!(
+            "Where of {} and {}: the types must match",
+            x.dtype,
+            y.dtype
+        ));
+    }
+    expect_output(cx, x.dtype)?;
+    let bc = Broadcast::new([&c.shape, &x.shape, &y.shape], &cx.outputs[0].shape)?;
+    Ok(match x.dtype.size() {
+        1 => Box::new(Where::<u8> {
+            bc,
+            _t: PhantomData,
+        }),
+        2 => Box::new(Where::<u16> {
+            bc,
+            _t: PhantomData,
+        }),
+        4 => Box::new(Where::<u32> {
+            bc,
+            _t: PhantomData,
+        }),
+        _ => Box::new(Where::<u64> {
+            bc,
+            _t: PhantomData,
+        }),
+    })
+}
+
+impl<T: bytemuck::Pod + Send + Sync> Kernel for Where<T> {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let c = input::<u8>(inputs, 0)?;
+        let (a, b) = (input_bits::<T>(inputs, 1)?, input_bits::<T>(inputs, 2)?);
+        let y = output_bits::<T>(outputs)?;
+        self.bc.check([c.len(), a.len(), b.len()], y.len())?;
+        self.bc.for_each(|[rc, ra, rb], ry| {
+            let (c, a, b, y) = (&c[rc], &a[ra], &b[rb], &mut y[ry]);
+            if c.len() == y.len() && a.len() == y.len() && b.len() == y.len() {
+                for (((y, &c), &a), &b) in y.iter_mut().zip(c).zip(a).zip(b) {
+                    *y = if c != 0 { a } else { b };
+                }
+            } else {
+                // Each input is contiguous or one repeated element: step 1 or 0.
+                let (sc, sa, sb) = (step(c), step(a), step(b));
+                for (i, y) in y.iter_mut().enumerate() {
+                    *y = if c[i * sc] != 0 { a[i * sa] } else { b[i * sb] };
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+fn step<X>(s: &[X]) -> usize {
+    (s.len() > 1) as usize
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,28 @@
+//! What Ingot's ops mean, in one place for the compiler and the runtime.
+//!
+//! One folder per op family (`conv/`, `elementwise/`, ...): how an ONNX node of the family
+//! becomes canonical and what it produces (`mod.rs`), and its CPU kernels (`cpu.rs`), which are
+//! both the CPU backend and what constant folding evaluates. [`registry`] finds an op by name
+//! and says what it has; [`lower`] is the canonical form lowering produces; [`tensor`] the
+//! tensor types every stage shares.
+
+pub mod cpu;
+pub mod lower;
+mod node;
+pub mod registry;
+pub mod tensor;
+
+mod conv;
+mod elementwise;
+mod matmul;
+mod movement;
+mod norm;
+mod pool;
+mod reduce;
+mod resize;
+mod rnn;
+
+pub use ingot_schema::DType;
+pub use node::{Constant, Node, ValueId};
+pub use registry::{Op, OpDef, can_run_in_place, is_view, lookup, supported_ops};
+pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};
