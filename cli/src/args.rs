@@ -1,7 +1,7 @@
 //! What the subcommands share: argument parsers and opening a session.
 
 use anyhow::{Context, Result, bail};
-use ingot_runtime::{Bundle, Device, Ledger, Session, SessionOptions};
+use ingot_runtime::{Bundle, Device, KernelClass, Ledger, Session, SessionOptions};
 use std::sync::Arc;
 
 /// Parses `NAME=1x3x48x192` (`--input-shape`).
@@ -33,27 +33,44 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
     Ok((name.to_string(), std::path::PathBuf::from(path)))
 }
 
-/// Opens a session of `variant` whose submodels each run on the first of `devices` (names as
-/// [`Device::parse`] takes them) that prepares them. Failover moves a submodel whose run
-/// fails to the next device.
+/// Where and how `run` and `bench` run a bundle.
+#[derive(clap::Args)]
+pub struct SessionArgs {
+    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
+    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
+    devices: Vec<String>,
+    /// Threads for the CPU backend (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Which Vulkan kernels run: auto (the device's class), cpu (the CPU-type kernels) or
+    /// gpu (the GPU kernels, on any device: how lavapipe runs them in tests).
+    #[arg(long, default_value = "auto")]
+    kernel_class: String,
+    /// The variant to run (default: the first).
+    #[arg(long)]
+    pub variant: Option<String>,
+}
+
+/// Opens a session whose submodels each run on the first device of `args.devices` that
+/// prepares them. With `failover`, a submodel whose run fails moves to the next device.
 pub fn open_session(
     bundle: &Arc<Bundle>,
-    variant: Option<&str>,
-    devices: &[String],
+    args: &SessionArgs,
     failover: bool,
-    threads: Option<usize>,
     ledger: &Ledger,
 ) -> Result<Session> {
     // Every name is checked before any device is tried.
-    let devices = devices
+    let devices = args
+        .devices
         .iter()
         .map(|name| Device::parse(name))
         .collect::<Result<Vec<_>, _>>()?;
     let options = SessionOptions {
-        variant: variant.map(str::to_string),
+        variant: args.variant.clone(),
         devices,
         failover,
-        threads,
+        threads: args.threads,
+        kernel_class: KernelClass::parse(&args.kernel_class)?,
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()
     };

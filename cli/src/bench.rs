@@ -13,18 +13,11 @@ use std::time::Instant;
 pub struct Args {
     /// The bundle to measure.
     bundle: PathBuf,
-    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
-    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
-    devices: Vec<String>,
-    /// Threads for the CPU backend (default: one per core).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    session: crate::args::SessionArgs,
     /// Timed runs after the first.
     #[arg(long, default_value_t = 20)]
     iterations: usize,
-    /// The variant to run (default: the first).
-    #[arg(long)]
-    variant: Option<String>,
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -39,14 +32,7 @@ pub fn main(args: Args) -> Result<()> {
             .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
     let ledger = Ledger::new();
-    let mut session = crate::args::open_session(
-        &bundle,
-        args.variant.as_deref(),
-        &args.devices,
-        true,
-        args.threads,
-        &ledger,
-    )?;
+    let mut session = crate::args::open_session(&bundle, &args.session, true, &ledger)?;
     let load_ms = ms(start);
 
     let inputs: Vec<Tensor> = session.inputs().iter().map(|i| seeded(&i.desc)).collect();
@@ -66,7 +52,7 @@ pub fn main(args: Args) -> Result<()> {
     };
     let (median_ms, p90_ms) = (quantile(0.5), quantile(0.9));
 
-    let variant = match &args.variant {
+    let variant = match &args.session.variant {
         Some(name) => &bundle.manifest().variants[bundle.variant_index(name)?],
         None => bundle
             .manifest()

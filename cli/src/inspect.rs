@@ -1,4 +1,4 @@
-//! `ingot inspect BUNDLE [--json]`
+//! `ingot inspect BUNDLE [--kernels] [--json]`
 
 use crate::args::shape_text;
 use anyhow::{Context, Result};
@@ -13,6 +13,10 @@ use std::path::PathBuf;
 pub struct Args {
     /// The bundle to describe.
     bundle: PathBuf,
+    /// List the kernels instead: one line per SPIR-V module with its bytes, workgroup size
+    /// and the steps that use it, largest first, and the totals beside the weights.
+    #[arg(long)]
+    kernels: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -21,9 +25,15 @@ pub struct Args {
 pub fn main(args: Args) -> Result<()> {
     let bundle = Bundle::open(&args.bundle)
         .with_context(|| format!("cannot open {}", args.bundle.display()))?;
-    let report = describe(&bundle);
+    let report = if args.kernels {
+        kernels(&bundle)
+    } else {
+        describe(&bundle)
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.kernels {
+        print!("{}", kernels_text(&report));
     } else {
         print!("{}", text(&report));
     }
@@ -138,6 +148,92 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
         "variants": variants,
         "sections": sections,
     })
+}
+
+/// Every kernel module: its bytes, workgroup size, and which steps of which variants (and
+/// device classes) dispatch it; with the totals against the weights.
+pub fn kernels(bundle: &Bundle) -> serde_json::Value {
+    let m = bundle.manifest();
+    let mut users: Vec<BTreeSet<String>> = vec![BTreeSet::new(); m.kernels.len()];
+    for v in &m.variants {
+        for (i, s) in v.steps.iter().enumerate() {
+            for entry in &s.vulkan {
+                let class =
+                    proto::DeviceClass::try_from(entry.device_class).map_or("?", |c| match c {
+                        proto::DeviceClass::Any => "any",
+                        proto::DeviceClass::Gpu => "gpu",
+                        proto::DeviceClass::Cpu => "cpu",
+                    });
+                for d in &entry.dispatches {
+                    if let Some(u) = users.get_mut(d.kernel as usize) {
+                        u.insert(format!("{}:{i} {} ({class})", v.name, s.op));
+                    }
+                }
+            }
+        }
+    }
+    let mut modules: Vec<serde_json::Value> = m
+        .kernels
+        .iter()
+        .zip(users)
+        .enumerate()
+        .map(|(k, (kernel, users))| {
+            json!({
+                "kernel": k,
+                "name": kernel.name,
+                "bytes": kernel.length,
+                "workgroup_size": kernel.workgroup_size,
+                "bindings": kernel.bindings,
+                "params": kernel.params,
+                "steps": users,
+            })
+        })
+        .collect();
+    modules.sort_by_key(|k| std::cmp::Reverse(k["bytes"].as_u64().unwrap_or(0)));
+    let total: u64 = m.kernels.iter().map(|k| k.length).sum();
+    let weights: u64 = m.weights.iter().map(|w| w.length).sum();
+    json!({
+        "kernels": m.kernels.len(),
+        "kernel_bytes": total,
+        "largest_kernel_bytes": m.kernels.iter().map(|k| k.length).max().unwrap_or(0),
+        "weight_bytes": weights,
+        "modules": modules,
+    })
+}
+
+fn kernels_text(r: &serde_json::Value) -> String {
+    let mut s = String::new();
+    for k in r["modules"].as_array().into_iter().flatten() {
+        let steps: Vec<&str> = k["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str())
+            .collect();
+        let shown = steps.iter().take(4).copied().collect::<Vec<_>>().join(", ");
+        let more = match steps.len() {
+            n if n > 4 => format!(" and {} more", n - 4),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "kernel {:>4}  {:>8} bytes  wg {:<12} {}  <- {shown}{more}\n",
+            k["kernel"],
+            k["bytes"],
+            k["workgroup_size"].to_string(),
+            k["name"].as_str().unwrap_or("")
+        ));
+    }
+    let (total, weights) = (
+        r["kernel_bytes"].as_u64().unwrap_or(0),
+        r["weight_bytes"].as_u64().unwrap_or(0),
+    );
+    s.push_str(&format!(
+        "{} kernels, {total} bytes of SPIR-V (largest {}), {:.1}% of the {weights} bytes of weights\n",
+        r["kernels"],
+        r["largest_kernel_bytes"],
+        100.0 * total as f64 / weights.max(1) as f64
+    ));
+    s
 }
 
 /// The bank entries a variant's tensors refer to.

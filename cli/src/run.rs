@@ -17,19 +17,12 @@ pub struct Args {
     /// Directory for the outputs, written as <output name>.npy (names made file-safe).
     #[arg(long)]
     output_dir: PathBuf,
-    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
-    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
-    devices: Vec<String>,
-    /// Threads for the CPU backend (default: one per core).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    session: crate::args::SessionArgs,
     /// Return the error when running a submodel fails, instead of moving it to the next
     /// device and running it again.
     #[arg(long)]
     no_failover: bool,
-    /// The variant to run (default: the first).
-    #[arg(long)]
-    variant: Option<String>,
 }
 
 /// A name that is safe as a file name on every platform.
@@ -58,14 +51,8 @@ pub fn main(args: Args) -> Result<()> {
             .with_context(|| format!("cannot open {}", args.bundle.display()))?,
     );
     let ledger = Ledger::new();
-    let mut session = crate::args::open_session(
-        &bundle,
-        args.variant.as_deref(),
-        &args.devices,
-        !args.no_failover,
-        args.threads,
-        &ledger,
-    )?;
+    let mut session =
+        crate::args::open_session(&bundle, &args.session, !args.no_failover, &ledger)?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
 
     let mut inputs: Vec<Tensor> = Vec::new();

@@ -11,6 +11,8 @@ pub mod lower;
 mod node;
 pub mod registry;
 pub mod tensor;
+#[cfg(feature = "wgsl")]
+pub mod vulkan;
 
 mod conv;
 mod elementwise;

@@ -25,6 +25,9 @@ pub struct OpDef {
     /// Whether the output is the first input's bytes, unchanged: no kernel writes it (the
     /// planner gives it a view of the input's storage).
     pub view: bool,
+    /// Why the op has no Vulkan kernel at all (its steps run on the CPU); `None` when its
+    /// family's Vulkan kernels take it (for some dtypes and attributes at least).
+    pub cpu_only: Option<&'static str>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -47,6 +50,7 @@ impl OpDef {
             infer,
             folded: false,
             view: false,
+            cpu_only: None,
         }
     }
 
@@ -54,6 +58,14 @@ impl OpDef {
     pub const fn folded(self) -> OpDef {
         OpDef {
             folded: true,
+            ..self
+        }
+    }
+
+    /// Marks an op that never runs on Vulkan, and why.
+    pub const fn cpu_only(self, why: &'static str) -> OpDef {
+        OpDef {
+            cpu_only: Some(why),
             ..self
         }
     }
@@ -72,6 +84,9 @@ pub(crate) struct Family {
     /// Whether the planner may make the output of `op` (with canonical `attrs`) share the bytes
     /// of input `k` once that input dies at the step (and has the output's type).
     pub in_place: fn(op: &str, attrs: &Attrs, k: usize) -> bool,
+    /// The family's Vulkan kernels (one entry point that dispatches on the op).
+    #[cfg(feature = "wgsl")]
+    pub vulkan: crate::vulkan::Lower,
 }
 
 /// Never in place.
@@ -108,6 +123,19 @@ impl Op {
     /// The CPU kernel's builder; `None` for ops that are always folded.
     pub fn cpu(&self) -> Option<Prepare> {
         (!self.def.folded).then_some(self.family.cpu)
+    }
+
+    /// The Vulkan kernels' builder, or why the op has none.
+    #[cfg(feature = "wgsl")]
+    pub fn vulkan(&self) -> Result<crate::vulkan::Lower, crate::vulkan::NoKernel> {
+        match (self.def.folded, self.def.cpu_only) {
+            (true, _) => Err(crate::vulkan::NoKernel(format!(
+                "{} is always folded at compile time",
+                self.def.name
+            ))),
+            (false, Some(why)) => Err(crate::vulkan::NoKernel(why.into())),
+            (false, None) => Ok(self.family.vulkan),
+        }
     }
 
     /// Whether the output may be written over input `k` (see [`can_run_in_place`]).

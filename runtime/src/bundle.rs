@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 pub use ingot_schema::container::WEIGHT_ALIGN;
 
+/// The most push-constant words a kernel may have: Vulkan guarantees 128 bytes on every device.
+pub const MAX_PUSH_WORDS: u32 = 32;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     #[error("cannot read bundle {path}: {source}")]
@@ -255,6 +258,22 @@ fn validate(m: &proto::Manifest, weights_len: u64, kernels: &[u8]) -> Result<(),
         // The kernel ABI's push-constant block has one word per binding: it cannot be empty.
         if k.bindings == 0 {
             return Err(invalid(format!("kernel {i} '{}' has no bindings", k.name)));
+        }
+        if k.workgroup_size.len() != 3 || k.workgroup_size.contains(&0) {
+            return Err(invalid(format!(
+                "kernel {i} '{}': workgroup size {:?} is not three values of at least 1",
+                k.name, k.workgroup_size
+            )));
+        }
+        if k.bindings
+            .checked_add(k.params)
+            .is_none_or(|w| w > MAX_PUSH_WORDS)
+        {
+            return Err(invalid(format!(
+                "kernel {i} '{}': {} binding offsets and {} params are more push-constant words \
+                 than any device takes",
+                k.name, k.bindings, k.params
+            )));
         }
     }
     Ok(())
@@ -521,7 +540,7 @@ fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), Stri
     Ok(())
 }
 
-/// The Vulkan entries of one step (the kernel ABI, compiler/src/kernels/mod.rs): known device
+/// The Vulkan entries of one step (the kernel ABI, ops/src/vulkan/mod.rs): known device
 /// classes, at most one entry per class, and dispatches whose kernels, workgroup counts and
 /// bindings the Vulkan backend can use as they are. Runs after the tensors are validated.
 fn validate_dispatches(
@@ -553,13 +572,22 @@ fn validate_dispatches(
                     dispatch.groups
                 )));
             }
-            if dispatch.bindings.len() != kernel.bindings as usize {
+            if dispatch.bindings.is_empty() || dispatch.bindings.len() > kernel.bindings as usize {
                 return Err(at(format!(
-                    "has {} bindings, its kernel {} '{}' takes {}",
+                    "has {} bindings, its kernel {} '{}' takes 1 to {}",
                     dispatch.bindings.len(),
                     dispatch.kernel,
                     kernel.name,
                     kernel.bindings
+                )));
+            }
+            if dispatch.params.len() != kernel.params as usize {
+                return Err(at(format!(
+                    "has {} params, its kernel {} '{}' takes {}",
+                    dispatch.params.len(),
+                    dispatch.kernel,
+                    kernel.name,
+                    kernel.params
                 )));
             }
             for (b, binding) in dispatch.bindings.iter().enumerate() {
@@ -658,6 +686,7 @@ mod tests {
                     kernel: 0,
                     groups: vec![1, 1, 1],
                     bindings: vec![binding(0, false), binding(1, true)],
+                    params: vec![4],
                 }],
                 device_class: proto::DeviceClass::Any as i32,
             }],
@@ -688,6 +717,8 @@ mod tests {
                 offset: 16,
                 length: 8,
                 bindings: 2,
+                workgroup_size: vec![64, 1, 1],
+                params: 1,
             }],
             ..Default::default()
         };
@@ -762,7 +793,21 @@ mod tests {
         refused("kernel 1 does not exist", |m, _| dispatch(m).kernel = 1);
         refused("workgroup counts", |m, _| dispatch(m).groups = vec![1, 1]);
         refused("workgroup counts", |m, _| dispatch(m).groups[2] = 0);
-        refused("takes 2", |m, _| dispatch(m).bindings.truncate(1));
+        refused("takes 1 to 2", |m, _| dispatch(m).bindings.clear());
+        refused("takes 1 to 2", |m, _| {
+            let extra = dispatch(m).bindings[0].clone();
+            dispatch(m).bindings.push(extra)
+        });
+        refused("has 0 params, its kernel 0 'relu_4' takes 1", |m, _| {
+            dispatch(m).params.clear()
+        });
+        refused("workgroup size [64, 1]", |m, _| {
+            m.kernels[0].workgroup_size.pop();
+        });
+        refused("workgroup size [64, 0, 1]", |m, _| {
+            m.kernels[0].workgroup_size[1] = 0
+        });
+        refused("more push-constant words", |m, _| m.kernels[0].params = 31);
         refused("tensor 7 does not exist", |m, _| {
             dispatch(m).bindings[0].tensor = 7
         });

@@ -18,5 +18,5 @@ pub use bundle::{Bundle, BundleError};
 pub use failsafe::{Faults, Placement, Skip, Stage, SubmodelPlacement};
 pub use ingot_schema::DType;
 pub use ledger::{Ledger, MemoryKind};
-pub use session::{Device, Executable, IoInfo, Session, SessionError, SessionOptions};
+pub use session::{Device, Executable, IoInfo, KernelClass, Session, SessionError, SessionOptions};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

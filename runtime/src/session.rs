@@ -13,6 +13,54 @@ use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// Which of a step's Vulkan kernels a device runs: the bundle carries kernels for GPUs (tiles in
+/// workgroup memory) and for CPU-type devices such as lavapipe (register blocking, no workgroup
+/// memory) where they differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelClass {
+    /// The device's own class.
+    #[default]
+    Auto,
+    /// The CPU-type kernels on any device.
+    Cpu,
+    /// The GPU kernels on any device (how CI runs them on lavapipe).
+    Gpu,
+}
+
+impl KernelClass {
+    /// `auto`, `cpu` or `gpu`.
+    pub fn parse(name: &str) -> Result<KernelClass, SessionError> {
+        match name {
+            "auto" => Ok(KernelClass::Auto),
+            "cpu" => Ok(KernelClass::Cpu),
+            "gpu" => Ok(KernelClass::Gpu),
+            _ => Err(SessionError::UnknownKernelClass(name.into())),
+        }
+    }
+}
+
+/// `devices` with every Vulkan device running `class`'s kernels (`Auto` leaves each device's
+/// own options as they are).
+fn with_kernel_class(devices: Vec<Device>, class: KernelClass) -> Vec<Device> {
+    if class == KernelClass::Auto {
+        return devices;
+    }
+    #[cfg(feature = "vulkan")]
+    let devices = devices
+        .into_iter()
+        .map(|d| match d {
+            Device::Vulkan(v) => Device::Vulkan(crate::vulkan::VulkanOptions {
+                kernel_class: class,
+                ..v
+            }),
+            d => d,
+        })
+        .collect();
+    #[cfg(not(feature = "vulkan"))]
+    let _ = class;
+    devices
+}
+
 /// Where a session runs.
 #[derive(Clone, Debug, Default)]
 pub enum Device {
@@ -122,6 +170,9 @@ pub struct SessionOptions {
     pub threads: Option<usize>,
     /// Failures to inject, for tests (inert without the `fault-injection` feature).
     pub faults: Faults,
+    /// Which Vulkan kernels run, on every Vulkan device of the list (default: each device's
+    /// own class).
+    pub kernel_class: KernelClass,
 }
 
 impl Default for SessionOptions {
@@ -133,6 +184,7 @@ impl Default for SessionOptions {
             ledger: None,
             threads: None,
             faults: Faults::default(),
+            kernel_class: KernelClass::Auto,
         }
     }
 }
@@ -160,6 +212,8 @@ pub enum SessionError {
     Bundle(#[from] BundleError),
     #[error("unknown device '{name}'; known devices: {known}")]
     UnknownDevice { name: String, known: &'static str },
+    #[error("unknown kernel class '{0}': use auto, cpu or gpu")]
+    UnknownKernelClass(String),
     #[error("bundle has no variants")]
     NoVariant,
     #[error("cannot prepare step {index} '{name}' ({op}): {source}")]
@@ -310,7 +364,7 @@ impl Session {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         });
         let devices = Arc::new(Devices::new(
-            options.devices,
+            with_kernel_class(options.devices, options.kernel_class),
             options.failover,
             threads,
             options.faults,

@@ -17,7 +17,7 @@ use std::ops::Range;
 
 pub const MAGIC: [u8; 8] = *b"INGOTBND";
 /// Bumped when an old runtime would misread a new bundle. Runtimes refuse other majors.
-pub const FORMAT_MAJOR: u16 = 1;
+pub const FORMAT_MAJOR: u16 = 2;
 /// Bumped for additions an old runtime may ignore.
 pub const FORMAT_MINOR: u16 = 0;
 pub const SECTION_ALIGN: u64 = 64 * 1024;

@@ -52,9 +52,21 @@ pub fn session_on(bundle: &[u8], device: Device) -> Result<Session> {
 
 /// The Vulkan device the tests use: the best one the loader offers. The test command installs
 /// lavapipe and exports `INGOT_VULKAN_VALIDATION=1`, so every Vulkan test runs under the
-/// Khronos validation layer; no device is a failure, never a skip.
+/// Khronos validation layer; no device is a failure, never a skip. `INGOT_KERNEL_CLASS=gpu`
+/// (or `cpu`) runs that class of kernels whatever the device's own class: how the GPU kernels
+/// are tested on lavapipe, a CPU-type device.
 pub fn vulkan() -> Device {
-    Device::Vulkan(ingot_runtime::vulkan::VulkanOptions::default())
+    Device::Vulkan(ingot_runtime::vulkan::VulkanOptions {
+        kernel_class: kernel_class(),
+        ..Default::default()
+    })
+}
+
+/// The kernel class `INGOT_KERNEL_CLASS` names (`auto` when unset); a bad name panics, so a
+/// typo cannot quietly test the wrong kernels.
+pub fn kernel_class() -> ingot_runtime::KernelClass {
+    let name = std::env::var("INGOT_KERNEL_CLASS").unwrap_or_else(|_| "auto".into());
+    ingot_runtime::KernelClass::parse(&name).unwrap_or_else(|e| panic!("INGOT_KERNEL_CLASS: {e}"))
 }
 
 /// Fails with the validation layer's messages if it sent any since `seen` were counted.

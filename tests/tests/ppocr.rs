@@ -273,6 +273,7 @@ fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
             &bundle,
             Device::Vulkan(VulkanOptions {
                 force_staging: true,
+                kernel_class: ingot_tests::kernel_class(),
                 ..VulkanOptions::default()
             }),
         )?,

@@ -2,12 +2,16 @@
 //! broadcasting shape rules. The kernels, and the list of canonical attributes, are in
 //! `ops/src/elementwise/cpu.rs`. Attributes a kernel does not read are dropped.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: cpu::in_place,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;
@@ -59,7 +63,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Clip", lower_clip, same),
     OpDef::new("Cast", lower_cast, cast),
     // Lowered to Cast; the pass infers with this entry, so it reads `to` like Cast.
-    OpDef::new("CastLike", lower_cast, cast),
+    OpDef::new("CastLike", lower_cast, cast).cpu_only("lowering turns CastLike into Cast"),
     OpDef::new("Add", lower_attrs, broadcast),
     OpDef::new("Sub", lower_attrs, broadcast),
     OpDef::new("Mul", lower_attrs, broadcast),

@@ -10,12 +10,16 @@
 //! label per axis with the ellipsis expanded for the operands' ranks and implicit output made
 //! explicit; `equation` stays for people reading the bundle. One or two operands.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: crate::cpu::post::in_place_after_add,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

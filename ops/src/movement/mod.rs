@@ -11,11 +11,15 @@
 //! - layout ops ([`layout`]) and index ops ([`index`]) list theirs beside their code.
 
 pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 mod index;
@@ -43,7 +47,8 @@ pub const OPS: &[OpDef] = &[
         lower_constant_of_shape,
         infer_constant_of_shape,
     ),
-    OpDef::new("Range", lower_range, infer_range),
+    OpDef::new("Range", lower_range, infer_range)
+        .cpu_only("its output size depends on its values, so it is always folded at compile time"),
     OpDef::new(
         "Transpose",
         layout::lower_transpose,

@@ -7,12 +7,16 @@
 //! `bias`; MeanVarianceNormalization's `axes` (non-negative, sorted). Attributes that do not
 //! change inference results (`momentum`, `stash_type`) are dropped.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

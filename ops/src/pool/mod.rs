@@ -7,12 +7,16 @@
 //! MaxPool's `storage_order`, AveragePool's `count_include_pad` and LpPool's and
 //! GlobalLpPool's `p`. GlobalAveragePool and GlobalMaxPool have none.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

@@ -7,12 +7,16 @@
 //! - `Softmax`/`LogSoftmax`/`Hardmax`: `axis` (non-negative) and `coerce_2d`, 1 only when the
 //!   opset < 13 meaning (over all axes from `axis` on) differs from the one-axis meaning.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

@@ -7,12 +7,16 @@
 //! shape) and `roi` (starts then ends; `[0.., 1..]` unless tf_crop_and_resize uses one).
 //! `axes` and `keep_aspect_ratio_policy` (opset 18) are resolved away; only X remains.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

@@ -11,12 +11,16 @@
 //!   defaults filled in, 0 where unused), `input_forget` (LSTM), `linear_before_reset` (GRU).
 //! - outputs: as in the model (`Y`, `Y_h`, `Y_c`); the kernel computes every one it is given.
 
-mod cpu;
+pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
     in_place: never,
+    #[cfg(feature = "wgsl")]
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;

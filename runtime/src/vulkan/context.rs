@@ -366,7 +366,7 @@ pub struct Context {
     queue: Mutex<vk::Queue>,
     pub pipeline_cache: vk::PipelineCache,
     /// By binding count.
-    layouts: Mutex<Vec<(u32, Layout)>>,
+    layouts: Mutex<Vec<((u32, u32), Layout)>>,
     /// The weights resident on this device, by (bundle, weight index): every executable of one
     /// bundle shares them (see `executable::Resident`).
     pub resident: Residency<WeightKey, Resident>,
@@ -492,10 +492,10 @@ impl Context {
     }
 
     /// The layouts of kernels with `bindings` storage buffers (set 0, bindings 0..n) and a
-    /// push-constant block of `bindings` words, created on first use.
-    pub fn layout(&self, bindings: u32) -> Result<Layout, vk::Result> {
+    /// push-constant block of `words` words, created on first use.
+    pub fn layout(&self, bindings: u32, words: u32) -> Result<Layout, vk::Result> {
         let mut layouts = lock(&self.layouts);
-        if let Some((_, l)) = layouts.iter().find(|(n, _)| *n == bindings) {
+        if let Some((_, l)) = layouts.iter().find(|(n, _)| *n == (bindings, words)) {
             return Ok(*l);
         }
         let slots: Vec<vk::DescriptorSetLayoutBinding> = (0..bindings)
@@ -513,7 +513,7 @@ impl Context {
         let push = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
             .offset(0)
-            .size(4 * bindings)];
+            .size(4 * words)];
         let sets = [set];
         let info = vk::PipelineLayoutCreateInfo::default()
             .set_layouts(&sets)
@@ -528,7 +528,7 @@ impl Context {
             }
         };
         let layout = Layout { set, pipeline };
-        layouts.push((bindings, layout));
+        layouts.push(((bindings, words), layout));
         Ok(layout)
     }
 

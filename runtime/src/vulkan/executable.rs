@@ -2,9 +2,9 @@
 //! plan's order), one descriptor set per dispatch and one command buffer recorded once.
 
 use super::context::Context;
-use super::layout::{Hazards, Region, descriptor_range, io_layout, local_size};
+use super::layout::{Hazards, Region, descriptor_range, io_layout};
 use super::memory::{Buffer, Placement};
-use super::{DeviceInfo, VulkanError, VulkanOptions};
+use super::{DeviceInfo, KernelClass, VulkanError, VulkanOptions};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::failsafe::{Failure, Faults, Stage};
 use crate::ledger::{Ledger, MemoryKind};
@@ -152,6 +152,8 @@ impl<'a> Places<'a> {
 /// One dispatch with everything resolved: what to bind, the push constants, what it touches.
 struct Bound {
     kernel: usize,
+    /// The kernel's binding slots (the first `descriptors.len()` are bound).
+    slots: u32,
     groups: [u32; 3],
     /// (buffer index, offset, range) per binding.
     descriptors: Vec<(usize, u64, u64)>,
@@ -200,6 +202,7 @@ fn choose_dispatches(
 /// Resolves the bindings of `dispatch` (of step `step`) and checks it against the limits.
 fn bind(
     cx: &Context,
+    cx_kernels: &[proto::Kernel],
     places: &Places,
     step: usize,
     dispatch: &proto::Dispatch,
@@ -230,21 +233,24 @@ fn bind(
             format!("{} ({axis})", what()),
         )?;
     }
-    let n = dispatch.bindings.len() as u64;
+    // The bundle's validation checked the counts against the kernel's.
+    let kernel = &cx_kernels[dispatch.kernel as usize];
+    let slots = u64::from(kernel.bindings);
     limit(
         "maxPushConstantsSize",
         l.max_push_constants_size.into(),
-        4 * n,
+        4 * (slots + u64::from(kernel.params)),
         what(),
     )?;
     limit(
         "maxPerStageDescriptorStorageBuffers",
         l.max_per_stage_descriptor_storage_buffers.into(),
-        n,
+        slots,
         what(),
     )?;
     let mut bound = Bound {
         kernel: dispatch.kernel as usize,
+        slots: kernel.bindings,
         groups,
         descriptors: Vec::with_capacity(dispatch.bindings.len()),
         words: Vec::with_capacity(dispatch.bindings.len()),
@@ -292,6 +298,9 @@ fn bind(
             bound.reads.push(region);
         }
     }
+    // Unbound slots (optional ones the module leaves unread) get offset 0, then the params.
+    bound.words.resize(kernel.bindings as usize, 0);
+    bound.words.extend(&dispatch.params);
     Ok(bound)
 }
 
@@ -449,11 +458,16 @@ impl VulkanExecutable {
             }));
         }
         let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
-        let bound = choose_dispatches(v, steps, cx.class)
+        let class = match options.kernel_class {
+            KernelClass::Auto => cx.class,
+            KernelClass::Cpu => DeviceClass::Cpu,
+            KernelClass::Gpu => DeviceClass::Gpu,
+        };
+        let bound = choose_dispatches(v, steps, class)
             .and_then(|dispatches| {
                 dispatches
                     .into_iter()
-                    .map(|(step, d)| bind(&cx, &places, step, d))
+                    .map(|(step, d)| bind(&cx, &bundle.manifest().kernels, &places, step, d))
                     .collect::<Result<Vec<_>, _>>()
             })
             .map_err(fail(Stage::Kernels))?;
@@ -567,12 +581,11 @@ impl VulkanExecutable {
                 .chunks_exact(4)
                 .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
                 .collect();
-            if let Some(size) = local_size(&code) {
-                self.check_workgroup(b.kernel, &kernel.name, size)?;
-            }
+            let size = [0, 1, 2].map(|i| kernel.workgroup_size.get(i).copied().unwrap_or(1));
+            self.check_workgroup(b.kernel, &kernel.name, size)?;
             let layout = self
                 .cx
-                .layout(kernel.bindings)
+                .layout(kernel.bindings, b.words.len() as u32)
                 .map_err(|r| fail(format!("creating its layout: {r}")))?;
             let device = &self.cx.device;
             let module_info = vk::ShaderModuleCreateInfo::default().code(&code);
@@ -848,10 +861,10 @@ impl VulkanExecutable {
         let fail = |what: &'static str, r: vk::Result| cx.submit_error(what, r);
         let mut sets = Vec::new();
         if !bound.is_empty() {
-            let descriptors: usize = bound.iter().map(|b| b.descriptors.len()).sum();
+            let descriptors: u32 = bound.iter().map(|b| b.slots).sum();
             let sizes = [vk::DescriptorPoolSize::default()
                 .ty(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(descriptors as u32)];
+                .descriptor_count(descriptors)];
             let info = vk::DescriptorPoolCreateInfo::default()
                 .max_sets(bound.len() as u32)
                 .pool_sizes(&sizes);
@@ -860,7 +873,7 @@ impl VulkanExecutable {
                 .map_err(|r| fail("creating the descriptor pool", r))?;
             let layouts = bound
                 .iter()
-                .map(|b| cx.layout(b.descriptors.len() as u32).map(|l| l.set))
+                .map(|b| cx.layout(b.slots, b.words.len() as u32).map(|l| l.set))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|r| fail("creating a descriptor set layout", r))?;
             let info = vk::DescriptorSetAllocateInfo::default()

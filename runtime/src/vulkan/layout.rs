@@ -40,28 +40,6 @@ pub fn descriptor_range(start: u64, bytes: u64, alignment: u64) -> (u64, u64) {
     (offset, end - offset)
 }
 
-/// The workgroup size a SPIR-V module declares (`OpExecutionMode %main LocalSize x y z`), if
-/// it declares one with literals. Stops at the first malformed instruction.
-pub fn local_size(code: &[u32]) -> Option<[u32; 3]> {
-    const OP_EXECUTION_MODE: u32 = 16;
-    const LOCAL_SIZE: u32 = 17;
-    let mut at = 5; // the header: magic, version, generator, bound, schema
-    while let Some(&first) = code.get(at) {
-        let (words, opcode) = ((first >> 16) as usize, first & 0xffff);
-        let operands = code.get(at + 1..at + words.max(1))?;
-        if opcode == OP_EXECUTION_MODE
-            && let [_, LOCAL_SIZE, x, y, z, ..] = *operands
-        {
-            return Some([x, y, z]);
-        }
-        if words == 0 {
-            return None;
-        }
-        at += words;
-    }
-    None
-}
-
 /// Bytes `start..end` of buffer `buffer`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
@@ -143,23 +121,6 @@ mod tests {
         assert_eq!(descriptor_range(64, 32, 64), (64, 32));
         assert_eq!(descriptor_range(260, 8, 256), (256, 12));
         assert_eq!(descriptor_range(0, 3, 16), (0, 4));
-    }
-
-    #[test]
-    fn the_workgroup_size_is_read_from_spirv() {
-        // Header, then OpCapability Shader (2 words), OpExecutionMode %30 LocalSize 64 2 1.
-        let header = [0x0723_0203, 0x0001_0300, 0, 64, 0];
-        let module = [
-            &header[..],
-            &[2 << 16 | 17, 1],
-            &[6 << 16 | 16, 30, 17, 64, 2, 1],
-        ]
-        .concat();
-        assert_eq!(local_size(&module), Some([64, 2, 1]));
-        // Truncated, or no execution mode.
-        assert_eq!(local_size(&module[..module.len() - 1]), None);
-        assert_eq!(local_size(&module[..7]), None);
-        assert_eq!(local_size(&[0x0723_0203, 0, 0, 0, 0, 0]), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod memory;
 pub use executable::VulkanExecutable;
 
 use crate::ledger::MemoryKind;
+use crate::session::KernelClass;
 pub use ash::vk::Result as VkResult;
 
 /// Which physical device to use.
@@ -43,6 +44,10 @@ pub struct VulkanOptions {
     /// Upload weights through a staging buffer even where device memory is host-visible (to
     /// test the path discrete GPUs take).
     pub force_staging: bool,
+    /// Which kernels run (a session sets it from [`SessionOptions::kernel_class`]).
+    ///
+    /// [`SessionOptions::kernel_class`]: crate::SessionOptions::kernel_class
+    pub kernel_class: KernelClass,
 }
 
 /// A physical device as [`devices`] lists it.

@@ -13,13 +13,11 @@
 //! tf_crop_and_resize's extrapolated positions are a range of output indices per axis, also
 //! read off the probe.
 
-use super::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use crate::no_kernel;
-use ingot_ops::{Tensor, TensorDesc, cpu};
+use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
+use crate::{Tensor, TensorDesc, cpu};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &["Resize"];
 
 /// How far (in input pixels) a fitted interpolation coordinate may be from the CPU's.
 const TOLERANCE: f64 = 1e-5;
@@ -625,6 +623,7 @@ fn kernel(
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -758,8 +757,8 @@ fn nest(interp: &[(String, usize)], level: usize, at: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DeviceClass, Operand, compile};
     use super::*;
+    use crate::vulkan::{DeviceClass, Operand, compile};
 
     /// Canonical Resize attributes (as ops/src/resize/mod.rs writes them).
     fn attrs(mode: &str, coord: &str, nearest: &str, scales: &[f64], sizes: &[usize]) -> Attrs {
@@ -806,7 +805,7 @@ mod tests {
         };
         let d = lower(&cx)?;
         for d in &d {
-            if let Err(e) = compile(&d.wgsl) {
+            if let Err(e) = compile(&d.wgsl, &[]) {
                 panic!("{}:\n{}\n{e}", d.label, d.wgsl);
             }
         }

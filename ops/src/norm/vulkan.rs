@@ -9,19 +9,12 @@
 //! invocation each; long rows one workgroup each, the partial sums of its invocations added
 //! in workgroup memory. BatchNormalization and LRN are one invocation per element.
 
-use super::header;
-use super::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit};
 use crate::no_kernel;
+use crate::vulkan::header;
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit,
+};
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &[
-    "BatchNormalization",
-    "GroupNormalization",
-    "InstanceNormalization",
-    "LRN",
-    "LayerNormalization",
-    "MeanVarianceNormalization",
-];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
@@ -182,6 +175,7 @@ fn batch_norm(cx: &KernelCx, epsilon: f32) -> Result<Vec<Dispatch>, NoKernel> {
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -235,6 +229,7 @@ fn lrn(cx: &KernelCx, size: i64, [alpha, beta, bias]: [f32; 3]) -> Result<Vec<Di
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -556,14 +551,15 @@ fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
         wgsl: s,
         groups,
         bindings,
+        ..Default::default()
     }])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Operand;
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::Operand;
     use ingot_schema::{AttrValue, Attrs, DType};
 
     fn f32s(shape: &[usize]) -> TensorDesc {
@@ -577,7 +573,7 @@ mod tests {
         inputs: &[&[usize]],
         outputs: &[&[usize]],
     ) -> Vec<Dispatch> {
-        crate::kernels::lower_f32_all_classes(lower, op, attrs, inputs, outputs, 0)
+        crate::vulkan::lower_f32_all_classes(lower, op, attrs, inputs, outputs, 0)
     }
 
     fn eps() -> Attrs {

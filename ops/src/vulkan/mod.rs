@@ -1,29 +1,37 @@
-//! Vulkan kernels: WGSL specialised at compile time with every shape of the step, compiled by
-//! naga to SPIR-V, deduplicated, and stored in the bundle's KERNELS section.
+//! Vulkan kernels (feature `wgsl`, which the compiler enables and the runtime never does): how
+//! a step becomes compute dispatches, and the WGSL they run, which [`compile`] turns into
+//! validated SPIR-V for the bundle.
 //!
-//! One file per op family, named like `ops/` and the runtime's `cpu/`. A family exposes
-//! `pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel>`: the dispatches that run the
+//! Each family's kernels live in its folder (`conv/vulkan.rs`, ...) and are found through the
+//! registry: `fn(&KernelCx) -> Result<Vec<Dispatch>, NoKernel>`, the dispatches that run the
 //! step on a GPU, or why it has none (the step then needs another device).
 //!
 //! # The kernel ABI (what the runtime relies on)
 //! - Entry point `main`, a compute shader.
-//! - Storage buffers `@group(0) @binding(k)`, k = 0..n, one per [`Binding`] of the dispatch, in
-//!   its order; `var<storage, read>` for inputs, `var<storage, read_write>` for outputs. Every
-//!   binding is a runtime-sized `array<T>`; T is `f32`, `u32`, `i32` (4 bytes) or a 4-vector
-//!   of them (16 bytes), recorded as the binding's `element_bytes`.
-//! - A push-constant block (WGSL `var<immediate>`) of n u32 words: word k is where binding k's
-//!   tensor starts inside the range the runtime bound, in elements of the binding's array. The
-//!   runtime binds the smallest range that starts at a multiple of the device's
-//!   `minStorageBufferOffsetAlignment` and covers the tensor, so kernels index
-//!   `x[offsets.x + i]` and stay inside `maxStorageBufferRange` whatever the arena's size.
-//!   [`header`] writes all of this from a binding list.
+//! - Storage buffers `@group(0) @binding(k)`, k = 0..B (the module's binding slots); a dispatch
+//!   binds slots 0..n, one per [`Binding`] in its order (n <= B: a module may declare optional
+//!   slots last, which only code it leaves out reads). `var<storage, read>` for inputs,
+//!   `var<storage, read_write>` for outputs. Every binding is a runtime-sized `array<T>`; T is
+//!   `f32`, `u32`, `i32` (4 bytes) or a 4-vector of them (16 bytes), recorded as the binding's
+//!   `element_bytes`.
+//! - A push-constant block (WGSL `var<immediate>`) of 4-byte words: word k < B is where slot
+//!   k's tensor starts inside the range the runtime bound, in elements of the binding's array
+//!   (0 for an unbound slot); the words after them are the dispatch's [`Dispatch::params`]
+//!   (shapes, strides, counts: what lets one module serve many steps). The runtime binds the
+//!   smallest range that starts at a multiple of the device's `minStorageBufferOffsetAlignment`
+//!   and covers the tensor, so kernels index `x[offsets.x + i]` and stay inside
+//!   `maxStorageBufferRange` whatever the arena's size. [`header`] writes the bindings and an
+//!   offsets-only block from a binding list.
+//! - `override` constants take the dispatch's [`Dispatch::overrides`] when the module is
+//!   compiled (naga substitutes them: each set of values is a module of its own); the
+//!   workgroup size may depend on them, and the bundle records the size the module ends with.
 //! - A binding may cover a chunk of its tensor (bytes `start..end`, [`Binding::chunk`]): the
 //!   runtime then binds that chunk as if it were the tensor, and word k is where the chunk
 //!   starts. Every device can bind 2^27 bytes; a tensor larger than [`MAX_BINDING_BYTES`] is
 //!   read through several chunks ([`InputBinding`]), and a step that would bind one whole has
 //!   no kernel ([`lower`] refuses it).
-//! - Shapes, strides and parameters are literals in the source: a kernel serves exactly the
-//!   shapes it was made for, and equal shapes share one kernel.
+//! - Shapes, strides and parameters are literals in a generated module (it serves exactly the
+//!   shapes it was made for, and equal shapes share one kernel) or push-constant params.
 //! - Workgroup counts stay within 65535 per dimension (the least every device must take);
 //!   [`Grid`] spreads a long 1-D range over x and y.
 //! - A dispatch sees everything earlier dispatches wrote: the runtime puts a barrier between
@@ -32,20 +40,13 @@
 //!   [`KernelCx::in_place`]): a kernel must then read each element of that input only from the
 //!   invocation that writes the same element, before writing it.
 
-pub mod conv;
-pub mod elementwise;
-pub mod matmul;
-pub mod movement;
-pub mod norm;
-pub mod pool;
-pub mod post;
-pub mod reduce;
-pub mod resize;
-pub mod rnn;
+pub(crate) mod post;
+mod template;
 
-use ingot_ops::TensorDesc;
-use ingot_schema::{Attrs, DType, proto};
-use std::collections::BTreeMap;
+pub use template::{Spec, Wgsl};
+
+use crate::TensorDesc;
+use ingot_schema::{Attrs, DType};
 use std::fmt::Write;
 use std::ops::Range;
 
@@ -63,6 +64,17 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// An operand of a planned step: `place` names the memory it lives in (two operands alias
+    /// when place and `byte_offset` are equal), `byte_offset` where it starts there.
+    pub fn new(name: String, desc: TensorDesc, place: (u8, u64), byte_offset: u64) -> Operand {
+        Operand {
+            name,
+            desc,
+            byte_offset,
+            location: (place.0, place.1, byte_offset),
+        }
+    }
+
     /// A tensor at `byte_offset` in the arena (two such operands at one offset alias).
     pub fn arena(desc: TensorDesc, byte_offset: u64) -> Operand {
         Operand {
@@ -144,7 +156,7 @@ impl std::fmt::Display for NoKernel {
 /// Builds a [`NoKernel`] with a formatted reason.
 #[macro_export]
 macro_rules! no_kernel {
-    ($($arg:tt)*) => { $crate::kernels::NoKernel(format!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::vulkan::NoKernel(format!($($arg)*)) };
 }
 
 /// Which operand of the step a binding is.
@@ -196,7 +208,8 @@ impl Binding {
         }
     }
 
-    fn element_bytes(&self) -> u32 {
+    /// Bytes of one element of its array (4, or 16 for 4-vectors).
+    pub fn element_bytes(&self) -> u32 {
         element_bytes(self.ty)
     }
 }
@@ -313,13 +326,17 @@ impl InputBinding {
 }
 
 /// One compute dispatch: a complete WGSL module and how to launch it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Dispatch {
     /// What it computes, for humans (`ingot inspect`, profiles).
     pub label: String,
     pub wgsl: String,
+    /// Values of the module's `override` constants, by name.
+    pub overrides: Vec<(&'static str, f64)>,
     pub groups: [u32; 3],
     pub bindings: Vec<Binding>,
+    /// The push-constant words after the binding offsets.
+    pub params: Vec<u32>,
 }
 
 /// The declarations every kernel starts with: its bindings and their offsets (the ABI above).
@@ -404,34 +421,14 @@ pub fn f32_lit(v: f32) -> String {
     format!("f32({v:?})")
 }
 
-/// The families, in the order the compiler asks them.
-const FAMILIES: &[(&[&str], Lower)] = &[
-    (elementwise::OPS, elementwise::lower),
-    (conv::OPS, conv::lower),
-    (matmul::OPS, matmul::lower),
-    (movement::OPS, movement::lower),
-    (norm::OPS, norm::lower),
-    (pool::OPS, pool::lower),
-    (reduce::OPS, reduce::lower),
-    (resize::OPS, resize::lower),
-    (rnn::OPS, rnn::lower),
-];
-
-type Lower = fn(&KernelCx) -> Result<Vec<Dispatch>, NoKernel>;
-
-/// The ops some family has a Vulkan kernel for (all dtypes and attributes or not).
-pub fn supported_ops() -> impl Iterator<Item = &'static str> {
-    FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied())
-}
+/// A family's Vulkan kernels: the dispatches of one step, or why it has none.
+pub type Lower = fn(&KernelCx) -> Result<Vec<Dispatch>, NoKernel>;
 
 /// The dispatches of one step, or why it has none; also none when a dispatch would bind a
 /// whole operand larger than every device can bind (families that can, read it in chunks).
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    let (_, lower) = FAMILIES
-        .iter()
-        .find(|(ops, _)| ops.contains(&cx.op))
-        .ok_or_else(|| no_kernel!("no Vulkan kernel for {}", cx.op))?;
-    let dispatches = lower(cx)?;
+    let op = crate::lookup(cx.op).ok_or_else(|| no_kernel!("{} is not an op", cx.op))?;
+    let dispatches = op.vulkan()?(cx)?;
     for b in dispatches.iter().flat_map(|d| &d.bindings) {
         let (operand, what) = match b.slot {
             Slot::Input(i) => (cx.inputs.get(i), format!("input {i}")),
@@ -450,214 +447,71 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     Ok(dispatches)
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    #[error("kernel '{label}' of step '{step}' ({op}) does not compile: {message}\n{wgsl}")]
-    Compile {
-        step: String,
-        op: String,
-        label: String,
-        message: String,
-        wgsl: String,
-    },
+/// A module compiled for the bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compiled {
+    pub spirv: Vec<u32>,
+    /// The entry point's workgroup size, overrides applied.
+    pub workgroup_size: [u32; 3],
+    /// Binding slots the module declares (0..slots in group 0).
+    pub slots: u32,
+    /// Words of its push-constant block.
+    pub push_words: u32,
 }
 
-/// The kernels of a bundle: unique SPIR-V modules, in first-use order.
-#[derive(Default)]
-pub struct KernelSet {
-    by_source: BTreeMap<String, u32>,
-    pub kernels: Vec<proto::Kernel>,
-    pub section: Vec<u8>,
-}
-
-/// SPIR-V modules start at multiples of this in the KERNELS section.
-const KERNEL_ALIGN: usize = 16;
-
-impl KernelSet {
-    /// Fills `vulkan` of every step of `variant` that has kernels (one entry for all devices,
-    /// or one per device class when the family makes different kernels); steps without stay
-    /// empty, and why is returned per step index.
-    pub fn add_variant(
-        &mut self,
-        variant: &mut proto::Variant,
-    ) -> Result<Vec<(usize, NoKernel)>, KernelError> {
-        let mut missing = Vec::new();
-        // Steps of a submodel that needs the CPU (one of its steps has no kernel) get none.
-        let mut on_cpu = vec![false; variant.steps.len()];
-        for sub in &variant.submodels {
-            let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
-            let Some(steps) = variant.steps.get(steps.clone()).map(|_| steps) else {
-                continue;
-            };
-            if variant.steps[steps.clone()]
-                .iter()
-                .any(|s| !s.no_vulkan_kernel.is_empty())
-            {
-                on_cpu[steps].fill(true);
-            }
-        }
-        let mut per_step = Vec::with_capacity(variant.steps.len());
-        for (index, step) in variant.steps.iter().enumerate() {
-            if on_cpu[index] {
-                per_step.push(Vec::new());
-                continue;
-            }
-            let (gpu, cpu) = match lower_step(variant, step) {
-                Ok(both) => both,
-                Err(why) => {
-                    missing.push((index, why));
-                    per_step.push(Vec::new());
-                    continue;
-                }
-            };
-            let same =
-                gpu.len() == cpu.len() && gpu.iter().zip(&cpu).all(|(a, b)| a.wgsl == b.wgsl);
-            let classes = if same {
-                vec![(DeviceClass::Any, gpu)]
-            } else {
-                vec![(DeviceClass::Gpu, gpu), (DeviceClass::Cpu, cpu)]
-            };
-            let mut entries = Vec::with_capacity(classes.len());
-            for (class, dispatches) in classes {
-                let mut out = Vec::with_capacity(dispatches.len());
-                for d in dispatches {
-                    let kernel = self.intern(&d, step)?;
-                    out.push(proto::Dispatch {
-                        kernel,
-                        groups: d.groups.to_vec(),
-                        bindings: d
-                            .bindings
-                            .iter()
-                            .map(|b| proto::Binding {
-                                tensor: match b.slot {
-                                    Slot::Input(i) => step.inputs[i],
-                                    Slot::Output(o) => step.outputs[o],
-                                },
-                                write: matches!(b.slot, Slot::Output(_)),
-                                element_bytes: b.element_bytes(),
-                                byte_offset: b.chunk.as_ref().map_or(0, |r| r.start),
-                                byte_length: b.chunk.as_ref().map_or(0, |r| r.end - r.start),
-                            })
-                            .collect(),
-                    });
-                }
-                entries.push(proto::Dispatches {
-                    dispatches: out,
-                    device_class: class as i32,
-                });
-            }
-            per_step.push(entries);
-        }
-        for (step, vulkan) in variant.steps.iter_mut().zip(per_step) {
-            step.vulkan = vulkan;
-        }
-        for (index, why) in &missing {
-            variant.steps[*index].no_vulkan_kernel = why.0.clone();
-        }
-        missing.extend(
-            variant
-                .steps
-                .iter()
-                .enumerate()
-                .filter(|(i, s)| on_cpu[*i] && !s.no_vulkan_kernel.is_empty())
-                .map(|(i, s)| (i, NoKernel(s.no_vulkan_kernel.clone()))),
-        );
-        missing.sort_by_key(|&(i, _)| i);
-        Ok(missing)
-    }
-
-    /// The index of `d`'s module, compiling it the first time its source is seen.
-    fn intern(&mut self, d: &Dispatch, step: &proto::Step) -> Result<u32, KernelError> {
-        if let Some(&k) = self.by_source.get(&d.wgsl) {
-            return Ok(k);
-        }
-        let spirv = compile(&d.wgsl).map_err(|message| KernelError::Compile {
-            step: step.name.clone(),
-            op: step.op.clone(),
-            label: d.label.clone(),
-            message,
-            wgsl: d.wgsl.clone(),
-        })?;
-        let offset = self.section.len().next_multiple_of(KERNEL_ALIGN);
-        self.section.resize(offset, 0);
-        self.section
-            .extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
-        let k = self.kernels.len() as u32;
-        self.kernels.push(proto::Kernel {
-            name: d.label.clone(),
-            offset: offset as u64,
-            length: (spirv.len() * 4) as u64,
-            bindings: d.bindings.len() as u32,
-        });
-        self.by_source.insert(d.wgsl.clone(), k);
-        Ok(k)
-    }
-}
-
-/// The dispatches of one step of `variant` for GPUs and for CPU-type devices, or why it has
-/// none (a step runs on Vulkan only if both classes have kernels).
-pub fn lower_step(
-    variant: &proto::Variant,
-    step: &proto::Step,
-) -> Result<(Vec<Dispatch>, Vec<Dispatch>), NoKernel> {
-    let attrs = Attrs::from_proto(&step.attributes).map_err(|e| no_kernel!("{e}"))?;
-    let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(variant, t)).collect();
-    let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(variant, t)).collect();
-    let cx = |class| KernelCx {
-        class,
-        op: &step.op,
-        name: &step.name,
-        attrs: &attrs,
-        inputs: &inputs,
-        outputs: &outputs,
-    };
-    Ok((lower(&cx(DeviceClass::Gpu))?, lower(&cx(DeviceClass::Cpu))?))
-}
-
-fn operand(variant: &proto::Variant, t: u32) -> Operand {
-    use proto::storage::Kind;
-    let tensor = &variant.tensors[t as usize];
-    let desc = ingot_ops::TensorDesc::of(tensor);
-    let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind);
-    let (root, view_offset) = match kind(tensor) {
-        Some(Kind::View(v)) => (v.of, v.byte_offset),
-        _ => (t, 0),
-    };
-    let (place, base) = match kind(&variant.tensors[root as usize]) {
-        Some(Kind::Arena(offset)) => ((0, 0), offset),
-        Some(Kind::Weight(w)) => ((1, u64::from(w)), 0),
-        Some(Kind::Input(i)) => ((2, u64::from(i)), 0),
-        Some(Kind::Output(o)) => ((3, u64::from(o)), 0),
-        // Inside a device, submodel inputs and outputs sit at 16-byte multiples of its IO
-        // buffer, as the boundary buffer's offsets are.
-        Some(Kind::Boundary(offset)) => ((5, 0), offset),
-        Some(Kind::View(_)) | None => ((4, u64::from(root)), 0),
-    };
-    let byte_offset = base + view_offset;
-    Operand {
-        name: tensor.name.clone(),
-        location: (place.0, place.1, byte_offset),
-        byte_offset,
-        desc,
-    }
-}
-
-/// WGSL -> validated SPIR-V. Every writer option is spelled out: naga's defaults depend on
-/// how naga itself was built, and the bundle bytes must not.
-pub fn compile(wgsl: &str) -> Result<Vec<u32>, String> {
+/// WGSL with `overrides` -> validated SPIR-V. Every writer option is spelled out: naga's
+/// defaults depend on how naga itself was built, and the bundle bytes must not.
+pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String> {
     use naga::back::spv;
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
         .validate(&module)
         .map_err(|e| e.emit_to_string(wgsl))?;
-    let (module, info) = naga::back::pipeline_constants::process_overrides(
-        &module,
-        &info,
-        None,
-        &Default::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut constants = naga::back::PipelineConstants::default();
+    for &(name, value) in overrides {
+        if !module
+            .overrides
+            .iter()
+            .any(|(_, o)| o.name.as_deref() == Some(name))
+        {
+            return Err(format!("the module has no override '{name}'"));
+        }
+        constants.insert(name.to_string(), value);
+    }
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .map_err(|e| e.to_string())?;
+    let [entry] = &module.entry_points[..] else {
+        return Err("a kernel has exactly one entry point".into());
+    };
+    if entry.name != "main" {
+        return Err(format!("the entry point is '{}', not 'main'", entry.name));
+    }
+    let mut slots = 0;
+    let mut push_words = 0;
+    for (_, var) in module.global_variables.iter() {
+        if let Some(b) = &var.binding {
+            if b.group != 0 {
+                return Err(format!("binding group {} (kernels use group 0)", b.group));
+            }
+            slots = slots.max(b.binding + 1);
+        }
+        if var.space == naga::AddressSpace::Immediate {
+            let bytes = module.types[var.ty].inner.size(module.to_ctx());
+            if bytes % 4 != 0 {
+                return Err(format!(
+                    "a push-constant block of {bytes} bytes (whole words only)"
+                ));
+            }
+            push_words = bytes / 4;
+        }
+    }
+    if push_words < slots {
+        return Err(format!(
+            "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
+        ));
+    }
     let options = spv::Options {
         lang_version: (1, 3),
         flags: spv::WriterFlags::empty(),
@@ -682,9 +536,16 @@ pub fn compile(wgsl: &str) -> Result<Vec<u32>, String> {
     };
     let pipeline = spv::PipelineOptions {
         shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
+        entry_point: entry.name.clone(),
     };
-    spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())
+    let spirv =
+        spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())?;
+    Ok(Compiled {
+        spirv,
+        workgroup_size: entry.workgroup_size,
+        slots,
+        push_words,
+    })
 }
 
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
@@ -719,7 +580,7 @@ pub(crate) fn lower_f32_all_classes(
             outputs: &outputs,
         };
         for d in lower(&cx).unwrap() {
-            if let Err(e) = compile(&d.wgsl) {
+            if let Err(e) = compile(&d.wgsl, &d.overrides) {
                 panic!("{}:\n{e}\n{}", d.label, d.wgsl);
             }
             assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
@@ -754,7 +615,7 @@ mod tests {
             outputs: &outputs,
         };
         let d = lower(&cx).unwrap();
-        let spirv = compile(&d[0].wgsl).unwrap();
+        let spirv = compile(&d[0].wgsl, &[]).unwrap().spirv;
         assert_eq!(spirv[0], 0x0723_0203, "SPIR-V magic");
         assert_eq!(cx.in_place(), None);
     }
@@ -819,7 +680,7 @@ mod tests {
             input.accessor,
             input.at("gid.x * 4096u")
         );
-        compile(&wgsl).unwrap();
+        compile(&wgsl, &[]).unwrap();
         // Small inputs keep one binding and index it directly.
         let small = InputBinding::new("x", 0, "f32", &op(100, 0), 4).unwrap();
         assert_eq!(small.bindings, [Binding::input("x", 0, "f32")]);

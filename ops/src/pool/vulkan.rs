@@ -10,20 +10,11 @@
 //! MaxPool's Indices output is written as two u32 words per int64; int8/uint8 MaxPool has no
 //! kernel.
 
-use super::reduce::{Fold, MAX_TRIPS, Out, Reduction, Space, Stage};
-use super::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use crate::no_kernel;
+use crate::reduce::vulkan::{Fold, MAX_TRIPS, Out, Reduction, Space, Stage};
+use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use ingot_schema::DType;
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &[
-    "AveragePool",
-    "GlobalAveragePool",
-    "GlobalLpPool",
-    "GlobalMaxPool",
-    "LpPool",
-    "MaxPool",
-];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let outputs = if cx.op == "MaxPool" { 1..=2 } else { 1..=1 };
@@ -372,14 +363,15 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DeviceClass, Operand, compile};
     use super::*;
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::{DeviceClass, Operand, compile};
     use ingot_schema::{AttrValue, Attrs};
 
     fn ints(v: &[i64]) -> AttrValue {
@@ -415,7 +407,7 @@ mod tests {
         };
         let d = lower(&cx)?;
         for d in &d {
-            if let Err(e) = compile(&d.wgsl) {
+            if let Err(e) = compile(&d.wgsl, &[]) {
                 panic!("{}:\n{}\n{e}", d.label, d.wgsl);
             }
         }
@@ -472,7 +464,7 @@ mod tests {
             outputs: &outputs,
         };
         let d = lower(&cx).unwrap();
-        compile(&d[0].wgsl).unwrap();
+        compile(&d[0].wgsl, &[]).unwrap();
         assert_eq!(d[0].bindings[2], Binding::output("ind", 1, "u32"));
     }
 }

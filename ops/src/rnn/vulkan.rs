@@ -20,13 +20,11 @@
 //! only binding offsets, so the dispatch size carries it: chunk k runs `batch * dirs + k`
 //! workgroups, reads `num_workgroups`, and the k extra ones return at once.
 
-use super::elementwise::unary_expr;
-use super::{Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, f32_lit, header};
+use crate::elementwise::vulkan::unary_expr;
 use crate::no_kernel;
+use crate::vulkan::{Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, f32_lit, header};
 use ingot_schema::DType;
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &["LSTM", "GRU", "RNN"];
 
 /// Loop iterations one invocation may run in one dispatch: lavapipe silently stops an
 /// invocation after about 65535 in total.
@@ -135,6 +133,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             wgsl: wgsl.clone(),
             groups: [(groups + k) as u32, 1, 1],
             bindings: bindings.clone(),
+            ..Default::default()
         })
         .collect())
 }
@@ -883,8 +882,8 @@ fn u(v: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{DeviceClass, Operand, compile, lower_f32_all_classes};
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::{DeviceClass, Operand, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
     /// Canonical attributes with no optional input and `acts` for every direction.
@@ -1089,7 +1088,7 @@ mod tests {
         };
         let d = lower(&cx).unwrap();
         for k in &d {
-            compile(&k.wgsl).unwrap_or_else(|e| panic!("{e}\n{}", k.wgsl));
+            compile(&k.wgsl, &[]).unwrap_or_else(|e| panic!("{e}\n{}", k.wgsl));
         }
         d
     }

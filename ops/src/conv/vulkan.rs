@@ -26,12 +26,10 @@
 //! the store. Post-ops are applied to each element right before it is stored, which also makes
 //! running over the residual of a leading `Add` safe: nothing else reads the output.
 
-use super::post::PostOps;
-use super::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, header};
 use crate::no_kernel;
+use crate::vulkan::post::PostOps;
+use crate::vulkan::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, header};
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &["Conv", "ConvTranspose"];
 
 /// Spatial dimensions of the lifted geometry.
 const DIMS: usize = 3;
@@ -112,8 +110,9 @@ const LIMIT: i64 = 1 << 31;
 impl Geo {
     fn new(cx: &KernelCx, transposed: bool, bias: bool) -> Result<Geo, NoKernel> {
         let bad = |what: &str| no_kernel!("{} {}: {what}", cx.op, cx.name);
-        let shape =
-            |o: &super::Operand| -> Vec<i64> { o.desc.shape.iter().map(|&d| d as i64).collect() };
+        let shape = |o: &crate::vulkan::Operand| -> Vec<i64> {
+            o.desc.shape.iter().map(|&d| d as i64).collect()
+        };
         let (x, w, y) = match (cx.inputs, cx.outputs.first()) {
             ([x, w, ..], Some(y)) => (shape(x), shape(w), shape(y)),
             _ => return Err(bad("missing operands")),
@@ -451,6 +450,7 @@ fn blocked_dispatch(
         wgsl,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     })
 }
 
@@ -927,6 +927,7 @@ fn tiled(geo: &Geo, post: &PostOps) -> Option<Dispatch> {
         wgsl: s,
         groups: groups_xyz.map(|g| g as u32),
         bindings,
+        ..Default::default()
     })
 }
 
@@ -1175,9 +1176,9 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Operand, compile};
     use super::*;
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::{Operand, compile};
     use ingot_schema::{AttrValue, Attrs, DType};
 
     /// One conv step for the tests.
@@ -1273,7 +1274,7 @@ mod tests {
             [DeviceClass::Cpu, DeviceClass::Gpu].map(|class| {
                 let d = self.lower(class).unwrap();
                 for k in &d {
-                    if let Err(e) = compile(&k.wgsl) {
+                    if let Err(e) = compile(&k.wgsl, &[]) {
                         panic!("{} does not compile: {e}\n{}", k.label, k.wgsl);
                     }
                 }
@@ -1442,7 +1443,7 @@ mod tests {
                 assert!(d.wgsl.contains("r0[offsets.r0 + e"), "{}", d.label);
                 assert_eq!(
                     d.bindings.last().unwrap().slot,
-                    super::super::Slot::Input(4)
+                    crate::vulkan::Slot::Input(4)
                 );
             }
         }

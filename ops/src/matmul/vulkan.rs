@@ -16,13 +16,13 @@
 //! A or B larger than one binding may be (a fully connected weight of several hundred MB) is
 //! read through chunk bindings and its `load_a`/`load_b` accessor ([`InputBinding`]).
 
-use super::post::PostOps;
-use super::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit};
-use super::{InputBinding, Operand, header};
 use crate::no_kernel;
+use crate::vulkan::post::PostOps;
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit,
+};
+use crate::vulkan::{InputBinding, Operand, header};
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &["Einsum", "Gemm", "MatMul"];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
@@ -639,6 +639,7 @@ fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispat
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     })
 }
 
@@ -743,6 +744,7 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -910,14 +912,15 @@ fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKerne
         wgsl: s,
         groups: groups.map(|g| g as u32),
         bindings,
+        ..Default::default()
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::compile;
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::compile;
     use ingot_schema::{AttrValue, Attrs, DType};
 
     fn f32s(shape: &[usize]) -> TensorDesc {
@@ -947,7 +950,7 @@ mod tests {
         out: &[usize],
         skew: u64,
     ) -> Vec<Dispatch> {
-        crate::kernels::lower_f32_all_classes(lower, op, attrs, inputs, &[out], skew)
+        crate::vulkan::lower_f32_all_classes(lower, op, attrs, inputs, &[out], skew)
     }
 
     #[test]
@@ -1047,7 +1050,7 @@ mod tests {
             };
             assert_eq!(cx.in_place(), Some(3));
             let d = lower(&cx).unwrap();
-            compile(&d[0].wgsl).unwrap();
+            compile(&d[0].wgsl, &[]).unwrap();
             let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
             assert_eq!(names, ["a", "b", "c", "r0", "r1", "y"]);
             assert!(d[0].wgsl.contains("r1[offsets.r1]"), "scalar operand");

@@ -18,36 +18,10 @@
 //! (the data copied, then the updates written; with a reduction, updates that may meet run in
 //! order in one invocation) have their own small kernels.
 
-use super::{Binding, Dispatch, Grid, KernelCx, NoKernel, Slot, header};
 use crate::no_kernel;
+use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Slot, header};
 use ingot_schema::{AttrValue, DType};
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &[
-    "Reshape",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Identity",
-    "Dropout",
-    "Transpose",
-    "Slice",
-    "Pad",
-    "Tile",
-    "Expand",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Concat",
-    "Split",
-    "Gather",
-    "GatherElements",
-    "GatherND",
-    "Trilu",
-    "CumSum",
-    "OneHot",
-    "ScatterND",
-    "ScatterElements",
-];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum PadMode {
@@ -765,6 +739,7 @@ fn simple(
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -1070,7 +1045,7 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
 }
 
 /// Each non-empty part's input index and slab length (elements per outer row).
-fn slabs_of(parts: &[super::Operand], axis: usize, inner: usize) -> Vec<(usize, usize)> {
+fn slabs_of(parts: &[crate::vulkan::Operand], axis: usize, inner: usize) -> Vec<(usize, usize)> {
     parts
         .iter()
         .enumerate()
@@ -1351,6 +1326,7 @@ fn dispatch(
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -1476,8 +1452,8 @@ fn dest_fn(plan: &Copy) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{DeviceClass, Operand, compile};
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::{DeviceClass, Operand, compile};
     use ingot_schema::Attrs;
 
     fn t(dtype: DType, shape: &[usize], byte_offset: u64) -> Operand {
@@ -1509,7 +1485,7 @@ mod tests {
     fn lower_ok(op: &str, attrs: &Attrs, inputs: &[Operand], outputs: &[Operand]) -> Vec<Dispatch> {
         let ds = try_lower(op, attrs, inputs, outputs).unwrap_or_else(|e| panic!("{op}: {e}"));
         for d in &ds {
-            compile(&d.wgsl).unwrap_or_else(|e| panic!("{op}: {e}\n{}", d.wgsl));
+            compile(&d.wgsl, &[]).unwrap_or_else(|e| panic!("{op}: {e}\n{}", d.wgsl));
         }
         ds
     }
@@ -1617,7 +1593,7 @@ mod tests {
             )
         };
         assert!(pad(7).is_err());
-        compile(&pad(-1).unwrap()[0].wgsl).unwrap();
+        compile(&pad(-1).unwrap()[0].wgsl, &[]).unwrap();
     }
 
     #[test]
@@ -1662,11 +1638,11 @@ mod tests {
         let joined = f32s(&[2, 4, 4], 1024);
         let d = lower_ok("Concat", &attrs, &parts, std::slice::from_ref(&joined));
         assert_eq!(d.len(), 2, "the empty part has no dispatch");
-        assert_eq!(d[1].bindings[0].slot, super::super::Slot::Input(1));
+        assert_eq!(d[1].bindings[0].slot, crate::vulkan::Slot::Input(1));
         assert!(d[1].wgsl.contains("u32(3 + c0 * 4"), "{}", d[1].wgsl);
         let d = lower_ok("Split", &attrs, std::slice::from_ref(&joined), &parts);
         assert_eq!(d.len(), 2);
-        assert_eq!(d[1].bindings[1].slot, super::super::Slot::Output(1));
+        assert_eq!(d[1].bindings[1].slot, crate::vulkan::Slot::Output(1));
         assert!(d[1].wgsl.contains("return 3 + c0 * 4;"), "{}", d[1].wgsl);
         // Parts that do not add up are refused.
         assert!(try_lower("Concat", &attrs, &parts[..2], &[f32s(&[2, 5, 4], 1024)]).is_err());

@@ -21,28 +21,10 @@
 //!
 //! int64 outputs (ArgMax/ArgMin) are written as two u32 words per element, low word first.
 
-use super::{Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use crate::no_kernel;
+use crate::vulkan::{Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
 use ingot_schema::DType;
 use std::fmt::Write;
-
-pub const OPS: &[&str] = &[
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceSumSquare",
-    "ArgMax",
-    "ArgMin",
-    "Softmax",
-    "LogSoftmax",
-    "Hardmax",
-];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.inputs.len() != 1 || cx.outputs.len() != 1 {
@@ -216,6 +198,7 @@ fn any_all(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         wgsl: s,
         groups: grid.groups,
         bindings,
+        ..Default::default()
     }])
 }
 
@@ -301,7 +284,7 @@ fn is_nan(v: &str) -> String {
 /// size-1 ones, neighbours of the same kind (kept or reduced) merged, each with its input
 /// stride.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Space {
+pub(crate) struct Space {
     /// Kept dimensions (size, input stride), outermost first: the output index's digits.
     kept: Vec<(u64, u64)>,
     /// Reduced dimensions (size, input stride), outermost first: a set index's digits.
@@ -310,7 +293,7 @@ pub(super) struct Space {
 
 impl Space {
     /// Reducing `axes` of a row-major tensor of `shape`.
-    pub(super) fn new(shape: &[usize], axes: &[usize]) -> Space {
+    pub(crate) fn new(shape: &[usize], axes: &[usize]) -> Space {
         let mut space = Space {
             kept: Vec::new(),
             reduced: Vec::new(),
@@ -339,12 +322,12 @@ impl Space {
         space
     }
 
-    pub(super) fn outputs(&self) -> u64 {
+    pub(crate) fn outputs(&self) -> u64 {
         self.kept.iter().map(|d| d.0).product()
     }
 
     /// Elements per set.
-    pub(super) fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.reduced.iter().map(|d| d.0).product()
     }
 
@@ -395,7 +378,7 @@ fn digits(dims: &[(u64, u64)], i: &str) -> String {
 /// templates name the input value `$v` and the two accumulators `$a` and `$b`; terms may use
 /// the results of earlier stages, `s0`, `s1`...
 #[derive(Clone, Debug)]
-pub(super) struct Fold {
+pub(crate) struct Fold {
     pub init: String,
     pub term: String,
     pub combine: String,
@@ -403,7 +386,7 @@ pub(super) struct Fold {
 
 impl Fold {
     /// The sum of `term` over the set, in `ty` ("f32" or "i32").
-    pub(super) fn sum(ty: &str, term: &str) -> Fold {
+    pub(crate) fn sum(ty: &str, term: &str) -> Fold {
         Fold {
             init: if ty == "f32" { "0.0" } else { "0i" }.into(),
             term: term.into(),
@@ -412,7 +395,7 @@ impl Fold {
     }
 
     /// `acc` combined with the term of `v`, as WGSL.
-    pub(super) fn step(&self, acc: &str, v: &str) -> String {
+    pub(crate) fn step(&self, acc: &str, v: &str) -> String {
         self.merge(acc, &self.term.replace("$v", v))
     }
 
@@ -421,7 +404,7 @@ impl Fold {
     }
 }
 
-pub(super) enum Stage {
+pub(crate) enum Stage {
     /// Its result is `s{k}` for stage k.
     Fold(Fold),
     /// The index `bi` of the first (or `last`) element `v` with no `w` in the set such that
@@ -437,7 +420,7 @@ impl From<Fold> for Stage {
 }
 
 /// What a reduction writes.
-pub(super) enum Out {
+pub(crate) enum Out {
     /// One element per output: the WGSL of the result from the stages' results.
     Value(String),
     /// ArgMax/ArgMin: `bi` as an int64, two u32 words.
@@ -449,7 +432,7 @@ pub(super) enum Out {
 }
 
 /// A reduction kernel: the sets, the stages that fold them and what is written.
-pub(super) struct Reduction {
+pub(crate) struct Reduction {
     pub space: Space,
     /// The input's WGSL element type: "f32" or "i32" (also the output's, but for `Index`).
     pub ty: &'static str,
@@ -460,7 +443,7 @@ pub(super) struct Reduction {
 /// The most loop iterations one invocation may run, all its loops together: lavapipe's
 /// compiler (gallivm) ends every loop of an invocation, silently, once they have run 65535
 /// iterations in all.
-pub(super) const MAX_TRIPS: u64 = 49152;
+pub(crate) const MAX_TRIPS: u64 = 49152;
 
 /// `for (var {var} = start; {var} < end; {var} += step) {body}`.
 fn counted_loop(var: &str, start: &str, end: u64, step: u64, body: &str) -> String {
@@ -476,7 +459,7 @@ const TREE_MIN: u64 = 1024;
 const TREE_FEW: (u64, u64) = (128, 4096);
 
 impl Reduction {
-    pub(super) fn lower(&self, cx: &KernelCx, label: &str) -> Result<Vec<Dispatch>, NoKernel> {
+    pub(crate) fn lower(&self, cx: &KernelCx, label: &str) -> Result<Vec<Dispatch>, NoKernel> {
         let (n_out, count) = (self.space.outputs(), self.space.count());
         let too_big = cx
             .inputs
@@ -557,6 +540,7 @@ impl Reduction {
             wgsl,
             groups,
             bindings,
+            ..Default::default()
         }])
     }
 
@@ -835,9 +819,9 @@ impl Reduction {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Operand, compile};
     use super::*;
-    use ingot_ops::TensorDesc;
+    use crate::TensorDesc;
+    use crate::vulkan::{Operand, compile};
     use ingot_schema::{AttrValue, Attrs};
 
     fn cx_lower(
@@ -868,7 +852,7 @@ mod tests {
 
     fn valid(d: &[Dispatch]) {
         for d in d {
-            if let Err(e) = compile(&d.wgsl) {
+            if let Err(e) = compile(&d.wgsl, &[]) {
                 panic!("{}:\n{}\n{e}", d.label, d.wgsl);
             }
         }
@@ -902,7 +886,11 @@ mod tests {
 
     #[test]
     fn every_reduction_compiles_in_both_shapes() {
-        for op in OPS.iter().filter(|o| o.starts_with("Reduce")) {
+        for op in crate::reduce::OPS
+            .iter()
+            .map(|d| d.name)
+            .filter(|o| o.starts_with("Reduce"))
+        {
             for class in [DeviceClass::Gpu, DeviceClass::Cpu] {
                 // Layer norm's mean over the last axis (vec4), a middle axis, everything.
                 let cases: [(&[usize], &[i64], &[usize]); 3] = [
@@ -1002,7 +990,11 @@ mod tests {
         .unwrap();
         assert!(d.is_empty());
         // Folding empty sets: the output alone is bound (an empty tensor cannot be).
-        for op in OPS.iter().filter(|o| o.starts_with("Reduce")) {
+        for op in crate::reduce::OPS
+            .iter()
+            .map(|d| d.name)
+            .filter(|o| o.starts_with("Reduce"))
+        {
             let d = cx_lower(
                 DeviceClass::Gpu,
                 op,

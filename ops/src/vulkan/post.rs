@@ -6,8 +6,8 @@
 //! leading `Add` may be the output's own bytes (the plan ran the step in place): `apply` reads
 //! it at the element's index right before that element is stored, which is safe.
 
-use super::elementwise::unary_expr;
 use super::{Binding, KernelCx, NoKernel, f32_lit};
+use crate::elementwise::vulkan::unary_expr;
 use crate::no_kernel;
 use ingot_schema::DType;
 
@@ -99,8 +99,44 @@ impl PostOps {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+    /// The most operands a kernel file's [`hook`](PostOps::hook) can read (its slots `r0`,
+    /// `r1`).
+    #[allow(dead_code)] // until the conv and matmul kernels are files
+    pub const MAX_OPERANDS: usize = 2;
+
+    /// The hook `fn post_op(v: f32, i: u32) -> f32`, which applies every post-op to `v`, the
+    /// output element at index `i`, for kernel files that call it before each store. Such a
+    /// file declares the optional slots `r0` and `r1` last (read only by this hook, so a
+    /// dispatch binds just the [`bindings`](PostOps::bindings) it needs) and their offsets
+    /// `p.r0`, `p.r1` in its push-constant block `p`.
+    #[allow(dead_code)] // until the conv and matmul kernels are files
+    pub fn hook(&self) -> Result<String, NoKernel> {
+        if self.operands > Self::MAX_OPERANDS {
+            return Err(no_kernel!("{} post-op operands", self.operands));
+        }
+        let mut s = String::from("fn post_op(v: f32, i: u32) -> f32 {\n    var pv = v;\n");
+        for step in &self.steps {
+            let expr = match step {
+                Step::Map(e) => e.clone(),
+                Step::Binary {
+                    op,
+                    operand,
+                    scalar,
+                } => {
+                    let at = match scalar {
+                        true => format!("r{operand}[p.r{operand}]"),
+                        false => format!("r{operand}[p.r{operand} + i]"),
+                    };
+                    match *op {
+                        "r-" => format!("{at} - pv"),
+                        op => format!("pv {op} {at}"),
+                    }
+                }
+            };
+            s.push_str(&format!("    pv = {expr};\n"));
+        }
+        s.push_str("    return pv;\n}\n");
+        Ok(s)
     }
 
     /// WGSL statements that apply every post-op to the f32 variable `var`, the output element
