@@ -20,11 +20,14 @@ pub enum KernelError {
     },
 }
 
+/// What makes two dispatches' modules one: the WGSL source and the override values (as bits).
+type ModuleKey = (String, Vec<(&'static str, u64)>);
+
 /// The kernels of a bundle: unique SPIR-V modules, in first-use order.
 #[derive(Default)]
 pub struct KernelSet {
     /// Module index by WGSL source and override values.
-    by_source: BTreeMap<(String, Vec<(&'static str, u64)>), u32>,
+    by_source: BTreeMap<ModuleKey, u32>,
     pub kernels: Vec<proto::Kernel>,
     pub section: Vec<u8>,
 }

@@ -795,7 +795,7 @@ mod tests {
         refused("workgroup counts", |m, _| dispatch(m).groups[2] = 0);
         refused("takes 1 to 2", |m, _| dispatch(m).bindings.clear());
         refused("takes 1 to 2", |m, _| {
-            let extra = dispatch(m).bindings[0].clone();
+            let extra = dispatch(m).bindings[0];
             dispatch(m).bindings.push(extra)
         });
         refused("has 0 params, its kernel 0 'relu_4' takes 1", |m, _| {
