@@ -5,11 +5,11 @@
 //! Every step's operands are resolved once, at creation, to a place (arena, weight, the
 //! submodel's input or output) and a byte range; `run` only calls kernels.
 
+use crate::backend::{Executable, SessionError};
+use crate::backend::{Failure, Faults, Stage};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
-use crate::failsafe::{Failure, Faults, Stage};
 use crate::ledger::{Entry, Ledger, MemoryKind};
-use crate::session::{Executable, SessionError};
 use crate::tensor::{TensorDesc, TensorMut, TensorRef};
 use ingot_ops::cpu::parallel::with_threads_awake;
 use ingot_ops::cpu::{Kernel, KernelError, OpCx};

@@ -13,100 +13,15 @@
 //!
 //! To the session a [`Fallback`] is one more [`Executable`].
 
+use crate::backend::{Device, Executable, Failure, Faults, SessionError, Stage};
 use crate::bundle::Bundle;
 use crate::cpu::CpuExecutable;
 use crate::ledger::Ledger;
-use crate::session::{Device, Executable, SessionError};
 use crate::tensor::{TensorMut, TensorRef};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// Where preparing or running a submodel on a device failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Stage {
-    /// The device cannot run the submodel at all: a step has no kernel for it.
-    Kernels,
-    /// Loading the Vulkan loader library.
-    Loader,
-    Instance,
-    Device,
-    Pipelines,
-    Weights,
-    Arena,
-    /// The device's buffer for the submodel's inputs and outputs.
-    Io,
-    /// Running: a dispatch, a lost device, memory running out.
-    Run,
-}
-
-impl Stage {
-    pub const ALL: [Stage; 9] = [
-        Stage::Kernels,
-        Stage::Loader,
-        Stage::Instance,
-        Stage::Device,
-        Stage::Pipelines,
-        Stage::Weights,
-        Stage::Arena,
-        Stage::Io,
-        Stage::Run,
-    ];
-
-    /// The short name fault specifications use (`vulkan@weights`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::Kernels => "kernels",
-            Stage::Loader => "loader",
-            Stage::Instance => "instance",
-            Stage::Device => "device",
-            Stage::Pipelines => "pipelines",
-            Stage::Weights => "weights",
-            Stage::Arena => "arena",
-            Stage::Io => "io",
-            Stage::Run => "dispatch",
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Stage::Kernels => "kernel check",
-            Stage::Loader => "loading the Vulkan loader",
-            Stage::Instance => "instance creation",
-            Stage::Device => "device creation",
-            Stage::Pipelines => "pipeline creation",
-            Stage::Weights => "weight upload",
-            Stage::Arena => "arena allocation",
-            Stage::Io => "IO buffer allocation",
-            Stage::Run => "dispatch",
-        }
-    }
-
-    /// Whether failing here means the device is unusable for every submodel.
-    fn device_wide(self) -> bool {
-        matches!(self, Stage::Loader | Stage::Instance | Stage::Device)
-    }
-}
-
-impl fmt::Display for Stage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.describe())
-    }
-}
-
-/// Preparing an executable failed at `stage`.
-#[derive(Debug)]
-pub struct Failure {
-    pub stage: Stage,
-    pub error: SessionError,
-}
-
-impl Failure {
-    pub fn at(stage: Stage) -> impl FnOnce(SessionError) -> Failure {
-        move |error| Failure { stage, error }
-    }
-}
 
 /// A device passed over for a submodel, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,81 +83,6 @@ impl fmt::Display for Placement {
             }
         }
         Ok(())
-    }
-}
-
-/// A failure to inject: `device` (`vulkan` or `cpu`, the device's kind) fails at `stage`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fault {
-    pub device: String,
-    pub stage: Stage,
-}
-
-/// Failures injected for tests (cargo feature `fault-injection`; without it nothing can be
-/// injected and every check passes). A fault at [`Stage::Run`] fires once, like a transient
-/// device loss; one at a preparation stage fires every time the stage is reached.
-#[derive(Clone, Debug, Default)]
-pub struct Faults {
-    #[cfg(feature = "fault-injection")]
-    armed: Arc<Mutex<Vec<Fault>>>,
-}
-
-impl Faults {
-    /// Fails if a fault is armed for a device of kind `device` at `stage`.
-    #[cfg_attr(not(feature = "fault-injection"), inline(always))]
-    pub fn check(&self, device: &str, stage: Stage) -> Result<(), SessionError> {
-        #[cfg(feature = "fault-injection")]
-        {
-            let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = armed
-                .iter()
-                .position(|f| f.device == device && f.stage == stage)
-            {
-                if stage == Stage::Run {
-                    armed.remove(i);
-                }
-                return Err(SessionError::Injected {
-                    device: device.into(),
-                    stage,
-                });
-            }
-        }
-        let _ = (device, stage);
-        Ok(())
-    }
-
-    /// Arms a fault.
-    #[cfg(feature = "fault-injection")]
-    pub fn inject(&self, device: &str, stage: Stage) {
-        let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        armed.push(Fault {
-            device: device.into(),
-            stage,
-        });
-    }
-
-    /// Faults from a list such as `vulkan@weights,cpu@arena` (what `INGOT_INJECT_FAULTS`
-    /// holds for the CLI).
-    #[cfg(feature = "fault-injection")]
-    pub fn parse(spec: &str) -> Result<Faults, String> {
-        let faults = Faults::default();
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (device, stage) = item
-                .split_once('@')
-                .ok_or_else(|| format!("fault '{item}' is not DEVICE@STAGE"))?;
-            let stage = Stage::ALL
-                .into_iter()
-                .find(|s| s.name() == stage)
-                .ok_or_else(|| {
-                    let names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
-                    format!("unknown stage '{stage}'; stages: {}", names.join(", "))
-                })?;
-            if device != "vulkan" && device != "cpu" {
-                return Err(format!("fault device '{device}' is not vulkan or cpu"));
-            }
-            faults.inject(device, stage);
-        }
-        Ok(faults)
     }
 }
 

@@ -4,6 +4,7 @@
 //! run, where every tensor lives and how big the arena is; the runtime checks all of it and
 //! follows it.
 
+pub mod backend;
 pub mod bundle;
 mod carve;
 pub mod cpu;
@@ -14,9 +15,10 @@ pub use ingot_ops::tensor;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;
 
+pub use backend::{Device, Executable, Faults, KernelClass, SessionError, Stage};
 pub use bundle::{Bundle, BundleError};
-pub use failsafe::{Faults, Placement, Skip, Stage, SubmodelPlacement};
+pub use failsafe::{Placement, Skip, SubmodelPlacement};
 pub use ingot_schema::DType;
 pub use ledger::{Ledger, MemoryKind};
-pub use session::{Device, Executable, IoInfo, KernelClass, Session, SessionError, SessionOptions};
+pub use session::{IoInfo, Session, SessionOptions};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

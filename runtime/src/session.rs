@@ -3,41 +3,15 @@
 //! checks what the caller passes, owns the outputs and the boundary buffer that carries
 //! tensors from one submodel to the next, and does not know what a device is.
 
-use crate::bundle::{Bundle, BundleError, tensor_desc};
+use crate::backend::{Device, Executable, Faults, KernelClass, SessionError};
+use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
-use crate::failsafe::{Devices, Fallback, Faults, Placement, Stage};
+use crate::failsafe::{Devices, Fallback, Placement};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
-use ingot_ops::cpu::KernelError;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// Which of a step's Vulkan kernels a device runs: the bundle carries kernels for GPUs (tiles in
-/// workgroup memory) and for CPU-type devices such as lavapipe (register blocking, no workgroup
-/// memory) where they differ.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KernelClass {
-    /// The device's own class.
-    #[default]
-    Auto,
-    /// The CPU-type kernels on any device.
-    Cpu,
-    /// The GPU kernels on any device (how CI runs them on lavapipe).
-    Gpu,
-}
-
-impl KernelClass {
-    /// `auto`, `cpu` or `gpu`.
-    pub fn parse(name: &str) -> Result<KernelClass, SessionError> {
-        match name {
-            "auto" => Ok(KernelClass::Auto),
-            "cpu" => Ok(KernelClass::Cpu),
-            "gpu" => Ok(KernelClass::Gpu),
-            _ => Err(SessionError::UnknownKernelClass(name.into())),
-        }
-    }
-}
 
 /// `devices` with every Vulkan device running `class`'s kernels (`Auto` leaves each device's
 /// own options as they are).
@@ -59,97 +33,6 @@ fn with_kernel_class(devices: Vec<Device>, class: KernelClass) -> Vec<Device> {
     #[cfg(not(feature = "vulkan"))]
     let _ = class;
     devices
-}
-
-/// Where a session runs.
-#[derive(Clone, Debug, Default)]
-pub enum Device {
-    #[default]
-    Cpu,
-    #[cfg(feature = "vulkan")]
-    Vulkan(crate::vulkan::VulkanOptions),
-    /// A device this build cannot drive (a Vulkan name in a build without the Vulkan
-    /// backend): listed so that one device list serves every build, and always skipped.
-    Unavailable(String),
-}
-
-impl Device {
-    /// The device names [`Device::parse`] knows.
-    pub const NAMES: &'static str = "cpu, vulkan, vulkan:N, vulkan:cpu";
-
-    /// A device by name: `cpu`; `vulkan` (the best Vulkan device: discrete, integrated,
-    /// virtual, then CPU-type), `vulkan:N` (by index), `vulkan:cpu` (a CPU-type device such
-    /// as lavapipe).
-    pub fn parse(name: &str) -> Result<Device, SessionError> {
-        #[cfg(feature = "vulkan")]
-        {
-            use crate::vulkan::{DeviceChoice, VulkanOptions};
-            let choice = match name {
-                "vulkan" => Some(DeviceChoice::Best),
-                "vulkan:cpu" => Some(DeviceChoice::CpuType),
-                _ => name
-                    .strip_prefix("vulkan:")
-                    .and_then(|n| n.parse().ok())
-                    .map(DeviceChoice::Index),
-            };
-            if let Some(device) = choice {
-                return Ok(Device::Vulkan(VulkanOptions {
-                    device,
-                    ..VulkanOptions::default()
-                }));
-            }
-        }
-        let vulkan_name = name == "vulkan"
-            || name
-                .strip_prefix("vulkan:")
-                .is_some_and(|n| n == "cpu" || n.parse::<usize>().is_ok());
-        match name {
-            "cpu" => Ok(Device::Cpu),
-            _ if vulkan_name => Ok(Device::Unavailable(name.into())),
-            _ => Err(SessionError::UnknownDevice {
-                name: name.into(),
-                known: if cfg!(feature = "vulkan") {
-                    Device::NAMES
-                } else {
-                    "cpu (this build has no Vulkan backend)"
-                },
-            }),
-        }
-    }
-
-    /// An ordered list of device names, comma-separated: `vulkan,cpu`.
-    pub fn parse_list(names: &str) -> Result<Vec<Device>, SessionError> {
-        names
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(Device::parse)
-            .collect()
-    }
-
-    /// The list a session tries when told nothing: Vulkan, then the CPU (the CPU alone in a
-    /// build without the Vulkan backend).
-    pub fn default_list() -> Vec<Device> {
-        vec![
-            #[cfg(feature = "vulkan")]
-            Device::Vulkan(Default::default()),
-            Device::Cpu,
-        ]
-    }
-
-    /// The name [`Device::parse`] reads back.
-    pub fn name(&self) -> String {
-        match self {
-            Device::Cpu => "cpu".into(),
-            #[cfg(feature = "vulkan")]
-            Device::Vulkan(o) => match o.device {
-                crate::vulkan::DeviceChoice::Best => "vulkan".into(),
-                crate::vulkan::DeviceChoice::CpuType => "vulkan:cpu".into(),
-                crate::vulkan::DeviceChoice::Index(i) => format!("vulkan:{i}"),
-            },
-            Device::Unavailable(name) => name.clone(),
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -204,82 +87,6 @@ impl SessionOptions {
 pub struct IoInfo {
     pub name: String,
     pub desc: TensorDesc,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error(transparent)]
-    Bundle(#[from] BundleError),
-    #[error("unknown device '{name}'; known devices: {known}")]
-    UnknownDevice { name: String, known: &'static str },
-    #[error("unknown kernel class '{0}': use auto, cpu or gpu")]
-    UnknownKernelClass(String),
-    #[error("bundle has no variants")]
-    NoVariant,
-    #[error("cannot prepare step {index} '{name}' ({op}): {source}")]
-    Prepare {
-        index: usize,
-        name: String,
-        op: String,
-        source: KernelError,
-    },
-    #[error("step {index} '{name}' ({op}) failed: {source}")]
-    Step {
-        index: usize,
-        name: String,
-        op: String,
-        source: KernelError,
-    },
-    #[error("expected {expected} inputs ({names}), got {got}")]
-    InputCount {
-        expected: usize,
-        got: usize,
-        names: String,
-    },
-    #[error("input '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]
-    InputMismatch {
-        name: String,
-        expected_dtype: ingot_schema::DType,
-        expected: Vec<usize>,
-        got_dtype: ingot_schema::DType,
-        got: Vec<usize>,
-    },
-    #[error("cannot allocate the {bytes}-byte activation arena")]
-    ArenaAllocation { bytes: u64 },
-    #[error("cannot allocate the {bytes}-byte boundary buffer")]
-    BoundaryAllocation { bytes: u64 },
-    #[error("no device in the list can run submodel {submodel}:{tried}")]
-    NoDevice { submodel: usize, tried: String },
-    #[error("the device list is empty")]
-    NoDevices,
-    #[error("cannot start {threads} CPU threads: {reason}")]
-    Threads { threads: usize, reason: String },
-    #[error("this build of ingot-runtime has no backend for '{0}' (the `vulkan` feature is off)")]
-    Unavailable(String),
-    #[error("{0}")]
-    NoKernel(String),
-    #[error("injected fault: {device} at {stage}")]
-    Injected { device: String, stage: Stage },
-    #[error("the plan makes submodel {submodel} read bytes it writes")]
-    BoundaryAliasing { submodel: usize },
-    #[error("cannot allocate {bytes} bytes for output '{name}'")]
-    OutputAllocation { name: String, bytes: usize },
-    #[cfg(feature = "vulkan")]
-    #[error(transparent)]
-    Vulkan(#[from] crate::vulkan::VulkanError),
-    #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
-    Aliasing {
-        index: usize,
-        name: String,
-        op: String,
-    },
-}
-
-/// A submodel prepared for one device (or for the first device of a list that works).
-pub trait Executable: Send {
-    /// Runs the submodel: `inputs` and `outputs` in the order of its lists, with the dtypes
-    /// and shapes it expects (the session checked them; outputs are written whole).
-    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError>;
 }
 
 /// Where one of a submodel's inputs or outputs lives in the session.
@@ -584,11 +391,4 @@ fn run_part(
         .collect::<Option<Vec<_>>>()
         .ok_or_else(aliasing)?;
     part.executable.run(&ins, &mut outs)
-}
-
-#[cfg(feature = "vulkan")]
-impl Executable for crate::vulkan::VulkanExecutable {
-    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
-        Ok(crate::vulkan::VulkanExecutable::run(self, inputs, outputs)?)
-    }
 }

@@ -92,7 +92,10 @@ fn prepare(
 ) -> Result<VulkanExecutable, VulkanError> {
     VulkanExecutable::new(bundle, 0, 0, options, ledger, &Faults::default()).map_err(|f| {
         match f.error {
-            SessionError::Vulkan(e) => e,
+            SessionError::Vulkan(e) => match e.downcast::<VulkanError>() {
+                Ok(e) => *e,
+                Err(other) => panic!("expected a VulkanError at {:?}, got {other}", f.stage),
+            },
             other => panic!("expected a Vulkan error at {:?}, got {other}", f.stage),
         }
     })

@@ -5,8 +5,8 @@ use super::context::Context;
 use super::layout::{Hazards, Region, descriptor_range, io_layout};
 use super::memory::{Buffer, Placement};
 use super::{DeviceInfo, KernelClass, VulkanError, VulkanOptions};
+use crate::backend::{Failure, Faults, Stage};
 use crate::bundle::{Bundle, tensor_desc};
-use crate::failsafe::{Failure, Faults, Stage};
 use crate::ledger::{Ledger, MemoryKind};
 use crate::tensor::{TensorMut, TensorRef};
 use ash::vk;
@@ -1019,5 +1019,15 @@ impl Drop for VulkanExecutable {
                 Held::Shared(resident) => drop(resident),
             }
         }
+    }
+}
+
+impl crate::backend::Executable for VulkanExecutable {
+    fn run(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), crate::backend::SessionError> {
+        Ok(VulkanExecutable::run(self, inputs, outputs)?)
     }
 }

@@ -22,33 +22,10 @@ mod memory;
 
 pub use executable::VulkanExecutable;
 
+use crate::backend::SessionError;
+pub use crate::backend::{DeviceChoice, KernelClass, VulkanOptions};
 use crate::ledger::MemoryKind;
-use crate::session::KernelClass;
 pub use ash::vk::Result as VkResult;
-
-/// Which physical device to use.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum DeviceChoice {
-    /// The most capable usable device: discrete > integrated > virtual > cpu.
-    #[default]
-    Best,
-    /// The device at this index of [`devices`].
-    Index(usize),
-    /// The first usable device of type CPU (lavapipe, SwiftShader).
-    CpuType,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct VulkanOptions {
-    pub device: DeviceChoice,
-    /// Upload weights through a staging buffer even where device memory is host-visible (to
-    /// test the path discrete GPUs take).
-    pub force_staging: bool,
-    /// Which kernels run (a session sets it from [`SessionOptions::kernel_class`]).
-    ///
-    /// [`SessionOptions::kernel_class`]: crate::SessionOptions::kernel_class
-    pub kernel_class: KernelClass,
-}
 
 /// A physical device as [`devices`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +102,12 @@ pub enum VulkanError {
     /// `run` was given the wrong number or size of inputs or outputs.
     #[error("{0}")]
     Arguments(String),
+}
+
+impl From<VulkanError> for SessionError {
+    fn from(e: VulkanError) -> SessionError {
+        SessionError::Vulkan(Box::new(e))
+    }
 }
 
 /// The physical devices the loader reports, in enumeration order (the indices of
