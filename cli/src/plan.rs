@@ -72,14 +72,7 @@ pub fn main(args: Args) -> Result<()> {
         let c = compile_graph(&args.input, &options)
             .with_context(|| format!("cannot compile {}", args.input.display()))?;
         let name = args.variant.as_deref().unwrap_or("main");
-        bundle::variant(
-            &bundle::CompiledVariant {
-                name,
-                graph: &c.graph,
-                plan: &c.plan,
-            },
-            &[],
-        )
+        bundle::variant(&c.variant(name), &[])
     };
     match args.format {
         Format::Text => print!("{}", render::text(&variant)),

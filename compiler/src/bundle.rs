@@ -1,7 +1,7 @@
 //! Graph + plan → bundle bytes (manifest, weights), through ingot-schema's container writer.
 
 use crate::ir::Graph;
-use crate::kernels::{KernelError, KernelSet};
+use crate::kernels::{KernelError, KernelSet, Lowered};
 use crate::plan::{Plan, Storage};
 use crate::weights::Bank;
 use ingot_schema::container::{self, SectionKind, Source};
@@ -18,6 +18,7 @@ pub struct CompiledVariant<'a> {
     pub name: &'a str,
     pub graph: &'a Graph,
     pub plan: &'a Plan,
+    pub lowered: &'a Lowered,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +30,7 @@ pub enum WriteError {
 }
 
 /// Serialises the variants into one bundle, with every weight once in the bank and the Vulkan
-/// kernels of every step that has them. Deterministic: the bytes depend only on the graphs
+/// kernels of every step that has them (compiled here, once per unique module). Deterministic: the bytes depend only on the graphs
 /// and plans.
 pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
     let mut out = std::io::Cursor::new(Vec::new());
@@ -62,7 +63,8 @@ pub fn write_to<W: std::io::Write + std::io::Seek>(
             })
             .collect();
         let mut variant = variant(v, &entries);
-        kernels.add_variant(&mut variant)?;
+        let nodes: Vec<usize> = v.plan.steps().collect();
+        kernels.add_variant(&mut variant, &nodes, v.lowered)?;
         manifest.variants.push(variant);
     }
     manifest.weights = bank.entries.clone();

@@ -1,11 +1,15 @@
-//! The bundle's kernels: every Vulkan step's dispatches (from its op family,
-//! `ingot_ops::vulkan`) compiled once per unique module into the KERNELS section.
+//! The kernel stages of the compile pipeline (graph -> partition -> plan -> **lowered steps ->
+//! kernels** -> bundle): [`capability`] answers, before planning, which nodes have Vulkan
+//! kernels at all; [`lower`] turns every step of a Vulkan submodel into its dispatches for
+//! both device classes, from the graph and the plan (where each operand lives); [`KernelSet`]
+//! compiles each unique module once and writes the steps' dispatch entries.
 
-use ingot_ops::no_kernel;
-use ingot_ops::vulkan::{
-    Compiled, DeviceClass, Dispatch, KernelCx, NoKernel, Operand, Slot, compile, lower,
-};
-use ingot_schema::{Attrs, proto};
+use crate::ir::{Graph, Node, ValueId};
+use crate::partition::Kind;
+use crate::plan::{Plan, Storage};
+use ingot_ops::TensorDesc;
+use ingot_ops::vulkan::{Compiled, DeviceClass, Dispatch, KernelCx, NoKernel, Operand, Slot};
+use ingot_schema::proto;
 use std::collections::BTreeMap;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,13 +24,125 @@ pub enum KernelError {
     },
 }
 
+/// Per node: why it has no Vulkan kernel whatever the plan (`None`: its family has one for its
+/// types, attributes and shapes). Asked with every operand in memory of its own at an aligned
+/// offset; what a plan adds (an output written over an input, a view at an odd offset) is
+/// settled by [`lower`].
+pub fn capability(g: &Graph) -> Vec<Option<String>> {
+    g.nodes
+        .iter()
+        .map(|node| {
+            if ingot_ops::is_view(&node.op) {
+                return None;
+            }
+            let mut at = 0;
+            let mut place = |v: ValueId| {
+                let desc = desc(g, v);
+                let operand = Operand::new(g.values[v].name.clone(), desc, (4, v as u64), at);
+                at += (operand.desc.bytes() as u64).next_multiple_of(16);
+                operand
+            };
+            let inputs: Vec<Operand> = node.present_inputs().map(&mut place).collect();
+            let outputs: Vec<Operand> = node.outputs.iter().map(|&v| place(v)).collect();
+            both_classes(node, &inputs, &outputs).err().map(|why| why.0)
+        })
+        .collect()
+}
+
+/// One step's dispatches on GPUs and on CPU-type devices.
+#[derive(Clone, Debug)]
+pub struct Classes {
+    pub gpu: Vec<Dispatch>,
+    pub cpu: Vec<Dispatch>,
+}
+
+/// Every step of a plan lowered to Vulkan dispatches.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// Per node: its dispatches when it is a step of a Vulkan submodel (else `None`).
+    pub steps: Vec<Option<Classes>>,
+    /// Steps of Vulkan submodels that turned out to have no kernel in this plan, and why.
+    pub missing: Vec<(usize, NoKernel)>,
+}
+
+/// Lowers every step of `plan`'s Vulkan submodels, its operands where the plan put them.
+pub fn lower(g: &Graph, plan: &Plan) -> Lowered {
+    let mut lowered = Lowered {
+        steps: vec![None; g.nodes.len()],
+        missing: Vec::new(),
+    };
+    for (s, sub) in plan.submodels.iter().enumerate() {
+        if sub.kind != Kind::Vulkan {
+            continue;
+        }
+        for n in plan.submodel_steps(s) {
+            let node = &g.nodes[n];
+            let operand = |v: ValueId| planned_operand(g, plan, v);
+            let inputs: Vec<Operand> = node.present_inputs().map(operand).collect();
+            let outputs: Vec<Operand> = node.outputs.iter().map(|&v| operand(v)).collect();
+            match both_classes(node, &inputs, &outputs) {
+                Ok(classes) => lowered.steps[n] = Some(classes),
+                Err(why) => lowered.missing.push((n, why)),
+            }
+        }
+    }
+    lowered
+}
+
+/// A step runs on Vulkan only if both device classes have its kernels.
+fn both_classes(node: &Node, inputs: &[Operand], outputs: &[Operand]) -> Result<Classes, NoKernel> {
+    let cx = |class| KernelCx {
+        class,
+        op: &node.op,
+        name: &node.name,
+        attrs: &node.attrs,
+        inputs,
+        outputs,
+    };
+    Ok(Classes {
+        gpu: ingot_ops::vulkan::lower(&cx(DeviceClass::Gpu))?,
+        cpu: ingot_ops::vulkan::lower(&cx(DeviceClass::Cpu))?,
+    })
+}
+
+fn desc(g: &Graph, v: ValueId) -> TensorDesc {
+    g.values[v]
+        .ty
+        .clone()
+        .unwrap_or_else(|| TensorDesc::new(ingot_schema::DType::U8, vec![0]))
+}
+
+/// Value `v` as a kernel sees it: the memory its root lives in (two operands alias when that
+/// and the byte offset are equal) and where it starts there.
+fn planned_operand(g: &Graph, plan: &Plan, v: ValueId) -> Operand {
+    let (root, view_offset) = match plan.storage[v] {
+        Some(Storage::View { of, byte_offset }) => (of, byte_offset),
+        _ => (v, 0),
+    };
+    let (place, base) = match plan.storage[root] {
+        Some(Storage::Arena { offset }) => ((0, 0), offset),
+        Some(Storage::Weight(w)) => ((1, w as u64), 0),
+        Some(Storage::Input(i)) => ((2, i as u64), 0),
+        Some(Storage::Output(o)) => ((3, o as u64), 0),
+        // Inside a device, submodel inputs and outputs sit at 16-byte multiples of its IO
+        // buffer, as the boundary buffer's offsets are.
+        Some(Storage::Boundary { offset }) => ((5, 0), offset),
+        Some(Storage::View { .. }) | None => ((4, root as u64), 0),
+    };
+    Operand::new(
+        g.values[v].name.clone(),
+        desc(g, v),
+        place,
+        base + view_offset,
+    )
+}
+
 /// What makes two dispatches' modules one: the WGSL source and the override values (as bits).
 type ModuleKey = (String, Vec<(&'static str, u64)>);
 
 /// The kernels of a bundle: unique SPIR-V modules, in first-use order.
 #[derive(Default)]
 pub struct KernelSet {
-    /// Module index by WGSL source and override values.
     by_source: BTreeMap<ModuleKey, u32>,
     pub kernels: Vec<proto::Kernel>,
     pub section: Vec<u8>,
@@ -36,60 +152,35 @@ pub struct KernelSet {
 const KERNEL_ALIGN: usize = 16;
 
 impl KernelSet {
-    /// Fills `vulkan` of every step of `variant` that has kernels (one entry for all devices,
-    /// or one per device class when the family makes different kernels); steps without stay
-    /// empty, and why is returned per step index.
+    /// Fills `vulkan` of every step of `variant` that `lowered` has dispatches for (one entry
+    /// for all devices, or one per device class where the kernels differ), compiling each
+    /// module the first time it is seen. `nodes` are the graph nodes of the variant's steps.
     pub fn add_variant(
         &mut self,
         variant: &mut proto::Variant,
-    ) -> Result<Vec<(usize, NoKernel)>, KernelError> {
-        let mut missing = Vec::new();
-        // Steps of a submodel that needs the CPU (one of its steps has no kernel) get none.
-        let mut on_cpu = vec![false; variant.steps.len()];
-        for sub in &variant.submodels {
-            let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
-            let Some(steps) = variant.steps.get(steps.clone()).map(|_| steps) else {
+        nodes: &[usize],
+        lowered: &Lowered,
+    ) -> Result<(), KernelError> {
+        for (step, &n) in variant.steps.iter_mut().zip(nodes) {
+            let Some(Classes { gpu, cpu }) = &lowered.steps[n] else {
                 continue;
-            };
-            if variant.steps[steps.clone()]
-                .iter()
-                .any(|s| !s.no_vulkan_kernel.is_empty())
-            {
-                on_cpu[steps].fill(true);
-            }
-        }
-        let mut per_step = Vec::with_capacity(variant.steps.len());
-        for (index, step) in variant.steps.iter().enumerate() {
-            if on_cpu[index] {
-                per_step.push(Vec::new());
-                continue;
-            }
-            let (gpu, cpu) = match lower_step(variant, step) {
-                Ok(both) => both,
-                Err(why) => {
-                    missing.push((index, why));
-                    per_step.push(Vec::new());
-                    continue;
-                }
             };
             let same = gpu.len() == cpu.len()
                 && gpu
                     .iter()
-                    .zip(&cpu)
+                    .zip(cpu)
                     .all(|(a, b)| a.wgsl == b.wgsl && a.overrides == b.overrides);
-            let classes = if same {
-                vec![(DeviceClass::Any, gpu)]
-            } else {
-                vec![(DeviceClass::Gpu, gpu), (DeviceClass::Cpu, cpu)]
+            let classes = match same {
+                true => vec![(DeviceClass::Any, gpu)],
+                false => vec![(DeviceClass::Gpu, gpu), (DeviceClass::Cpu, cpu)],
             };
             let mut entries = Vec::with_capacity(classes.len());
             for (class, dispatches) in classes {
                 let mut out = Vec::with_capacity(dispatches.len());
                 for d in dispatches {
-                    let kernel = self.intern(&d, step)?;
+                    let kernel = self.intern(d, step)?;
                     out.push(proto::Dispatch {
                         kernel,
-                        params: d.params.clone(),
                         groups: d.groups.to_vec(),
                         bindings: d
                             .bindings
@@ -105,6 +196,7 @@ impl KernelSet {
                                 byte_length: b.chunk.as_ref().map_or(0, |r| r.end - r.start),
                             })
                             .collect(),
+                        params: d.params.clone(),
                     });
                 }
                 entries.push(proto::Dispatches {
@@ -112,24 +204,9 @@ impl KernelSet {
                     device_class: class as i32,
                 });
             }
-            per_step.push(entries);
+            step.vulkan = entries;
         }
-        for (step, vulkan) in variant.steps.iter_mut().zip(per_step) {
-            step.vulkan = vulkan;
-        }
-        for (index, why) in &missing {
-            variant.steps[*index].no_vulkan_kernel = why.0.clone();
-        }
-        missing.extend(
-            variant
-                .steps
-                .iter()
-                .enumerate()
-                .filter(|(i, s)| on_cpu[*i] && !s.no_vulkan_kernel.is_empty())
-                .map(|(i, s)| (i, NoKernel(s.no_vulkan_kernel.clone()))),
-        );
-        missing.sort_by_key(|&(i, _)| i);
-        Ok(missing)
+        Ok(())
     }
 
     /// The index of `d`'s module, compiling it the first time its source and override
@@ -152,7 +229,7 @@ impl KernelSet {
                     workgroup_size,
                     slots,
                     push_words,
-                } = compile(&d.wgsl, &d.overrides).map_err(failed)?;
+                } = ingot_ops::vulkan::compile(&d.wgsl, &d.overrides).map_err(failed)?;
                 let offset = self.section.len().next_multiple_of(KERNEL_ALIGN);
                 self.section.resize(offset, 0);
                 self.section
@@ -183,46 +260,4 @@ impl KernelSet {
         }
         Ok(k)
     }
-}
-
-/// The dispatches of one step of `variant` for GPUs and for CPU-type devices, or why it has
-/// none (a step runs on Vulkan only if both classes have kernels).
-pub fn lower_step(
-    variant: &proto::Variant,
-    step: &proto::Step,
-) -> Result<(Vec<Dispatch>, Vec<Dispatch>), NoKernel> {
-    let attrs = Attrs::from_proto(&step.attributes).map_err(|e| no_kernel!("{e}"))?;
-    let inputs: Vec<Operand> = step.inputs.iter().map(|&t| operand(variant, t)).collect();
-    let outputs: Vec<Operand> = step.outputs.iter().map(|&t| operand(variant, t)).collect();
-    let cx = |class| KernelCx {
-        class,
-        op: &step.op,
-        name: &step.name,
-        attrs: &attrs,
-        inputs: &inputs,
-        outputs: &outputs,
-    };
-    Ok((lower(&cx(DeviceClass::Gpu))?, lower(&cx(DeviceClass::Cpu))?))
-}
-
-fn operand(variant: &proto::Variant, t: u32) -> Operand {
-    use proto::storage::Kind;
-    let tensor = &variant.tensors[t as usize];
-    let desc = ingot_ops::TensorDesc::of(tensor);
-    let kind = |t: &proto::Tensor| t.storage.as_ref().and_then(|s| s.kind);
-    let (root, view_offset) = match kind(tensor) {
-        Some(Kind::View(v)) => (v.of, v.byte_offset),
-        _ => (t, 0),
-    };
-    let (place, base) = match kind(&variant.tensors[root as usize]) {
-        Some(Kind::Arena(offset)) => ((0, 0), offset),
-        Some(Kind::Weight(w)) => ((1, u64::from(w)), 0),
-        Some(Kind::Input(i)) => ((2, u64::from(i)), 0),
-        Some(Kind::Output(o)) => ((3, u64::from(o)), 0),
-        // Inside a device, submodel inputs and outputs sit at 16-byte multiples of its IO
-        // buffer, as the boundary buffer's offsets are.
-        Some(Kind::Boundary(offset)) => ((5, 0), offset),
-        Some(Kind::View(_)) | None => ((4, u64::from(root)), 0),
-    };
-    Operand::new(tensor.name.clone(), desc, place, base + view_offset)
 }

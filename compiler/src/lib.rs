@@ -89,10 +89,24 @@ pub enum CompileError {
     Write(#[from] bundle::WriteError),
 }
 
-/// A model after import, passes and planning: what `compile`, `plan` and `inspect` share.
+/// A model after import, passes, planning and lowering: what `compile`, `plan` and `inspect`
+/// share.
 pub struct Compiled {
     pub graph: ir::Graph,
     pub plan: plan::Plan,
+    pub lowered: kernels::Lowered,
+}
+
+impl Compiled {
+    /// The bundle writer's view of it, as variant `name`.
+    pub fn variant<'a>(&'a self, name: &'a str) -> bundle::CompiledVariant<'a> {
+        bundle::CompiledVariant {
+            name,
+            graph: &self.graph,
+            plan: &self.plan,
+            lowered: &self.lowered,
+        }
+    }
 }
 
 /// Imports, lowers and plans the model at `model`.
@@ -114,44 +128,33 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
         views: options.sharing.views,
         reorder: options.sharing.reorder,
     };
-    let plan = plan_graph(&graph, target);
+    let (plan, lowered) = plan_graph(&graph, target);
     if options.verify || cfg!(debug_assertions) {
         plan::verify(&graph, &plan).map_err(CompileError::Plan)?;
     }
-    Ok(Compiled { graph, plan })
+    Ok(Compiled {
+        graph,
+        plan,
+        lowered,
+    })
 }
 
-/// Cuts `graph` into submodels and plans it. Which steps have a Vulkan kernel depends on their
-/// real operands (alignment, in-place), so this plans, asks the kernels about every step of a
-/// Vulkan submodel, moves the steps without one to the CPU, and plans again until none is
-/// left. Each round only moves steps to the CPU, so it ends.
-pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> plan::Plan {
-    let mut no_vulkan: Vec<Option<String>> = vec![None; graph.nodes.len()];
+/// Cuts `graph` into submodels, plans it and lowers its Vulkan steps: the pipeline's middle
+/// stages, each computed once. The cut starts from [`kernels::capability`] (which nodes have
+/// a Vulkan kernel at all); a step that has none only once planned (written over an input, a
+/// view at an offset its kernel cannot read) moves to the CPU and the graph is planned again,
+/// which only ever moves steps to the CPU, so it ends.
+pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> (plan::Plan, kernels::Lowered) {
+    let mut no_vulkan = kernels::capability(graph);
     loop {
         let parts = partition::Partition::new(graph, &no_vulkan);
         let plan = plan::plan_parts(graph, &parts, target);
-        let compiled = bundle::CompiledVariant {
-            name: "",
-            graph,
-            plan: &plan,
-        };
-        let variant = bundle::variant(&compiled, &[]);
-        let nodes: Vec<usize> = plan.steps().collect();
-        let mut moved = false;
-        for (sub, s) in plan.submodels.iter().zip(&variant.submodels) {
-            if sub.kind != partition::Kind::Vulkan {
-                continue;
-            }
-            let steps = s.first_step as usize..(s.first_step + s.step_count) as usize;
-            for i in steps {
-                if let Err(why) = kernels::lower_step(&variant, &variant.steps[i]) {
-                    no_vulkan[nodes[i]] = Some(why.0);
-                    moved = true;
-                }
-            }
+        let lowered = kernels::lower(graph, &plan);
+        if lowered.missing.is_empty() {
+            return (plan, lowered);
         }
-        if !moved {
-            return plan;
+        for (node, why) in lowered.missing {
+            no_vulkan[node] = Some(why.0);
         }
     }
 }
@@ -159,11 +162,7 @@ pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> plan::Plan {
 /// Compiles the ONNX model at `model` into bundle bytes.
 pub fn compile_file(model: &Path, options: &CompileOptions) -> Result<Vec<u8>, CompileError> {
     let c = compile_graph(model, options)?;
-    Ok(bundle::write(&[bundle::CompiledVariant {
-        name: "main",
-        graph: &c.graph,
-        plan: &c.plan,
-    }])?)
+    Ok(bundle::write(&[c.variant("main")])?)
 }
 
 /// Compiles several graphs into one bundle: variant `name` from `model` with its input
@@ -229,11 +228,7 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
     let variants: Vec<bundle::CompiledVariant> = variants
         .iter()
         .zip(&compiled)
-        .map(|(v, c)| bundle::CompiledVariant {
-            name: &v.name,
-            graph: &c.graph,
-            plan: &c.plan,
-        })
+        .map(|(v, c)| c.variant(&v.name))
         .collect();
     Ok(bundle::write_to(&variants, out)?)
 }
@@ -242,13 +237,8 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
 /// a model's own snapshot test asserts (`insta::assert_snapshot!(plan_text(path, &opts)?)`).
 pub fn plan_text(model: &Path, options: &CompileOptions) -> Result<String, CompileError> {
     let c = compile_graph(model, options)?;
-    let v = bundle::variant(
-        &bundle::CompiledVariant {
-            name: "main",
-            graph: &c.graph,
-            plan: &c.plan,
-        },
+    Ok(plan::render::text(&bundle::variant(
+        &c.variant("main"),
         &[],
-    );
-    Ok(plan::render::text(&v))
+    )))
 }

@@ -2,9 +2,9 @@
 //! (DESIGN.md, "Submodels and the device fallback list").
 //!
 //! The CPU runs every op; Vulkan runs the nodes that have a kernel. Which nodes those are is
-//! the capability table: `kernels::lower` answers it for a step's real operands (op, dtypes,
-//! attributes, alignment, in-place), so the compiler plans, asks, and cuts again where the
-//! answer was no (see `crate::plan_graph`).
+//! asked of the op families before planning (`kernels::capability`: op, dtypes, attributes,
+//! shapes); the few a plan takes away (an output written over an input, an offset a kernel
+//! cannot read) are cut again after it (see `crate::plan_graph`).
 //!
 //! The cut follows a capability-aware topological order: Kahn's algorithm that keeps taking
 //! ready nodes of the current kind before it switches, so a CPU-only op on a side branch
