@@ -26,7 +26,7 @@ pub enum WriteError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error("cannot write the bundle: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
 }
 
 /// Serialises the variants into one bundle, with every weight once in the bank and the Vulkan
@@ -82,7 +82,8 @@ pub fn write_to<W: std::io::Write + std::io::Seek>(
                 write: &mut weights,
             },
         ],
-    )?;
+    )
+    .map_err(WriteError::Io)?;
     Ok(manifest)
 }
 

@@ -73,11 +73,10 @@ pub struct VariantSource {
 pub enum CompileError {
     #[error("two variants are named '{0}'")]
     DuplicateVariant(String),
-    #[error("variant '{variant}': {source}")]
+    #[error("variant '{variant}': {cause}")]
     Variant {
         variant: String,
-        #[source]
-        source: Box<CompileError>,
+        cause: Box<CompileError>,
     },
     #[error(transparent)]
     Import(#[from] onnx::ImportError),
@@ -221,7 +220,7 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
         };
         let c = compile_graph(&v.model, &options).map_err(|e| CompileError::Variant {
             variant: v.name.clone(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         compiled.push(c);
     }

@@ -161,19 +161,19 @@ pub enum SessionError {
     UnknownKernelClass(String),
     #[error("bundle has no variants")]
     NoVariant,
-    #[error("cannot prepare step {index} '{name}' ({op}): {source}")]
+    #[error("cannot prepare step {index} '{name}' ({op}): {cause}")]
     Prepare {
         index: usize,
         name: String,
         op: String,
-        source: KernelError,
+        cause: KernelError,
     },
-    #[error("step {index} '{name}' ({op}) failed: {source}")]
+    #[error("step {index} '{name}' ({op}) failed: {cause}")]
     Step {
         index: usize,
         name: String,
         op: String,
-        source: KernelError,
+        cause: KernelError,
     },
     #[error("expected {expected} inputs ({names}), got {got}")]
     InputCount {

@@ -19,15 +19,15 @@ pub const MAX_PUSH_WORDS: u32 = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
-    #[error("cannot read bundle {path}: {source}")]
+    #[error("cannot read bundle {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(transparent)]
     Container(#[from] ContainerError),
     #[error("bundle manifest does not decode: {0}")]
-    Manifest(#[from] prost::DecodeError),
+    Manifest(prost::DecodeError),
     #[error("bundle manifest is invalid: {0}")]
     Invalid(String),
     #[error("bundle has no variant '{name}'; it has: {known}")]
@@ -76,9 +76,9 @@ impl Bundle {
     /// Maps the file at `path` and validates it.
     pub fn open(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
         let path = path.as_ref();
-        let io = |source| BundleError::Io {
+        let io = |cause| BundleError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only and private to this process. A bundle file must not
@@ -104,7 +104,8 @@ impl Bundle {
         let file = bytes.as_slice();
         let container = Container::parse(file)?;
         let manifest_range = container.require(SectionKind::Manifest)?.range.clone();
-        let manifest = proto::Manifest::decode(&file[manifest_range])?;
+        let manifest =
+            proto::Manifest::decode(&file[manifest_range]).map_err(BundleError::Manifest)?;
         let section = |kind| container.section(kind).map_or(0..0, |s| s.range.clone());
         let (weights, kernels) = (section(SectionKind::Weights), section(SectionKind::Kernels));
         validate(&manifest, weights.len() as u64, &file[kernels.clone()])?;

@@ -122,13 +122,13 @@ impl CpuExecutable {
             .enumerate()
             .map(|(k, s)| (first + k, s))
         {
-            let prepare_error = |source| Failure {
+            let prepare_error = |cause| Failure {
                 stage: Stage::Pipelines,
                 error: SessionError::Prepare {
                     index,
                     name: s.name.clone(),
                     op: s.op.clone(),
-                    source,
+                    cause,
                 },
             };
             let attrs = Attrs::from_proto(&s.attributes).map_err(|e| prepare_error(e.into()))?;
@@ -214,11 +214,11 @@ impl CpuExecutable {
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
         for step in &self.steps {
             let index = step.index;
-            let fail = |source| SessionError::Step {
+            let fail = |cause| SessionError::Step {
                 index,
                 name: step.name.clone(),
                 op: step.op.clone(),
-                source,
+                cause,
             };
             let aliasing = || SessionError::Aliasing {
                 index,

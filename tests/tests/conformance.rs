@@ -7,19 +7,22 @@
 //! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]) are
 //! bound at compile time from the data set, as `ingot compile --constant-input` does.
 //!
-//! Expected failures: one list per backend, `tests/expected-failures/{cpu,vulkan}.txt`, one
-//! `test_name  # reason` a line. A listed test that fails is fine; an unlisted failure or a
-//! listed test that passes fails the suite. Every test runs; the summary and the failures are
-//! printed at the end. On Vulkan a message of the validation layer fails the test, and no
+//! Expected failures: `tests/expected-failures/all.txt` for tests that fail the same way on
+//! every backend, and `{cpu,vulkan}.txt` for the ones that fail on one backend only; one
+//! `test_name  # reason` a line, the reason the full first line of the error. A listed test
+//! that fails is fine; an unlisted failure or a listed test that passes fails the suite. Every
+//! test runs; the summary and the failures are printed at the end. On Vulkan a message of the validation layer fails the test, and no
 //! Vulkan device fails every test.
 //!
 //! Environment:
 //! - `INGOT_TEST_FILTER=substring`: run only tests whose name contains it, printing each result
 //!   with its full error (`INGOT_TEST_FILTER=test_conv cargo test -p ingot-tests --test
 //!   conformance -- --nocapture`; add `vulkan` after `--nocapture` for the Vulkan suites only);
-//! - `INGOT_UPDATE_EXPECTED_FAILURES=1`: rewrite the list from this run's results instead of
-//!   failing (new failures are added with their first error line as the reason, passing tests
-//!   are removed); review the diff before committing it.
+//! - `INGOT_UPDATE_EXPECTED_FAILURES=1`: rewrite the lists from this run's results instead of
+//!   failing (new failures are added to the backend's list with their first error line as the
+//!   reason, passing tests are removed; a test of `all.txt` that passes moves to the other
+//!   backends' lists, and a test every backend lists moves to `all.txt`); review the diff
+//!   before committing it.
 
 use anyhow::{Context, Result, anyhow, bail};
 use ingot_compiler::CompileOptions;
@@ -45,8 +48,6 @@ const SUITES: [&str; 5] = [
 const DEFAULT_TOLERANCE: Tolerance = Tolerance::new(1e-3, 1e-7);
 /// Without a filter, at most this many failures are listed one by one.
 const MAX_LISTED: usize = 200;
-/// A reason written by INGOT_UPDATE_EXPECTED_FAILURES is cut to this many characters.
-const REASON_CHARS: usize = 160;
 
 /// Where a suite runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +58,11 @@ enum Backend {
 
 const BACKENDS: [Backend; 2] = [Backend::Cpu, Backend::Vulkan];
 
+/// The list of tests that fail the same way on every backend.
+const ALL_BACKENDS_LIST: &str = "tests/expected-failures/all.txt";
+
 impl Backend {
+    /// The list of tests that fail on this backend only.
     fn expected_failures(self) -> &'static str {
         match self {
             Backend::Cpu => "tests/expected-failures/cpu.txt",
@@ -133,18 +138,20 @@ fn expected_failures_name_existing_tests() {
         let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
         known.extend(test_dirs(&dir).into_iter().map(|(name, _)| name));
     }
-    for backend in BACKENDS {
-        let list = ExpectedFailures::load(backend).unwrap_or_else(|e| panic!("{e:#}"));
-        let stale: Vec<&String> = list
-            .entries
-            .keys()
-            .filter(|n| !known.contains(*n))
-            .collect();
+    let lists = [ALL_BACKENDS_LIST]
+        .into_iter()
+        .chain(BACKENDS.map(Backend::expected_failures));
+    for path in lists {
+        let list = List::load(path).unwrap_or_else(|e| panic!("{e:#}"));
+        let stale: Vec<&String> = list.0.keys().filter(|n| !known.contains(*n)).collect();
         assert!(
             stale.is_empty(),
-            "{} lists tests that do not exist; remove them: {stale:?}",
-            backend.expected_failures()
+            "{path} lists tests that do not exist; remove them: {stale:?}"
         );
+    }
+    // Loading checks that no test is in all.txt and a backend's list both.
+    for backend in BACKENDS {
+        ExpectedFailures::load(backend).unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
 
@@ -382,7 +389,8 @@ struct Report<'a> {
     passed: usize,
     expected_failures: usize,
     failed: Vec<(&'a str, &'a str)>,
-    unexpected_passes: Vec<&'a str>,
+    /// Listed tests that passed, each with the list that has it.
+    unexpected_passes: Vec<(&'a str, &'static str)>,
 }
 
 impl<'a> Report<'a> {
@@ -401,11 +409,11 @@ impl<'a> Report<'a> {
             unexpected_passes: Vec::new(),
         };
         for (name, outcome) in results {
-            match (outcome, expected.reason(name).is_some()) {
-                (Ok(()), false) => r.passed += 1,
-                (Ok(()), true) => r.unexpected_passes.push(name),
-                (Err(_), true) => r.expected_failures += 1,
-                (Err(e), false) => r.failed.push((name, e)),
+            match (outcome, expected.list_of(name)) {
+                (Ok(()), None) => r.passed += 1,
+                (Ok(()), Some(list)) => r.unexpected_passes.push((name, list)),
+                (Err(_), Some(_)) => r.expected_failures += 1,
+                (Err(e), None) => r.failed.push((name, e)),
             }
         }
         r
@@ -435,18 +443,23 @@ impl<'a> Report<'a> {
         if self.failed.len() > limit {
             let _ = write!(s, "\n  ... and {} more", self.failed.len() - limit);
         }
-        for name in &self.unexpected_passes {
+        for (name, list) in &self.unexpected_passes {
+            let fix = if *list == ALL_BACKENDS_LIST {
+                "move it to the lists of the backends it still fails on"
+            } else {
+                "remove it"
+            };
             let _ = write!(
                 s,
-                "\n  PASSED {name}, which is listed as an expected failure: remove it from {}",
-                self.list
+                "\n  PASSED {name}, which {list} lists as an expected failure: {fix}"
             );
         }
         if !self.failed.is_empty() {
             let _ = write!(
                 s,
-                "\n  (a failure that is not a bug to fix now goes into {} as `name  # reason`; \
-                 INGOT_TEST_FILTER=name shows the full error)",
+                "\n  (a failure that is not a bug to fix now goes into {} as `name  # reason`, or \
+                 into {ALL_BACKENDS_LIST} if every backend fails it alike; INGOT_TEST_FILTER=name \
+                 shows the full error)",
                 self.list
             );
         }
@@ -454,22 +467,12 @@ impl<'a> Report<'a> {
     }
 }
 
-/// `tests/expected-failures/<backend>.txt`: test name -> reason.
-struct ExpectedFailures {
-    path: PathBuf,
-    entries: BTreeMap<String, String>,
-}
+/// One list file: test name -> reason.
+struct List(BTreeMap<String, String>);
 
-/// Serialises read-modify-write of the list between the suites, which run on parallel threads.
-static LIST_LOCK: Mutex<()> = Mutex::new(());
-
-impl ExpectedFailures {
-    fn load(backend: Backend) -> Result<Self> {
-        Self::load_path(&repo_root().join(backend.expected_failures()))
-    }
-
-    fn load_path(path: &Path) -> Result<Self> {
-        let path = path.to_path_buf();
+impl List {
+    fn load(path: &str) -> Result<List> {
+        let path = repo_root().join(path);
         let text =
             std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
         let mut entries = BTreeMap::new();
@@ -494,44 +497,131 @@ impl ExpectedFailures {
                 bail!("{}:{}: {name} is listed twice", path.display(), n + 1);
             }
         }
-        Ok(Self { path, entries })
+        Ok(List(entries))
     }
 
-    fn reason(&self, name: &str) -> Option<&str> {
-        self.entries.get(name).map(String::as_str)
-    }
-
-    /// Rewrites the list (re-read under the lock, as other suites may have updated it): the
-    /// tests of `results` that failed are listed, keeping a reason already given; those that
-    /// passed are removed. The leading comment block is kept; entries are sorted.
-    fn update(&self, results: &[(String, Result<(), String>)]) -> Result<()> {
-        let _guard = LIST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let mut current = Self::load_path(&self.path)?;
-        for (name, outcome) in results {
-            match outcome {
-                Ok(()) => {
-                    current.entries.remove(name);
-                }
-                Err(e) => {
-                    let first: String = e.lines().next().unwrap_or("").replace('#', "");
-                    let reason = match first.char_indices().nth(REASON_CHARS) {
-                        Some((at, _)) => format!("{}...", &first[..at]),
-                        None => first,
-                    };
-                    current.entries.entry(name.clone()).or_insert(reason);
-                }
-            }
-        }
-        let text = std::fs::read_to_string(&current.path)?;
+    /// Rewrites the file: its leading comment block, then the entries, sorted.
+    fn save(&self, path: &str) -> Result<()> {
+        let path = repo_root().join(path);
+        let text = std::fs::read_to_string(&path)?;
         let mut out: String = text
             .lines()
             .take_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
             .map(|l| format!("{l}\n"))
             .collect();
-        for (name, reason) in &current.entries {
+        for (name, reason) in &self.0 {
             let _ = writeln!(out, "{name}  # {reason}");
         }
-        std::fs::write(&current.path, out)
-            .with_context(|| format!("write {}", current.path.display()))
+        std::fs::write(&path, out).with_context(|| format!("write {}", path.display()))
+    }
+}
+
+/// The tests expected to fail on one backend: `all.txt` and the backend's own list.
+struct ExpectedFailures {
+    backend: Backend,
+    /// Test name -> (reason, the list that has it).
+    entries: BTreeMap<String, (String, &'static str)>,
+}
+
+/// Serialises read-modify-write of the lists between the suites, which run on parallel
+/// threads.
+static LIST_LOCK: Mutex<()> = Mutex::new(());
+
+impl ExpectedFailures {
+    fn load(backend: Backend) -> Result<Self> {
+        let own = backend.expected_failures();
+        let mut entries: BTreeMap<String, (String, &'static str)> = List::load(ALL_BACKENDS_LIST)?
+            .0
+            .into_iter()
+            .map(|(name, reason)| (name, (reason, ALL_BACKENDS_LIST)))
+            .collect();
+        for (name, reason) in List::load(own)?.0 {
+            if entries.insert(name.clone(), (reason, own)).is_some() {
+                bail!(
+                    "{name} is in {ALL_BACKENDS_LIST} and in {}: keep it in one",
+                    backend.expected_failures()
+                );
+            }
+        }
+        Ok(Self { backend, entries })
+    }
+
+    fn reason(&self, name: &str) -> Option<&str> {
+        self.entries.get(name).map(|(reason, _)| reason.as_str())
+    }
+
+    /// The list that has `name`.
+    fn list_of(&self, name: &str) -> Option<&'static str> {
+        self.entries.get(name).map(|&(_, list)| list)
+    }
+
+    /// Rewrites the lists from `results` of this backend (re-read under the lock, as other
+    /// suites may have updated them): a failing test not listed goes into this backend's list
+    /// with the first line of its error (a reason already given is kept, unless it is a cut
+    /// one the new line completes); a passing test leaves this backend's list, and if it was in
+    /// `all.txt`, moves to the other backends' lists; a test every backend's list has moves to
+    /// `all.txt` when the reasons agree.
+    fn update(&self, results: &[(String, Result<(), String>)]) -> Result<()> {
+        let _guard = LIST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = List::load(ALL_BACKENDS_LIST)?;
+        let mut lists: Vec<(Backend, List)> = BACKENDS
+            .iter()
+            .map(|&b| Ok((b, List::load(b.expected_failures())?)))
+            .collect::<Result<_>>()?;
+        let others = |b: Backend| b != self.backend;
+        for (name, outcome) in results {
+            match outcome {
+                Ok(()) => {
+                    if let Some(reason) = all.0.remove(name) {
+                        for (_, list) in lists.iter_mut().filter(|(b, _)| others(*b)) {
+                            list.0.insert(name.clone(), reason.clone());
+                        }
+                    }
+                    for (_, list) in lists.iter_mut().filter(|(b, _)| !others(*b)) {
+                        list.0.remove(name);
+                    }
+                }
+                Err(e) => {
+                    let first = e.lines().next().unwrap_or("").replace('#', "");
+                    let listed = all.0.get_mut(name).or_else(|| {
+                        let own = lists.iter_mut().find(|(b, _)| !others(*b));
+                        own.and_then(|(_, l)| l.0.get_mut(name))
+                    });
+                    match listed {
+                        Some(reason) => {
+                            let cut = reason.strip_suffix("...");
+                            if cut.is_some_and(|c| first.starts_with(c)) {
+                                *reason = first;
+                            }
+                        }
+                        None => {
+                            let own = lists.iter_mut().find(|(b, _)| !others(*b));
+                            if let Some((_, list)) = own {
+                                list.0.insert(name.clone(), first);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // A test every backend lists with the same reason fails everywhere alike.
+        let everywhere: Vec<(String, String)> = lists[0]
+            .1
+            .0
+            .iter()
+            .filter(|(n, r)| lists.iter().all(|(_, l)| l.0.get(*n) == Some(*r)))
+            .map(|(n, r)| (n.clone(), r.clone()))
+            .collect();
+        for (name, reason) in everywhere {
+            for (_, list) in lists.iter_mut() {
+                list.0.remove(&name);
+            }
+            all.0.insert(name, reason);
+        }
+        all.save(ALL_BACKENDS_LIST)?;
+        for (b, list) in &lists {
+            list.save(b.expected_failures())?;
+        }
+        Ok(())
     }
 }

@@ -52,15 +52,15 @@ pub struct ImportOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("cannot read ONNX model {path}: {source}")]
+    #[error("cannot read ONNX model {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{model}: not a valid ONNX model (truncated or corrupt file?): {source}")]
+    #[error("{model}: not a valid ONNX model (truncated or corrupt file?): {cause}")]
     Parse {
         model: String,
-        source: protobuf::Error,
+        cause: protobuf::Error,
     },
     #[error("{model}: {message}")]
     Opset { model: String, message: String },
@@ -89,9 +89,9 @@ pub enum ImportError {
 
 /// Imports an ONNX file; external data is looked up beside it.
 pub fn import_file(path: &Path, options: &ImportOptions) -> Result<Graph, ImportError> {
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io {
+    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -124,9 +124,9 @@ pub fn import_bytes(
 /// Decodes one serialized TensorProto (the test harness reads ONNX test-data .pb files with it).
 pub fn read_tensor_proto(bytes: &[u8]) -> Result<(String, Tensor), ImportError> {
     const MODEL: &str = "serialized TensorProto";
-    let proto = TensorProto::parse_from_bytes(bytes).map_err(|source| ImportError::Parse {
+    let proto = TensorProto::parse_from_bytes(bytes).map_err(|cause| ImportError::Parse {
         model: MODEL.into(),
-        source,
+        cause,
     })?;
     let value = tensor::to_const(&proto, &mut ExternalData::new(None)).map_err(|message| {
         ImportError::Tensor {
@@ -153,9 +153,9 @@ fn import(
     options: &ImportOptions,
     supported: Support,
 ) -> Result<Graph, ImportError> {
-    let proto = ModelProto::parse_from_bytes(bytes).map_err(|source| ImportError::Parse {
+    let proto = ModelProto::parse_from_bytes(bytes).map_err(|cause| ImportError::Parse {
         model: model.into(),
-        source,
+        cause,
     })?;
     Importer {
         model,
