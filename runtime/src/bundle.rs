@@ -808,7 +808,10 @@ mod tests {
         refused("workgroup size [64, 0, 1]", |m, _| {
             m.kernels[0].workgroup_size[1] = 0
         });
-        refused("more push-constant words", |m, _| m.kernels[0].params = 31);
+        refused("more push-constant words", |m, _| {
+            m.kernels[0].params = 31;
+            dispatch(m).params = vec![0; 31];
+        });
         refused("tensor 7 does not exist", |m, _| {
             dispatch(m).bindings[0].tensor = 7
         });

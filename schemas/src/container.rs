@@ -458,7 +458,10 @@ mod tests {
         let err = Container::parse(&file).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "bundle format 7.0 is not supported by this runtime, which reads format 1.x"
+            format!(
+                "bundle format 7.0 is not supported by this runtime, which reads format \
+                 {FORMAT_MAJOR}.x"
+            )
         );
     }
 }
