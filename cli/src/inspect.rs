@@ -150,6 +150,10 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
     })
 }
 
+/// A SPIR-V module larger than this is one a driver takes long to compile at first launch; the
+/// kernel listing counts them.
+const LARGE_KERNEL_BYTES: u64 = 64 * 1024;
+
 /// Every kernel module: its bytes, workgroup size, and which steps of which variants (and
 /// device classes) dispatch it; with the totals against the weights.
 pub fn kernels(bundle: &Bundle) -> serde_json::Value {
@@ -196,6 +200,7 @@ pub fn kernels(bundle: &Bundle) -> serde_json::Value {
         "kernels": m.kernels.len(),
         "kernel_bytes": total,
         "largest_kernel_bytes": m.kernels.iter().map(|k| k.length).max().unwrap_or(0),
+        "kernels_over_64k": m.kernels.iter().filter(|k| k.length > LARGE_KERNEL_BYTES).count(),
         "weight_bytes": weights,
         "modules": modules,
     })
@@ -228,9 +233,11 @@ fn kernels_text(r: &serde_json::Value) -> String {
         r["weight_bytes"].as_u64().unwrap_or(0),
     );
     s.push_str(&format!(
-        "{} kernels, {total} bytes of SPIR-V (largest {}), {:.1}% of the {weights} bytes of weights\n",
+        "{} kernels, {total} bytes of SPIR-V (largest {}, {} over 64 KiB), {:.1}% of the \
+         {weights} bytes of weights\n",
         r["kernels"],
         r["largest_kernel_bytes"],
+        r["kernels_over_64k"],
         100.0 * total as f64 / weights.max(1) as f64
     ));
     s

@@ -1,7 +1,7 @@
 //! Graph + plan → bundle bytes (manifest, weights), through ingot-schema's container writer.
 
 use crate::ir::Graph;
-use crate::kernels::{KernelError, KernelSet, Lowered};
+use crate::kernels::{KernelSet, Lowered};
 use crate::plan::{Plan, Storage};
 use crate::weights::Bank;
 use ingot_schema::container::{self, SectionKind, Source};
@@ -23,18 +23,16 @@ pub struct CompiledVariant<'a> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
     #[error("cannot write the bundle: {0}")]
     Io(std::io::Error),
 }
 
-/// Serialises the variants into one bundle, with every weight once in the bank and the Vulkan
-/// kernels of every step that has them (compiled here, once per unique module). Deterministic: the bytes depend only on the graphs
-/// and plans.
-pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
+/// Serialises the variants into one bundle, with every weight once in the bank and `kernels`
+/// (the variants' modules, [`KernelSet::compile`]) dispatched by every step that has them.
+/// Deterministic: the bytes depend only on the graphs, plans and lowered steps.
+pub fn write(variants: &[CompiledVariant], kernels: &KernelSet) -> Result<Vec<u8>, WriteError> {
     let mut out = std::io::Cursor::new(Vec::new());
-    write_to(variants, &mut out)?;
+    write_to(variants, kernels, &mut out)?;
     Ok(out.into_inner())
 }
 
@@ -43,15 +41,15 @@ pub fn write(variants: &[CompiledVariant]) -> Result<Vec<u8>, WriteError> {
 /// the manifest and the kernels in memory, never all the weights. Returns the manifest.
 pub fn write_to<W: std::io::Write + std::io::Seek>(
     variants: &[CompiledVariant],
+    kernels: &KernelSet,
     out: &mut W,
 ) -> Result<proto::Manifest, WriteError> {
-    let mut kernels = KernelSet::default();
     let mut bank = Bank::default();
     let mut manifest = proto::Manifest {
         producer: format!("ingot-compiler {}", env!("CARGO_PKG_VERSION")),
         ..Default::default()
     };
-    for v in variants {
+    for (k, v) in variants.iter().enumerate() {
         let entries: Vec<u32> = v
             .plan
             .weights
@@ -63,12 +61,13 @@ pub fn write_to<W: std::io::Write + std::io::Seek>(
             })
             .collect();
         let mut variant = variant(v, &entries);
-        let nodes: Vec<usize> = v.plan.steps().collect();
-        kernels.add_variant(&mut variant, &nodes, v.lowered)?;
+        for (step, n) in variant.steps.iter_mut().zip(v.plan.steps()) {
+            step.vulkan = kernels.entries(k, n, v.lowered, step);
+        }
         manifest.variants.push(variant);
     }
     manifest.weights = bank.entries.clone();
-    manifest.kernels = std::mem::take(&mut kernels.kernels);
+    manifest.kernels = kernels.kernels.clone();
     let manifest_bytes = manifest.encode_to_vec();
     let mut weights = |w: &mut dyn std::io::Write| bank.write_section(w);
     container::write_to(

@@ -2,8 +2,10 @@
 //! kernels** -> bundle): [`capability`] answers, before planning, which nodes have Vulkan
 //! kernels at all; [`lower`] turns every step of a Vulkan submodel into its dispatches for
 //! both device classes, from the graph and the plan (where each operand lives); [`KernelSet`]
-//! compiles each unique module once and writes the steps' dispatch entries.
+//! compiles each unique module once, before the bundle writer serialises the modules and the
+//! steps' dispatch entries.
 
+use crate::bundle::CompiledVariant;
 use crate::ir::{Graph, Node, ValueId};
 use crate::partition::Kind;
 use crate::plan::{Plan, Storage};
@@ -49,11 +51,11 @@ pub fn capability(g: &Graph) -> Vec<Option<String>> {
         .collect()
 }
 
-/// One step's dispatches on GPUs and on CPU-type devices.
-#[derive(Clone, Debug)]
-pub struct Classes {
-    pub gpu: Vec<Dispatch>,
-    pub cpu: Vec<Dispatch>,
+/// One step's dispatches (or what stands for them) on GPUs and on CPU-type devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Classes<T = Dispatch> {
+    pub gpu: Vec<T>,
+    pub cpu: Vec<T>,
 }
 
 /// Every step of a plan lowered to Vulkan dispatches.
@@ -140,81 +142,89 @@ fn planned_operand(g: &Graph, plan: &Plan, v: ValueId) -> Operand {
 /// What makes two dispatches' modules one: the WGSL source and the override values (as bits).
 type ModuleKey = (String, Vec<(&'static str, u64)>);
 
-/// The kernels of a bundle: unique SPIR-V modules, in first-use order.
+/// The kernel stage: every unique SPIR-V module of a bundle, compiled once, in first-use order
+/// (variants in order, each variant's steps in execution order), and which module each
+/// lowered dispatch runs.
 #[derive(Default)]
 pub struct KernelSet {
     by_source: BTreeMap<ModuleKey, u32>,
     pub kernels: Vec<proto::Kernel>,
+    /// The KERNELS section: the modules' SPIR-V words, little-endian, each 16-byte aligned.
     pub section: Vec<u8>,
+    /// Per variant, per node: the module of each dispatch, GPU class and CPU class.
+    modules: Vec<Vec<Option<Classes<u32>>>>,
 }
 
 /// SPIR-V modules start at multiples of this in the KERNELS section.
 const KERNEL_ALIGN: usize = 16;
 
 impl KernelSet {
-    /// Fills `vulkan` of every step of `variant` that `lowered` has dispatches for (one entry
-    /// for all devices, or one per device class where the kernels differ), compiling each
-    /// module the first time it is seen. `nodes` are the graph nodes of the variant's steps.
-    pub fn add_variant(
-        &mut self,
-        variant: &mut proto::Variant,
-        nodes: &[usize],
-        lowered: &Lowered,
-    ) -> Result<(), KernelError> {
-        for (step, &n) in variant.steps.iter_mut().zip(nodes) {
-            let Some(Classes { gpu, cpu }) = &lowered.steps[n] else {
-                continue;
-            };
-            let same = gpu.len() == cpu.len()
-                && gpu
-                    .iter()
-                    .zip(cpu)
-                    .all(|(a, b)| a.wgsl == b.wgsl && a.overrides == b.overrides);
-            let classes = match same {
-                true => vec![(DeviceClass::Any, gpu)],
-                false => vec![(DeviceClass::Gpu, gpu), (DeviceClass::Cpu, cpu)],
-            };
-            let mut entries = Vec::with_capacity(classes.len());
-            for (class, dispatches) in classes {
-                let mut out = Vec::with_capacity(dispatches.len());
-                for d in dispatches {
-                    let kernel = self.intern(d, step)?;
-                    out.push(proto::Dispatch {
-                        kernel,
-                        groups: d.groups.to_vec(),
-                        bindings: d
-                            .bindings
-                            .iter()
-                            .map(|b| proto::Binding {
-                                tensor: match b.slot {
-                                    Slot::Input(i) => step.inputs[i],
-                                    Slot::Output(o) => step.outputs[o],
-                                },
-                                write: matches!(b.slot, Slot::Output(_)),
-                                element_bytes: b.element_bytes(),
-                                byte_offset: b.chunk.as_ref().map_or(0, |r| r.start),
-                                byte_length: b.chunk.as_ref().map_or(0, |r| r.end - r.start),
-                            })
-                            .collect(),
-                        params: d.params.clone(),
-                    });
-                }
-                entries.push(proto::Dispatches {
-                    dispatches: out,
-                    device_class: class as i32,
+    /// Compiles the modules of every lowered dispatch of `variants`, each unique one once, and
+    /// checks that each dispatch fits its module (bound slots, push-constant words).
+    pub fn compile(variants: &[CompiledVariant]) -> Result<KernelSet, KernelError> {
+        let mut set = KernelSet::default();
+        for v in variants {
+            let mut modules = vec![None; v.graph.nodes.len()];
+            for n in v.plan.steps() {
+                let Some(Classes { gpu, cpu }) = &v.lowered.steps[n] else {
+                    continue;
+                };
+                let node = &v.graph.nodes[n];
+                let mut intern = |ds: &[Dispatch]| -> Result<Vec<u32>, KernelError> {
+                    ds.iter().map(|d| set.intern(d, node)).collect()
+                };
+                modules[n] = Some(Classes {
+                    gpu: intern(gpu)?,
+                    cpu: intern(cpu)?,
                 });
             }
-            step.vulkan = entries;
+            set.modules.push(modules);
         }
-        Ok(())
+        Ok(set)
+    }
+
+    /// The `vulkan` entries of `step`, node `n` of variant `variant` (its index in the list
+    /// [`KernelSet::compile`] was given): one entry for all devices where both classes run the
+    /// same modules, else one per class; empty for a step without kernels.
+    pub fn entries(
+        &self,
+        variant: usize,
+        n: usize,
+        lowered: &Lowered,
+        step: &proto::Step,
+    ) -> Vec<proto::Dispatches> {
+        let (Some(Classes { gpu, cpu }), Some(Some(modules))) =
+            (&lowered.steps[n], self.modules[variant].get(n))
+        else {
+            return Vec::new();
+        };
+        // A module is its source and override values: equal module lists are equal kernels.
+        let classes = match modules.gpu == modules.cpu {
+            true => vec![(DeviceClass::Any, gpu, &modules.gpu)],
+            false => vec![
+                (DeviceClass::Gpu, gpu, &modules.gpu),
+                (DeviceClass::Cpu, cpu, &modules.cpu),
+            ],
+        };
+        classes
+            .into_iter()
+            .map(|(class, dispatches, kernels)| proto::Dispatches {
+                dispatches: dispatches
+                    .iter()
+                    .zip(kernels)
+                    .map(|(d, &kernel)| dispatch(d, kernel, step))
+                    .collect(),
+                device_class: class as i32,
+            })
+            .collect()
     }
 
     /// The index of `d`'s module, compiling it the first time its source and override
     /// values are seen; checks that `d` fits it (bound slots, push-constant words).
-    fn intern(&mut self, d: &Dispatch, step: &proto::Step) -> Result<u32, KernelError> {
+    fn intern(&mut self, d: &Dispatch, node: &Node) -> Result<u32, KernelError> {
         let failed = |message: String| KernelError::Compile {
-            step: step.name.clone(),
-            op: step.op.clone(),
+            step: node.name.clone(),
+            op: node.op.clone(),
             label: d.label.clone(),
             message,
             wgsl: d.wgsl.clone(),
@@ -259,5 +269,29 @@ impl KernelSet {
             )));
         }
         Ok(k)
+    }
+}
+
+/// One dispatch as the manifest has it: its module, workgroup counts, the step's tensors it
+/// binds and its params.
+fn dispatch(d: &Dispatch, kernel: u32, step: &proto::Step) -> proto::Dispatch {
+    proto::Dispatch {
+        kernel,
+        groups: d.groups.to_vec(),
+        bindings: d
+            .bindings
+            .iter()
+            .map(|b| proto::Binding {
+                tensor: match b.slot {
+                    Slot::Input(i) => step.inputs[i],
+                    Slot::Output(o) => step.outputs[o],
+                },
+                write: matches!(b.slot, Slot::Output(_)),
+                element_bytes: b.element_bytes(),
+                byte_offset: b.chunk.as_ref().map_or(0, |r| r.start),
+                byte_length: b.chunk.as_ref().map_or(0, |r| r.end - r.start),
+            })
+            .collect(),
+        params: d.params.clone(),
     }
 }

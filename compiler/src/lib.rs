@@ -1,8 +1,9 @@
 //! Ingot's ahead-of-time compiler: ONNX in, memory-planned bundle out.
 //!
 //! ```text
-//! model.onnx ──onnx::import──> ir::Graph ──passes──> static, canonical Graph ──plan──> Plan
-//!            ──bundle::write──> bundle bytes
+//! model.onnx ─onnx::import─> ir::Graph ─passes─> canonical, static Graph
+//!   ─kernels::capability─> partition ─plan─> Plan ─kernels::lower─> Lowered
+//!   ─KernelSet::compile─> SPIR-V modules ─bundle::write─> bundle bytes
 //! ```
 
 pub mod bundle;
@@ -85,6 +86,8 @@ pub enum CompileError {
     #[error("the memory plan failed verification: {0}")]
     Plan(String),
     #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+    #[error(transparent)]
     Write(#[from] bundle::WriteError),
 }
 
@@ -161,7 +164,9 @@ pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> (plan::Plan, kerne
 /// Compiles the ONNX model at `model` into bundle bytes.
 pub fn compile_file(model: &Path, options: &CompileOptions) -> Result<Vec<u8>, CompileError> {
     let c = compile_graph(model, options)?;
-    Ok(bundle::write(&[c.variant("main")])?)
+    let variants = [c.variant("main")];
+    let kernels = kernels::KernelSet::compile(&variants)?;
+    Ok(bundle::write(&variants, &kernels)?)
 }
 
 /// Compiles several graphs into one bundle: variant `name` from `model` with its input
@@ -229,7 +234,8 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
         .zip(&compiled)
         .map(|(v, c)| c.variant(&v.name))
         .collect();
-    Ok(bundle::write_to(&variants, out)?)
+    let kernels = kernels::KernelSet::compile(&variants)?;
+    Ok(bundle::write_to(&variants, &kernels, out)?)
 }
 
 /// The plan of the model at `model` as deterministic text: what `ingot plan` prints, and what

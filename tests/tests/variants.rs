@@ -202,6 +202,82 @@ fn inspect_reports_the_shared_weights() -> Result<()> {
     Ok(())
 }
 
+/// `inspect --kernels`: every module once, with its bytes and the steps of both variants that
+/// use it; the totals add up and agree with the bundle's sections and weight bank.
+#[test]
+fn inspect_lists_every_kernel_with_its_users() -> Result<()> {
+    let dir = scratch_dir("variants/inspect-kernels");
+    let out = dir.join("decoder.ingot");
+    let [prefill, decode] = ["prefill", "decode"].map(|n| fixture(&format!("{n}.onnx")));
+    let (prefill, decode) = (prefill?, decode?);
+    let compiled = ingot([
+        "compile".into(),
+        format!("--variant=prefill={}", prefill.display()),
+        format!("--variant=decode={}", decode.display()),
+        "-o".into(),
+        out.display().to_string(),
+    ])?;
+    expect_success("compile", &compiled)?;
+    let inspect = |args: &[&str]| -> Result<String> {
+        let mut argv = vec!["inspect".as_ref(), out.as_os_str()];
+        argv.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+        expect_success("inspect", &ingot(argv)?)
+    };
+    let summary: serde_json::Value = serde_json::from_str(&inspect(&["--json"])?)?;
+    let listing: serde_json::Value = serde_json::from_str(&inspect(&["--kernels", "--json"])?)?;
+    let modules = listing["modules"].as_array().context("modules")?;
+    ensure!(!modules.is_empty(), "the decoder has Vulkan kernels");
+    ensure!(
+        listing["kernels"] == summary["kernels"],
+        "{listing} vs {summary}"
+    );
+    ensure!(listing["weight_bytes"] == summary["unique_weight_bytes"]);
+    let bytes: Vec<u64> = modules.iter().filter_map(|m| m["bytes"].as_u64()).collect();
+    ensure!(bytes.len() == modules.len() && bytes.windows(2).all(|w| w[0] >= w[1]));
+    ensure!(listing["kernel_bytes"].as_u64() == Some(bytes.iter().sum()));
+    ensure!(listing["largest_kernel_bytes"].as_u64() == bytes.first().copied());
+    let large = bytes.iter().filter(|&&b| b > 64 * 1024).count() as u64;
+    ensure!(listing["kernels_over_64k"].as_u64() == Some(large));
+    let mut ids: Vec<u64> = modules
+        .iter()
+        .filter_map(|m| m["kernel"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ensure!(
+        ids == (0..modules.len() as u64).collect::<Vec<_>>(),
+        "{ids:?}"
+    );
+    for m in modules {
+        let steps = m["steps"].as_array().context("steps")?;
+        ensure!(!steps.is_empty(), "kernel {} has no user", m["kernel"]);
+        let wg = m["workgroup_size"].as_array().context("workgroup_size")?;
+        ensure!(
+            wg.len() == 3 && wg.iter().all(|d| d.as_u64() >= Some(1)),
+            "{m}"
+        );
+    }
+    let users: Vec<&str> = modules
+        .iter()
+        .flat_map(|m| m["steps"].as_array().into_iter().flatten())
+        .filter_map(|s| s.as_str())
+        .collect();
+    for variant in ["prefill", "decode"] {
+        ensure!(
+            users.iter().any(|u| u.starts_with(&format!("{variant}:"))),
+            "{users:?}"
+        );
+    }
+    let text = inspect(&["--kernels"])?;
+    ensure!(text.lines().count() == modules.len() + 1, "{text}");
+    ensure!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.contains(" over 64 KiB")),
+        "{text}"
+    );
+    Ok(())
+}
+
 /// Prefill and decode sessions of one bundle on one Vulkan device: every weight is uploaded
 /// once (the ledger has one allocation per bank entry), the peak is the unique weights plus
 /// both sessions' arenas and IO buffers, dropping one session keeps what the other reads, and
