@@ -154,10 +154,10 @@ fn prefill_then_decode_matches_onnx_runtime_on_vulkan() -> Result<()> {
     check_validation(seen)
 }
 
-#[test]
-fn inspect_reports_the_shared_weights() -> Result<()> {
-    let dir = scratch_dir("variants/inspect");
-    let out = dir.join("decoder.ingot");
+/// `ingot compile`s the decoder's prefill and decode graphs into one bundle in scratch dir
+/// `scratch`; returns the bundle's path and the prefill model's.
+fn compile_decoder(scratch: &str) -> Result<(PathBuf, PathBuf)> {
+    let out = scratch_dir(scratch).join("decoder.ingot");
     let [prefill, decode] = ["prefill", "decode"].map(|n| fixture(&format!("{n}.onnx")));
     let (prefill, decode) = (prefill?, decode?);
     let compiled = ingot([
@@ -168,6 +168,12 @@ fn inspect_reports_the_shared_weights() -> Result<()> {
         out.display().to_string(),
     ])?;
     expect_success("compile", &compiled)?;
+    Ok((out, prefill))
+}
+
+#[test]
+fn inspect_reports_the_shared_weights() -> Result<()> {
+    let (out, prefill) = compile_decoder("variants/inspect")?;
     let json: serde_json::Value = serde_json::from_str(&expect_success(
         "inspect --json",
         &ingot(["inspect".as_ref(), out.as_os_str(), "--json".as_ref()])?,
@@ -206,18 +212,7 @@ fn inspect_reports_the_shared_weights() -> Result<()> {
 /// use it; the totals add up and agree with the bundle's sections and weight bank.
 #[test]
 fn inspect_lists_every_kernel_with_its_users() -> Result<()> {
-    let dir = scratch_dir("variants/inspect-kernels");
-    let out = dir.join("decoder.ingot");
-    let [prefill, decode] = ["prefill", "decode"].map(|n| fixture(&format!("{n}.onnx")));
-    let (prefill, decode) = (prefill?, decode?);
-    let compiled = ingot([
-        "compile".into(),
-        format!("--variant=prefill={}", prefill.display()),
-        format!("--variant=decode={}", decode.display()),
-        "-o".into(),
-        out.display().to_string(),
-    ])?;
-    expect_success("compile", &compiled)?;
+    let (out, _) = compile_decoder("variants/inspect-kernels")?;
     let inspect = |args: &[&str]| -> Result<String> {
         let mut argv = vec!["inspect".as_ref(), out.as_os_str()];
         argv.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
