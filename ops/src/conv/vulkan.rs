@@ -1,45 +1,69 @@
 //! Vulkan kernels of the conv family (ops: ops/src/conv/cpu.rs): Conv and ConvTranspose
 //! in float32 for 1, 2 and 3 spatial dimensions, any group count, with fused post-ops.
 //!
-//! Geometries are lifted to 3-D with leading unit dimensions, as on the CPU; the literal unit
-//! extents cost nothing once the driver folds them. Weights are read in their ONNX layout
-//! (Conv `[M, C/group, k..]`, ConvTranspose `[C, M/group, k..]`). Four kernels:
-//! - [`pointwise`] (1x1, stride 1, unpadded, one group; CPU-type devices): a GEMM
+//! The kernels are WGSL files beside this one; a step picks one, specialises it (overrides for
+//! the window, strides, register-block sizes, vector widths and workgroup size; aliases that
+//! give the register blocks their exact lengths and the element types of vector loads and
+//! stores; the hooks `bias`, `post_op` and `y_vector`) and passes
+//! every shape as push-constant params, so one module serves every step with the same window
+//! and block. Geometries are lifted to 3-D with leading unit dimensions, as on the CPU.
+//! Weights are read in their ONNX layout (Conv `[M, C/group, k..]`, ConvTranspose
+//! `[C, M/group, k..]`). Four kernels:
+//! - `pointwise.wgsl` (1x1, stride 1, unpadded, one group; CPU-type devices): a GEMM
 //!   `Y[m, p] = Σ_c W[m, c] X[c, p]`, each invocation a block of output channels x 16 pixels
-//!   held in registers, X, W and Y accessed as 16-byte vectors where aligned.
-//! - [`direct`] (depthwise convs everywhere, other convs on CPU-type devices): each invocation
-//!   holds output channels x output rows x consecutive outputs; for each input channel it
-//!   loads the input span of every input row those outputs reach once (aligned vectors where
-//!   rows allow) and applies every tap that reads it. Depthwise convs take one channel and a
-//!   larger spatial block.
-//! - [`tiled`] (pointwise and general convs on GPUs, and shapes the others do not fit): an
+//!   held in registers, X and W read and Y written as 16-byte vectors where aligned.
+//! - `direct.wgsl` (depthwise convs everywhere, other convs on CPU-type devices): each
+//!   invocation holds output channels x output rows x consecutive outputs; for each input
+//!   channel it loads the input span of every input row those outputs reach once (aligned
+//!   vectors where rows allow) and applies every tap that reads it. Depthwise convs take one
+//!   channel and a larger spatial block.
+//! - `tiled.wgsl` (pointwise and general convs on GPUs, and shapes the others do not fit): an
 //!   implicit GEMM whose workgroup stages 64x16 tiles of W and of the (never materialised)
 //!   im2col matrix in workgroup memory.
-//! - [`transposed_kernel`] (ConvTranspose): like [`direct`], but each output gathers from the
-//!   input positions whose taps reach it; blocks start at a multiple of the stride, so which
-//!   taps reach which column of the block is fixed when the kernel is made.
+//! - `transposed.wgsl` (ConvTranspose): like `direct`, but each output gathers from the input
+//!   positions whose taps reach it; blocks start at a multiple of the stride, so which taps
+//!   reach which column of the block is fixed by the overrides. X spans and windows of W are
+//!   read as vectors where aligned.
+//!
+//! The register-blocked kernels (all but `tiled`) store Y as 16-byte vectors where its rows
+//! are whole aligned vectors (`Y_VEC`), as the generated kernels did: on lavapipe a scalar
+//! store costs about what a vector store does.
 //!
 //! On CPU-type devices (lavapipe) every load or store of an invocation is a loop over the SIMD
 //! lanes, which costs far more than the arithmetic: the register-blocked kernels exist to do
 //! as much arithmetic per load as registers allow, and none uses workgroup memory (FACTS.md).
-//! Blocks whose rows or columns run past the output read clamped (valid) addresses and skip
-//! the store. Post-ops are applied to each element right before it is stored, which also makes
-//! running over the residual of a leading `Add` safe: nothing else reads the output.
+//! Their blocks stay in registers only if the driver unrolls every loop over them: Mesa's NIR
+//! unrolls a loop that indexes a local array of exactly its trip count (up to 32), so each
+//! block array is retyped to its exact length and no loop over one runs past 32
+//! ([`MAX_UNROLL`]). Blocks whose rows or columns run past the output read clamped (valid)
+//! addresses and skip the store. Post-ops are applied to each element right before it is
+//! stored, which also makes running over the residual of a leading `Add` safe: nothing else
+//! reads the output.
 
 use crate::no_kernel;
 use crate::vulkan::post::PostOps;
-use crate::vulkan::{Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, header};
-use std::fmt::Write;
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, Spec, Wgsl,
+};
+use crate::wgsl;
+
+static POINTWISE: Wgsl = wgsl!("conv/pointwise.wgsl");
+static DIRECT: Wgsl = wgsl!("conv/direct.wgsl");
+static TILED: Wgsl = wgsl!("conv/tiled.wgsl");
+static TRANSPOSED: Wgsl = wgsl!("conv/transposed.wgsl");
+
+/// Every kernel file of the family.
+#[cfg(test)]
+const FILES: [&Wgsl; 4] = [&POINTWISE, &DIRECT, &TILED, &TRANSPOSED];
 
 /// Spatial dimensions of the lifted geometry.
 const DIMS: usize = 3;
 
-/// Appends one formatted line of WGSL.
-macro_rules! emit {
-    ($s:expr, $($arg:tt)*) => {{
-        let _ = writeln!($s, $($arg)*);
-    }};
-}
+/// The bias hook for steps that have one (the files' default reads none).
+const BIAS: &str = "fn bias(m: u32) -> f32 {\n    return b[p.b + m];\n}";
+
+/// The hook of the register-blocked files that store Y as vectors (`Y_VEC`, `YT` a vector).
+const Y_VECTOR: &str = "fn y_vector(o: vec4<f32>) -> YT {\n    return o;\n}";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
@@ -69,17 +93,20 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     } else if geo.cin == 1 {
         direct(cx, &geo, &post, DEPTHWISE)?
     } else if gpu {
-        tiled(&geo, &post)
+        tiled(&geo, &post)?
     } else if geo.pointwise() {
-        Some(pointwise(cx, &geo, &post, POINTWISE)?)
+        pointwise(cx, &geo, &post, POINTWISE_BLOCK)?
     } else {
         direct(cx, &geo, &post, GENERAL)?
     };
-    // The fallbacks: spans too wide for registers, or grids too large for the tiles.
-    let d = match d.or_else(|| tiled(&geo, &post)) {
+    // The fallbacks: blocks that cannot be unrolled, or grids too large for the tiles.
+    let d = match d {
         Some(d) => d,
-        None => direct(cx, &geo, &post, GENERAL)?
-            .ok_or_else(|| no_kernel!("{} {}: no kernel fits its shapes", cx.op, cx.name))?,
+        None => match tiled(&geo, &post)? {
+            Some(d) => d,
+            None => direct(cx, &geo, &post, GENERAL)?
+                .ok_or_else(|| no_kernel!("{} {}: no kernel fits its shapes", cx.op, cx.name))?,
+        },
     };
     Ok(vec![d])
 }
@@ -206,16 +233,8 @@ impl Geo {
         })
     }
 
-    fn in_plane(&self) -> u32 {
-        self.input.iter().product()
-    }
-
     fn out_plane(&self) -> u32 {
         self.output.iter().product()
-    }
-
-    fn taps(&self) -> u32 {
-        self.kernel.iter().product()
     }
 
     /// A 1x1 conv with stride 1 and no padding in one group: a plain GEMM.
@@ -227,37 +246,73 @@ impl Geo {
             && self.input == self.output
     }
 
-    /// The bindings every kernel starts with: x, w, the bias, y (of the given element types),
-    /// then the post-ops' operands.
+    /// The bindings in the files' slot order: x, w, y (X, W and Y of the given element
+    /// types), then the bias and the post-ops' operands, which only steps that have them bind.
     fn bindings(&self, post: &PostOps, [x_ty, w_ty, y_ty]: [&'static str; 3]) -> Vec<Binding> {
-        let mut b = vec![Binding::input("x", 0, x_ty), Binding::input("w", 1, w_ty)];
+        let mut b = vec![
+            Binding::input("x", 0, x_ty),
+            Binding::input("w", 1, w_ty),
+            Binding::output("y", 0, y_ty),
+        ];
         if self.bias {
             b.push(Binding::input("b", 2, "f32"));
         }
-        b.push(Binding::output("y", 0, y_ty));
         b.extend(post.bindings());
         b
     }
 
-    /// The WGSL expression of output channel `row`'s bias (a u32 expression, counted over
-    /// all groups), or zero.
-    fn bias_expr(&self, row: &str) -> String {
-        if self.bias {
-            format!("b[offsets.b + {row}]")
+    /// The push-constant params the direct and transposed kernels start with: channels per
+    /// group, groups, input and output extents (depth, height, width).
+    fn extents(&self) -> Vec<u32> {
+        let mut params = vec![self.cin, self.cout, self.groups];
+        params.extend(self.input);
+        params.extend(self.output);
+        params
+    }
+
+    /// `file` with the step's bias and post-ops.
+    fn spec(&self, file: &'static Wgsl, post: &PostOps) -> Result<Spec, NoKernel> {
+        let spec = Spec::new(file).hook("post_op", post.hook()?);
+        Ok(if self.bias {
+            spec.hook("bias", BIAS)
         } else {
-            "0.0".into()
-        }
+            spec
+        })
+    }
+
+    /// A register-blocked `file` with the step's bias and post-ops that stores Y as vectors
+    /// where `y_vec`.
+    fn blocked_spec(
+        &self,
+        file: &'static Wgsl,
+        post: &PostOps,
+        y_vec: bool,
+    ) -> Result<Spec, NoKernel> {
+        let spec = self
+            .spec(file, post)?
+            .alias("YT", vec_type(y_vec))
+            .set("Y_VEC", y_vec);
+        Ok(if y_vec {
+            spec.hook("y_vector", Y_VECTOR)
+        } else {
+            spec
+        })
     }
 }
 
+/// WGSL's name for the element type of a binding read as vectors or scalars.
 fn vec_type(v: bool) -> &'static str {
     if v { "vec4<f32>" } else { "f32" }
 }
 
+/// `array<ty, len>`: the register-block aliases.
+fn array(ty: &str, len: u32) -> String {
+    format!("array<{ty}, {len}>")
+}
+
 /// The outputs one invocation of a register-blocked kernel holds: `rows` output channels x
-/// `ys` rows x `vecs` 4-wide vectors of consecutive positions; its accumulators are `lines()`
-/// lines (channel-major) of `vecs` vectors.
-#[derive(Clone, Copy, Debug)]
+/// `ys` rows x `vecs` 4-wide vectors of consecutive positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Block {
     rows: u32,
     /// Output rows (1 in [`pointwise`], whose positions are whole planes).
@@ -270,8 +325,9 @@ impl Block {
         4 * self.vecs
     }
 
-    fn lines(self) -> u32 {
-        self.rows * self.ys
+    /// The accumulators' alias: `[rows][ys][vecs]` vectors.
+    fn accumulators(self) -> String {
+        array(&array(&array("vec4<f32>", self.vecs), self.ys), self.rows)
     }
 }
 
@@ -286,7 +342,7 @@ struct Shape {
     vecs: &'static [u32],
 }
 
-const POINTWISE: Shape = Shape {
+const POINTWISE_BLOCK: Shape = Shape {
     rows: &[24, 16, 12, 8],
     ys: &[1],
     vecs: &[4],
@@ -301,7 +357,7 @@ const DEPTHWISE: Shape = Shape {
     ys: &[8, 6, 4],
     vecs: &[4, 3, 2],
 };
-const TRANSPOSED: Shape = Shape {
+const TRANSPOSED_BLOCK: Shape = Shape {
     rows: &[8, 6, 4],
     ys: &[2],
     vecs: &[2],
@@ -331,828 +387,297 @@ fn fit(candidates: &[u32], extent: u32) -> u32 {
         .min(extent)
 }
 
+/// The most iterations of a loop over a register block (and the longest block array) the
+/// driver unrolls: Mesa's `max_unroll_iterations` for llvmpipe.
+const MAX_UNROLL: u32 = 32;
+
 /// Invocations per workgroup of the register-blocked kernels: at most, and at least (a
 /// multiple of the 8 SIMD lanes lavapipe runs at once).
 const WORKGROUP: u32 = 64;
 const MIN_WORKGROUP: u32 = 8;
 
-/// The accumulator of row `i`, vector `j`.
-fn acc(i: u32, j: u32) -> String {
-    format!("a{i}_{j}")
-}
+/// The register-blocked kernels split their invocation index with an f32 division, exact
+/// below this.
+const MAX_INVOCATIONS: u64 = 1 << 24;
 
-/// Declares the accumulators, each line starting at its channel's bias (`row(i)`: channel
-/// `i` of the block as a u32 expression).
-fn init_block(s: &mut String, geo: &Geo, block: Block, row: impl Fn(u32) -> String) {
-    for i in 0..block.rows {
-        emit!(
-            s,
-            "    let bias{i} = vec4<f32>({});",
-            geo.bias_expr(&row(i))
-        );
+/// The grid of a register-blocked kernel: `invocations` threads, in small workgroups when
+/// there are few, so that every core of a CPU-type device gets some. None when the index
+/// would be too large to split.
+fn blocked_grid(invocations: u64) -> Result<Option<Grid>, NoKernel> {
+    if invocations >= MAX_INVOCATIONS {
+        return Ok(None);
     }
-    for l in 0..block.lines() {
-        for j in 0..block.vecs {
-            emit!(s, "    var {} = bias{};", acc(l, j), l / block.ys);
-        }
-    }
-}
-
-/// Stores the accumulators: line `l`, column `c` is output element `at(l) + c`; line `l`
-/// exists when `row_ok(l)` (None: always) and column `c` when `c < left` (None: always). With
-/// `vec`, `at(l)` is a multiple of 4 and each vector lies wholly inside or outside the row.
-fn store_block(
-    s: &mut String,
-    post: &PostOps,
-    block: Block,
-    vec: bool,
-    row_ok: impl Fn(u32) -> Option<String>,
-    at: impl Fn(u32) -> String,
-    left: Option<&str>,
-) {
-    for i in 0..block.lines() {
-        let ok = row_ok(i);
-        if let Some(ok) = &ok {
-            emit!(s, "    if ({ok}) {{");
-        }
-        emit!(s, "    {{ let e = {};", at(i));
-        for j in 0..block.vecs {
-            let a = acc(i, j);
-            if vec {
-                match left {
-                    Some(left) => emit!(s, "    if ({}u < {left}) {{", 4 * j),
-                    None => emit!(s, "    {{"),
-                }
-                emit!(s, "    var o = {a};");
-                for (c, lane) in LANES.iter().enumerate() {
-                    s.push_str(
-                        &post.apply(&format!("o.{lane}"), &format!("e + {}u", 4 * j + c as u32)),
-                    );
-                }
-                emit!(s, "    y[offsets.y + e / 4u + {j}u] = o;");
-                emit!(s, "    }}");
-            } else {
-                for (c, lane) in LANES.iter().enumerate() {
-                    let col = 4 * j + c as u32;
-                    match left {
-                        Some(left) => emit!(s, "    if ({col}u < {left}) {{"),
-                        None => emit!(s, "    {{"),
-                    }
-                    emit!(s, "    var o = {a}.{lane};");
-                    s.push_str(&post.apply("o", &format!("e + {col}u")));
-                    emit!(s, "    y[offsets.y + e + {col}u] = o;");
-                    emit!(s, "    }}");
-                }
-            }
-        }
-        emit!(s, "    }}");
-        if ok.is_some() {
-            emit!(s, "    }}");
-        }
-    }
-}
-
-/// Splits the invocation index `i` into the named coordinates, fastest first.
-fn split_index(s: &mut String, parts: &[(&str, u32)]) {
-    emit!(s, "    var t = i;");
-    for (k, (name, extent)) in parts.iter().enumerate() {
-        if k + 1 == parts.len() {
-            emit!(s, "    let {name} = t;");
-        } else {
-            emit!(s, "    let {name} = t % {extent}u;");
-            emit!(s, "    t = t / {extent}u;");
-        }
-    }
-}
-
-/// A register-blocked kernel's dispatch: `invocations` threads, `body` after the bounds check
-/// of the linear index `i`. Small dispatches get small workgroups, so that every core of a
-/// CPU-type device gets some.
-fn blocked_dispatch(
-    label: String,
-    bindings: Vec<Binding>,
-    invocations: u64,
-    body: &str,
-) -> Result<Dispatch, NoKernel> {
     let mut workgroup = WORKGROUP;
     while workgroup > MIN_WORKGROUP && invocations < 8 * u64::from(workgroup) {
         workgroup /= 2;
     }
-    let grid = Grid::new(invocations, workgroup)?;
-    let wgsl = format!(
-        "{}\n{} {{\n    let i = {};\n    if (i >= {invocations}u) {{ return; }}\n{body}}}\n",
-        header(&bindings),
-        grid.entry(),
-        grid.index()
-    );
-    Ok(Dispatch {
-        label,
-        wgsl,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    })
+    Grid::new(invocations, workgroup).map(Some)
 }
 
 /// The 1x1 conv as a register-blocked GEMM over the pixels `p` of each image:
-/// `Y[n, m, p] = B[m] + Σ_c W[m, c] X[n, c, p]`.
-fn pointwise(cx: &KernelCx, geo: &Geo, post: &PostOps, shape: Shape) -> Result<Dispatch, NoKernel> {
+/// `Y[n, m, p] = B[m] + Σ_c W[m, c] X[n, c, p]`. None when the grid is too large.
+fn pointwise(
+    cx: &KernelCx,
+    geo: &Geo,
+    post: &PostOps,
+    shape: Shape,
+) -> Result<Option<Dispatch>, NoKernel> {
     let (m, k, p) = (geo.cout, geo.cin, geo.out_plane());
     let block = shape.fit(m, 1, p);
-    let (rows, cols) = (block.rows, block.cols());
-    // 16-byte loads and stores need rows of whole vectors that start aligned.
+    let (rows, vecs) = (block.rows, block.vecs);
+    // 16-byte loads need rows of whole vectors that start aligned.
     let x_vec = p.is_multiple_of(4) && cx.inputs[0].aligned16();
     let w_vec = k.is_multiple_of(4) && cx.inputs[1].aligned16();
     let y_vec = p.is_multiple_of(4) && cx.outputs[0].aligned16();
-    let (pb, mb) = (p.div_ceil(cols), m.div_ceil(rows));
-    let bindings = geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type));
-    let mut s = String::new();
-    split_index(&mut s, &[("pb", pb), ("mb", mb), ("n", geo.batch)]);
-    emit!(s, "    let p0 = pb * {cols}u;");
-    for i in 0..rows {
-        emit!(s, "    let row{i} = min(mb * {rows}u + {i}u, {}u);", m - 1);
-        let wk = if w_vec { k / 4 } else { k };
-        emit!(s, "    let w{i}o = offsets.w + row{i} * {wk}u;");
-    }
-    init_block(&mut s, geo, block, |i| format!("row{i}"));
-    // Columns past the image read its last vector (or pixel) instead.
-    let ragged = !p.is_multiple_of(cols);
-    let (lanes, unit) = if x_vec { (block.vecs, 4) } else { (cols, 1) };
-    for c in 0..lanes {
-        if ragged {
-            emit!(
-                s,
-                "    let q{c} = min(p0 / {unit}u + {c}u, {}u);",
-                p / unit - 1
-            );
-        } else {
-            emit!(s, "    let q{c} = p0 / {unit}u + {c}u;");
-        }
-    }
-    emit!(s, "    let xo = offsets.x + n * {}u;", k * p / unit);
-    // One step of the reduction over input channel `c + kk`.
-    let step = |s: &mut String, kk: u32, w: &dyn Fn(u32) -> String| {
-        emit!(s, "    {{ let xc = xo + (c + {kk}u) * {}u;", p / unit);
-        for j in 0..block.vecs {
-            let v = if x_vec {
-                format!("x[xc + q{j}]")
-            } else {
-                let l: Vec<String> = (0..4).map(|l| format!("x[xc + q{}]", 4 * j + l)).collect();
-                format!("vec4<f32>({})", l.join(", "))
-            };
-            emit!(s, "    let x{j} = {v};");
-        }
-        for i in 0..rows {
-            let wv = w(i);
-            for j in 0..block.vecs {
-                let a = acc(i, j);
-                emit!(s, "    {a} = fma(vec4<f32>({wv}), x{j}, {a});");
-            }
-        }
-        emit!(s, "    }}");
-    };
-    let k4 = k - k % 4;
-    if k4 > 0 {
-        emit!(s, "    for (var c = 0u; c < {k4}u; c += 4u) {{");
-        for i in 0..rows {
-            if w_vec {
-                emit!(s, "    let wv{i} = w[w{i}o + c / 4u];");
-            } else {
-                emit!(
-                    s,
-                    "    let wv{i} = vec4<f32>(w[w{i}o + c], w[w{i}o + c + 1u], w[w{i}o + c + 2u], w[w{i}o + c + 3u]);"
-                );
-            }
-        }
-        for (kk, lane) in LANES.iter().enumerate() {
-            step(&mut s, kk as u32, &|i| format!("wv{i}.{lane}"));
-        }
-        emit!(s, "    }}");
-    }
-    if k4 < k {
-        emit!(s, "    for (var c = {k4}u; c < {k}u; c += 1u) {{");
-        step(&mut s, 0, &|i| format!("w[w{i}o + c]"));
-        emit!(s, "    }}");
-    }
-    let left = ragged.then(|| format!("{p}u - p0"));
-    store_block(
-        &mut s,
-        post,
-        block,
-        y_vec,
-        |i| (!m.is_multiple_of(rows)).then(|| format!("mb * {rows}u + {i}u < {m}u")),
-        |i| format!("(n * {m}u + row{i}) * {p}u + p0"),
-        left.as_deref(),
-    );
+    let (pb, mb) = (p.div_ceil(block.cols()), m.div_ceil(rows));
     let invocations = u64::from(pb) * u64::from(mb) * u64::from(geo.batch);
-    blocked_dispatch(
-        format!("conv_pointwise_{m}x{k}x{p}"),
-        bindings,
-        invocations,
-        &s,
-    )
+    let Some(grid) = blocked_grid(invocations)? else {
+        return Ok(None);
+    };
+    geo.blocked_spec(&POINTWISE, post, y_vec)?
+        .alias("XT", vec_type(x_vec))
+        .alias("WT", vec_type(w_vec))
+        .alias("Rows", array("u32", rows))
+        .alias("RowWeights", array("vec4<f32>", rows))
+        .alias("Block", array(&array("vec4<f32>", vecs), rows))
+        .alias("Vectors", array("vec4<f32>", vecs))
+        .alias("Columns", array("u32", block.cols()))
+        .set("X_VEC", x_vec)
+        .set("W_VEC", w_vec)
+        .set("ROWS", rows)
+        .set("VECS", vecs)
+        .set("WG", grid.workgroup)
+        .dispatch(
+            format!("conv_pointwise_{m}x{k}x{p}"),
+            grid.groups,
+            geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type)),
+            vec![m, k, p, pb, mb, invocations as u32],
+        )
+        .map(Some)
 }
 
 /// Direct convolution: each invocation holds `block.rows` output channels of one group x
 /// `block.ys` output rows x `block.cols()` consecutive outputs along the rows. For each input
 /// channel it walks the input rows those outputs reach, loads the span of each row once (as
 /// aligned 16-byte vectors when rows allow) and applies every tap that reads it. None when
-/// a span is too wide for registers.
+/// the window or block cannot be unrolled, or the grid is too large.
 fn direct(
     cx: &KernelCx,
     geo: &Geo,
     post: &PostOps,
     shape: Shape,
 ) -> Result<Option<Dispatch>, NoKernel> {
-    let [od, oh, ow] = geo.output;
-    let [id, ih, iw] = geo.input;
+    let [_, oh, ow] = geo.output;
+    let [_, _, iw] = geo.input;
     let [kd, kh, kw] = geo.kernel;
     let [sd, sh, sw] = geo.strides;
     let [dd, dh, dw] = geo.dilations;
     let [pd, ph, pw] = geo.pads;
     let (cin, cout, groups) = (geo.cin, geo.cout, geo.groups);
-    let block = shape.fit(cout, oh, ow);
-    let Block { rows, ys, vecs } = block;
-    let cols = block.cols();
-    let span = (cols - 1) * sw + (kw - 1) * dw + 1;
-    if span > MAX_SPAN {
+    let mut block = shape.fit(cout, oh, ow);
+    let span = |b: Block| (b.cols() - 1) * sw + (kw - 1) * dw + 1;
+    let rows_read = |b: Block| (b.ys - 1) * sh + (kh - 1) * dh + 1;
+    // Narrower or shorter blocks where a span or the input rows would not unroll.
+    while span(block) > MAX_UNROLL && block.vecs > 1 {
+        block.vecs -= 1;
+    }
+    while rows_read(block) > MAX_UNROLL && block.ys > 1 {
+        block.ys -= 1;
+    }
+    if span(block) > MAX_UNROLL || rows_read(block) > MAX_UNROLL || kh > MAX_UNROLL {
         return Ok(None);
     }
-    let (in_plane, out_plane, taps) = (geo.in_plane(), geo.out_plane(), geo.taps());
+    let Block { rows, ys, vecs } = block;
     // Vector loads need rows of whole vectors; `ox0 * sw` is then a multiple of 4 too.
     let x_vec = iw.is_multiple_of(4) && cx.inputs[0].aligned16();
     let y_vec = ow.is_multiple_of(4) && cx.outputs[0].aligned16();
-    // Four input channels' weights are whole vectors of each row.
-    let w_vec = cin.is_multiple_of(4) && kd == 1 && cx.inputs[1].aligned16();
-    let unit = if x_vec { 4 } else { 1 };
-    let (xb, yb, mb) = (ow.div_ceil(cols), oh.div_ceil(ys), cout.div_ceil(rows));
-    let bindings = geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type));
-    let mut s = String::new();
-    split_index(
-        &mut s,
-        &[
-            ("xb", xb),
-            ("yb", yb),
-            ("oz", od),
-            ("mb", mb),
-            ("g", groups),
-            ("n", geo.batch),
-        ],
+    // Where the span starts in its first vector.
+    let lead = if x_vec { (-pw).rem_euclid(4) as u32 } else { 0 };
+    let vectors = (lead + span(block)).div_ceil(4);
+    let (xb, yb, mb) = (
+        ow.div_ceil(block.cols()),
+        oh.div_ceil(ys),
+        cout.div_ceil(rows),
     );
-    emit!(s, "    let ox0 = xb * {cols}u;");
-    emit!(s, "    let oy0 = yb * {ys}u;");
-    for i in 0..rows {
-        // Output channel over all groups; its weights start at w{i}o.
-        emit!(
-            s,
-            "    let row{i} = g * {cout}u + min(mb * {rows}u + {i}u, {}u);",
-            cout - 1
-        );
-        let row_len = if w_vec { cin * taps / 4 } else { cin * taps };
-        emit!(s, "    let w{i}o = offsets.w + row{i} * {row_len}u;");
-    }
-    // Line l of the block is output channel l / ys, output row l % ys.
-    init_block(&mut s, geo, block, |i| format!("row{i}"));
-    // Where the span of input columns `ix0 + t` (t < span) is read from, and whether it lies
-    // inside the row (else it is padding, read as zero).
-    // ix0 = 4 * (ox0 * sw / 4) - pw: the span starts `lead` elements into vector `first`.
-    let (first, lead) = ((-pw).div_euclid(4), (-pw).rem_euclid(4) as u32);
-    let elem: Box<dyn Fn(u32) -> String> = if x_vec {
-        let vectors = (lead + span).div_ceil(4);
-        for k in 0..vectors {
-            emit!(
-                s,
-                "    let vq{k} = i32(ox0 * {sw}u / 4u) + ({}i);",
-                first + k as i32
-            );
-            emit!(s, "    let vv{k} = vq{k} >= 0i && vq{k} < {}i;", iw / 4);
-            emit!(s, "    let vc{k} = u32(clamp(vq{k}, 0i, {}i));", iw / 4 - 1);
-        }
-        Box::new(move |t| format!("u{}.{}", (lead + t) / 4, LANES[((lead + t) % 4) as usize]))
-    } else {
-        emit!(s, "    let ix0 = i32(ox0 * {sw}u) - ({pw}i);");
-        for t in 0..span {
-            emit!(s, "    let c{t} = ix0 + {t}i;");
-            emit!(s, "    let v{t} = c{t} >= 0i && c{t} < {iw}i;");
-            emit!(s, "    let q{t} = u32(clamp(c{t}, 0i, {}i));", iw - 1);
-        }
-        Box::new(|t| format!("s{t}"))
-    };
-    emit!(
-        s,
-        "    let xg = offsets.x + (n * {groups}u + g) * {}u;",
-        cin * in_plane / unit
-    );
-    // Input row j (from the block's first) feeds output row r through kernel row ky when
-    // j = r * sh + ky * dh.
-    let mut feeds: Vec<(u32, Vec<(u32, u32)>)> = Vec::new();
-    for r in 0..ys {
-        for ky in 0..kh {
-            let j = r * sh + ky * dh;
-            match feeds.iter_mut().find(|(k, _)| *k == j) {
-                Some((_, f)) => f.push((r, ky)),
-                None => feeds.push((j, vec![(r, ky)])),
-            }
-        }
-    }
-    feeds.sort_by_key(|(j, _)| *j);
-    // The weights of `chunk` input channels: as vectors when they tile W's rows (the
-    // channel's taps are then at static places in them), else one load per tap.
-    let chunk = if w_vec { 4 } else { 1 };
-    let weight = |i: u32, cc: u32, t: u32| -> String {
-        if w_vec {
-            let f = cc * taps + t;
-            format!("wv{i}_{}.{}", f / 4, LANES[(f % 4) as usize])
-        } else {
-            format!("w{i}_{t}")
-        }
-    };
-    emit!(s, "    for (var ci = 0u; ci < {cin}u; ci += {chunk}u) {{");
-    for cc in 0..chunk {
-        emit!(
-            s,
-            "    let xc{cc} = xg + (ci + {cc}u) * {}u;",
-            in_plane / unit
-        );
-        if w_vec {
-            // The vectors holding this channel's taps not loaded for the previous channel.
-            for i in 0..rows {
-                for k in (cc * taps).div_ceil(4)..((cc + 1) * taps).div_ceil(4) {
-                    emit!(
-                        s,
-                        "    let wv{i}_{k} = w[w{i}o + ci / 4u * {taps}u + {k}u];"
-                    );
-                }
-            }
-        }
-        emit!(s, "    for (var kz = 0u; kz < {kd}u; kz += 1u) {{");
-        emit!(s, "    let iz = i32(oz * {sd}u + kz * {dd}u) - ({pd}i);");
-        emit!(s, "    if (iz < 0i || iz >= {id}i) {{ continue; }}");
-        if !w_vec {
-            emit!(s, "    let wz = (ci * {kd}u + kz) * {}u;", kh * kw);
-            for i in 0..rows {
-                for t in 0..kh * kw {
-                    emit!(s, "    let w{i}_{t} = w[w{i}o + wz + {t}u];");
-                }
-            }
-        }
-        for (j, uses) in &feeds {
-            // Rows outside the input read a row inside and zero it (a branch costs more).
-            emit!(s, "    {{ let iy = i32(oy0 * {sh}u + {j}u) - ({ph}i);");
-            emit!(s, "    let ry = iy >= 0i && iy < {ih}i;");
-            emit!(
-                s,
-                "    let xr = xc{cc} + (u32(iz) * {ih}u + u32(clamp(iy, 0i, {}i))) * {}u;",
-                ih - 1,
-                iw / unit
-            );
-            if x_vec {
-                for k in 0..(lead + span).div_ceil(4) {
-                    emit!(
-                        s,
-                        "    let u{k} = select(vec4<f32>(0.0), x[xr + vc{k}], vv{k} && ry);"
-                    );
-                }
-            } else {
-                for t in 0..span {
-                    emit!(s, "    let s{t} = select(0.0, x[xr + q{t}], v{t} && ry);");
-                }
-            }
-            for &(r, ky) in uses {
-                for kx in 0..kw {
-                    for v in 0..vecs {
-                        let l: Vec<String> =
-                            (0..4).map(|c| elem((4 * v + c) * sw + kx * dw)).collect();
-                        emit!(s, "    {{ let xv = vec4<f32>({});", l.join(", "));
-                        for i in 0..rows {
-                            let a = acc(i * ys + r, v);
-                            let wt = weight(i, cc, ky * kw + kx);
-                            emit!(s, "    {a} = fma(vec4<f32>({wt}), xv, {a});");
-                        }
-                        emit!(s, "    }}");
-                    }
-                }
-            }
-            emit!(s, "    }}");
-        }
-        emit!(s, "    }}");
-    }
-    emit!(s, "    }}");
-    let left = (!ow.is_multiple_of(cols)).then(|| format!("{ow}u - ox0"));
-    store_block(
-        &mut s,
-        post,
-        block,
-        y_vec,
-        |l| {
-            let (i, r) = (l / ys, l % ys);
-            let mut ok = Vec::new();
-            if !cout.is_multiple_of(rows) {
-                ok.push(format!("mb * {rows}u + {i}u < {cout}u"));
-            }
-            if !oh.is_multiple_of(ys) {
-                ok.push(format!("oy0 + {r}u < {oh}u"));
-            }
-            (!ok.is_empty()).then(|| ok.join(" && "))
-        },
-        |l| {
-            format!(
-                "(n * {}u + row{}) * {out_plane}u + (oz * {oh}u + oy0 + {}u) * {ow}u + ox0",
-                cout * groups,
-                l / ys,
-                l % ys
-            )
-        },
-        left.as_deref(),
-    );
-    let invocations = [xb, yb, od, mb, groups, geo.batch]
+    let invocations = [xb, yb, geo.output[0], mb, groups, geo.batch]
         .iter()
         .map(|&v| u64::from(v))
         .product();
+    let Some(grid) = blocked_grid(invocations)? else {
+        return Ok(None);
+    };
+    let mut params = geo.extents();
+    params.extend([kd, sd, dd, pd as u32, ph as u32, pw as u32]);
+    params.extend([xb, yb, mb, invocations as u32]);
     let kind = if cin == 1 { "depthwise" } else { "direct" };
-    blocked_dispatch(
-        format!("conv_{kind}_{}x{}x{kd}x{kh}x{kw}", cout * groups, cin),
-        bindings,
-        invocations,
-        &s,
-    )
-    .map(Some)
+    geo.blocked_spec(&DIRECT, post, y_vec)?
+        .alias("XT", vec_type(x_vec))
+        .alias("Block", block.accumulators())
+        .alias("Taps", array(&array(&array("f32", kw), kh), rows))
+        .alias("Rows", array("u32", rows))
+        .alias("InputRows", array("vec2<u32>", rows_read(block)))
+        .alias("Span", array("f32", span(block)))
+        .alias("SpanColumns", array("vec2<u32>", span(block)))
+        .alias("SpanVectors", array("vec4<f32>", vectors))
+        .alias("VectorColumns", array("vec2<u32>", vectors))
+        .set("ROWS", rows)
+        .set("YS", ys)
+        .set("VECS", vecs)
+        .set("KH", kh)
+        .set("KW", kw)
+        .set("SH", sh)
+        .set("SW", sw)
+        .set("DH", dh)
+        .set("DW", dw)
+        .set("X_VEC", x_vec)
+        .set("LEAD", lead)
+        .set("WG", grid.workgroup)
+        .dispatch(
+            format!("conv_{kind}_{}x{cin}x{kd}x{kh}x{kw}", cout * groups),
+            grid.groups,
+            geo.bindings(post, [x_vec, false, y_vec].map(vec_type)),
+            params,
+        )
+        .map(Some)
 }
 
-/// The widest input span (in elements) [`direct`] keeps in registers.
-const MAX_SPAN: u32 = 64;
-
-const LANES: [&str; 4] = ["x", "y", "z", "w"];
-
-/// Tile sizes of [`tiled`]: output channels x positions x reduction, for 16x16 invocations
-/// that each compute 4x4 outputs.
+/// Tile sizes of `tiled.wgsl`: output channels x positions, for 16x16 invocations that each
+/// compute 4x4 outputs.
 const TM: u32 = 64;
 const TN: u32 = 64;
-const TK: u32 = 16;
 
 /// The implicit-GEMM kernel for GPUs: `Y_g[m, p] = Σ_k W_g[m, k] · col_g[k, p]` with
 /// k = (input channel, tap), the im2col matrix `col` read from X on the fly. None when the
 /// grid does not fit one dispatch (the caller falls back to a register-blocked kernel).
-fn tiled(geo: &Geo, post: &PostOps) -> Option<Dispatch> {
-    let [_, oh, ow] = geo.output;
-    let [id, ih, iw] = geo.input;
-    let [_, kh, kw] = geo.kernel;
-    let [sd, sh, sw] = geo.strides;
-    let [dd, dh, dw] = geo.dilations;
-    let [pd, ph, pw] = geo.pads;
+fn tiled(geo: &Geo, post: &PostOps) -> Result<Option<Dispatch>, NoKernel> {
+    let [kd, kh, kw] = geo.kernel;
     let (cin, cout, groups) = (geo.cin, geo.cout, geo.groups);
-    let (in_plane, p, taps) = (geo.in_plane(), geo.out_plane(), geo.taps());
-    let k = cin * taps;
+    let p = geo.out_plane();
+    let k = cin * kd * kh * kw;
     let groups_xyz = [
         u64::from(p.div_ceil(TN)),
         u64::from(cout.div_ceil(TM)),
         u64::from(geo.batch) * u64::from(groups),
     ];
     if groups_xyz.iter().any(|&g| g > u64::from(MAX_GROUPS)) {
-        return None;
+        return Ok(None);
     }
-    let bindings = geo.bindings(post, ["f32"; 3]);
-    let mut s = header(&bindings);
-    emit!(s, "var<workgroup> ta: array<f32, {}>;", TM * TK);
-    emit!(s, "var<workgroup> tb: array<f32, {}>;", TK * TN);
-    // Element (kk, p) of image n's im2col matrix in group g, or 0 outside it.
-    emit!(s, "fn col(n: u32, g: u32, kk: u32, p: u32) -> f32 {{");
-    if geo.pointwise() {
-        emit!(
-            s,
-            "    let at = (n * {groups}u + g) * {}u + min(kk, {}u) * {p}u + min(p, {}u);",
-            cin * in_plane,
-            k - 1,
-            p - 1
-        );
-        emit!(
-            s,
-            "    return select(0.0, x[offsets.x + at], kk < {k}u && p < {p}u);"
-        );
-    } else {
-        emit!(s, "    let ci = kk / {taps}u;");
-        emit!(s, "    let t = kk % {taps}u;");
-        emit!(
-            s,
-            "    let iz = i32((p / {}u) * {sd}u + (t / {}u) * {dd}u) - ({pd}i);",
-            oh * ow,
-            kh * kw
-        );
-        emit!(
-            s,
-            "    let iy = i32((p / {ow}u % {oh}u) * {sh}u + (t / {kw}u % {kh}u) * {dh}u) - ({ph}i);"
-        );
-        emit!(
-            s,
-            "    let ix = i32((p % {ow}u) * {sw}u + (t % {kw}u) * {dw}u) - ({pw}i);"
-        );
-        emit!(
-            s,
-            "    let ok = kk < {k}u && p < {p}u && iz >= 0i && iz < {id}i && iy >= 0i && iy < {ih}i && ix >= 0i && ix < {iw}i;"
-        );
-        emit!(
-            s,
-            "    let at = ((n * {groups}u + g) * {cin}u + min(ci, {}u)) * {in_plane}u + (u32(clamp(iz, 0i, {}i)) * {ih}u + u32(clamp(iy, 0i, {}i))) * {iw}u + u32(clamp(ix, 0i, {}i));",
-            cin - 1,
-            id - 1,
-            ih - 1,
-            iw - 1
-        );
-        emit!(s, "    return select(0.0, x[offsets.x + at], ok);");
-    }
-    emit!(s, "}}");
-    emit!(s, "@compute @workgroup_size(16, 16)");
-    emit!(
-        s,
-        "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>, @builtin(local_invocation_index) lx: u32) {{"
-    );
-    emit!(s, "    let n = wg.z / {groups}u;");
-    emit!(s, "    let g = wg.z % {groups}u;");
-    emit!(s, "    let m0 = wg.y * {TM}u;");
-    emit!(s, "    let p0 = wg.x * {TN}u;");
-    for i in 0..4 {
-        emit!(s, "    var a{i} = vec4<f32>(0.0);");
-    }
-    emit!(s, "    for (var k0 = 0u; k0 < {k}u; k0 += {TK}u) {{");
-    // 256 invocations stage 1024 elements of each tile, 4 each.
-    for r in 0..(TM * TK / 256) {
-        emit!(s, "    {{ let e = lx + {}u;", 256 * r);
-        emit!(s, "    let am = m0 + e / {TK}u;");
-        emit!(s, "    let ak = k0 + e % {TK}u;");
-        emit!(
-            s,
-            "    ta[(e % {TK}u) * {TM}u + e / {TK}u] = select(0.0, w[offsets.w + (g * {cout}u + min(am, {}u)) * {k}u + min(ak, {}u)], am < {cout}u && ak < {k}u);",
-            cout - 1,
-            k - 1
-        );
-        emit!(s, "    tb[e] = col(n, g, k0 + e / {TN}u, p0 + e % {TN}u);");
-        emit!(s, "    }}");
-    }
-    emit!(s, "    workgroupBarrier();");
-    emit!(s, "    for (var kk = 0u; kk < {TK}u; kk += 1u) {{");
-    emit!(
-        s,
-        "    let wa = vec4<f32>(ta[kk * {TM}u + li.y], ta[kk * {TM}u + li.y + 16u], ta[kk * {TM}u + li.y + 32u], ta[kk * {TM}u + li.y + 48u]);"
-    );
-    emit!(
-        s,
-        "    let xb = vec4<f32>(tb[kk * {TN}u + li.x], tb[kk * {TN}u + li.x + 16u], tb[kk * {TN}u + li.x + 32u], tb[kk * {TN}u + li.x + 48u]);"
-    );
-    for (i, lane) in LANES.iter().enumerate() {
-        emit!(s, "    a{i} = fma(vec4<f32>(wa.{lane}), xb, a{i});");
-    }
-    emit!(s, "    }}");
-    emit!(s, "    workgroupBarrier();");
-    emit!(s, "    }}");
-    // Invocation (x, y) holds rows y + 16 i and columns x + 16 j: neighbours store neighbours.
-    for i in 0..4u32 {
-        emit!(s, "    {{ let m = m0 + li.y + {}u;", 16 * i);
-        emit!(s, "    if (m < {cout}u) {{");
-        emit!(s, "    let r = g * {cout}u + m;");
-        emit!(s, "    let bias = {};", geo.bias_expr("r"));
-        for (j, lane) in LANES.iter().enumerate() {
-            emit!(s, "    {{ let p = p0 + li.x + {}u;", 16 * j);
-            emit!(s, "    if (p < {p}u) {{");
-            emit!(s, "    let e = (n * {}u + r) * {p}u + p;", cout * groups);
-            emit!(s, "    var o = a{i}.{lane} + bias;");
-            s.push_str(&post.apply("o", "e"));
-            emit!(s, "    y[offsets.y + e] = o;");
-            emit!(s, "    }} }}");
-        }
-        emit!(s, "    }} }}");
-    }
-    emit!(s, "}}");
-    Some(Dispatch {
-        label: format!("conv_tiled_{}x{k}x{p}", cout * groups),
-        wgsl: s,
-        groups: groups_xyz.map(|g| g as u32),
-        bindings,
-        ..Default::default()
-    })
+    let mut params = geo.extents();
+    params.extend(geo.strides);
+    params.extend(geo.dilations);
+    params.extend(geo.pads.map(|p| p as u32));
+    geo.spec(&TILED, post)?
+        .set("KD", kd)
+        .set("KH", kh)
+        .set("KW", kw)
+        .dispatch(
+            format!("conv_tiled_{}x{k}x{p}", cout * groups),
+            groups_xyz.map(|g| g as u32),
+            geo.bindings(post, ["f32"; 3]),
+            params,
+        )
+        .map(Some)
 }
 
 /// ConvTranspose: output position o gathers input position i through tap k when
 /// `o = i * stride + k * dilation - pad` along every dimension. An invocation holds
-/// `block.rows` output channels x `block.cols()` consecutive outputs of one row, the first a
-/// multiple of the stride: which taps reach each of them along the row, and from which input
-/// column, is then known here; rows and depth are checked at run time.
+/// `block.rows` output channels x `block.ys` rows x `block.cols()` consecutive outputs of a
+/// row, the first a multiple of the stride: which taps reach each of them along the row, and
+/// from which input column, is then fixed by the overrides; rows and depth are checked at run
+/// time.
 fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatch, NoKernel> {
-    let [od, oh, ow] = geo.output;
-    let [id, ih, iw] = geo.input;
+    let [_, oh, ow] = geo.output;
     let [kd, kh, kw] = geo.kernel;
     let [sd, sh, sw] = geo.strides;
-    let [dd, dh, _] = geo.dilations;
-    let [pd, ph, _] = geo.pads;
+    let [dd, dh, dw] = geo.dilations;
+    let [pd, ph, pw] = geo.pads;
     let (cin, cout, groups) = (geo.cin, geo.cout, geo.groups);
-    let (in_plane, out_plane) = (geo.in_plane(), geo.out_plane());
-    // Blocks of whole vectors per stride phase keep the input span aligned; a span too wide
-    // for registers takes the narrowest block.
+    // Blocks of whole vectors per stride phase; a span too wide to unroll takes the narrowest
+    // block.
     let preferred = match sw {
         1 | 2 | 4 => 4,
         3 => 3,
         _ => 1,
     };
-    let plane_taps = kh * kw;
     let (block, lo, span) = [preferred, 1]
         .into_iter()
         .map(|vecs| {
             let block = Block {
                 vecs,
-                ..TRANSPOSED.fit(cout, oh, ow)
+                ..TRANSPOSED_BLOCK.fit(cout, oh, ow)
             };
             let (lo, span) = transposed_span(block.cols(), geo);
             (block, lo, span)
         })
-        .find(|&(_, _, span)| span <= MAX_SPAN)
+        .find(|&(_, _, span)| span <= MAX_UNROLL)
+        .filter(|_| kh <= MAX_UNROLL && kw <= MAX_UNROLL)
         .ok_or_else(|| no_kernel!("ConvTranspose {}: kernel too wide", cx.name))?;
-    let (rows, ys, vecs, cols) = (block.rows, block.ys, block.vecs, block.cols());
-    let x_vec = iw.is_multiple_of(4) && cols.is_multiple_of(4 * sw) && cx.inputs[0].aligned16();
-    let w_vec = plane_taps.is_multiple_of(4) && cx.inputs[1].aligned16();
+    let Block { rows, ys, vecs } = block;
+    // Vector loads of X need rows of whole vectors and spans that start at a multiple of 4
+    // (`ox0 / sw`, with `ox0` a multiple of `4 vecs`); of W, windows of whole vectors.
+    let x_vec = geo.input[DIMS - 1].is_multiple_of(4)
+        && vecs.is_multiple_of(sw)
+        && cx.inputs[0].aligned16();
+    let w_vec = (kh * kw).is_multiple_of(4) && cx.inputs[1].aligned16();
     let y_vec = ow.is_multiple_of(4) && cx.outputs[0].aligned16();
-    let unit = if x_vec { 4 } else { 1 };
-    let (xb, mb) = (ow.div_ceil(cols), cout.div_ceil(rows));
-    let bindings = geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type));
-    let reach = |c, kx| transposed_reach(c, kx, geo);
-    let mut s = String::new();
-    split_index(
-        &mut s,
-        &[
-            ("xb", xb),
-            ("yb", oh.div_ceil(ys)),
-            ("oz", od),
-            ("mb", mb),
-            ("g", groups),
-            ("n", geo.batch),
-        ],
+    // Where the span starts in its first vector.
+    let lead = if x_vec { lo.rem_euclid(4) as u32 } else { 0 };
+    let vectors = (lead + span).div_ceil(4).max(1);
+    let (xb, yb, mb) = (
+        ow.div_ceil(block.cols()),
+        oh.div_ceil(ys),
+        cout.div_ceil(rows),
     );
-    emit!(s, "    let ox0 = xb * {cols}u;");
-    emit!(s, "    let oy0 = yb * {ys}u;");
-    for i in 0..rows {
-        // Output channel within the group, and where its weights start for input channel 0.
-        emit!(s, "    let m{i} = min(mb * {rows}u + {i}u, {}u);", cout - 1);
-        emit!(
-            s,
-            "    let w{i}o = offsets.w + (g * {}u + m{i}) * {}u;",
-            cin * cout,
-            kd * plane_taps / if w_vec { 4 } else { 1 }
-        );
-    }
-    init_block(&mut s, geo, block, |i| format!("g * {cout}u + m{i}"));
-    // Input column ox0 / sw + lo + t (t < span), as vectors or one by one.
-    let (first, lead) = (lo.div_euclid(4), lo.rem_euclid(4) as u32);
-    let vectors = (lead + span).div_ceil(4);
-    if x_vec {
-        for k in 0..vectors {
-            emit!(
-                s,
-                "    let vq{k} = i32(ox0 / {}u) + ({}i);",
-                4 * sw,
-                first + k as i32
-            );
-            emit!(s, "    let vv{k} = vq{k} >= 0i && vq{k} < {}i;", iw / 4);
-            emit!(s, "    let vc{k} = u32(clamp(vq{k}, 0i, {}i));", iw / 4 - 1);
-        }
-    } else {
-        for t in 0..span {
-            emit!(s, "    let c{t} = i32(ox0 / {sw}u) + ({}i);", lo + t as i32);
-            emit!(s, "    let v{t} = c{t} >= 0i && c{t} < {iw}i;");
-            emit!(s, "    let q{t} = u32(clamp(c{t}, 0i, {}i));", iw - 1);
-        }
-    }
-    let elem = |off: i32| -> String {
-        let t = (off - lo) as u32;
-        if x_vec {
-            format!("u{}.{}", (lead + t) / 4, LANES[((lead + t) % 4) as usize])
-        } else {
-            format!("s{t}")
-        }
-    };
-    let weight = |i: u32, t: u32| -> String {
-        if w_vec {
-            format!("wv{i}_{}.{}", t / 4, LANES[(t % 4) as usize])
-        } else {
-            format!("wv{i}_{t}")
-        }
-    };
-    emit!(
-        s,
-        "    let xg = offsets.x + (n * {groups}u + g) * {}u;",
-        cin * in_plane / unit
-    );
-    emit!(s, "    for (var ci = 0u; ci < {cin}u; ci += 1u) {{");
-    emit!(s, "    let xc = xg + ci * {}u;", in_plane / unit);
-    emit!(s, "    for (var kz = 0u; kz < {kd}u; kz += 1u) {{");
-    emit!(s, "    let tz = i32(oz) + ({pd}i) - i32(kz * {dd}u);");
-    emit!(
-        s,
-        "    if (tz < 0i || tz % {sd}i != 0i || tz / {sd}i >= {id}i) {{ continue; }}"
-    );
-    let w_unit = if w_vec { 4 } else { 1 };
-    emit!(
-        s,
-        "    let wz = ci * {}u + kz * {}u;",
-        cout * kd * plane_taps / w_unit,
-        plane_taps / w_unit
-    );
-    for i in 0..rows {
-        for k in 0..if w_vec { plane_taps / 4 } else { plane_taps } {
-            emit!(s, "    let wv{i}_{k} = w[w{i}o + wz + {k}u];");
-        }
-    }
-    for (r, ky) in (0..ys).flat_map(|r| (0..kh).map(move |ky| (r, ky))) {
-        // Rows no tap reaches are skipped: about all but one in `sh` of them.
-        emit!(
-            s,
-            "    {{ let ty = i32(oy0 + {r}u) + ({ph}i) - {}i;",
-            ky * dh
-        );
-        emit!(
-            s,
-            "    if (ty >= 0i && ty % {sh}i == 0i && ty / {sh}i < {ih}i) {{"
-        );
-        emit!(
-            s,
-            "    let xr = xc + (u32(tz / {sd}i) * {ih}u + u32(ty / {sh}i)) * {}u;",
-            iw / unit
-        );
-        if x_vec {
-            for k in 0..vectors {
-                emit!(
-                    s,
-                    "    let u{k} = select(vec4<f32>(0.0), x[xr + vc{k}], vv{k});"
-                );
-            }
-        } else {
-            for t in 0..span {
-                emit!(s, "    let s{t} = select(0.0, x[xr + q{t}], v{t});");
-            }
-        }
-        for kx in 0..kw {
-            for v in 0..vecs {
-                // Columns this tap does not reach take zero.
-                let lanes: Vec<String> = (4 * v..4 * v + 4)
-                    .map(|c| reach(c, kx).map_or("0.0".into(), elem))
-                    .collect();
-                if lanes.iter().all(|l| l == "0.0") {
-                    continue;
-                }
-                emit!(s, "    {{ let xv = vec4<f32>({});", lanes.join(", "));
-                for i in 0..rows {
-                    let a = acc(i * ys + r, v);
-                    let wt = weight(i, ky * kw + kx);
-                    emit!(s, "    {a} = fma(vec4<f32>({wt}), xv, {a});");
-                }
-                emit!(s, "    }}");
-            }
-        }
-        emit!(s, "    }} }}");
-    }
-    emit!(s, "    }}\n    }}");
-    let left = (!ow.is_multiple_of(cols)).then(|| format!("{ow}u - ox0"));
-    store_block(
-        &mut s,
-        post,
-        block,
-        y_vec,
-        |l| {
-            let (i, r) = (l / ys, l % ys);
-            let mut ok = Vec::new();
-            if !cout.is_multiple_of(rows) {
-                ok.push(format!("mb * {rows}u + {i}u < {cout}u"));
-            }
-            if !oh.is_multiple_of(ys) {
-                ok.push(format!("oy0 + {r}u < {oh}u"));
-            }
-            (!ok.is_empty()).then(|| ok.join(" && "))
-        },
-        |l| {
-            format!(
-                "(n * {}u + g * {cout}u + m{}) * {out_plane}u + (oz * {oh}u + oy0 + {}u) * {ow}u + ox0",
-                cout * groups,
-                l / ys,
-                l % ys
-            )
-        },
-        left.as_deref(),
-    );
-    let invocations = [xb, oh.div_ceil(ys), od, mb, groups, geo.batch]
+    let invocations = [xb, yb, geo.output[0], mb, groups, geo.batch]
         .iter()
         .map(|&v| u64::from(v))
         .product();
-    blocked_dispatch(
-        format!(
-            "conv_transpose_{}x{}x{kd}x{kh}x{kw}",
-            cout * groups,
-            cin * groups
-        ),
-        bindings,
-        invocations,
-        &s,
-    )
+    let grid = blocked_grid(invocations)?
+        .ok_or_else(|| no_kernel!("ConvTranspose {}: too many outputs", cx.name))?;
+    let mut params = geo.extents();
+    params.extend([kd, sd, dd, pd as u32, ph as u32]);
+    params.extend([xb, yb, mb, invocations as u32]);
+    geo.blocked_spec(&TRANSPOSED, post, y_vec)?
+        .alias("XT", vec_type(x_vec))
+        .alias("WT", vec_type(w_vec))
+        .alias("Block", block.accumulators())
+        .alias("Taps", array(&array(&array("f32", kw), kh), rows))
+        .alias("Rows", array("u32", rows))
+        .alias("Span", array("f32", span.max(1)))
+        .alias("SpanColumns", array("vec2<u32>", span.max(1)))
+        .alias("SpanVectors", array("vec4<f32>", vectors))
+        .alias("VectorColumns", array("vec2<u32>", vectors))
+        .alias("TapVectors", array("vec4<f32>", (kh * kw).div_ceil(4)))
+        .set("X_VEC", x_vec)
+        .set("W_VEC", w_vec)
+        .set("LEAD", lead)
+        .set("ROWS", rows)
+        .set("YS", ys)
+        .set("VECS", vecs)
+        .set("KH", kh)
+        .set("KW", kw)
+        .set("SH", sh)
+        .set("SW", sw)
+        .set("DH", dh)
+        .set("DW", dw)
+        .set("PW", pw)
+        .set("LO", lo)
+        .set("SPAN", span.max(1))
+        .set("WG", grid.workgroup)
+        .dispatch(
+            format!(
+                "conv_transpose_{}x{}x{kd}x{kh}x{kw}",
+                cout * groups,
+                cin * groups
+            ),
+            grid.groups,
+            geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type)),
+            params,
+        )
 }
 
 /// The input column (relative to `ox0 / sw`) from which tap `kx` reaches output column
-/// `ox0 + c` of a [`transposed_kernel`] block (`ox0` a multiple of the stride), if it does:
+/// `ox0 + c` of a transposed block (`ox0` a multiple of the stride), if it does:
 /// `c + pw - kx * dw = sw * off`.
 fn transposed_reach(c: u32, kx: u32, geo: &Geo) -> Option<i32> {
     let sw = geo.strides[DIMS - 1] as i32;
@@ -1178,8 +703,9 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{Operand, compile};
+    use crate::vulkan::{Operand, Slot, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs, DType};
+    use std::fmt::Write as _;
 
     /// One conv step for the tests.
     struct Case {
@@ -1221,6 +747,19 @@ mod tests {
             }
         }
 
+        fn attrs(&self) -> Attrs {
+            let kernel: Vec<i64> = self.w[2..].iter().map(|&k| k as i64).collect();
+            let ints = |v: &[i64]| AttrValue::Ints(v.to_vec());
+            Attrs::new()
+                .with("kernel_shape", ints(&kernel))
+                .with("strides", ints(&self.strides))
+                .with("dilations", ints(&self.dilations))
+                .with("pads", ints(&self.pads))
+                .with("group", AttrValue::Int(self.group))
+                .with("post_ops", AttrValue::Text(self.post.0.into()))
+                .with("post_params", AttrValue::Floats(self.post.1.clone()))
+        }
+
         fn lower(&self, class: DeviceClass) -> Result<Vec<Dispatch>, NoKernel> {
             let desc = |s: &[usize]| TensorDesc::new(DType::F32, s.to_vec());
             let y_bytes = desc(&self.y).bytes() as u64;
@@ -1247,16 +786,7 @@ mod tests {
                 inputs.push(Operand::arena(desc(&self.y), at));
             }
             let outputs = [Operand::arena(desc(&self.y), out_at)];
-            let kernel: Vec<i64> = self.w[2..].iter().map(|&k| k as i64).collect();
-            let ints = |v: &[i64]| AttrValue::Ints(v.to_vec());
-            let attrs = Attrs::new()
-                .with("kernel_shape", ints(&kernel))
-                .with("strides", ints(&self.strides))
-                .with("dilations", ints(&self.dilations))
-                .with("pads", ints(&self.pads))
-                .with("group", AttrValue::Int(self.group))
-                .with("post_ops", AttrValue::Text(self.post.0.into()))
-                .with("post_params", AttrValue::Floats(self.post.1.clone()));
+            let attrs = self.attrs();
             let cx = KernelCx {
                 class,
                 op: self.op,
@@ -1269,39 +799,58 @@ mod tests {
             lower(&cx)
         }
 
-        /// Lowers for both classes, compiles every kernel and returns the dispatches.
+        /// Lowers for both classes, compiles every kernel with its overrides, checks that it
+        /// takes the dispatch's bindings and params, and returns the dispatches.
         fn check(&self) -> [Vec<Dispatch>; 2] {
             [DeviceClass::Cpu, DeviceClass::Gpu].map(|class| {
                 let d = self.lower(class).unwrap();
                 for k in &d {
-                    if let Err(e) = compile(&k.wgsl, &[]) {
-                        panic!("{} does not compile: {e}\n{}", k.label, k.wgsl);
-                    }
+                    check_dispatch(k);
                 }
                 d
             })
         }
     }
 
+    /// Compiles `d`'s module and checks that it takes the dispatch's bindings and params, and
+    /// that its grid is within the limits.
+    fn check_dispatch(d: &Dispatch) {
+        let module = match compile(&d.wgsl, &d.overrides) {
+            Ok(m) => m,
+            Err(e) => panic!("{} does not compile: {e}\n{}", d.label, d.wgsl),
+        };
+        assert!(d.bindings.len() <= module.slots as usize, "{}", d.label);
+        assert_eq!(
+            d.params.len() as u32 + module.slots,
+            module.push_words,
+            "{}",
+            d.label
+        );
+        assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
+        assert!(
+            module.spirv.len() * 4 <= 64 << 10,
+            "{}: over 64 KiB",
+            d.label
+        );
+    }
+
     fn labels(d: &[Dispatch]) -> Vec<&str> {
         d.iter().map(|d| d.label.as_str()).collect()
     }
 
-    /// The number in `wgsl` right after `before` (up to the next non-digit).
-    fn number_after(wgsl: &str, before: &str) -> u64 {
-        let at = wgsl.find(before).unwrap() + before.len();
-        let digits: String = wgsl[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().unwrap()
+    fn override_of(d: &Dispatch, name: &str) -> Option<f64> {
+        d.overrides.iter().find(|o| o.0 == name).map(|o| o.1)
     }
 
-    /// A register-blocked dispatch's grid covers its invocations with less than a workgroup
-    /// to spare.
+    fn binding<'a>(d: &'a Dispatch, name: &str) -> &'a Binding {
+        d.bindings.iter().find(|b| b.name == name).unwrap()
+    }
+
+    /// A register-blocked dispatch's grid covers its invocations (its last param) with less
+    /// than a workgroup to spare.
     fn assert_covers(d: &Dispatch) {
-        let workgroup = number_after(&d.wgsl, "@workgroup_size(");
-        let invocations = number_after(&d.wgsl, "if (i >= ");
+        let workgroup = override_of(d, "WG").unwrap() as u64;
+        let invocations = u64::from(*d.params.last().unwrap());
         let launched = u64::from(d.groups[0]) * u64::from(d.groups[1]) * workgroup;
         assert!(launched >= invocations, "{}: {:?}", d.label, d.groups);
         let row = u64::from(d.groups[0]) * workgroup;
@@ -1311,6 +860,35 @@ mod tests {
             d.label,
             d.groups
         );
+    }
+
+    /// A dispatch for a snapshot: how it is launched, then its module's source.
+    fn describe(d: &Dispatch) -> String {
+        let mut s = format!("label: {}\ngroups: {:?}\n", d.label, d.groups);
+        let bindings: Vec<String> = d
+            .bindings
+            .iter()
+            .map(|b| format!("{} {:?} {}", b.name, b.slot, b.ty))
+            .collect();
+        let _ = writeln!(s, "bindings: {}", bindings.join(", "));
+        let _ = writeln!(s, "params: {:?}", d.params);
+        let overrides: Vec<String> = d
+            .overrides
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        let _ = writeln!(s, "overrides: {}\n", overrides.join(" "));
+        s.push_str(&d.wgsl);
+        s
+    }
+
+    #[test]
+    fn every_file_compiles_alone() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}: {e}", file.path);
+            }
+        }
     }
 
     #[test]
@@ -1330,21 +908,18 @@ mod tests {
         c.post = ("HardSigmoid,Relu", vec![0.2, 0.5]);
         let [cpu, gpu] = c.check();
         assert!(cpu[0].label.starts_with("conv_pointwise"));
-        assert!(
-            cpu[0]
-                .wgsl
-                .contains("var<storage, read> x: array<vec4<f32>>")
-        );
-        assert!(
-            cpu[0]
-                .wgsl
-                .contains("var<storage, read_write> y: array<vec4<f32>>")
-        );
+        assert_eq!(binding(&cpu[0], "x").ty, "vec4<f32>");
+        assert_eq!(binding(&cpu[0], "w").ty, "vec4<f32>");
+        assert_eq!(override_of(&cpu[0], "ROWS"), Some(24.0));
         assert_covers(&cpu[0]);
+        insta::assert_snapshot!("pointwise", describe(&cpu[0]));
         assert!(gpu[0].label.starts_with("conv_tiled"));
         assert_eq!(gpu[0].groups, [13, 2, 1]);
-        assert!(gpu[0].wgsl.contains("workgroupBarrier"));
-        assert!(!cpu[0].wgsl.contains("workgroup>"));
+        let [tiled_workgroup, cpu_workgroup] =
+            [&gpu[0], &cpu[0]].map(|d| compile(&d.wgsl, &d.overrides).unwrap().workgroup_size);
+        assert_eq!(tiled_workgroup, [16, 16, 1]);
+        assert_eq!(cpu_workgroup, [16, 1, 1]);
+        insta::assert_snapshot!("tiled", describe(&gpu[0]));
     }
 
     #[test]
@@ -1353,12 +928,13 @@ mod tests {
         let mut c = Case::conv(&[2, 6, 7, 7], &[10, 6, 1, 1], &[2, 10, 7, 7]);
         c.x_offset = 4;
         let [cpu, _] = c.check();
-        assert!(cpu[0].wgsl.contains("var<storage, read> x: array<f32>"));
-        assert!(
-            cpu[0]
-                .wgsl
-                .contains("var<storage, read_write> y: array<f32>")
-        );
+        assert_eq!(binding(&cpu[0], "x").ty, "f32");
+        assert_eq!(binding(&cpu[0], "w").ty, "f32");
+        assert_eq!(override_of(&cpu[0], "X_VEC"), Some(0.0));
+        // 10 channels in one block of 10 rows, 49 pixels in 4 blocks of 16, 2 images.
+        assert_eq!(override_of(&cpu[0], "ROWS"), Some(10.0));
+        assert_eq!(cpu[0].params, [10, 6, 49, 4, 1, 8]);
+        assert_covers(&cpu[0]);
     }
 
     #[test]
@@ -1373,12 +949,18 @@ mod tests {
             cpu[0].wgsl, gpu[0].wgsl,
             "one depthwise kernel for all devices"
         );
+        // Stride 2: four vectors would span 33 input columns, more than unroll; three span 25.
+        assert_eq!(override_of(&cpu[0], "VECS"), Some(3.0));
+        assert_eq!(binding(&cpu[0], "x").ty, "vec4<f32>");
+        assert_covers(&cpu[0]);
+        insta::assert_snapshot!("depthwise", describe(&cpu[0]));
 
         let mut full = Case::conv(&[1, 96, 56, 56], &[24, 96, 3, 3], &[1, 24, 56, 56]);
         full.pads = vec![1, 1, 1, 1];
         let [cpu, gpu] = full.check();
         assert!(cpu[0].label.starts_with("conv_direct"));
         assert!(gpu[0].label.starts_with("conv_tiled"));
+        assert_covers(&cpu[0]);
 
         // Groups, dilations, asymmetric pads, a stride along one axis, odd channel counts.
         let mut g = Case::conv(&[2, 6, 9, 11], &[9, 2, 3, 2], &[2, 9, 5, 11]);
@@ -1394,7 +976,13 @@ mod tests {
         c1.check();
         let mut c3 = Case::conv(&[1, 2, 5, 6, 7], &[4, 2, 3, 3, 3], &[1, 4, 5, 6, 7]);
         c3.pads = vec![1; 6];
-        c3.check();
+        let [cpu, _] = c3.check();
+        assert!(cpu[0].label.starts_with("conv_direct"));
+        // The depth window is a run-time loop: kd, sd, dd, pd follow the extents.
+        assert_eq!(
+            &cpu[0].params[..13],
+            [2, 4, 1, 5, 6, 7, 5, 6, 7, 3, 1, 1, 1]
+        );
         // A kernel row too wide for registers is read tap by tap.
         let wide = Case::conv(&[1, 2, 1, 80], &[3, 2, 1, 60], &[1, 3, 1, 21]);
         let [cpu, _] = wide.check();
@@ -1409,6 +997,8 @@ mod tests {
         let [cpu, gpu] = t.check();
         assert!(cpu[0].label.starts_with("conv_transpose"));
         assert_eq!(cpu[0].wgsl, gpu[0].wgsl);
+        assert_covers(&cpu[0]);
+        insta::assert_snapshot!("transposed", describe(&cpu[0]));
         // Groups, dilation and output_padding (a negative end pad) in 1-D and 3-D.
         let mut t1 = Case::conv(&[1, 4, 5], &[4, 3, 3], &[1, 6, 14]);
         (t1.op, t1.strides, t1.dilations, t1.group) = ("ConvTranspose", vec![2], vec![2], 2);
@@ -1439,14 +1029,33 @@ mod tests {
             c.post = ("Add,Relu,Mul", Vec::new());
             (c.residuals, c.in_place) = (2, true);
             for d in c.check().iter().flatten() {
-                // Residuals are read element by element, right before each store.
-                assert!(d.wgsl.contains("r0[offsets.r0 + e"), "{}", d.label);
+                // The bias, then the residuals in the files' optional last slots.
+                let slots: Vec<(&str, Slot)> = d
+                    .bindings
+                    .iter()
+                    .map(|b| (b.name.as_str(), b.slot))
+                    .collect();
                 assert_eq!(
-                    d.bindings.last().unwrap().slot,
-                    crate::vulkan::Slot::Input(4)
+                    slots[2..],
+                    [
+                        ("y", Slot::Output(0)),
+                        ("b", Slot::Input(2)),
+                        ("r0", Slot::Input(3)),
+                        ("r1", Slot::Input(4))
+                    ],
+                    "{}",
+                    d.label
                 );
             }
         }
+        // Residuals are read element by element, right before each store (post_op).
+        let mut c = Case::conv(&[1, 8, 6, 6], &[8, 1, 3, 3], &[1, 8, 6, 6]);
+        (c.group, c.pads, c.bias) = (8, vec![1; 4], true);
+        (c.post, c.residuals, c.in_place) = (("Add,Relu,Mul", Vec::new()), 2, true);
+        let d = c.lower(DeviceClass::Cpu).unwrap();
+        let start = d[0].wgsl.find("fn post_op").unwrap();
+        let end = start + d[0].wgsl[start..].find("\n}\n").unwrap() + 3;
+        insta::assert_snapshot!("residual_post_op", &d[0].wgsl[start..end]);
     }
 
     #[test]
@@ -1459,7 +1068,6 @@ mod tests {
         (c.group, c.pads) = (256, vec![1; 4]);
         let [cpu, _] = c.check();
         assert!(cpu[0].groups[1] > 1, "{:?}", cpu[0].groups);
-        assert!(cpu[0].wgsl.contains("gid.y"));
         assert_covers(&cpu[0]);
     }
 
@@ -1485,5 +1093,77 @@ mod tests {
         // A wrong output extent is refused, never computed.
         let bad = Case::conv(&[1, 4, 8, 8], &[4, 4, 3, 3], &[1, 4, 7, 6]);
         assert!(bad.lower(DeviceClass::Cpu).is_err());
+    }
+
+    /// Representative steps of each kernel for both device classes, with and without a bias,
+    /// at aligned and misaligned offsets: every dispatch compiles with its overrides and takes
+    /// its bindings and params; steps of one window and block share one module whatever their
+    /// extents and channel counts.
+    #[test]
+    fn representative_steps_compile_and_share_modules() {
+        let steps: [(&str, Case); 7] = [
+            (
+                "pointwise",
+                Case::conv(&[1, 16, 12, 20], &[24, 16, 1, 1], &[1, 24, 12, 20]),
+            ),
+            ("depthwise", {
+                let mut c = Case::conv(&[1, 8, 15, 17], &[8, 1, 5, 5], &[1, 8, 15, 17]);
+                (c.group, c.pads) = (8, vec![2; 4]);
+                c
+            }),
+            ("general", {
+                let mut c = Case::conv(&[1, 6, 10, 12], &[16, 6, 3, 3], &[1, 16, 5, 6]);
+                (c.strides, c.pads) = (vec![2, 2], vec![1; 4]);
+                c
+            }),
+            ("grouped", {
+                let mut c = Case::conv(&[1, 8, 9, 9], &[8, 2, 3, 3], &[1, 8, 7, 7]);
+                c.group = 4;
+                c
+            }),
+            ("1-D", Case::conv(&[2, 3, 30], &[4, 3, 5], &[2, 4, 26])),
+            (
+                "3-D",
+                Case::conv(&[1, 2, 4, 5, 6], &[3, 2, 2, 2, 2], &[1, 3, 3, 4, 5]),
+            ),
+            ("transposed", {
+                let mut c = Case::conv(&[1, 4, 7, 9], &[4, 6, 3, 3], &[1, 6, 15, 19]);
+                (c.op, c.strides) = ("ConvTranspose", vec![2, 2]);
+                c
+            }),
+        ];
+        for (what, case) in steps {
+            for bias in [false, true] {
+                let attrs = case.attrs();
+                let m = if case.op == "Conv" {
+                    case.w[0]
+                } else {
+                    case.w[1] * case.group as usize
+                };
+                let mut inputs = vec![&case.x[..], &case.w[..]];
+                let b = [m];
+                if bias {
+                    inputs.push(&b);
+                }
+                for skew in [0, 4] {
+                    let all =
+                        lower_f32_all_classes(lower, case.op, &attrs, &inputs, &[&case.y], skew);
+                    assert_eq!(all.len(), 2, "{what}");
+                    for d in &all {
+                        check_dispatch(d);
+                    }
+                }
+            }
+        }
+        // Two depthwise steps of one window at different extents and channel counts: one
+        // module.
+        let dw = |c: usize, h: usize, w: usize| {
+            let mut case = Case::conv(&[1, c, h, w], &[c, 1, 3, 3], &[1, c, h, w]);
+            (case.group, case.pads, case.bias) = (c as i64, vec![1; 4], true);
+            case.lower(DeviceClass::Cpu).unwrap().remove(0)
+        };
+        let (a, b) = (dw(32, 64, 64), dw(96, 48, 128));
+        assert_eq!((&a.wgsl, &a.overrides), (&b.wgsl, &b.overrides));
+        assert_ne!(a.params, b.params);
     }
 }

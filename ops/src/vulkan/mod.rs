@@ -479,15 +479,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         }
         constants.insert(name.to_string(), value);
     }
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-            .map_err(|e| e.to_string())?;
-    let [entry] = &module.entry_points[..] else {
-        return Err("a kernel has exactly one entry point".into());
-    };
-    if entry.name != "main" {
-        return Err(format!("the entry point is '{}', not 'main'", entry.name));
-    }
+    // Slots and push words as declared: processing the overrides drops globals nothing
+    // reads (optional slots a specialisation leaves unread), not their words.
     let mut slots = 0;
     let mut push_words = 0;
     for (_, var) in module.global_variables.iter() {
@@ -512,6 +505,15 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
             "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
         ));
     }
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .map_err(|e| e.to_string())?;
+    let [entry] = &module.entry_points[..] else {
+        return Err("a kernel has exactly one entry point".into());
+    };
+    if entry.name != "main" {
+        return Err(format!("the entry point is '{}', not 'main'", entry.name));
+    }
     let options = spv::Options {
         lang_version: (1, 3),
         flags: spv::WriterFlags::empty(),
@@ -519,7 +521,10 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         binding_map: Default::default(),
         capabilities: None,
         bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: naga::proc::BoundsCheckPolicy::Restrict,
+            // Indexing local and workgroup arrays, vectors and matrices as written: a clamp
+            // on a loop's index hides from Mesa that the loop walks an array of exactly its
+            // trip count, the sign it unrolls by (register blocks, conv/vulkan.rs).
+            index: naga::proc::BoundsCheckPolicy::Unchecked,
             buffer: naga::proc::BoundsCheckPolicy::Restrict,
             image_load: naga::proc::BoundsCheckPolicy::Restrict,
             binding_array: naga::proc::BoundsCheckPolicy::Restrict,

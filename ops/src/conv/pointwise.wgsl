@@ -1,0 +1,197 @@
+// Conv 1x1 with stride 1, no padding and one group, on CPU-type devices: per image the GEMM
+// Y[m, q] = B[m] + Σ_c W[m, c] X[c, q] over the image's pixels q.
+//
+// Each invocation holds a block of ROWS output channels x 4 VECS consecutive pixels in
+// registers and walks the input channels, reading X and W as 16-byte vectors where their rows
+// are whole aligned vectors (X_VEC, W_VEC). CPU-type devices (lavapipe) run every load lane by
+// lane: the larger the block, the more arithmetic per load. Channels and pixels past the output
+// are computed from clamped (valid) addresses and not stored.
+//
+// Specialised per dispatch (conv/vulkan.rs): the overrides; XT, WT and YT (f32 unless
+// X_VEC, W_VEC, Y_VEC); the register-block aliases, retyped to their exact lengths (Mesa
+// unrolls a loop over an array of exactly its trip count, and the block must be unrolled to
+// stay in registers); the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`.
+
+alias XT = vec4<f32>;
+alias WT = vec4<f32>;
+alias YT = f32;
+// [ROWS] output channels' weight offsets, [ROWS] four input channels' weights,
+// [ROWS][VECS] accumulators, [VECS] vectors of one input channel, [4 VECS] columns.
+alias Rows = array<u32, 8>;
+alias RowWeights = array<vec4<f32>, 8>;
+alias Block = array<array<vec4<f32>, 4>, 8>;
+alias Vectors = array<vec4<f32>, 4>;
+alias Columns = array<u32, 16>;
+
+override X_VEC: bool = true;
+override W_VEC: bool = true;
+override Y_VEC: bool = false;
+override ROWS: u32 = 8u;
+override VECS: u32 = 4u;
+override WG: u32 = 64u;
+
+@group(0) @binding(0) var<storage, read> x: array<XT>;
+@group(0) @binding(1) var<storage, read> w: array<WT>;
+@group(0) @binding(2) var<storage, read_write> y: array<YT>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> r0: array<f32>;
+@group(0) @binding(5) var<storage, read> r1: array<f32>;
+
+struct Params {
+    x: u32,
+    w: u32,
+    y: u32,
+    b: u32,
+    r0: u32,
+    r1: u32,
+    // Output channels, input channels, pixels per image.
+    m: u32,
+    k: u32,
+    pixels: u32,
+    // Pixel blocks per image, channel blocks, invocations (pixel blocks x channel blocks x
+    // images).
+    blocks: u32,
+    row_blocks: u32,
+    count: u32,
+}
+var<immediate> p: Params;
+
+// The bias of output channel `m`.
+fn bias(m: u32) -> f32 {
+    return 0.0;
+}
+
+fn post_op(v: f32, i: u32) -> f32 {
+    return v;
+}
+
+// Four outputs as an element of Y (the hook returns the vector itself where YT is one).
+fn y_vector(o: vec4<f32>) -> YT {
+    return YT(o.x);
+}
+
+// a / d for a < 2^24: an f32 quotient (within 2 of the true one on any device) corrected twice.
+// CPU-type devices divide integers by a run-time value lane by lane.
+fn divide(a: u32, d: u32) -> u32 {
+    var q = i32(f32(a) / f32(d));
+    var r = i32(a) - q * i32(d);
+    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
+    r = i32(a) - q * i32(d);
+    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
+    return u32(q);
+}
+
+// Element i of X as a scalar (XT is f32 whenever this is read) and vector i (XT is a vector).
+fn x1(i: u32) -> f32 {
+    return vec4<f32>(x[i]).x;
+}
+
+fn w1(i: u32) -> f32 {
+    return vec4<f32>(w[i]).x;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) grid: vec3<u32>) {
+    let i = gid.x + gid.y * grid.x * WG;
+    if (i >= p.count) {
+        return;
+    }
+    // i = (n * row_blocks + mb) * blocks + pb
+    let t = divide(i, p.blocks);
+    let pb = i - t * p.blocks;
+    let n = divide(t, p.row_blocks);
+    let mb = t - n * p.row_blocks;
+    let p0 = pb * 4u * VECS;
+    // X's elements per channel, and where the image starts.
+    let plane = select(p.pixels, p.pixels / 4u, X_VEC);
+    let xi = p.x + n * p.k * plane;
+    // The block's output channels (past the last: the last again) start at their bias.
+    var wo: Rows;
+    var acc: Block;
+    for (var r = 0u; r < ROWS; r++) {
+        let m = min(mb * ROWS + r, p.m - 1u);
+        wo[r] = p.w + m * select(p.k, p.k / 4u, W_VEC);
+        for (var v = 0u; v < VECS; v++) {
+            acc[r][v] = vec4<f32>(bias(m));
+        }
+    }
+    // The element of a channel each column reads (each vector's, with X_VEC): past the
+    // image, the last one.
+    var q: Columns;
+    for (var c = 0u; c < 4u * VECS; c++) {
+        q[c] = select(min(p0 + c, p.pixels - 1u), min(p0 / 4u + c, plane - 1u), X_VEC);
+    }
+    var xv: Vectors;
+    // Four input channels at a time: their weights as one vector per row.
+    let k4 = p.k & ~3u;
+    for (var c = 0u; c < k4; c += 4u) {
+        var wv: RowWeights;
+        for (var r = 0u; r < ROWS; r++) {
+            if (W_VEC) {
+                wv[r] = vec4<f32>(w[wo[r] + c / 4u]);
+            } else {
+                let at = wo[r] + c;
+                wv[r] = vec4<f32>(w1(at), w1(at + 1u), w1(at + 2u), w1(at + 3u));
+            }
+        }
+        for (var kk = 0u; kk < 4u; kk++) {
+            let xc = xi + (c + kk) * plane;
+            for (var v = 0u; v < VECS; v++) {
+                if (X_VEC) {
+                    xv[v] = vec4<f32>(x[xc + q[v]]);
+                } else {
+                    let l = 4u * v;
+                    xv[v] = vec4<f32>(x1(xc + q[l]), x1(xc + q[l + 1u]), x1(xc + q[l + 2u]), x1(xc + q[l + 3u]));
+                }
+            }
+            for (var r = 0u; r < ROWS; r++) {
+                let wk = vec4<f32>(wv[r][kk]);
+                for (var v = 0u; v < VECS; v++) {
+                    acc[r][v] = fma(wk, xv[v], acc[r][v]);
+                }
+            }
+        }
+    }
+    // The last channels one at a time (W_VEC is false when there are any).
+    for (var c = k4; c < p.k; c++) {
+        let xc = xi + c * plane;
+        for (var v = 0u; v < VECS; v++) {
+            if (X_VEC) {
+                xv[v] = vec4<f32>(x[xc + q[v]]);
+            } else {
+                let l = 4u * v;
+                xv[v] = vec4<f32>(x1(xc + q[l]), x1(xc + q[l + 1u]), x1(xc + q[l + 2u]), x1(xc + q[l + 3u]));
+            }
+        }
+        for (var r = 0u; r < ROWS; r++) {
+            let wk = vec4<f32>(w1(wo[r] + c));
+            for (var v = 0u; v < VECS; v++) {
+                acc[r][v] = fma(wk, xv[v], acc[r][v]);
+            }
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        let m = mb * ROWS + r;
+        let e0 = (n * p.m + m) * p.pixels + p0;
+        for (var v = 0u; v < VECS; v++) {
+            if (Y_VEC) {
+                // Images of whole vectors: each vector is wholly inside or past the image.
+                let e = e0 + 4u * v;
+                if (m < p.m && p0 + 4u * v < p.pixels) {
+                    var o = acc[r][v];
+                    for (var l = 0u; l < 4u; l++) {
+                        o[l] = post_op(o[l], e + l);
+                    }
+                    y[p.y + e / 4u] = y_vector(o);
+                }
+            } else {
+                for (var l = 0u; l < 4u; l++) {
+                    let col = 4u * v + l;
+                    if (m < p.m && p0 + col < p.pixels) {
+                        y[p.y + e0 + col] = YT(post_op(acc[r][v][l], e0 + col));
+                    }
+                }
+            }
+        }
+    }
+}
