@@ -1,25 +1,57 @@
 //! Elementwise kernels: unary maps, Clip, broadcasting binary and variadic ops, Where (ops and
 //! canonical attributes: ops/src/elementwise/cpu.rs, the numeric reference).
 //!
-//! One generator makes every kernel: the op is a WGSL function `fx` of one scalar per input,
-//! and an invocation computes one output element from its inputs, each read at the output's
-//! coordinates times the input's literal strides (0 along broadcast dims). Dims are collapsed
-//! first, so an input of the output's shape is read at the output's own index. When the
-//! innermost collapsed dim is a multiple of 4 long and every input either runs along it or is
-//! broadcast over it, an invocation computes 4 elements with vec4 loads and stores.
+//! Three kernel files serve every step, one module per op, types and variant whatever the
+//! shapes: the op is the hook `op` of one scalar per input (at most [`MAX_INPUTS`]), and each
+//! input is read at the output's coordinates times its strides (0 along broadcast dims), which
+//! come with the output's dims in the push constants. Dims are collapsed first (dims of 1
+//! dropped, neighbours every operand steps over as one merged), to at most [`MAX_DIMS`]:
+//! - `map.wgsl`: an element per invocation, over a grid whose x runs along the innermost dim
+//!   and whose y and z are the outer ones, so that no invocation divides (but for 4 dims, once
+//!   per workgroup);
+//! - `map4.wgsl`: 4 elements per invocation with vec4 loads and stores, when the innermost
+//!   collapsed dim is a multiple of 4 long and every input either runs along it (aligned) or
+//!   is broadcast over it;
+//! - `pack.wgsl`: outputs packed several to a u32 word (bool, f16, 8- and 16-bit integers)
+//!   outside `map4.wgsl`: a word per invocation, keeping the bytes past the tensor's end in its
+//!   last word; words may straddle rows, so an invocation divides once to find its first
+//!   element.
+//!
+//! Rust writes the hooks: `op` (the op's expression, attributes read from the push-constant
+//! words `k0`, `k1` so that every value shares the module) and, per type, `load*`, `store` and
+//! `pack`; the library files (`float.wgsl`, `wide.wgsl`, `f16.wgsl`, `bytes.wgsl`) hold the
+//! helpers they call (naga drops the ones a module does not call). A step too large for one
+//! dispatch (more than 65535 workgroups along a grid dimension) takes several, each starting at
+//! its own coordinates.
 //!
 //! Types: f32 for everything; i32 and u32 for the integer ops (wrapping, division by 0 gives
 //! 0, as on the CPU); bool (one byte per element) in and out: comparisons, logic, IsNaN/IsInf,
 //! Where, Cast between all of these; int64 and uint64 (two words, `vec2<u32>`) for everything
-//! but Pow; f16, 8- and 16-bit integers packed in u32 words, computed as f32,
-//! i32 or u32 and rounded or wrapped once per op, as on the CPU. A kernel with a packed output
-//! (bool, 8- and 16-bit types) writes whole words, 4 or 2 elements per invocation, keeping the
-//! bytes past the tensor's end in its last word. f64 has no kernel.
+//! but Pow; f16, 8- and 16-bit integers packed in u32 words, computed as f32, i32 or u32 and
+//! rounded or wrapped once per op, as on the CPU. f64 has no kernel.
 
-use crate::no_kernel;
-use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Operand, f32_lit, header};
+use crate::vulkan::{
+    Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, Operand, Spec, Wgsl, f32_lit,
+};
+use crate::{no_kernel, wgsl};
 use ingot_schema::{AttrValue, DType};
-use std::fmt::Write;
+
+/// The kernel files.
+static MAP: Wgsl = wgsl!("elementwise/map.wgsl");
+static MAP4: Wgsl = wgsl!("elementwise/map4.wgsl");
+static PACK: Wgsl = wgsl!("elementwise/pack.wgsl");
+/// The libraries.
+static FLOAT: Wgsl = wgsl!("elementwise/float.wgsl");
+static WIDE: Wgsl = wgsl!("elementwise/wide.wgsl");
+static F16: Wgsl = wgsl!("elementwise/f16.wgsl");
+static BYTES: Wgsl = wgsl!("elementwise/bytes.wgsl");
+
+/// The most inputs an op may have (the kernels' slots `x0`, `x1`, `x2`).
+pub const MAX_INPUTS: usize = 3;
+/// The most dims a step may have once collapsed (the kernels' strides per input).
+pub const MAX_DIMS: usize = 4;
+/// Invocations per workgroup (the files' `WG`).
+const WG: u32 = 64;
 
 /// The WGSL expression of unary float op `op` (one without attributes) applied to `x`, an f32
 /// variable or primary expression: it may appear several times.
@@ -132,199 +164,6 @@ fn softplus(x: &str) -> String {
     format!("(max({x}, 0.0) + {log1p})")
 }
 
-/// WGSL helpers some op bodies call, defined when used.
-const IS_NAN: &str =
-    "fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }\n";
-const IS_INF: &str =
-    "fn is_inf(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) == 0x7f800000u; }\n";
-/// Max and Min as on the CPU: a NaN operand gives NaN.
-const MAX_MIN: &str =
-    "fn max_nan(a: f32, b: f32) -> f32 { return select(b, a, a > b || is_nan(a)); }
-fn min_nan(a: f32, b: f32) -> f32 { return select(b, a, a < b || is_nan(a)); }
-";
-/// Pow as the CPU's f64 `powf`: negative bases take integer exponents, x^0 = 1, x^2 = x·x.
-const POW: &str = "fn pow_f(a: f32, b: f32) -> f32 {
-    if (b == 0.0) { return 1.0; }
-    if (b == 2.0) { return a * a; }
-    if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
-    let m = exp2(b * log2(abs(a)));
-    if (a > 0.0 || is_nan(a)) { return m; }
-    if (trunc(b) != b) { return bitcast<f32>(0x7fc00000u); }
-    return select(m, -m, trunc(b * 0.5) != b * 0.5);
-}
-";
-/// Pow of an i32 base, as the CPU's f64 `powf` then `as i32`: integer exponents exactly
-/// (saturating where the power is out of range), others through f32.
-const IPOW: &str = "fn ipow(a: i32, e: f32) -> i32 {
-    if (trunc(e) != e || abs(e) >= 2147483648.0) { return f2i(pow_f(f32(a), e)); }
-    let est = pow_f(f32(a), e);
-    if (est >= 2147483648.0) { return 2147483647i; }
-    if (est < -2147483648.0) { return bitcast<i32>(0x80000000u); }
-    var n = i32(e);
-    if (n < 0) {
-        if (a == 0i) { return 2147483647i; }
-        if (a == -1i) { return select(1i, -1i, (n & 1i) != 0i); }
-        return select(0i, 1i, a == 1i);
-    }
-    var r = 1i;
-    var b = a;
-    for (; n > 0; n = n >> 1u) {
-        if ((n & 1i) != 0i) { r = r * b; }
-        b = b * b;
-    }
-    return r;
-}
-";
-/// C's fmod: the remainder has the dividend's sign; a finite dividend is its own remainder
-/// by an infinite divisor.
-const FMOD: &str = "fn fmod_f(a: f32, b: f32) -> f32 {
-    if (is_inf(b) && !is_inf(a) && !is_nan(a)) { return a; }
-    return a - b * trunc(a / b);
-}
-";
-/// Float to integer as Rust's `as` (the CPU's Cast): toward zero, saturating, NaN to 0.
-const F2I: &str = "fn f2i(v: f32) -> i32 {
-    if (is_nan(v)) { return 0i; }
-    if (v >= 2147483648.0) { return 2147483647i; }
-    return i32(max(v, -2147483648.0));
-}
-fn f2u(v: f32) -> u32 {
-    if (is_nan(v)) { return 0u; }
-    if (v >= 4294967296.0) { return 4294967295u; }
-    return u32(max(v, 0.0));
-}
-";
-/// 64-bit integers as `vec2<u32>` (low word first): wrapping arithmetic, order, conversions
-/// as the CPU's (int to float rounds, float to int truncates and saturates, NaN to 0).
-const WIDE: &str = "fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    let lo = a.x + b.x;
-    return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
-}
-fn sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    return vec2<u32>(a.x - b.x, a.y - b.y - select(0u, 1u, a.x < b.x));
-}
-fn mul32(a: u32, b: u32) -> vec2<u32> {
-    let p00 = (a & 0xffffu) * (b & 0xffffu);
-    let p01 = (a & 0xffffu) * (b >> 16u);
-    let p10 = (a >> 16u) * (b & 0xffffu);
-    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-    let hi = (a >> 16u) * (b >> 16u) + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
-    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), hi);
-}
-fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    let p = mul32(a.x, b.x);
-    return vec2<u32>(p.x, p.y + a.x * b.y + a.y * b.x);
-}
-fn neg64(a: vec2<u32>) -> bool { return bitcast<i32>(a.y) < 0i; }
-fn lt_i64(a: vec2<u32>, b: vec2<u32>) -> bool {
-    let ah = bitcast<i32>(a.y);
-    let bh = bitcast<i32>(b.y);
-    return ah < bh || (ah == bh && a.x < b.x);
-}
-fn lt_u64(a: vec2<u32>, b: vec2<u32>) -> bool { return a.y < b.y || (a.y == b.y && a.x < b.x); }
-fn shl64(a: vec2<u32>, n: u32) -> vec2<u32> {
-    if (n >= 64u) { return vec2<u32>(0u); }
-    if (n >= 32u) { return vec2<u32>(0u, a.x << (n - 32u)); }
-    if (n == 0u) { return a; }
-    return vec2<u32>(a.x << n, (a.y << n) | (a.x >> (32u - n)));
-}
-fn shr64(a: vec2<u32>, n: u32, arith: bool) -> vec2<u32> {
-    let fill = select(0u, 0xffffffffu, arith && bitcast<i32>(a.y) < 0i);
-    let hi = select(a.y >> min(n, 31u), bitcast<u32>(bitcast<i32>(a.y) >> min(n, 31u)), arith);
-    if (n >= 64u) { return vec2<u32>(fill); }
-    if (n >= 32u) {
-        let s = select(a.y >> (n - 32u), bitcast<u32>(bitcast<i32>(a.y) >> (n - 32u)), arith);
-        return vec2<u32>(s, fill);
-    }
-    if (n == 0u) { return a; }
-    return vec2<u32>((a.x >> n) | (a.y << (32u - n)), hi);
-}
-// Quotient and remainder by shift and subtract; by 0 both are 0, as on the CPU.
-fn udiv64(a: vec2<u32>, b: vec2<u32>) -> array<vec2<u32>, 2> {
-    var q = vec2<u32>(0u);
-    var r = vec2<u32>(0u);
-    if (all(b == vec2<u32>(0u))) { return array<vec2<u32>, 2>(q, r); }
-    for (var i = 63i; i >= 0i; i = i - 1i) {
-        r = shl64(r, 1u);
-        r.x = r.x | (select(a.x, a.y, i >= 32i) >> (u32(i) % 32u)) & 1u;
-        if (!lt_u64(r, b)) {
-            r = sub64(r, b);
-            q = q | select(vec2<u32>(1u << (u32(i) % 32u), 0u), vec2<u32>(0u, 1u << (u32(i) % 32u)), i >= 32i);
-        }
-    }
-    return array<vec2<u32>, 2>(q, r);
-}
-fn abs64(a: vec2<u32>) -> vec2<u32> { return select(a, sub64(vec2<u32>(0u), a), neg64(a)); }
-// Truncating, as C: the remainder has the dividend's sign; i64::MIN / -1 wraps.
-fn sdiv64(a: vec2<u32>, b: vec2<u32>) -> array<vec2<u32>, 2> {
-    let d = udiv64(abs64(a), abs64(b));
-    let q = select(d[0], sub64(vec2<u32>(0u), d[0]), neg64(a) != neg64(b));
-    let r = select(d[1], sub64(vec2<u32>(0u), d[1]), neg64(a));
-    return array<vec2<u32>, 2>(q, r);
-}
-fn i2l(a: i32) -> vec2<u32> { return vec2<u32>(bitcast<u32>(a), select(0u, 0xffffffffu, a < 0i)); }
-fn l2f(a: vec2<u32>) -> f32 {
-    if (a.y == select(0u, 0xffffffffu, bitcast<i32>(a.x) < 0i)) { return f32(bitcast<i32>(a.x)); }
-    return f32(bitcast<i32>(a.y)) * 4294967296.0 + f32(a.x);
-}
-fn ul2f(a: vec2<u32>) -> f32 {
-    if (a.y == 0u) { return f32(a.x); }
-    return f32(a.y) * 4294967296.0 + f32(a.x);
-}
-fn f2l(v: f32) -> vec2<u32> {
-    if (is_nan(v)) { return vec2<u32>(0u); }
-    if (v >= 9223372036854775808.0) { return vec2<u32>(0xffffffffu, 0x7fffffffu); }
-    if (v <= -9223372036854775808.0) { return vec2<u32>(0u, 0x80000000u); }
-    let t = trunc(v);
-    if (abs(t) < 2147483648.0) { return i2l(i32(t)); }
-    // Above 2^31 t is a multiple of 2^8: both halves are exact.
-    let hi = floor(t * 2.3283064365386963e-10);
-    return vec2<u32>(u32(t - hi * 4294967296.0), bitcast<u32>(i32(hi)));
-}
-fn f2ul(v: f32) -> vec2<u32> {
-    if (is_nan(v) || v <= 0.0) { return vec2<u32>(0u); }
-    if (v >= 18446744073709551616.0) { return vec2<u32>(0xffffffffu); }
-    let t = trunc(v);
-    let hi = floor(t * 2.3283064365386963e-10);
-    return vec2<u32>(u32(t - hi * 4294967296.0), u32(hi));
-}
-";
-/// f16 bits to f32 (exact), and f32 to f16 bits rounding to nearest even (as the `half`
-/// crate); WGSL's pack2x16float needs a capability not every device has.
-const F16: &str = "fn h2f(h: u32) -> f32 {
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    let s = (h & 0x8000u) << 16u;
-    if (e == 0u) {
-        let v = f32(m) * 5.9604645e-8;
-        return select(v, -v, s != 0u);
-    }
-    if (e == 31u) { return bitcast<f32>(s | 0x7f800000u | (m << 13u)); }
-    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
-}
-fn f2h(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    let s = (b >> 16u) & 0x8000u;
-    let a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) { return s | 0x7e00u; }
-    if (a >= 0x477ff000u) { return s | 0x7c00u; }
-    if (a >= 0x38800000u) {
-        let r = a - 0x38000000u;
-        return s | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
-    }
-    return s | u32(round(bitcast<f32>(a) * 16777216.0));
-}
-";
-/// Four bool bytes of a word, and back.
-const BYTES: &str = "fn bytes4(w: u32) -> vec4<bool> {
-    return vec4<bool>((w & 0xffu) != 0u, (w & 0xff00u) != 0u, (w & 0xff0000u) != 0u, (w & 0xff000000u) != 0u);
-}
-fn pack4(b: vec4<bool>) -> u32 {
-    let v = select(vec4<u32>(0u), vec4<u32>(1u), b);
-    return v.x | (v.y << 8u) | (v.z << 16u) | (v.w << 24u);
-}
-";
-
 /// An element type as kernels see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ty {
@@ -412,13 +251,6 @@ impl Ty {
         }
     }
 
-    fn vec4(self) -> &'static str {
-        match self {
-            Ty::Bool => "vec4<bool>",
-            t => t.storage4(),
-        }
-    }
-
     /// WGSL turning the raw bits `raw` (u32, high bits clear) of a packed element into its
     /// value.
     fn unpack(self, raw: &str) -> String {
@@ -457,38 +289,56 @@ impl Ty {
         }
     }
 
-    /// A WGSL literal of this type, as Rust's `as` makes one (the CPU's bounds): integers
-    /// wrap, floats saturate and round.
-    fn lit(self, v: f64, int: Option<i64>) -> String {
+    /// The word of a value of this type (not a 64-bit one) as Rust's `as` makes it (the
+    /// CPU's bounds): integers wrap, floats saturate and round (f16: to an f16 value, as f32).
+    fn word(self, v: f64, int: Option<i64>) -> u32 {
         let int_as = |wrap: fn(i64) -> i64, sat: fn(f64) -> i64| int.map_or(sat(v), wrap);
         match self {
-            Ty::F32 => f32_lit(int.map_or(v, |i| i as f64) as f32),
-            Ty::F16 => f32_lit(half::f16::from_f64(int.map_or(v, |i| i as f64)).to_f32()),
-            Ty::I32 | Ty::I16 | Ty::I8 => {
-                let v = match self {
-                    Ty::I8 => int_as(|i| i64::from(i as i8), |v| i64::from(v as i8)),
-                    Ty::I16 => int_as(|i| i64::from(i as i16), |v| i64::from(v as i16)),
-                    _ => int_as(|i| i64::from(i as i32), |v| i64::from(v as i32)),
-                };
-                format!("bitcast<i32>({}u)", v as i32 as u32)
-            }
-            Ty::U32 | Ty::U16 | Ty::U8 => {
-                let v = match self {
-                    Ty::U8 => int_as(|i| i64::from(i as u8), |v| i64::from(v as u8)),
-                    Ty::U16 => int_as(|i| i64::from(i as u16), |v| i64::from(v as u16)),
-                    _ => int_as(|i| i64::from(i as u32), |v| i64::from(v as u32)),
-                };
-                format!("{v}u")
-            }
-            Ty::Bool => (int.map_or(v, |i| i as f64) != 0.0).to_string(),
-            Ty::I64 | Ty::U64 => {
-                let bits = match (int, self) {
-                    (Some(i), _) => i as u64,
-                    (None, Ty::I64) => v as i64 as u64,
-                    (None, _) => v as u64,
-                };
+            Ty::F32 => (int.map_or(v, |i| i as f64) as f32).to_bits(),
+            Ty::F16 => half::f16::from_f64(int.map_or(v, |i| i as f64))
+                .to_f32()
+                .to_bits(),
+            Ty::I8 => int_as(|i| i64::from(i as i8), |v| i64::from(v as i8)) as u32,
+            Ty::I16 => int_as(|i| i64::from(i as i16), |v| i64::from(v as i16)) as u32,
+            Ty::I32 => int_as(|i| i64::from(i as i32), |v| i64::from(v as i32)) as u32,
+            Ty::U8 => int_as(|i| i64::from(i as u8), |v| i64::from(v as u8)) as u32,
+            Ty::U16 => int_as(|i| i64::from(i as u16), |v| i64::from(v as u16)) as u32,
+            Ty::U32 => int_as(|i| i64::from(i as u32), |v| i64::from(v as u32)) as u32,
+            Ty::Bool => u32::from(int.map_or(v, |i| i as f64) != 0.0),
+            Ty::I64 | Ty::U64 => self.wide_bits(v, int) as u32,
+        }
+    }
+
+    fn wide_bits(self, v: f64, int: Option<i64>) -> u64 {
+        match (int, self) {
+            (Some(i), _) => i as u64,
+            (None, Ty::I64) => v as i64 as u64,
+            (None, _) => v as u64,
+        }
+    }
+
+    /// A WGSL literal of this type, as [`word`](Ty::word) makes it.
+    fn lit(self, v: f64, int: Option<i64>) -> String {
+        let w = self.word(v, int);
+        match self.compute() {
+            Ty::F32 => f32_lit(f32::from_bits(w)),
+            Ty::I32 => format!("bitcast<i32>({w}u)"),
+            Ty::U32 => format!("{w}u"),
+            Ty::Bool => (w != 0).to_string(),
+            _ => {
+                let bits = self.wide_bits(v, int);
                 format!("vec2<u32>({}u, {}u)", bits as u32, (bits >> 32) as u32)
             }
+        }
+    }
+
+    /// The WGSL expression of the op's constant `k` (push-constant word `p.k<k>`), a value of
+    /// this type (not a 64-bit one or bool) made by [`word`](Ty::word).
+    fn constant(self, k: usize) -> String {
+        match self.compute() {
+            Ty::F32 => format!("bitcast<f32>(p.k{k})"),
+            Ty::I32 => format!("bitcast<i32>(p.k{k})"),
+            _ => format!("p.k{k}"),
         }
     }
 
@@ -503,24 +353,29 @@ impl Ty {
     }
 }
 
-/// The body of `fx` over parameters `a0`, `a1`... and the helpers it calls.
+/// The op's expression over `a0`, `a1`, `a2` (the hook `op`), and what it needs.
 struct Body {
     expr: String,
-    helpers: String,
+    /// Whether it calls the helpers of `float.wgsl`.
+    float: bool,
+    /// The words of the constants `p.k0`, `p.k1` it reads.
+    consts: Vec<u32>,
 }
 
 impl Body {
     fn of(expr: impl Into<String>) -> Body {
         Body {
             expr: expr.into(),
-            helpers: String::new(),
+            float: false,
+            consts: Vec::new(),
         }
     }
 
-    fn with(expr: impl Into<String>, helpers: &[&str]) -> Body {
+    /// An expression that calls `float.wgsl`.
+    fn float(expr: impl Into<String>) -> Body {
         Body {
-            expr: expr.into(),
-            helpers: helpers.concat(),
+            float: true,
+            ..Body::of(expr)
         }
     }
 }
@@ -537,8 +392,12 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let [out] = cx.outputs else {
         return Err(no_kernel!("{} with {} outputs", cx.op, cx.outputs.len()));
     };
-    if cx.inputs.is_empty() {
-        return Err(no_kernel!("{} without inputs", cx.op));
+    if cx.inputs.is_empty() || cx.inputs.len() > MAX_INPUTS {
+        return Err(no_kernel!(
+            "{} of {} inputs (the kernels take 1 to {MAX_INPUTS})",
+            cx.op,
+            cx.inputs.len()
+        ));
     }
     let ty = |o: &Operand| Ty::of(o.desc.dtype).ok_or_else(|| cx.dtype(o.desc.dtype));
     let args = cx.inputs.iter().map(ty).collect::<Result<Vec<_>, _>>()?;
@@ -547,7 +406,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     broadcast(cx, &args, out_ty, &body)
 }
 
-/// `fx` of `op` over inputs of types `args`, giving `out`, or why there is none.
+/// The expression of `op` over inputs of types `args`, giving `out`, or why there is none.
 fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
     let op = cx.op;
     let refuse = || no_kernel!("{op} of {args:?} to {out:?}");
@@ -609,7 +468,7 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
                 return Err(refuse());
             }
             if op == "IsNaN" {
-                return Ok(Body::with("is_nan(a0)", &[IS_NAN]));
+                return Ok(Body::float("is_nan(a0)"));
             }
             let flag = |name| cx.attrs.int(name).map_err(|e| no_kernel!("{op}: {e}"));
             let expr = match (flag("detect_negative")? != 0, flag("detect_positive")? != 0) {
@@ -618,7 +477,7 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
                 (false, true) => "is_inf(a0) && a0 > 0.0",
                 (false, false) => "false",
             };
-            Ok(Body::with(expr, &[IS_INF]))
+            Ok(Body::float(expr))
         }
         "BitShift" => {
             arity(2)?;
@@ -660,9 +519,9 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
                 _ => "f32(a1)",
             };
             Ok(if a == Ty::I32 {
-                Body::with(format!("ipow(a0, {e})"), &[IS_NAN, POW, F2I, IPOW])
+                Body::float(format!("ipow(a0, {e})"))
             } else {
-                Body::with(format!("pow_f(a0, {e})"), &[IS_NAN, POW])
+                Body::float(format!("pow_f(a0, {e})"))
             })
         }
         "Add" | "Sub" | "Mul" | "Div" | "Mod" | "PRelu" => {
@@ -700,15 +559,12 @@ fn cast(from: Ty, to: Ty) -> Result<Body, NoKernel> {
     if let (Ty::F32, Some((lo, hi))) = (from.compute(), narrow) {
         // Float to a narrow integer saturates to its range (NaN to 0), as Rust's `as`.
         let t = to.scalar();
-        return Ok(Body::with(
-            format!(
-                "select({t}(clamp(a0, {}, {})), {}, is_nan(a0))",
-                f32_lit(lo),
-                f32_lit(hi),
-                to.zero()
-            ),
-            &[IS_NAN],
-        ));
+        return Ok(Body::float(format!(
+            "select({t}(clamp(a0, {}, {})), {}, is_nan(a0))",
+            f32_lit(lo),
+            f32_lit(hi),
+            to.zero()
+        )));
     }
     let (from, to) = (from.compute(), to.compute());
     Ok(match (from, to) {
@@ -726,8 +582,8 @@ fn cast(from: Ty, to: Ty) -> Result<Body, NoKernel> {
         (Ty::F32, Ty::U64) => Body::of("f2ul(a0)"),
         (Ty::I32, Ty::I64 | Ty::U64) => Body::of("i2l(a0)"),
         (Ty::U32, Ty::I64 | Ty::U64) => Body::of("vec2<u32>(a0, 0u)"),
-        (Ty::F32, Ty::I32) => Body::with("f2i(a0)", &[IS_NAN, F2I]),
-        (Ty::F32, Ty::U32) => Body::with("f2u(a0)", &[IS_NAN, F2I]),
+        (Ty::F32, Ty::I32) => Body::float("f2i(a0)"),
+        (Ty::F32, Ty::U32) => Body::float("f2u(a0)"),
         (_, Ty::F32) => Body::of("f32(a0)"),
         // Between i32 and u32 the bits stay.
         (_, t) => Body::of(format!("bitcast<{}>(a0)", t.scalar())),
@@ -739,6 +595,9 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
     let op = cx.op;
     let t = real.compute();
     let x = "a0";
+    if op == "Clip" {
+        return clip(cx, real);
+    }
     if t.wide() {
         let neg = "neg64(a0)";
         return Ok(Body::of(match (op, t) {
@@ -752,7 +611,6 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
             ("Sign", _) => {
                 "select(vec2<u32>(0u), vec2<u32>(1u, 0u), any(a0 != vec2<u32>(0u)))".into()
             }
-            ("Clip", _) => clip(cx, real)?,
             _ => return Err(no_kernel!("{op} on {t:?}")),
         }));
     }
@@ -765,38 +623,41 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
             ("Abs" | "Relu", Ty::U32) => "a0".into(),
             ("Neg", Ty::U32) => "0u - a0".into(),
             ("Sign", Ty::U32) => "min(a0, 1u)".into(),
-            ("Clip", _) => clip(cx, real)?,
             _ => return Err(no_kernel!("{op} on {t:?}")),
         }));
     }
-    let attr = |name: &str| {
-        cx.attrs
-            .float(name)
-            .map(f32_lit)
-            .map_err(|e| no_kernel!("{op}: {e}"))
+    // Attributes are the constants k0, k1 of the push constants: one module serves every value.
+    let mut consts = Vec::new();
+    let mut attr = |name: &str| -> Result<String, NoKernel> {
+        let v = cx.attrs.float(name).map_err(|e| no_kernel!("{op}: {e}"))?;
+        consts.push(v.to_bits());
+        Ok(Ty::F32.constant(consts.len() - 1))
     };
     let expr = match op {
-        "Clip" => clip(cx, real)?,
-        "LeakyRelu" => format!("select({x}, {} * {x}, {x} < 0.0)", attr("alpha")?),
-        "ThresholdedRelu" => format!("select(0.0, {x}, {x} > {})", attr("alpha")?),
-        "Elu" => format!(
-            "select({x}, {} * (exp({x}) - 1.0), {x} < 0.0)",
-            attr("alpha")?
-        ),
-        "Selu" => format!(
-            "{} * select({} * (exp({x}) - 1.0), {x}, {x} > 0.0)",
-            attr("gamma")?,
-            attr("alpha")?
-        ),
+        "LeakyRelu" => {
+            let alpha = attr("alpha")?;
+            format!("select({x}, {alpha} * {x}, {x} < 0.0)")
+        }
+        "ThresholdedRelu" => {
+            let alpha = attr("alpha")?;
+            format!("select(0.0, {x}, {x} > {alpha})")
+        }
+        "Elu" => {
+            let alpha = attr("alpha")?;
+            format!("select({x}, {alpha} * (exp({x}) - 1.0), {x} < 0.0)")
+        }
+        "Selu" => {
+            let (alpha, gamma) = (attr("alpha")?, attr("gamma")?);
+            format!("{gamma} * select({alpha} * (exp({x}) - 1.0), {x}, {x} > 0.0)")
+        }
         "Celu" => {
             let a = attr("alpha")?;
             format!("max({x}, 0.0) + min({a} * (exp({x} / {a}) - 1.0), 0.0)")
         }
-        "HardSigmoid" => format!(
-            "min(max({} * {x} + {}, 0.0), 1.0)",
-            attr("alpha")?,
-            attr("beta")?
-        ),
+        "HardSigmoid" => {
+            let (alpha, beta) = (attr("alpha")?, attr("beta")?);
+            format!("min(max({alpha} * {x} + {beta}, 0.0), 1.0)")
+        }
         "Gelu" => match cx.attrs.text("approximate") {
             Ok("none") => format!(
                 "0.5 * {x} * (1.0 + {})",
@@ -814,27 +675,36 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
         },
         op => unary_expr(op, x).ok_or_else(|| no_kernel!("no Vulkan kernel for {op}"))?,
     };
-    Ok(Body::of(expr))
+    Ok(Body {
+        expr,
+        float: false,
+        consts,
+    })
 }
 
-/// Clip to the `min` and `max` attributes (ints or floats, converted as the CPU does).
-fn clip(cx: &KernelCx, t: Ty) -> Result<String, NoKernel> {
+/// Clip to the `min` and `max` attributes (ints or floats, converted as the CPU does): the
+/// constants k0 and k1, or literals for 64-bit types (two words each).
+fn clip(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
     let bound = |name: &str| match cx.attrs.get(name) {
-        Some(&AttrValue::Int(v)) => Ok(t.lit(v as f64, Some(v))),
-        Some(&AttrValue::Float(v)) => Ok(t.lit(v, None)),
+        Some(&AttrValue::Int(v)) => Ok((v as f64, Some(v))),
+        Some(&AttrValue::Float(v)) => Ok((v, None)),
         _ => Err(no_kernel!("Clip {name} is not a number")),
     };
-    let (lo, hi) = (bound("min")?, bound("max")?);
+    let ((lo, lo_int), (hi, hi_int)) = (bound("min")?, bound("max")?);
     if t.wide() {
+        let (lo, hi) = (t.lit(lo, lo_int), t.lit(hi, hi_int));
         let lt = if t == Ty::I64 { "lt_i64" } else { "lt_u64" };
-        return Ok(format!(
+        return Ok(Body::of(format!(
             "select(select(a0, {lo}, {lt}(a0, {lo})), {hi}, {lt}({hi}, a0) || {lt}({hi}, {lo}))"
-        ));
+        )));
     }
+    let (k0, k1) = (t.constant(0), t.constant(1));
     // NaN passes; with min > max everything becomes max, as ONNX says.
-    Ok(format!(
-        "select(select(a0, {lo}, a0 < {lo}), {hi}, a0 > {hi} || {lo} > {hi})"
-    ))
+    Ok(Body {
+        expr: format!("select(select(a0, {k0}, a0 < {k0}), {k1}, a0 > {k1} || {k0} > {k1})"),
+        float: false,
+        consts: vec![t.word(lo, lo_int), t.word(hi, hi_int)],
+    })
 }
 
 fn binary(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
@@ -879,14 +749,13 @@ fn binary(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
         ("PRelu", _) => Body::of("a0"),
         ("Mod", Ty::F32) => {
             if fmod()? {
-                Body::with("fmod_f(a0, a1)", &[IS_NAN, IS_INF, FMOD])
+                Body::float("fmod_f(a0, a1)")
             } else {
                 // Python's %: the remainder takes the divisor's sign.
                 let r = "fmod_f(a0, a1)";
-                Body::with(
-                    format!("select({r}, {r} + a1, {r} != 0.0 && ({r} < 0.0) != (a1 < 0.0))"),
-                    &[IS_NAN, IS_INF, FMOD],
-                )
+                Body::float(format!(
+                    "select({r}, {r} + a1, {r} != 0.0 && ({r} < 0.0) != (a1 < 0.0))"
+                ))
             }
         }
         ("Mod", Ty::I32) => {
@@ -930,7 +799,7 @@ fn variadic(op: &str, real: Ty, n: usize) -> Result<Body, NoKernel> {
         };
     }
     Ok(match (op, t) {
-        ("Max" | "Min", Ty::F32) => Body::with(acc, &[IS_NAN, MAX_MIN]),
+        ("Max" | "Min", Ty::F32) => Body::float(acc),
         ("Mean", Ty::I64 | Ty::U64) => {
             let div = if t == Ty::I64 { "sdiv64" } else { "udiv64" };
             Body::of(format!(
@@ -947,15 +816,13 @@ fn variadic(op: &str, real: Ty, n: usize) -> Result<Body, NoKernel> {
     })
 }
 
-/// How one input is read: its type and strides over the collapsed dims.
-struct Arg<'a> {
-    operand: &'a Operand,
-    ty: Ty,
-    strides: Vec<u64>,
-}
+/// Aliases and hooks of input k.
+const A: [&str; MAX_INPUTS] = ["A0", "A1", "A2"];
+const S: [&str; MAX_INPUTS] = ["S0", "S1", "S2"];
+const LOAD: [&str; MAX_INPUTS] = ["load0", "load1", "load2"];
 
-/// The kernel computing `y = fx(x0, x1, ...)` with numpy broadcasting: inputs of types
-/// `tys`, the output of type `out`.
+/// The kernel computing `y = op(x0, x1, ...)` with numpy broadcasting: inputs of types `tys`,
+/// the output of type `out_ty`.
 fn broadcast(
     cx: &KernelCx,
     tys: &[Ty],
@@ -963,13 +830,191 @@ fn broadcast(
     body: &Body,
 ) -> Result<Vec<Dispatch>, NoKernel> {
     let out = &cx.outputs[0];
-    let shape = &out.desc.shape;
     let n = out.desc.elements() as u64;
     if n == 0 {
         return Ok(Vec::new());
     }
-    // Collapsed dims: (length, stride of each input), dims of 1 dropped, neighbours merged
-    // where every input steps over them as one.
+    let (len, strides) = collapse(cx)?;
+    if len.len() > MAX_DIMS {
+        return Err(no_kernel!(
+            "{}: {} dims once collapsed (the kernels take {MAX_DIMS})",
+            cx.op,
+            len.len()
+        ));
+    }
+    // The output's own strides.
+    let own: Vec<u64> = len
+        .iter()
+        .scan(1, |p, &l| {
+            let s = *p;
+            *p *= l;
+            Some(s)
+        })
+        .collect();
+    if let Some(k) = cx.in_place()
+        && (strides[k] != own || tys[k] != out_ty)
+    {
+        return Err(no_kernel!(
+            "{} in place over a broadcast or other-typed input",
+            cx.op
+        ));
+    }
+    let words = cx.inputs.iter().zip(tys).chain([(out, &out_ty)]);
+    if let Some((o, _)) = words
+        .filter(|(_, t)| t.bits().is_some())
+        .find(|(o, _)| o.byte_offset % 4 != 0)
+    {
+        return Err(no_kernel!(
+            "{}: a packed tensor at byte {} is not word-aligned",
+            cx.op,
+            o.byte_offset
+        ));
+    }
+    // Four elements per invocation as vectors: the innermost dim holds whole vectors, and
+    // each input runs along it (aligned) or is broadcast over it.
+    let unvectorised = |t: Ty| t.wide() || (t.bits().is_some() && t != Ty::Bool);
+    let vector = !unvectorised(out_ty)
+        && !tys.iter().any(|&t| unvectorised(t))
+        && len.first().is_some_and(|l| l % 4 == 0)
+        && (out_ty == Ty::Bool || out.aligned16())
+        && cx
+            .inputs
+            .iter()
+            .zip(tys)
+            .zip(&strides)
+            .all(|((x, &t), s)| match s[0] {
+                0 => true,
+                1 => (t == Ty::Bool || x.aligned16()) && s[1..].iter().all(|s| s % 4 == 0),
+                _ => false,
+            });
+    let packed = out_ty.bits().is_some() && !vector;
+    let runs = |k: usize| strides[k].first() == Some(&1);
+
+    let (file, suffix) = match (vector, packed) {
+        (true, _) => (&MAP4, "_v4"),
+        (false, true) => (&PACK, "_pack"),
+        (false, false) => (&MAP, ""),
+    };
+    let mut spec = Spec::new(file).alias("Y", out_ty.scalar());
+    let y_ty = match (vector, packed) {
+        (true, _) if out_ty == Ty::Bool => "u32",
+        (true, _) => out_ty.storage4(),
+        _ => out_ty.storage(),
+    };
+    let mut bindings = vec![Binding::output("y", 0, y_ty)];
+    for (k, &t) in tys.iter().enumerate() {
+        let storage = match vector && runs(k) && t != Ty::Bool {
+            true => t.storage4(),
+            false => t.storage(),
+        };
+        let load = match vector {
+            true => load4(k, t, runs(k)),
+            false => load(k, t),
+        };
+        spec = spec
+            .alias(A[k], t.scalar())
+            .alias(S[k], storage)
+            .hook(LOAD[k], load);
+        bindings.push(Binding::input(&format!("x{k}"), k, storage));
+    }
+    let op = format!(
+        "fn op(a0: A0, a1: A1, a2: A2) -> Y {{\n    return {};\n}}\n",
+        body.expr
+    );
+    spec = spec.hook("op", op);
+    spec = match (vector, packed) {
+        (true, _) => spec.alias("SY", y_ty).hook("store", store4(out_ty)),
+        (false, true) => spec
+            .hook(
+                "pack",
+                format!(
+                    "fn pack(v: Y) -> u32 {{\n    return {};\n}}\n",
+                    out_ty.pack("v")
+                ),
+            )
+            .set("BITS", out_ty.bits().unwrap_or(8)),
+        (false, false) => spec.alias("SY", y_ty).hook("store", store(out_ty)),
+    };
+    let all = || tys.iter().chain([&out_ty]);
+    if body.float {
+        spec = spec.library(&FLOAT);
+    }
+    if all().any(|t| t.wide()) {
+        spec = spec.library(&WIDE);
+    }
+    if all().any(|&t| t == Ty::F16) {
+        spec = spec.library(&F16);
+    }
+    if vector
+        && (out_ty == Ty::Bool
+            || tys
+                .iter()
+                .enumerate()
+                .any(|(k, &t)| t == Ty::Bool && runs(k)))
+    {
+        spec = spec.library(&BYTES);
+    }
+
+    // Push-constant params: dims (padded with 1s to 4), strides (0s), then the dispatch's
+    // first coordinates and the op's constants.
+    let word = |v: u64| {
+        u32::try_from(v).map_err(|_| no_kernel!("{}: {v} does not fit a kernel parameter", cx.op))
+    };
+    let dim = |d: usize| len.get(d).copied().unwrap_or(1);
+    let stride = |k: usize, d: usize| strides.get(k).and_then(|s| s.get(d)).copied().unwrap_or(0);
+    let consts = [0, 1].map(|i| body.consts.get(i).copied().unwrap_or(0));
+    let label = format!("{}{suffix}", cx.op.to_lowercase());
+    let mut dispatches = Vec::new();
+    if packed {
+        let per = u64::from(32 / out_ty.bits().unwrap_or(8));
+        let groups = n.div_ceil(per).div_ceil(u64::from(WG));
+        let mut head = vec![word(dim(0))?, word(dim(1))?, word(dim(2))?, word(n)?];
+        for k in 0..MAX_INPUTS {
+            for d in 0..MAX_DIMS {
+                head.push(word(stride(k, d))?);
+            }
+        }
+        for (first, count) in chunks(groups) {
+            let mut params = head.clone();
+            params.push(word(first * u64::from(WG))?);
+            params.extend(consts);
+            dispatches.push(spec.dispatch(&label, [count, 1, 1], bindings.clone(), params)?);
+        }
+        return Ok(dispatches);
+    }
+    let units = if vector { dim(0) / 4 } else { dim(0) };
+    let mut head = vec![word(units)?, word(dim(1))?, word(dim(2))?];
+    for k in 0..MAX_INPUTS {
+        for d in usize::from(vector)..MAX_DIMS {
+            head.push(word(stride(k, d))?);
+        }
+    }
+    let planes = dim(2) * dim(3);
+    for (x, gx) in chunks(units.div_ceil(u64::from(WG))) {
+        for (y, gy) in chunks(dim(1)) {
+            for (z, gz) in chunks(planes) {
+                let mut params = head.clone();
+                params.extend([word(x * u64::from(WG))?, word(y)?, word(z)?]);
+                params.extend(consts);
+                dispatches.push(spec.dispatch(&label, [gx, gy, gz], bindings.clone(), params)?);
+            }
+        }
+    }
+    Ok(dispatches)
+}
+
+/// `0..groups` cut into runs of at most [`MAX_GROUPS`]: (first, count).
+fn chunks(groups: u64) -> impl Iterator<Item = (u64, u32)> {
+    let max = u64::from(MAX_GROUPS);
+    (0..groups.div_ceil(max)).map(move |c| (c * max, (groups - c * max).min(max) as u32))
+}
+
+/// The output's dims collapsed, innermost first: dims of 1 dropped, neighbours merged where
+/// every input steps over them as one; each dim's length, and each input's strides along them
+/// (0 where it is broadcast).
+fn collapse(cx: &KernelCx) -> Result<(Vec<u64>, Vec<Vec<u64>>), NoKernel> {
+    let shape = &cx.outputs[0].desc.shape;
+    // Outermost first while merging.
     let mut dims: Vec<(u64, Vec<u64>)> = Vec::new();
     for (d, &len) in shape.iter().enumerate() {
         if len == 1 {
@@ -997,272 +1042,128 @@ fn broadcast(
             _ => dims.push((len, strides)),
         }
     }
-    // The output's own strides over the collapsed dims.
-    let mut own = vec![0u64; dims.len()];
-    let mut p = 1;
-    for (d, (len, _)) in dims.iter().enumerate().rev() {
-        own[d] = p;
-        p *= len;
-    }
-    let args: Vec<Arg> = cx
-        .inputs
-        .iter()
-        .zip(tys)
-        .enumerate()
-        .map(|(k, (operand, &ty))| Arg {
-            operand,
-            ty,
-            strides: dims.iter().map(|(_, s)| s[k]).collect(),
-        })
+    dims.reverse();
+    let len = dims.iter().map(|(l, _)| *l).collect();
+    let strides = (0..cx.inputs.len())
+        .map(|k| dims.iter().map(|(_, s)| s[k]).collect())
         .collect();
-    if let Some(k) = cx.in_place()
-        && (args[k].strides != own || args[k].ty != out_ty)
-    {
-        return Err(no_kernel!(
-            "{} in place over a broadcast or other-typed input",
-            cx.op
-        ));
-    }
-    let words = args
-        .iter()
-        .map(|a| (a.ty, a.operand))
-        .chain([(out_ty, out)]);
-    if let Some((_, o)) = words
-        .filter(|(t, _)| t.bits().is_some())
-        .find(|(_, o)| o.byte_offset % 4 != 0)
-    {
-        return Err(no_kernel!(
-            "{}: a packed tensor at byte {} is not word-aligned",
-            cx.op,
-            o.byte_offset
-        ));
-    }
-    // Four elements per invocation as vectors: the innermost dim holds whole vectors, and
-    // each input runs along it (aligned) or is broadcast over it.
-    let runs = |a: &Arg| a.strides.last() == Some(&1);
-    let wide = out_ty.wide() || args.iter().any(|a| a.ty.wide());
-    let unvectorised = |t: Ty| t.wide() || (t.bits().is_some() && t != Ty::Bool);
-    let vector = !unvectorised(out_ty)
-        && !args.iter().any(|a| unvectorised(a.ty))
-        && dims.last().is_some_and(|(len, _)| len % 4 == 0)
-        && (out_ty == Ty::Bool || out.aligned16())
-        && args.iter().all(|a| match a.strides.last() {
-            Some(0) => true,
-            Some(1) => {
-                (a.ty == Ty::Bool || a.operand.aligned16())
-                    && a.strides[..a.strides.len() - 1].iter().all(|s| s % 4 == 0)
-            }
-            _ => false,
-        });
-    // Packed outputs are written a word at a time.
-    let packed = out_ty.bits().is_some();
-    let per = match (vector, out_ty.bits()) {
-        (false, Some(bits)) => u64::from(32 / bits),
-        (true, _) => 4,
-        (false, None) => 1,
-    };
-    let count = n.div_ceil(per);
-    let grid = Grid::new(count, 64)?;
+    Ok((len, strides))
+}
 
-    let mut bindings = Vec::with_capacity(args.len() + 1);
-    for (k, a) in args.iter().enumerate() {
-        let t = if vector && runs(a) && a.ty != Ty::Bool {
-            a.ty.storage4()
-        } else {
-            a.ty.storage()
-        };
-        bindings.push(Binding::input(&format!("x{k}"), k, t));
-    }
-    let y_ty = if vector && !packed {
-        out_ty.storage4()
-    } else {
-        out_ty.storage()
+/// Hook `load<k>` of `map.wgsl` and `pack.wgsl`: element `e` of input k, of type `t`.
+fn load(k: usize, t: Ty) -> String {
+    let v = match t {
+        Ty::F32 | Ty::I32 | Ty::U32 => format!("x{k}[p.x{k} + e]"),
+        Ty::I64 | Ty::U64 => {
+            format!("vec2<u32>(x{k}[p.x{k} + 2u * e], x{k}[p.x{k} + 2u * e + 1u])")
+        }
+        t => unpacked(k, t, "e"),
     };
-    bindings.push(Binding::output("y", 0, y_ty));
+    format!("fn load{k}(e: u32) -> A{k} {{\n    return {v};\n}}\n")
+}
 
-    let mut s = header(&bindings);
-    if vector && (packed || args.iter().any(|a| a.ty == Ty::Bool)) {
-        s.push_str(BYTES);
-    }
-    if out_ty == Ty::F16 || args.iter().any(|a| a.ty == Ty::F16) {
-        s.push_str(F16);
-    }
-    // Helpers once each, in a fixed order.
-    let mut seen = Vec::new();
-    for h in [IS_NAN, IS_INF, MAX_MIN, POW, FMOD, F2I, IPOW, WIDE] {
-        let wanted = body.helpers.contains(h) || (wide && (h == IS_NAN || h == WIDE));
-        if wanted && !seen.contains(&h) {
-            seen.push(h);
-            s.push_str(h);
-        }
-    }
-    let params: Vec<String> = args
-        .iter()
-        .enumerate()
-        .map(|(k, a)| format!("a{k}: {}", a.ty.scalar()))
-        .collect();
-    let _ = writeln!(
-        s,
-        "fn fx({}) -> {} {{\n    return {};\n}}",
-        params.join(", "),
-        out_ty.scalar(),
-        body.expr
-    );
-    // Coordinate d of element `i`.
-    let coord = |d: usize| -> String {
-        let (len, _) = dims[d];
-        match (d, own[d]) {
-            (0, 1) => "i".into(),
-            (0, p) => format!("(i / {p}u)"),
-            (_, 1) => format!("(i % {len}u)"),
-            (_, p) => format!("((i / {p}u) % {len}u)"),
-        }
+/// Hook `load<k>` of `map4.wgsl`: input k's 4 elements at vector `c0` of a row starting at
+/// element `r` when it runs along the row, else its element `r`, 4 times.
+fn load4(k: usize, t: Ty, runs: bool) -> String {
+    let v = match (runs, t) {
+        (true, Ty::Bool) => format!("bytes4(x{k}[p.x{k} + c0 + r / 4u])"),
+        (true, _) => format!("x{k}[p.x{k} + c0 + r / 4u]"),
+        (false, Ty::Bool) => format!("vec4<bool>({})", unpacked(k, t, "r")),
+        (false, _) => format!("vec4<A{k}>(x{k}[p.x{k} + r])"),
     };
-    let offset = |a: &Arg| -> String {
-        if a.strides == own {
-            return "i".into();
-        }
-        let terms: Vec<String> = (0..dims.len())
-            .filter(|&d| a.strides[d] != 0)
-            .map(|d| match a.strides[d] {
-                1 => coord(d),
-                st => format!("{} * {st}u", coord(d)),
-            })
-            .collect();
-        if terms.is_empty() {
-            "0u".into()
-        } else {
-            terms.join(" + ")
-        }
+    format!("fn load{k}(c0: u32, r: u32) -> vec4<A{k}> {{\n    return {v};\n}}\n")
+}
+
+/// Element `e` (a WGSL u32 expression) of packed input k.
+fn unpacked(k: usize, t: Ty, e: &str) -> String {
+    let bits = t.bits().unwrap_or(32);
+    let per = 32 / bits;
+    let mask = (1u64 << bits) - 1;
+    t.unpack(&format!(
+        "((x{k}[p.x{k} + {e} / {per}u] >> (({e} % {per}u) * {bits}u)) & {mask:#x}u)"
+    ))
+}
+
+/// Hook `store` of `map.wgsl`.
+fn store(t: Ty) -> String {
+    let body = match t.wide() {
+        true => "y[p.y + 2u * e] = v.x;\n    y[p.y + 2u * e + 1u] = v.y;",
+        false => "y[p.y + e] = v;",
     };
-    // Packed input k's value at element offset o{k}.
-    let unpack = |k: usize, t: Ty| {
-        let bits = t.bits().unwrap_or(32);
-        let per = 32 / bits;
-        let raw = format!(
-            "((x{k}[offsets.x{k} + o{k} / {per}u] >> ((o{k} % {per}u) * {bits}u)) & {:#x}u)",
-            (1u64 << bits) - 1
-        );
-        t.unpack(&raw)
-    };
-    let args_of = |lane: &str| -> String {
-        let p: Vec<String> = (0..args.len())
-            .map(|k| {
-                if vector && runs(&args[k]) {
-                    format!("a{k}{lane}")
-                } else {
-                    format!("a{k}")
-                }
-            })
-            .collect();
-        format!("fx({})", p.join(", "))
-    };
-    if !vector {
-        // Element i, read at each input's offset.
-        let _ = writeln!(s, "fn at(i: u32) -> {} {{", out_ty.scalar());
-        for (k, a) in args.iter().enumerate() {
-            let _ = writeln!(s, "    let o{k} = {};", offset(a));
-            let load = match a.ty {
-                t if t.bits().is_some() => unpack(k, t),
-                Ty::I64 | Ty::U64 => format!(
-                    "vec2<u32>(x{k}[offsets.x{k} + o{k} * 2u], x{k}[offsets.x{k} + o{k} * 2u + 1u])"
-                ),
-                _ => format!("x{k}[offsets.x{k} + o{k}]"),
-            };
-            let _ = writeln!(s, "    let a{k} = {load};");
-        }
-        let _ = writeln!(s, "    return {};\n}}", args_of(""));
-    }
-    let _ = writeln!(s, "{} {{", grid.entry());
-    let _ = writeln!(s, "    let g = {};", grid.index());
-    let _ = writeln!(s, "    if (g >= {count}u) {{ return; }}");
-    if vector {
-        let _ = writeln!(s, "    let i = g * 4u;");
-        for (k, a) in args.iter().enumerate() {
-            let _ = writeln!(s, "    let o{k} = {};", offset(a));
-            let load = match (a.ty, runs(a)) {
-                (Ty::Bool, true) => format!("bytes4(x{k}[offsets.x{k} + o{k} / 4u])"),
-                (Ty::Bool, false) => unpack(k, Ty::Bool),
-                (_, true) => format!("x{k}[offsets.x{k} + o{k} / 4u]"),
-                (_, false) => format!("x{k}[offsets.x{k} + o{k}]"),
-            };
-            let _ = writeln!(s, "    let a{k} = {load};");
-        }
-        let lanes: Vec<String> = [".x", ".y", ".z", ".w"]
-            .iter()
-            .map(|l| args_of(l))
-            .collect();
-        let v = format!("{}({})", out_ty.vec4(), lanes.join(", "));
-        let v = if packed { format!("pack4({v})") } else { v };
-        let _ = writeln!(s, "    y[offsets.y + g] = {v};");
-    } else if packed {
-        let bits = 32 / per;
-        let _ = writeln!(s, "    let i = g * {per}u;");
-        let _ = writeln!(s, "    var w = 0u;");
-        let _ = writeln!(
-            s,
-            "    for (var l = 0u; l < {per}u; l = l + 1u) {{\n        if (i + l < {n}u) {{ w = w | ({} << (l * {bits}u)); }}\n    }}",
-            out_ty.pack("at(i + l)")
-        );
-        if !n.is_multiple_of(per) {
-            // The last word keeps the bytes past the tensor's end.
-            let _ = writeln!(
-                s,
-                "    if (i + {per}u > {n}u) {{ w = w | (y[offsets.y + g] & {:#x}u); }}",
-                u32::MAX << ((n % per) * bits)
-            );
-        }
-        let _ = writeln!(s, "    y[offsets.y + g] = w;");
-    } else {
-        if out_ty.wide() {
-            let _ = writeln!(s, "    let v = at(g);");
-            let _ = writeln!(s, "    y[offsets.y + g * 2u] = v.x;");
-            let _ = writeln!(s, "    y[offsets.y + g * 2u + 1u] = v.y;");
-        } else {
-            let _ = writeln!(s, "    y[offsets.y + g] = at(g);");
-        }
-    }
-    s.push_str("}\n");
-    Ok(vec![Dispatch {
-        label: format!(
-            "{}_{n}{}",
-            cx.op.to_lowercase(),
-            if vector { "_v4" } else { "" }
-        ),
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
+    format!("fn store(e: u32, v: Y) {{\n    {body}\n}}\n")
+}
+
+/// Hook `store` of `map4.wgsl`: bools pack into a word.
+fn store4(t: Ty) -> String {
+    let v = if t == Ty::Bool { "pack4(v)" } else { "v" };
+    format!("fn store(c: u32, v: vec4<Y>) {{\n    y[p.y + c] = {v};\n}}\n")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{DeviceClass, compile};
+    use crate::vulkan::{DeviceClass, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
     fn f32s(shape: &[usize], byte_offset: u64) -> Operand {
         Operand::arena(TensorDesc::new(DType::F32, shape), byte_offset)
     }
 
-    /// Lowers one step and checks that every kernel passes naga's validation.
-    fn lower_ok(op: &str, attrs: &Attrs, inputs: &[Operand], output: Operand) -> Vec<Dispatch> {
-        let outputs = [output];
-        let cx = KernelCx {
+    /// Compiles a dispatch's module and checks that the dispatch fits it: the slots it binds,
+    /// the params it pushes, its workgroup counts, and a module of at most 64 KiB.
+    fn check(d: &Dispatch) {
+        let c = compile(&d.wgsl, &d.overrides)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", d.label, d.wgsl));
+        assert!(d.bindings.len() as u32 <= c.slots, "{}", d.label);
+        assert_eq!(d.params.len() as u32, c.push_words - c.slots, "{}", d.label);
+        assert!(
+            c.push_words <= 32,
+            "{}: {} push-constant words",
+            d.label,
+            c.push_words
+        );
+        assert!(
+            d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)),
+            "{}: {:?}",
+            d.label,
+            d.groups
+        );
+        assert_eq!(c.workgroup_size, [WG, 1, 1]);
+        let bytes = c.spirv.len() * 4;
+        assert!(bytes <= 64 << 10, "{}: {bytes} bytes of SPIR-V", d.label);
+    }
+
+    fn cx<'a>(
+        op: &'a str,
+        attrs: &'a Attrs,
+        inputs: &'a [Operand],
+        outputs: &'a [Operand],
+    ) -> KernelCx<'a> {
+        KernelCx {
             class: DeviceClass::Any,
             op,
             name: "t",
             attrs,
             inputs,
-            outputs: &outputs,
-        };
-        let ds = lower(&cx).unwrap_or_else(|e| panic!("{op}: {e}"));
-        for d in &ds {
-            compile(&d.wgsl, &[]).unwrap_or_else(|e| panic!("{op}: {e}\n{}", d.wgsl));
+            outputs,
         }
+    }
+
+    /// Lowers one step and checks every dispatch against its compiled module.
+    fn lower_ok(op: &str, attrs: &Attrs, inputs: &[Operand], output: Operand) -> Vec<Dispatch> {
+        let outputs = [output];
+        let ds = lower(&cx(op, attrs, inputs, &outputs)).unwrap_or_else(|e| panic!("{op}: {e}"));
+        ds.iter().for_each(check);
         ds
+    }
+
+    fn refused(op: &str, attrs: &Attrs, inputs: &[Operand], output: Operand) -> String {
+        let outputs = [output];
+        match lower(&cx(op, attrs, inputs, &outputs)) {
+            Ok(_) => panic!("{op} has a kernel"),
+            Err(e) => e.0,
+        }
     }
 
     /// Input count, input type and output type of each op in the tests.
@@ -1302,6 +1203,156 @@ mod tests {
         }
     }
 
+    const KERNELS: [&Wgsl; 3] = [&MAP, &MAP4, &PACK];
+    const LIBRARIES: [&Wgsl; 4] = [&FLOAT, &WIDE, &F16, &BYTES];
+
+    #[test]
+    fn every_wgsl_file_is_valid_alone() {
+        for file in KERNELS {
+            compile(file.source, &[]).unwrap_or_else(|e| panic!("{}: {e}", file.path));
+        }
+        // Libraries have no entry point of their own.
+        for lib in LIBRARIES {
+            let wgsl = format!(
+                "{}\n@compute @workgroup_size(1)\nfn main() {{}}\n",
+                lib.source
+            );
+            compile(&wgsl, &[]).unwrap_or_else(|e| panic!("{}: {e}", lib.path));
+        }
+        // And those are all the family's files.
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/elementwise");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".wgsl"))
+            .map(|n| format!("elementwise/{n}"))
+            .collect();
+        on_disk.sort();
+        let mut known: Vec<&str> = KERNELS.iter().chain(&LIBRARIES).map(|f| f.path).collect();
+        known.sort();
+        assert_eq!(on_disk, known);
+    }
+
+    #[test]
+    fn representative_steps_compile_for_both_classes() {
+        let none = Attrs::new();
+        type Step<'a> = (&'a str, &'a Attrs, &'a [&'a [usize]], &'a [usize]);
+        let steps: [Step; 6] = [
+            // PP-OCR's squeeze-excite scale (vec4 rows of 49 and rows of 49), residual adds.
+            (
+                "Mul",
+                &none,
+                &[&[1, 96, 14, 14], &[1, 96, 1, 1]],
+                &[1, 96, 14, 14],
+            ),
+            (
+                "Mul",
+                &none,
+                &[&[1, 96, 7, 7], &[1, 96, 1, 1]],
+                &[1, 96, 7, 7],
+            ),
+            (
+                "Add",
+                &none,
+                &[&[1, 24, 56, 56], &[1, 24, 56, 56]],
+                &[1, 24, 56, 56],
+            ),
+            ("Sigmoid", &none, &[&[1, 1, 224, 224]], &[1, 1, 224, 224]),
+            (
+                "Sum",
+                &none,
+                &[&[2, 3, 4, 5], &[2, 1, 4, 1], &[5]],
+                &[2, 3, 4, 5],
+            ),
+            ("HardSigmoid", &attrs_of("HardSigmoid"), &[&[3, 5]], &[3, 5]),
+        ];
+        for (op, attrs, inputs, output) in steps {
+            for skew in [0, 4] {
+                let ds = lower_f32_all_classes(lower, op, attrs, inputs, &[output], skew);
+                ds.iter().for_each(check);
+            }
+        }
+    }
+
+    #[test]
+    fn one_module_serves_every_shape() {
+        let none = Attrs::new();
+        let at = |shape: &[usize], k: u64| f32s(shape, k << 22);
+        let mul = |c: usize, hw: usize| {
+            let x = at(&[1, c, hw, hw], 0);
+            let d = lower_ok(
+                "Mul",
+                &none,
+                &[x, at(&[1, c, 1, 1], 1)],
+                at(&[1, c, hw, hw], 2),
+            );
+            assert_eq!(d.len(), 1);
+            d.into_iter().next().unwrap()
+        };
+        let (a, b) = (mul(96, 56), mul(24, 14));
+        assert_eq!((&a.wgsl, &a.overrides), (&b.wgsl, &b.overrides));
+        assert_ne!(a.params, b.params);
+        // Attributes are constants too.
+        let leaky = |alpha: f64| {
+            let attrs = Attrs::new().with("alpha", AttrValue::Float(alpha));
+            lower_ok("LeakyRelu", &attrs, &[at(&[7], 0)], at(&[7], 1)).remove(0)
+        };
+        let (a, b) = (leaky(0.1), leaky(0.2));
+        assert_eq!(a.wgsl, b.wgsl);
+        assert_eq!(a.params.last(), Some(&0));
+        assert_eq!(a.params[a.params.len() - 2], 0.1f32.to_bits());
+    }
+
+    #[test]
+    fn specialised_sources() {
+        let t = |dt, shape: &[usize], at| Operand::arena(TensorDesc::new(dt, shape), at);
+        let source = |op, attrs: &Attrs, inputs: &[Operand], out| {
+            let d = lower_ok(op, attrs, inputs, out);
+            d[0].wgsl.clone()
+        };
+        // Vectors with a broadcast bias; rows of 49 one element at a time.
+        let bias = [f32s(&[1, 8, 16, 16], 0), f32s(&[1, 8, 1, 1], 8192)];
+        insta::assert_snapshot!(
+            "mul_bias_v4",
+            source("Mul", &Attrs::new(), &bias, f32s(&[1, 8, 16, 16], 16384))
+        );
+        insta::assert_snapshot!(
+            "hardsigmoid",
+            source(
+                "HardSigmoid",
+                &attrs_of("HardSigmoid"),
+                &[f32s(&[3, 5], 0)],
+                f32s(&[3, 5], 64)
+            )
+        );
+        // Packed outputs, 64-bit inputs.
+        let longs = [t(DType::I64, &[5], 0), t(DType::I64, &[1], 64)];
+        insta::assert_snapshot!(
+            "less_i64_pack",
+            source("Less", &Attrs::new(), &longs, t(DType::Bool, &[5], 128))
+        );
+        let to_f16 = Attrs::new().with("to", AttrValue::Int(10));
+        insta::assert_snapshot!(
+            "cast_f32_f16_pack",
+            source("Cast", &to_f16, &[f32s(&[6], 0)], t(DType::F16, &[6], 64))
+        );
+        // Bool bytes as vectors.
+        let inputs = [
+            t(DType::Bool, &[2, 1, 8], 0),
+            t(DType::I32, &[2, 3, 8], 64),
+            t(DType::I32, &[8], 256),
+        ];
+        insta::assert_snapshot!(
+            "where_i32_v4",
+            source(
+                "Where",
+                &Attrs::new(),
+                &inputs,
+                t(DType::I32, &[2, 3, 8], 512)
+            )
+        );
+    }
+
     #[test]
     fn every_op_compiles_scalar_and_vec4() {
         for op in crate::elementwise::OPS
@@ -1321,9 +1372,12 @@ mod tests {
                 let d = lower_ok(op, &attrs_of(op), &inputs, out);
                 assert_eq!(d.len(), 1);
                 assert_eq!(d[0].label.ends_with("_v4"), vector, "{op}: {}", d[0].label);
-                // Bool outputs: a word per invocation, and the last of 15 keeps its 4th byte.
+                // Bool outputs: a word per invocation, 4 of 15 elements (the last keeps its
+                // 4th byte).
                 if output == DType::Bool && !vector {
-                    assert!(d[0].wgsl.contains("& 0xff000000u)"), "{}", d[0].wgsl);
+                    assert!(d[0].label.ends_with("_pack"), "{}", d[0].label);
+                    assert_eq!(d[0].overrides, [("BITS", 8.0)]);
+                    assert_eq!(d[0].params[3], 15, "count");
                 }
             }
         }
@@ -1364,6 +1418,17 @@ mod tests {
                 lower_ok(op, &Attrs::new(), &inputs, t(DType::Bool, &[5], 128));
             }
         }
+        // Integer Clip bounds are constants, wrapped as the CPU wraps them.
+        let attrs = Attrs::new()
+            .with("min", AttrValue::Int(-3))
+            .with("max", AttrValue::Int(300));
+        let d = lower_ok(
+            "Clip",
+            &attrs,
+            &[t(DType::I8, &[5], 0)],
+            t(DType::I8, &[5], 64),
+        );
+        assert_eq!(d[0].params[d[0].params.len() - 2..], [-3i32 as u32, 44]);
         let all = [
             DType::F32,
             DType::I32,
@@ -1431,8 +1496,9 @@ mod tests {
             let d = lower_ok(op, &attrs_of(op), &inputs, out);
             if out_dt == DType::F16 {
                 // 3 invocations of 2 elements; the last keeps the high half of its word.
-                assert_eq!(d[0].label, format!("{}_5", op.to_lowercase()));
-                assert!(d[0].wgsl.contains("& 0xffff0000u)"), "{}", d[0].wgsl);
+                assert_eq!(d[0].label, format!("{}_pack", op.to_lowercase()));
+                assert_eq!(d[0].overrides, [("BITS", 16.0)]);
+                assert_eq!((d[0].params[3], d[0].groups), (5, [1, 1, 1]));
             }
         }
         // Sum rounds each step to f16, as the CPU.
@@ -1442,11 +1508,7 @@ mod tests {
             &[h(&[4], 0), h(&[4], 64), h(&[4], 128)],
             h(&[4], 256),
         );
-        assert!(
-            d[0].wgsl.contains("h2f(f2h(a0 + a1)) + a2"),
-            "{}",
-            d[0].wgsl
-        );
+        insta::assert_snapshot!("sum_f16_pack", d[0].wgsl);
     }
 
     #[test]
@@ -1461,19 +1523,33 @@ mod tests {
         assert_eq!(unary_expr("LeakyRelu", "pv"), None, "takes a parameter");
     }
 
+    /// The params of a `map.wgsl` or `map4.wgsl` dispatch: dims, input k's strides (4, or
+    /// 3 without dim 0 for vectors), first coordinates.
+    fn grid(d: &Dispatch) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
+        let per = if d.label.ends_with("_v4") { 3 } else { 4 };
+        let p = &d.params;
+        let strides = (0..MAX_INPUTS)
+            .map(|k| p[3 + k * per..3 + (k + 1) * per].to_vec())
+            .collect();
+        let base = 3 + MAX_INPUTS * per;
+        (p[..3].to_vec(), strides, p[base..base + 3].to_vec())
+    }
+
     #[test]
     fn broadcasting_reads_each_input_at_its_strides() {
         // [2, 3, 4] + [3, 1]: b is broadcast over dims 0 and 2.
         let a = f32s(&[2, 3, 4], 0);
         let b = f32s(&[3, 1], 128);
         let d = lower_ok("Add", &Attrs::new(), &[a, b], f32s(&[2, 3, 4], 256));
-        let w = &d[0].wgsl;
-        // The inner dim of 4 is a vector; b repeats along it.
-        assert!(d[0].label.ends_with("_v4"), "{w}");
-        assert!(w.contains("let o0 = i;"), "{w}");
-        assert!(w.contains("let o1 = ((i / 4u) % 3u);"), "{w}");
-        assert!(w.contains("var<storage, read> x1: array<f32>"), "{w}");
-        assert_eq!(d[0].groups, [1, 1, 1]);
+        // The inner dim of 4 is one vector; b repeats along it; a row per workgroup.
+        assert!(d[0].label.ends_with("_v4"), "{}", d[0].label);
+        let (dims, strides, base) = grid(&d[0]);
+        assert_eq!(dims, [1, 3, 2]);
+        assert_eq!(strides, [vec![4, 12, 0], vec![1, 0, 0], vec![0, 0, 0]]);
+        assert_eq!(base, [0, 0, 0]);
+        assert_eq!(d[0].groups, [1, 3, 2]);
+        let types: Vec<&str> = d[0].bindings.iter().map(|b| b.ty).collect();
+        assert_eq!(types, ["vec4<f32>", "vec4<f32>", "f32"]);
 
         // Bias-like [1, 8, 16, 16] + [1, 8, 1, 1] stays vectorised; a misaligned full
         // operand does not.
@@ -1486,6 +1562,7 @@ mod tests {
             f32s(&[1, 8, 16, 16], 16384),
         );
         assert!(d[0].label.ends_with("_v4"));
+        assert_eq!((grid(&d[0]).0, d[0].groups), (vec![64, 8, 1], [1, 8, 1]));
         let d = lower_ok(
             "Mul",
             &Attrs::new(),
@@ -1493,6 +1570,31 @@ mod tests {
             f32s(&[1, 8, 16, 16], 16384),
         );
         assert!(!d[0].label.ends_with("_v4"));
+        let (dims, strides, _) = grid(&d[0]);
+        assert_eq!(
+            (dims, &strides[..2]),
+            (vec![256, 8, 1], &[vec![1, 256, 0, 0], vec![0, 1, 0, 0]][..])
+        );
+
+        // Four dims, the outer two sharing the grid's z.
+        let d = lower_ok(
+            "Sub",
+            &Attrs::new(),
+            &[f32s(&[2, 3, 4, 5], 0), f32s(&[2, 1, 4, 1], 512)],
+            f32s(&[2, 3, 4, 5], 1024),
+        );
+        let (dims, strides, _) = grid(&d[0]);
+        assert_eq!(dims, [5, 4, 3]);
+        assert_eq!(&strides[..2], [vec![1, 5, 20, 60], vec![0, 1, 0, 4]]);
+        assert_eq!(d[0].groups, [1, 4, 6]);
+        // Five are too many.
+        let why = refused(
+            "Add",
+            &Attrs::new(),
+            &[f32s(&[2, 3, 4, 5, 6], 0), f32s(&[2, 1, 4, 1, 6], 4096)],
+            f32s(&[2, 3, 4, 5, 6], 8192),
+        );
+        assert_eq!(why, "Add: 5 dims once collapsed (the kernels take 4)");
 
         // Odd shapes, a scalar operand and rank-0 output.
         lower_ok(
@@ -1501,12 +1603,22 @@ mod tests {
             &[f32s(&[], 0), f32s(&[5, 1, 3], 16)],
             f32s(&[5, 1, 3], 128),
         );
-        lower_ok(
+        let d = lower_ok(
             "Pow",
             &Attrs::new(),
             &[f32s(&[], 0), f32s(&[], 16)],
             f32s(&[], 32),
         );
+        assert_eq!(grid(&d[0]).0, [1, 1, 1]);
+        // Variadic ops take up to 3 inputs.
+        let x = f32s(&[4], 0);
+        let why = refused(
+            "Sum",
+            &Attrs::new(),
+            &[x.clone(), x.clone(), x.clone(), x.clone()],
+            f32s(&[4], 64),
+        );
+        assert_eq!(why, "Sum of 4 inputs (the kernels take 1 to 3)");
     }
 
     #[test]
@@ -1521,32 +1633,22 @@ mod tests {
             &[cond.clone(), x.clone(), y.clone()],
             out.clone(),
         );
+        // Its source is the snapshot where_i32_v4: the condition's bytes as 4-vectors.
         assert!(d[0].label.ends_with("_v4"));
-        assert!(d[0].wgsl.contains("bytes4("));
         // Odd lengths take the byte-extracting scalar path.
         let cond = Operand::arena(TensorDesc::new(DType::Bool, [3, 1]), 0);
-        let x = f32s(&[3, 5], 64);
         let d = lower_ok(
             "Where",
             &Attrs::new(),
-            &[cond, x, f32s(&[1], 256)],
+            &[cond, f32s(&[3, 5], 64), f32s(&[1], 256)],
             f32s(&[3, 5], 512),
         );
-        assert!(d[0].wgsl.contains(">> ((o0 % 4u) * 8u)"), "{}", d[0].wgsl);
+        assert_eq!(d[0].label, "where");
+        insta::assert_snapshot!("where_f32_bytes", d[0].wgsl);
         // A bool not on a word boundary cannot be read.
         let odd = Operand::arena(TensorDesc::new(DType::Bool, [2, 1, 8]), 2);
-        let outputs = [out];
-        let inputs = [odd, f32s(&[2, 3, 8], 64), f32s(&[8], 256)];
-        let attrs = Attrs::new();
-        let cx = KernelCx {
-            class: DeviceClass::Any,
-            op: "Where",
-            name: "w",
-            attrs: &attrs,
-            inputs: &inputs,
-            outputs: &outputs,
-        };
-        assert!(lower(&cx).is_err());
+        let why = refused("Where", &Attrs::new(), &[odd, x, y], out);
+        assert_eq!(why, "Where: a packed tensor at byte 2 is not word-aligned");
     }
 
     #[test]
@@ -1555,33 +1657,57 @@ mod tests {
         let a = f32s(&[4, 4], 0);
         let b = f32s(&[4], 64);
         let d = lower_ok("Add", &attrs, &[a.clone(), b.clone()], a.clone());
-        assert!(d[0].wgsl.contains("let o0 = i;"));
+        assert_eq!(
+            grid(&d[0]).1[0],
+            [4, 0, 0],
+            "a is read at the output's own index"
+        );
         // Over the broadcast operand it would read elements others overwrite.
         let outputs = [f32s(&[4, 4], 64)];
         let inputs = [a, b];
-        let cx = KernelCx {
-            class: DeviceClass::Any,
-            op: "Add",
-            name: "a",
-            attrs: &attrs,
-            inputs: &inputs,
-            outputs: &outputs,
-        };
+        let cx = cx("Add", &attrs, &inputs, &outputs);
         assert!(cx.in_place().is_some() && lower(&cx).is_err());
     }
 
     #[test]
-    fn large_tensors_spread_over_two_grid_dimensions() {
+    fn large_steps_take_several_dispatches() {
+        // 65535 workgroups of 64 vectors, and 3 vectors more.
         let n = 65535 * 64 * 4 + 12;
         let d = lower_ok("Relu", &Attrs::new(), &[f32s(&[n], 0)], f32s(&[n], 0));
-        assert!(d[0].groups[1] > 1, "{:?}", d[0].groups);
-        assert!(d[0].wgsl.contains("gid.y"));
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].groups, d[1].groups), ([65535, 1, 1], [1, 1, 1]));
+        assert_eq!(
+            (grid(&d[0]).2, grid(&d[1]).2),
+            (vec![0, 0, 0], vec![65535 * 64, 0, 0])
+        );
+        // Elements one by one: 262141 workgroups in 5 dispatches.
         let d = lower_ok(
             "Sigmoid",
             &Attrs::new(),
             &[f32s(&[n + 1], 0)],
             f32s(&[n + 1], 0),
         );
-        assert!(d[0].groups[1] > 1 && !d[0].label.ends_with("_v4"));
+        assert!(!d[0].label.ends_with("_v4"));
+        let groups: Vec<u32> = d.iter().map(|d| d.groups[0]).collect();
+        assert_eq!(groups, [65535, 65535, 65535, 65535, 1]);
+        // Rows past 65535 along y.
+        let d = lower_ok(
+            "Add",
+            &Attrs::new(),
+            &[f32s(&[70000, 3], 0), f32s(&[3], 1 << 20)],
+            f32s(&[70000, 3], 2 << 20),
+        );
+        assert_eq!((d[0].groups, d[1].groups), ([1, 65535, 1], [1, 4465, 1]));
+        assert_eq!(grid(&d[1]).2, [0, 65535, 0]);
+        // Packed words.
+        let m = 65535 * 64 * 4 + 5;
+        let out = Operand::arena(TensorDesc::new(DType::Bool, [m]), 1 << 27);
+        let d = lower_ok("IsNaN", &Attrs::new(), &[f32s(&[m], 0)], out);
+        assert_eq!((d.len(), d[1].groups), (2, [1, 1, 1]));
+        assert_eq!(
+            d[1].params[3 + 1 + 12],
+            65535 * 64,
+            "the second starts at word 65535 * 64"
+        );
     }
 }

@@ -699,10 +699,11 @@ mod tests {
     #[test]
     fn an_operand_over_the_guaranteed_range_needs_chunks() {
         let attrs = Attrs::default();
-        // 2^25 + 1 floats: 4 bytes more than 128 MiB. Named as in a model, then not.
-        let mut x = Operand::arena(TensorDesc::new(DType::F32, vec![(1 << 25) + 1]), 0);
-        x.name = "big".into();
-        let y = Operand::arena(x.desc.clone(), 1 << 28);
+        // 2^25 + 1 floats: 4 bytes more than 128 MiB. Named as in a model, then not (the
+        // output, the elementwise kernels' slot 0, is checked first).
+        let x = Operand::arena(TensorDesc::new(DType::F32, vec![(1 << 25) + 1]), 0);
+        let mut y = Operand::arena(x.desc.clone(), 1 << 28);
+        y.name = "big".into();
         let cx = |inputs, outputs| KernelCx {
             class: DeviceClass::Cpu,
             op: "Relu",
@@ -717,8 +718,8 @@ mod tests {
             why.0,
             "operand big is 134217732 bytes, more than the 128 MiB every Vulkan device can bind"
         );
-        let why = lower(&cx(&y, &y)).unwrap_err();
-        assert!(why.0.starts_with("operand input 0 is"), "{why}");
+        let why = lower(&cx(&x, &x)).unwrap_err();
+        assert!(why.0.starts_with("operand output 0 is"), "{why}");
         // 256 bytes less than 128 MiB still fits one binding.
         let x = [Operand::arena(
             TensorDesc::new(DType::F32, vec![(1 << 25) - 64]),
