@@ -479,15 +479,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         }
         constants.insert(name.to_string(), value);
     }
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-            .map_err(|e| e.to_string())?;
-    let [entry] = &module.entry_points[..] else {
-        return Err("a kernel has exactly one entry point".into());
-    };
-    if entry.name != "main" {
-        return Err(format!("the entry point is '{}', not 'main'", entry.name));
-    }
+    // Slots and push words as the source declares them: overrides make naga drop what the
+    // entry point leaves unread (optional slots), which must still count.
     let mut slots = 0;
     let mut push_words = 0;
     for (_, var) in module.global_variables.iter() {
@@ -511,6 +504,15 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         return Err(format!(
             "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
         ));
+    }
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .map_err(|e| e.to_string())?;
+    let [entry] = &module.entry_points[..] else {
+        return Err("a kernel has exactly one entry point".into());
+    };
+    if entry.name != "main" {
+        return Err(format!("the entry point is '{}', not 'main'", entry.name));
     }
     let options = spv::Options {
         lang_version: (1, 3),
@@ -550,8 +552,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
 
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
 /// the other in the arena at 16-byte-aligned offsets plus `skew` bytes, compiles every kernel
-/// with naga and checks its workgroup counts; returns the CPU class's then the GPU class's
-/// dispatches.
+/// with naga and checks its workgroup counts, bindings and params; returns the CPU class's then
+/// the GPU class's dispatches.
 #[cfg(test)]
 pub(crate) fn lower_f32_all_classes(
     lower: Lower,
@@ -580,9 +582,21 @@ pub(crate) fn lower_f32_all_classes(
             outputs: &outputs,
         };
         for d in lower(&cx).unwrap() {
-            if let Err(e) = compile(&d.wgsl, &d.overrides) {
-                panic!("{}:\n{e}\n{}", d.label, d.wgsl);
-            }
+            let c = match compile(&d.wgsl, &d.overrides) {
+                Ok(c) => c,
+                Err(e) => panic!("{}:\n{e}\n{}", d.label, d.wgsl),
+            };
+            assert!(
+                d.bindings.len() <= c.slots as usize,
+                "{}: bindings",
+                d.label
+            );
+            assert_eq!(
+                d.params.len(),
+                (c.push_words - c.slots) as usize,
+                "{}",
+                d.label
+            );
             assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
             all.push(d);
         }
