@@ -477,7 +477,7 @@ fn pieces(cx: &KernelCx, p: &Problem) -> Result<Vec<Piece>, NoKernel> {
     }
     let split = |len: usize, max: usize| -> Result<Vec<Range<usize>>, NoKernel> {
         if max >= len {
-            return Ok(vec![0..len]);
+            return Ok(std::iter::once(0..len).collect());
         }
         let max = max / 4 * 4;
         if max == 0 {
@@ -836,7 +836,7 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         padded.extend(merged);
         Ok(padded)
     };
-    let o = dims(&out_labels, 4, "output")?;
+    let o = dims(out_labels, 4, "output")?;
     let u = dims(&summed, 3, "summed")?;
     let mut bindings = vec![
         Binding::input("x0", 0, "f32"),
