@@ -41,6 +41,7 @@
 //!   invocation that writes the same element, before writing it.
 
 pub(crate) mod post;
+mod prune;
 mod template;
 
 pub use template::{Spec, Wgsl};
@@ -462,6 +463,11 @@ pub struct Compiled {
 /// WGSL with `overrides` -> validated SPIR-V. Every writer option is spelled out: naga's
 /// defaults depend on how naga itself was built, and the bundle bytes must not.
 pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String> {
+    compile_with(wgsl, overrides, true)
+}
+
+/// [`compile`], with or without pruning the code the override values make dead.
+fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Compiled, String> {
     use naga::back::spv;
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
@@ -505,9 +511,19 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
             "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
         ));
     }
-    let (module, info) =
+    let had_overrides = !module.overrides.is_empty();
+    let (mut module, mut info) =
         naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
             .map_err(|e| e.to_string())?;
+    // Drop the branches (and what only they reach) that the override values decide; a module
+    // without overrides is written as it is.
+    if prune && had_overrides && prune::prune(module.to_mut()) {
+        info = std::borrow::Cow::Owned(
+            Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
+                .validate_resolved_overrides(&module)
+                .map_err(|e| format!("after pruning: {}", e.emit_to_string(wgsl)))?,
+        );
+    }
     let [entry] = &module.entry_points[..] else {
         return Err("a kernel has exactly one entry point".into());
     };
