@@ -1,28 +1,59 @@
 //! Vulkan kernels of the matmul family (ops: ops/src/matmul/cpu.rs): MatMul with numpy's
 //! batch broadcasting and 1-D operands, and Gemm (transA, transB, alpha, beta, C broadcast),
-//! both with fused post-ops, and Einsum (a plain kernel: one invocation per output element).
+//! both with fused post-ops, and Einsum (`einsum.wgsl`: one invocation per output element).
 //!
 //! Both ops become one [`Problem`]: `Y[b, i, j] = alpha * Σ_k A[b, i, k] B[b, k, j]
-//! (+ beta * C[i, j])`, each operand addressed through literal strides, then the post-ops.
-//! Two kernels compute it:
-//! - [`register_blocked`] (CPU-type devices such as lavapipe, and skinny problems anywhere):
-//!   each invocation holds a block of Y in registers (up to 16 x 16 on CPU-type devices, 4 x 4
-//!   on GPUs) and reads A and B straight from memory, as 16-byte vectors wherever the layout
-//!   allows; no workgroup memory, which is slow on CPU-type devices (/work/shared/FACTS.md).
-//! - [`tiled`] (GPUs): a workgroup stages BM x BK tiles of A and BK x BN tiles of B in
+//! (+ beta * C[i, j])`, each operand addressed through strides passed as push-constant
+//! params, then the post-ops (the `post_op` hook). Two kernel files compute it:
+//! - `blocked.wgsl` (CPU-type devices such as lavapipe, and skinny problems anywhere): each
+//!   invocation holds a block of Y in registers (up to 16 x 16 on CPU-type devices, 4 x 4 on
+//!   GPUs; the block's size is an override) and reads A and B straight from memory, as 16-byte
+//!   vectors wherever the layout allows ([`Read`], also overrides); no workgroup memory, which
+//!   is slow on CPU-type devices (/work/shared/FACTS.md).
+//! - `tiled.wgsl` (GPUs): a workgroup stages BM x BK tiles of A and BK x BN tiles of B in
 //!   workgroup memory; each invocation computes 4 x 4 elements strided across the tile, so
 //!   neighbouring invocations read neighbouring words of the tiles and of Y.
 //!
 //! A or B larger than one binding may be (a fully connected weight of several hundred MB) is
-//! read through chunk bindings and its `load_a`/`load_b` accessor ([`InputBinding`]).
+//! cut into pieces of the product, one dispatch each, that read windows of the operands through
+//! chunk bindings ([`pieces`]): along its rows, its columns or K; the pieces of K add into Y.
 
 use crate::no_kernel;
 use crate::vulkan::post::PostOps;
 use crate::vulkan::{
-    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit,
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_BINDING_BYTES, MAX_GROUPS, NoKernel,
+    Operand, Slot, Spec, Wgsl,
 };
-use crate::vulkan::{InputBinding, Operand, header};
-use std::fmt::Write;
+use crate::wgsl;
+use std::ops::Range;
+
+static BLOCKED: Wgsl = wgsl!("matmul/blocked.wgsl");
+static TILED: Wgsl = wgsl!("matmul/tiled.wgsl");
+static EINSUM: Wgsl = wgsl!("matmul/einsum.wgsl");
+
+/// The kernel files, for tests that validate each alone.
+#[cfg(test)]
+pub(crate) static FILES: [&Wgsl; 3] = [&BLOCKED, &TILED, &EINSUM];
+
+/// `add_c` with Gemm's C.
+const ADD_C: &str = "fn add_c(v: f32, i: u32, j: u32) -> f32 {
+    return v + p.beta * c[p.c + p.c0 + i * p.c_rs + j * p.c_cs];
+}";
+
+/// `blocked.wgsl`'s Y accessors for an f32 Y.
+const STORE_Y_F32: &str = "fn store_y(i: u32, v: vec4<f32>, count: u32) {
+    for (var q = 0u; q < count; q++) {
+        y[p.y + i + q] = v[q];
+    }
+}";
+const LOAD_Y_F32: &str = "fn load_y(i: u32) -> vec4<f32> {
+    return vec4<f32>(y[p.y + i], y[p.y + i + 1u], y[p.y + i + 2u], y[p.y + i + 3u]);
+}";
+
+/// Einsum's second operand.
+const OPERAND1: &str = "fn operand1(o: u32) -> f32 {
+    return x1[p.x1 + o];
+}";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
@@ -53,7 +84,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if p.k == 0 {
         return Err(no_kernel!("{} with an empty inner dimension", cx.op));
     }
-    if out.desc.elements() != p.batch * p.m * p.n {
+    if out.desc.elements() != p.batch() * p.m * p.n {
         return Err(no_kernel!(
             "{} output {:?} does not fit",
             cx.op,
@@ -72,43 +103,67 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             cx.op
         ));
     }
-    let tiles = cx.class == DeviceClass::Gpu
-        && p.m >= 16
-        && p.n >= 16
-        && p.k >= 16
-        && p.batch <= MAX_GROUPS as usize;
-    let d = if tiles {
-        tiled(cx, &p, &post)?
-    } else {
-        register_blocked(cx, &p, &post)?
-    };
-    Ok(vec![d])
+    let p = p.flattened().one_row();
+    if p.batch.len() > 2 {
+        return Err(no_kernel!(
+            "{} with {} batch dimensions that do not merge (2 at most)",
+            cx.op,
+            p.batch.len()
+        ));
+    }
+    let pieces = pieces(cx, &p)?;
+    if pieces.len() > 1 && pieces.iter().any(|w| w.k.start > 0) && cx.in_place().is_some() {
+        return Err(no_kernel!(
+            "{} in place with K in pieces (the first piece would overwrite the residual)",
+            cx.op
+        ));
+    }
+    let whole = pieces.len() == 1;
+    pieces
+        .iter()
+        .map(|w| {
+            let piece = p.piece(w);
+            let windows = match whole {
+                true => None,
+                false => Some((p.a_window(w), p.b_window(w))),
+            };
+            let tiles = cx.class == DeviceClass::Gpu
+                && piece.m >= 16
+                && piece.n >= 16
+                && piece.k >= 16
+                && piece.batch() <= MAX_GROUPS as usize;
+            match tiles {
+                true => tiled(cx, &piece, &post, windows),
+                false => register_blocked(cx, &piece, &post, windows),
+            }
+        })
+        .collect()
 }
 
-/// One (possibly batched) matrix product, every layout a literal.
-#[derive(Debug)]
+/// One (possibly batched) matrix product: its sizes and strides, pushed as params.
+#[derive(Clone, Debug)]
 struct Problem {
-    /// Output batch shape, flattened count.
-    batch_shape: Vec<usize>,
-    batch: usize,
+    /// Output batch dimensions, outer first, merged where both operands allow: (size, A's
+    /// stride, B's stride), 0 where the operand broadcasts.
+    batch: Vec<(usize, usize, usize)>,
     m: usize,
     n: usize,
     k: usize,
-    a: Layout,
-    b: Layout,
+    /// The inputs read as A and B (swapped by [`Problem::one_row`]).
+    a_input: usize,
+    b_input: usize,
+    /// A's strides of i and k, B's of k and j, in floats.
+    a: (usize, usize),
+    b: (usize, usize),
     alpha: f32,
-    /// Gemm's C: beta, row stride, column stride (0 where broadcast).
+    /// Gemm's C: beta, stride of i, stride of j (0 where broadcast).
     c: Option<(f32, usize, usize)>,
-}
-
-/// Where element (b, r, c) of an operand is: `Σ batch index * batch stride + r * rows +
-/// c * cols` (r, c are i, k for A and k, j for B).
-#[derive(Debug)]
-struct Layout {
-    /// One stride per output batch dimension (0 where the operand broadcasts).
-    batch: Vec<usize>,
-    rows: usize,
-    cols: usize,
+    /// Y[b, i, j] is element y0 + (b * m + i) * ldy + j of Y; C[i, j] element c0 + ... of C.
+    ldy: usize,
+    y0: usize,
+    c0: usize,
+    /// Bits of `blocked.wgsl`'s `flags` (pieces of K).
+    flags: u32,
 }
 
 impl Problem {
@@ -128,13 +183,13 @@ impl Problem {
         }
         let rank = ba.len().max(bb.len());
         let dim = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map_or(1, |j| s[j]);
-        let mut batch_shape = Vec::with_capacity(rank);
+        let mut shape = Vec::with_capacity(rank);
         for i in 0..rank {
             let (da, db) = (dim(&ba, i), dim(&bb, i));
             if da != db && da != 1 && db != 1 {
                 return Err(no_kernel!("MatMul batch dimensions of {sa:?} and {sb:?}"));
             }
-            batch_shape.push(da.max(db));
+            shape.push(da.max(db));
         }
         // Contiguous strides of each operand's own batch dims, 0 where it broadcasts.
         let strides = |s: &[usize], matrix: usize| {
@@ -149,25 +204,34 @@ impl Problem {
             }
             out
         };
+        let (a_batch, b_batch) = (strides(&ba, m * k), strides(&bb, k * n));
+        // Dims of size 1 go; neighbours merge where both operands step through them alike.
+        let mut batch: Vec<(usize, usize, usize)> = Vec::new();
+        for ((&d, &sa), &sb) in shape.iter().zip(&a_batch).zip(&b_batch) {
+            if d == 1 {
+                continue;
+            }
+            match batch.last_mut() {
+                Some(last) if last.1 == sa * d && last.2 == sb * d => *last = (last.0 * d, sa, sb),
+                _ => batch.push((d, sa, sb)),
+            }
+        }
         Ok(Problem {
-            batch: batch_shape.iter().product(),
-            a: Layout {
-                batch: strides(&ba, m * k),
-                rows: k,
-                cols: 1,
-            },
-            b: Layout {
-                batch: strides(&bb, k * n),
-                rows: n,
-                // A 1-D B is one column: no column stride (it then reads as k-contiguous).
-                cols: usize::from(sb.len() > 1),
-            },
-            batch_shape,
+            batch,
             m,
             n,
             k,
+            a_input: 0,
+            b_input: 1,
+            a: (k, 1),
+            // A 1-D B is one column: no column stride.
+            b: (n, usize::from(sb.len() > 1)),
             alpha: 1.0,
             c: None,
+            ldy: n,
+            y0: 0,
+            c0: 0,
+            flags: 0,
         })
     }
 
@@ -186,12 +250,8 @@ impl Problem {
         if k != kb {
             return Err(no_kernel!("Gemm of {sa:?} and {sb:?}"));
         }
-        // A logical R x C matrix stored as [R, C], or as [C, R] when transposed.
-        let layout = |t: bool, r: usize, c: usize| Layout {
-            batch: vec![],
-            rows: if t { 1 } else { c },
-            cols: if t { r } else { 1 },
-        };
+        // The strides of a logical R x C matrix stored as [R, C], or as [C, R] when transposed.
+        let strides = |t: bool, r: usize, c: usize| if t { (1, r) } else { (c, 1) };
         let c = if with_c {
             let shape = &cx.inputs[2].desc.shape;
             let (cr, cc) = match **shape {
@@ -209,143 +269,309 @@ impl Problem {
             None
         };
         Ok(Problem {
-            batch_shape: vec![],
-            batch: 1,
+            batch: Vec::new(),
             m,
             n,
             k,
+            a_input: 0,
+            b_input: 1,
             // A is (M, K) read at [i, k]; B is (K, N) read at [k, j].
-            a: layout(ta, m, k),
-            b: layout(tb, k, n),
+            a: strides(ta, m, k),
+            b: strides(tb, k, n),
             alpha: float("alpha")?,
             c,
+            ldy: n,
+            y0: 0,
+            c0: 0,
+            flags: 0,
         })
     }
-}
 
-impl Layout {
-    /// The WGSL u32 expression of the offset of batch `bi` (a u32 expression).
-    fn batch_offset(&self, batch_shape: &[usize], bi: &str) -> String {
-        index_offset(bi, batch_shape, &self.batch)
+    fn batch(&self) -> usize {
+        self.batch.iter().map(|d| d.0).product()
     }
 
-    /// Whether every batch stride is a multiple of 4 floats.
-    fn batch_vec4(&self) -> bool {
-        self.batch.iter().all(|s| s.is_multiple_of(4))
-    }
-}
-
-/// The WGSL u32 expression of the offset, under `strides`, of the row-major index `i` (a u32
-/// expression) of `shape`.
-fn index_offset(i: &str, shape: &[usize], strides: &[usize]) -> String {
-    let total: usize = shape.iter().product();
-    let mut terms = Vec::new();
-    let mut inner = 1;
-    for (&d, &s) in shape.iter().zip(strides).rev() {
-        if d != 1 && s != 0 {
-            let q = match inner {
-                1 => i.to_string(),
-                _ => format!("({i} / {inner}u)"),
-            };
-            let q = match inner * d == total {
-                true => q,
-                false => format!("({q} % {d}u)"),
-            };
-            terms.push(if s == 1 { q } else { format!("{q} * {s}u") });
+    /// The innermost batch dimension folded into M where B broadcasts over it and A steps
+    /// through it by whole matrices (Y always does): one matrix with more rows.
+    fn flattened(mut self) -> Problem {
+        while let Some(&(d, sa, 0)) = self.batch.last() {
+            if sa != self.m * self.a.0 {
+                break;
+            }
+            self.m *= d;
+            self.batch.pop();
         }
-        inner *= d;
+        self
     }
-    match terms.is_empty() {
-        true => "0u".into(),
-        false => terms.join(" + "),
+
+    /// A product with one column and several rows as the product with one row it is
+    /// transposed (Yᵀ = Bᵀ Aᵀ, the same floats): the register blocks then hold four columns
+    /// of useful sums instead of one.
+    fn one_row(self) -> Problem {
+        if self.n != 1 || self.m == 1 {
+            return self;
+        }
+        Problem {
+            batch: self.batch.iter().map(|&(d, sa, sb)| (d, sb, sa)).collect(),
+            m: 1,
+            n: self.m,
+            a_input: self.b_input,
+            b_input: self.a_input,
+            // One row: its stride is never used.
+            a: (0, self.b.0),
+            b: (self.a.1, self.a.0),
+            c: self.c.map(|(beta, rs, cs)| (beta, cs, rs)),
+            ldy: self.m,
+            ..self
+        }
+    }
+
+    /// The piece `w` of the product, its A and B read from windows that start at their
+    /// element (w.i.start, w.k.start) and (w.k.start, w.j.start); a whole product reads them
+    /// whole.
+    fn piece(&self, w: &Piece) -> Problem {
+        let mut flags = 0;
+        if w.k.start > 0 {
+            flags |= ACCUMULATE;
+        }
+        if w.k.end < self.k {
+            flags |= PARTIAL;
+        }
+        Problem {
+            batch: self.batch.clone(),
+            m: w.i.len(),
+            n: w.j.len(),
+            k: w.k.len(),
+            y0: self.y0 + w.i.start * self.ldy + w.j.start,
+            c0: self
+                .c
+                .map_or(0, |(_, rs, cs)| w.i.start * rs + w.j.start * cs),
+            flags,
+            ..self.clone()
+        }
+    }
+
+    /// The elements of A that piece `w` reads.
+    fn a_window(&self, w: &Piece) -> Range<usize> {
+        let first = w.i.start * self.a.0 + w.k.start * self.a.1;
+        first..first + (w.i.len() - 1) * self.a.0 + (w.k.len() - 1) * self.a.1 + 1
+    }
+
+    fn b_window(&self, w: &Piece) -> Range<usize> {
+        let first = w.k.start * self.b.0 + w.j.start * self.b.1;
+        first..first + (w.k.len() - 1) * self.b.0 + (w.j.len() - 1) * self.b.1 + 1
+    }
+
+    /// The push-constant words after the binding offsets (`blocked.wgsl`'s `Params`).
+    fn params(&self) -> Vec<u32> {
+        let ((d0, a0, b0), (d1, a1, b1)) = match self.batch[..] {
+            [] => ((1, 0, 0), (1, 0, 0)),
+            [inner] => ((1, 0, 0), inner),
+            [outer, inner] => (outer, inner),
+            _ => unreachable!("at most two batch dimensions"),
+        };
+        let (beta, c_rs, c_cs) = self.c.unwrap_or((0.0, 0, 0));
+        let words = [
+            self.m,
+            self.n,
+            self.k,
+            d0 * d1,
+            d1,
+            a0,
+            a1,
+            b0,
+            b1,
+            self.a.0,
+            self.a.1,
+            self.b.0,
+            self.b.1,
+            self.ldy,
+            self.y0,
+            self.c0,
+            c_rs,
+            c_cs,
+        ];
+        let mut v: Vec<u32> = words.iter().map(|&w| w as u32).collect();
+        v.extend([self.alpha.to_bits(), beta.to_bits(), self.flags]);
+        v
+    }
+
+    fn label(&self, op: &str, kernel: String) -> String {
+        format!(
+            "{}_{kernel}_{}x{}x{}x{}",
+            op.to_lowercase(),
+            self.batch(),
+            self.m,
+            self.n,
+            self.k
+        )
     }
 }
 
-/// A u32 literal.
-fn u(v: usize) -> String {
-    format!("{v}u")
+/// `flags`: add onto the sums Y holds; store the sums, nothing else.
+const ACCUMULATE: u32 = 1;
+const PARTIAL: u32 = 2;
+
+/// A piece of the product: rows i, columns j, steps k.
+#[derive(Clone, Debug, PartialEq)]
+struct Piece {
+    i: Range<usize>,
+    j: Range<usize>,
+    k: Range<usize>,
 }
 
-/// `base + expr * stride`, leaving out what is zero or one.
-fn plus(base: &str, expr: &str, stride: usize) -> String {
-    match stride {
-        0 => base.to_string(),
-        1 => format!("{base} + {expr}"),
-        s => format!("{base} + {expr} * {s}u"),
-    }
-}
-
-/// A and B as arrays of `f32` or `vec4<f32>`, in chunks when larger than one binding may be
-/// (a large weight): each chunk holds whole elements, which is all the accessor needs.
-fn operands(
-    cx: &KernelCx,
-    a_vec: bool,
-    b_vec: bool,
-) -> Result<(InputBinding, InputBinding), NoKernel> {
-    let read = |name, k, vec: bool| {
-        let (ty, unit) = if vec { ("vec4<f32>", 16) } else { ("f32", 4) };
-        InputBinding::new(name, k, ty, &cx.inputs[k], unit)
+/// The product as one piece, or, when A or B is larger than one binding may be, as pieces
+/// whose windows of A and B each fit one: a large A is cut along its rows (or along K when
+/// stored transposed), a large B along its columns when stored transposed (a fully connected
+/// weight), else along K. Piece lengths are multiples of 4 (vector reads stay aligned) and as
+/// even as that allows.
+fn pieces(cx: &KernelCx, p: &Problem) -> Result<Vec<Piece>, NoKernel> {
+    let all = Piece {
+        i: 0..p.m,
+        j: 0..p.n,
+        k: 0..p.k,
     };
-    Ok((read("a", 0, a_vec)?, read("b", 1, b_vec)?))
-}
-
-/// The bindings: A, B, C when present, the post-op operands, Y.
-fn bindings(
-    p: &Problem,
-    post: &PostOps,
-    a: &InputBinding,
-    b: &InputBinding,
-    y: &'static str,
-) -> Vec<Binding> {
-    let mut v = [&a.bindings[..], &b.bindings[..]].concat();
-    if p.c.is_some() {
-        v.push(Binding::input("c", 2, "f32"));
+    let big = |input: usize| cx.inputs[input].desc.bytes() as u64 > MAX_BINDING_BYTES;
+    let (big_a, big_b) = (big(p.a_input), big(p.b_input));
+    if !big_a && !big_b {
+        return Ok(vec![all]);
     }
-    v.extend(post.bindings());
-    v.push(Binding::output("y", 0, y));
-    v
-}
-
-/// The statements that turn the sum `acc` of element (i, j) at linear output index `idx` into
-/// its final value `v` (alpha, beta * C, post-ops).
-fn epilogue(
-    p: &Problem,
-    post: &PostOps,
-    acc: &str,
-    v: &str,
-    i: &str,
-    j: &str,
-    idx: &str,
-) -> String {
-    let mut s = String::new();
-    let scaled = if p.alpha == 1.0 {
-        acc.to_string()
-    } else {
-        format!("{acc} * {}", f32_lit(p.alpha))
+    if !p.batch.is_empty() {
+        return Err(no_kernel!(
+            "{} of {} matrices with an operand over one binding",
+            cx.op,
+            p.batch()
+        ));
+    }
+    // How long the dimensions of a piece may be for a window with stride `outer` along one
+    // and 1 along the other to fit one binding: (outer dimension, inner dimension).
+    let fit = |outer: usize, inner_len: usize| -> (usize, usize) {
+        let floats = (MAX_BINDING_BYTES / 4) as usize;
+        match inner_len > floats {
+            true => (1, floats),
+            false => ((floats - inner_len) / outer.max(1) + 1, inner_len),
+        }
     };
-    let _ = write!(s, "var {v} = {scaled}");
-    if let Some((beta, rs, cs)) = p.c {
-        let at = plus(&plus("offsets.c", i, rs), j, cs);
-        let _ = write!(s, " + {} * c[{at}]", f32_lit(beta));
+    let (mut i_max, mut j_max, mut k_max) = (p.m, p.n, p.k);
+    let strided = || no_kernel!("{} of a strided operand over one binding", cx.op);
+    if big_a {
+        (i_max, k_max) = match p.a {
+            (rs, 1) => fit(rs, p.k),
+            (1, cs) => {
+                let (k, i) = fit(cs, p.m);
+                (i, k)
+            }
+            _ => return Err(strided()),
+        };
     }
-    s.push_str(";\n");
-    s.push_str(&post.apply(v, idx));
-    s
+    if big_b {
+        let (j, k) = match p.b {
+            (1, cs) => fit(cs, p.k),
+            (rs, 1) => {
+                let (k, j) = fit(rs, p.n);
+                (j, k)
+            }
+            _ => return Err(strided()),
+        };
+        (j_max, k_max) = (j, k_max.min(k));
+    }
+    let split = |len: usize, max: usize| -> Result<Vec<Range<usize>>, NoKernel> {
+        if max >= len {
+            return Ok(std::iter::once(0..len).collect());
+        }
+        let max = max / 4 * 4;
+        if max == 0 {
+            return Err(no_kernel!("{} rows too long for one binding", cx.op));
+        }
+        let step = len.div_ceil(len.div_ceil(max)).next_multiple_of(4);
+        Ok((0..len)
+            .step_by(step)
+            .map(|s| s..(s + step).min(len))
+            .collect())
+    };
+    let (is, js, ks) = (split(p.m, i_max)?, split(p.n, j_max)?, split(p.k, k_max)?);
+    let mut out = Vec::with_capacity(is.len() * js.len() * ks.len());
+    for i in &is {
+        for j in &js {
+            for k in &ks {
+                out.push(Piece {
+                    i: i.clone(),
+                    j: j.clone(),
+                    k: k.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
-/// How the kernel reads one operand.
+/// How the register-blocked kernel reads one operand (`blocked.wgsl`'s A_MODE, B_MODE).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Read {
     /// One float at a time.
-    Scalar,
+    Scalar = 0,
     /// vec4s along k (four k steps of one row of A or column of B).
-    AlongK,
+    AlongK = 1,
     /// vec4s along the output's rows of A (i) or columns of B (j), one k at a time.
-    Across,
+    Across = 2,
     /// B's rows, contiguous but not 16-byte aligned (N not a multiple of 4): the aligned
     /// vec4s that cover a row's block, shifted by the row's offset, which is a constant for
     /// each of four consecutive k.
-    Shifted,
+    Shifted = 3,
+}
+
+/// A and B's bindings (whole, or the windows of a piece), then Y, C and the post-op operands.
+/// A MatMul with post-op operands binds the first of them in C's slot, which it never reads.
+fn bindings(
+    cx: &KernelCx,
+    p: &Problem,
+    post: &PostOps,
+    windows: Option<(Range<usize>, Range<usize>)>,
+    [a_ty, b_ty, y_ty]: [&'static str; 3],
+) -> Vec<Binding> {
+    let operand = |name: &str, input: usize, ty: &'static str, window: Option<Range<usize>>| {
+        let Some(w) = window else {
+            return Binding::input(name, input, ty);
+        };
+        let bytes = cx.inputs[input].desc.bytes() as u64;
+        let end = (w.end as u64 * 4).next_multiple_of(u64::from(element_bytes(ty)));
+        Binding::chunk(
+            name,
+            Slot::Input(input),
+            ty,
+            w.start as u64 * 4..end.min(bytes),
+        )
+    };
+    let (wa, wb) = windows.unzip();
+    let mut v = vec![
+        operand("a", p.a_input, a_ty, wa),
+        operand("b", p.b_input, b_ty, wb),
+        Binding::output("y", 0, y_ty),
+    ];
+    let post = post.bindings();
+    if p.c.is_some() {
+        v.push(Binding::input("c", 2, "f32"));
+    } else if let Some(first) = post.first() {
+        v.push(Binding {
+            name: "c".into(),
+            ..first.clone()
+        });
+    }
+    v.extend(post);
+    v
+}
+
+fn element_bytes(ty: &str) -> u32 {
+    if ty.starts_with("vec4") { 16 } else { 4 }
+}
+
+/// The hooks both kernel files share: C and the post-ops.
+fn hooks(spec: Spec, p: &Problem, post: &PostOps) -> Result<Spec, NoKernel> {
+    let spec = spec.hook("post_op", post.hook()?);
+    Ok(match p.c {
+        Some(_) => spec.hook("add_c", ADD_C),
+        None => spec,
+    })
 }
 
 /// The block of Y one invocation of [`register_blocked`] holds: (rows, groups of 4
@@ -363,15 +589,11 @@ fn block_shape(p: &Problem, class: DeviceClass) -> (usize, usize) {
     loop {
         let mut rm = balanced(p.m, rm_max);
         // A read as vec4s across its rows needs whole groups of 4 rows.
-        if p.a.rows == 1 && p.m.is_multiple_of(4) {
+        if p.a.0 == 1 && p.m.is_multiple_of(4) {
             rm = rm.next_multiple_of(4);
         }
-        let cg = if p.n == 1 {
-            1
-        } else {
-            balanced(groups, cg_max)
-        };
-        let blocks = p.batch * p.m.div_ceil(rm) * groups.div_ceil(cg);
+        let cg = balanced(groups, cg_max);
+        let blocks = p.batch() * p.m.div_ceil(rm) * groups.div_ceil(cg);
         if blocks >= MIN_BLOCKS || (rm_max <= 4 && cg_max <= 1) {
             return (rm, cg);
         }
@@ -387,266 +609,134 @@ fn block_shape(p: &Problem, class: DeviceClass) -> (usize, usize) {
 /// 8 lanes per core, and wants a few SIMD batches per core.
 const MIN_BLOCKS: usize = 32;
 
-/// Each invocation computes rows i0..i0+RM and columns j0..j0+RN of one batch's Y in
-/// registers ([`block_shape`]): RN is 1 (for N = 1) or 4 CG columns, held as CG vec4s.
+/// `blocked.wgsl`: each invocation computes rows i0..i0+RM and columns j0..j0+4CG of one
+/// batch's Y in registers ([`block_shape`]), held as CG vec4s per row.
 ///
 /// On CPU-type devices every load from a storage buffer costs a loop over the SIMD lanes
 /// whatever its width, so the kernel reads vec4s wherever the layout allows and holds a
 /// block large enough that each loaded value feeds several multiply-adds.
-fn register_blocked(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKernel> {
-    let (a_op, b_op, y_op) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
+fn register_blocked(
+    cx: &KernelCx,
+    p: &Problem,
+    post: &PostOps,
+    windows: Option<(Range<usize>, Range<usize>)>,
+) -> Result<Dispatch, NoKernel> {
     let (rm, cg) = block_shape(p, cx.class);
-    let rn = if p.n == 1 { 1 } else { 4 * cg };
     let k4 = p.k.is_multiple_of(4);
-    let vec = |o: &Operand, l: &Layout, stride: usize| {
-        o.aligned16() && l.batch_vec4() && stride.is_multiple_of(4)
+    // Where an operand starts: 16-byte aligned if its tensor is and its window starts on a
+    // whole vec4.
+    let aligned = |o: &Operand, window: Option<&Range<usize>>| {
+        o.aligned16() && window.is_none_or(|w| w.start.is_multiple_of(4))
     };
+    let (wa, wb) = (
+        windows.as_ref().map(|w| &w.0),
+        windows.as_ref().map(|w| &w.1),
+    );
+    let (a_op, b_op, y_op) = (&cx.inputs[p.a_input], &cx.inputs[p.b_input], &cx.outputs[0]);
+    let batch4 = |a: bool| {
+        p.batch
+            .iter()
+            .all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4))
+    };
+    let a_vec = |stride: usize| aligned(a_op, wa) && batch4(true) && stride.is_multiple_of(4);
+    let b_vec = |stride: usize| aligned(b_op, wb) && batch4(false) && stride.is_multiple_of(4);
     // A is read along k when its rows are contiguous, across rows when its columns are.
-    let a_read = if p.a.cols == 1 && k4 && vec(a_op, &p.a, p.a.rows) {
+    let a_read = if p.a.1 == 1 && k4 && a_vec(p.a.0) {
         Read::AlongK
-    } else if p.a.rows == 1
-        && rm.is_multiple_of(4)
-        && p.m.is_multiple_of(4)
-        && vec(a_op, &p.a, p.a.cols)
-    {
+    } else if p.a.0 == 1 && rm.is_multiple_of(4) && p.m.is_multiple_of(4) && a_vec(p.a.1) {
         Read::Across
     } else {
         Read::Scalar
     };
-    let b_read = if p.b.cols == 1 && rn >= 4 && p.n.is_multiple_of(4) && vec(b_op, &p.b, p.b.rows) {
+    let b_read = if p.b.1 == 1 && p.n.is_multiple_of(4) && b_vec(p.b.0) {
         Read::Across
-    } else if p.b.rows == 1 && k4 && vec(b_op, &p.b, p.b.cols) {
+    } else if p.b.0 == 1 && k4 && b_vec(p.b.1) {
         Read::AlongK
-    } else if p.b.cols == 1 && rn >= 4 && k4 && b_op.aligned16() && p.b.batch_vec4() {
+    } else if p.b.1 == 1 && k4 && b_vec(0) {
         Read::Shifted
     } else {
         Read::Scalar
     };
-    let y_vec = rn >= 4 && p.n.is_multiple_of(4) && y_op.aligned16();
+    let y_vec = p.n.is_multiple_of(4)
+        && p.ldy.is_multiple_of(4)
+        && p.y0.is_multiple_of(4)
+        && y_op.aligned16();
     let ty = |v: bool| if v { "vec4<f32>" } else { "f32" };
-    let (a, b) = operands(cx, a_read != Read::Scalar, b_read != Read::Scalar)?;
-    let bindings = bindings(p, post, &a, &b, ty(y_vec));
-    let (ao, bo) = (a.base(), b.base());
-    let (mb, nb) = (p.m.div_ceil(rm), p.n.div_ceil(rn));
-    let total = p.batch * mb * nb;
+    let types = [
+        ty(a_read != Read::Scalar),
+        ty(b_read != Read::Scalar),
+        ty(y_vec),
+    ];
+    let bindings = bindings(cx, p, post, windows, types);
+    let total = p.batch() * p.m.div_ceil(rm) * p.n.div_ceil(4 * cg);
     // Small workgroups on CPU-type devices: few, large blocks still spread over the cores.
     let wg = match cx.class {
         DeviceClass::Cpu => 8,
         _ => 64,
     };
     let grid = Grid::new(total as u64, wg)?;
-    let ku = if k4 { 4 } else { 1 };
-    let acc_ty = ty(rn >= 4);
-    let comp = ["x", "y", "z", "w"];
-
-    let mut s = header(&bindings) + &a.accessor + &b.accessor;
-    let _ = writeln!(s, "\n{} {{", grid.entry());
-    let _ = writeln!(s, "    let t = {};", grid.index());
-    let _ = writeln!(s, "    if (t >= {}) {{ return; }}", u(total));
-    let _ = writeln!(s, "    let j0 = (t % {}) * {};", u(nb), u(rn));
-    let _ = writeln!(s, "    let i0 = ((t / {}) % {}) * {};", u(nb), u(mb), u(rm));
-    let _ = writeln!(s, "    let bi = t / {};", u(nb * mb));
-    let _ = writeln!(
-        s,
-        "    let ab = {};",
-        p.a.batch_offset(&p.batch_shape, "bi")
-    );
-    let _ = writeln!(
-        s,
-        "    let bb = {};",
-        p.b.batch_offset(&p.batch_shape, "bi")
-    );
-    // Row/column starts, clamped to the matrix: the tail block recomputes the last rows or
-    // columns and does not store them.
-    let row = |r: usize| format!("min(i0 + {}, {})", u(r), u(p.m - 1));
-    let col = |c: usize| format!("min(j0 + {}, {})", u(c), u(p.n - 1));
-    match a_read {
-        Read::AlongK => {
-            for r in 0..rm {
-                let at = plus("ab", &row(r), p.a.rows);
-                let _ = writeln!(s, "    let ar{r} = {ao} + ({at}) / 4u;");
-            }
-        }
-        Read::Across => {
-            let _ = writeln!(s, "    let ar = {ao} + (ab + i0) / 4u;");
-        }
-        // (A is never read shifted.)
-        Read::Scalar | Read::Shifted => {
-            for r in 0..rm {
-                let at = plus(&format!("{ao} + ab"), &row(r), p.a.rows);
-                let _ = writeln!(s, "    let ar{r} = {at};");
-            }
-        }
+    let mut spec = Spec::new(&BLOCKED)
+        .alias("AE", types[0])
+        .alias("BE", types[1])
+        .alias("YE", types[2])
+        .set("RM", rm as u32)
+        .set("CG", cg as u32)
+        .set("KU", if k4 { 4 } else { 1 })
+        .set("A_MODE", a_read as u32)
+        .set("B_MODE", b_read as u32)
+        .set(
+            "B_SHIFT",
+            match b_read {
+                Read::Shifted => (p.b.0 % 4) as u32,
+                _ => 0,
+            },
+        )
+        .set("WG", wg);
+    if !y_vec {
+        spec = spec.hook("store_y", STORE_Y_F32).hook("load_y", LOAD_Y_F32);
     }
-    match b_read {
-        Read::Across => {
-            for h in 0..cg {
-                let j = format!("min(j0 + {}, {})", u(4 * h), u(p.n - 4));
-                let _ = writeln!(s, "    let bc{h} = {bo} + (bb + {j}) / 4u;");
-            }
-        }
-        Read::AlongK => {
-            for c in 0..rn {
-                let at = plus("bb", &col(c), p.b.cols);
-                let _ = writeln!(s, "    let bc{c} = {bo} + ({at}) / 4u;");
-            }
-        }
-        Read::Shifted => {
-            let _ = writeln!(s, "    let bq = {bo} + (bb + j0) / 4u;");
-            // The block's last vec4s may pass the end of B (their columns are not stored).
-            let last = b_op.desc.elements() / 4 - 1;
-            let _ = writeln!(s, "    let blast = {bo} + {};", u(last));
-        }
-        Read::Scalar => {
-            for c in 0..rn {
-                let at = plus(&format!("{bo} + bb"), &col(c), p.b.cols);
-                let _ = writeln!(s, "    let bc{c} = {at};");
-            }
-        }
-    }
-    for r in 0..rm {
-        for h in 0..cg {
-            let _ = writeln!(s, "    var acc{r}_{h} = {acc_ty}(0.0);");
-        }
-    }
-    let _ = writeln!(s, "    for (var kk = 0u; kk < {}; kk++) {{", u(p.k / ku));
-    let _ = writeln!(s, "        let k = kk * {};", u(ku));
-    let kt = |t: usize| match t {
-        0 => "k".to_string(),
-        t => format!("(k + {})", u(t)),
-    };
-    if a_read == Read::AlongK {
-        for r in 0..rm {
-            let _ = writeln!(s, "        let av{r} = {};", a.at(&format!("ar{r} + kk")));
-        }
-    }
-    if b_read == Read::AlongK {
-        for c in 0..rn {
-            let _ = writeln!(s, "        let bv{c} = {};", b.at(&format!("bc{c} + kk")));
-        }
-    }
-    for t in 0..ku {
-        // Row k + t of B starts `shift` floats into a vec4 (k is a multiple of 4).
-        let (first, shift) = ((t * p.b.rows) / 4, (t * p.b.rows) % 4);
-        if b_read == Read::Shifted {
-            for q in 0..cg + usize::from(shift > 0) {
-                let at = plus("bq", "kk", p.b.rows);
-                let at = format!("min({at} + {}, blast)", u(first + q));
-                let _ = writeln!(s, "        let q{t}_{q} = {};", b.at(&at));
-            }
-        }
-        // B's row at k + t over the block's columns: vec4s (or one float).
-        for h in 0..cg {
-            let cols = (4 * h..(4 * h + 4).min(rn)).collect::<Vec<_>>();
-            let b_row = match b_read {
-                Read::Across => b.at(&plus(&format!("bc{h}"), &kt(t), p.b.rows / 4)),
-                Read::Shifted if shift == 0 => format!("q{t}_{h}"),
-                Read::Shifted => (4 * h + shift..4 * h + shift + 4)
-                    .map(|i| format!("q{t}_{}.{}", i / 4, comp[i % 4]))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                Read::AlongK => cols
-                    .iter()
-                    .map(|c| format!("bv{c}.{}", comp[t]))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                Read::Scalar => cols
-                    .iter()
-                    .map(|c| b.at(&plus(&format!("bc{c}"), &kt(t), p.b.rows)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
-            let b_row = match b_read {
-                Read::Shifted if shift == 0 => b_row,
-                Read::AlongK | Read::Scalar | Read::Shifted if rn >= 4 => {
-                    format!("vec4<f32>({b_row})")
-                }
-                _ => b_row,
-            };
-            let _ = writeln!(s, "        let b{t}_{h} = {b_row};");
-        }
-        if a_read == Read::Across {
-            for g in 0..rm / 4 {
-                let at = plus("ar", &kt(t), p.a.cols / 4);
-                let at = format!("{at} + {}", u(g));
-                let _ = writeln!(s, "        let a{t}_{g} = {};", a.at(&at));
-            }
-        }
-        for r in 0..rm {
-            let a = match a_read {
-                Read::AlongK => format!("av{r}.{}", comp[t]),
-                Read::Across => format!("a{t}_{}.{}", r / 4, comp[r % 4]),
-                Read::Scalar | Read::Shifted => a.at(&plus(&format!("ar{r}"), &kt(t), p.a.cols)),
-            };
-            for h in 0..cg {
-                let _ = writeln!(s, "        acc{r}_{h} += {a} * b{t}_{h};");
-            }
-        }
-    }
-    s.push_str("    }\n");
-    // The epilogue, row by row, column group by group.
-    let _ = writeln!(s, "    let yb = bi * {};", u(p.m * p.n));
-    for r in 0..rm {
-        let _ = writeln!(s, "    if (i0 + {} < {}) {{", u(r), u(p.m));
-        let _ = writeln!(s, "        let i = i0 + {};", u(r));
-        let _ = writeln!(s, "        let yr = yb + i * {};", u(p.n));
-        for h in 0..cg {
-            let c0 = 4 * h;
-            if y_vec {
-                // N is a multiple of 4: a group is wholly inside or outside.
-                let _ = writeln!(s, "        if (j0 + {} < {}) {{", u(c0), u(p.n));
-            }
-            let mut values = Vec::new();
-            for c in c0..(c0 + 4).min(rn) {
-                let acc = match rn {
-                    1 => format!("acc{r}_{h}"),
-                    _ => format!("acc{r}_{h}.{}", comp[c - c0]),
-                };
-                let (j, idx) = (format!("(j0 + {})", u(c)), format!("(yr + j0 + {})", u(c)));
-                let body = epilogue(p, post, &acc, &format!("v{c}"), "i", &j, &idx);
-                if y_vec {
-                    s.push_str(&indent(&body, 3));
-                } else {
-                    let _ = writeln!(s, "        if (j0 + {} < {}) {{", u(c), u(p.n));
-                    s.push_str(&indent(&body, 3));
-                    let _ = writeln!(s, "            y[offsets.y + {idx}] = v{c};");
-                    s.push_str("        }\n");
-                }
-                values.push(format!("v{c}"));
-            }
-            if y_vec {
-                let _ = writeln!(
-                    s,
-                    "            y[offsets.y + (yr + j0 + {}) / 4u] = vec4<f32>({});",
-                    u(c0),
-                    values.join(", ")
-                );
-                s.push_str("        }\n");
-            }
-        }
-        s.push_str("    }\n");
-    }
-    s.push_str("}\n");
-    Ok(Dispatch {
-        label: format!(
-            "{}_rb{rm}x{rn}_{}x{}x{}x{}",
-            cx.op.to_lowercase(),
-            p.batch,
-            p.m,
-            p.n,
-            p.k
-        ),
-        wgsl: s,
-        groups: grid.groups,
+    let spec = hooks(spec, p, post)?;
+    spec.dispatch(
+        p.label(cx.op, format!("rb{rm}x{}", 4 * cg)),
+        grid.groups,
         bindings,
-        ..Default::default()
-    })
+        p.params(),
+    )
+}
+
+/// `tiled.wgsl`: a workgroup of BN/4 x BM/4 invocations computes a BM x BN tile of one
+/// batch's Y (BM, BN = 32 or 64), staging BK = 16 steps of A and B at a time.
+fn tiled(
+    cx: &KernelCx,
+    p: &Problem,
+    post: &PostOps,
+    windows: Option<(Range<usize>, Range<usize>)>,
+) -> Result<Dispatch, NoKernel> {
+    let bm = if p.m > 32 { 64 } else { 32 };
+    let bn = if p.n > 32 { 64 } else { 32 };
+    let bindings = bindings(cx, p, post, windows, ["f32"; 3]);
+    let groups = [p.n.div_ceil(bn), p.m.div_ceil(bm), p.batch()];
+    if groups.iter().any(|&g| g > MAX_GROUPS as usize) {
+        return Err(no_kernel!("{} too large for one dispatch", cx.op));
+    }
+    let spec = Spec::new(&TILED)
+        .set("BM", bm as u32)
+        .set("BN", bn as u32)
+        .set("A_K", p.a.1 == 1)
+        .set("B_K", p.b.0 == 1);
+    let spec = hooks(spec, p, post)?;
+    spec.dispatch(
+        p.label(cx.op, format!("tile{bm}x{bn}")),
+        groups.map(|g| g as u32),
+        bindings,
+        p.params(),
+    )
 }
 
 /// Einsum from its canonical labels (ops/src/matmul/cpu.rs): one invocation per output
-/// element, looping over the labels that are summed. A label's stride in an operand is the
-/// sum of the strides of the operand's axes that carry it (a repeated label is a diagonal),
-/// 0 where the operand has it with size 1 (broadcast).
+/// element, looping over the labels that are summed (`einsum.wgsl`). A label's stride in an
+/// operand is the sum of the strides of the operand's axes that carry it (a repeated label is a
+/// diagonal), 0 where the operand has it with size 1 (broadcast).
 fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if !(1..=2).contains(&cx.inputs.len()) {
         return Err(no_kernel!("Einsum with {} inputs", cx.inputs.len()));
@@ -701,17 +791,6 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .copied()
         .filter(|l| !out_labels.contains(l))
         .collect();
-    let summed_shape = summed.iter().map(size).collect::<Result<Vec<_>, _>>()?;
-    let names = ["x0", "x1"];
-    let mut bindings: Vec<Binding> = (0..operands.len())
-        .map(|i| Binding::input(names[i], i, "f32"))
-        .collect();
-    bindings.push(Binding::output("y", 0, "f32"));
-    let grid = Grid::new(n as u64, 64)?;
-    let mut s = header(&bindings);
-    let _ = writeln!(s, "\n{} {{", grid.entry());
-    let _ = writeln!(s, "    let i = {};", grid.index());
-    let _ = writeln!(s, "    if (i >= {}) {{ return; }}", u(n));
     // Each operand's stride for each of `of` labels.
     let strides_of = |k: usize, of: &[i64]| -> Vec<usize> {
         let (ls, shape) = &operands[k];
@@ -727,25 +806,62 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             })
             .collect()
     };
-    let total: usize = summed_shape.iter().product();
-    let mut product = Vec::new();
-    for (k, name) in names.iter().enumerate().take(operands.len()) {
-        let at = index_offset("i", &shape, &strides_of(k, out_labels));
-        let _ = writeln!(s, "    let o{k} = offsets.{name} + {at};");
-        let inner = index_offset("j", &summed_shape, &strides_of(k, &summed));
-        product.push(format!("{name}[o{k} + {inner}]"));
+    // (size, stride in x0, stride in x1) per dimension, merged, padded to `rank` outer first.
+    let dims = |labels: &[i64], rank: usize, what: &str| -> Result<Vec<[usize; 3]>, NoKernel> {
+        let sizes = labels.iter().map(size).collect::<Result<Vec<_>, _>>()?;
+        let s0 = strides_of(0, labels);
+        let s1 = match operands.len() {
+            2 => strides_of(1, labels),
+            _ => vec![0; labels.len()],
+        };
+        let mut merged: Vec<[usize; 3]> = Vec::new();
+        for ((&d, &a), &b) in sizes.iter().zip(&s0).zip(&s1) {
+            if d == 1 {
+                continue;
+            }
+            match merged.last_mut() {
+                Some(last) if last[1] == a * d && last[2] == b * d => {
+                    *last = [last[0] * d, a, b];
+                }
+                _ => merged.push([d, a, b]),
+            }
+        }
+        if merged.len() > rank {
+            return Err(no_kernel!(
+                "Einsum with {} {what} dimensions that do not merge ({rank} at most)",
+                merged.len()
+            ));
+        }
+        let mut padded = vec![[1, 0, 0]; rank - merged.len()];
+        padded.extend(merged);
+        Ok(padded)
+    };
+    let o = dims(out_labels, 4, "output")?;
+    let u = dims(&summed, 3, "summed")?;
+    let mut bindings = vec![
+        Binding::input("x0", 0, "f32"),
+        Binding::output("y", 0, "f32"),
+    ];
+    if operands.len() == 2 {
+        bindings.push(Binding::input("x1", 1, "f32"));
     }
-    let _ = writeln!(s, "    var acc = 0.0;");
-    let _ = writeln!(s, "    for (var j = 0u; j < {}; j++) {{", u(total));
-    let _ = writeln!(s, "        acc += {};\n    }}", product.join(" * "));
-    s.push_str("    y[offsets.y + i] = acc;\n}\n");
-    Ok(vec![Dispatch {
-        label: format!("einsum_{n}x{total}"),
-        wgsl: s,
-        groups: grid.groups,
+    let grid = Grid::new(n as u64, 64)?;
+    let mut params = vec![n, o[1][0], o[2][0], o[3][0], u[0][0], u[1][0], u[2][0]];
+    for x in 1..3 {
+        params.extend(o.iter().map(|d| d[x]));
+        params.extend(u.iter().map(|d| d[x]));
+    }
+    let total: usize = u.iter().map(|d| d[0]).product();
+    let mut spec = Spec::new(&EINSUM).set("WG", grid.workgroup);
+    if operands.len() == 2 {
+        spec = spec.hook("operand1", OPERAND1);
+    }
+    Ok(vec![spec.dispatch(
+        format!("einsum_{n}x{total}"),
+        grid.groups,
         bindings,
-        ..Default::default()
-    }])
+        params.iter().map(|&v| v as u32).collect(),
+    )?])
 }
 
 /// Row-major strides of `shape`.
@@ -757,171 +873,34 @@ fn row_major(shape: &[usize]) -> Vec<usize> {
     s
 }
 
-/// Indents every line of `s` by `level` * 4 spaces.
-fn indent(s: &str, level: usize) -> String {
-    let pad = " ".repeat(level * 4);
-    s.lines()
-        .map(|l| format!("{pad}{}\n", l.trim_start()))
-        .collect()
-}
-
-/// Shared-memory tiles: a workgroup of TX x TY invocations computes a BM x BN tile of one
-/// batch's Y (BM = 4 TY, BN = 4 TX), staging BK steps of A and B at a time; invocation
-/// (tx, ty) owns rows ty + r TY and columns tx + c TX, r and c in 0..4.
-fn tiled(cx: &KernelCx, p: &Problem, post: &PostOps) -> Result<Dispatch, NoKernel> {
-    let bm = if p.m > 32 { 64 } else { 32 };
-    let bn = if p.n > 32 { 64 } else { 32 };
-    let bk = 16;
-    let (tx, ty) = (bn / 4, bm / 4);
-    let threads = tx * ty;
-    let (a, b) = operands(cx, false, false)?;
-    let bindings = bindings(p, post, &a, &b, "f32");
-    let groups = [p.n.div_ceil(bn), p.m.div_ceil(bm), p.batch];
-    if groups.iter().any(|&g| g > MAX_GROUPS as usize) {
-        return Err(no_kernel!("{} too large for one dispatch", cx.op));
-    }
-    let mut s = header(&bindings) + &a.accessor + &b.accessor;
-    let _ = writeln!(s, "var<workgroup> ta: array<f32, {}>;", bk * bm);
-    let _ = writeln!(s, "var<workgroup> tb: array<f32, {}>;", bk * bn);
-    let _ = writeln!(
-        s,
-        "\n@compute @workgroup_size({tx}, {ty})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, \
-         @builtin(local_invocation_id) lid: vec3<u32>) {{"
-    );
-    let _ = writeln!(s, "    let tid = lid.y * {} + lid.x;", u(tx));
-    let _ = writeln!(s, "    let bi = wg.z;");
-    let _ = writeln!(s, "    let m0 = wg.y * {};", u(bm));
-    let _ = writeln!(s, "    let n0 = wg.x * {};", u(bn));
-    let _ = writeln!(
-        s,
-        "    let ab = {} + {};",
-        a.base(),
-        p.a.batch_offset(&p.batch_shape, "bi")
-    );
-    let _ = writeln!(
-        s,
-        "    let bb = {} + {};",
-        b.base(),
-        p.b.batch_offset(&p.batch_shape, "bi")
-    );
-    for r in 0..4 {
-        let _ = writeln!(s, "    var acc{r} = vec4<f32>(0.0);");
-    }
-    let _ = writeln!(
-        s,
-        "    for (var k0 = 0u; k0 < {}; k0 += {}) {{",
-        u(p.k),
-        u(bk)
-    );
-    // Each tile is loaded with consecutive invocations on consecutive addresses: along the
-    // operand's contiguous dimension.
-    let load = |s: &mut String,
-                tile: &str,
-                src: &InputBinding,
-                base: &str,
-                l: &Layout,
-                outer: usize,
-                is_a: bool| {
-        // (outer index, k): A is (i, k), B is (j, k) in its layout's (cols, rows) terms.
-        let (o_stride, k_stride) = if is_a {
-            (l.rows, l.cols)
-        } else {
-            (l.cols, l.rows)
-        };
-        let along_k = k_stride == 1;
-        let limit = if is_a { p.m } else { p.n };
-        let start = if is_a { "m0" } else { "n0" };
-        for q in 0..(outer * bk / threads) {
-            let _ = writeln!(s, "        {{");
-            let _ = writeln!(s, "            let l = tid + {};", u(q * threads));
-            if along_k {
-                let _ = writeln!(
-                    s,
-                    "            let o = l / {}; let kq = l % {};",
-                    u(bk),
-                    u(bk)
-                );
-            } else {
-                let _ = writeln!(
-                    s,
-                    "            let o = l % {}; let kq = l / {};",
-                    u(outer),
-                    u(outer)
-                );
-            }
-            let _ = writeln!(s, "            let go = {start} + o; let gk = k0 + kq;");
-            let at = plus(
-                &plus(base, &format!("min(go, {})", u(limit - 1)), o_stride),
-                &format!("min(gk, {})", u(p.k - 1)),
-                k_stride,
-            );
-            let _ = writeln!(
-                s,
-                "            {tile}[kq * {} + o] = select(0.0, {}, go < {} && gk < {});",
-                u(outer),
-                src.at(&at),
-                u(limit),
-                u(p.k)
-            );
-            let _ = writeln!(s, "        }}");
-        }
-    };
-    load(&mut s, "ta", &a, "ab", &p.a, bm, true);
-    load(&mut s, "tb", &b, "bb", &p.b, bn, false);
-    s.push_str("        workgroupBarrier();\n");
-    let _ = writeln!(s, "        for (var kq = 0u; kq < {}; kq++) {{", u(bk));
-    let row: Vec<String> = (0..4)
-        .map(|r| format!("ta[kq * {} + lid.y + {}]", u(bm), u(r * ty)))
-        .collect();
-    let col: Vec<String> = (0..4)
-        .map(|c| format!("tb[kq * {} + lid.x + {}]", u(bn), u(c * tx)))
-        .collect();
-    let _ = writeln!(s, "            let av = vec4<f32>({});", row.join(", "));
-    let _ = writeln!(s, "            let bv = vec4<f32>({});", col.join(", "));
-    let comp = ["x", "y", "z", "w"];
-    for (r, c) in comp.iter().enumerate() {
-        let _ = writeln!(s, "            acc{r} += av.{c} * bv;");
-    }
-    s.push_str("        }\n        workgroupBarrier();\n    }\n");
-    let _ = writeln!(s, "    let yb = bi * {};", u(p.m * p.n));
-    for r in 0..4 {
-        let _ = writeln!(s, "    {{");
-        let _ = writeln!(s, "        let i = m0 + lid.y + {};", u(r * ty));
-        for (c, comp) in comp.iter().enumerate() {
-            let _ = writeln!(s, "        {{");
-            let _ = writeln!(s, "            let j = n0 + lid.x + {};", u(c * tx));
-            let _ = writeln!(s, "            let idx = yb + i * {} + j;", u(p.n));
-            let _ = writeln!(s, "            if (i < {} && j < {}) {{", u(p.m), u(p.n));
-            let body = epilogue(p, post, &format!("acc{r}.{comp}"), "v", "i", "j", "idx");
-            s.push_str(&indent(&body, 4));
-            let _ = writeln!(s, "                y[offsets.y + idx] = v;");
-            s.push_str("            }\n        }\n");
-        }
-        s.push_str("    }\n");
-    }
-    s.push_str("}\n");
-    Ok(Dispatch {
-        label: format!(
-            "{}_tile{bm}x{bn}_{}x{}x{}x{}",
-            cx.op.to_lowercase(),
-            p.batch,
-            p.m,
-            p.n,
-            p.k
-        ),
-        wgsl: s,
-        groups: groups.map(|g| g as u32),
-        bindings,
-        ..Default::default()
-    })
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::TensorDesc;
     use crate::vulkan::compile;
     use ingot_schema::{AttrValue, Attrs, DType};
+
+    /// A dispatch for a snapshot: how it launches, what it binds and pushes, its overrides, and
+    /// the lines of its source that specialisation changed from `file` (aliases and hooks).
+    pub(crate) fn specialised(d: &Dispatch, file: &Wgsl) -> String {
+        let mut s = format!("{}\ngroups {:?}\n", d.label, d.groups);
+        for b in &d.bindings {
+            s.push_str(&format!("binding {}: {} {:?}", b.name, b.ty, b.slot));
+            if let Some(c) = &b.chunk {
+                s.push_str(&format!(" bytes {c:?}"));
+            }
+            s.push('\n');
+        }
+        s.push_str(&format!("params {:?}\n", d.params));
+        for (name, value) in &d.overrides {
+            s.push_str(&format!("override {name} = {value}\n"));
+        }
+        let original: std::collections::HashSet<&str> = file.source.lines().collect();
+        for line in d.wgsl.lines().filter(|l| !original.contains(l)) {
+            s.push_str(&format!("+ {line}\n"));
+        }
+        s
+    }
 
     fn f32s(shape: &[usize]) -> TensorDesc {
         TensorDesc::new(DType::F32, shape.to_vec())
@@ -941,8 +920,8 @@ mod tests {
             .with("beta", AttrValue::Float(beta))
     }
 
-    /// Lowers `op` for both device classes (see `lower_f32_all_classes`), `skew` bytes off
-    /// 16-byte alignment.
+    /// Lowers `op` for both device classes (see `lower_f32_all_classes`: every dispatch is
+    /// compiled), `skew` bytes off 16-byte alignment.
     fn lower_all(
         op: &str,
         attrs: &Attrs,
@@ -951,6 +930,30 @@ mod tests {
         skew: u64,
     ) -> Vec<Dispatch> {
         crate::vulkan::lower_f32_all_classes(lower, op, attrs, inputs, &[out], skew)
+    }
+
+    fn overrides(d: &Dispatch) -> Vec<(&'static str, f64)> {
+        d.overrides.clone()
+    }
+
+    fn set(d: &Dispatch, name: &str) -> f64 {
+        d.overrides
+            .iter()
+            .find(|o| o.0 == name)
+            .unwrap_or_else(|| panic!("{} has no override {name}", d.label))
+            .1
+    }
+
+    #[test]
+    fn every_kernel_file_compiles_alone() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}:\n{e}", file.path);
+            }
+        }
+        // Optional slots count when overrides leave them unread: the params follow all six.
+        let c = compile(BLOCKED.source, &[("RM", 8.0)]).unwrap();
+        assert_eq!((c.slots, c.push_words), (6, 27));
     }
 
     #[test]
@@ -966,12 +969,32 @@ mod tests {
             (&[8], &[8], &[]),
             (&[2, 1, 3, 8], &[4, 8, 1], &[2, 4, 3, 1]),
             (&[33, 64], &[64, 70], &[33, 70]),
+            (&[2, 64, 48], &[2, 48, 40], &[2, 64, 40]),
         ];
         for &(sa, sb, sy) in cases {
             for skew in [0, 4] {
-                lower_all("MatMul", &a, &[sa, sb], sy, skew);
+                for d in lower_all("MatMul", &a, &[sa, sb], sy, skew) {
+                    // Every module stays under 64 KiB of SPIR-V, the largest block included.
+                    let words = compile(&d.wgsl, &d.overrides).unwrap().spirv.len();
+                    assert!(words * 4 <= 64 << 10, "{}: {} bytes", d.label, words * 4);
+                }
             }
         }
+        // Batch dimensions that do not merge: three is one too many.
+        let d = lower_all("MatMul", &a, &[&[3, 1, 4, 8], &[2, 8, 4]], &[3, 2, 4, 4], 0);
+        assert_eq!(d[0].params[3..9], [6, 2, 32, 0, 0, 32], "batch 6 = 3 x 2");
+        let three = [f32s(&[2, 1, 2, 3, 4]), f32s(&[1, 3, 2, 4, 5])];
+        let inputs = three.map(|d| Operand::arena(d, 0));
+        let outputs = [Operand::arena(f32s(&[2, 3, 2, 3, 5]), 4096)];
+        let cx = KernelCx {
+            class: DeviceClass::Cpu,
+            op: "MatMul",
+            name: "m",
+            attrs: &a,
+            inputs: &inputs,
+            outputs: &outputs,
+        };
+        assert!(lower(&cx).unwrap_err().0.contains("3 batch dimensions"));
     }
 
     #[test]
@@ -988,6 +1011,18 @@ mod tests {
         assert_eq!(d[0].label, "matmul_rb14x16_1x40x360x120");
         assert!(d[0].bindings.iter().all(|b| b.ty == "vec4<f32>"));
         assert_eq!(d[0].groups, [9, 1, 1], "69 blocks, 8 per workgroup");
+        assert_eq!(
+            overrides(&d[0]),
+            [
+                ("RM", 14.0),
+                ("CG", 4.0),
+                ("KU", 4.0),
+                ("A_MODE", 1.0),
+                ("B_MODE", 2.0),
+                ("B_SHIFT", 0.0),
+                ("WG", 8.0)
+            ]
+        );
         assert_eq!(d[1].label, "matmul_tile64x64_1x40x360x120");
         let d = lower_all(
             "MatMul",
@@ -997,19 +1032,42 @@ mod tests {
             4,
         );
         assert!(d[0].bindings.iter().all(|b| b.ty == "f32"), "misaligned");
-        // Rows of B not 16-byte aligned: the covering vec4s, shifted.
+        assert_eq!((set(&d[0], "A_MODE"), set(&d[0], "B_MODE")), (0.0, 0.0));
+        // Rows of B not 16-byte aligned: the covering vec4s, shifted by 1 float a row.
         let d = lower_all("MatMul", &a, &[&[40, 120], &[120, 6625]], &[40, 6625], 0);
         let types: Vec<&str> = d[0].bindings.iter().map(|b| b.ty).collect();
         assert_eq!(types, ["vec4<f32>", "vec4<f32>", "f32"]);
-        assert!(
-            d[0].wgsl
-                .contains("vec4<f32>(q1_0.y, q1_0.z, q1_0.w, q1_1.x)"),
-            "row k + 1 starts 1 float in"
-        );
+        assert_eq!((set(&d[0], "B_MODE"), set(&d[0], "B_SHIFT")), (3.0, 1.0));
         // A transposed (vec4 across rows), B transposed (vec4 along k).
         let g = post(gemm_attrs(1, 1, 1.0, 1.0), "");
         let d = lower_all("Gemm", &g, &[&[8, 12], &[16, 8]], &[12, 16], 0);
-        assert!(d[0].wgsl.contains("let a0_0 = a[") && d[0].wgsl.contains("let bv3 = b["));
+        assert_eq!((set(&d[0], "A_MODE"), set(&d[0], "B_MODE")), (2.0, 1.0));
+        assert_eq!(set(&d[0], "RM") % 4.0, 0.0, "whole groups of 4 rows");
+    }
+
+    #[test]
+    fn one_column_is_computed_as_one_row() {
+        let a = post(Attrs::new(), "");
+        // Y = A b as yᵀ = bᵀ Aᵀ: A's rows become the columns of the block, read along k.
+        let d = lower_all("MatMul", &a, &[&[64, 32], &[32, 1]], &[64, 1], 0);
+        assert_eq!(d[0].label, "matmul_rb1x4_1x1x64x32");
+        let names: Vec<(&str, Slot)> = d[0]
+            .bindings
+            .iter()
+            .map(|b| (b.name.as_str(), b.slot))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a", Slot::Input(1)),
+                ("b", Slot::Input(0)),
+                ("y", Slot::Output(0))
+            ]
+        );
+        assert_eq!((set(&d[0], "A_MODE"), set(&d[0], "B_MODE")), (1.0, 1.0));
+        // m, n, k; A's strides (i unused, k), B's (k, j).
+        assert_eq!(d[0].params[..3], [1, 64, 32]);
+        assert_eq!(d[0].params[9..13], [0, 1, 1, 32]);
     }
 
     #[test]
@@ -1020,7 +1078,8 @@ mod tests {
                 let sa: &[usize] = if ta == 1 { &[20, 12] } else { &[12, 20] };
                 let sb: &[usize] = if tb == 1 { &[16, 20] } else { &[20, 16] };
                 let d = lower_all("Gemm", &g, &[sa, sb, c], &[12, 16], 0);
-                assert!(d[0].wgsl.contains("f32(0.5)") && d[0].wgsl.contains("f32(2.0)"));
+                let (alpha, beta) = (d[0].params[18], d[0].params[19]);
+                assert_eq!((alpha, beta), (0.5f32.to_bits(), 2.0f32.to_bits()));
             }
             let g = post(gemm_attrs(ta, tb, 1.0, 1.0), "");
             lower_all("Gemm", &g, &[&[7, 7], &[7, 7]], &[7, 7], 0);
@@ -1050,11 +1109,51 @@ mod tests {
             };
             assert_eq!(cx.in_place(), Some(3));
             let d = lower(&cx).unwrap();
-            compile(&d[0].wgsl, &[]).unwrap();
+            compile(&d[0].wgsl, &d[0].overrides).unwrap();
             let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
-            assert_eq!(names, ["a", "b", "c", "r0", "r1", "y"]);
-            assert!(d[0].wgsl.contains("r1[offsets.r1]"), "scalar operand");
+            assert_eq!(names, ["a", "b", "y", "c", "r0", "r1"]);
+            let file = if class == DeviceClass::Cpu {
+                &BLOCKED
+            } else {
+                &TILED
+            };
+            insta::assert_snapshot!(
+                format!("gemm_residual_{class:?}").to_lowercase(),
+                specialised(&d[0], file)
+            );
         }
+        // A MatMul's residual: C's slot binds it too, never read.
+        let attrs = post(Attrs::new(), "Add");
+        let inputs = [
+            Operand::arena(desc(&[64, 32]), 0),
+            Operand::weight(desc(&[32, 48]), 0),
+            Operand::arena(desc(&[64, 48]), 8192),
+        ];
+        let cx = KernelCx {
+            class: DeviceClass::Cpu,
+            op: "MatMul",
+            name: "m",
+            attrs: &attrs,
+            inputs: &inputs,
+            outputs: &outputs,
+        };
+        let d = lower(&cx).unwrap();
+        compile(&d[0].wgsl, &d[0].overrides).unwrap();
+        let slots: Vec<(&str, Slot)> = d[0]
+            .bindings
+            .iter()
+            .map(|b| (b.name.as_str(), b.slot))
+            .collect();
+        assert_eq!(
+            slots,
+            [
+                ("a", Slot::Input(0)),
+                ("b", Slot::Input(1)),
+                ("y", Slot::Output(0)),
+                ("c", Slot::Input(2)),
+                ("r0", Slot::Input(2))
+            ]
+        );
         // Over A instead: no kernel.
         let outputs = [Operand::arena(desc(&[64, 48]), 0)];
         let inputs = [
@@ -1074,6 +1173,29 @@ mod tests {
     }
 
     #[test]
+    fn specialised_sources() {
+        // The attention products of PP-OCR's recognizer, and its classifier head (shifted B).
+        let a = post(Attrs::new(), "");
+        let d = lower_all(
+            "MatMul",
+            &a,
+            &[&[1, 8, 40, 15], &[1, 8, 15, 40]],
+            &[1, 8, 40, 40],
+            0,
+        );
+        insta::assert_snapshot!("attention_cpu", specialised(&d[0], &BLOCKED));
+        insta::assert_snapshot!("attention_gpu", specialised(&d[1], &BLOCKED));
+        let d = lower_all(
+            "MatMul",
+            &a,
+            &[&[1, 40, 120], &[120, 6625]],
+            &[1, 40, 6625],
+            0,
+        );
+        insta::assert_snapshot!("shifted_cpu", specialised(&d[0], &BLOCKED));
+    }
+
+    #[test]
     fn large_problems_spread_over_two_grid_dimensions() {
         let a = post(Attrs::new(), "");
         let d = lower_all("MatMul", &a, &[&[8192, 4], &[4, 16400]], &[8192, 16400], 0);
@@ -1082,20 +1204,26 @@ mod tests {
             [65535, 2, 1],
             "512 x 1025 blocks, 8 per workgroup"
         );
-        assert!(d[0].wgsl.contains("gid.y"));
+        // 70000 rows of one column: one row of 70000 columns, skinny on GPUs too.
         let d = lower_all("MatMul", &a, &[&[70000, 1, 4], &[4, 1]], &[70000, 1, 1], 0);
         assert_eq!(
-            d[1].label, "matmul_rb1x1_70000x1x1x4",
+            d[1].label, "matmul_rb1x4_1x1x70000x4",
             "GPU: skinny, no tiles"
         );
+        assert_eq!(d[1].groups, [274, 1, 1], "17500 blocks, 64 per workgroup");
     }
 
     #[test]
-    fn weights_larger_than_one_binding_are_read_in_chunks() {
-        let names =
-            |d: &Dispatch| -> Vec<String> { d.bindings.iter().map(|b| b.name.clone()).collect() };
-        // VGG19's fc6: 1 x 25088 by a transposed 4096 x 25088 weight (411041792 bytes, 4
-        // chunks of vec4s along k).
+    fn operands_larger_than_one_binding_are_cut_into_pieces() {
+        let slots = |d: &Dispatch| -> Vec<(String, Option<Range<u64>>)> {
+            d.bindings
+                .iter()
+                .map(|b| (b.name.clone(), b.chunk.clone()))
+                .collect()
+        };
+        let flags = |d: &Dispatch| *d.params.last().unwrap();
+        // VGG19's fc6: 1 x 25088 by a transposed 4096 x 25088 weight (411041792 bytes): four
+        // pieces of 1024 columns, 102760448 bytes of B each.
         let g = post(gemm_attrs(0, 1, 1.0, 1.0), "Relu");
         let d = lower_all(
             "Gemm",
@@ -1104,29 +1232,83 @@ mod tests {
             &[1, 4096],
             0,
         );
-        for d in &d {
-            assert_eq!(names(d), ["a", "b_0", "b_1", "b_2", "b_3", "c", "y"]);
-            assert_eq!(d.bindings[4].chunk, Some(308_281_344..411_041_792));
-            assert!(d.wgsl.contains("fn load_b(i: u32) -> vec4<f32>"));
-            assert!(!d.wgsl.contains("b["), "B is only read through load_b");
+        assert_eq!(d.len(), 8, "four pieces for each class");
+        for (q, d) in d.iter().enumerate() {
+            let piece = (q % 4) as u64;
+            let b = piece * 102_760_448..(piece + 1) * 102_760_448;
+            assert_eq!(
+                slots(d),
+                [
+                    ("a".into(), Some(0..100_352)),
+                    ("b".into(), Some(b)),
+                    ("y".into(), None),
+                    ("c".into(), None)
+                ]
+            );
+            // n, y0 and c0: the piece's columns.
+            assert_eq!(d.params[1], 1024);
+            assert_eq!(
+                (d.params[14], d.params[15]),
+                (1024 * q as u32 % 4096, 1024 * q as u32 % 4096)
+            );
+            assert_eq!(flags(d), 0);
         }
-        // B along its rows, scalar (misaligned), and not a multiple of 4 wide (shifted);
-        // A over one binding too; the GPU class tiles the large problems.
+        insta::assert_snapshot!("fc_piece_cpu", specialised(&d[1], &BLOCKED));
+        // B [K, N] over one binding: K in two pieces, the second adding onto the first.
         let m = post(Attrs::new(), "");
-        for (sa, sb, sy) in [
-            (&[2, 40000][..], &[40000, 1024][..], &[2, 1024][..]),
-            (&[32, 40000], &[40000, 1023], &[32, 1023]),
-            (&[40000, 900], &[900, 40], &[40000, 40]),
-        ] {
-            for skew in [0, 4] {
-                let d = lower_all("MatMul", &m, &[sa, sb], sy, skew);
-                assert!(
-                    d.iter().all(|d| d.bindings.len() == 4),
-                    "{:?}",
-                    names(&d[0])
-                );
-            }
+        let d = lower_all("MatMul", &m, &[&[2, 40000], &[40000, 1024]], &[2, 1024], 0);
+        assert_eq!(d.len(), 4);
+        assert_eq!(
+            d.iter().map(flags).collect::<Vec<_>>(),
+            [PARTIAL, ACCUMULATE, PARTIAL, ACCUMULATE]
+        );
+        assert_eq!(d[1].bindings[1].chunk, Some(81_920_000..163_840_000));
+        // A's columns 20000.. of both rows.
+        assert_eq!(d[1].bindings[0].chunk, Some(80_000..320_000));
+        // The same, N not a multiple of 4 (shifted rows); skewed, B read in floats.
+        for skew in [0, 4] {
+            let d = lower_all(
+                "MatMul",
+                &m,
+                &[&[32, 40000], &[40000, 1023]],
+                &[32, 1023],
+                skew,
+            );
+            assert_eq!(d.len(), 4);
+            assert_eq!(set(&d[0], "B_MODE"), if skew == 0 { 3.0 } else { 0.0 });
         }
+        // A over one binding: its rows in two pieces; GPUs tile each.
+        let d = lower_all("MatMul", &m, &[&[40000, 900], &[900, 40]], &[40000, 40], 0);
+        assert_eq!(d.len(), 4);
+        assert_eq!(d[1].bindings[0].chunk, Some(72_000_000..144_000_000));
+        assert_eq!(
+            d[1].params[14],
+            20000 * 40,
+            "y0: the second piece's first row"
+        );
+        assert_eq!(d[3].label, "matmul_tile64x64_1x20000x40x900");
+        // In place over a residual with K in pieces: the first piece would overwrite it.
+        let attrs = post(Attrs::new(), "Add");
+        let inputs = [
+            Operand::arena(f32s(&[2, 40000]), 0),
+            Operand::weight(f32s(&[40000, 1024]), 0),
+            Operand::arena(f32s(&[2, 1024]), 1 << 20),
+        ];
+        let outputs = [Operand::arena(f32s(&[2, 1024]), 1 << 20)];
+        let cx = KernelCx {
+            class: DeviceClass::Cpu,
+            op: "MatMul",
+            name: "m",
+            attrs: &attrs,
+            inputs: &inputs,
+            outputs: &outputs,
+        };
+        assert!(
+            lower(&cx)
+                .unwrap_err()
+                .0
+                .contains("in place with K in pieces")
+        );
     }
 
     #[test]
@@ -1154,7 +1336,8 @@ mod tests {
                 .with("input1_labels", AttrValue::Ints(b.to_vec()))
                 .with("output_labels", AttrValue::Ints(y.to_vec()))
         };
-        // bij,bjk->bik
+        // bij,bjk->bik: output (b, i, k) = (2, 3, 5), strides in x0 (12, 4, 0) and x1
+        // (20, 0, 1); j (4) summed, strides 1 and 5.
         let d = lower_all(
             "Einsum",
             &labels(&[0, 1, 2], &[0, 2, 3], &[0, 1, 3]),
@@ -1162,17 +1345,22 @@ mod tests {
             &[2, 3, 5],
             0,
         );
-        assert!(
-            d[0].wgsl.contains("for (var j = 0u; j < 4u; j++)"),
-            "{}",
-            d[0].wgsl
+        assert_eq!(
+            d[0].params,
+            [
+                30, 2, 3, 5, 1, 1, 4, // count, o1..o3, u0..u2
+                0, 12, 4, 0, 0, 0, 1, // x0
+                0, 20, 0, 1, 0, 0, 5, // x1
+            ]
         );
-        assert!(d[0].wgsl.contains("x0[o0 + j * 1u]") || d[0].wgsl.contains("x0[o0 + j]"));
-        // ii-> (a diagonal, summed to a scalar), one operand.
+        insta::assert_snapshot!("einsum_two", specialised(&d[0], &EINSUM));
+        // ii-> (a diagonal, summed to a scalar), one operand: stride 3 + 1.
         let diag = Attrs::new()
             .with("input0_labels", AttrValue::Ints(vec![0, 0]))
             .with("output_labels", AttrValue::Ints(vec![]));
         let d = lower_all("Einsum", &diag, &[&[3, 3]], &[], 0);
-        assert!(d[0].wgsl.contains("x0[o0 + j * 4u]"), "{}", d[0].wgsl);
+        assert_eq!(d[0].params[..7], [1, 1, 1, 1, 1, 1, 3]);
+        assert_eq!(d[0].params[7..14], [0, 0, 0, 0, 0, 0, 4]);
+        assert_eq!(d[0].bindings.len(), 2, "no second operand");
     }
 }

@@ -2,19 +2,51 @@
 //! (inference), InstanceNormalization, GroupNormalization, LayerNormalization (with its
 //! optional Mean and InvStdDev outputs), LRN and MeanVarianceNormalization, float32.
 //!
-//! Instance, Group, Layer and MeanVariance normalization are one row kernel: the input is
-//! walked as rows (the indices the statistics are per) of elements (the indices they are
-//! over), each row's mean and variance computed in two passes (mean, then the mean square
-//! deviation from it), then every element normalized and mapped. Short rows take one
-//! invocation each; long rows one workgroup each, the partial sums of its invocations added
-//! in workgroup memory. BatchNormalization and LRN are one invocation per element.
+//! Instance, Group, Layer and MeanVariance normalization are one row kernel (`rows.wgsl`): the
+//! input is walked as rows (the indices the statistics are per) of elements (the indices they
+//! are over), each row's mean and variance computed in two passes (mean, then the mean square
+//! deviation from it), then every element normalized and mapped (hooks). Short rows take one
+//! invocation each; long rows one workgroup each, the partial sums of its invocations added in
+//! workgroup memory. BatchNormalization and LRN (`batch_norm.wgsl`, `lrn.wgsl`) are one
+//! invocation per element, on a grid of (plane, channel, batch).
 
 use crate::no_kernel;
-use crate::vulkan::header;
 use crate::vulkan::{
-    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, f32_lit,
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, Spec, Wgsl,
 };
-use std::fmt::Write;
+use crate::wgsl;
+
+static BATCH_NORM: Wgsl = wgsl!("norm/batch_norm.wgsl");
+static LRN: Wgsl = wgsl!("norm/lrn.wgsl");
+static ROWS: Wgsl = wgsl!("norm/rows.wgsl");
+
+/// The kernel files, for tests that validate each alone.
+#[cfg(test)]
+pub(crate) static FILES: [&Wgsl; 3] = [&BATCH_NORM, &LRN, &ROWS];
+
+/// `rows.wgsl`'s hooks: Instance/GroupNormalization's per-channel factors, LayerNormalization's
+/// per-element scale (and bias), its statistics outputs.
+const CHANNEL_FACTORS: &str = "fn run_factors(inv: f32, s: u32, sb: u32) -> vec2<f32> {
+    return vec2<f32>(inv * scale[p.scale + s], bias[p.bias + sb]);
+}";
+const CHANNEL: &str = "fn normalize(v: f32, mean: f32, f: vec2<f32>, s: u32, sb: u32) -> f32 {
+    return (v - mean) * f.x + f.y;
+}";
+const LAYER: &str = "fn normalize(v: f32, mean: f32, f: vec2<f32>, s: u32, sb: u32) -> f32 {
+    return (v - mean) * f.x * scale[p.scale + s];
+}";
+const LAYER_BIAS: &str = "fn normalize(v: f32, mean: f32, f: vec2<f32>, s: u32, sb: u32) -> f32 {
+    return (v - mean) * f.x * scale[p.scale + s] + bias[p.bias + sb];
+}";
+const STATS: [&str; 2] = [
+    "fn store_stats(r: u32, mean: f32, inv: f32) {
+    mean_out[p.mean_out + r] = mean;
+}",
+    "fn store_stats(r: u32, mean: f32, inv: f32) {
+    mean_out[p.mean_out + r] = mean;
+    inv_out[p.inv_out + r] = inv;
+}",
+];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
@@ -87,47 +119,6 @@ fn expect_len(cx: &KernelCx, i: usize, len: usize) -> Result<(), NoKernel> {
     }
 }
 
-/// A u32 literal.
-fn u(v: usize) -> String {
-    format!("{v}u")
-}
-
-/// The WGSL u32 expression of the offset of the index `var` enumerates row-major over `dims`
-/// (size, stride), outer first; dims that are contiguous with each other are merged.
-fn offset(var: &str, dims: &[(usize, usize)]) -> String {
-    let mut merged: Vec<(usize, usize)> = Vec::new();
-    for &(size, stride) in dims.iter().filter(|d| d.0 != 1) {
-        match merged.last_mut() {
-            Some(last) if last.1 == size * stride => *last = (last.0 * size, stride),
-            _ => merged.push((size, stride)),
-        }
-    }
-    let mut terms = Vec::new();
-    let mut inner = 1;
-    for (k, &(size, stride)) in merged.iter().enumerate().rev() {
-        let mut i = if inner == 1 {
-            var.to_string()
-        } else {
-            format!("({var} / {})", u(inner))
-        };
-        if k > 0 {
-            i = format!("({i} % {})", u(size));
-        }
-        if stride != 0 {
-            terms.push(if stride == 1 {
-                i
-            } else {
-                format!("{i} * {}", u(stride))
-            });
-        }
-        inner *= size;
-    }
-    match terms.is_empty() {
-        true => "0u".into(),
-        false => terms.join(" + "),
-    }
-}
-
 /// Row-major strides of `shape`.
 fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -135,6 +126,35 @@ fn strides(shape: &[usize]) -> Vec<usize> {
         s[i] = s[i + 1] * shape[i + 1];
     }
     s
+}
+
+/// Dimensions as (size, strides...), outer first, with those of size 1 left out and
+/// neighbours merged where every stride allows.
+fn merge<const S: usize>(
+    dims: impl IntoIterator<Item = (usize, [usize; S])>,
+) -> Vec<(usize, [usize; S])> {
+    let mut merged: Vec<(usize, [usize; S])> = Vec::new();
+    for (size, st) in dims.into_iter().filter(|d| d.0 != 1) {
+        match merged.last_mut() {
+            Some(last) if (0..S).all(|k| last.1[k] == st[k] * size) => {
+                *last = (last.0 * size, st);
+            }
+            _ => merged.push((size, st)),
+        }
+    }
+    merged
+}
+
+/// The grid of the per-element kernels: (plane, channel, batch), each dimension as many
+/// workgroups as it takes up to the limit (the kernels loop over the rest).
+fn planes(batch: usize, c: usize, inner: usize, wg: u32) -> [u32; 3] {
+    let max = MAX_GROUPS as usize;
+    [
+        inner.div_ceil(wg as usize).min(max),
+        c.min(max),
+        batch.min(max),
+    ]
+    .map(|g| g.max(1) as u32)
 }
 
 /// `BatchNormalization`: `y = x * a + b` per channel, `a = scale / sqrt(var + epsilon)`,
@@ -153,30 +173,13 @@ fn batch_norm(cx: &KernelCx, epsilon: f32) -> Result<Vec<Dispatch>, NoKernel> {
         .map(|(i, name)| Binding::input(name, i, "f32"))
         .collect();
     bindings.push(Binding::output("y", 0, "f32"));
-    let grid = Grid::new(n as u64, 64)?;
-    let mut s = header(&bindings);
-    let _ = writeln!(s, "\n{} {{", grid.entry());
-    let _ = writeln!(s, "    let i = {};", grid.index());
-    let _ = writeln!(s, "    if (i >= {}) {{ return; }}", u(n));
-    let _ = writeln!(
-        s,
-        "    let ch = {};",
-        offset("i", &[(batch, 0), (c, 1), (inner, 0)])
-    );
-    let _ = writeln!(
-        s,
-        "    let a = scale[offsets.scale + ch] / sqrt(sigma2[offsets.sigma2 + ch] + {});",
-        f32_lit(epsilon)
-    );
-    s.push_str("    let b = bias[offsets.bias + ch] - mu[offsets.mu + ch] * a;\n");
-    s.push_str("    y[offsets.y + i] = x[offsets.x + i] * a + b;\n}\n");
-    Ok(vec![Dispatch {
-        label: format!("batchnorm_{n}_{c}"),
-        wgsl: s,
-        groups: grid.groups,
+    let params = [inner as u32, c as u32, batch as u32, epsilon.to_bits()];
+    Ok(vec![Spec::new(&BATCH_NORM).dispatch(
+        format!("batchnorm_{n}_{c}"),
+        planes(batch, c, inner, 64),
         bindings,
-        ..Default::default()
-    }])
+        params.to_vec(),
+    )?])
 }
 
 /// LRN: `y = x / (bias + alpha / size * Σ x²)^beta`, the sum over the channels
@@ -195,67 +198,43 @@ fn lrn(cx: &KernelCx, size: i64, [alpha, beta, bias]: [f32; 3]) -> Result<Vec<Di
         Binding::input("x", 0, "f32"),
         Binding::output("y", 0, "f32"),
     ];
-    let grid = Grid::new(n as u64, 64)?;
     let (before, after) = ((size - 1) / 2, size / 2);
-    let mut s = header(&bindings);
-    let _ = writeln!(s, "\n{} {{", grid.entry());
-    let _ = writeln!(s, "    let i = {};", grid.index());
-    let _ = writeln!(s, "    if (i >= {}) {{ return; }}", u(n));
-    let _ = writeln!(
-        s,
-        "    let ch = {};",
-        offset("i", &[(batch, 0), (c, 1), (spatial, 0)])
-    );
-    let _ = writeln!(s, "    let base = offsets.x + i - ch * {};", u(spatial));
-    let _ = writeln!(s, "    let hi = min(ch + {}, {});", u(after + 1), u(c));
-    let _ = writeln!(s, "    var sum = 0.0;");
-    let _ = writeln!(
-        s,
-        "    for (var k = max(ch, {b}) - {b}; k < hi; k++) {{",
-        b = u(before)
-    );
-    let _ = writeln!(s, "        let v = x[base + k * {}];", u(spatial));
-    s.push_str("        sum += v * v;\n    }\n");
-    let _ = writeln!(
-        s,
-        "    let d = pow({} + {} * sum, {});",
-        f32_lit(bias),
-        f32_lit(alpha / size as f32),
-        f32_lit(beta)
-    );
-    s.push_str("    y[offsets.y + i] = x[offsets.x + i] / d;\n}\n");
-    Ok(vec![Dispatch {
-        label: format!("lrn_{n}_{c}_{size}"),
-        wgsl: s,
-        groups: grid.groups,
+    let mut params: Vec<u32> = [spatial, c, batch, before, after]
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
+    params.extend([bias, alpha / size as f32, beta].map(f32::to_bits));
+    Ok(vec![Spec::new(&LRN).dispatch(
+        format!("lrn_{n}_{c}_{size}"),
+        planes(batch, c, spatial, 64),
         bindings,
-        ..Default::default()
-    }])
+        params,
+    )?])
 }
 
 /// How a normalized element is mapped.
 enum Affine {
     /// MeanVarianceNormalization: `(x - mean) / (sqrt(var) + 1e-9)`.
     None,
-    /// Instance/GroupNormalization: row `r` is group `r % groups` of consecutive channels of
-    /// `spatial` elements; scale and bias per channel, or per group if `per_group`.
-    PerChannel {
-        groups: usize,
-        spatial: usize,
-        per_group: bool,
-    },
-    /// LayerNormalization: scale (and bias) broadcast over the row, the WGSL offset
-    /// expressions of element `e` in them.
-    PerElement { scale: String, bias: Option<String> },
+    /// Instance/GroupNormalization: scale and bias per channel (or per group), one run each.
+    PerChannel,
+    /// LayerNormalization: scale (and bias) broadcast over the row.
+    PerElement { bias: bool },
 }
 
-/// The rows of a row kernel and what it does with them.
+/// The rows of a row kernel and what it does with them (`rows.wgsl`'s params).
 struct RowNorm {
     rows: usize,
-    len: usize,
-    /// WGSL offset expressions of row `r` and of element `e` within it.
-    row_at: String,
-    elem_at: String,
+    /// Row r starts at (r / r1) * rs.0 + (r % r1) * rs.1.
+    r1: usize,
+    rs: (usize, usize),
+    /// The runs of a row and the elements of a run: (count, x stride, scale stride, bias
+    /// stride).
+    outer: [usize; 4],
+    inner: [usize; 4],
+    /// Scale and bias start at (r % groups) * s_row.
+    groups: usize,
+    s_row: usize,
     /// Added to the variance before its square root (None: MVN's `sqrt(var) + 1e-9`).
     epsilon: Option<f32>,
     affine: Affine,
@@ -265,14 +244,19 @@ impl RowNorm {
     fn new(cx: &KernelCx) -> Result<RowNorm, NoKernel> {
         let shape = &cx.inputs[0].desc.shape;
         let float = |name| cx.attrs.float(name).map_err(|e| no_kernel!("{e}"));
-        // Contiguous rows of `len` elements.
-        let contiguous = |rows: usize, len: usize, epsilon, affine| RowNorm {
-            rows,
-            len,
-            row_at: format!("r * {}", u(len)),
-            elem_at: "e".into(),
-            epsilon: Some(epsilon),
-            affine,
+        // (outer, inner) from up to two merged dimensions (size, [x, scale, bias strides]).
+        let runs = |dims: &[(usize, [usize; 3])]| -> Result<([usize; 4], [usize; 4]), NoKernel> {
+            let run = |d: &(usize, [usize; 3])| [d.0, d.1[0], d.1[1], d.1[2]];
+            match dims {
+                [] => Ok(([1, 0, 0, 0], [1, 0, 0, 0])),
+                [inner] => Ok(([1, 0, 0, 0], run(inner))),
+                [outer, inner] => Ok((run(outer), run(inner))),
+                _ => Err(no_kernel!(
+                    "{} with rows of {} dimensions that do not merge (2 at most)",
+                    cx.op,
+                    dims.len()
+                )),
+            }
         };
         Ok(match cx.op {
             "InstanceNormalization" | "GroupNormalization" => {
@@ -291,12 +275,19 @@ impl RowNorm {
                 for i in [1, 2] {
                     expect_len(cx, i, if per_group { groups } else { c })?;
                 }
-                let affine = Affine::PerChannel {
+                let per_row = c / groups;
+                let s = usize::from(!per_group);
+                RowNorm {
+                    rows: n * groups,
+                    r1: 1,
+                    rs: (per_row * spatial, 0),
+                    outer: [per_row, spatial, s, s],
+                    inner: [spatial, 1, 0, 0],
                     groups,
-                    spatial,
-                    per_group,
-                };
-                contiguous(n * groups, c / groups * spatial, float("epsilon")?, affine)
+                    s_row: if per_group { 1 } else { per_row },
+                    epsilon: Some(float("epsilon")?),
+                    affine: Affine::PerChannel,
+                }
             }
             "LayerNormalization" => {
                 let axis = cx.attrs.int("axis").map_err(|e| no_kernel!("{e}"))?;
@@ -306,27 +297,25 @@ impl RowNorm {
                     .ok_or_else(|| no_kernel!("LayerNormalization axis {axis}"))?;
                 let row = &shape[axis..];
                 let rows: usize = shape[..axis].iter().product();
-                // A parameter's offset: its own strides on the row's dims it has, 0 elsewhere.
-                let param = |i: usize| -> Result<String, NoKernel> {
-                    let p = &cx.inputs[i].desc.shape;
+                // A parameter's strides: its own on the row's dims it has, 0 elsewhere.
+                let param = |i: usize| -> Result<Vec<usize>, NoKernel> {
+                    let Some(p) = cx.inputs.get(i).map(|o| &o.desc.shape) else {
+                        return Ok(vec![0; row.len()]);
+                    };
                     let pad = row
                         .len()
                         .checked_sub(p.len())
                         .ok_or_else(|| no_kernel!("LayerNormalization input {i} of {p:?}"))?;
                     let ps = strides(p);
-                    let mut dims = Vec::with_capacity(row.len());
-                    for (d, &size) in row.iter().enumerate() {
-                        let stride = match d.checked_sub(pad) {
-                            Some(j) if p[j] == size => ps[j],
-                            Some(j) if p[j] == 1 => 0,
-                            None => 0,
-                            Some(_) => {
-                                return Err(no_kernel!("LayerNormalization input {i} of {p:?}"));
-                            }
-                        };
-                        dims.push((size, stride));
-                    }
-                    Ok(offset("e", &dims))
+                    row.iter()
+                        .enumerate()
+                        .map(|(d, &size)| match d.checked_sub(pad) {
+                            Some(j) if p[j] == size => Ok(ps[j]),
+                            Some(j) if p[j] == 1 => Ok(0),
+                            None => Ok(0),
+                            Some(_) => Err(no_kernel!("LayerNormalization input {i} of {p:?}")),
+                        })
+                        .collect()
                 };
                 for o in &cx.outputs[1..] {
                     if o.desc.elements() != rows {
@@ -336,15 +325,23 @@ impl RowNorm {
                         ));
                     }
                 }
-                let affine = Affine::PerElement {
-                    scale: param(1)?,
-                    bias: if cx.inputs.len() == 3 {
-                        Some(param(2)?)
-                    } else {
-                        None
+                let (xs, ss, bs) = (strides(row), param(1)?, param(2)?);
+                let dims = merge((0..row.len()).map(|d| (row[d], [xs[d], ss[d], bs[d]])));
+                let (outer, inner) = runs(&dims)?;
+                let len = row.iter().product();
+                RowNorm {
+                    rows,
+                    r1: 1,
+                    rs: (len, 0),
+                    outer,
+                    inner,
+                    groups: 1,
+                    s_row: 0,
+                    epsilon: Some(float("epsilon")?),
+                    affine: Affine::PerElement {
+                        bias: cx.inputs.len() == 3,
                     },
-                };
-                contiguous(rows, row.iter().product(), float("epsilon")?, affine)
+                }
             }
             "MeanVarianceNormalization" => {
                 let axes = cx.attrs.ints("axes").map_err(|e| no_kernel!("{e}"))?;
@@ -355,18 +352,35 @@ impl RowNorm {
                     return Err(no_kernel!("MeanVarianceNormalization axes {axes:?}"));
                 }
                 let st = strides(shape);
-                let (mut kept, mut reduced) = (Vec::new(), Vec::new());
-                for (d, (&size, &stride)) in shape.iter().zip(&st).enumerate() {
-                    match axes.contains(&(d as i64)) {
-                        true => reduced.push((size, stride)),
-                        false => kept.push((size, stride)),
+                let dims = |reduced: bool| {
+                    merge(
+                        (0..shape.len())
+                            .filter(|&d| axes.contains(&(d as i64)) == reduced)
+                            .map(|d| (shape[d], [st[d], 0, 0])),
+                    )
+                };
+                let (kept, reduced) = (dims(false), dims(true));
+                let (r1, rs) = match kept[..] {
+                    [] => (1, (0, 0)),
+                    [(_, [s, ..])] => (1, (s, 0)),
+                    [(_, [s0, ..]), (d1, [s1, ..])] => (d1, (s0, s1)),
+                    _ => {
+                        return Err(no_kernel!(
+                            "MeanVarianceNormalization with {} kept dimensions that do not \
+                             merge (2 at most)",
+                            kept.len()
+                        ));
                     }
-                }
+                };
+                let (outer, inner) = runs(&reduced)?;
                 RowNorm {
                     rows: kept.iter().map(|d| d.0).product(),
-                    len: reduced.iter().map(|d| d.0).product(),
-                    row_at: offset("r", &kept),
-                    elem_at: offset("e", &reduced),
+                    r1,
+                    rs,
+                    outer,
+                    inner,
+                    groups: 1,
+                    s_row: 0,
                     epsilon: None,
                     affine: Affine::None,
                 }
@@ -375,61 +389,33 @@ impl RowNorm {
         })
     }
 
-    /// The loops that write every element of row `r` that the invocation takes: from
-    /// `start`, every `step`-th.
-    fn store(&self, start: &str, step: usize) -> String {
-        let each = |from: &str, to: &str, y: &str, pad: &str| {
-            format!(
-                "{pad}    for (var e = {from}; e < {to}; e += {}) {{\n{pad}        let o = base + {};\n\
-                 {pad}        y[offsets.y + o] = {y};\n{pad}    }}\n",
-                u(step),
-                self.elem_at
-            )
-        };
-        let xv = "x[offsets.x + o]";
-        match &self.affine {
-            Affine::None => each(start, &u(self.len), &format!("({xv} - mean) * inv"), ""),
-            Affine::PerElement { scale, bias } => {
-                let mut y = format!("({xv} - mean) * inv * scale[offsets.scale + {scale}]");
-                if let Some(b) = bias {
-                    let _ = write!(y, " + bias[offsets.bias + {b}]");
-                }
-                each(start, &u(self.len), &y, "")
-            }
-            // Channel by channel, its scale and bias read once.
-            Affine::PerChannel {
-                groups,
-                spatial,
-                per_group,
-            } => {
-                let per_row = self.len / spatial.max(&1);
-                let p = match per_group {
-                    true => format!("r % {}", u(*groups)),
-                    false => format!("(r % {}) * {} + ch", u(*groups), u(per_row)),
-                };
-                let sp = u(*spatial);
-                format!(
-                    "    for (var ch = 0u; ch < {}; ch++) {{\n        \
-                     let sc = inv * scale[offsets.scale + {p}];\n        \
-                     let sh = bias[offsets.bias + {p}];\n{}    }}\n",
-                    u(per_row),
-                    each(
-                        &format!("ch * {sp} + {start}"),
-                        &format!("(ch + 1u) * {sp}"),
-                        &format!("({xv} - mean) * sc + sh"),
-                        "    "
-                    )
-                )
-            }
-        }
+    fn len(&self) -> usize {
+        self.outer[0] * self.inner[0]
     }
 
-    /// `inv` from `vr`, the variance.
-    fn inv(&self) -> String {
-        match self.epsilon {
-            Some(eps) => format!("1.0 / sqrt(vr + {})", f32_lit(eps)),
-            None => format!("1.0 / (sqrt(vr) + {})", f32_lit(1e-9)),
-        }
+    /// The push-constant words after the binding offsets.
+    fn params(&self) -> Vec<u32> {
+        let [oc, ox, os, ob] = self.outer;
+        let [ic, ix, is, ib] = self.inner;
+        let words = [
+            self.rows,
+            self.r1,
+            self.rs.0,
+            self.rs.1,
+            oc,
+            ox,
+            os,
+            ob,
+            ic,
+            ix,
+            is,
+            ib,
+            self.groups,
+            self.s_row,
+        ];
+        let mut v: Vec<u32> = words.iter().map(|&w| w as u32).collect();
+        v.push(self.epsilon.unwrap_or(0.0).to_bits());
+        v
     }
 }
 
@@ -443,33 +429,44 @@ fn long_row(class: DeviceClass) -> usize {
 }
 
 /// Invocations per workgroup of the long-row kernel.
-const ROW_GROUP: usize = 64;
+const ROW_GROUP: u32 = 64;
 
 fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
-    let mut bindings = vec![Binding::input("x", 0, "f32")];
-    if !matches!(rn.affine, Affine::None) {
-        bindings.push(Binding::input("scale", 1, "f32"));
+    let mut bindings = vec![
+        Binding::input("x", 0, "f32"),
+        Binding::output("y", 0, "f32"),
+    ];
+    let stats = cx.outputs.len() - 1;
+    let mut spec = Spec::new(&ROWS).set("MVN", matches!(rn.affine, Affine::None));
+    match rn.affine {
+        Affine::None => {}
+        Affine::PerChannel => {
+            bindings.push(Binding::input("scale", 1, "f32"));
+            bindings.push(Binding::input("bias", 2, "f32"));
+            spec = spec
+                .hook("run_factors", CHANNEL_FACTORS)
+                .hook("normalize", CHANNEL);
+        }
+        Affine::PerElement { bias } => {
+            bindings.push(Binding::input("scale", 1, "f32"));
+            // Without a bias, the statistics still take their slots after its own, which
+            // then holds the scale again (never read).
+            if bias || stats > 0 {
+                bindings.push(Binding::input("bias", if bias { 2 } else { 1 }, "f32"));
+            }
+            spec = spec.hook("normalize", if bias { LAYER_BIAS } else { LAYER });
+        }
     }
-    if let Affine::PerChannel { .. } | Affine::PerElement { bias: Some(_), .. } = rn.affine {
-        bindings.push(Binding::input("bias", 2, "f32"));
+    if stats > 0 {
+        for (k, name) in ["mean_out", "inv_out"].iter().enumerate().take(stats) {
+            bindings.push(Binding::output(name, k + 1, "f32"));
+        }
+        spec = spec.hook("store_stats", STATS[stats - 1]);
     }
-    bindings.push(Binding::output("y", 0, "f32"));
-    let stats = [("mean_out", "mean"), ("inv_out", "inv")];
-    for (k, (name, _)) in stats.iter().enumerate().take(cx.outputs.len() - 1) {
-        bindings.push(Binding::output(name, k + 1, "f32"));
-    }
-    let stores: String = stats
-        .iter()
-        .take(cx.outputs.len() - 1)
-        .map(|(out, v)| format!("{out}[offsets.{out} + r] = {v}; "))
-        .collect();
-    let len = u(rn.len);
-    let mut s = header(&bindings);
     // One invocation per row, or a workgroup per row whose invocations take every
     // ROW_GROUP-th element from their index.
-    let long = rn.len >= long_row(cx.class);
-    let (start, step) = if long { ("lid", ROW_GROUP) } else { ("0u", 1) };
-    let groups = if long {
+    let long = rn.len() >= long_row(cx.class);
+    let (groups, wg) = if long {
         // The grid may have a few more workgroups than rows, which compute the last row
         // again and store nothing (barriers need every invocation).
         let gy = rn.rows.div_ceil(MAX_GROUPS as usize);
@@ -477,96 +474,34 @@ fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
         if gy > MAX_GROUPS as usize {
             return Err(no_kernel!("{} rows are too many", rn.rows));
         }
-        let _ = writeln!(s, "var<workgroup> red: array<f32, {ROW_GROUP}>;");
-        let _ = writeln!(
-            s,
-            "\n@compute @workgroup_size({ROW_GROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, \
-             @builtin(local_invocation_index) lid: u32) {{"
-        );
-        let _ = writeln!(s, "    let row = wg.x + wg.y * {};", u(gx));
-        let _ = writeln!(s, "    let r = min(row, {});", u(rn.rows - 1));
-        [gx as u32, gy as u32, 1]
+        ([gx as u32, gy as u32, 1], ROW_GROUP)
     } else {
         // Small workgroups on CPU-type devices spread few rows over the cores.
         let wg = if cx.class == DeviceClass::Cpu { 8 } else { 64 };
-        let grid = Grid::new(rn.rows as u64, wg)?;
-        let _ = writeln!(s, "\n{} {{", grid.entry());
-        let _ = writeln!(s, "    let r = {};", grid.index());
-        let _ = writeln!(s, "    if (r >= {}) {{ return; }}", u(rn.rows));
-        grid.groups
+        (Grid::new(rn.rows as u64, wg)?.groups, wg)
     };
-    let _ = writeln!(s, "    let base = {};", rn.row_at);
-    // Sums `v` (of `xv`) over the row into `total`.
-    let sum = |s: &mut String, v: &str, total: &str| {
-        let _ = writeln!(s, "    var {total}_part = 0.0;");
-        let _ = writeln!(
-            s,
-            "    for (var e = {start}; e < {len}; e += {}) {{",
-            u(step)
-        );
-        let _ = writeln!(s, "        let xv = x[offsets.x + base + {}];", rn.elem_at);
-        let _ = writeln!(s, "        {total}_part += {v};\n    }}");
-        if !long {
-            let _ = writeln!(s, "    let {total} = {total}_part;");
-            return;
-        }
-        let _ = writeln!(s, "    red[lid] = {total}_part;\n    workgroupBarrier();");
-        let mut half = ROW_GROUP / 2;
-        while half > 0 {
-            let _ = writeln!(
-                s,
-                "    if (lid < {h}) {{ red[lid] += red[lid + {h}]; }}\n    workgroupBarrier();",
-                h = u(half)
-            );
-            half /= 2;
-        }
-        let _ = writeln!(s, "    let {total} = red[0];\n    workgroupBarrier();");
-    };
-    // Two passes: the mean, then the mean square deviation from it.
-    sum(&mut s, "xv", "total");
-    let _ = writeln!(s, "    let mean = total / f32({len});");
-    sum(&mut s, "(xv - mean) * (xv - mean)", "total_sq");
-    let _ = writeln!(s, "    let vr = total_sq / f32({len});");
-    let _ = writeln!(s, "    let inv = {};", rn.inv());
-    if long {
-        let _ = writeln!(s, "    if (row >= {}) {{ return; }}", u(rn.rows));
-    }
-    s.push_str(&rn.store(start, step));
-    match (long, stores.is_empty()) {
-        (_, true) => {}
-        (true, false) => {
-            let _ = writeln!(s, "    if (lid == 0u) {{ {stores}}}");
-        }
-        (false, false) => {
-            let _ = writeln!(s, "    {stores}");
-        }
-    }
-    s.push_str("}\n");
     let label = match long {
-        true => format!("{}_wg_{}x{}", cx.op.to_lowercase(), rn.rows, rn.len),
-        false => format!("{}_{}x{}", cx.op.to_lowercase(), rn.rows, rn.len),
+        true => format!("{}_wg_{}x{}", cx.op.to_lowercase(), rn.rows, rn.len()),
+        false => format!("{}_{}x{}", cx.op.to_lowercase(), rn.rows, rn.len()),
     };
-    Ok(vec![Dispatch {
-        label,
-        wgsl: s,
-        groups,
-        bindings,
-        ..Default::default()
-    }])
+    let spec = spec.set("WG", wg).set("LONG", long);
+    Ok(vec![spec.dispatch(label, groups, bindings, rn.params())?])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::Operand;
+    use crate::matmul::vulkan::tests::specialised;
+    use crate::vulkan::{Operand, compile};
     use ingot_schema::{AttrValue, Attrs, DType};
 
     fn f32s(shape: &[usize]) -> TensorDesc {
         TensorDesc::new(DType::F32, shape.to_vec())
     }
 
-    /// Lowers `op` for both device classes (see `lower_f32_all_classes`).
+    /// Lowers `op` for both device classes (see `lower_f32_all_classes`: every dispatch is
+    /// compiled).
     fn lower_all(
         op: &str,
         attrs: &Attrs,
@@ -580,44 +515,80 @@ mod tests {
         Attrs::new().with("epsilon", AttrValue::Float(1e-5))
     }
 
-    #[test]
-    fn offsets_merge_contiguous_dims() {
-        assert_eq!(offset("e", &[(2, 12), (3, 4), (4, 1)]), "e");
-        assert_eq!(offset("e", &[(2, 0), (3, 4), (4, 1)]), "(e % 12u)");
-        assert_eq!(
-            offset("r", &[(5, 60), (1, 9), (3, 4)]),
-            "(r % 3u) * 4u + (r / 3u) * 60u"
-        );
-        assert_eq!(offset("e", &[(3, 0)]), "0u");
+    fn set(d: &Dispatch, name: &str) -> f64 {
+        d.overrides
+            .iter()
+            .find(|o| o.0 == name)
+            .unwrap_or_else(|| panic!("{} has no override {name}", d.label))
+            .1
     }
 
     #[test]
-    fn batch_norm_and_lrn_compile() {
+    fn every_kernel_file_compiles_alone() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}:\n{e}", file.path);
+            }
+        }
+    }
+
+    #[test]
+    fn dims_merge_where_every_stride_allows() {
+        assert_eq!(
+            merge([(2, [12]), (3, [4]), (4, [1])]),
+            [(24, [1])],
+            "contiguous"
+        );
+        assert_eq!(
+            merge([(2, [0, 12]), (3, [4, 4]), (4, [1, 1])]),
+            [(2, [0, 12]), (12, [1, 1])]
+        );
+        assert_eq!(
+            merge([(5, [60]), (1, [9]), (3, [4])]),
+            [(5, [60]), (3, [4])]
+        );
+        assert_eq!(merge::<1>([(1, [3])]), []);
+    }
+
+    #[test]
+    fn batch_norm_and_lrn_run_on_a_grid_of_planes() {
         let d = lower_all(
             "BatchNormalization",
             &eps(),
             &[&[2, 3, 4, 5], &[3], &[3], &[3], &[3]],
             &[&[2, 3, 4, 5]],
         );
-        assert!(
-            d[0].wgsl.contains("let ch = ((i / 20u) % 3u);"),
-            "{}",
-            d[0].wgsl
-        );
+        assert_eq!(d[0].groups, [1, 3, 2], "(plane, channel, batch)");
+        assert_eq!(d[0].params, [20, 3, 2, 1e-5f32.to_bits()]);
+        insta::assert_snapshot!("batch_norm", specialised(&d[0], &BATCH_NORM));
         let lrn = Attrs::new()
             .with("size", AttrValue::Int(3))
             .with("alpha", AttrValue::Float(1e-4))
             .with("beta", AttrValue::Float(0.75))
             .with("bias", AttrValue::Float(1.0));
-        lower_all("LRN", &lrn, &[&[1, 5, 7, 7]], &[&[1, 5, 7, 7]]);
-        // 2^24 elements: a two-dimensional grid.
+        let d = lower_all("LRN", &lrn, &[&[1, 5, 7, 7]], &[&[1, 5, 7, 7]]);
+        assert_eq!(d[0].groups, [1, 5, 1]);
+        let alpha = (1e-4f32 / 3.0).to_bits();
+        assert_eq!(
+            d[0].params,
+            [49, 5, 1, 1, 1, 1.0f32.to_bits(), alpha, 0.75f32.to_bits()]
+        );
+        // 2^24 elements: planes of 2^20 in 16384 workgroups.
         let d = lower_all(
             "BatchNormalization",
             &eps(),
             &[&[1, 16, 1024, 1024], &[16], &[16], &[16], &[16]],
             &[&[1, 16, 1024, 1024]],
         );
-        assert_eq!(d[0].groups, [65535, 5, 1]);
+        assert_eq!(d[0].groups, [16384, 16, 1]);
+        // Planes longer than the grid takes: the kernel loops over the rest.
+        let d = lower_all(
+            "BatchNormalization",
+            &eps(),
+            &[&[1, 1, 1 << 23], &[1], &[1], &[1], &[1]],
+            &[&[1, 1, 1 << 23]],
+        );
+        assert_eq!(d[0].groups, [65535, 1, 1]);
     }
 
     #[test]
@@ -635,7 +606,9 @@ mod tests {
             [5, 1, 1],
             "8 rows per workgroup on CPU-type devices"
         );
+        assert_eq!((set(&d[0], "WG"), set(&d[0], "LONG")), (8.0, 0.0));
         assert_eq!(d[1].label, "layernormalization_40x120", "GPU: 120 is short");
+        insta::assert_snapshot!("layer_norm_cpu", specialised(&d[0], &ROWS));
         let d = lower_all(
             "InstanceNormalization",
             &eps(),
@@ -644,7 +617,8 @@ mod tests {
         );
         assert_eq!(d[0].label, "instancenormalization_wg_6x120000");
         assert_eq!(d[0].groups, [6, 1, 1]);
-        assert!(d[0].wgsl.contains("workgroupBarrier"));
+        assert_eq!((set(&d[0], "WG"), set(&d[0], "LONG")), (64.0, 1.0));
+        insta::assert_snapshot!("instance_norm_long", specialised(&d[0], &ROWS));
         let groups = eps().with("num_groups", AttrValue::Int(2));
         for c in [4, 2] {
             lower_all(
@@ -653,11 +627,34 @@ mod tests {
                 &[&[2, 4, 3, 3], &[c], &[c]],
                 &[&[2, 4, 3, 3]],
             );
-            lower_all(
+            let d = lower_all(
                 "GroupNormalization",
                 &groups,
                 &[&[2, 4, 40, 40], &[c], &[c]],
                 &[&[2, 4, 40, 40]],
+            );
+            // Rows of 2 channels of 1600: scale and bias per channel (stride 1, rows 2 apart)
+            // or per group (stride 0, rows 1 apart).
+            let (s, row) = if c == 4 { (1, 2) } else { (0, 1) };
+            assert_eq!(
+                d[0].params,
+                [
+                    4,
+                    1,
+                    3200,
+                    0,
+                    2,
+                    1600,
+                    s,
+                    s,
+                    1600,
+                    1,
+                    0,
+                    0,
+                    2,
+                    row,
+                    1e-5f32.to_bits()
+                ]
             );
         }
         // More rows than one grid dimension takes.
@@ -673,50 +670,67 @@ mod tests {
     #[test]
     fn layer_norm_broadcasts_parameters_and_writes_statistics() {
         let layer = eps().with("axis", AttrValue::Int(1));
+        // Rows [2, 3]: x strides (3, 1), scale [3] (0, 1), bias [2, 3] (3, 1).
         let d = lower_all(
             "LayerNormalization",
             &layer,
             &[&[2, 2, 3], &[3], &[2, 3]],
             &[&[2, 2, 3], &[2, 1, 1], &[2, 1, 1]],
         );
-        assert!(
-            d[0].wgsl.contains("scale[offsets.scale + (e % 3u)]"),
-            "{}",
-            d[0].wgsl
-        );
-        assert!(d[0].wgsl.contains("bias[offsets.bias + e]"));
-        assert!(d[0].wgsl.contains("inv_out[offsets.inv_out + r] = inv;"));
+        assert_eq!(d[0].params[4..12], [2, 3, 0, 3, 3, 1, 1, 1]);
         let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["x", "scale", "bias", "y", "mean_out", "inv_out"]);
+        assert_eq!(names, ["x", "y", "scale", "bias", "mean_out", "inv_out"]);
+        insta::assert_snapshot!("layer_norm_stats", specialised(&d[0], &ROWS));
+        // No bias but a Mean output: the scale fills the bias's slot.
         let d = lower_all(
             "LayerNormalization",
             &layer,
             &[&[2, 2, 1500], &[1, 1500]],
             &[&[2, 2, 1500], &[2, 1, 1]],
         );
-        assert!(
-            d[0].wgsl
-                .contains("if (lid == 0u) { mean_out[offsets.mean_out + r] = mean; }")
+        let slots: Vec<_> = d[0]
+            .bindings
+            .iter()
+            .map(|b| (b.name.as_str(), b.slot))
+            .collect();
+        use crate::vulkan::Slot::{Input, Output};
+        assert_eq!(
+            slots,
+            [
+                ("x", Input(0)),
+                ("y", Output(0)),
+                ("scale", Input(1)),
+                ("bias", Input(1)),
+                ("mean_out", Output(1))
+            ]
         );
+        assert_eq!(set(&d[0], "LONG"), 1.0, "3000 elements");
     }
 
     #[test]
     fn mvn_over_outer_and_inner_axes() {
         let axes = |a: Vec<i64>| Attrs::new().with("axes", AttrValue::Ints(a));
+        // Rows are the 3 channels, 20 apart; each 2 runs (60 apart) of 20 elements.
         let d = lower_all(
             "MeanVarianceNormalization",
             &axes(vec![0, 2, 3]),
             &[&[2, 3, 4, 5]],
             &[&[2, 3, 4, 5]],
         );
-        assert!(d[0].wgsl.contains("let base = r * 20u;"), "{}", d[0].wgsl);
-        assert!(d[0].wgsl.contains("(e % 20u) + (e / 20u) * 60u"));
-        lower_all(
+        assert_eq!(d[0].params[..12], [3, 1, 20, 0, 2, 60, 0, 0, 20, 1, 0, 0]);
+        assert_eq!(set(&d[0], "MVN"), 1.0);
+        // Rows over two kept dimensions: (r / 2) * 4000 + (r % 2).
+        let d = lower_all(
             "MeanVarianceNormalization",
             &axes(vec![1]),
             &[&[3, 2000, 2]],
             &[&[3, 2000, 2]],
         );
+        assert_eq!(
+            d[0].params[..12],
+            [6, 2, 4000, 1, 1, 0, 0, 0, 2000, 2, 0, 0]
+        );
+        assert_eq!(set(&d[0], "LONG"), 1.0);
     }
 
     #[test]

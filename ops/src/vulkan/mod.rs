@@ -41,6 +41,7 @@
 //!   invocation that writes the same element, before writing it.
 
 pub(crate) mod post;
+mod prune;
 mod template;
 
 pub use template::{Spec, Wgsl};
@@ -462,6 +463,11 @@ pub struct Compiled {
 /// WGSL with `overrides` -> validated SPIR-V. Every writer option is spelled out: naga's
 /// defaults depend on how naga itself was built, and the bundle bytes must not.
 pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String> {
+    compile_with(wgsl, overrides, true)
+}
+
+/// [`compile`], with or without pruning the code the override values make dead.
+fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Compiled, String> {
     use naga::back::spv;
     use naga::valid::{Capabilities, ValidationFlags, Validator};
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
@@ -479,8 +485,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         }
         constants.insert(name.to_string(), value);
     }
-    // Slots and push words as declared: processing the overrides drops globals nothing
-    // reads (optional slots a specialisation leaves unread), not their words.
+    // Slots and push words as the source declares them: overrides make naga drop what the
+    // entry point leaves unread (optional slots), which must still count.
     let mut slots = 0;
     let mut push_words = 0;
     for (_, var) in module.global_variables.iter() {
@@ -505,9 +511,19 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
             "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
         ));
     }
-    let (module, info) =
+    let had_overrides = !module.overrides.is_empty();
+    let (mut module, mut info) =
         naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
             .map_err(|e| e.to_string())?;
+    // Drop the branches (and what only they reach) that the override values decide; a module
+    // without overrides is written as it is.
+    if prune && had_overrides && prune::prune(module.to_mut()) {
+        info = std::borrow::Cow::Owned(
+            Validator::new(ValidationFlags::all(), Capabilities::IMMEDIATES)
+                .validate_resolved_overrides(&module)
+                .map_err(|e| format!("after pruning: {}", e.emit_to_string(wgsl)))?,
+        );
+    }
     let [entry] = &module.entry_points[..] else {
         return Err("a kernel has exactly one entry point".into());
     };
@@ -555,8 +571,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
 
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
 /// the other in the arena at 16-byte-aligned offsets plus `skew` bytes, compiles every kernel
-/// with naga and checks its workgroup counts; returns the CPU class's then the GPU class's
-/// dispatches.
+/// with naga and checks its workgroup counts, bindings and params; returns the CPU class's then
+/// the GPU class's dispatches.
 #[cfg(test)]
 pub(crate) fn lower_f32_all_classes(
     lower: Lower,
@@ -585,9 +601,21 @@ pub(crate) fn lower_f32_all_classes(
             outputs: &outputs,
         };
         for d in lower(&cx).unwrap() {
-            if let Err(e) = compile(&d.wgsl, &d.overrides) {
-                panic!("{}:\n{e}\n{}", d.label, d.wgsl);
-            }
+            let c = match compile(&d.wgsl, &d.overrides) {
+                Ok(c) => c,
+                Err(e) => panic!("{}:\n{e}\n{}", d.label, d.wgsl),
+            };
+            assert!(
+                d.bindings.len() <= c.slots as usize,
+                "{}: bindings",
+                d.label
+            );
+            assert_eq!(
+                d.params.len(),
+                (c.push_words - c.slots) as usize,
+                "{}",
+                d.label
+            );
             assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
             all.push(d);
         }
