@@ -479,15 +479,8 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         }
         constants.insert(name.to_string(), value);
     }
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-            .map_err(|e| e.to_string())?;
-    let [entry] = &module.entry_points[..] else {
-        return Err("a kernel has exactly one entry point".into());
-    };
-    if entry.name != "main" {
-        return Err(format!("the entry point is '{}', not 'main'", entry.name));
-    }
+    // Slots and push words of the module as written: compacting it for its overrides drops
+    // bindings its code leaves unread, not their offsets in the push-constant block.
     let mut slots = 0;
     let mut push_words = 0;
     for (_, var) in module.global_variables.iter() {
@@ -511,6 +504,15 @@ pub fn compile(wgsl: &str, overrides: &[(&str, f64)]) -> Result<Compiled, String
         return Err(format!(
             "{slots} binding slots but {push_words} push-constant words (one offset per slot)"
         ));
+    }
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .map_err(|e| e.to_string())?;
+    let [entry] = &module.entry_points[..] else {
+        return Err("a kernel has exactly one entry point".into());
+    };
+    if entry.name != "main" {
+        return Err(format!("the entry point is '{}', not 'main'", entry.name));
     }
     let options = spv::Options {
         lang_version: (1, 3),
