@@ -1,20 +1,30 @@
 //! Vulkan kernels of the pool family (ops: ops/src/pool/cpu.rs): MaxPool, AveragePool and
 //! LpPool over 1 to 3 spatial dimensions, float32, and the global pools.
 //!
-//! A windowed pool is one invocation per output element, looping over its window with literal
-//! bounds; a tap outside the input is skipped (checked only along dimensions where a window
-//! can leave the input), so padding is never read. AveragePool divides by the taps inside the
-//! input, or with `count_include_pad` by the taps inside the input or its padding: in ceil
-//! mode a window may run past the end padding, and those taps count for nothing, as on the
-//! CPU. The global pools are reductions over the spatial axes ([`super::reduce::Reduction`]).
-//! MaxPool's Indices output is written as two u32 words per int64; int8/uint8 MaxPool has no
-//! kernel.
+//! A windowed pool runs `window.wgsl`: one invocation per output element, looping over its
+//! window; shapes, strides, dilations and pads are push-constant params, and so are the window
+//! sizes on GPUs (one module for every window), while CPU-type devices get them as overrides
+//! so that the taps unroll as they did when every bound was a literal. A tap outside the input
+//! is skipped (checked only when some window can leave the input), so padding is never read.
+//! AveragePool divides by the taps inside the input, or with `count_include_pad` by the taps
+//! inside the input or its padding: in ceil mode a window may run past the end padding, and
+//! those taps count for nothing, as on the CPU. The global pools are reductions over the
+//! spatial axes ([`super::reduce::Reduction`]). MaxPool's Indices output is written as two u32
+//! words per int64; int8/uint8 MaxPool has no kernel.
 
 use crate::no_kernel;
 use crate::reduce::vulkan::{Fold, MAX_TRIPS, Out, Reduction, Space, Stage};
-use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, Spec, Wgsl, f32_lit,
+};
+use crate::wgsl;
 use ingot_schema::DType;
-use std::fmt::Write;
+
+static WINDOW: Wgsl = wgsl!("pool/window.wgsl");
+
+/// The family's kernel files.
+#[cfg(test)]
+pub(crate) static FILES: [&Wgsl; 1] = [&WINDOW];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let outputs = if cx.op == "MaxPool" { 1..=2 } else { 1..=1 };
@@ -119,13 +129,11 @@ fn lp_term(p: u32) -> String {
 fn global(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
     let shape = &cx.inputs[0].desc.shape;
     let axes: Vec<usize> = (2..shape.len()).collect();
-    let space = Space::new(shape, &axes);
-    let count = f32_lit(space.count() as f32);
     Reduction {
-        space,
+        space: Space::new(shape, &axes),
         ty: "f32",
         stages: vec![Stage::Fold(reduce.fold())],
-        out: Out::Value(reduce.finish("s0", &count)),
+        out: Out::Value(reduce.finish("s0", "f32(n)")),
     }
     .lower(cx, &cx.op.to_lowercase())
 }
@@ -143,6 +151,17 @@ struct Dim {
 }
 
 impl Dim {
+    /// A dimension of size 1 that a pool over fewer than 3 dimensions starts with.
+    const NONE: Dim = Dim {
+        input: 1,
+        output: 1,
+        kernel: 1,
+        stride: 1,
+        dilation: 1,
+        pad_begin: 0,
+        pad_end: 0,
+    };
+
     /// Where the last tap of the last window lies, in padded coordinates.
     fn last_tap(&self) -> u64 {
         self.output.saturating_sub(1) * self.stride + (self.kernel - 1) * self.dilation
@@ -153,11 +172,19 @@ impl Dim {
         self.pad_begin > 0 || self.last_tap() >= self.input
     }
 
+    /// The padded size: padding before, input, padding after.
+    fn room(&self) -> u64 {
+        self.pad_begin + self.input + self.pad_end
+    }
+
     /// Whether some tap of some window lies past the end padding (ceil mode).
     fn leaves_padding(&self) -> bool {
-        self.last_tap() >= self.pad_begin + self.input + self.pad_end
+        self.last_tap() >= self.room()
     }
 }
+
+/// The workgroup size of the windowed pools.
+const WG: u32 = 64;
 
 fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
     let (x, y) = (&cx.inputs[0].desc, &cx.outputs[0].desc);
@@ -180,7 +207,8 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
             cx.op
         ));
     }
-    // Every value below stays far inside i32.
+    // Every value below stays far inside i32, and the divisions of the output index exact
+    // (window.wgsl's `divmod`).
     const LIMIT: u64 = 1 << 24;
     let small = |v: i64, min: i64| {
         u64::try_from(v)
@@ -188,21 +216,23 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
             .filter(|&v| v >= min as u64 && v < LIMIT)
             .ok_or_else(|| no_kernel!("{}: window value {v}", cx.op))
     };
-    let dims = (0..rank)
-        .map(|d| {
-            Ok(Dim {
-                input: small(x.shape[d + 2] as i64, 0)?,
-                output: small(y.shape[d + 2] as i64, 0)?,
-                kernel: small(kernel[d], 1)?,
-                stride: small(strides[d], 1)?,
-                dilation: small(dilations[d], 1)?,
-                pad_begin: small(pads[d], 0)?,
-                pad_end: small(pads[d + rank], 0)?,
-            })
-        })
-        .collect::<Result<Vec<_>, NoKernel>>()?;
-    if x.elements() as u64 >= u64::from(u32::MAX) / 2 {
-        return Err(no_kernel!("{}: input too large for u32 indices", cx.op));
+    // Three dimensions, outermost first: the pool's own after size-1 ones.
+    let mut dims = vec![Dim::NONE; 3 - rank];
+    for d in 0..rank {
+        dims.push(Dim {
+            input: small(x.shape[d + 2] as i64, 0)?,
+            output: small(y.shape[d + 2] as i64, 0)?,
+            kernel: small(kernel[d], 1)?,
+            stride: small(strides[d], 1)?,
+            dilation: small(dilations[d], 1)?,
+            pad_begin: small(pads[d], 0)?,
+            pad_end: small(pads[d + rank], 0)?,
+        });
+    }
+    if x.elements() as u64 >= u64::from(u32::MAX) / 2
+        || y.elements() as u64 >= u64::from(u32::MAX) / 2
+    {
+        return Err(no_kernel!("{}: tensors too large for u32 indices", cx.op));
     }
     // The nested loops' iterations: k0 + k0 * k1 + k0 * k1 * k2.
     let trips = dims
@@ -236,142 +266,83 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         ),
         None => None,
     };
-    let grid = Grid::new(n, 64)?;
+    let grid = Grid::new(n, WG)?;
     let mut bindings = vec![
         Binding::input("x", 0, "f32"),
         Binding::output("y", 0, "f32"),
     ];
-    if indices.is_some() {
+    let mut spec = reduce.fold().hooks(Spec::new(&WINDOW), 0, "f32").hook(
+        "finish",
+        format!(
+            "fn finish(acc: f32, count: f32) -> f32 {{\n    return {};\n}}",
+            reduce.finish("acc", "count")
+        ),
+    );
+    if let Some(column_major) = indices {
         bindings.push(Binding::output("ind", 1, "u32"));
-    }
-    let fold = reduce.fold();
-    let mut s = header(&bindings);
-    let _ = writeln!(
-        s,
-        "\n{} {{\n    let o = {};\n    if (o >= {n}u) {{ return; }}",
-        grid.entry(),
-        grid.index()
-    );
-    // Output digits, innermost first, then the plane (N * C).
-    let mut place = 1;
-    for (d, dim) in dims.iter().enumerate().rev() {
-        let digit = if place == 1 {
-            "o".into()
-        } else {
-            format!("(o / {place}u)")
-        };
-        let _ = writeln!(s, "    let o{d} = i32({digit} % {}u);", dim.output);
-        place *= dim.output;
-    }
-    let plane: u64 = dims.iter().map(|d| d.input).product();
-    let _ = writeln!(
-        s,
-        "    let p = o / {place}u;\n    let plane = offsets.x + p * {plane}u;\n    var acc = {};",
-        fold.init
-    );
-    if indices.is_some() {
-        s += "    var arg = -1i;\n";
-    }
-    // The divisor: taps inside the input (counted as they are visited), or inside the input
-    // or its padding (a product of per-dimension counts).
-    let count = match reduce {
-        Reduce::Average { include_pad: false } if dims.iter().any(Dim::leaves_input) => {
-            s += "    var taps = 0u;\n";
-            "f32(taps)".to_string()
-        }
-        Reduce::Average { include_pad: true } if dims.iter().any(Dim::leaves_padding) => {
-            // The k < kernel with o * stride + k * dilation < pad_begin + input + pad_end.
-            let mut counts = Vec::new();
-            for (d, dim) in dims.iter().enumerate() {
-                let room = dim.pad_begin + dim.input + dim.pad_end;
-                let mut taps = format!("{room}i - o{d} * {}i", dim.stride);
-                if dim.dilation > 1 {
-                    taps = format!("({taps} + {}i) / {}i", dim.dilation - 1, dim.dilation);
-                }
-                let _ = writeln!(s, "    let n{d} = clamp({taps}, 0i, {}i);", dim.kernel);
-                counts.push(format!("n{d}"));
-            }
-            format!("f32({})", counts.join(" * "))
-        }
-        _ => f32_lit(dims.iter().map(|d| d.kernel).product::<u64>() as f32),
-    };
-    let mut indent = String::from("    ");
-    // The tap's place in the plane: row-major, and column-major for storage_order 1.
-    let (mut at, mut col) = (Vec::new(), Vec::new());
-    let (mut inner, mut outer) = (plane, 1);
-    for (d, dim) in dims.iter().enumerate() {
-        inner /= dim.input.max(1);
-        at.push(if inner == 1 {
-            format!("u32(i{d})")
-        } else {
-            format!("u32(i{d}) * {inner}u")
-        });
-        col.push(format!("u32(i{d}) * {outer}u"));
-        outer *= dim.input;
-        let _ = writeln!(
-            s,
-            "{indent}for (var k{d} = 0i; k{d} < {}i; k{d}++) {{\n{indent}    let i{d} = o{d} * {}i + k{d} * {}i - {}i;",
-            dim.kernel, dim.stride, dim.dilation, dim.pad_begin
-        );
-        indent += "    ";
-        if dim.leaves_input() {
-            let _ = writeln!(
-                s,
-                "{indent}if (i{d} < 0i || i{d} >= {}i) {{ continue; }}",
-                dim.input
-            );
-        }
-    }
-    let at = at.join(" + ");
-    let _ = writeln!(s, "{indent}let v = x[plane + {at}];");
-    match indices {
-        // The first tap inside the input, then strictly greater ones, as on the CPU.
-        Some(column_major) => {
-            let place = if column_major { col.join(" + ") } else { at };
-            let _ = writeln!(
-                s,
-                "{indent}if (arg < 0i || v > acc) {{ acc = v; arg = i32({place}); }}"
-            );
-        }
-        None => {
-            let _ = writeln!(s, "{indent}acc = {};", fold.step("acc", "v"));
-        }
-    }
-    if count == "f32(taps)" {
-        let _ = writeln!(s, "{indent}taps += 1u;");
-    }
-    for _ in 0..rank {
-        indent.truncate(indent.len() - 4);
-        let _ = writeln!(s, "{indent}}}");
-    }
-    let _ = writeln!(
-        s,
-        "    y[offsets.y + o] = {};",
-        reduce.finish("acc", &count)
-    );
-    if indices.is_some() {
         // An int64: the flat input index, or -1 where the window holds no input.
-        let _ = writeln!(
-            s,
-            "    let found = arg >= 0i;\n    ind[offsets.ind + 2u * o] = select(0xffffffffu, p * {plane}u + u32(arg), found);\n    ind[offsets.ind + 2u * o + 1u] = select(0xffffffffu, 0u, found);"
-        );
+        spec = spec
+            .hook(
+                "store_index",
+                "fn store_index(o: u32, index: u32, found: bool) {\n    \
+                 ind[p.ind + 2u * o] = select(0xffffffffu, index, found);\n    \
+                 ind[p.ind + 2u * o + 1u] = select(0xffffffffu, 0u, found);\n}",
+            )
+            .set("INDEXED", true)
+            .set("COLUMN_MAJOR", column_major);
     }
-    s += "}\n";
-    let geometry: Vec<String> = dims.iter().map(|d| d.kernel.to_string()).collect();
-    Ok(vec![Dispatch {
-        label: format!("{}_{}_k{}", cx.op.to_lowercase(), n, geometry.join("x")),
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
+    // AveragePool's divisor: the window's size, the taps inside the input (counted as they
+    // are visited), or those inside the input or its padding (a product of per-dimension
+    // counts).
+    let count = match reduce {
+        Reduce::Average { include_pad: false } if dims.iter().any(Dim::leaves_input) => 1,
+        Reduce::Average { include_pad: true } if dims.iter().any(Dim::leaves_padding) => 2,
+        _ => 0,
+    };
+    let windows: Vec<String> = dims[3 - rank..]
+        .iter()
+        .map(|d| d.kernel.to_string())
+        .collect();
+    let mut label = format!("{}_{rank}d", cx.op.to_lowercase());
+    if cx.class == DeviceClass::Cpu {
+        // Window sizes as constants: the taps unroll.
+        for (k, d) in ["K0", "K1", "K2"].into_iter().zip(&dims) {
+            spec = spec.set(k, d.kernel as u32);
+        }
+        label += &format!("_k{}", windows.join("x"));
+    }
+    let mut params = vec![n, x.shape[2..].iter().product::<usize>() as u64];
+    let fields: [fn(&Dim) -> u64; 7] = [
+        |d| d.input,
+        |d| d.output,
+        |d| d.kernel,
+        |d| d.stride,
+        |d| d.dilation,
+        |d| d.pad_begin,
+        Dim::room,
+    ];
+    for field in fields {
+        params.extend(dims.iter().map(field));
+    }
+    spec.set("WG", WG)
+        .set("RANK", rank as u32)
+        .set("CLIP", dims.iter().any(Dim::leaves_input))
+        .set("COUNT", count)
+        .dispatch(
+            label,
+            grid.groups,
+            bindings,
+            params.into_iter().map(|w| w as u32).collect(),
+        )
+        .map(|d| vec![d])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{DeviceClass, Operand, compile};
+    use crate::reduce::vulkan::tests::{specialised, valid};
+    use crate::vulkan::{Operand, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
     fn ints(v: &[i64]) -> AttrValue {
@@ -390,81 +361,190 @@ mod tests {
             .with("p", AttrValue::Int(3))
     }
 
-    fn run(op: &str, attrs: &Attrs, x: &[usize], y: &[usize]) -> Result<Vec<Dispatch>, NoKernel> {
-        let xd = TensorDesc::new(DType::F32, x);
-        let inputs = [Operand::arena(xd.clone(), 0)];
-        let outputs = [Operand::arena(
-            TensorDesc::new(DType::F32, y),
-            xd.bytes() as u64,
-        )];
-        let cx = KernelCx {
-            class: DeviceClass::Gpu,
-            op,
-            name: "p",
-            attrs,
-            inputs: &inputs,
-            outputs: &outputs,
-        };
-        let d = lower(&cx)?;
-        for d in &d {
-            if let Err(e) = compile(&d.wgsl, &[]) {
-                panic!("{}:\n{}\n{e}", d.label, d.wgsl);
+    /// Both classes' dispatches, each compiled and checked against its module.
+    fn run(op: &str, attrs: &Attrs, x: &[usize], y: &[usize]) -> Vec<Dispatch> {
+        let d = lower_f32_all_classes(lower, op, attrs, &[x], &[y], 0);
+        valid(&d);
+        d
+    }
+
+    fn override_of(d: &Dispatch, name: &str) -> Option<f64> {
+        d.overrides.iter().find(|o| o.0 == name).map(|o| o.1)
+    }
+
+    #[test]
+    fn every_file_is_a_valid_module() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}:\n{e}", file.path);
             }
         }
-        Ok(d)
+    }
+
+    #[test]
+    fn divmod_is_exact() {
+        // window.wgsl's `divmod`, step by step in f32 as the shader runs it; `skew` moves the
+        // reciprocal by a few ulps, as GPUs' division may.
+        fn divmod(n: u32, d: u32, skew: i32) -> (u32, u32) {
+            let inv = f32::from_bits((1.0 / d as f32).to_bits().wrapping_add_signed(skew));
+            let q = (n as f32 * inv) as u32;
+            let r = n.wrapping_sub(q.wrapping_mul(d)) as i32;
+            let c = (r as f32 * inv).floor() as i32;
+            let (mut qi, mut ri) = (q as i32 + c, r - c * d as i32);
+            if ri < 0 {
+                qi -= 1;
+                ri += d as i32;
+            } else if ri >= d as i32 {
+                qi += 1;
+                ri -= d as i32;
+            }
+            (qi as u32, ri as u32)
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for k in 0..200_000u32 {
+            // Quotients near whole numbers are where an estimate goes wrong.
+            let d = match k % 3 {
+                0 => (next() % 64) as u32 + 1,
+                1 => (next() % 5000) as u32 + 1,
+                _ => (next() % ((1 << 24) - 1)) as u32 + 1,
+            };
+            let n = match k % 4 {
+                0 => (next() % (1 << 31)) as u32,
+                1 => ((next() % (1 << 31)) as u32 / d) * d,
+                2 => (((next() % (1 << 31)) as u32 / d) * d).saturating_sub(1),
+                _ => (next() % 100_000) as u32,
+            };
+            for skew in [-3, 0, 3] {
+                assert_eq!(divmod(n, d, skew), (n / d, n % d), "{n} / {d}, skew {skew}");
+            }
+        }
     }
 
     #[test]
     fn windowed_pools_compile() {
-        // PP-OCR: rec's AveragePool 3x2 stride 3x2, cls's MaxPool 2x2 stride 2.
+        // PP-OCR: rec's AveragePool 3x2 stride 3x2, cls's MaxPool 2x2 stride 2. No window
+        // leaves the input: no bounds checks, the window's size as the divisor; CPU-type
+        // devices get the window as constants, GPUs one module for every window.
         let a = window_attrs(&[3, 2], &[3, 2], &[0; 4], &[1, 1]);
-        let d = run("AveragePool", &a, &[1, 480, 3, 80], &[1, 480, 1, 40]).unwrap();
-        assert!(!d[0].wgsl.contains("continue"), "{}", d[0].wgsl);
+        let d = run("AveragePool", &a, &[1, 480, 3, 80], &[1, 480, 1, 40]);
+        for d in &d {
+            assert_eq!(override_of(d, "CLIP"), Some(0.0));
+            assert_eq!(override_of(d, "COUNT"), Some(0.0));
+            assert_eq!(d.groups, [300, 1, 1]);
+        }
+        assert_eq!(d[0].label, "averagepool_2d_k3x2");
+        assert_eq!(
+            [override_of(&d[0], "K0"), override_of(&d[0], "K1")],
+            [Some(1.0), Some(3.0)]
+        );
+        assert_eq!(
+            (d[1].label.as_str(), override_of(&d[1], "K2")),
+            ("averagepool_2d", None)
+        );
         let a = window_attrs(&[2, 2], &[2, 2], &[0; 4], &[1, 1]);
-        run("MaxPool", &a, &[1, 8, 24, 96], &[1, 8, 12, 48]).unwrap();
+        run("MaxPool", &a, &[1, 8, 24, 96], &[1, 8, 12, 48]);
         // Padded, dilated, 1-D and 3-D, with and without the padding in the count.
         let a = window_attrs(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1])
             .with("count_include_pad", AttrValue::Int(1));
-        let d = run("AveragePool", &a, &[1, 2, 4, 5], &[1, 2, 3, 3]).unwrap();
-        assert!(d[0].wgsl.contains("clamp("), "{}", d[0].wgsl);
+        let d = run("AveragePool", &a, &[1, 2, 4, 5], &[1, 2, 3, 3]);
+        // The last window leaves the padding (rows 0..6 padded, the third window's last tap
+        // is row 6): taps counted per dimension.
+        assert_eq!(override_of(&d[0], "COUNT"), Some(2.0));
+        let a = window_attrs(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1]);
+        let d = run("AveragePool", &a, &[1, 2, 5, 5], &[1, 2, 3, 3]);
+        assert_eq!(override_of(&d[0], "COUNT"), Some(1.0));
+        assert_eq!(override_of(&d[0], "CLIP"), Some(1.0));
         let a = window_attrs(&[3], &[1], &[1, 1], &[2]);
         for op in ["MaxPool", "AveragePool", "LpPool"] {
-            run(op, &a, &[1, 1, 9], &[1, 1, 7]).unwrap();
+            run(op, &a, &[1, 1, 9], &[1, 1, 7]);
         }
         let a = window_attrs(&[2, 2, 3], &[1, 2, 1], &[0, 1, 1, 1, 0, 0], &[1, 1, 1]);
         for op in ["MaxPool", "AveragePool", "LpPool"] {
-            run(op, &a, &[1, 1, 3, 3, 4], &[1, 1, 3, 2, 3]).unwrap();
+            let d = run(op, &a, &[1, 1, 3, 3, 4], &[1, 1, 3, 2, 3]);
+            // Params: outputs, plane, then per dimension input, output, window, stride,
+            // dilation, padding before, padded size.
+            assert_eq!(
+                d[1].params,
+                [
+                    18, 36, 3, 3, 4, 3, 2, 3, 2, 2, 3, 1, 2, 1, 1, 1, 1, 0, 1, 1, 4, 4, 5
+                ]
+            );
         }
         // More outputs than one row of workgroups.
         let a = window_attrs(&[1, 1], &[1, 1], &[0; 4], &[1, 1]);
-        let d = run("MaxPool", &a, &[1, 1, 65535, 65], &[1, 1, 65535, 65]).unwrap();
+        let d = run("MaxPool", &a, &[1, 1, 65535, 65], &[1, 1, 65535, 65]);
         assert_eq!(d[0].groups, [65535, 2, 1]);
-    }
-
-    #[test]
-    fn global_pools_and_max_pool_indices_compile() {
-        let a = Attrs::new().with("p", AttrValue::Int(2));
-        for op in ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"] {
-            run(op, &a, &[1, 16, 56, 56], &[1, 16, 1, 1]).unwrap();
-        }
-        let a = window_attrs(&[2, 2], &[2, 2], &[0; 4], &[1, 1]);
-        let xd = TensorDesc::new(DType::F32, [1, 1, 4, 4]);
-        let yd = TensorDesc::new(DType::F32, [1, 1, 2, 2]);
+        // A window too large for one invocation's loops.
+        let a = window_attrs(&[300, 300], &[1, 1], &[0; 4], &[1, 1]);
+        let xd = TensorDesc::new(DType::F32, [1, 1, 300, 300]);
+        let yd = TensorDesc::new(DType::F32, [1, 1, 1, 1]);
         let inputs = [Operand::arena(xd, 0)];
-        let outputs = [
-            Operand::arena(yd, 64),
-            Operand::arena(TensorDesc::new(DType::I64, [1, 1, 2, 2]), 128),
-        ];
+        let outputs = [Operand::arena(yd, 1 << 20)];
         let cx = KernelCx {
-            class: DeviceClass::Gpu,
+            class: DeviceClass::Cpu,
             op: "MaxPool",
             name: "p",
             attrs: &a,
             inputs: &inputs,
             outputs: &outputs,
         };
-        let d = lower(&cx).unwrap();
-        compile(&d[0].wgsl, &[]).unwrap();
-        assert_eq!(d[0].bindings[2], Binding::output("ind", 1, "u32"));
+        assert!(lower(&cx).is_err());
+    }
+
+    #[test]
+    fn global_pools_and_max_pool_indices_compile() {
+        let a = Attrs::new().with("p", AttrValue::Int(2));
+        for op in ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"] {
+            let d = run(op, &a, &[1, 16, 56, 56], &[1, 16, 1, 1]);
+            assert_eq!(d[1].label, format!("{}_wg64_v4", op.to_lowercase()));
+            assert_eq!(d[1].groups, [16, 1, 1]);
+        }
+        for storage_order in [0, 1] {
+            let a = window_attrs(&[2, 2], &[2, 2], &[0; 4], &[1, 1])
+                .with("storage_order", AttrValue::Int(storage_order));
+            let xd = TensorDesc::new(DType::F32, [1, 1, 4, 4]);
+            let yd = TensorDesc::new(DType::F32, [1, 1, 2, 2]);
+            let inputs = [Operand::arena(xd, 0)];
+            let outputs = [
+                Operand::arena(yd, 64),
+                Operand::arena(TensorDesc::new(DType::I64, [1, 1, 2, 2]), 128),
+            ];
+            for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
+                let cx = KernelCx {
+                    class,
+                    op: "MaxPool",
+                    name: "p",
+                    attrs: &a,
+                    inputs: &inputs,
+                    outputs: &outputs,
+                };
+                let d = lower(&cx).unwrap();
+                valid(&d);
+                assert_eq!(d[0].bindings[2], Binding::output("ind", 1, "u32"));
+                assert_eq!(
+                    override_of(&d[0], "COLUMN_MAJOR"),
+                    Some(storage_order as f64)
+                );
+                if (class, storage_order) == (DeviceClass::Cpu, 1) {
+                    insta::assert_snapshot!("maxpool_indices_cpu", specialised(&d[0]));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn specialised_sources() {
+        // AveragePool counting the padding in ceil mode, on GPUs: every window size from the
+        // params.
+        let a = window_attrs(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1])
+            .with("count_include_pad", AttrValue::Int(1));
+        let d = run("AveragePool", &a, &[1, 2, 4, 5], &[1, 2, 3, 3]);
+        insta::assert_snapshot!("averagepool_include_pad_gpu", specialised(&d[1]));
     }
 }

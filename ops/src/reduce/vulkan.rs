@@ -1,19 +1,28 @@
 //! Vulkan kernels of the reduce family (ops: ops/src/reduce/cpu.rs): `Reduce*`,
 //! `ArgMax`/`ArgMin` and `Softmax`/`LogSoftmax`/`Hardmax`. The pool family's global pools are
-//! made by the same generator, [`Reduction`].
+//! reductions too ([`Reduction`]).
 //!
 //! Each output element (for Softmax, each row) folds a set of input elements: the kept
-//! dimensions give the set's first element, the reduced ones the offsets inside it, all with
-//! literal strides ([`Space`]). The set is folded in one or more stages ([`Stage`]: Softmax
-//! folds the maximum, then the sum of exponentials) and the result written ([`Out`]). Two
-//! shapes of kernel:
-//! - one invocation per output, walking its whole set in 8 interleaved accumulators merged
-//!   pairwise (vec4 loads when the set is contiguous and aligned): sets that are small next to
-//!   the number of outputs, and on CPU-type devices, where workgroup memory and barriers are
-//!   slow, every set short enough for one invocation;
-//! - one workgroup per output: each invocation folds every `workgroup`-th element, then a tree
-//!   in workgroup memory folds the partial results. On GPUs for large sets, everywhere for
-//!   sets longer than one invocation may loop over ([`MAX_TRIPS`]).
+//! dimensions give the set's first element, the reduced ones the offsets inside it ([`Space`],
+//! passed as push-constant params, so one module serves every shape). The set is folded in one
+//! or two stages ([`Stage`]: Softmax folds the maximum, then the sum of exponentials) and the
+//! result written ([`Out`]). The kernels are WGSL files beside this one:
+//! - `fold.wgsl`: one invocation per output, walking its whole set in 8 interleaved
+//!   accumulators merged pairwise (vec4 loads when the set is contiguous and aligned): sets
+//!   that are small next to the number of outputs, and on CPU-type devices, where workgroup
+//!   memory and barriers are slow, every set short enough for one invocation;
+//! - `tree.wgsl`: one workgroup per output: each invocation folds every `workgroup`-th element,
+//!   then a tree in workgroup memory folds the partial results. On GPUs for large sets,
+//!   everywhere for sets longer than one invocation may loop over ([`MAX_TRIPS`]);
+//! - `arg.wgsl`: ArgMax/ArgMin and Hardmax, an index search per output in 8 lanes;
+//! - `empty.wgsl`: reductions of empty sets (nothing to read);
+//! - `any_all.wgsl`: ReduceMax/ReduceMin of bools, 4 outputs to a u32 word.
+//!
+//! What a fold computes is spliced in as hook functions ([`Fold`]'s `init`, `term` and
+//! `combine`, the result's `finish` or `each`): scalar expressions, no shapes. The overrides
+//! are code shapes only: the workgroup size, the stage count, whether every element is
+//! written, how many kept and reduced dimensions there are (one reduced dimension is a plain
+//! stride; more cost a division per element, which only unusual shapes pay).
 //!
 //! Summing in lanes is not only faster: next to one running sum it shortens the chains of
 //! roundings about as a vectorised CPU reduction does, which brings LayerNorm means (and so
@@ -22,9 +31,21 @@
 //! int64 outputs (ArgMax/ArgMin) are written as two u32 words per element, low word first.
 
 use crate::no_kernel;
-use crate::vulkan::{Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, Spec, Wgsl, f32_lit,
+};
+use crate::wgsl;
 use ingot_schema::DType;
-use std::fmt::Write;
+
+static FOLD: Wgsl = wgsl!("reduce/fold.wgsl");
+static TREE: Wgsl = wgsl!("reduce/tree.wgsl");
+static ARG: Wgsl = wgsl!("reduce/arg.wgsl");
+static EMPTY: Wgsl = wgsl!("reduce/empty.wgsl");
+static ANY_ALL: Wgsl = wgsl!("reduce/any_all.wgsl");
+
+/// The family's kernel files.
+#[cfg(test)]
+pub(crate) static FILES: [&Wgsl; 5] = [&FOLD, &TREE, &ARG, &EMPTY, &ANY_ALL];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.inputs.len() != 1 || cx.outputs.len() != 1 {
@@ -68,7 +89,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 space: Space::new(shape, &[axis]),
                 ty: if x_dtype == DType::F32 { "f32" } else { "i32" },
                 stages: vec![Stage::Arg {
-                    cmp: if cx.op == "ArgMax" { ">" } else { "<" },
+                    min: cx.op == "ArgMin",
                     last: int("select_last_index")? != 0,
                 }],
                 out: Out::Index,
@@ -89,25 +110,28 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 combine: "select($a, $b, $b > $a)".into(),
             };
             let sum_exp = Fold::sum("f32", "exp($v - s0)");
-            let (stages, each) = match cx.op {
+            let (stages, out) = match cx.op {
                 "Softmax" => (
                     vec![max.into(), sum_exp.into()],
-                    "exp($v - s0) * (1.0 / s1)",
+                    Out::Each("exp($v - s0) * (1.0 / s1)".into()),
                 ),
-                "LogSoftmax" => (vec![max.into(), sum_exp.into()], "$v - (s0 + log(s1))"),
+                "LogSoftmax" => (
+                    vec![max.into(), sum_exp.into()],
+                    Out::Each("$v - (s0 + log(s1))".into()),
+                ),
                 _ => (
                     vec![Stage::Arg {
-                        cmp: ">",
+                        min: false,
                         last: false,
                     }],
-                    "select(0.0, 1.0, $r == bi)",
+                    Out::OneHot,
                 ),
             };
             Reduction {
                 space: Space::new(shape, &axes),
                 ty: "f32",
                 stages,
-                out: Out::Each(each.into()),
+                out,
             }
         }
         _ if x_dtype == DType::Bool => return any_all(cx),
@@ -132,9 +156,9 @@ fn axes(cx: &KernelCx) -> Result<Vec<usize>, NoKernel> {
 /// outputs, written as one u32 word (the last word keeps the bytes past the tensor's end).
 fn any_all(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
-    let fold = match cx.op {
-        "ReduceMax" => "max",
-        "ReduceMin" => "min",
+    let all = match cx.op {
+        "ReduceMax" => false,
+        "ReduceMin" => true,
         _ => return Err(cx.dtype(DType::Bool)),
     };
     if y.desc.dtype != DType::Bool {
@@ -154,52 +178,24 @@ fn any_all(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if 4 * count > MAX_TRIPS {
         return Err(no_kernel!("{}: sets of {count} bytes", cx.op));
     }
-    let words = n_out.div_ceil(4);
-    let grid = Grid::new(words, 64)?;
+    let grid = Grid::new(n_out.div_ceil(4), 64)?;
+    // The output is slot 0: an empty set reads nothing, and an empty tensor cannot be bound.
     let mut bindings = vec![Binding::output("y", 0, "u32")];
+    let mut spec = space.shape(Spec::new(&ANY_ALL))?;
     if count > 0 {
-        bindings.insert(0, Binding::input("x", 0, "u32"));
+        bindings.push(Binding::input("x", 0, "u32"));
+    } else {
+        spec = spec.hook("byte", "fn byte(e: u32) -> u32 {\n    return 0u;\n}");
     }
-    let mut s = header(&bindings);
-    let _ = writeln!(
-        s,
-        "\n{} {{\n    let w = {};\n    if (w >= {words}u) {{ return; }}\n    var word = 0u;",
-        grid.entry(),
-        grid.index()
-    );
-    let init = if fold == "max" { 0 } else { 1 };
-    for c in 0..4 {
-        let _ = writeln!(
-            s,
-            "    {{\n    let o = 4u * w + {c}u;\n    var acc = {init}u;"
-        );
-        if count > 0 {
-            let _ = writeln!(
-                s,
-                "    if (o < {n_out}u) {{\n    let base = {};\n    for (var r = 0u; r < {count}u; r++) {{\n        let e = base + {};\n        let byte = (x[offsets.x + e / 4u] >> (8u * (e % 4u))) & 0xffu;\n        acc = {fold}(acc, select(0u, 1u, byte != 0u));\n    }}\n    }}",
-                space.base("o"),
-                space.offset("r")
-            );
-        }
-        let _ = writeln!(s, "    word |= acc << {}u;\n    }}", 8 * c);
-    }
-    if n_out % 4 != 0 {
-        let keep = u32::MAX << (8 * (n_out % 4));
-        let _ = writeln!(
-            s,
-            "    if (w == {}u) {{\n        word = (word & {}u) | (y[offsets.y + w] & {keep}u);\n    }}",
-            words - 1,
-            !keep
-        );
-    }
-    s += "    y[offsets.y + w] = word;\n}\n";
-    Ok(vec![Dispatch {
-        label: format!("{}_bool_{n_out}x{count}", cx.op.to_lowercase()),
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
+    spec.set("WG", grid.workgroup)
+        .set("ALL", all)
+        .dispatch(
+            format!("{}_bool", cx.op.to_lowercase()),
+            grid.groups,
+            bindings,
+            space.params(n_out)?,
+        )
+        .map(|d| vec![d])
 }
 
 /// `Reduce*`: f32, and i32 for the kinds that need no division, root or logarithm.
@@ -240,30 +236,27 @@ fn reduce(cx: &KernelCx) -> Result<Reduction, NoKernel> {
     };
     let sum = |term: &str| Fold::sum(ty, term);
     let (stages, result) = match cx.op {
-        "ReduceSum" => (vec![sum("$v")], "s0".to_string()),
-        "ReduceMax" => (vec![extreme(lowest, ">")], "s0".into()),
-        "ReduceMin" => (vec![extreme(highest, "<")], "s0".into()),
+        "ReduceSum" => (vec![sum("$v")], "s0"),
+        "ReduceMax" => (vec![extreme(lowest, ">")], "s0"),
+        "ReduceMin" => (vec![extreme(highest, "<")], "s0"),
         "ReduceProd" => (
             vec![Fold {
                 init: one,
                 term: "$v".into(),
                 combine: "$a * $b".into(),
             }],
-            "s0".into(),
+            "s0",
         ),
-        "ReduceL1" => (vec![sum("abs($v)")], "s0".into()),
-        "ReduceSumSquare" => (vec![sum("$v * $v")], "s0".into()),
+        "ReduceL1" => (vec![sum("abs($v)")], "s0"),
+        "ReduceSumSquare" => (vec![sum("$v * $v")], "s0"),
         _ if !float => return Err(cx.dtype(x.dtype)),
-        "ReduceMean" => (
-            vec![sum("$v")],
-            format!("s0 / {}", f32_lit(space.count() as f32)),
-        ),
-        "ReduceL2" => (vec![sum("$v * $v")], "sqrt(s0)".into()),
-        "ReduceLogSum" => (vec![sum("$v")], "log(s0)".into()),
+        "ReduceMean" => (vec![sum("$v")], "s0 / f32(n)"),
+        "ReduceL2" => (vec![sum("$v * $v")], "sqrt(s0)"),
+        "ReduceLogSum" => (vec![sum("$v")], "log(s0)"),
         "ReduceLogSumExp" => (
             vec![extreme(lowest, ">"), sum("exp($v - s0)")],
             // An infinite maximum (or an empty set: -inf) is the answer itself.
-            "select(s0, s0 + log(s1), (bitcast<u32>(s0) & 0x7fffffffu) < 0x7f800000u)".into(),
+            "select(s0, s0 + log(s1), (bitcast<u32>(s0) & 0x7fffffffu) < 0x7f800000u)",
         ),
         op => return Err(no_kernel!("no Vulkan kernel for {op}")),
     };
@@ -271,7 +264,7 @@ fn reduce(cx: &KernelCx) -> Result<Reduction, NoKernel> {
         space,
         ty,
         stages: stages.into_iter().map(Stage::from).collect(),
-        out: Out::Value(result),
+        out: Out::Value(result.into()),
     })
 }
 
@@ -279,6 +272,9 @@ fn reduce(cx: &KernelCx) -> Result<Reduction, NoKernel> {
 fn is_nan(v: &str) -> String {
     format!("(bitcast<u32>({v}) & 0x7fffffffu) > 0x7f800000u")
 }
+
+/// The most dimensions of each kind (kept, reduced) the kernels take, after merging.
+const MAX_DIMS: usize = 4;
 
 /// How the output elements map to sets of input elements: the input's dimensions without the
 /// size-1 ones, neighbours of the same kind (kept or reduced) merged, each with its input
@@ -336,47 +332,41 @@ impl Space {
         self.reduced.len() <= 1 && self.reduced.iter().all(|d| d.1 == 1)
     }
 
-    /// The WGSL u32 input offset of the first element of output `o`'s set.
-    fn base(&self, o: &str) -> String {
-        digits(&self.kept, o)
-    }
-
-    /// The WGSL u32 offset of element `r` of a set from its first element.
-    fn offset(&self, r: &str) -> String {
-        digits(&self.reduced, r)
-    }
-}
-
-/// `Σ digit_k * stride_k` for the row-major digits of the WGSL u32 `i` over `dims`.
-fn digits(dims: &[(u64, u64)], i: &str) -> String {
-    let mut terms = Vec::new();
-    let mut place = 1;
-    for (k, &(size, stride)) in dims.iter().enumerate().rev() {
-        let mut digit = if place == 1 {
-            i.to_string()
-        } else {
-            format!("({i} / {place}u)")
-        };
-        if k > 0 {
-            digit = format!("({digit} % {size}u)");
+    /// `spec` with the overrides of the dimension counts, `KEPT` and `REDUCED` (no reduced
+    /// dimension is one of size 1).
+    fn shape(&self, spec: Spec) -> Result<Spec, NoKernel> {
+        if self.kept.len() > MAX_DIMS || self.reduced.len() > MAX_DIMS {
+            return Err(no_kernel!(
+                "{} kept and {} reduced runs of dimensions (at most {MAX_DIMS} each)",
+                self.kept.len(),
+                self.reduced.len()
+            ));
         }
-        terms.push(if stride == 1 {
-            digit
-        } else {
-            format!("{digit} * {stride}u")
-        });
-        place *= size;
+        Ok(spec
+            .set("KEPT", self.kept.len() as u32)
+            .set("REDUCED", self.reduced.len().max(1) as u32))
     }
-    if terms.is_empty() {
-        return "0u".into();
+
+    /// The params of the kernels: the outputs, the set's length, then the kept and the
+    /// reduced dimensions, innermost first, [`MAX_DIMS`] of each, padded with (1, 0).
+    fn params(&self, outputs: u64) -> Result<Vec<u32>, NoKernel> {
+        let mut words = vec![outputs, self.count()];
+        for dims in [&self.kept, &self.reduced] {
+            let pad = std::iter::repeat_n((1, 0), MAX_DIMS.saturating_sub(dims.len()));
+            for (size, stride) in dims.iter().rev().copied().chain(pad) {
+                words.extend([size, stride]);
+            }
+        }
+        words
+            .into_iter()
+            .map(|w| u32::try_from(w).map_err(|_| no_kernel!("{w} does not fit a u32 param")))
+            .collect()
     }
-    terms.reverse();
-    terms.join(" + ")
 }
 
 /// A fold of a set into one value: `acc = combine(acc, term(v))` from `init`. The WGSL
 /// templates name the input value `$v` and the two accumulators `$a` and `$b`; terms may use
-/// the results of earlier stages, `s0`, `s1`...
+/// the result of the stage before, `s0`.
 #[derive(Clone, Debug)]
 pub(crate) struct Fold {
     pub init: String,
@@ -394,23 +384,40 @@ impl Fold {
         }
     }
 
-    /// `acc` combined with the term of `v`, as WGSL.
-    pub(crate) fn step(&self, acc: &str, v: &str) -> String {
-        self.merge(acc, &self.term.replace("$v", v))
-    }
-
-    fn merge(&self, a: &str, b: &str) -> String {
-        self.combine.replace("$a", a).replace("$b", b)
+    /// `spec` with this fold as stage `k`'s hooks `init{k}`, `term{k}` and `combine{k}`, of
+    /// values of type `ty` (the file's alias `T` for reductions, `f32` for pools).
+    pub(crate) fn hooks(&self, spec: Spec, k: usize, ty: &str) -> Spec {
+        let s0 = if k == 0 {
+            String::new()
+        } else {
+            format!(", s0: {ty}")
+        };
+        spec.hook(
+            ["init0", "init1"][k],
+            format!("fn init{k}() -> {ty} {{\n    return {};\n}}", self.init),
+        )
+        .hook(
+            ["term0", "term1"][k],
+            format!(
+                "fn term{k}(v: {ty}{s0}) -> {ty} {{\n    return {};\n}}",
+                self.term.replace("$v", "v")
+            ),
+        )
+        .hook(
+            ["combine0", "combine1"][k],
+            format!(
+                "fn combine{k}(a: {ty}, b: {ty}) -> {ty} {{\n    return {};\n}}",
+                self.combine.replace("$a", "a").replace("$b", "b")
+            ),
+        )
     }
 }
 
 pub(crate) enum Stage {
     /// Its result is `s{k}` for stage k.
     Fold(Fold),
-    /// The index `bi` of the first (or `last`) element `v` with no `w` in the set such that
-    /// `w cmp v`: `>` finds the maximum. As on the CPU, which scans from element 0 and takes a
-    /// better element, NaN is never taken, unless it is element 0.
-    Arg { cmp: &'static str, last: bool },
+    /// The index of the first (or `last`) greatest (or `min`: least) element.
+    Arg { min: bool, last: bool },
 }
 
 impl From<Fold> for Stage {
@@ -421,14 +428,17 @@ impl From<Fold> for Stage {
 
 /// What a reduction writes.
 pub(crate) enum Out {
-    /// One element per output: the WGSL of the result from the stages' results.
+    /// One element per output: the WGSL of the result from the stages' results `s0`, `s1` and
+    /// the set's length `n` (a u32).
     Value(String),
-    /// ArgMax/ArgMin: `bi` as an int64, two u32 words.
+    /// ArgMax/ArgMin: the index as an int64, two u32 words.
     Index,
     /// Every element of the set, at its input offsets in an output of the input's shape: the
     /// WGSL of each value from `$v` (the input element), `$r` (its index in the set) and the
     /// stages' results.
     Each(String),
+    /// Hardmax: every element of the set, 1.0 at the index search's result and 0.0 elsewhere.
+    OneHot,
 }
 
 /// A reduction kernel: the sets, the stages that fold them and what is written.
@@ -445,18 +455,25 @@ pub(crate) struct Reduction {
 /// iterations in all.
 pub(crate) const MAX_TRIPS: u64 = 49152;
 
-/// `for (var {var} = start; {var} < end; {var} += step) {body}`.
-fn counted_loop(var: &str, start: &str, end: u64, step: u64, body: &str) -> String {
-    format!("    for (var {var} = {start}; {var} < {end}u; {var} += {step}u) {{\n{body}    }}\n")
-}
-
-/// Accumulators of a fold in one invocation (a power of two, a multiple of 4).
+/// Accumulators of a fold in one invocation (the files' 8 lanes).
 const LANES: u64 = 8;
 
 /// On GPUs, sets of at least this many elements get one workgroup per output...
 const TREE_MIN: u64 = 1024;
 /// ...and so do sets of at least `.0` elements when there are fewer than `.1` outputs.
 const TREE_FEW: (u64, u64) = (128, 4096);
+
+/// Vector reads of contiguous sets that start on 16 bytes (`X` is `vec4<T>`).
+const VEC4_LOADS: [(&str, &str); 2] = [
+    (
+        "load4",
+        "fn load4(base: u32, r: u32) -> vec4<T> {\n    return x[p.x + (base + r) / 4u];\n}",
+    ),
+    (
+        "load1",
+        "fn load1(base: u32, r: u32) -> T {\n    return x[p.x + (base + r) / 4u][(base + r) % 4u];\n}",
+    ),
+];
 
 impl Reduction {
     pub(crate) fn lower(&self, cx: &KernelCx, label: &str) -> Result<Vec<Dispatch>, NoKernel> {
@@ -470,23 +487,46 @@ impl Reduction {
             return Err(no_kernel!("{}: tensors too large for u32 indices", cx.op));
         }
         let written = match self.out {
-            Out::Each(_) => n_out * count,
+            Out::Each(_) | Out::OneHot => n_out * count,
             _ => n_out,
         };
         if written == 0 {
             return Ok(Vec::new());
         }
-        // Index stages read element by element.
-        let folds = self.stages.iter().all(|s| matches!(s, Stage::Fold(_)));
-        let vec4 = folds
-            && self.space.contiguous()
-            && count.is_multiple_of(4)
-            && count > 0
-            && cx.inputs[0].aligned16();
+        let folds: Vec<&Fold> = self
+            .stages
+            .iter()
+            .filter_map(|s| match s {
+                Stage::Fold(f) => Some(f),
+                Stage::Arg { .. } => None,
+            })
+            .collect();
+        let params = self.space.params(n_out)?;
+        if count == 0 {
+            let Out::Value(result) = &self.out else {
+                return Err(no_kernel!("{}: nothing to search", cx.op));
+            };
+            let grid = Grid::new(n_out, 64)?;
+            return self
+                .finish(self.hooks(Spec::new(&EMPTY), &folds, true), result)
+                .set("WG", grid.workgroup)
+                .dispatch(
+                    format!("{label}_empty"),
+                    grid.groups,
+                    vec![Binding::output("y", 0, self.ty)],
+                    vec![params[0]],
+                )
+                .map(|d| vec![d]);
+        }
+        if let [Stage::Arg { min, last }] = &self.stages[..] {
+            return self.arg(cx, label, *min, *last, params);
+        }
+        if folds.len() != self.stages.len() || !(1..=2).contains(&folds.len()) {
+            return Err(no_kernel!("{}: an unsupported reduction", cx.op));
+        }
+        let vec4 = self.space.contiguous() && count.is_multiple_of(4) && cx.inputs[0].aligned16();
         let large = count >= TREE_MIN || (count >= TREE_FEW.0 && n_out < TREE_FEW.1);
-        let tree = if !folds || count == 0 {
-            None
-        } else if cx.class != DeviceClass::Cpu && large {
+        let tree = if cx.class != DeviceClass::Cpu && large {
             Some(if count >= 4 * TREE_MIN { 256 } else { 64 })
         } else if self.trips(vec4, None) > MAX_TRIPS {
             // Too long for one invocation: one workgroup per output on every device.
@@ -501,47 +541,126 @@ impl Reduction {
                 cx.op
             ));
         }
-        let x_ty = if vec4 {
-            match self.ty {
-                "i32" => "vec4<i32>",
-                _ => "vec4<f32>",
+        let x_ty = match (vec4, self.ty) {
+            (false, ty) => ty,
+            (true, "i32") => "vec4<i32>",
+            (true, _) => "vec4<f32>",
+        };
+        let bindings = vec![
+            Binding::input("x", 0, x_ty),
+            Binding::output("y", 0, self.ty),
+        ];
+        let (file, groups, wg, how) = match tree {
+            Some(wg) => (&TREE, Grid::new(n_out, 1)?.groups, wg, format!("wg{wg}")),
+            None => {
+                let wg = match cx.class {
+                    // lavapipe runs a workgroup on one thread: few outputs with long sets go
+                    // in small groups to use every core.
+                    DeviceClass::Cpu if n_out < 1024 && count >= 1024 => 8,
+                    _ => 64,
+                };
+                (&FOLD, Grid::new(n_out, wg)?.groups, wg, "thread".into())
             }
-        } else {
-            self.ty
         };
-        let y_ty = match self.out {
-            Out::Index => "u32",
-            Out::Each(_) => "f32",
-            Out::Value(_) => self.ty,
-        };
-        // An empty set reads nothing, and an empty tensor cannot be bound.
-        let mut bindings = vec![Binding::output("y", 0, y_ty)];
-        if count > 0 {
-            bindings.insert(0, Binding::input("x", 0, x_ty));
-        }
-        let (wgsl, groups, how) = if let Some(wg) = tree {
-            let (wgsl, groups) = self.tree(&bindings, vec4, wg)?;
-            (wgsl, groups, format!("wg{wg}"))
-        } else {
-            let wg = match cx.class {
-                // lavapipe runs a workgroup on one thread: few outputs with long sets go in
-                // small groups to use every core.
-                DeviceClass::Cpu if n_out < 1024 && count >= 1024 => 8,
-                _ => 64,
-            };
-            let (wgsl, groups) = self.threads(&bindings, vec4, wg)?;
-            (wgsl, groups, "thread".into())
-        };
-        Ok(vec![Dispatch {
-            label: format!(
-                "{label}_{n_out}x{count}_{how}{}",
-                if vec4 { "_v4" } else { "" }
+        let mut spec = self.hooks(self.space.shape(Spec::new(file))?, &folds, false);
+        spec = match &self.out {
+            Out::Value(result) => self.finish(spec, result),
+            Out::Each(each) => spec.hook(
+                "each",
+                format!(
+                    "fn each(v: T, r: u32, s0: T, s1: T) -> T {{\n    return {};\n}}",
+                    each.replace("$v", "v").replace("$r", "r")
+                ),
             ),
-            wgsl,
-            groups,
-            bindings,
-            ..Default::default()
-        }])
+            Out::Index | Out::OneHot => {
+                return Err(no_kernel!("{}: an index written by a fold", cx.op));
+            }
+        };
+        if vec4 {
+            spec = spec.alias("X", format!("vec4<{}>", self.ty));
+            for (name, function) in VEC4_LOADS {
+                spec = spec.hook(name, function);
+            }
+        }
+        if tree.is_some() {
+            spec = spec.set("V4", vec4);
+        }
+        spec.set("WG", wg)
+            .set("STAGES", folds.len() as u32)
+            .set("EACH", matches!(self.out, Out::Each(_)))
+            .dispatch(
+                format!("{label}_{how}{}", if vec4 { "_v4" } else { "" }),
+                groups,
+                bindings,
+                params,
+            )
+            .map(|d| vec![d])
+    }
+
+    /// `spec` with the element type and the stages' hooks (only the `init`s with `inits`).
+    fn hooks(&self, mut spec: Spec, folds: &[&Fold], inits: bool) -> Spec {
+        spec = spec.alias("T", self.ty);
+        for (k, f) in folds.iter().enumerate() {
+            spec = match inits {
+                true => spec.hook(
+                    ["init0", "init1"][k],
+                    format!("fn init{k}() -> T {{\n    return {};\n}}", f.init),
+                ),
+                false => f.hooks(spec, k, "T"),
+            };
+        }
+        spec
+    }
+
+    /// `spec` with the hook `finish` returning `result`.
+    fn finish(&self, spec: Spec, result: &str) -> Spec {
+        spec.hook(
+            "finish",
+            format!("fn finish(s0: T, s1: T, n: u32) -> T {{\n    return {result};\n}}"),
+        )
+    }
+
+    /// ArgMax/ArgMin (`Out::Index`) and Hardmax (`Out::OneHot`): arg.wgsl.
+    fn arg(
+        &self,
+        cx: &KernelCx,
+        label: &str,
+        min: bool,
+        last: bool,
+        params: Vec<u32>,
+    ) -> Result<Vec<Dispatch>, NoKernel> {
+        let one_hot = match self.out {
+            Out::Index => false,
+            Out::OneHot => true,
+            _ => return Err(no_kernel!("{}: an index search writes an index", cx.op)),
+        };
+        let trips = self.trips(false, None);
+        if trips > MAX_TRIPS {
+            return Err(no_kernel!(
+                "{}: {trips} loop iterations per invocation over sets of {}",
+                cx.op,
+                self.space.count()
+            ));
+        }
+        let grid = Grid::new(self.space.outputs(), 64)?;
+        let mut spec = self.space.shape(Spec::new(&ARG))?.alias("T", self.ty);
+        if self.ty != "f32" {
+            spec = spec.hook("is_nan", "fn is_nan(v: T) -> bool {\n    return false;\n}");
+        }
+        spec.set("WG", grid.workgroup)
+            .set("MIN", min)
+            .set("LAST", last)
+            .set("HARDMAX", one_hot)
+            .dispatch(
+                format!("{label}_thread"),
+                grid.groups,
+                vec![
+                    Binding::input("x", 0, self.ty),
+                    Binding::output("y", 0, "u32"),
+                ],
+                params,
+            )
+            .map(|d| vec![d])
     }
 
     /// The loop iterations of one invocation: one per output, or a workgroup of `tree`.
@@ -560,268 +679,21 @@ impl Reduction {
                 _ => count / LANES,
             })
             .sum();
-        let write = match self.out {
-            Out::Each(_) => walk,
+        let write = match (&self.out, tree) {
+            (Out::Each(_), Some(_)) => walk,
+            (Out::Each(_), None) => count / 4 + count % 4,
+            (Out::OneHot, _) => count,
             _ => 0,
         };
         stages + write
     }
-
-    /// A loop over the elements `start`, `start + step`... of the set starting at `base`,
-    /// with the WGSL statements `body(v, r, at)` for each: `v` its value, `r` its index in the
-    /// set, `at` its offset in the input. With `vec4` the set is read 4 elements at a time.
-    fn walk(
-        &self,
-        vec4: bool,
-        start: &str,
-        step: u32,
-        body: &dyn Fn(&str, &str, &str) -> String,
-    ) -> String {
-        let count = self.space.count();
-        let step = u64::from(step);
-        if vec4 {
-            let mut b = String::from("        let v4 = x[offsets.x + base / 4u + q];\n");
-            for (c, lane) in ["x", "y", "z", "w"].iter().enumerate() {
-                b += &body(
-                    &format!("v4.{lane}"),
-                    &format!("(4u * q + {c}u)"),
-                    &format!("base + 4u * q + {c}u"),
-                );
-            }
-            counted_loop("q", start, count / 4, step, &b)
-        } else {
-            let off = self.space.offset("r");
-            let b = format!(
-                "        let v = x[offsets.x + base + {off}];\n{}",
-                body("v", "r", &format!("base + {off}"))
-            );
-            counted_loop("r", start, count, step, &b)
-        }
-    }
-
-    /// The statements that write the result of output `o`.
-    fn write(&self, vec4: bool, start: &str, step: u32) -> String {
-        match &self.out {
-            Out::Value(e) => format!("    y[offsets.y + o] = {e};\n"),
-            Out::Index => {
-                "    y[offsets.y + 2u * o] = bi;\n    y[offsets.y + 2u * o + 1u] = 0u;\n".into()
-            }
-            Out::Each(e) => self.walk(vec4, start, step, &|v, r, at| {
-                format!(
-                    "        y[offsets.y + {at}] = {};\n",
-                    e.replace("$v", v).replace("$r", r)
-                )
-            }),
-        }
-    }
-
-    /// Stage `k`'s fold of the set of output `o` into `s{k}`, in [`LANES`] interleaved
-    /// accumulators (lane i takes the elements i, i + LANES, ...) merged pairwise at the end,
-    /// as a vectorised CPU reduction does: shorter chains of roundings than one running sum.
-    fn lanes(&self, k: usize, f: &Fold, vec4: bool) -> String {
-        let count = self.space.count();
-        let main = count / LANES * LANES;
-        let lane = |i: u64| format!("s{k}_{i}");
-        let mut s = String::new();
-        for i in 0..LANES {
-            let _ = writeln!(s, "    var {} = {};", lane(i), f.init);
-        }
-        let step = |i: u64, v: &str| format!("{} = {};", lane(i), f.step(&lane(i), v));
-        let body = |r: &str, indent: &str| {
-            let mut b = String::new();
-            if vec4 {
-                for h in 0..LANES / 4 {
-                    let _ = writeln!(
-                        b,
-                        "{indent}{{ let v = x[offsets.x + (base + {r}) / 4u + {h}u];"
-                    );
-                    for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-                        let i = 4 * h + c as u64;
-                        let _ = writeln!(b, "{indent}  {}", step(i, &format!("v.{comp}")));
-                    }
-                    let _ = writeln!(b, "{indent}}}");
-                }
-            } else {
-                for i in 0..LANES {
-                    let off = self.space.offset(&format!("({r} + {i}u)"));
-                    let _ = writeln!(
-                        b,
-                        "{indent}{{ let v = x[offsets.x + base + {off}]; {} }}",
-                        step(i, "v")
-                    );
-                }
-            }
-            b
-        };
-        if main > 0 {
-            s += &counted_loop("r", "0u", main, LANES, &body("r", "        "));
-        }
-        // The tail: fewer than LANES elements, at literal places.
-        for r in (main..count).step_by(if vec4 { 4 } else { 1 }) {
-            let i = r - main;
-            if vec4 {
-                let _ = writeln!(s, "    {{ let v = x[offsets.x + (base + {r}u) / 4u];");
-                for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-                    let _ = writeln!(s, "      {}", step(i + c as u64, &format!("v.{comp}")));
-                }
-                s += "    }\n";
-            } else {
-                let off = self.space.offset(&format!("{r}u"));
-                let _ = writeln!(
-                    s,
-                    "    {{ let v = x[offsets.x + base + {off}]; {} }}",
-                    step(i, "v")
-                );
-            }
-        }
-        // Pairwise: ((0 1) (2 3)) ((4 5) (6 7)), into lanes 0, 2, 4, 6, then 0, 4, then 0.
-        let mut width = 1;
-        while width < LANES {
-            for i in (0..LANES).step_by(2 * width as usize) {
-                let merged = f.merge(&lane(i), &lane(i + width));
-                let _ = writeln!(s, "    {} = {merged};", lane(i));
-            }
-            width *= 2;
-        }
-        let _ = writeln!(s, "    let s{k} = {};", lane(0));
-        s
-    }
-
-    /// The index search of output `o`'s set into `bi`: [`LANES`] lanes, lane i over the
-    /// elements i, i + LANES..., each taking a better element (or, but for lane 0, any
-    /// element over a NaN, so that a NaN first in its lane does not hide the rest), then the
-    /// lanes merged in order, ties going to the smaller (or with `last` the larger) index.
-    fn arg(&self, cmp: &str, last: bool) -> String {
-        let count = self.space.count();
-        let lanes = LANES.min(count);
-        let main = count / lanes * lanes;
-        let tie = if last { ">" } else { "<" };
-        let mut s = String::new();
-        let read = |r: &str| format!("x[offsets.x + base + {}]", self.space.offset(r));
-        for i in 0..lanes {
-            let _ = writeln!(
-                s,
-                "    var b{i} = {};\n    var i{i} = {i}u;",
-                read(&format!("{i}u"))
-            );
-        }
-        let step = |i: u64, r: &str| {
-            let mut better = format!("v {cmp} b{i}");
-            if last {
-                better += &format!(" || v == b{i}");
-            }
-            if i > 0 && self.ty == "f32" {
-                better += &format!(" || {}", is_nan(&format!("b{i}")));
-            }
-            format!(
-                "{{ let v = {}; if ({better}) {{ b{i} = v; i{i} = {r}; }} }}",
-                read(r)
-            )
-        };
-        if main > lanes {
-            let body: String = (0..lanes)
-                .map(|i| format!("        {}\n", step(i, &format!("(r + {i}u)"))))
-                .collect();
-            s += &counted_loop("r", &format!("{lanes}u"), main, lanes, &body);
-        }
-        for r in main..count {
-            let _ = writeln!(s, "    {}", step(r - main, &format!("{r}u")));
-        }
-        for i in 1..lanes {
-            let _ = writeln!(
-                s,
-                "    if (b{i} {cmp} b0 || (b{i} == b0 && i{i} {tie} i0)) {{ b0 = b{i}; i0 = i{i}; }}"
-            );
-        }
-        s += "    let bi = i0;\n";
-        s
-    }
-
-    /// One invocation per output.
-    fn threads(
-        &self,
-        bindings: &[Binding],
-        vec4: bool,
-        wg: u32,
-    ) -> Result<(String, [u32; 3]), NoKernel> {
-        let n_out = self.space.outputs();
-        let grid = Grid::new(n_out, wg)?;
-        let empty = self.space.count() == 0;
-        let mut s = header(bindings);
-        let _ = writeln!(
-            s,
-            "\n{} {{\n    let o = {};\n    if (o >= {n_out}u) {{ return; }}",
-            grid.entry(),
-            grid.index(),
-        );
-        if !empty {
-            let _ = writeln!(s, "    let base = {};", self.space.base("o"));
-        }
-        for (k, stage) in self.stages.iter().enumerate() {
-            match stage {
-                Stage::Fold(f) if empty => {
-                    let _ = writeln!(s, "    let s{k} = {};", f.init);
-                }
-                Stage::Fold(f) => s += &self.lanes(k, f, vec4),
-                Stage::Arg { cmp, last } => s += &self.arg(cmp, *last),
-            }
-        }
-        s += &self.write(vec4, "0u", 1);
-        s += "}\n";
-        Ok((s, grid.groups))
-    }
-
-    /// One workgroup of `wg` invocations per output, folds only.
-    fn tree(
-        &self,
-        bindings: &[Binding],
-        vec4: bool,
-        wg: u32,
-    ) -> Result<(String, [u32; 3]), NoKernel> {
-        let n_out = self.space.outputs();
-        let groups = Grid::new(n_out, 1)?.groups;
-        let mut s = header(bindings);
-        let _ = writeln!(
-            s,
-            "var<workgroup> part: array<{}, {wg}>;\n\n@compute @workgroup_size({wg})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let o = wid.x + wid.y * {}u;\n    // Groups past the last output fold its set again and write nothing.\n    let oc = min(o, {}u);\n    let base = {};",
-            self.ty,
-            groups[0],
-            n_out - 1,
-            self.space.base("oc")
-        );
-        for (k, stage) in self.stages.iter().enumerate() {
-            let Stage::Fold(f) = stage else {
-                return Err(no_kernel!("an index stage in a workgroup reduction"));
-            };
-            let _ = writeln!(
-                s,
-                "    var s{k}: {};\n    {{\n    var a = {};",
-                self.ty, f.init
-            );
-            s += &self.walk(vec4, "lid", wg, &|v, _, _| {
-                format!("        a = {};\n", f.step("a", v))
-            });
-            let _ = writeln!(
-                s,
-                "    part[lid] = a;\n    workgroupBarrier();\n    for (var w = {}u; w > 0u; w = w / 2u) {{\n        if (lid < w) {{ part[lid] = {}; }}\n        workgroupBarrier();\n    }}\n    s{k} = part[0];\n    workgroupBarrier();\n    }}",
-                wg / 2,
-                f.merge("part[lid]", "part[lid + w]")
-            );
-        }
-        let write = match self.out {
-            Out::Each(_) => self.write(vec4, "lid", wg),
-            _ => format!("    if (lid == 0u) {{\n{}    }}\n", self.write(vec4, "", 1)),
-        };
-        let _ = write!(s, "    if (o < {n_out}u) {{\n{write}    }}\n}}\n");
-        Ok((s, groups))
-    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{Operand, compile};
+    use crate::vulkan::{Operand, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
     fn cx_lower(
@@ -850,10 +722,40 @@ mod tests {
         TensorDesc::new(DType::F32, shape)
     }
 
-    fn valid(d: &[Dispatch]) {
+    /// Compiles each dispatch's module and checks the dispatch against it, as the compiler
+    /// does: no more bindings than slots, exactly its params.
+    pub(crate) fn valid(d: &[Dispatch]) {
         for d in d {
-            if let Err(e) = compile(&d.wgsl, &[]) {
-                panic!("{}:\n{}\n{e}", d.label, d.wgsl);
+            let c = match compile(&d.wgsl, &d.overrides) {
+                Ok(c) => c,
+                Err(e) => panic!("{}:\n{}\n{e}", d.label, d.wgsl),
+            };
+            assert!(d.bindings.len() <= c.slots as usize, "{}", d.label);
+            assert_eq!(d.params.len() as u32, c.push_words - c.slots, "{}", d.label);
+        }
+    }
+
+    /// A dispatch as its module is made: label, overrides, params and the specialised source.
+    pub(crate) fn specialised(d: &Dispatch) -> String {
+        let overrides: Vec<String> = d
+            .overrides
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        format!(
+            "// {}\n// overrides: {}\n// params: {:?}\n{}",
+            d.label,
+            overrides.join(" "),
+            d.params,
+            d.wgsl
+        )
+    }
+
+    #[test]
+    fn every_file_is_a_valid_module() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}:\n{e}", file.path);
             }
         }
     }
@@ -866,16 +768,19 @@ mod tests {
         let s = Space::new(&[2, 3, 1, 4, 5], &[1, 3]);
         assert_eq!(s.kept, [(2, 60), (5, 1)]);
         assert_eq!(s.reduced, [(12, 5)]);
-        assert_eq!(s.base("o"), "(o / 5u) * 60u + (o % 5u)");
-        assert_eq!(s.offset("r"), "r * 5u");
+        // Outputs, count, then kept and reduced dimensions innermost first, padded.
+        assert_eq!(
+            s.params(10).unwrap(),
+            [10, 12, 5, 1, 2, 60, 1, 0, 1, 0, 12, 5, 1, 0, 1, 0, 1, 0]
+        );
         let s = Space::new(&[4, 6], &[0, 1]);
-        assert_eq!((s.outputs(), s.count(), s.base("o")), (1, 24, "0u".into()));
+        assert_eq!((s.outputs(), s.count()), (1, 24));
         assert!(s.contiguous());
         let s = Space::new(&[4, 6], &[]);
-        assert_eq!(
-            (s.outputs(), s.count(), s.offset("r")),
-            (24, 1, "0u".into())
-        );
+        assert_eq!((s.outputs(), s.count(), s.reduced.len()), (24, 1, 0));
+        // Five runs of reduced dimensions are more than the kernels take.
+        let s = Space::new(&[2; 10], &[0, 2, 4, 6, 8]);
+        assert!(s.shape(Spec::new(&FOLD)).is_err());
     }
 
     fn reduce_attrs(axes: &[i64], keep: i64) -> Attrs {
@@ -891,26 +796,24 @@ mod tests {
             .map(|d| d.name)
             .filter(|o| o.starts_with("Reduce"))
         {
-            for class in [DeviceClass::Gpu, DeviceClass::Cpu] {
-                // Layer norm's mean over the last axis (vec4), a middle axis, everything.
-                let cases: [(&[usize], &[i64], &[usize]); 3] = [
-                    (&[2, 40, 120], &[2], &[2, 40, 1]),
-                    (&[2, 5, 7], &[1], &[2, 7]),
-                    (&[3, 64, 64], &[0, 1, 2], &[]),
-                ];
-                for (shape, axes, out) in cases {
-                    let keep = i64::from(out.len() == shape.len());
-                    let d = cx_lower(
-                        class,
-                        op,
-                        &reduce_attrs(axes, keep),
-                        f32s(shape),
-                        f32s(out),
-                        0,
-                    )
-                    .unwrap();
-                    valid(&d);
-                }
+            // Layer norm's mean over the last axis (vec4), a middle axis, everything, and
+            // two runs of reduced dimensions.
+            let cases: [(&[usize], &[i64], &[usize]); 4] = [
+                (&[2, 40, 120], &[2], &[2, 40, 1]),
+                (&[2, 5, 7], &[1], &[2, 7]),
+                (&[3, 64, 64], &[0, 1, 2], &[]),
+                (&[2, 3, 4, 5], &[0, 2], &[3, 5]),
+            ];
+            for (shape, axes, out) in cases {
+                let keep = i64::from(out.len() == shape.len());
+                valid(&lower_f32_all_classes(
+                    lower,
+                    op,
+                    &reduce_attrs(axes, keep),
+                    &[shape],
+                    &[out],
+                    0,
+                ));
             }
         }
         let d = cx_lower(
@@ -922,7 +825,7 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(d[0].label.ends_with("wg256_v4"), "{}", d[0].label);
+        assert_eq!(d[0].label, "reducemean_wg256_v4");
         assert_eq!(d[0].groups, [1, 1, 1]);
         // Misaligned: scalar loads.
         let d = cx_lower(
@@ -934,8 +837,32 @@ mod tests {
             4,
         )
         .unwrap();
-        assert_eq!(d[0].label, "reducemean_80x120_thread");
+        assert_eq!(d[0].label, "reducemean_thread");
         assert_eq!(d[0].groups, [2, 1, 1]);
+        assert_eq!(d[0].bindings[0].ty, "f32");
+    }
+
+    #[test]
+    fn one_module_serves_every_shape() {
+        // PP-OCR det's global average pools over 7x7 and 14x14 planes and rec's LayerNorm
+        // means: the same source and overrides, different params.
+        let mean = |x: &[usize], y: &[usize]| {
+            let mut d = cx_lower(
+                DeviceClass::Cpu,
+                "ReduceMean",
+                &reduce_attrs(&[x.len() as i64 - 1], 1),
+                f32s(x),
+                f32s(y),
+                0,
+            )
+            .unwrap();
+            d.remove(0)
+        };
+        let a = mean(&[1, 40, 120], &[1, 40, 1]);
+        let b = mean(&[1, 96, 196], &[1, 96, 1]);
+        assert_eq!((&a.wgsl, &a.overrides), (&b.wgsl, &b.overrides));
+        assert_ne!(a.params, b.params);
+        assert_eq!(a.label, "reducemean_thread_v4");
     }
 
     #[test]
@@ -948,16 +875,18 @@ mod tests {
             "ReduceProd",
             "ReduceL1",
         ] {
-            let d = cx_lower(
-                DeviceClass::Gpu,
-                op,
-                &reduce_attrs(&[1], 0),
-                i32s(&[3, 4]),
-                i32s(&[3]),
-                0,
-            )
-            .unwrap();
-            valid(&d);
+            for shape in [&[3, 4][..], &[3, 8]] {
+                let d = cx_lower(
+                    DeviceClass::Gpu,
+                    op,
+                    &reduce_attrs(&[1], 0),
+                    i32s(shape),
+                    i32s(&[3]),
+                    0,
+                )
+                .unwrap();
+                valid(&d);
+            }
         }
         let mean = cx_lower(
             DeviceClass::Gpu,
@@ -1006,16 +935,18 @@ mod tests {
             .unwrap();
             valid(&d);
             assert_eq!(d[0].bindings, [Binding::output("y", 0, "f32")]);
+            assert_eq!(d[0].params, [3]);
         }
     }
 
     #[test]
     fn any_and_all_of_bools_write_whole_words() {
         let bools = |s: &[usize]| TensorDesc::new(DType::Bool, s);
-        for (op, x, axes, y) in [
-            ("ReduceMax", &[3, 5][..], &[1][..], &[3][..]),
-            ("ReduceMin", &[2, 4, 3], &[0, 2], &[4]),
-            ("ReduceMax", &[3, 0], &[1], &[3]),
+        for (op, x, axes, y, groups) in [
+            ("ReduceMax", &[3, 5][..], &[1][..], &[3][..], 1),
+            ("ReduceMin", &[2, 4, 3], &[0, 2], &[4], 1),
+            ("ReduceMax", &[3, 0], &[1], &[3], 1),
+            ("ReduceMin", &[1000, 3], &[1], &[1000], 4),
         ] {
             let d = cx_lower(
                 DeviceClass::Cpu,
@@ -1027,7 +958,10 @@ mod tests {
             )
             .unwrap();
             valid(&d);
-            assert_eq!(d[0].bindings.last().unwrap().ty, "u32");
+            // The output first; the input only when there is something to read.
+            assert_eq!(d[0].bindings[0], Binding::output("y", 0, "u32"));
+            assert_eq!(d[0].bindings.len(), if x[1] == 0 { 1 } else { 2 });
+            assert_eq!(d[0].groups, [groups, 1, 1]);
         }
         // Bytes that do not start a word cannot be read as words.
         let d = cx_lower(
@@ -1044,24 +978,32 @@ mod tests {
     #[test]
     fn softmax_and_hardmax() {
         for op in ["Softmax", "LogSoftmax", "Hardmax"] {
-            for class in [DeviceClass::Gpu, DeviceClass::Cpu] {
-                // PP-OCR rec: [1, 40, 6625] along the last axis; attention rows; a middle
-                // axis; the opset-11 form over the two last axes.
-                let cases: [(&[usize], i64, i64); 4] = [
-                    (&[1, 40, 6625], 2, 0),
-                    (&[1, 8, 40, 40], 3, 0),
-                    (&[2, 7, 3], 1, 0),
-                    (&[2, 7, 3], 1, 1),
-                ];
-                for (shape, axis, coerce) in cases {
-                    let a = Attrs::new()
-                        .with("axis", AttrValue::Int(axis))
-                        .with("coerce_2d", AttrValue::Int(coerce));
-                    let d = cx_lower(class, op, &a, f32s(shape), f32s(shape), 0).unwrap();
-                    valid(&d);
-                }
+            // PP-OCR rec: [1, 40, 6625] along the last axis; attention rows; a middle
+            // axis; the opset-11 form over the two last axes.
+            let cases: [(&[usize], i64, i64); 4] = [
+                (&[1, 40, 6625], 2, 0),
+                (&[1, 8, 40, 40], 3, 0),
+                (&[2, 7, 3], 1, 0),
+                (&[2, 7, 3], 1, 1),
+            ];
+            for (shape, axis, coerce) in cases {
+                let a = Attrs::new()
+                    .with("axis", AttrValue::Int(axis))
+                    .with("coerce_2d", AttrValue::Int(coerce));
+                valid(&lower_f32_all_classes(lower, op, &a, &[shape], &[shape], 0));
             }
         }
+        // rec's final softmax: one workgroup per row on GPUs, 8-wide groups on CPUs.
+        let a = Attrs::new()
+            .with("axis", AttrValue::Int(2))
+            .with("coerce_2d", AttrValue::Int(0));
+        let shape = [1, 40, 6625];
+        let d = lower_f32_all_classes(lower, "Softmax", &a, &[&shape], &[&shape], 0);
+        let labels: Vec<(&str, [u32; 3])> = d.iter().map(|d| (&d.label[..], d.groups)).collect();
+        assert_eq!(
+            labels,
+            [("softmax_thread", [5, 1, 1]), ("softmax_wg256", [40, 1, 1])]
+        );
     }
 
     #[test]
@@ -1072,17 +1014,20 @@ mod tests {
                     .with("axis", AttrValue::Int(1))
                     .with("keepdims", AttrValue::Int(1))
                     .with("select_last_index", AttrValue::Int(last));
-                let d = cx_lower(
-                    DeviceClass::Gpu,
-                    op,
-                    &a,
-                    f32s(&[3, 5, 2]),
-                    TensorDesc::new(DType::I64, [3, 1, 2]),
-                    0,
-                )
-                .unwrap();
-                valid(&d);
-                assert_eq!(d[0].bindings[1].ty, "u32");
+                for x in [DType::F32, DType::I32] {
+                    let d = cx_lower(
+                        DeviceClass::Gpu,
+                        op,
+                        &a,
+                        TensorDesc::new(x, [3, 5, 2]),
+                        TensorDesc::new(DType::I64, [3, 1, 2]),
+                        0,
+                    )
+                    .unwrap();
+                    valid(&d);
+                    assert_eq!(d[0].bindings[1].ty, "u32");
+                    assert_eq!(d[0].groups, [1, 1, 1]);
+                }
             }
         }
     }
@@ -1159,5 +1104,49 @@ mod tests {
         .unwrap();
         valid(&d);
         assert_eq!(d[0].groups, [65535, 2, 1]);
+    }
+
+    #[test]
+    fn specialised_sources() {
+        // ReduceLogSumExp in lanes with vector reads (two stages), rec's softmax on GPUs (a
+        // workgroup tree writing every element), ArgMin of int32 over a middle axis.
+        let d = cx_lower(
+            DeviceClass::Cpu,
+            "ReduceLogSumExp",
+            &reduce_attrs(&[1], 0),
+            f32s(&[3, 64]),
+            f32s(&[3]),
+            0,
+        )
+        .unwrap();
+        insta::assert_snapshot!("logsumexp_cpu", specialised(&d[0]));
+        let a = Attrs::new()
+            .with("axis", AttrValue::Int(2))
+            .with("coerce_2d", AttrValue::Int(0));
+        let shape = [1, 40, 6625];
+        let d = cx_lower(
+            DeviceClass::Gpu,
+            "Softmax",
+            &a,
+            f32s(&shape),
+            f32s(&shape),
+            0,
+        )
+        .unwrap();
+        insta::assert_snapshot!("softmax_gpu", specialised(&d[0]));
+        let a = Attrs::new()
+            .with("axis", AttrValue::Int(1))
+            .with("keepdims", AttrValue::Int(0))
+            .with("select_last_index", AttrValue::Int(1));
+        let d = cx_lower(
+            DeviceClass::Cpu,
+            "ArgMin",
+            &a,
+            TensorDesc::new(DType::I32, [3, 5, 2]),
+            TensorDesc::new(DType::I64, [3, 2]),
+            0,
+        )
+        .unwrap();
+        insta::assert_snapshot!("argmin_i32", specialised(&d[0]));
     }
 }

@@ -1,0 +1,188 @@
+// MaxPool, AveragePool and LpPool over 1 to 3 spatial dimensions (`RANK`), one invocation per
+// output element, looping over its window. The params describe 3 dimensions, outermost first;
+// a pool over fewer has leading dimensions of size 1 (window 1, stride 1, no padding).
+//
+// A tap outside the input is skipped (checked only when some window leaves the input, `CLIP`),
+// so padding is never read. AveragePool divides by the window's size (`COUNT` 0), by the taps
+// inside the input (1), or with `count_include_pad` by the taps inside the input or its padding
+// (2): in ceil mode a window may run past the end padding, and those taps count for nothing,
+// as on the CPU. MaxPool's Indices (`INDEXED`, written by `store_index` into the optional slot
+// `ind`) are the flat input index of the first tap inside the input, then of strictly greater
+// ones, row-major or with `COLUMN_MAJOR` column-major within the plane.
+//
+// CPU-type devices get the window sizes as overrides (`K0`..`K2`, 0 takes them from the
+// params), so that the compiler unrolls the taps; GPUs get one module for every window.
+
+override WG: u32 = 64u;
+override RANK: u32 = 2u;
+override K0: u32 = 0u;
+override K1: u32 = 0u;
+override K2: u32 = 0u;
+override CLIP: bool = true;
+override COUNT: u32 = 0u;
+override INDEXED: bool = false;
+override COLUMN_MAJOR: bool = false;
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ind: array<u32>;
+
+struct Params {
+    x: u32,
+    y: u32,
+    ind: u32,
+    outputs: u32,
+    // Input elements per (n, c) plane.
+    plane: u32,
+    // Per dimension, outermost first: input and output sizes, window, stride, dilation, the
+    // padding before it, and the padded size (padding before + input + padding after).
+    in0: u32,
+    in1: u32,
+    in2: u32,
+    out0: u32,
+    out1: u32,
+    out2: u32,
+    k0: u32,
+    k1: u32,
+    k2: u32,
+    stride0: u32,
+    stride1: u32,
+    stride2: u32,
+    dilation0: u32,
+    dilation1: u32,
+    dilation2: u32,
+    pad0: i32,
+    pad1: i32,
+    pad2: i32,
+    room0: i32,
+    room1: i32,
+    room2: i32,
+}
+var<immediate> p: Params;
+
+// The fold over the taps: `acc = combine0(acc, term0(v))` from `init0()`.
+fn init0() -> f32 {
+    return 0.0;
+}
+
+fn term0(v: f32) -> f32 {
+    return v;
+}
+
+fn combine0(a: f32, b: f32) -> f32 {
+    return a + b;
+}
+
+// The output from the fold over `count` taps.
+fn finish(acc: f32, count: f32) -> f32 {
+    return acc;
+}
+
+// With `INDEXED`, writes output o's index (`found`: some tap lay inside the input).
+fn store_index(o: u32, index: u32, found: bool) {
+}
+
+// (n / d, n % d) for n < 2^31, d < 2^24: an f32 estimate of the quotient, corrected twice.
+// Integer division by a value known only at run time is a scalar loop per lane on CPU-type
+// devices; this is a few vector instructions.
+fn divmod(n: u32, d: u32) -> vec2<u32> {
+    let inv = 1.0 / f32(d);
+    // Within 3 * 2^-24 * n / d + 1 of the quotient, so the remainder is within 2^8 + d of 0.
+    let q = u32(f32(n) * inv);
+    let r = bitcast<i32>(n - q * d);
+    // Within one of the quotient.
+    let c = i32(floor(f32(r) * inv));
+    var qi = bitcast<i32>(q) + c;
+    var ri = r - c * bitcast<i32>(d);
+    if (ri < 0i) {
+        qi -= 1i;
+        ri += bitcast<i32>(d);
+    } else if (ri >= bitcast<i32>(d)) {
+        qi += 1i;
+        ri -= bitcast<i32>(d);
+    }
+    return vec2<u32>(u32(qi), u32(ri));
+}
+
+// Window size of a dimension: the override, or the param.
+fn window(k: u32, param: u32) -> u32 {
+    return select(param, k, k > 0u);
+}
+
+// The taps of a window along one dimension that lie inside the input or its padding.
+fn inside(o: u32, stride: u32, dilation: u32, k: u32, room: i32) -> i32 {
+    let d = i32(dilation);
+    return clamp((room - i32(o * stride) + d - 1i) / d, 0i, i32(k));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let o = gid.x + gid.y * groups.x * WG;
+    if (o >= p.outputs) {
+        return;
+    }
+    // Output coordinates, innermost first, then the plane (N * C).
+    var qr = divmod(o, p.out2);
+    let o2 = qr.y;
+    var o1 = 0u;
+    var o0 = 0u;
+    if (RANK > 1u) {
+        qr = divmod(qr.x, p.out1);
+        o1 = qr.y;
+    }
+    if (RANK > 2u) {
+        qr = divmod(qr.x, p.out0);
+        o0 = qr.y;
+    }
+    let plane = qr.x;
+    let start = p.x + plane * p.plane;
+    let k0 = window(K0, p.k0);
+    let k1 = window(K1, p.k1);
+    let k2 = window(K2, p.k2);
+    var acc = init0();
+    var arg = -1i;
+    var taps = 0u;
+    for (var t0 = 0u; t0 < k0; t0++) {
+        let i0 = i32(o0 * p.stride0 + t0 * p.dilation0) - p.pad0;
+        if (CLIP && (i0 < 0i || i0 >= i32(p.in0))) {
+            continue;
+        }
+        for (var t1 = 0u; t1 < k1; t1++) {
+            let i1 = i32(o1 * p.stride1 + t1 * p.dilation1) - p.pad1;
+            if (CLIP && (i1 < 0i || i1 >= i32(p.in1))) {
+                continue;
+            }
+            for (var t2 = 0u; t2 < k2; t2++) {
+                let i2 = i32(o2 * p.stride2 + t2 * p.dilation2) - p.pad2;
+                if (CLIP && (i2 < 0i || i2 >= i32(p.in2))) {
+                    continue;
+                }
+                let at = (u32(i0) * p.in1 + u32(i1)) * p.in2 + u32(i2);
+                let v = x[start + at];
+                if (INDEXED) {
+                    if (arg < 0i || v > acc) {
+                        acc = v;
+                        let col = u32(i0) + p.in0 * (u32(i1) + p.in1 * u32(i2));
+                        arg = i32(select(at, col, COLUMN_MAJOR));
+                    }
+                } else {
+                    acc = combine0(acc, term0(v));
+                }
+                taps += 1u;
+            }
+        }
+    }
+    var count = f32(k0 * k1 * k2);
+    if (COUNT == 1u) {
+        count = f32(taps);
+    } else if (COUNT == 2u) {
+        let n0 = inside(o0, p.stride0, p.dilation0, k0, p.room0);
+        let n1 = inside(o1, p.stride1, p.dilation1, k1, p.room1);
+        let n2 = inside(o2, p.stride2, p.dilation2, k2, p.room2);
+        count = f32(n0 * n1 * n2);
+    }
+    y[p.y + o] = finish(acc, count);
+    if (INDEXED) {
+        store_index(o, plane * p.plane + u32(arg), arg >= 0i);
+    }
+}
