@@ -41,6 +41,9 @@ override X_VEC: bool = false;
 override Y_VEC: bool = false;
 // With X_VEC, where the span starts in its first vector: (-pw) mod 4.
 override LEAD: u32 = 0u;
+// A 2-D conv (one depth tap, no depth padding): the depth loop runs once, known when the
+// kernel is made.
+override PLANAR: bool = false;
 override WG: u32 = 64u;
 // Input rows a block reads, input columns a row's span holds, and vectors that hold them.
 override NJ: u32 = (YS - 1u) * SH + (KH - 1u) * DH + 1u;
@@ -176,9 +179,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let xg = ng * p.cin * in_plane;
     for (var ci = 0u; ci < p.cin; ci++) {
         let xc = xg + ci * in_plane;
-        for (var kz = 0u; kz < p.kd; kz++) {
-            let iz = i32(oz * p.sd + kz * p.dd) - p.pd;
-            if (iz < 0 || iz >= i32(p.id)) {
+        for (var kz = 0u; kz < select(p.kd, 1u, PLANAR); kz++) {
+            let iz = select(i32(oz * p.sd + kz * p.dd) - p.pd, 0, PLANAR);
+            if (!PLANAR && (iz < 0 || iz >= i32(p.id))) {
                 continue;
             }
             var taps: Taps;

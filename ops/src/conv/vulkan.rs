@@ -442,6 +442,7 @@ fn pointwise(
         .alias("Block", array(&array("vec4<f32>", vecs), rows))
         .alias("Vectors", array("vec4<f32>", vecs))
         .alias("Columns", array("u32", block.cols()))
+        .hook("accumulate", accumulate(rows, vecs))
         .set("X_VEC", x_vec)
         .set("W_VEC", w_vec)
         .set("ROWS", rows)
@@ -454,6 +455,22 @@ fn pointwise(
             vec![m, k, p, pb, mb, invocations as u32],
         )
         .map(Some)
+}
+
+/// pointwise.wgsl's `accumulate` written out for a block of `rows` x `vecs`: every block
+/// index a literal.
+fn accumulate(rows: u32, vecs: u32) -> String {
+    let mut f = String::from(
+        "fn accumulate(acc: ptr<function, Block>, wv: ptr<function, RowWeights>, \
+         xv: ptr<function, Vectors>, kk: u32) {\n",
+    );
+    for r in 0..rows {
+        f += &format!("    let w{r} = vec4<f32>((*wv)[{r}][kk]);\n");
+        for v in 0..vecs {
+            f += &format!("    (*acc)[{r}][{v}] = fma(w{r}, (*xv)[{v}], (*acc)[{r}][{v}]);\n");
+        }
+    }
+    f + "}"
 }
 
 /// Direct convolution: each invocation holds `block.rows` output channels of one group x
@@ -531,6 +548,10 @@ fn direct(
         .set("DW", dw)
         .set("X_VEC", x_vec)
         .set("LEAD", lead)
+        .set(
+            "PLANAR",
+            (kd, pd, geo.input[0], geo.output[0]) == (1, 0, 1, 1),
+        )
         .set("WG", grid.workgroup)
         .dispatch(
             format!("conv_{kind}_{}x{cin}x{kd}x{kh}x{kw}", cout * groups),

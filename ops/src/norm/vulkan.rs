@@ -145,16 +145,24 @@ fn merge<const S: usize>(
     merged
 }
 
-/// The grid of the per-element kernels: (plane, channel, batch), each dimension as many
-/// workgroups as it takes up to the limit (the kernels loop over the rest).
-fn planes(batch: usize, c: usize, inner: usize, wg: u32) -> [u32; 3] {
+/// A per-element kernel's dispatch on the grid (plane / 64, channel, batch), each dimension
+/// cut at the most workgroups a dispatch may have (the kernel loops over the rest); `FITS`
+/// when none was cut.
+fn over_planes(
+    spec: Spec,
+    label: String,
+    [batch, c, inner]: [usize; 3],
+    bindings: Vec<Binding>,
+    params: Vec<u32>,
+) -> Result<Vec<Dispatch>, NoKernel> {
+    let full = [inner.div_ceil(64), c, batch];
     let max = MAX_GROUPS as usize;
-    [
-        inner.div_ceil(wg as usize).min(max),
-        c.min(max),
-        batch.min(max),
-    ]
-    .map(|g| g.max(1) as u32)
+    let fits = full.iter().all(|&g| g <= max);
+    let groups = full.map(|g| g.clamp(1, max) as u32);
+    Ok(vec![
+        spec.set("FITS", fits)
+            .dispatch(label, groups, bindings, params)?,
+    ])
 }
 
 /// `BatchNormalization`: `y = x * a + b` per channel, `a = scale / sqrt(var + epsilon)`,
@@ -174,12 +182,13 @@ fn batch_norm(cx: &KernelCx, epsilon: f32) -> Result<Vec<Dispatch>, NoKernel> {
         .collect();
     bindings.push(Binding::output("y", 0, "f32"));
     let params = [inner as u32, c as u32, batch as u32, epsilon.to_bits()];
-    Ok(vec![Spec::new(&BATCH_NORM).dispatch(
+    over_planes(
+        Spec::new(&BATCH_NORM),
         format!("batchnorm_{n}_{c}"),
-        planes(batch, c, inner, 64),
+        [batch, c, inner],
         bindings,
         params.to_vec(),
-    )?])
+    )
 }
 
 /// LRN: `y = x / (bias + alpha / size * Σ x²)^beta`, the sum over the channels
@@ -204,12 +213,13 @@ fn lrn(cx: &KernelCx, size: i64, [alpha, beta, bias]: [f32; 3]) -> Result<Vec<Di
         .map(|&v| v as u32)
         .collect();
     params.extend([bias, alpha / size as f32, beta].map(f32::to_bits));
-    Ok(vec![Spec::new(&LRN).dispatch(
+    over_planes(
+        Spec::new(&LRN),
         format!("lrn_{n}_{c}_{size}"),
-        planes(batch, c, spatial, 64),
+        [batch, c, spatial],
         bindings,
         params,
-    )?])
+    )
 }
 
 /// How a normalized element is mapped.

@@ -299,19 +299,6 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         Reduce::Average { include_pad: true } if dims.iter().any(Dim::leaves_padding) => 2,
         _ => 0,
     };
-    let windows: Vec<String> = dims[3 - rank..]
-        .iter()
-        .map(|d| d.kernel.to_string())
-        .collect();
-    let mut label = format!("{}_{rank}d", cx.op.to_lowercase());
-    if cx.class == DeviceClass::Cpu {
-        // Window sizes as constants: the taps unroll.
-        for (k, d) in ["K0", "K1", "K2"].into_iter().zip(&dims) {
-            spec = spec.set(k, d.kernel as u32);
-        }
-        label += &format!("_k{}", windows.join("x"));
-    }
-    let mut params = vec![n, x.shape[2..].iter().product::<usize>() as u64];
     let fields: [fn(&Dim) -> u64; 7] = [
         |d| d.input,
         |d| d.output,
@@ -321,6 +308,35 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         |d| d.pad_begin,
         Dim::room,
     ];
+    let mut label = format!("{}_{rank}d", cx.op.to_lowercase());
+    if cx.class == DeviceClass::Cpu {
+        // The geometry as literals: the taps unroll and the index arithmetic folds.
+        let vectors: Vec<String> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, field)| {
+                let (ty, suffix) = if i < 5 { ("u32", "u") } else { ("i32", "i") };
+                let v: Vec<String> = dims
+                    .iter()
+                    .map(|d| format!("{}{suffix}", field(d)))
+                    .collect();
+                format!("vec3<{ty}>({})", v.join(", "))
+            })
+            .collect();
+        spec = spec.hook(
+            "geometry",
+            format!(
+                "fn geometry() -> Geometry {{\n    return Geometry({});\n}}",
+                vectors.join(", ")
+            ),
+        );
+        let windows: Vec<String> = dims[3 - rank..]
+            .iter()
+            .map(|d| d.kernel.to_string())
+            .collect();
+        label += &format!("_k{}", windows.join("x"));
+    }
+    let mut params = vec![n, x.shape[2..].iter().product::<usize>() as u64];
     for field in fields {
         params.extend(dims.iter().map(field));
     }
@@ -439,14 +455,23 @@ mod tests {
             assert_eq!(d.groups, [300, 1, 1]);
         }
         assert_eq!(d[0].label, "averagepool_2d_k3x2");
+        let geometry = |d: &Dispatch| {
+            let line = d
+                .wgsl
+                .lines()
+                .find(|l| l.starts_with("    return Geometry(vec3"));
+            line.map(str::trim).map(str::to_string)
+        };
         assert_eq!(
-            [override_of(&d[0], "K0"), override_of(&d[0], "K1")],
-            [Some(1.0), Some(3.0)]
+            geometry(&d[0]).as_deref(),
+            Some(
+                "return Geometry(vec3<u32>(1u, 3u, 80u), vec3<u32>(1u, 1u, 40u), \
+                 vec3<u32>(1u, 3u, 2u), vec3<u32>(1u, 3u, 2u), vec3<u32>(1u, 1u, 1u), \
+                 vec3<i32>(0i, 0i, 0i), vec3<i32>(1i, 3i, 80i));"
+            )
         );
-        assert_eq!(
-            (d[1].label.as_str(), override_of(&d[1], "K2")),
-            ("averagepool_2d", None)
-        );
+        assert_eq!(d[1].label, "averagepool_2d");
+        assert_eq!(geometry(&d[1]), None);
         let a = window_attrs(&[2, 2], &[2, 2], &[0; 4], &[1, 1]);
         run("MaxPool", &a, &[1, 8, 24, 96], &[1, 8, 12, 48]);
         // Padded, dilated, 1-D and 3-D, with and without the padding in the count.

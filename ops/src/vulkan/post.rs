@@ -138,32 +138,4 @@ impl PostOps {
         s.push_str("    return pv;\n}\n");
         Ok(s)
     }
-
-    /// WGSL statements that apply every post-op to the f32 variable `var`, the output element
-    /// at linear index `index` (a u32 expression).
-    pub fn apply(&self, var: &str, index: &str) -> String {
-        let mut s = String::new();
-        for step in &self.steps {
-            let expr = match step {
-                Step::Map(e) => e.clone(),
-                Step::Binary {
-                    op,
-                    operand,
-                    scalar,
-                } => {
-                    let at = if *scalar {
-                        format!("r{operand}[offsets.r{operand}]")
-                    } else {
-                        format!("r{operand}[offsets.r{operand} + {index}]")
-                    };
-                    match *op {
-                        "r-" => format!("{at} - pv"),
-                        op => format!("pv {op} {at}"),
-                    }
-                }
-            };
-            s.push_str(&format!("    {{ let pv = {var}; {var} = {expr}; }}\n"));
-        }
-        s
-    }
 }
