@@ -18,7 +18,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-step() { echo "==> $*"; }
+start=$SECONDS
+step() { echo "==> [$((SECONDS - start)) s] $*"; }
 
 # A full check builds each crate once per profile and feature set: incremental caches would only
 # double the target dir (CI machines have little disk) without speeding anything up.
@@ -46,6 +47,15 @@ cargo build --workspace --all-targets
 # K failed") and the PP-OCR worst errors.
 step "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast -- --show-output
+
+# The GPU-class kernels (tiles in workgroup memory, barriers) on lavapipe, which on its own
+# runs the CPU-class ones: the PP-OCR models, the Vulkan specifics, and the node tests of the
+# families whose kernels differ by class, under the validation layer's synchronisation checks.
+step "GPU-class kernels on lavapipe (INGOT_KERNEL_CLASS=gpu)"
+INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test -p ingot-tests --test ppocr -- vulkan
+INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test -p ingot-tests --test vulkan
+INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync INGOT_TEST_FILTER=conv,pool,matmul,gemm \
+    cargo test -p ingot-tests --test conformance -- vulkan
 
 # The examples an app developer starts from, and the runtime without its Vulkan backend: its
 # unit tests, and the embed example built CPU-only running a bundle (the default device list
@@ -77,3 +87,4 @@ done
 step "C API example (capi/run_example.sh)"
 bash capi/run_example.sh vulkan,cpu "$target/capi/out"
 cargo build --quiet -p ingot-capi --no-default-features
+step "done"

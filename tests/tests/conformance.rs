@@ -15,8 +15,8 @@
 //! Vulkan device fails every test.
 //!
 //! Environment:
-//! - `INGOT_TEST_FILTER=substring`: run only tests whose name contains it, printing each result
-//!   with its full error (`INGOT_TEST_FILTER=test_conv cargo test -p ingot-tests --test
+//! - `INGOT_TEST_FILTER=substring[,substring..]`: run only tests whose name contains one of
+//!   them, printing each result with its full error (`INGOT_TEST_FILTER=test_conv cargo test -p ingot-tests --test
 //!   conformance -- --nocapture`; add `vulkan` after `--nocapture` for the Vulkan suites only);
 //! - `INGOT_UPDATE_EXPECTED_FAILURES=1`: rewrite the lists from this run's results instead of
 //!   failing (new failures are added to the backend's list with their first error line as the
@@ -166,7 +166,10 @@ fn suite(suite: &str, backend: Backend) {
     let start = Instant::now();
     let mut results = Vec::new();
     for (name, test_dir) in test_dirs(&dir) {
-        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+        if filter
+            .as_ref()
+            .is_some_and(|f| !f.split(',').any(|part| name.contains(part)))
+        {
             continue;
         }
         let outcome = match catch_panic(|| run_test(&test_dir, backend)) {
