@@ -55,7 +55,7 @@ step "GPU-class kernels on lavapipe (INGOT_KERNEL_CLASS=gpu)"
 INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test -p ingot-tests --test ppocr -- vulkan
 INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test -p ingot-tests --test vulkan
 INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync INGOT_TEST_FILTER=conv,pool,matmul,gemm \
-    cargo test -p ingot-tests --test conformance -- vulkan
+    cargo test -p ingot-tests --test conformance -- vulkan --show-output
 
 # The examples an app developer starts from, and the runtime without its Vulkan backend: its
 # unit tests, and the embed example built CPU-only running a bundle (the default device list
