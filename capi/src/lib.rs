@@ -84,10 +84,7 @@ struct Error {
 
 impl Error {
     fn new(status: IngotStatus, message: impl Display) -> Error {
-        Error {
-            status,
-            message: message.to_string(),
-        }
+        Error { status, message: message.to_string() }
     }
 
     /// `error` with the causes its message does not already say.
@@ -130,10 +127,7 @@ fn guard(body: impl FnOnce() -> Result<(), Error>) -> IngotStatus {
         let what = (panic.downcast_ref::<&str>().copied())
             .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
             .unwrap_or("a panic without a message");
-        Err(Error::new(
-            IngotStatus::Internal,
-            format!("internal error (a bug in Ingot): {what}"),
-        ))
+        Err(Error::new(IngotStatus::Internal, format!("internal error (a bug in Ingot): {what}")))
     });
     match outcome {
         Ok(()) => {
@@ -195,10 +189,7 @@ unsafe fn text<'a>(ptr: *const c_char, what: &str) -> Result<Option<&'a str>, Er
     }
     // SAFETY: non-null, so NUL-terminated and live by this function's contract.
     let bytes = unsafe { CStr::from_ptr(ptr) };
-    bytes
-        .to_str()
-        .map(Some)
-        .map_err(|_| invalid(format!("{what} is not UTF-8")))
+    bytes.to_str().map(Some).map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
 /// `len` elements at `ptr`; NULL is allowed only when `len` is 0.
@@ -355,19 +346,12 @@ pub unsafe extern "C" fn ingot_session_new(
                             format!("the name {:?} holds a NUL byte", i.name),
                         )
                     })?;
-                    Ok(Io {
-                        name,
-                        desc: i.desc.clone(),
-                    })
+                    Ok(Io { name, desc: i.desc.clone() })
                 })
                 .collect()
         };
         let (inputs, outputs) = (io(session.inputs())?, io(session.outputs())?);
-        *out = Box::into_raw(Box::new(IngotSession {
-            session,
-            inputs,
-            outputs,
-        }));
+        *out = Box::into_raw(Box::new(IngotSession { session, inputs, outputs }));
         Ok(())
     })
 }
@@ -408,10 +392,7 @@ unsafe fn io_info(
         let (info, session) = unsafe { (get_mut(info, "info")?, get(session, "session")?) };
         let list = session.io(side);
         let io = list.get(index).ok_or_else(|| {
-            invalid(format!(
-                "index {index} is out of range ({} tensors)",
-                list.len()
-            ))
+            invalid(format!("index {index} is out of range ({} tensors)", list.len()))
         })?;
         *info = IngotTensorInfo {
             name: io.name.as_ptr(),
@@ -481,10 +462,7 @@ pub unsafe extern "C" fn ingot_session_output_info(
 /// Checks that the caller passes `count` buffers of exactly the byte sizes `list` needs.
 fn check_buffers(side: &str, list: &[Io], count: usize, bytes: &[usize]) -> Result<(), Error> {
     if count != list.len() {
-        return Err(invalid(format!(
-            "expected {} {side}s, got {count}",
-            list.len()
-        )));
+        return Err(invalid(format!("expected {} {side}s, got {count}", list.len())));
     }
     for (io, &got) in list.iter().zip(bytes) {
         if got != io.desc.bytes() {
@@ -549,10 +527,8 @@ pub unsafe extern "C" fn ingot_session_run(
                 Tensor::from_bytes(io.desc.clone(), bytes).map_err(invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let results = session
-            .session
-            .run(&tensors)
-            .map_err(|e| Error::from_chain(IngotStatus::Run, &e))?;
+        let results =
+            session.session.run(&tensors).map_err(|e| Error::from_chain(IngotStatus::Run, &e))?;
         for (result, (&ptr, &len)) in results.iter().zip(outputs.iter().zip(output_bytes)) {
             if len > 0 {
                 // SAFETY: non-null (checked above), and the header asks for `len` writable
@@ -627,14 +603,9 @@ pub unsafe extern "C" fn ingot_session_submodel_device(
         session_string(session, out, |s| {
             let placement = s.placement();
             let count = placement.0.len();
-            placement
-                .0
-                .into_iter()
-                .nth(index)
-                .map(|p| p.device)
-                .ok_or_else(|| {
-                    invalid(format!("index {index} is out of range ({count} submodels)"))
-                })
+            placement.0.into_iter().nth(index).map(|p| p.device).ok_or_else(|| {
+                invalid(format!("index {index} is out of range ({count} submodels)"))
+            })
         })
     }
 }
@@ -676,9 +647,7 @@ mod tests {
     fn last_error() -> String {
         // SAFETY: ingot_last_error never returns NULL, and the string lives until the next
         // ingot_ call on this thread; it is copied at once.
-        unsafe { CStr::from_ptr(ingot_last_error()) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(ingot_last_error()) }.to_string_lossy().into_owned()
     }
 
     /// Asserts `status` is `expected` with a last error containing `needle`.
@@ -686,10 +655,7 @@ mod tests {
     fn assert_error(status: IngotStatus, expected: IngotStatus, needle: &str) {
         let message = last_error();
         assert_eq!(status, expected, "message: {message}");
-        assert!(
-            message.contains(needle),
-            "'{message}' should mention '{needle}'"
-        );
+        assert!(message.contains(needle), "'{message}' should mention '{needle}'");
     }
 
     fn open_memory(bytes: &[u8]) -> (IngotStatus, *mut IngotBundle) {
@@ -717,13 +683,7 @@ mod tests {
     }
 
     fn info(session: *const IngotSession, side: Side, index: usize) -> IngotTensorInfo {
-        let mut info = IngotTensorInfo {
-            name: null(),
-            dtype: 0,
-            rank: 0,
-            dims: null(),
-            bytes: 0,
-        };
+        let mut info = IngotTensorInfo { name: null(), dtype: 0, rank: 0, dims: null(), bytes: 0 };
         // SAFETY: a live session and a writable info.
         let status = unsafe { io_info(session, index, &mut info, side) };
         assert_eq!(status, IngotStatus::Ok, "{}", last_error());
@@ -731,9 +691,7 @@ mod tests {
     }
 
     fn input_values(bytes: usize) -> Vec<f32> {
-        (0..bytes / 4)
-            .map(|i| (i % 13) as f32 / 13.0 - 0.5)
-            .collect()
+        (0..bytes / 4).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect()
     }
 
     /// Runs `session` on one f32 input and one output buffer of the given byte lengths.
@@ -764,25 +722,16 @@ mod tests {
     #[test]
     fn runs_like_the_rust_api_bit_for_bit() {
         let session = session(c"cpu");
-        let (input, output) = (
-            info(session, Side::Input, 0),
-            info(session, Side::Output, 0),
-        );
+        let (input, output) = (info(session, Side::Input, 0), info(session, Side::Output, 0));
         // SAFETY: `name` and `dims` live as long as the session, which is live.
         let (name, dims) = unsafe {
-            (
-                CStr::from_ptr(input.name),
-                std::slice::from_raw_parts(input.dims, input.rank),
-            )
+            (CStr::from_ptr(input.name), std::slice::from_raw_parts(input.dims, input.rank))
         };
         assert_eq!((name, dims, input.dtype), (c"x", &[1, 3, 32, 32][..], 1));
         assert_eq!(input.bytes, 3 * 32 * 32 * 4);
         let values = input_values(input.bytes);
         let mut got = vec![0u8; output.bytes];
-        assert_eq!(
-            run(session, &values, input.bytes, &mut got),
-            IngotStatus::Ok
-        );
+        assert_eq!(run(session, &values, input.bytes, &mut got), IngotStatus::Ok);
         assert_eq!(last_error(), "");
 
         let bundle = Arc::new(Bundle::from_bytes(bundle_bytes()).unwrap());
@@ -799,14 +748,8 @@ mod tests {
         // freed once, the session freed once.
         let (placement, device_name) = unsafe {
             assert_eq!(ingot_session_placement(session, &mut text), IngotStatus::Ok);
-            assert_eq!(
-                ingot_session_submodel_count(session, &mut count),
-                IngotStatus::Ok
-            );
-            assert_eq!(
-                ingot_session_submodel_device(session, 0, &mut device),
-                IngotStatus::Ok
-            );
+            assert_eq!(ingot_session_submodel_count(session, &mut count), IngotStatus::Ok);
+            assert_eq!(ingot_session_submodel_device(session, 0, &mut device), IngotStatus::Ok);
             let strings = (
                 CStr::from_ptr(text).to_str().unwrap().to_string(),
                 CStr::from_ptr(device).to_str().unwrap().to_string(),
@@ -870,10 +813,7 @@ mod tests {
     #[test]
     fn wrong_buffers_are_errors_and_leave_outputs_alone() {
         let session = session(c"cpu");
-        let (input, output) = (
-            info(session, Side::Input, 0),
-            info(session, Side::Output, 0),
-        );
+        let (input, output) = (info(session, Side::Input, 0), info(session, Side::Output, 0));
         let values = input_values(input.bytes);
         let mut out = vec![7u8; output.bytes];
         let status = run(session, &values, input.bytes - 4, &mut out);
@@ -902,11 +842,7 @@ mod tests {
                 &lengths[1],
                 1,
             );
-            assert_error(
-                status,
-                IngotStatus::InvalidArgument,
-                "expected 1 inputs, got 0",
-            );
+            assert_error(status, IngotStatus::InvalidArgument, "expected 1 inputs, got 0");
             let status = ingot_session_run(
                 session,
                 inputs.as_ptr(),
@@ -916,11 +852,7 @@ mod tests {
                 lengths.as_ptr(),
                 0,
             );
-            assert_error(
-                status,
-                IngotStatus::InvalidArgument,
-                "expected 1 outputs, got 0",
-            );
+            assert_error(status, IngotStatus::InvalidArgument, "expected 1 outputs, got 0");
             let status = ingot_session_run(
                 session,
                 null_input.as_ptr(),
@@ -951,10 +883,7 @@ mod tests {
         }
         assert!(out.iter().all(|&b| b == 7));
         // The session still runs after all that.
-        assert_eq!(
-            run(session, &values, input.bytes, &mut out),
-            IngotStatus::Ok
-        );
+        assert_eq!(run(session, &values, input.bytes, &mut out), IngotStatus::Ok);
         // SAFETY: freed once.
         unsafe { ingot_session_free(session) };
     }
@@ -1023,19 +952,10 @@ mod tests {
         // SAFETY: a NUL-terminated path, live handles, writable out-parameters; each handle
         // freed once.
         unsafe {
-            assert_eq!(
-                ingot_bundle_open(c_path.as_ptr(), &mut bundle),
-                IngotStatus::Ok
-            );
-            assert_eq!(
-                ingot_session_new(bundle, null(), null(), &mut session),
-                IngotStatus::Ok
-            );
+            assert_eq!(ingot_bundle_open(c_path.as_ptr(), &mut bundle), IngotStatus::Ok);
+            assert_eq!(ingot_session_new(bundle, null(), null(), &mut session), IngotStatus::Ok);
             ingot_bundle_free(bundle);
-            assert_eq!(
-                ingot_session_output_count(session, &mut count),
-                IngotStatus::Ok
-            );
+            assert_eq!(ingot_session_output_count(session, &mut count), IngotStatus::Ok);
             ingot_session_free(session);
         }
         std::fs::remove_file(&path).unwrap();
@@ -1046,11 +966,7 @@ mod tests {
     fn a_panic_becomes_an_internal_error() {
         // `resume_unwind` unwinds like a panic without calling the panic hook (no noise).
         let status = guard(|| std::panic::resume_unwind(Box::new("boom")));
-        assert_error(
-            status,
-            IngotStatus::Internal,
-            "internal error (a bug in Ingot): boom",
-        );
+        assert_error(status, IngotStatus::Internal, "internal error (a bug in Ingot): boom");
     }
 
     #[test]
@@ -1092,13 +1008,7 @@ mod tests {
                 .lines()
                 .find(|l| l.trim_start().starts_with(&format!("{name} =")))
                 .unwrap_or_else(|| panic!("{name} is not in ingot.h"));
-            line.split('=')
-                .nth(1)
-                .unwrap()
-                .trim()
-                .trim_end_matches(',')
-                .parse()
-                .unwrap()
+            line.split('=').nth(1).unwrap().trim().trim_end_matches(',').parse().unwrap()
         };
         for dtype in DType::ALL {
             let name = format!("INGOT_DTYPE_{}", dtype.name().to_uppercase());
@@ -1125,10 +1035,7 @@ mod tests {
                 _ => chunk.split_once("*/").map_or("", |(_, after)| after),
             })
             .collect();
-        let exports: String = source
-            .lines()
-            .filter(|l| l.contains("extern \"C\" fn "))
-            .collect();
+        let exports: String = source.lines().filter(|l| l.contains("extern \"C\" fn ")).collect();
         let declared = functions(&code);
         assert!(declared.contains("ingot_session_run") && declared.len() > 10);
         assert_eq!(declared, functions(&exports));

@@ -25,18 +25,12 @@ fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
     assert_eq!(&file[..6], b"\x93NUMPY", "{}", path.display());
     let (len, start) = match file[6] {
         1 => (u16::from_le_bytes([file[8], file[9]]) as usize, 10),
-        _ => (
-            u32::from_le_bytes([file[8], file[9], file[10], file[11]]) as usize,
-            12,
-        ),
+        _ => (u32::from_le_bytes([file[8], file[9], file[10], file[11]]) as usize, 12),
     };
     let header = std::str::from_utf8(&file[start..start + len]).unwrap();
     assert!(header.contains("'descr': '<f4'"), "{header}");
     let dims: Vec<String> = desc.shape.iter().map(usize::to_string).collect();
-    assert!(
-        header.contains(&format!("'shape': ({})", dims.join(", "))),
-        "{header}"
-    );
+    assert!(header.contains(&format!("'shape': ({})", dims.join(", "))), "{header}");
     assert!(header.contains("'fortran_order': False"), "{header}");
     let data = file[start + len..].to_vec();
     assert_eq!(data.len(), desc.bytes(), "{}", path.display());
@@ -72,31 +66,19 @@ fn c_example_matches_the_rust_api() {
         let bundle = Arc::new(Bundle::open(target_dir().join("capi/cls.ingot")).unwrap());
         let mut session = Session::new(bundle, SessionOptions::on(devices).unwrap()).unwrap();
         let placement = session.placement().to_string();
-        assert!(
-            stdout.contains(&placement),
-            "the C example's placement differs:\n{placement}"
-        );
+        assert!(stdout.contains(&placement), "the C example's placement differs:\n{placement}");
         let desc = session.inputs()[0].desc.clone();
         let x = read_npy(&target_dir().join(INPUT), &desc);
-        let expected = session
-            .run(&[Tensor::from_bytes(desc, &x).unwrap()])
-            .unwrap();
+        let expected = session.run(&[Tensor::from_bytes(desc, &x).unwrap()]).unwrap();
         let expected = &expected[0];
         let got = read_npy(&c_output, expected.desc());
 
         if tolerance == 0.0 {
-            assert_eq!(
-                got,
-                expected.bytes(),
-                "{devices}: C and Rust outputs differ"
-            );
+            assert_eq!(got, expected.bytes(), "{devices}: C and Rust outputs differ");
         } else {
             let got = Tensor::from_bytes(expected.desc().clone(), &got).unwrap();
-            let pairs = got
-                .as_slice::<f32>()
-                .unwrap()
-                .iter()
-                .zip(expected.as_slice::<f32>().unwrap());
+            let pairs =
+                got.as_slice::<f32>().unwrap().iter().zip(expected.as_slice::<f32>().unwrap());
             for (i, (c, rust)) in pairs.enumerate() {
                 assert!(
                     (c - rust).abs() <= tolerance,

@@ -27,9 +27,8 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
 
 /// Parses `NAME=FILE.npy` (`--constant-input`, `--input`).
 pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
-    let (name, path) = s
-        .split_once('=')
-        .with_context(|| format!("'{s}' should look like NAME=FILE.npy"))?;
+    let (name, path) =
+        s.split_once('=').with_context(|| format!("'{s}' should look like NAME=FILE.npy"))?;
     Ok((name.to_string(), std::path::PathBuf::from(path)))
 }
 
@@ -60,11 +59,8 @@ pub fn open_session(
     ledger: &Ledger,
 ) -> Result<Session> {
     // Every name is checked before any device is tried.
-    let devices = args
-        .devices
-        .iter()
-        .map(|name| Device::parse(name))
-        .collect::<Result<Vec<_>, _>>()?;
+    let devices =
+        args.devices.iter().map(|name| Device::parse(name)).collect::<Result<Vec<_>, _>>()?;
     let options = SessionOptions {
         variant: args.variant.clone(),
         devices,
@@ -89,10 +85,7 @@ mod tests {
 
     #[test]
     fn input_shapes_parse_and_errors_explain() {
-        assert_eq!(
-            parse_input_shape("x=1x3x48x192").unwrap(),
-            ("x".into(), vec![1, 3, 48, 192])
-        );
+        assert_eq!(parse_input_shape("x=1x3x48x192").unwrap(), ("x".into(), vec![1, 3, 48, 192]));
         assert_eq!(parse_input_shape("a=b=7").unwrap(), ("a=b".into(), vec![7]));
         assert!(parse_input_shape("x").is_err());
         assert!(parse_input_shape("x=1xfoo").is_err());

@@ -54,19 +54,11 @@ pub fn main(args: Args) -> Result<()> {
 
     let variant = match &args.session.variant {
         Some(name) => &bundle.manifest().variants[bundle.variant_index(name)?],
-        None => bundle
-            .manifest()
-            .variants
-            .first()
-            .context("the bundle has no variants")?,
+        None => bundle.manifest().variants.first().context("the bundle has no variants")?,
     };
     let staged = ledger.usage(MemoryKind::Staging).peak > 0;
-    let on_vulkan: Vec<bool> = session
-        .placement()
-        .0
-        .iter()
-        .map(|p| p.device.starts_with("vulkan"))
-        .collect();
+    let on_vulkan: Vec<bool> =
+        session.placement().0.iter().map(|p| p.device.starts_with("vulkan")).collect();
     let planned_peak_bytes =
         ingot_runtime::ledger::planned_peak_placed(variant, &on_vulkan, staged);
     let ledger_peak_bytes = ledger.total().peak;
@@ -94,11 +86,7 @@ pub fn main(args: Args) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
-            "bundle    {} (variant {})",
-            args.bundle.display(),
-            variant.name
-        );
+        println!("bundle    {} (variant {})", args.bundle.display(), variant.name);
         println!("device    {}", session.device());
         println!("load      {load_ms:.1} ms");
         println!("first run {first_run_ms:.1} ms");

@@ -85,11 +85,7 @@ pub fn main(args: Args) -> Result<()> {
         .len();
     println!(
         "compiled {} -> {} ({} bytes) in {:.1} ms",
-        sources
-            .iter()
-            .map(|s| s.model.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
+        sources.iter().map(|s| s.model.display().to_string()).collect::<Vec<_>>().join(", "),
         args.output.display(),
         bytes,
         start.elapsed().as_secs_f64() * 1e3
@@ -107,9 +103,8 @@ pub fn main(args: Args) -> Result<()> {
             .iter()
             .filter_map(|sub| {
                 let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
-                let culprit = v.steps[steps.clone()]
-                    .iter()
-                    .find(|s| !s.no_vulkan_kernel.is_empty())?;
+                let culprit =
+                    v.steps[steps.clone()].iter().find(|s| !s.no_vulkan_kernel.is_empty())?;
                 Some((steps, culprit))
             })
             .collect();

@@ -25,11 +25,7 @@ pub struct Args {
 pub fn main(args: Args) -> Result<()> {
     let bundle = Bundle::open(&args.bundle)
         .with_context(|| format!("cannot open {}", args.bundle.display()))?;
-    let report = if args.kernels {
-        kernels(&bundle)
-    } else {
-        describe(&bundle)
-    };
+    let report = if args.kernels { kernels(&bundle) } else { describe(&bundle) };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else if args.kernels {
@@ -209,12 +205,8 @@ pub fn kernels(bundle: &Bundle) -> serde_json::Value {
 fn kernels_text(r: &serde_json::Value) -> String {
     let mut s = String::new();
     for k in r["modules"].as_array().into_iter().flatten() {
-        let steps: Vec<&str> = k["steps"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_str())
-            .collect();
+        let steps: Vec<&str> =
+            k["steps"].as_array().into_iter().flatten().filter_map(|s| s.as_str()).collect();
         let shown = steps.iter().take(4).copied().collect::<Vec<_>>().join(", ");
         let more = match steps.len() {
             n if n > 4 => format!(" and {} more", n - 4),
@@ -228,10 +220,8 @@ fn kernels_text(r: &serde_json::Value) -> String {
             k["name"].as_str().unwrap_or("")
         ));
     }
-    let (total, weights) = (
-        r["kernel_bytes"].as_u64().unwrap_or(0),
-        r["weight_bytes"].as_u64().unwrap_or(0),
-    );
+    let (total, weights) =
+        (r["kernel_bytes"].as_u64().unwrap_or(0), r["weight_bytes"].as_u64().unwrap_or(0));
     s.push_str(&format!(
         "{} kernels, {total} bytes of SPIR-V (largest {}, {} over 64 KiB), {:.1}% of the \
          {weights} bytes of weights\n",
@@ -283,24 +273,10 @@ fn text(r: &serde_json::Value) -> String {
         ),
     );
     for g in r["weight_sharing"].as_array().into_iter().flatten() {
-        let names: Vec<&str> = g["variants"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|n| n.as_str())
-            .collect();
-        let who = if names.is_empty() {
-            "no variant".to_string()
-        } else {
-            names.join(", ")
-        };
-        line(
-            &mut s,
-            format!(
-                "  read by {who}: {} entries, {} bytes",
-                g["entries"], g["bytes"]
-            ),
-        );
+        let names: Vec<&str> =
+            g["variants"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+        let who = if names.is_empty() { "no variant".to_string() } else { names.join(", ") };
+        line(&mut s, format!("  read by {who}: {} entries, {} bytes", g["entries"], g["bytes"]));
     }
     for v in r["variants"].as_array().into_iter().flatten() {
         line(
@@ -335,12 +311,8 @@ fn text(r: &serde_json::Value) -> String {
                 );
             }
         }
-        let ops: Vec<String> = v["ops"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, n)| format!("{k} x{n}"))
-            .collect();
+        let ops: Vec<String> =
+            v["ops"].as_object().into_iter().flatten().map(|(k, n)| format!("{k} x{n}")).collect();
         line(&mut s, format!("  ops: {}", ops.join(", ")));
         line(
             &mut s,
@@ -362,12 +334,8 @@ fn text(r: &serde_json::Value) -> String {
         );
         for sub in v["submodels"].as_array().into_iter().flatten() {
             let list = |key: &str| -> String {
-                let names: Vec<&str> = sub[key]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|n| n.as_str())
-                    .collect();
+                let names: Vec<&str> =
+                    sub[key].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
                 names.join(", ")
             };
             let devices = list("devices");

@@ -31,10 +31,7 @@ pub fn read(path: &Path) -> Result<Tensor> {
     let file = npyz::NpyFile::new(&bytes[..])
         .with_context(|| format!("{} is not a valid .npy file", path.display()))?;
     if file.order() != npyz::Order::C {
-        bail!(
-            "{}: Fortran-ordered arrays are not supported; save it C-ordered",
-            path.display()
-        );
+        bail!("{}: Fortran-ordered arrays are not supported; save it C-ordered", path.display());
     }
     let descr = match file.dtype() {
         npyz::DType::Plain(ts) => ts.to_string(),
@@ -45,9 +42,8 @@ pub fn read(path: &Path) -> Result<Tensor> {
     let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
     macro_rules! typed {
         ($t:ty) => {{
-            let data: Vec<$t> = file
-                .into_vec()
-                .with_context(|| format!("{}: bad data", path.display()))?;
+            let data: Vec<$t> =
+                file.into_vec().with_context(|| format!("{}: bad data", path.display()))?;
             Tensor::from_vec(shape, &data)?
         }};
     }
@@ -64,9 +60,8 @@ pub fn read(path: &Path) -> Result<Tensor> {
         DType::I64 => typed!(i64),
         DType::U64 => typed!(u64),
         DType::Bool => {
-            let data: Vec<bool> = file
-                .into_vec()
-                .with_context(|| format!("{}: bad data", path.display()))?;
+            let data: Vec<bool> =
+                file.into_vec().with_context(|| format!("{}: bad data", path.display()))?;
             Tensor::from_bools(shape, &data)?
         }
     })

@@ -58,17 +58,10 @@ pub fn main(args: Args) -> Result<()> {
             Some(name) => bundle.variant_index(name)?,
             None => 0,
         };
-        bundle
-            .manifest()
-            .variants
-            .get(index)
-            .cloned()
-            .context("the bundle has no variants")?
+        bundle.manifest().variants.get(index).cloned().context("the bundle has no variants")?
     } else {
-        let options = CompileOptions {
-            input_shapes: args.input_shapes,
-            ..CompileOptions::default()
-        };
+        let options =
+            CompileOptions { input_shapes: args.input_shapes, ..CompileOptions::default() };
         let c = compile_graph(&args.input, &options)
             .with_context(|| format!("cannot compile {}", args.input.display()))?;
         let name = args.variant.as_deref().unwrap_or("main");
@@ -84,15 +77,10 @@ pub fn main(args: Args) -> Result<()> {
 
 fn print_stats(args: &Args) -> Result<()> {
     if is_bundle(&args.input)? {
-        bail!(
-            "--stats plans an ONNX model; {} is a bundle",
-            args.input.display()
-        );
+        bail!("--stats plans an ONNX model; {} is a bundle", args.input.display());
     }
-    let options = CompileOptions {
-        input_shapes: args.input_shapes.clone(),
-        ..CompileOptions::default()
-    };
+    let options =
+        CompileOptions { input_shapes: args.input_shapes.clone(), ..CompileOptions::default() };
     let c = compile_graph(&args.input, &options)
         .with_context(|| format!("cannot compile {}", args.input.display()))?;
     let s = ingot_compiler::plan::stats(&c.graph, ingot_compiler::plan::Target::cpu());

@@ -29,19 +29,9 @@ pub struct Args {
 pub fn file_safe(name: &str) -> String {
     let s: String = name
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
         .collect();
-    if s.is_empty() || s.starts_with('.') {
-        format!("_{s}")
-    } else {
-        s
-    }
+    if s.is_empty() || s.starts_with('.') { format!("_{s}") } else { s }
 }
 
 pub fn main(args: Args) -> Result<()> {
@@ -68,10 +58,7 @@ pub fn main(args: Args) -> Result<()> {
     }
     for (name, _) in &args.inputs {
         if !session.inputs().iter().any(|i| &i.name == name) {
-            bail!(
-                "the bundle has no input '{name}'; its inputs: {}",
-                input_names(&session)
-            );
+            bail!("the bundle has no input '{name}'; its inputs: {}", input_names(&session));
         }
     }
     let start = Instant::now();
@@ -81,17 +68,9 @@ pub fn main(args: Args) -> Result<()> {
     std::fs::create_dir_all(&args.output_dir)
         .with_context(|| format!("cannot create {}", args.output_dir.display()))?;
     for (info, t) in session.outputs().iter().zip(&outputs) {
-        let path = args
-            .output_dir
-            .join(format!("{}.npy", file_safe(&info.name)));
+        let path = args.output_dir.join(format!("{}.npy", file_safe(&info.name)));
         npy::write(&path, t)?;
-        println!(
-            "{} {} {:?} -> {}",
-            info.name,
-            t.dtype(),
-            t.shape(),
-            path.display()
-        );
+        println!("{} {} {:?} -> {}", info.name, t.dtype(), t.shape(), path.display());
     }
     // After the run: a failover while running changes where a submodel runs.
     print!("{}", session.placement());
@@ -100,9 +79,5 @@ pub fn main(args: Args) -> Result<()> {
 }
 
 fn input_names(s: &Session) -> String {
-    s.inputs()
-        .iter()
-        .map(|i| i.name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
+    s.inputs().iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
 }

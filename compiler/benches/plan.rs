@@ -17,15 +17,10 @@ use std::path::PathBuf;
 /// views, a branch, an add, and every eighth block a four-way channel concat. Sizes vary with a
 /// fixed pseudo-random sequence, so the graph is the same on every run.
 fn synthetic(nodes: usize) -> Graph {
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let mut seed = 7u64;
     let mut next = |m: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (seed >> 33) % m
     };
     let t = |c: usize, hw: usize| Some(TensorDesc::new(DType::F32, vec![1, c, hw, hw]));
@@ -57,21 +52,14 @@ fn synthetic(nodes: usize) -> Graph {
         add(&mut g, "Add", &[cur, e], &[s], Attrs::new());
         cur = s;
         if b % 8 == 7 {
-            let parts: Vec<usize> = (0..4)
-                .map(|k| g.add_value(format!("p{b}_{k}"), t(c, hw)))
-                .collect();
+            let parts: Vec<usize> =
+                (0..4).map(|k| g.add_value(format!("p{b}_{k}"), t(c, hw))).collect();
             for &p in &parts {
                 add(&mut g, "Exp", &[cur], &[p], Attrs::new());
             }
             c *= 4;
             let cat = g.add_value(format!("cat{b}"), t(c, hw));
-            add(
-                &mut g,
-                "Concat",
-                &parts,
-                &[cat],
-                Attrs::new().with("axis", AttrValue::Int(1)),
-            );
+            add(&mut g, "Concat", &parts, &[cat], Attrs::new().with("axis", AttrValue::Int(1)));
             c /= 4;
             let down = g.add_value(format!("d{b}"), t(c, hw));
             add(&mut g, "ReduceMean", &[cat], &[down], Attrs::new());
@@ -98,10 +86,8 @@ fn main() {
             println!("{file}: not fetched (run tools/fetch_models.sh)");
             continue;
         }
-        let options = CompileOptions {
-            input_shapes: vec![("x".into(), shape)],
-            ..CompileOptions::default()
-        };
+        let options =
+            CompileOptions { input_shapes: vec![("x".into(), shape)], ..CompileOptions::default() };
         match compile_graph(&path, &options) {
             Ok(c) => println!("{}", plan::stats(&c.graph, Target::cpu()).row(file)),
             Err(e) => println!("{file}: {e}"),

@@ -114,10 +114,9 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
                 Storage::Weight(w) => Kind::Weight(entry(w)),
                 Storage::Arena { offset } => Kind::Arena(offset),
                 Storage::Boundary { offset } => Kind::Boundary(offset),
-                Storage::View { of, byte_offset } => Kind::View(proto::View {
-                    of: index[of],
-                    byte_offset,
-                }),
+                Storage::View { of, byte_offset } => {
+                    Kind::View(proto::View { of: index[of], byte_offset })
+                }
             };
             proto::Tensor {
                 name: g.values[value].name.clone(),
@@ -193,12 +192,7 @@ fn allocations(
     entry: &dyn Fn(usize) -> u32,
 ) -> (Vec<proto::Allocation>, Vec<Range<usize>>) {
     use proto::AllocationKind;
-    let bytes_of = |value: usize| {
-        v.graph.values[value]
-            .ty
-            .as_ref()
-            .map_or(0, |t| t.bytes() as u64)
-    };
+    let bytes_of = |value: usize| v.graph.values[value].ty.as_ref().map_or(0, |t| t.bytes() as u64);
     let mut running = 0;
     let mut out = Vec::with_capacity(v.plan.weights.len() + 3 * v.plan.submodels.len() + 1);
     let mut push = |out: &mut Vec<proto::Allocation>, kind: AllocationKind, bytes: u64, weight| {

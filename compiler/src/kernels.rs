@@ -17,13 +17,7 @@ use std::collections::BTreeMap;
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("kernel '{label}' of step '{step}' ({op}) does not compile: {message}\n{wgsl}")]
-    Compile {
-        step: String,
-        op: String,
-        label: String,
-        message: String,
-        wgsl: String,
-    },
+    Compile { step: String, op: String, label: String, message: String, wgsl: String },
 }
 
 /// Per node: why it has no Vulkan kernel whatever the plan (`None`: its family has one for its
@@ -69,10 +63,7 @@ pub struct Lowered {
 
 /// Lowers every step of `plan`'s Vulkan submodels, its operands where the plan put them.
 pub fn lower(g: &Graph, plan: &Plan) -> Lowered {
-    let mut lowered = Lowered {
-        steps: vec![None; g.nodes.len()],
-        missing: Vec::new(),
-    };
+    let mut lowered = Lowered { steps: vec![None; g.nodes.len()], missing: Vec::new() };
     for (s, sub) in plan.submodels.iter().enumerate() {
         if sub.kind != Kind::Vulkan {
             continue;
@@ -108,10 +99,7 @@ fn both_classes(node: &Node, inputs: &[Operand], outputs: &[Operand]) -> Result<
 }
 
 fn desc(g: &Graph, v: ValueId) -> TensorDesc {
-    g.values[v]
-        .ty
-        .clone()
-        .unwrap_or_else(|| TensorDesc::new(ingot_schema::DType::U8, vec![0]))
+    g.values[v].ty.clone().unwrap_or_else(|| TensorDesc::new(ingot_schema::DType::U8, vec![0]))
 }
 
 /// Value `v` as a kernel sees it: the memory its root lives in (two operands alias when that
@@ -131,12 +119,7 @@ fn planned_operand(g: &Graph, plan: &Plan, v: ValueId) -> Operand {
         Some(Storage::Boundary { offset }) => ((5, 0), offset),
         Some(Storage::View { .. }) | None => ((4, root as u64), 0),
     };
-    Operand::new(
-        g.values[v].name.clone(),
-        desc(g, v),
-        place,
-        base + view_offset,
-    )
+    Operand::new(g.values[v].name.clone(), desc(g, v), place, base + view_offset)
 }
 
 /// What makes two dispatches' modules one: the WGSL source and the override values (as bits).
@@ -173,10 +156,7 @@ impl KernelSet {
                 let mut intern = |ds: &[Dispatch]| -> Result<Vec<u32>, KernelError> {
                     ds.iter().map(|d| set.intern(d, node)).collect()
                 };
-                modules[n] = Some(Classes {
-                    gpu: intern(gpu)?,
-                    cpu: intern(cpu)?,
-                });
+                modules[n] = Some(Classes { gpu: intern(gpu)?, cpu: intern(cpu)? });
             }
             set.modules.push(modules);
         }
@@ -201,10 +181,9 @@ impl KernelSet {
         // A module is its source and override values: equal module lists are equal kernels.
         let classes = match modules.gpu == modules.cpu {
             true => vec![(DeviceClass::Any, gpu, &modules.gpu)],
-            false => vec![
-                (DeviceClass::Gpu, gpu, &modules.gpu),
-                (DeviceClass::Cpu, cpu, &modules.cpu),
-            ],
+            false => {
+                vec![(DeviceClass::Gpu, gpu, &modules.gpu), (DeviceClass::Cpu, cpu, &modules.cpu)]
+            }
         };
         classes
             .into_iter()
@@ -234,16 +213,11 @@ impl KernelSet {
         let k = match self.by_source.get(&key) {
             Some(&k) => k,
             None => {
-                let Compiled {
-                    spirv,
-                    workgroup_size,
-                    slots,
-                    push_words,
-                } = ingot_ops::vulkan::compile(&d.wgsl, &d.overrides).map_err(failed)?;
+                let Compiled { spirv, workgroup_size, slots, push_words } =
+                    ingot_ops::vulkan::compile(&d.wgsl, &d.overrides).map_err(failed)?;
                 let offset = self.section.len().next_multiple_of(KERNEL_ALIGN);
                 self.section.resize(offset, 0);
-                self.section
-                    .extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
+                self.section.extend(spirv.iter().flat_map(|w| w.to_le_bytes()));
                 let k = self.kernels.len() as u32;
                 self.kernels.push(proto::Kernel {
                     name: d.label.clone(),

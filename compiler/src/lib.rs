@@ -45,21 +45,13 @@ pub struct Sharing {
 
 impl Default for Sharing {
     fn default() -> Self {
-        Sharing {
-            views: true,
-            in_place: true,
-            reorder: true,
-        }
+        Sharing { views: true, in_place: true, reorder: true }
     }
 }
 
 impl Sharing {
     /// Every value in its own arena interval, in the model's order.
-    pub const NONE: Sharing = Sharing {
-        views: false,
-        in_place: false,
-        reorder: false,
-    };
+    pub const NONE: Sharing = Sharing { views: false, in_place: false, reorder: false };
 }
 
 /// One graph of a bundle: its variant name, its ONNX file and the shapes its inputs take.
@@ -75,10 +67,7 @@ pub enum CompileError {
     #[error("two variants are named '{0}'")]
     DuplicateVariant(String),
     #[error("variant '{variant}': {cause}")]
-    Variant {
-        variant: String,
-        cause: Box<CompileError>,
-    },
+    Variant { variant: String, cause: Box<CompileError> },
     #[error(transparent)]
     Import(#[from] onnx::ImportError),
     #[error(transparent)]
@@ -134,11 +123,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     if options.verify || cfg!(debug_assertions) {
         plan::verify(&graph, &plan).map_err(CompileError::Plan)?;
     }
-    Ok(Compiled {
-        graph,
-        plan,
-        lowered,
-    })
+    Ok(Compiled { graph, plan, lowered })
 }
 
 /// Cuts `graph` into submodels, plans it and lowers its Vulkan steps: the pipeline's middle
@@ -223,17 +208,12 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
             input_shapes: [&options.input_shapes[..], &v.input_shapes[..]].concat(),
             ..options.clone()
         };
-        let c = compile_graph(&v.model, &options).map_err(|e| CompileError::Variant {
-            variant: v.name.clone(),
-            cause: Box::new(e),
-        })?;
+        let c = compile_graph(&v.model, &options)
+            .map_err(|e| CompileError::Variant { variant: v.name.clone(), cause: Box::new(e) })?;
         compiled.push(c);
     }
-    let variants: Vec<bundle::CompiledVariant> = variants
-        .iter()
-        .zip(&compiled)
-        .map(|(v, c)| c.variant(&v.name))
-        .collect();
+    let variants: Vec<bundle::CompiledVariant> =
+        variants.iter().zip(&compiled).map(|(v, c)| c.variant(&v.name)).collect();
     let kernels = kernels::KernelSet::compile(&variants)?;
     Ok(bundle::write_to(&variants, &kernels, out)?)
 }
@@ -242,8 +222,5 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
 /// a model's own snapshot test asserts (`insta::assert_snapshot!(plan_text(path, &opts)?)`).
 pub fn plan_text(model: &Path, options: &CompileOptions) -> Result<String, CompileError> {
     let c = compile_graph(model, options)?;
-    Ok(plan::render::text(&bundle::variant(
-        &c.variant("main"),
-        &[],
-    )))
+    Ok(plan::render::text(&bundle::variant(&c.variant("main"), &[])))
 }

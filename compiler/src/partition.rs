@@ -100,9 +100,7 @@ impl Partition {
                 current = class(n);
             }
             if why.is_none() {
-                why = no_vulkan[n]
-                    .as_ref()
-                    .map(|r| format!("{}: {r}", g.nodes[n].label()));
+                why = no_vulkan[n].as_ref().map(|r| format!("{}: {r}", g.nodes[n].label()));
             }
             p.part[n] = p.kinds.len();
             len += 1;
@@ -121,9 +119,7 @@ impl Partition {
 
     fn close(&mut self, class: Class, why: Option<String>) {
         self.kinds.push(match (class, why) {
-            (Class::Cpu, why) => Kind::Cpu {
-                why: why.unwrap_or_default(),
-            },
+            (Class::Cpu, why) => Kind::Cpu { why: why.unwrap_or_default() },
             _ => Kind::Vulkan,
         });
     }
@@ -167,9 +163,7 @@ mod tests {
     }
 
     fn cpu_at(n: usize, at: &[usize]) -> Vec<Option<String>> {
-        (0..n)
-            .map(|k| at.contains(&k).then(|| "no kernel".to_string()))
-            .collect()
+        (0..n).map(|k| at.contains(&k).then(|| "no kernel".to_string())).collect()
     }
 
     #[test]
@@ -179,13 +173,7 @@ mod tests {
         assert_eq!(p.part, [0, 1, 2]);
         assert_eq!(
             p.kinds,
-            [
-                Kind::Vulkan,
-                Kind::Cpu {
-                    why: "'n1' (Cast): no kernel".into()
-                },
-                Kind::Vulkan
-            ]
+            [Kind::Vulkan, Kind::Cpu { why: "'n1' (Cast): no kernel".into() }, Kind::Vulkan]
         );
     }
 

@@ -108,10 +108,7 @@ mod tests {
         let mut section = Vec::new();
         bank.write_section(&mut section).unwrap();
         assert_eq!(section.len() as u64, bank.section_len());
-        assert_eq!(
-            &section[..16],
-            bytemuck::cast_slice::<f32, u8>(&[1.0, 2.0, 3.0, 4.0])
-        );
+        assert_eq!(&section[..16], bytemuck::cast_slice::<f32, u8>(&[1.0, 2.0, 3.0, 4.0]));
         assert_eq!(&section[16..ALIGN], &[0; ALIGN][16..]);
     }
 }

@@ -14,9 +14,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..CompileOptions::default()
     };
     let bundle = compile_file(&model, &options)?;
-    std::fs::write(
-        PathBuf::from(std::env::var("OUT_DIR")?).join("model.ingot"),
-        bundle,
-    )?;
+    std::fs::write(PathBuf::from(std::env::var("OUT_DIR")?).join("model.ingot"), bundle)?;
     Ok(())
 }

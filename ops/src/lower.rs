@@ -49,11 +49,7 @@ pub struct LowerCx<'a> {
 impl LowerCx<'_> {
     /// The type of input `i`; an error if it is absent.
     pub fn input(&self, i: usize) -> OpResult<&TensorDesc> {
-        self.inputs
-            .get(i)
-            .copied()
-            .flatten()
-            .ok_or_else(|| op_err!("input {i} is required"))
+        self.inputs.get(i).copied().flatten().ok_or_else(|| op_err!("input {i} is required"))
     }
 
     /// Whether input `i` is given (not omitted).
@@ -83,10 +79,9 @@ impl LowerCx<'_> {
             return Ok(None);
         }
         match self.consts.get(i).copied().flatten() {
-            Some(c) => c
-                .to_f64s()
-                .map(Some)
-                .ok_or_else(|| op_err!("{what} (input {i}) must hold numbers")),
+            Some(c) => {
+                c.to_f64s().map(Some).ok_or_else(|| op_err!("{what} (input {i}) must hold numbers"))
+            }
             None => Err(op_err!(
                 "{what} (input {i}) must be a constant once shapes are static; it is computed at run time"
             )),
@@ -140,10 +135,7 @@ mod tests {
 
     #[test]
     fn broadcasting_follows_numpy() {
-        assert_eq!(
-            broadcast_shapes(&[&[2, 1, 4], &[3, 1]]).unwrap(),
-            vec![2, 3, 4]
-        );
+        assert_eq!(broadcast_shapes(&[&[2, 1, 4], &[3, 1]]).unwrap(), vec![2, 3, 4]);
         assert_eq!(broadcast_shapes(&[&[], &[5]]).unwrap(), vec![5]);
         assert!(broadcast_shapes(&[&[2], &[3]]).is_err());
     }

@@ -32,9 +32,7 @@ pub struct OpDef {
 
 impl std::fmt::Debug for OpDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpDef")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("OpDef").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -44,30 +42,17 @@ impl OpDef {
         lower: fn(&mut Node, &LowerCx) -> OpResult<()>,
         infer: fn(&Node, &[&TensorDesc]) -> OpResult<Vec<TensorDesc>>,
     ) -> OpDef {
-        OpDef {
-            name,
-            lower,
-            infer,
-            folded: false,
-            view: false,
-            cpu_only: None,
-        }
+        OpDef { name, lower, infer, folded: false, view: false, cpu_only: None }
     }
 
     /// Marks an op that is always folded at compile time.
     pub const fn folded(self) -> OpDef {
-        OpDef {
-            folded: true,
-            ..self
-        }
+        OpDef { folded: true, ..self }
     }
 
     /// Marks an op that never runs on Vulkan, and why.
     pub const fn cpu_only(self, why: &'static str) -> OpDef {
-        OpDef {
-            cpu_only: Some(why),
-            ..self
-        }
+        OpDef { cpu_only: Some(why), ..self }
     }
 
     /// Marks an op whose output is a view of its first input.
@@ -154,11 +139,7 @@ pub fn lookup(op: &str) -> Option<Op> {
 
 /// Every op Ingot accepts, sorted.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut ops: Vec<_> = FAMILIES
-        .iter()
-        .flat_map(|f| f.ops)
-        .map(|d| d.name)
-        .collect();
+    let mut ops: Vec<_> = FAMILIES.iter().flat_map(|f| f.ops).map(|d| d.name).collect();
     ops.sort_unstable();
     ops
 }
@@ -190,22 +171,14 @@ mod tests {
         // Shape and Size depend only on static types: lowering replaces them by constants, so
         // they never run. Every other op has a CPU kernel, at least to fold constants; the
         // family's kernel must know it (not answer "unknown op").
-        let folded: Vec<&str> = ops
-            .iter()
-            .copied()
-            .filter(|op| lookup(op).unwrap().cpu().is_none())
-            .collect();
+        let folded: Vec<&str> =
+            ops.iter().copied().filter(|op| lookup(op).unwrap().cpu().is_none()).collect();
         assert_eq!(folded, ["Shape", "Size"]);
         for op in ops.iter().filter(|op| !folded.contains(op)) {
             let prepare = lookup(op).unwrap().cpu().unwrap();
             // No operands: every kernel refuses the step, but as an op it knows.
             let attrs = Attrs::new();
-            let cx = OpCx {
-                op,
-                attrs: &attrs,
-                inputs: &[],
-                outputs: &[],
-            };
+            let cx = OpCx { op, attrs: &attrs, inputs: &[], outputs: &[] };
             match prepare(&cx) {
                 Err(KernelError::UnknownOp(_)) => {
                     panic!("{op}: its family has no CPU kernel for it")
@@ -230,32 +203,14 @@ mod tests {
             Transpose Unsqueeze Where LRN LSTM GRU DepthToSpace SpaceToDepth ArgMin ReduceProd \
             CumSum GatherElements GatherND IsNaN IsInf Trilu Mod Selu Mish";
         let supported = supported_ops();
-        let missing: Vec<&str> = committed
-            .split_whitespace()
-            .filter(|op| !supported.contains(op))
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "committed ops without support: {missing:?}"
-        );
+        let missing: Vec<&str> =
+            committed.split_whitespace().filter(|op| !supported.contains(op)).collect();
+        assert!(missing.is_empty(), "committed ops without support: {missing:?}");
     }
 
     #[test]
     fn views_are_the_reshape_family() {
-        let views: Vec<&str> = supported_ops()
-            .into_iter()
-            .filter(|op| is_view(op))
-            .collect();
-        assert_eq!(
-            views,
-            [
-                "Dropout",
-                "Flatten",
-                "Identity",
-                "Reshape",
-                "Squeeze",
-                "Unsqueeze"
-            ]
-        );
+        let views: Vec<&str> = supported_ops().into_iter().filter(|op| is_view(op)).collect();
+        assert_eq!(views, ["Dropout", "Flatten", "Identity", "Reshape", "Squeeze", "Unsqueeze"]);
     }
 }

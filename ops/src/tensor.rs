@@ -16,10 +16,7 @@ pub struct TensorDesc {
 
 impl TensorDesc {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
-        Self {
-            dtype,
-            shape: shape.into(),
-        }
+        Self { dtype, shape: shape.into() }
     }
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
@@ -35,10 +32,7 @@ impl TensorDesc {
             .ok()
             .and_then(DType::from_proto)
             .unwrap_or(DType::U8);
-        TensorDesc::new(
-            dtype,
-            t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
-        )
+        TensorDesc::new(dtype, t.shape.iter().map(|&d| d as usize).collect::<Vec<_>>())
     }
 }
 
@@ -47,12 +41,7 @@ pub enum TensorError {
     #[error("tensor holds {actual}, not {expected}")]
     WrongDType { expected: DType, actual: DType },
     #[error("tensor of shape {shape:?} and type {dtype} needs {expected} bytes, got {actual}")]
-    WrongLength {
-        shape: Vec<usize>,
-        dtype: DType,
-        expected: usize,
-        actual: usize,
-    },
+    WrongLength { shape: Vec<usize>, dtype: DType, expected: usize, actual: usize },
     #[error("tensor bytes are not aligned for {0}")]
     Misaligned(DType),
 }
@@ -70,14 +59,7 @@ element!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, u16 => U16, i32
 fn check<T: Element>(dtype: DType) -> Result<(), TensorError> {
     // Bool is stored as u8 and may be read as u8.
     let ok = T::DTYPE == dtype || (dtype == DType::Bool && T::DTYPE == DType::U8);
-    if ok {
-        Ok(())
-    } else {
-        Err(TensorError::WrongDType {
-            expected: T::DTYPE,
-            actual: dtype,
-        })
-    }
+    if ok { Ok(()) } else { Err(TensorError::WrongDType { expected: T::DTYPE, actual: dtype }) }
 }
 
 /// An owned tensor.
@@ -99,11 +81,7 @@ impl Tensor {
     /// A zero-filled tensor.
     pub fn zeros(desc: TensorDesc) -> Self {
         let len = desc.bytes();
-        Self {
-            desc,
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
+        Self { desc, words: vec![0; len.div_ceil(8)], len }
     }
 
     /// A tensor from raw little-endian bytes.
@@ -171,13 +149,7 @@ impl Tensor {
             U32 => widen::<u32>(self),
             I16 => widen::<i16>(self),
             U16 => widen::<u16>(self),
-            U64 => Some(
-                self.as_slice::<u64>()
-                    .ok()?
-                    .iter()
-                    .map(|&v| v as i64)
-                    .collect(),
-            ),
+            U64 => Some(self.as_slice::<u64>().ok()?.iter().map(|&v| v as i64).collect()),
             _ => None,
         }
     }
@@ -186,28 +158,14 @@ impl Tensor {
     pub fn to_f64s(&self) -> Option<Vec<f64>> {
         use DType::*;
         Some(match self.dtype() {
-            F32 => self
-                .as_slice::<f32>()
-                .ok()?
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect(),
+            F32 => self.as_slice::<f32>().ok()?.iter().map(|&v| f64::from(v)).collect(),
             F64 => self.to_vec::<f64>().ok()?,
-            F16 => self
-                .as_slice::<half::f16>()
-                .ok()?
-                .iter()
-                .map(|v| v.to_f64())
-                .collect(),
+            F16 => self.as_slice::<half::f16>().ok()?.iter().map(|v| v.to_f64()).collect(),
             _ => self.to_i64s()?.into_iter().map(|v| v as f64).collect(),
         })
     }
     pub fn view(&self) -> TensorRef<'_> {
-        TensorRef {
-            dtype: self.desc.dtype,
-            shape: &self.desc.shape,
-            bytes: self.bytes(),
-        }
+        TensorRef { dtype: self.desc.dtype, shape: &self.desc.shape, bytes: self.bytes() }
     }
     pub fn view_mut(&mut self) -> TensorMut<'_> {
         let len = self.len;
@@ -270,10 +228,7 @@ mod tests {
         let t = Tensor::from_vec(vec![2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
         assert_eq!(t.bytes().len(), 16);
-        assert!(matches!(
-            t.as_slice::<i32>(),
-            Err(TensorError::WrongDType { .. })
-        ));
+        assert!(matches!(t.as_slice::<i32>(), Err(TensorError::WrongDType { .. })));
         let odd = Tensor::from_vec(vec![3], &[1u8, 2, 3]).unwrap();
         assert_eq!(odd.bytes(), &[1, 2, 3]);
         assert!(Tensor::from_bytes(TensorDesc::new(DType::F32, vec![2]), &[0; 7]).is_err());

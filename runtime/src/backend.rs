@@ -92,10 +92,7 @@ impl Device {
                     .map(DeviceChoice::Index),
             };
             if let Some(device) = choice {
-                return Ok(Device::Vulkan(VulkanOptions {
-                    device,
-                    ..VulkanOptions::default()
-                }));
+                return Ok(Device::Vulkan(VulkanOptions { device, ..VulkanOptions::default() }));
             }
         }
         let vulkan_name = name == "vulkan"
@@ -118,12 +115,7 @@ impl Device {
 
     /// An ordered list of device names, comma-separated: `vulkan,cpu`.
     pub fn parse_list(names: &str) -> Result<Vec<Device>, SessionError> {
-        names
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(Device::parse)
-            .collect()
+        names.split(',').map(str::trim).filter(|n| !n.is_empty()).map(Device::parse).collect()
     }
 
     /// The list a session tries when told nothing: Vulkan, then the CPU (the CPU alone in a
@@ -162,25 +154,11 @@ pub enum SessionError {
     #[error("bundle has no variants")]
     NoVariant,
     #[error("cannot prepare step {index} '{name}' ({op}): {cause}")]
-    Prepare {
-        index: usize,
-        name: String,
-        op: String,
-        cause: KernelError,
-    },
+    Prepare { index: usize, name: String, op: String, cause: KernelError },
     #[error("step {index} '{name}' ({op}) failed: {cause}")]
-    Step {
-        index: usize,
-        name: String,
-        op: String,
-        cause: KernelError,
-    },
+    Step { index: usize, name: String, op: String, cause: KernelError },
     #[error("expected {expected} inputs ({names}), got {got}")]
-    InputCount {
-        expected: usize,
-        got: usize,
-        names: String,
-    },
+    InputCount { expected: usize, got: usize, names: String },
     #[error("input '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]
     InputMismatch {
         name: String,
@@ -214,11 +192,7 @@ pub enum SessionError {
     #[error(transparent)]
     Vulkan(Box<dyn std::error::Error + Send + Sync>),
     #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
-    Aliasing {
-        index: usize,
-        name: String,
-        op: String,
-    },
+    Aliasing { index: usize, name: String, op: String },
 }
 
 /// A submodel prepared for one device (or for the first device of a list that works).
@@ -336,17 +310,11 @@ impl Faults {
         #[cfg(feature = "fault-injection")]
         {
             let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = armed
-                .iter()
-                .position(|f| f.device == device && f.stage == stage)
-            {
+            if let Some(i) = armed.iter().position(|f| f.device == device && f.stage == stage) {
                 if stage == Stage::Run {
                     armed.remove(i);
                 }
-                return Err(SessionError::Injected {
-                    device: device.into(),
-                    stage,
-                });
+                return Err(SessionError::Injected { device: device.into(), stage });
             }
         }
         let _ = (device, stage);
@@ -357,10 +325,7 @@ impl Faults {
     #[cfg(feature = "fault-injection")]
     pub fn inject(&self, device: &str, stage: Stage) {
         let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
-        armed.push(Fault {
-            device: device.into(),
-            stage,
-        });
+        armed.push(Fault { device: device.into(), stage });
     }
 
     /// Faults from a list such as `vulkan@weights,cpu@arena` (what `INGOT_INJECT_FAULTS`
@@ -372,13 +337,10 @@ impl Faults {
             let (device, stage) = item
                 .split_once('@')
                 .ok_or_else(|| format!("fault '{item}' is not DEVICE@STAGE"))?;
-            let stage = Stage::ALL
-                .into_iter()
-                .find(|s| s.name() == stage)
-                .ok_or_else(|| {
-                    let names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
-                    format!("unknown stage '{stage}'; stages: {}", names.join(", "))
-                })?;
+            let stage = Stage::ALL.into_iter().find(|s| s.name() == stage).ok_or_else(|| {
+                let names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
+                format!("unknown stage '{stage}'; stages: {}", names.join(", "))
+            })?;
             if device != "vulkan" && device != "cpu" {
                 return Err(format!("fault device '{device}' is not vulkan or cpu"));
             }

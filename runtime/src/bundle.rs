@@ -20,10 +20,7 @@ pub const MAX_PUSH_WORDS: u32 = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     #[error("cannot read bundle {path}: {cause}")]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    Io { path: PathBuf, cause: std::io::Error },
     #[error(transparent)]
     Container(#[from] ContainerError),
     #[error("bundle manifest does not decode: {0}")]
@@ -76,10 +73,7 @@ impl Bundle {
     /// Maps the file at `path` and validates it.
     pub fn open(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
         let path = path.as_ref();
-        let io = |cause| BundleError::Io {
-            path: path.to_path_buf(),
-            cause,
-        };
+        let io = |cause| BundleError::Io { path: path.to_path_buf(), cause };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only and private to this process. A bundle file must not
         // be truncated or rewritten while it is open (the same contract as every mmap-based
@@ -94,10 +88,7 @@ impl Bundle {
     pub fn from_bytes(bytes: &[u8]) -> Result<Bundle, BundleError> {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        Self::from_storage(Bytes::Owned {
-            words,
-            len: bytes.len(),
-        })
+        Self::from_storage(Bytes::Owned { words, len: bytes.len() })
     }
 
     fn from_storage(bytes: Bytes) -> Result<Bundle, BundleError> {
@@ -109,13 +100,7 @@ impl Bundle {
         let section = |kind| container.section(kind).map_or(0..0, |s| s.range.clone());
         let (weights, kernels) = (section(SectionKind::Weights), section(SectionKind::Kernels));
         validate(&manifest, weights.len() as u64, &file[kernels.clone()])?;
-        Ok(Bundle {
-            bytes,
-            container,
-            manifest,
-            weights,
-            kernels,
-        })
+        Ok(Bundle { bytes, container, manifest, weights, kernels })
     }
 
     pub fn manifest(&self) -> &proto::Manifest {
@@ -129,10 +114,7 @@ impl Bundle {
 
     /// The sections: kind name and byte range in the file.
     pub fn sections(&self) -> impl Iterator<Item = (&'static str, Range<usize>)> + '_ {
-        self.container
-            .sections
-            .iter()
-            .map(|s| (s.kind.name(), s.range.clone()))
+        self.container.sections.iter().map(|s| (s.kind.name(), s.range.clone()))
     }
 
     /// The total size of the bundle file in bytes.
@@ -142,11 +124,8 @@ impl Bundle {
 
     /// The index of the variant called `name`.
     pub fn variant_index(&self, name: &str) -> Result<usize, BundleError> {
-        self.manifest
-            .variants
-            .iter()
-            .position(|v| v.name == name)
-            .ok_or_else(|| BundleError::UnknownVariant {
+        self.manifest.variants.iter().position(|v| v.name == name).ok_or_else(|| {
+            BundleError::UnknownVariant {
                 name: name.to_string(),
                 known: self
                     .manifest
@@ -155,7 +134,8 @@ impl Bundle {
                     .map(|v| v.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
-            })
+            }
+        })
     }
 
     /// The bytes of weight bank entry `index` (validated at open).
@@ -266,10 +246,7 @@ fn validate(m: &proto::Manifest, weights_len: u64, kernels: &[u8]) -> Result<(),
                 k.name, k.workgroup_size
             )));
         }
-        if k.bindings
-            .checked_add(k.params)
-            .is_none_or(|w| w > MAX_PUSH_WORDS)
-        {
+        if k.bindings.checked_add(k.params).is_none_or(|w| w > MAX_PUSH_WORDS) {
             return Err(invalid(format!(
                 "kernel {i} '{}': {} binding offsets and {} params are more push-constant words \
                  than any device takes",
@@ -307,9 +284,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                 _ => false,
             };
             if !ok {
-                return Err(format!(
-                    "{what} {k} does not refer to a tensor stored as {what} {k}"
-                ));
+                return Err(format!("{what} {k} does not refer to a tensor stored as {what} {k}"));
             }
         }
         Ok(())
@@ -379,9 +354,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
                     .and_then(|r| r.storage.as_ref())
                     .and_then(|s| s.kind.as_ref());
                 if root == i || root_kind.is_none() || matches!(root_kind, Some(Kind::View(_))) {
-                    return Err(at(format!(
-                        "is a view of tensor {root}, which is not a root"
-                    )));
+                    return Err(at(format!("is a view of tensor {root}, which is not a root")));
                 }
                 let end = view.byte_offset.checked_add(sizes[i]);
                 if end.is_none_or(|e| e > sizes[root]) {
@@ -401,9 +374,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     // A larger arena or boundary buffer would only make the session allocate (and zero)
     // memory nothing uses.
     let need = |end: u64, sum: u64| {
-        end.checked_next_multiple_of(plan.alignment)
-            .unwrap_or(u64::MAX)
-            .min(sum)
+        end.checked_next_multiple_of(plan.alignment).unwrap_or(u64::MAX).min(sum)
     };
     let arena_need = need(arena_end, arena_sum);
     if let Some(s) = v.submodels.iter().position(|s| s.arena_bytes > arena_need) {
@@ -433,9 +404,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
         let weight_ok =
             kind != Some(proto::AllocationKind::Weight) || (a.weight as usize) < m.weights.len();
         if kind.is_none() || kind == Some(proto::AllocationKind::Unspecified) || !weight_ok {
-            return Err(format!(
-                "allocation {k} has an invalid kind or weight index"
-            ));
+            return Err(format!("allocation {k} has an invalid kind or weight index"));
         }
     }
     for (s, step) in v.steps.iter().enumerate() {
@@ -446,10 +415,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
             }
         }
         for &t in &step.outputs {
-            let kind = v.tensors[t as usize]
-                .storage
-                .as_ref()
-                .and_then(|s| s.kind.as_ref());
+            let kind = v.tensors[t as usize].storage.as_ref().and_then(|s| s.kind.as_ref());
             if matches!(kind, Some(Kind::Input(_) | Kind::Weight(_))) {
                 return Err(at(format!("writes tensor {t}, a graph input or weight")));
             }
@@ -465,10 +431,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
 /// plan's list.
 fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), String> {
     let kind = |t: u32| {
-        v.tensors
-            .get(t as usize)
-            .and_then(|t| t.storage.as_ref())
-            .and_then(|s| s.kind.as_ref())
+        v.tensors.get(t as usize).and_then(|t| t.storage.as_ref()).and_then(|s| s.kind.as_ref())
     };
     let mut next = 0u64;
     for (k, sub) in v.submodels.iter().enumerate() {
@@ -501,12 +464,7 @@ fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), Stri
         let steps = v
             .steps
             .get(sub.first_step as usize..next as usize)
-            .ok_or_else(|| {
-                at(format!(
-                    "its steps end past the variant's {}",
-                    v.steps.len()
-                ))
-            })?;
+            .ok_or_else(|| at(format!("its steps end past the variant's {}", v.steps.len())))?;
         for step in steps {
             let operands = step.inputs.iter().map(|t| (t, false));
             for (&t, write) in operands.chain(step.outputs.iter().map(|t| (t, true))) {
@@ -533,10 +491,7 @@ fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), Stri
         }
     }
     if next != v.steps.len() as u64 {
-        return Err(format!(
-            "the submodels cover {next} of the {} steps",
-            v.steps.len()
-        ));
+        return Err(format!("the submodels cover {next} of the {} steps", v.steps.len()));
     }
     Ok(())
 }
@@ -555,10 +510,7 @@ fn validate_dispatches(
         let class = proto::DeviceClass::try_from(entry.device_class)
             .map_err(|_| format!("unknown Vulkan device class {}", entry.device_class))?;
         if classes.contains(&class) {
-            return Err(format!(
-                "two Vulkan entries for device class {}",
-                class.as_str_name()
-            ));
+            return Err(format!("two Vulkan entries for device class {}", class.as_str_name()));
         }
         classes.push(class);
         for (d, dispatch) in entry.dispatches.iter().enumerate() {
@@ -671,12 +623,8 @@ mod tests {
     /// y = Relu(x) with one Vulkan dispatch of a 2-binding kernel (8 bytes of "SPIR-V"), and
     /// the kernels section it needs.
     fn relu() -> (proto::Manifest, Vec<u8>) {
-        let binding = |tensor, write| Binding {
-            tensor,
-            write,
-            element_bytes: 4,
-            ..Default::default()
-        };
+        let binding =
+            |tensor, write| Binding { tensor, write, element_bytes: 4, ..Default::default() };
         let step = proto::Step {
             op: "Relu".into(),
             name: "relu".into(),
@@ -699,10 +647,7 @@ mod tests {
             inputs: vec![0],
             outputs: vec![1],
             steps: vec![step],
-            plan: Some(proto::Plan {
-                alignment: 16,
-                ..Default::default()
-            }),
+            plan: Some(proto::Plan { alignment: 16, ..Default::default() }),
             submodels: vec![proto::Submodel {
                 first_step: 0,
                 step_count: 1,
@@ -752,27 +697,19 @@ mod tests {
         fn sub(m: &mut proto::Manifest) -> &mut proto::Submodel {
             &mut m.variants[0].submodels[0]
         }
-        refused("cover 0 of the 1 steps", |m, _| {
-            m.variants[0].submodels.clear()
-        });
+        refused("cover 0 of the 1 steps", |m, _| m.variants[0].submodels.clear());
         refused("are empty", |m, _| sub(m).step_count = 0);
         refused("do not start where", |m, _| sub(m).first_step = 1);
         refused("end past", |m, _| sub(m).step_count = 2);
         refused("does not list as an input", |m, _| sub(m).inputs.clear());
         refused("does not list as an output", |m, _| sub(m).outputs.clear());
-        refused("not a graph input, graph output or boundary", |m, _| {
-            sub(m).outputs.push(0)
-        });
-        refused("allocations are outside", |m, _| {
-            sub(m).allocation_count = 1
-        });
+        refused("not a graph input, graph output or boundary", |m, _| sub(m).outputs.push(0));
+        refused("allocations are outside", |m, _| sub(m).allocation_count = 1);
         refused("exceed the 0-byte boundary", |m, _| {
             let t = tensor("b", Kind::Boundary(0));
             m.variants[0].tensors.push(t)
         });
-        refused("submodels' 0", |m, _| {
-            m.variants[0].plan.as_mut().unwrap().arena_bytes = 16
-        });
+        refused("submodels' 0", |m, _| m.variants[0].plan.as_mut().unwrap().arena_bytes = 16);
     }
 
     #[test]
@@ -785,11 +722,7 @@ mod tests {
         refused("not SPIR-V", |m, _| m.kernels[0].length = 0);
         refused("not SPIR-V", |_, k| k[16] = 0);
         refused("no bindings", |m, _| {
-            m.kernels.push(proto::Kernel {
-                offset: 16,
-                length: 4,
-                ..Default::default()
-            })
+            m.kernels.push(proto::Kernel { offset: 16, length: 4, ..Default::default() })
         });
         refused("kernel 1 does not exist", |m, _| dispatch(m).kernel = 1);
         refused("workgroup counts", |m, _| dispatch(m).groups = vec![1, 1]);
@@ -799,29 +732,19 @@ mod tests {
             let extra = dispatch(m).bindings[0];
             dispatch(m).bindings.push(extra)
         });
-        refused("has 0 params, its kernel 0 'relu_4' takes 1", |m, _| {
-            dispatch(m).params.clear()
-        });
+        refused("has 0 params, its kernel 0 'relu_4' takes 1", |m, _| dispatch(m).params.clear());
         refused("workgroup size [64, 1]", |m, _| {
             m.kernels[0].workgroup_size.pop();
         });
-        refused("workgroup size [64, 0, 1]", |m, _| {
-            m.kernels[0].workgroup_size[1] = 0
-        });
+        refused("workgroup size [64, 0, 1]", |m, _| m.kernels[0].workgroup_size[1] = 0);
         refused("more push-constant words", |m, _| {
             m.kernels[0].params = 31;
             dispatch(m).params = vec![0; 31];
         });
-        refused("tensor 7 does not exist", |m, _| {
-            dispatch(m).bindings[0].tensor = 7
-        });
-        refused("not 4 or 16", |m, _| {
-            dispatch(m).bindings[0].element_bytes = 8
-        });
+        refused("tensor 7 does not exist", |m, _| dispatch(m).bindings[0].tensor = 7);
+        refused("not 4 or 16", |m, _| dispatch(m).bindings[0].element_bytes = 8);
         refused("a graph input", |m, _| dispatch(m).bindings[0].write = true);
-        refused("unknown Vulkan device class", |m, _| {
-            entries(m)[0].device_class = 9
-        });
+        refused("unknown Vulkan device class", |m, _| entries(m)[0].device_class = 9);
         refused("two Vulkan entries", |m, _| {
             let twin = entries(m)[0].clone();
             entries(m).push(twin)
@@ -829,20 +752,10 @@ mod tests {
         refused("is empty", |m, _| m.variants[0].tensors[0].shape = vec![0]);
         // A vec4 binding of a view 4 bytes into its root.
         refused("not a multiple", |m, _| {
-            let view = Kind::View(proto::View {
-                of: 0,
-                byte_offset: 4,
-            });
-            m.variants[0].tensors.push(proto::Tensor {
-                shape: vec![2],
-                ..tensor("v", view)
-            });
-            dispatch(m).bindings[0] = Binding {
-                tensor: 2,
-                write: false,
-                element_bytes: 16,
-                ..Default::default()
-            };
+            let view = Kind::View(proto::View { of: 0, byte_offset: 4 });
+            m.variants[0].tensors.push(proto::Tensor { shape: vec![2], ..tensor("v", view) });
+            dispatch(m).bindings[0] =
+                Binding { tensor: 2, write: false, element_bytes: 16, ..Default::default() };
         });
         // Chunks of the 16-byte x: inside it and on whole elements.
         let chunk = |m: &mut proto::Manifest, start, len| {

@@ -54,10 +54,7 @@ impl<'a> Carved<'a> {
         if r.is_empty() {
             return Some(bytemuck::cast_slice_mut::<u64, u8>(&mut []));
         }
-        self.written
-            .iter_mut()
-            .find(|(w, _)| w == r)
-            .and_then(|(_, slot)| slot.take())
+        self.written.iter_mut().find(|(w, _)| w == r).and_then(|(_, slot)| slot.take())
     }
 }
 

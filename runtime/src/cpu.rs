@@ -93,10 +93,7 @@ impl CpuExecutable {
                 Some(Kind::View(view)) => (view.of, view.byte_offset as usize),
                 _ => (t, 0),
             };
-            let root_kind = v.tensors[root as usize]
-                .storage
-                .as_ref()
-                .and_then(|s| s.kind.as_ref());
+            let root_kind = v.tensors[root as usize].storage.as_ref().and_then(|s| s.kind.as_ref());
             let position = |list: &[u32]| list.iter().position(|&x| x == root);
             let (place, base) = match root_kind {
                 Some(Kind::Arena(off)) => (Place::Arena, *off as usize),
@@ -108,11 +105,7 @@ impl CpuExecutable {
                     (None, None) => (Place::Arena, usize::MAX / 2),
                 },
             };
-            Operand {
-                place,
-                bytes: base + offset..base + offset + len,
-                desc,
-            }
+            Operand { place, bytes: base + offset..base + offset + len, desc }
         };
 
         let first = sub.first_step as usize;
@@ -144,14 +137,9 @@ impl CpuExecutable {
             })
             .map_err(prepare_error)?;
             // Empty tensors share every place without aliasing anything.
-            let in_place = outputs
-                .first()
-                .filter(|o| !o.bytes.is_empty())
-                .and_then(|out| {
-                    inputs
-                        .iter()
-                        .position(|i| i.place == out.place && i.bytes == out.bytes)
-                });
+            let in_place = outputs.first().filter(|o| !o.bytes.is_empty()).and_then(|out| {
+                inputs.iter().position(|i| i.place == out.place && i.bytes == out.bytes)
+            });
             if in_place.is_some_and(|k| !ingot_ops::can_run_in_place(&s.op, &attrs, k)) {
                 return Err(prepare_error(KernelError::Invalid(
                     "the plan writes its output over an input, which this op cannot do".into(),
@@ -167,9 +155,7 @@ impl CpuExecutable {
                 in_place,
             });
         }
-        faults
-            .check("cpu", Stage::Pipelines)
-            .map_err(Failure::at(Stage::Pipelines))?;
+        faults.check("cpu", Stage::Pipelines).map_err(Failure::at(Stage::Pipelines))?;
 
         let arena_bytes = sub.arena_bytes;
         let words = arena_bytes.div_ceil(8) as usize;
@@ -190,9 +176,7 @@ impl CpuExecutable {
             pool,
         };
         // After the allocation, so that a test sees it freed.
-        faults
-            .check("cpu", Stage::Arena)
-            .map_err(Failure::at(Stage::Arena))?;
+        faults.check("cpu", Stage::Arena).map_err(Failure::at(Stage::Arena))?;
         Ok(exe)
     }
 }
@@ -220,11 +204,8 @@ impl CpuExecutable {
                 op: step.op.clone(),
                 cause,
             };
-            let aliasing = || SessionError::Aliasing {
-                index,
-                name: step.name.clone(),
-                op: step.op.clone(),
-            };
+            let aliasing =
+                || SessionError::Aliasing { index, name: step.name.clone(), op: step.op.clone() };
             let mut places = Places {
                 bundle: &self.bundle,
                 inputs,
@@ -237,11 +218,9 @@ impl CpuExecutable {
                 .enumerate()
                 .map(|(k, o)| match step.in_place {
                     // Its bytes are output 0's: the kernel reads them from there.
-                    Some(aliased) if aliased == k => Some(TensorRef {
-                        dtype: o.desc.dtype,
-                        shape: &o.desc.shape,
-                        bytes: &[],
-                    }),
+                    Some(aliased) if aliased == k => {
+                        Some(TensorRef { dtype: o.desc.dtype, shape: &o.desc.shape, bytes: &[] })
+                    }
                     _ => places.read(o),
                 })
                 .collect::<Option<Vec<_>>>()
@@ -264,10 +243,7 @@ impl CpuExecutable {
 
 /// The arena ranges a step writes.
 fn arena_writes(outputs: &[Operand]) -> impl Iterator<Item = Range<usize>> + '_ {
-    outputs
-        .iter()
-        .filter(|o| o.place == Place::Arena)
-        .map(|o| o.bytes.clone())
+    outputs.iter().filter(|o| o.place == Place::Arena).map(|o| o.bytes.clone())
 }
 
 /// One step's view of memory: shared borrows for what it reads, exclusive borrows for what it
@@ -287,11 +263,7 @@ impl<'a> Places<'a> {
             Place::Input(i) => self.inputs.get(i)?.bytes.get(o.bytes.clone())?,
             Place::Output(i) => self.outputs.read(i)?.get(o.bytes.clone())?,
         };
-        Some(TensorRef {
-            dtype: o.desc.dtype,
-            shape: &o.desc.shape,
-            bytes,
-        })
+        Some(TensorRef { dtype: o.desc.dtype, shape: &o.desc.shape, bytes })
     }
 
     fn write(&mut self, o: &'a Operand) -> Option<TensorMut<'a>> {
@@ -300,11 +272,7 @@ impl<'a> Places<'a> {
             Place::Output(i) => self.outputs.take(i)?.get_mut(o.bytes.clone())?,
             Place::Weight(_) | Place::Input(_) => return None,
         };
-        Some(TensorMut {
-            dtype: o.desc.dtype,
-            shape: &o.desc.shape,
-            bytes,
-        })
+        Some(TensorMut { dtype: o.desc.dtype, shape: &o.desc.shape, bytes })
     }
 }
 

@@ -128,10 +128,7 @@ impl Devices {
             .num_threads(self.threads)
             .thread_name(|i| format!("ingot-cpu-{i}"))
             .build()
-            .map_err(|e| SessionError::Threads {
-                threads: self.threads,
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| SessionError::Threads { threads: self.threads, reason: e.to_string() })?;
         Ok(Arc::clone(self.cpu_pool.get_or_init(|| Arc::new(pool))))
     }
 }
@@ -186,12 +183,8 @@ impl Fallback {
         self.current = None;
         let devices = Arc::clone(&self.devices);
         for (at, device) in devices.list.iter().enumerate().skip(start) {
-            let known_dead = devices
-                .dead
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&at)
-                .cloned();
+            let known_dead =
+                devices.dead.lock().unwrap_or_else(|e| e.into_inner()).get(&at).cloned();
             if let Some(skip) = known_dead {
                 self.placement.skipped.push(skip);
                 continue;
@@ -219,12 +212,7 @@ impl Fallback {
         self.placement.device = "none".into();
         Err(SessionError::NoDevice {
             submodel: self.submodel,
-            tried: self
-                .placement
-                .skipped
-                .iter()
-                .map(|s| format!("\n  {s}"))
-                .collect(),
+            tried: self.placement.skipped.iter().map(|s| format!("\n  {s}")).collect(),
         })
     }
 
@@ -239,10 +227,7 @@ impl Fallback {
                 error: SessionError::Unavailable(name.clone()),
             }),
             Device::Cpu => {
-                let pool = self
-                    .devices
-                    .cpu_pool()
-                    .map_err(Failure::at(Stage::Device))?;
+                let pool = self.devices.cpu_pool().map_err(Failure::at(Stage::Device))?;
                 let exe = CpuExecutable::new(
                     Arc::clone(bundle),
                     variant,
@@ -311,18 +296,12 @@ fn vulkan_kernels(
         return Ok(());
     };
     // The step that sent the submodel to the CPU says why; the others have kernels to spare.
-    let culprit = steps
-        .iter()
-        .find(|s| !s.no_vulkan_kernel.is_empty())
-        .unwrap_or(missing);
+    let culprit = steps.iter().find(|s| !s.no_vulkan_kernel.is_empty()).unwrap_or(missing);
     let why = match culprit.no_vulkan_kernel.as_str() {
         "" => "the compiler gave it none",
         why => why,
     };
-    Err(format!(
-        "step '{}' ({}) has no Vulkan kernel: {why}",
-        culprit.name, culprit.op
-    ))
+    Err(format!("step '{}' ({}) has no Vulkan kernel: {why}", culprit.name, culprit.op))
 }
 
 /// `Conv x12, Relu x8, Add`: op counts, most frequent first, ties by first appearance.
@@ -338,13 +317,7 @@ fn op_summary<'a>(ops: impl Iterator<Item = &'a str>) -> String {
     let shown: Vec<String> = counts
         .iter()
         .take(6)
-        .map(|&(op, n)| {
-            if n == 1 {
-                op.into()
-            } else {
-                format!("{op} x{n}")
-            }
-        })
+        .map(|&(op, n)| if n == 1 { op.into() } else { format!("{op} x{n}") })
         .collect();
     let more = if counts.len() > 6 { ", ..." } else { "" };
     format!("{}{more}", shown.join(", "))
@@ -362,11 +335,7 @@ mod tests {
 
     #[test]
     fn a_device_wide_skip_shared_by_every_submodel_is_one_notice() {
-        let skip = |stage| Skip {
-            device: "vulkan".into(),
-            stage,
-            reason: "no libvulkan".into(),
-        };
+        let skip = |stage| Skip { device: "vulkan".into(), stage, reason: "no libvulkan".into() };
         let sub = |index, skipped| SubmodelPlacement {
             index,
             steps: index..index + 1,
@@ -374,10 +343,8 @@ mod tests {
             device: "cpu".into(),
             skipped,
         };
-        let p = Placement(vec![
-            sub(0, vec![skip(Stage::Loader)]),
-            sub(1, vec![skip(Stage::Loader)]),
-        ]);
+        let p =
+            Placement(vec![sub(0, vec![skip(Stage::Loader)]), sub(1, vec![skip(Stage::Loader)])]);
         assert_eq!(
             p.to_string(),
             "notice: vulkan: loading the Vulkan loader failed: no libvulkan\n\
@@ -396,10 +363,7 @@ mod tests {
     fn faults_parse_and_a_run_fault_fires_once() {
         let f = Faults::parse("vulkan@weights, cpu@dispatch").unwrap();
         assert!(f.check("vulkan", Stage::Weights).is_err());
-        assert!(
-            f.check("vulkan", Stage::Weights).is_err(),
-            "preparation faults persist"
-        );
+        assert!(f.check("vulkan", Stage::Weights).is_err(), "preparation faults persist");
         assert!(f.check("cpu", Stage::Weights).is_ok());
         assert!(f.check("cpu", Stage::Run).is_err());
         assert!(f.check("cpu", Stage::Run).is_ok(), "a run fault fires once");

@@ -96,10 +96,7 @@ pub struct Ledger {
 
 impl Default for Ledger {
     fn default() -> Ledger {
-        Ledger {
-            book: Arc::default(),
-            device: "host".into(),
-        }
+        Ledger { book: Arc::default(), device: "host".into() }
     }
 }
 
@@ -119,10 +116,7 @@ impl Ledger {
 
     /// A handle to the same record whose allocations are `device`'s.
     pub fn on(&self, device: &str) -> Ledger {
-        Ledger {
-            book: Arc::clone(&self.book),
-            device: device.into(),
-        }
+        Ledger { book: Arc::clone(&self.book), device: device.into() }
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
@@ -148,12 +142,7 @@ impl Ledger {
             device: Arc::clone(&self.device),
             total_bytes,
         });
-        Entry {
-            kind,
-            bytes,
-            label,
-            device: Arc::clone(&self.device),
-        }
+        Entry { kind, bytes, label, device: Arc::clone(&self.device) }
     }
 
     /// Records that the allocation behind `entry` was freed.
@@ -187,14 +176,12 @@ impl Ledger {
 
     /// Bytes `device` holds now (allocated minus freed).
     pub fn held_on(&self, device: &str) -> u64 {
-        self.book()
-            .events
-            .iter()
-            .filter(|e| &*e.device == device)
-            .fold(0, |held, e| match e.action {
+        self.book().events.iter().filter(|e| &*e.device == device).fold(0, |held, e| {
+            match e.action {
                 Action::Allocate => held + e.bytes,
                 Action::Free => held - e.bytes,
-            })
+            }
+        })
     }
 }
 
@@ -287,10 +274,7 @@ fn placed(
 
 /// A plan of these allocations only.
 fn only<'a>(allocations: impl IntoIterator<Item = &'a proto::Allocation>) -> proto::Plan {
-    proto::Plan {
-        allocations: allocations.into_iter().cloned().collect(),
-        ..Default::default()
-    }
+    proto::Plan { allocations: allocations.into_iter().cloned().collect(), ..Default::default() }
 }
 
 /// The peak of [`planned_events_placed`].
@@ -328,20 +312,8 @@ mod tests {
         let s = ledger.allocate(MemoryKind::Staging, 100, "w0");
         ledger.free(s);
         let a = ledger.allocate(MemoryKind::Arena, 40, "arena");
-        assert_eq!(
-            ledger.total(),
-            Usage {
-                current: 140,
-                peak: 200
-            }
-        );
-        assert_eq!(
-            ledger.usage(MemoryKind::Staging),
-            Usage {
-                current: 0,
-                peak: 100
-            }
-        );
+        assert_eq!(ledger.total(), Usage { current: 140, peak: 200 });
+        assert_eq!(ledger.usage(MemoryKind::Staging), Usage { current: 0, peak: 100 });
         ledger.free(a);
         ledger.free(w);
         let events = ledger.events();
@@ -462,9 +434,6 @@ mod tests {
         assert_eq!(second.len(), 6);
         // Both: 20 weight bytes once, and 68 of arenas, 8 of IO and 64 of boundary each (the
         // staging buffers come and go below that).
-        assert_eq!(
-            peak_of(first.into_iter().chain(second)),
-            20 + 2 * (68 + 8 + 64)
-        );
+        assert_eq!(peak_of(first.into_iter().chain(second)), 20 + 2 * (68 + 8 + 64));
     }
 }

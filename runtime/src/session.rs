@@ -23,10 +23,9 @@ fn with_kernel_class(devices: Vec<Device>, class: KernelClass) -> Vec<Device> {
     let devices = devices
         .into_iter()
         .map(|d| match d {
-            Device::Vulkan(v) => Device::Vulkan(crate::vulkan::VulkanOptions {
-                kernel_class: class,
-                ..v
-            }),
+            Device::Vulkan(v) => {
+                Device::Vulkan(crate::vulkan::VulkanOptions { kernel_class: class, ..v })
+            }
             d => d,
         })
         .collect();
@@ -75,10 +74,7 @@ impl Default for SessionOptions {
 impl SessionOptions {
     /// The default options on the devices named by `names` (`vulkan,cpu`).
     pub fn on(names: &str) -> Result<SessionOptions, SessionError> {
-        Ok(SessionOptions {
-            devices: Device::parse_list(names)?,
-            ..SessionOptions::default()
-        })
+        Ok(SessionOptions { devices: Device::parse_list(names)?, ..SessionOptions::default() })
     }
 }
 
@@ -203,9 +199,7 @@ impl Session {
         let mut boundary = Vec::new();
         boundary
             .try_reserve_exact(boundary_bytes.div_ceil(8) as usize)
-            .map_err(|_| SessionError::BoundaryAllocation {
-                bytes: boundary_bytes,
-            })?;
+            .map_err(|_| SessionError::BoundaryAllocation { bytes: boundary_bytes })?;
         boundary.resize(boundary_bytes.div_ceil(8) as usize, 0);
         let boundary_entry = (boundary_bytes > 0)
             .then(|| ledger.allocate(MemoryKind::Boundary, boundary_bytes, "boundary"));
@@ -236,12 +230,7 @@ impl Session {
 
     /// Where each submodel runs, and every device skipped with the stage and the reason.
     pub fn placement(&self) -> Placement {
-        Placement(
-            self.parts
-                .iter()
-                .map(|p| p.executable.placement().clone())
-                .collect(),
-        )
+        Placement(self.parts.iter().map(|p| p.executable.placement().clone()).collect())
     }
 
     /// The devices the submodels run on, e.g. `cpu` or `vulkan:0 (llvmpipe ...)`, joined
@@ -266,11 +255,7 @@ impl Session {
     /// outputs (in the order of [`Session::outputs`]).
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
         self.check_inputs(inputs)?;
-        let mut outputs = self
-            .outputs
-            .iter()
-            .map(zeroed_output)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut outputs = self.outputs.iter().map(zeroed_output).collect::<Result<Vec<_>, _>>()?;
         let boundary =
             &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
         for (k, part) in self.parts.iter_mut().enumerate() {
@@ -284,12 +269,7 @@ impl Session {
             return Err(SessionError::InputCount {
                 expected: self.inputs.len(),
                 got: inputs.len(),
-                names: self
-                    .inputs
-                    .iter()
-                    .map(|i| i.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                names: self.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
             });
         }
         for (info, t) in self.inputs.iter().zip(inputs) {
@@ -313,10 +293,7 @@ fn probe_output(info: &IoInfo) -> Result<(), SessionError> {
     let bytes = info.desc.bytes();
     Vec::<u64>::new()
         .try_reserve_exact(bytes.div_ceil(8))
-        .map_err(|_| SessionError::OutputAllocation {
-            name: info.name.clone(),
-            bytes,
-        })
+        .map_err(|_| SessionError::OutputAllocation { name: info.name.clone(), bytes })
 }
 
 /// A zeroed tensor for an output, or an error where memory for it cannot be had.
@@ -335,11 +312,8 @@ fn run_part(
     boundary: &mut [u8],
 ) -> Result<(), SessionError> {
     let aliasing = || SessionError::BoundaryAliasing { submodel: k };
-    let writes_output = |j: usize| {
-        part.outputs
-            .iter()
-            .any(|(h, _)| matches!(h, Home::Output(o) if *o == j))
-    };
+    let writes_output =
+        |j: usize| part.outputs.iter().any(|(h, _)| matches!(h, Home::Output(o) if *o == j));
     let (mut written, mut read): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
     for (j, t) in outputs.iter_mut().enumerate() {
         if writes_output(j) {
@@ -362,11 +336,7 @@ fn run_part(
                 Home::Output(j) => read.iter().find(|(o, _)| o == j).map(|(_, b)| *b),
                 Home::Boundary(r) => carved.read(r),
             }?;
-            Some(TensorRef {
-                dtype: desc.dtype,
-                shape: &desc.shape,
-                bytes,
-            })
+            Some(TensorRef { dtype: desc.dtype, shape: &desc.shape, bytes })
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(aliasing)?;
@@ -375,18 +345,13 @@ fn run_part(
         .iter()
         .map(|(home, desc)| {
             let bytes = match home {
-                Home::Output(j) => written
-                    .iter_mut()
-                    .find(|(o, _)| o == j)
-                    .and_then(|(_, b)| b.take()),
+                Home::Output(j) => {
+                    written.iter_mut().find(|(o, _)| o == j).and_then(|(_, b)| b.take())
+                }
                 Home::Boundary(r) => carved.take(r),
                 Home::Input(_) => None,
             }?;
-            Some(TensorMut {
-                dtype: desc.dtype,
-                shape: &desc.shape,
-                bytes,
-            })
+            Some(TensorMut { dtype: desc.dtype, shape: &desc.shape, bytes })
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(aliasing)?;

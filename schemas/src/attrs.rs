@@ -17,10 +17,7 @@ pub enum AttrError {
     #[error("attribute '{0}' is missing")]
     Missing(String),
     #[error("attribute '{name}' should be {expected}")]
-    WrongKind {
-        name: String,
-        expected: &'static str,
-    },
+    WrongKind { name: String, expected: &'static str },
     #[error("attribute '{name}' has no value")]
     Empty { name: String },
 }
@@ -65,10 +62,7 @@ impl Attrs {
     }
 
     fn wrong(name: &str, expected: &'static str) -> AttrError {
-        AttrError::WrongKind {
-            name: name.to_string(),
-            expected,
-        }
+        AttrError::WrongKind { name: name.to_string(), expected }
     }
 
     pub fn int(&self, name: &str) -> Result<i64, AttrError> {
@@ -80,11 +74,7 @@ impl Attrs {
     }
 
     pub fn int_or(&self, name: &str, default: i64) -> Result<i64, AttrError> {
-        if self.contains(name) {
-            self.int(name)
-        } else {
-            Ok(default)
-        }
+        if self.contains(name) { self.int(name) } else { Ok(default) }
     }
 
     pub fn float(&self, name: &str) -> Result<f32, AttrError> {
@@ -97,11 +87,7 @@ impl Attrs {
     }
 
     pub fn float_or(&self, name: &str, default: f32) -> Result<f32, AttrError> {
-        if self.contains(name) {
-            self.float(name)
-        } else {
-            Ok(default)
-        }
+        if self.contains(name) { self.float(name) } else { Ok(default) }
     }
 
     pub fn text(&self, name: &str) -> Result<&str, AttrError> {
@@ -113,11 +99,7 @@ impl Attrs {
     }
 
     pub fn text_or<'a>(&'a self, name: &str, default: &'a str) -> Result<&'a str, AttrError> {
-        if self.contains(name) {
-            self.text(name)
-        } else {
-            Ok(default)
-        }
+        if self.contains(name) { self.text(name) } else { Ok(default) }
     }
 
     pub fn ints(&self, name: &str) -> Result<&[i64], AttrError> {
@@ -130,11 +112,7 @@ impl Attrs {
 
     /// The list, or `None` when the attribute is absent.
     pub fn ints_opt(&self, name: &str) -> Result<Option<&[i64]>, AttrError> {
-        if self.contains(name) {
-            self.ints(name).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(name) { self.ints(name).map(Some) } else { Ok(None) }
     }
 
     pub fn floats(&self, name: &str) -> Result<&[f64], AttrError> {
@@ -146,11 +124,7 @@ impl Attrs {
     }
 
     pub fn floats_opt(&self, name: &str) -> Result<Option<&[f64]>, AttrError> {
-        if self.contains(name) {
-            self.floats(name).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(name) { self.floats(name).map(Some) } else { Ok(None) }
     }
 
     pub fn to_proto(&self) -> Vec<proto::Attribute> {
@@ -181,9 +155,7 @@ impl Attrs {
                 Some(Value::Ints(v)) => AttrValue::Ints(v.values.clone()),
                 Some(Value::Floats(v)) => AttrValue::Floats(v.values.clone()),
                 None => {
-                    return Err(AttrError::Empty {
-                        name: a.name.clone(),
-                    });
+                    return Err(AttrError::Empty { name: a.name.clone() });
                 }
             };
             out.set(&a.name, value);
@@ -217,9 +189,6 @@ mod tests {
             "attribute 'axis' should be an integer"
         );
         assert_eq!(attrs.int_or("keepdims", 1), Ok(1));
-        assert_eq!(
-            attrs.ints("perm").unwrap_err(),
-            AttrError::Missing("perm".into())
-        );
+        assert_eq!(attrs.ints("perm").unwrap_err(), AttrError::Missing("perm".into()));
     }
 }

@@ -70,11 +70,7 @@ pub enum ContainerError {
     #[error(
         "bundle format {found_major}.{found_minor} is not supported by this runtime, which reads format {supported_major}.x"
     )]
-    UnsupportedVersion {
-        found_major: u16,
-        found_minor: u16,
-        supported_major: u16,
-    },
+    UnsupportedVersion { found_major: u16, found_minor: u16, supported_major: u16 },
     #[error("bundle header is corrupt (checksum mismatch at bytes 0..64)")]
     HeaderChecksum,
     #[error("bundle is truncated: header says {expected} bytes, file has {actual}")]
@@ -88,17 +84,9 @@ pub enum ContainerError {
     #[error("bundle has two {0} sections")]
     DuplicateSection(&'static str),
     #[error("bundle {kind} section at {offset}..+{length} is outside the file or misplaced")]
-    SectionBounds {
-        kind: &'static str,
-        offset: u64,
-        length: u64,
-    },
+    SectionBounds { kind: &'static str, offset: u64, length: u64 },
     #[error("bundle {kind} section (bytes {offset}..{end}) is corrupt: checksum mismatch")]
-    SectionChecksum {
-        kind: &'static str,
-        offset: u64,
-        end: u64,
-    },
+    SectionChecksum { kind: &'static str, offset: u64, end: u64 },
     #[error("bundle has no {0} section")]
     MissingSection(&'static str),
 }
@@ -206,11 +194,7 @@ impl Container {
             }
             sections.push(Section { kind, range });
         }
-        Ok(Container {
-            major,
-            minor,
-            sections,
-        })
+        Ok(Container { major, minor, sections })
     }
 
     pub fn section(&self, kind: SectionKind) -> Option<&Section> {
@@ -218,8 +202,7 @@ impl Container {
     }
 
     pub fn require(&self, kind: SectionKind) -> Result<&Section, ContainerError> {
-        self.section(kind)
-            .ok_or(ContainerError::MissingSection(kind.name()))
+        self.section(kind).ok_or(ContainerError::MissingSection(kind.name()))
     }
 }
 
@@ -236,9 +219,7 @@ pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Res
         entries.push((*kind, offset, bytes.len() as u64, crc32fast::hash(bytes)));
         offset = align_up(offset + bytes.len() as u64);
     }
-    let file_len = entries
-        .last()
-        .map_or(table_end, |&(_, start, len, _)| start + len);
+    let file_len = entries.last().map_or(table_end, |&(_, start, len, _)| start + len);
     out.write_all(&header_and_table(&entries, file_len))?;
     let mut written = table_end;
     for ((_, bytes), &(_, start, _, _)) in sections.iter().zip(&entries) {
@@ -294,11 +275,7 @@ pub fn write_to<W: Write + io::Seek>(out: &mut W, sections: &mut [Source]) -> io
     for section in sections.iter_mut() {
         let start = align_up(written);
         write_zeros(out, start - written)?;
-        let mut crc = Crc {
-            out: &mut *out,
-            hasher: crc32fast::Hasher::new(),
-            bytes: 0,
-        };
+        let mut crc = Crc { out: &mut *out, hasher: crc32fast::Hasher::new(), bytes: 0 };
         let (kind, want) = match section {
             Source::Bytes(kind, bytes) => {
                 crc.write_all(bytes)?;
@@ -364,14 +341,8 @@ mod tests {
         let manifest = b"manifest bytes".as_slice();
         let weights: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
         let mut whole = Vec::new();
-        write(
-            &mut whole,
-            &[
-                (SectionKind::Manifest, manifest),
-                (SectionKind::Weights, &weights),
-            ],
-        )
-        .unwrap();
+        write(&mut whole, &[(SectionKind::Manifest, manifest), (SectionKind::Weights, &weights)])
+            .unwrap();
         let mut stream = |w: &mut dyn Write| {
             for chunk in weights.chunks(4096) {
                 w.write_all(chunk)?;
@@ -395,11 +366,7 @@ mod tests {
         // A stream that writes other than it said is an error.
         let mut short = |w: &mut dyn Write| w.write_all(b"abc");
         let mut out = io::Cursor::new(Vec::new());
-        let wrong = [Source::Stream {
-            kind: SectionKind::Weights,
-            len: 4,
-            write: &mut short,
-        }];
+        let wrong = [Source::Stream { kind: SectionKind::Weights, len: 4, write: &mut short }];
         assert!(write_to(&mut out, &mut { wrong }).is_err());
     }
 

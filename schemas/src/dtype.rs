@@ -134,10 +134,6 @@ mod tests {
         assert_eq!(DType::from_onnx_code(1), Some(DType::F32));
         assert_eq!(DType::from_onnx_code(7), Some(DType::I64));
         assert_eq!(DType::from_onnx_code(9), Some(DType::Bool));
-        assert_eq!(
-            DType::from_onnx_code(8),
-            None,
-            "ONNX STRING is not a tensor type we run"
-        );
+        assert_eq!(DType::from_onnx_code(8), None, "ONNX STRING is not a tensor type we run");
     }
 }

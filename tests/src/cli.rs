@@ -12,10 +12,7 @@ where
     S: AsRef<OsStr>,
 {
     let binary = ingot_binary()?;
-    Command::new(&binary)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {}", binary.display()))
+    Command::new(&binary).args(args).output().with_context(|| format!("run {}", binary.display()))
 }
 
 /// Checks that a command failed the way a user should see it fail: a non-zero exit code and a
@@ -30,10 +27,7 @@ pub fn expect_clean_failure(what: &str, output: &Output) -> Result<String> {
     }
     // A panic exits with 101 and says "panicked"; a signal has no exit code.
     if stderr.contains("panicked") || output.status.code().is_none_or(|c| c == 101) {
-        bail!(
-            "{what}: crashed ({}) instead of reporting an error:\n{stderr}",
-            output.status
-        );
+        bail!("{what}: crashed ({}) instead of reporting an error:\n{stderr}", output.status);
     }
     Ok(stderr)
 }

@@ -67,11 +67,7 @@ impl fmt::Display for Comparison {
         if self.passed() {
             write!(f, "{} elements match ({rule})", self.elements)?;
         } else {
-            write!(
-                f,
-                "{} of {} elements differ ({rule})",
-                self.mismatches, self.elements
-            )?;
+            write!(f, "{} of {} elements differ ({rule})", self.mismatches, self.elements)?;
         }
         if let Some(w) = &self.worst {
             // f32 values as f32, so that they print in their shortest form.
@@ -110,11 +106,7 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<Comparison
     // Badness of an element: how far it is outside the tolerance, as a multiple of it.
     let mut worst: Option<(f64, usize)> = None;
     for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
-        let badness = if exact {
-            (g - w).abs()
-        } else {
-            float_badness(g, w, tol)
-        };
+        let badness = if exact { (g - w).abs() } else { float_badness(g, w, tol) };
         let bad = if exact { g != w } else { badness > 1.0 };
         mismatches += usize::from(bad);
         if worst.is_none_or(|(b, _)| badness > b) {
@@ -138,21 +130,13 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<Comparison
 /// `Ok` when `got` matches `want`, else a one-line description of the difference.
 pub fn allclose(got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<(), String> {
     let c = compare(got, want, tol)?;
-    if c.passed() {
-        Ok(())
-    } else {
-        Err(c.to_string())
-    }
+    if c.passed() { Ok(()) } else { Err(c.to_string()) }
 }
 
 /// `|g - w| / (atol + rtol |w|)`: above 1 fails. NaN matches NaN, an infinity only itself.
 fn float_badness(g: f64, w: f64, tol: Tolerance) -> f64 {
     if g.is_nan() || w.is_nan() {
-        return if g.is_nan() && w.is_nan() {
-            0.0
-        } else {
-            f64::INFINITY
-        };
+        return if g.is_nan() && w.is_nan() { 0.0 } else { f64::INFINITY };
     }
     if g.is_infinite() || w.is_infinite() {
         return if g == w { 0.0 } else { f64::INFINITY };
@@ -172,11 +156,7 @@ fn float_badness(g: f64, w: f64, tol: Tolerance) -> f64 {
 fn values(t: &Tensor) -> Result<Vec<f64>, String> {
     macro_rules! conv {
         ($t:ty, $f:expr) => {
-            t.as_slice::<$t>()
-                .map_err(|e| e.to_string())?
-                .iter()
-                .map($f)
-                .collect()
+            t.as_slice::<$t>().map_err(|e| e.to_string())?.iter().map($f).collect()
         };
     }
     Ok(match t.dtype() {
@@ -253,12 +233,7 @@ mod tests {
         let bools = Tensor::from_bools(vec![2], &[true, false]).unwrap();
         assert!(allclose(&bools, &bools, tol).is_ok());
         assert!(
-            allclose(
-                &Tensor::from_bools(vec![2], &[true, true]).unwrap(),
-                &bools,
-                tol
-            )
-            .is_err()
+            allclose(&Tensor::from_bools(vec![2], &[true, true]).unwrap(), &bools, tol).is_err()
         );
 
         let as_i32 = Tensor::from_vec(vec![2], &[1000i32, 7]).unwrap();

@@ -85,8 +85,5 @@ pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
 
 /// The numbered files `<dir>/<prefix>_0.<ext>`, `_1`, ... up to the first missing one.
 pub fn numbered_files(dir: &Path, prefix: &str, ext: &str) -> Vec<std::path::PathBuf> {
-    (0..)
-        .map(|i| dir.join(format!("{prefix}_{i}.{ext}")))
-        .take_while(|p| p.exists())
-        .collect()
+    (0..).map(|i| dir.join(format!("{prefix}_{i}.{ext}"))).take_while(|p| p.exists()).collect()
 }

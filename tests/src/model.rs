@@ -129,38 +129,23 @@ fn attr(name: &str, ty: AttributeType) -> AttributeProto {
 }
 
 pub fn attr_int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        i: v,
-        ..attr(name, AttributeType::INT)
-    }
+    AttributeProto { i: v, ..attr(name, AttributeType::INT) }
 }
 
 pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        ints: v.to_vec(),
-        ..attr(name, AttributeType::INTS)
-    }
+    AttributeProto { ints: v.to_vec(), ..attr(name, AttributeType::INTS) }
 }
 
 pub fn attr_float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        f: v,
-        ..attr(name, AttributeType::FLOAT)
-    }
+    AttributeProto { f: v, ..attr(name, AttributeType::FLOAT) }
 }
 
 pub fn attr_floats(name: &str, v: &[f32]) -> AttributeProto {
-    AttributeProto {
-        floats: v.to_vec(),
-        ..attr(name, AttributeType::FLOATS)
-    }
+    AttributeProto { floats: v.to_vec(), ..attr(name, AttributeType::FLOATS) }
 }
 
 pub fn attr_string(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        s: v.as_bytes().to_vec(),
-        ..attr(name, AttributeType::STRING)
-    }
+    AttributeProto { s: v.as_bytes().to_vec(), ..attr(name, AttributeType::STRING) }
 }
 
 pub fn attr_tensor(name: &str, v: &Tensor) -> AttributeProto {

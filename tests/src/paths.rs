@@ -56,17 +56,11 @@ pub fn ingot_binary() -> Result<PathBuf> {
     let binary = profile_dir.join(format!("ingot{}", std::env::consts::EXE_SUFFIX));
     let build = "cargo build -p ingot-cli";
     let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
-        bail!(
-            "{} does not exist: build it with `{build}`",
-            binary.display()
-        );
+        bail!("{} does not exist: build it with `{build}`", binary.display());
     };
     let dep_info = std::fs::read_to_string(profile_dir.join("ingot.d")).unwrap_or_default();
     for source in dep_info_sources(&dep_info) {
-        let fresh = source
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| m <= built);
+        let fresh = source.metadata().and_then(|m| m.modified()).is_ok_and(|m| m <= built);
         if !fresh {
             bail!(
                 "{} is older than {} (or was built from elsewhere): rebuild it with `{build}`",

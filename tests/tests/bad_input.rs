@@ -62,10 +62,7 @@ fn cli_error(what: &str, args: &[&dyn AsRef<std::ffi::OsStr>], mentions: &[&str]
 fn check_message(what: &str, message: &str, mentions: &[&str]) {
     assert!(!message.trim().is_empty(), "{what}: empty error message");
     for m in mentions {
-        assert!(
-            message.contains(m),
-            "{what}: the error should mention {m:?}; it says: {message}"
-        );
+        assert!(message.contains(m), "{what}: the error should mention {m:?}; it says: {message}");
     }
 }
 
@@ -73,16 +70,8 @@ fn check_message(what: &str, message: &str, mentions: &[&str]) {
 fn compile_fails(dir: &Path, model: &Path, mentions: &[&str]) {
     lib_error("compile", || compile(model, &[]), mentions);
     let out = dir.join("out.ingot");
-    cli_error(
-        "ingot compile",
-        &[&"compile", &model, &"-o", &out],
-        mentions,
-    );
-    assert!(
-        !out.exists(),
-        "ingot compile failed but left {}",
-        out.display()
-    );
+    cli_error("ingot compile", &[&"compile", &model, &"-o", &out], mentions);
+    assert!(!out.exists(), "ingot compile failed but left {}", out.display());
 }
 
 /// Opening `bytes` as a bundle fails, by the library and by `ingot inspect`.
@@ -90,11 +79,7 @@ fn open_fails(dir: &Path, what: &str, bytes: &[u8], mentions: &[&str]) {
     lib_error(what, || Bundle::from_bytes(bytes), mentions);
     let path = dir.join("bad.ingot");
     std::fs::write(&path, bytes).unwrap();
-    cli_error(
-        &format!("ingot inspect ({what})"),
-        &[&"inspect", &path],
-        mentions,
-    );
+    cli_error(&format!("ingot inspect ({what})"), &[&"inspect", &path], mentions);
 }
 
 #[test]
@@ -142,13 +127,7 @@ fn unsupported_op_names_node_and_op() {
     let model = dir.join("model.onnx");
     OnnxModel::new(OPSET)
         .input("image", DType::F32, &[2, 3])
-        .node(
-            "my_odd_node",
-            "FrobnicateTensor",
-            &["image"],
-            &["out"],
-            vec![],
-        )
+        .node("my_odd_node", "FrobnicateTensor", &["image"], &["out"], vec![])
         .output("out", DType::F32, &[2, 3])
         .write(&model)
         .unwrap();
@@ -180,18 +159,9 @@ fn run_input_of_wrong_shape_or_dtype() {
     expect_success("ingot run with the right input", &output).unwrap();
 
     let wrong = [
-        (
-            "wrong shape",
-            Tensor::from_vec(vec![3, 2], &[1.0f32; 6]).unwrap(),
-        ),
-        (
-            "wrong dtype",
-            Tensor::from_vec(vec![2, 3], &[1i32; 6]).unwrap(),
-        ),
-        (
-            "wrong rank",
-            Tensor::from_vec(vec![6], &[1.0f32; 6]).unwrap(),
-        ),
+        ("wrong shape", Tensor::from_vec(vec![3, 2], &[1.0f32; 6]).unwrap()),
+        ("wrong dtype", Tensor::from_vec(vec![2, 3], &[1i32; 6]).unwrap()),
+        ("wrong rank", Tensor::from_vec(vec![6], &[1.0f32; 6]).unwrap()),
     ];
     for (what, input) in wrong {
         lib_error(what, || s.run(std::slice::from_ref(&input)), &["image"]);
@@ -200,14 +170,7 @@ fn run_input_of_wrong_shape_or_dtype() {
         let arg = format!("image={}", npy.display());
         cli_error(
             &format!("ingot run ({what})"),
-            &[
-                &"run",
-                &bundle_path,
-                &"--input",
-                &arg,
-                &"--output-dir",
-                &out_dir,
-            ],
+            &[&"run", &bundle_path, &"--input", &arg, &"--output-dir", &out_dir],
             &["image"],
         );
     }
@@ -220,12 +183,7 @@ fn truncated_bundle() {
     let dir = scratch_dir("bad_input/truncated_bundle");
     let (_, bundle) = base_bundle(&dir);
     for len in [0, 8, 63, 64, 100, bundle.len() / 2, bundle.len() - 1] {
-        open_fails(
-            &dir,
-            &format!("bundle cut to {len} bytes"),
-            &bundle[..len],
-            &[],
-        );
+        open_fails(&dir, &format!("bundle cut to {len} bytes"), &bundle[..len], &[]);
     }
 }
 
@@ -234,20 +192,14 @@ fn one_flipped_byte_in_each_section() {
     let dir = scratch_dir("bad_input/flipped_byte");
     let (_, bundle) = base_bundle(&dir);
     let container = Container::parse(&bundle).unwrap();
-    let mut places = vec![
-        ("header".to_string(), 20, ""),
-        ("section table".to_string(), 72, ""),
-    ];
+    let mut places = vec![("header".to_string(), 20, ""), ("section table".to_string(), 72, "")];
     for s in &container.sections {
         if !s.range.is_empty() {
             let at = s.range.start + s.range.len() / 2;
             places.push((format!("{} section", s.kind.name()), at, s.kind.name()));
         }
     }
-    assert!(
-        places.len() >= 4,
-        "expected manifest and weights sections: {container:?}"
-    );
+    assert!(places.len() >= 4, "expected manifest and weights sections: {container:?}");
     for (what, at, mention) in places {
         let mut bad = bundle.clone();
         bad[at] ^= 0x10;

@@ -37,13 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
-const SUITES: [&str; 5] = [
-    "node",
-    "pytorch-converted",
-    "pytorch-operator",
-    "light",
-    "simple",
-];
+const SUITES: [&str; 5] = ["node", "pytorch-converted", "pytorch-operator", "light", "simple"];
 /// ONNX's runner defaults (onnx/backend/test/case/node and loader: rtol 1e-3, atol 1e-7).
 const DEFAULT_TOLERANCE: Tolerance = Tolerance::new(1e-3, 1e-7);
 /// Without a filter, at most this many failures are listed one by one.
@@ -138,16 +132,11 @@ fn expected_failures_name_existing_tests() {
         let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
         known.extend(test_dirs(&dir).into_iter().map(|(name, _)| name));
     }
-    let lists = [ALL_BACKENDS_LIST]
-        .into_iter()
-        .chain(BACKENDS.map(Backend::expected_failures));
+    let lists = [ALL_BACKENDS_LIST].into_iter().chain(BACKENDS.map(Backend::expected_failures));
     for path in lists {
         let list = List::load(path).unwrap_or_else(|e| panic!("{e:#}"));
         let stale: Vec<&String> = list.0.keys().filter(|n| !known.contains(*n)).collect();
-        assert!(
-            stale.is_empty(),
-            "{path} lists tests that do not exist; remove them: {stale:?}"
-        );
+        assert!(stale.is_empty(), "{path} lists tests that do not exist; remove them: {stale:?}");
     }
     // Loading checks that no test is in all.txt and a backend's list both.
     for backend in BACKENDS {
@@ -158,18 +147,13 @@ fn expected_failures_name_existing_tests() {
 fn suite(suite: &str, backend: Backend) {
     let dir = generated(&format!("onnx-tests/{suite}")).unwrap_or_else(|e| panic!("{e:#}"));
     let expected = ExpectedFailures::load(backend).unwrap_or_else(|e| panic!("{e:#}"));
-    let filter = std::env::var("INGOT_TEST_FILTER")
-        .ok()
-        .filter(|f| !f.is_empty());
+    let filter = std::env::var("INGOT_TEST_FILTER").ok().filter(|f| !f.is_empty());
     let update = std::env::var_os("INGOT_UPDATE_EXPECTED_FAILURES").is_some_and(|v| v == "1");
 
     let start = Instant::now();
     let mut results = Vec::new();
     for (name, test_dir) in test_dirs(&dir) {
-        if filter
-            .as_ref()
-            .is_some_and(|f| !f.split(',').any(|part| name.contains(part)))
-        {
+        if filter.as_ref().is_some_and(|f| !f.split(',').any(|part| name.contains(part))) {
             continue;
         }
         let outcome = match catch_panic(|| run_test(&test_dir, backend)) {
@@ -195,9 +179,7 @@ fn suite(suite: &str, backend: Backend) {
     let summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
     if update {
         println!("{summary}");
-        expected
-            .update(&results)
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        expected.update(&results).unwrap_or_else(|e| panic!("{e:#}"));
         println!("updated {} from this run", backend.expected_failures());
     } else if report.ok() {
         println!("{summary}");
@@ -263,11 +245,9 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
                 })
                 .collect();
             let operand = !uses.is_empty()
-                && uses.iter().all(|(op, k)| {
-                    OPERANDS
-                        .iter()
-                        .any(|(o, slots)| o == op && slots.contains(k))
-                });
+                && uses
+                    .iter()
+                    .all(|(op, k)| OPERANDS.iter().any(|(o, slots)| o == op && slots.contains(k)));
             (i.name.clone(), operand)
         })
         .collect())
@@ -295,10 +275,7 @@ fn run_test(dir: &Path, backend: Backend) -> Result<()> {
                 .collect()
         };
         let (inputs, wants) = (read("input")?, read("output")?);
-        let mut options = CompileOptions {
-            verify: true,
-            ..CompileOptions::default()
-        };
+        let mut options = CompileOptions { verify: true, ..CompileOptions::default() };
         let mut runtime = Vec::new();
         for (k, t) in inputs.into_iter().enumerate() {
             match inputs_info.get(k) {
@@ -321,11 +298,7 @@ fn run_test(dir: &Path, backend: Backend) -> Result<()> {
             check_validation(seen)?;
         }
         if got.len() != wants.len() {
-            bail!(
-                "{set}: {} outputs, the test expects {}",
-                got.len(),
-                wants.len()
-            );
+            bail!("{set}: {} outputs, the test expects {}", got.len(), wants.len());
         }
         for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
             let name = session.outputs().get(i).map_or("?", |o| o.name.as_str());
@@ -348,12 +321,10 @@ fn tolerance(dir: &Path) -> Result<Tolerance> {
         };
         let rest = text[at + key.len() + 2..].trim_start();
         let rest = rest.strip_prefix(':').unwrap_or(rest).trim_start();
-        let end = rest
-            .find(|c: char| !(c.is_ascii_digit() || "+-.eE".contains(c)))
-            .unwrap_or(rest.len());
-        let value = rest[..end]
-            .parse()
-            .with_context(|| format!("{}: bad {key}", path.display()))?;
+        let end =
+            rest.find(|c: char| !(c.is_ascii_digit() || "+-.eE".contains(c))).unwrap_or(rest.len());
+        let value =
+            rest[..end].parse().with_context(|| format!("{}: bad {key}", path.display()))?;
         Ok(Some(value))
     };
     Ok(Tolerance::new(
@@ -380,9 +351,7 @@ fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// A suite's results sorted into the four outcomes.
@@ -452,10 +421,8 @@ impl<'a> Report<'a> {
             } else {
                 "remove it"
             };
-            let _ = write!(
-                s,
-                "\n  PASSED {name}, which {list} lists as an expected failure: {fix}"
-            );
+            let _ =
+                write!(s, "\n  PASSED {name}, which {list} lists as an expected failure: {fix}");
         }
         if !self.failed.is_empty() {
             let _ = write!(
@@ -487,16 +454,9 @@ impl List {
             let (name, reason) = line.split_once('#').unwrap_or((line, ""));
             let (name, reason) = (name.trim(), reason.trim());
             if name.contains(char::is_whitespace) || reason.is_empty() {
-                bail!(
-                    "{}:{}: expected `test_name  # reason`, got {line:?}",
-                    path.display(),
-                    n + 1
-                );
+                bail!("{}:{}: expected `test_name  # reason`, got {line:?}", path.display(), n + 1);
             }
-            if entries
-                .insert(name.to_string(), reason.to_string())
-                .is_some()
-            {
+            if entries.insert(name.to_string(), reason.to_string()).is_some() {
                 bail!("{}:{}: {name} is listed twice", path.display(), n + 1);
             }
         }

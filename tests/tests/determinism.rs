@@ -16,15 +16,10 @@ fn branchy_model() -> OnnxModel {
         let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
         Tensor::from_vec(vec![n], &v).unwrap()
     };
-    let conv_w: Vec<f32> = (0..4 * 3 * 3 * 3)
-        .map(|i| (i as f32 * 0.11).cos())
-        .collect();
+    let conv_w: Vec<f32> = (0..4 * 3 * 3 * 3).map(|i| (i as f32 * 0.11).cos()).collect();
     OnnxModel::new(17)
         .input("x", DType::F32, &[1, 3, 8, 8])
-        .initializer(
-            "conv_w",
-            &Tensor::from_vec(vec![4, 3, 3, 3], &conv_w).unwrap(),
-        )
+        .initializer("conv_w", &Tensor::from_vec(vec![4, 3, 3, 3], &conv_w).unwrap())
         .initializer("conv_b", &w(4, 1.0))
         .initializer("scale", &w(8, 2.0))
         .initializer("shift", &w(8, 3.0))
@@ -40,13 +35,7 @@ fn branchy_model() -> OnnxModel {
         .node("mul", "Mul", &["r", "s"], &["m"], vec![])
         .node("scale_mul", "Mul", &["m", "scale"], &["ms"], vec![])
         .node("shift_add", "Add", &["ms", "shift"], &["y"], vec![])
-        .node(
-            "softmax",
-            "Softmax",
-            &["y"],
-            &["z"],
-            vec![attr_int("axis", -1)],
-        )
+        .node("softmax", "Softmax", &["y"], &["z"], vec![attr_int("axis", -1)])
         .output("z", DType::F32, &[1, 4, 8, 8])
         .output("r", DType::F32, &[1, 4, 8, 8])
 }
@@ -93,13 +82,8 @@ fn cli_compiles_to_identical_files() {
     let mut bundles = Vec::new();
     for i in 0..2 {
         let out = dir.join(format!("model_{i}.ingot"));
-        let output = ingot([
-            "compile".as_ref(),
-            model.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        let output = ingot(["compile".as_ref(), model.as_os_str(), "-o".as_ref(), out.as_os_str()])
+            .unwrap_or_else(|e| panic!("{e:#}"));
         expect_success("ingot compile", &output).unwrap_or_else(|e| panic!("{e:#}"));
         bundles.push(std::fs::read(&out).unwrap());
     }

@@ -51,9 +51,7 @@ fn vulkan_model() -> OnnxModel {
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    (0..n)
-        .map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 - 500.0) / 250.0)
-        .collect()
+    (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 - 500.0) / 250.0).collect()
 }
 
 fn bundle(name: &str, model: &OnnxModel) -> Result<Arc<Bundle>> {
@@ -109,11 +107,7 @@ fn an_op_without_a_vulkan_kernel_splits_the_graph_vulkan_cpu_vulkan() -> Result<
     let seen = ingot_runtime::vulkan::validation_messages().len();
     let bundle = bundle("split", &split_model())?;
     let v = &bundle.manifest().variants[0];
-    ensure!(
-        v.submodels.len() == 3,
-        "want 3 submodels: {:?}",
-        v.submodels
-    );
+    ensure!(v.submodels.len() == 3, "want 3 submodels: {:?}", v.submodels);
     let (mut session, _) = open(&bundle, "vulkan,cpu", true, Faults::default())?;
     let placement = session.placement();
     let devices: Vec<&str> = placement.0.iter().map(|p| p.device.as_str()).collect();
@@ -137,10 +131,7 @@ fn the_plan_text_shows_submodels_and_boundary_tensors() -> Result<()> {
     let path = scratch_dir("failsafe/plan_text").join("model.onnx");
     split_model().write(&path)?;
     let text = ingot_compiler::plan_text(&path, &Default::default())?;
-    let submodels = text
-        .split("\nsteps:")
-        .next()
-        .context("the plan text has a steps section")?;
+    let submodels = text.split("\nsteps:").next().context("the plan text has a steps section")?;
     insta::assert_snapshot!(submodels);
     Ok(())
 }
@@ -153,14 +144,9 @@ fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
     let seen = ingot_runtime::vulkan::validation_messages().len();
     let bundle = bundle("inject_prepare", &split_model())?;
     let want = cpu_outputs(&bundle)?;
-    for stage in [
-        Stage::Instance,
-        Stage::Device,
-        Stage::Pipelines,
-        Stage::Weights,
-        Stage::Arena,
-        Stage::Io,
-    ] {
+    for stage in
+        [Stage::Instance, Stage::Device, Stage::Pipelines, Stage::Weights, Stage::Arena, Stage::Io]
+    {
         let faults = Faults::default();
         faults.inject("vulkan", stage);
         let (mut session, ledger) = open(&bundle, "vulkan,cpu", true, faults)?;
@@ -172,8 +158,7 @@ fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
         for k in [0, 2] {
             let skip = &placement.0[k].skipped;
             ensure!(
-                skip.iter()
-                    .any(|s| s.stage == stage && s.device == "vulkan"),
+                skip.iter().any(|s| s.stage == stage && s.device == "vulkan"),
                 "{stage:?}: submodel {k} should name the stage:\n{placement}"
             );
         }
@@ -242,10 +227,7 @@ fn a_failure_while_running_fails_over_to_the_next_device() -> Result<()> {
     // Submodel 0's Vulkan memory went with it: what Vulkan holds now is submodel 2's alone.
     let (_whole, alone) = open(&bundle, "vulkan,cpu", true, Faults::default())?;
     let (held, all) = (vulkan_bytes_held(&ledger), vulkan_bytes_held(&alone));
-    ensure!(
-        held > 0 && held < all,
-        "{held} bytes held, {all} with submodel 0"
-    );
+    ensure!(held > 0 && held < all, "{held} bytes held, {all} with submodel 0");
     let again = session.run(&[input()])?;
     ensure!(again == got, "a second run differs");
     check_validation(seen)
@@ -278,10 +260,7 @@ fn a_submodel_no_device_can_run_is_a_clear_error() -> Result<()> {
         Err(e) => e.to_string(),
         Ok(_) => anyhow::bail!("a Vulkan-only session cannot run the f64 casts"),
     };
-    ensure!(
-        e.contains("submodel 1") && e.contains("'wide' (Cast)"),
-        "{e}"
-    );
+    ensure!(e.contains("submodel 1") && e.contains("'wide' (Cast)"), "{e}");
     let e = match open(&bundle, "vulkan,tpu", true, Faults::default()) {
         Err(e) => e.to_string(),
         Ok(_) => anyhow::bail!("tpu is no device"),
@@ -300,12 +279,8 @@ fn without_a_vulkan_loader_the_cli_runs_on_the_cpu() -> Result<()> {
     let bundle = dir.join("model.ingot");
     let x = dir.join("x.npy");
     ingot_tests::data::write_npy(&x, &input())?;
-    let compiled = ingot([
-        "compile".as_ref(),
-        model.as_os_str(),
-        "-o".as_ref(),
-        bundle.as_os_str(),
-    ])?;
+    let compiled =
+        ingot(["compile".as_ref(), model.as_os_str(), "-o".as_ref(), bundle.as_os_str()])?;
     expect_success("compile", &compiled)?;
     let run = |devices: &str, out: &str| -> Result<std::process::Output> {
         let binary = ingot_tests::paths::ingot_binary()?;

@@ -67,11 +67,7 @@ impl Rng {
 
     /// Uniform in `0..n`; 0 when `n` is 0.
     fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
+        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
     }
 
     fn one_in(&mut self, n: u64) -> bool {
@@ -144,9 +140,7 @@ impl Rng {
 
 fn f32s(shape: &[usize], rng: &mut Rng) -> Tensor {
     let n = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|_| (rng.below(2001) as f32 - 1000.0) / 500.0)
-        .collect();
+    let data: Vec<f32> = (0..n).map(|_| (rng.below(2001) as f32 - 1000.0) / 500.0).collect();
     Tensor::from_vec(shape.to_vec(), &data).unwrap()
 }
 
@@ -165,10 +159,7 @@ fn conv_net() -> OnnxModel {
         .initializer("bn_scale", &f32s(&[4], rng))
         .initializer("bn_bias", &f32s(&[4], rng))
         .initializer("bn_mean", &f32s(&[4], rng))
-        .initializer(
-            "bn_var",
-            &Tensor::from_vec(vec![4], &[1.0f32, 0.5, 2.0, 1.5]).unwrap(),
-        )
+        .initializer("bn_var", &Tensor::from_vec(vec![4], &[1.0f32, 0.5, 2.0, 1.5]).unwrap())
         .initializer("wg", &f32s(&[3, 4], rng))
         .initializer("bg", &f32s(&[3], rng))
         .node(
@@ -188,10 +179,7 @@ fn conv_net() -> OnnxModel {
             "MaxPool",
             &["r1"],
             &["p1"],
-            vec![
-                attr_ints("kernel_shape", &[2, 2]),
-                attr_ints("strides", &[2, 2]),
-            ],
+            vec![attr_ints("kernel_shape", &[2, 2]), attr_ints("strides", &[2, 2])],
         )
         .node(
             "dw",
@@ -209,27 +197,9 @@ fn conv_net() -> OnnxModel {
         )
         .node("residual", "Add", &["n2", "p1"], &["res"], vec![])
         .node("gap", "GlobalAveragePool", &["res"], &["g"], vec![])
-        .node(
-            "flatten",
-            "Flatten",
-            &["g"],
-            &["f"],
-            vec![attr_int("axis", 1)],
-        )
-        .node(
-            "fc",
-            "Gemm",
-            &["f", "wg", "bg"],
-            &["logits"],
-            vec![attr_int("transB", 1)],
-        )
-        .node(
-            "softmax",
-            "Softmax",
-            &["logits"],
-            &["y"],
-            vec![attr_int("axis", -1)],
-        )
+        .node("flatten", "Flatten", &["g"], &["f"], vec![attr_int("axis", 1)])
+        .node("fc", "Gemm", &["f", "wg", "bg"], &["logits"], vec![attr_int("transB", 1)])
+        .node("softmax", "Softmax", &["logits"], &["y"], vec![attr_int("axis", -1)])
         .output("y", DType::F32, &[1, 3])
 }
 
@@ -248,60 +218,18 @@ fn views_and_concat() -> OnnxModel {
         .initializer("indices", &i64s(&[2], &[1, 0]))
         .initializer("pads", &i64s(&[4], &[0, 1, 0, 1]))
         .node("reshape", "Reshape", &["x", "shape"], &["r"], vec![])
-        .node(
-            "top",
-            "Slice",
-            &["r", "s0_starts", "s0_ends", "axes0"],
-            &["s0"],
-            vec![],
-        )
-        .node(
-            "bottom",
-            "Slice",
-            &["r", "s1_starts", "s1_ends", "axes0"],
-            &["s1"],
-            vec![],
-        )
+        .node("top", "Slice", &["r", "s0_starts", "s0_ends", "axes0"], &["s0"], vec![])
+        .node("bottom", "Slice", &["r", "s1_starts", "s1_ends", "axes0"], &["s1"], vec![])
         .node("relu", "Relu", &["s0"], &["a"], vec![])
         .node("neg", "Neg", &["s1"], &["b"], vec![])
-        .node(
-            "concat",
-            "Concat",
-            &["a", "b"],
-            &["c"],
-            vec![attr_int("axis", 0)],
-        )
-        .node(
-            "transpose",
-            "Transpose",
-            &["c"],
-            &["t"],
-            vec![attr_ints("perm", &[1, 0])],
-        )
-        .node(
-            "split",
-            "Split",
-            &["t", "split"],
-            &["t0", "t1"],
-            vec![attr_int("axis", 0)],
-        )
+        .node("concat", "Concat", &["a", "b"], &["c"], vec![attr_int("axis", 0)])
+        .node("transpose", "Transpose", &["c"], &["t"], vec![attr_ints("perm", &[1, 0])])
+        .node("split", "Split", &["t", "split"], &["t0", "t1"], vec![attr_int("axis", 0)])
         .node("unsqueeze", "Unsqueeze", &["t0", "axes0"], &["u"], vec![])
         .node("squeeze", "Squeeze", &["u", "axes0"], &["sq"], vec![])
         .node("mul", "Mul", &["sq", "t1"], &["m"], vec![])
-        .node(
-            "gather",
-            "Gather",
-            &["m", "indices"],
-            &["g"],
-            vec![attr_int("axis", 0)],
-        )
-        .node(
-            "pad",
-            "Pad",
-            &["g", "pads"],
-            &["pd"],
-            vec![attr_string("mode", "constant")],
-        )
+        .node("gather", "Gather", &["m", "indices"], &["g"], vec![attr_int("axis", 0)])
+        .node("pad", "Pad", &["g", "pads"], &["pd"], vec![attr_string("mode", "constant")])
         .node(
             "mean",
             "ReduceMean",
@@ -328,21 +256,9 @@ fn multi_output() -> OnnxModel {
         .initializer("halves", &i64s(&[2], &[2, 2]))
         .node("add", "Add", &["a", "b"], &["sum"], vec![])
         .node("sigmoid", "Sigmoid", &["sum"], &["sig"], vec![])
-        .node(
-            "split",
-            "Split",
-            &["sum", "halves"],
-            &["h0", "h1"],
-            vec![attr_int("axis", 1)],
-        )
+        .node("split", "Split", &["sum", "halves"], &["h0", "h1"], vec![attr_int("axis", 1)])
         .node("matmul", "MatMul", &["a", "w"], &["mm"], vec![])
-        .node(
-            "embed",
-            "Gather",
-            &["emb", "ids"],
-            &["e"],
-            vec![attr_int("axis", 0)],
-        )
+        .node("embed", "Gather", &["emb", "ids"], &["e"], vec![attr_int("axis", 0)])
         .node(
             "argmax",
             "ArgMax",
@@ -374,10 +290,7 @@ fn assorted() -> OnnxModel {
     let rng = &mut Rng::new(3);
     OnnxModel::new(OPSET)
         .input("x", DType::F32, &[1, 2, 4, 4])
-        .initializer(
-            "scales",
-            &Tensor::from_vec(vec![4], &[1.0f32, 1.0, 2.0, 2.0]).unwrap(),
-        )
+        .initializer("scales", &Tensor::from_vec(vec![4], &[1.0f32, 1.0, 2.0, 2.0]).unwrap())
         .initializer("in_scale", &f32s(&[2], rng))
         .initializer("in_bias", &f32s(&[2], rng))
         .initializer("wt", &f32s(&[2, 4, 2, 2], rng))
@@ -398,10 +311,7 @@ fn assorted() -> OnnxModel {
             "AveragePool",
             &["up"],
             &["ap"],
-            vec![
-                attr_ints("kernel_shape", &[2, 2]),
-                attr_ints("strides", &[2, 2]),
-            ],
+            vec![attr_ints("kernel_shape", &[2, 2]), attr_ints("strides", &[2, 2])],
         )
         .node(
             "instnorm",
@@ -418,13 +328,7 @@ fn assorted() -> OnnxModel {
             vec![attr_ints("strides", &[2, 2])],
         )
         .node("clip", "Clip", &["dc", "lo", "hi"], &["cl"], vec![])
-        .node(
-            "reducesum",
-            "ReduceSum",
-            &["cl", "sum_axes"],
-            &["rs"],
-            vec![attr_int("keepdims", 1)],
-        )
+        .node("reducesum", "ReduceSum", &["cl", "sum_axes"], &["rs"], vec![attr_int("keepdims", 1)])
         .node("tile", "Tile", &["rs", "repeats"], &["tl"], vec![])
         .node(
             "d2s",
@@ -436,13 +340,7 @@ fn assorted() -> OnnxModel {
         .node("cumsum", "CumSum", &["ds", "cum_axis"], &["cs"], vec![])
         .node("less", "Less", &["cs", "hi"], &["mask"], vec![])
         .node("cast", "Cast", &["mask"], &["mf"], vec![attr_int("to", 1)])
-        .node(
-            "logsoftmax",
-            "LogSoftmax",
-            &["mf"],
-            &["ls"],
-            vec![attr_int("axis", 3)],
-        )
+        .node("logsoftmax", "LogSoftmax", &["mf"], &["ls"], vec![attr_int("axis", 3)])
         .output("tl", DType::F32, &[1, 4, 2, 2])
         .output("ls", DType::F32, &[1, 1, 16, 16])
 }
@@ -455,13 +353,7 @@ fn recurrent() -> OnnxModel {
         .initializer("W", &f32s(&[1, 9, 4], rng))
         .initializer("R", &f32s(&[1, 9, 3], rng))
         .initializer("B", &f32s(&[1, 18], rng))
-        .node(
-            "gru",
-            "GRU",
-            &["x", "W", "R", "B"],
-            &["y", "y_h"],
-            vec![attr_int("hidden_size", 3)],
-        )
+        .node("gru", "GRU", &["x", "W", "R", "B"], &["y", "y_h"], vec![attr_int("hidden_size", 3)])
         .output("y", DType::F32, &[3, 1, 1, 3])
         .output("y_h", DType::F32, &[1, 1, 3])
 }
@@ -473,10 +365,7 @@ fn indexing() -> OnnxModel {
     let f = |v: f32| Tensor::from_vec(vec![], &[v]).unwrap();
     OnnxModel::new(OPSET)
         .input("x", DType::F32, &[2, 3, 4])
-        .initializer(
-            "ge_idx",
-            &i64s(&[2, 3, 2], &[0, 3, 1, 2, 2, 1, 3, 0, 0, 0, 1, 1]),
-        )
+        .initializer("ge_idx", &i64s(&[2, 3, 2], &[0, 3, 1, 2, 2, 1, 3, 0, 0, 0, 1, 1]))
         .initializer("gnd_idx", &i64s(&[2, 1], &[1, 0]))
         .initializer("snd_idx", &i64s(&[1, 1], &[0]))
         .initializer("snd_upd", &f32s(&[1, 3, 4], rng))
@@ -484,10 +373,7 @@ fn indexing() -> OnnxModel {
         .initializer("se_upd", &f32s(&[2, 3, 1], rng))
         .initializer("oh_idx", &i64s(&[3], &[0, 2, 1]))
         .initializer("depth", &i64s(&[], &[4]))
-        .initializer(
-            "oh_values",
-            &Tensor::from_vec(vec![2], &[0.0f32, 1.0]).unwrap(),
-        )
+        .initializer("oh_values", &Tensor::from_vec(vec![2], &[0.0f32, 1.0]).unwrap())
         .initializer("k", &i64s(&[], &[1]))
         .initializer("expand_to", &i64s(&[3], &[2, 3, 4]))
         .initializer("cos_shape", &i64s(&[3], &[2, 3, 4]))
@@ -502,13 +388,7 @@ fn indexing() -> OnnxModel {
             vec![attr_int("axis", 2)],
         )
         .node("gather_nd", "GatherND", &["x", "gnd_idx"], &["gnd"], vec![])
-        .node(
-            "scatter_nd",
-            "ScatterND",
-            &["gnd", "snd_idx", "snd_upd"],
-            &["snd"],
-            vec![],
-        )
+        .node("scatter_nd", "ScatterND", &["gnd", "snd_idx", "snd_upd"], &["snd"], vec![])
         .node(
             "scatter_elements",
             "ScatterElements",
@@ -523,13 +403,7 @@ fn indexing() -> OnnxModel {
             &["oh"],
             vec![attr_int("axis", -1)],
         )
-        .node(
-            "trilu",
-            "Trilu",
-            &["oh", "k"],
-            &["tri"],
-            vec![attr_int("upper", 1)],
-        )
+        .node("trilu", "Trilu", &["oh", "k"], &["tri"], vec![attr_int("upper", 1)])
         .node("expand", "Expand", &["tri", "expand_to"], &["ex"], vec![])
         .node("greater", "Greater", &["se", "ex"], &["cond"], vec![])
         .node("where", "Where", &["cond", "se", "ex"], &["wh"], vec![])
@@ -550,13 +424,7 @@ fn indexing() -> OnnxModel {
                 &Tensor::from_vec(vec![1], &[0.5f32]).unwrap(),
             )],
         )
-        .node(
-            "range",
-            "Range",
-            &["start", "limit", "delta"],
-            &["r"],
-            vec![],
-        )
+        .node("range", "Range", &["start", "limit", "delta"], &["r"], vec![])
         .node("add_half", "Add", &["wh", "half"], &["wh2"], vec![])
         .node("add_range", "Add", &["wh2", "r"], &["y"], vec![])
         .output("ge", DType::F32, &[2, 3, 2])
@@ -574,21 +442,12 @@ fn norms_and_reductions() -> OnnxModel {
         .initializer("gn_bias", &f32s(&[2], rng))
         .initializer("hw", &i64s(&[2], &[2, 3]))
         .initializer("channels", &i64s(&[1], &[1]))
-        .initializer(
-            "up",
-            &Tensor::from_vec(vec![4], &[1.0f32, 1.0, 1.5, 1.5]).unwrap(),
-        )
+        .initializer("up", &Tensor::from_vec(vec![4], &[1.0f32, 1.0, 1.5, 1.5]).unwrap())
         .initializer("down", &i64s(&[4], &[1, 4, 4, 4]))
         .initializer("lo", &f(-0.5))
         .initializer("hi", &f(0.5))
         .initializer("three", &f(3.0))
-        .node(
-            "lrn",
-            "LRN",
-            &["x"],
-            &["lrn"],
-            vec![attr_int("size", 3), attr_float("alpha", 1e-3)],
-        )
+        .node("lrn", "LRN", &["x"], &["lrn"], vec![attr_int("size", 3), attr_float("alpha", 1e-3)])
         .node(
             "groupnorm",
             "GroupNormalization",
@@ -617,13 +476,7 @@ fn norms_and_reductions() -> OnnxModel {
         .node("global_lp", "GlobalLpPool", &["lp"], &["glp"], vec![])
         .node("global_max", "GlobalMaxPool", &["mvn"], &["gmp"], vec![])
         .node("sum", "Sum", &["glp", "gmp"], &["pooled"], vec![])
-        .node(
-            "linear",
-            "Resize",
-            &["mvn", "", "up"],
-            &["lin"],
-            vec![attr_string("mode", "linear")],
-        )
+        .node("linear", "Resize", &["mvn", "", "up"], &["lin"], vec![attr_string("mode", "linear")])
         .node(
             "cubic",
             "Resize",
@@ -631,35 +484,11 @@ fn norms_and_reductions() -> OnnxModel {
             &["cub"],
             vec![attr_string("mode", "cubic"), attr_int("antialias", 1)],
         )
-        .node(
-            "elu",
-            "Elu",
-            &["cub"],
-            &["elu"],
-            vec![attr_float("alpha", 0.5)],
-        )
-        .node(
-            "hard_sigmoid",
-            "HardSigmoid",
-            &["elu"],
-            &["hs"],
-            vec![attr_float("alpha", 0.3)],
-        )
-        .node(
-            "leaky",
-            "LeakyRelu",
-            &["hs"],
-            &["lk"],
-            vec![attr_float("alpha", 0.1)],
-        )
+        .node("elu", "Elu", &["cub"], &["elu"], vec![attr_float("alpha", 0.5)])
+        .node("hard_sigmoid", "HardSigmoid", &["elu"], &["hs"], vec![attr_float("alpha", 0.3)])
+        .node("leaky", "LeakyRelu", &["hs"], &["lk"], vec![attr_float("alpha", 0.1)])
         .node("clip", "Clip", &["lk", "lo", "hi"], &["cl"], vec![])
-        .node(
-            "mod",
-            "Mod",
-            &["cl", "three"],
-            &["md"],
-            vec![attr_int("fmod", 1)],
-        )
+        .node("mod", "Mod", &["cl", "three"], &["md"], vec![attr_int("fmod", 1)])
         .node("prod", "ReduceProd", &["md", "hw"], &["rp"], vec![])
         .node("l2", "ReduceL2", &["md", "hw"], &["rl2"], vec![])
         .node(
@@ -676,13 +505,7 @@ fn norms_and_reductions() -> OnnxModel {
             &["am"],
             vec![attr_int("axis", 3), attr_int("select_last_index", 1)],
         )
-        .node(
-            "hardmax",
-            "Hardmax",
-            &["md"],
-            &["hm"],
-            vec![attr_int("axis", 1)],
-        )
+        .node("hardmax", "Hardmax", &["md"], &["hm"], vec![attr_int("axis", 1)])
         .node("max", "Max", &["rp", "rl2", "pooled"], &["mx"], vec![])
         .output("mx", DType::F32, &[1, 4, 1, 1])
         .output("lse", DType::F32, &[1, 4, 4])
@@ -715,10 +538,7 @@ fn recurrent_lstm() -> OnnxModel {
             "RNN",
             &["ys", "Wr", "Rr"],
             &["yr"],
-            vec![
-                attr_int("hidden_size", 2),
-                attr_string("direction", "bidirectional"),
-            ],
+            vec![attr_int("hidden_size", 2), attr_string("direction", "bidirectional")],
         )
         .output("yr", DType::F32, &[3, 2, 2, 2])
         .output("y_c", DType::F32, &[1, 2, 3])
@@ -839,23 +659,16 @@ fn too_large(m: &Manifest) -> bool {
     let arena = v.plan.as_ref().map_or(0, |p| p.arena_bytes);
     let tensors = v.tensors.iter().map(|t| {
         let size = ingot_runtime::bundle::tensor_desc(t).dtype.size() as u128;
-        t.shape
-            .iter()
-            .fold(size, |acc, &d| acc.saturating_mul(u128::from(d)))
+        t.shape.iter().fold(size, |acc, &d| acc.saturating_mul(u128::from(d)))
     });
-    std::iter::once(u128::from(arena))
-        .chain(tensors)
-        .any(|bytes| TOO_LARGE.contains(&bytes))
+    std::iter::once(u128::from(arena)).chain(tensors).any(|bytes| TOO_LARGE.contains(&bytes))
 }
 
 /// Sessions on the CPU alone: the Vulkan backend hands the bundle's SPIR-V to the driver, which
 /// trusts it like code (no SPIR-V validator in the runtime), so hostile kernel bytes are out of
 /// its scope; the manifest checks that guard it are unit-tested in runtime/src/bundle.rs.
 fn cpu_only() -> SessionOptions {
-    SessionOptions {
-        devices: vec![ingot_runtime::Device::Cpu],
-        ..SessionOptions::default()
-    }
+    SessionOptions { devices: vec![ingot_runtime::Device::Cpu], ..SessionOptions::default() }
 }
 
 /// Opens `bytes`, creates a session and runs it with inputs of the declared types; returns how
@@ -875,22 +688,15 @@ fn open_and_run(bytes: &[u8], seed: u64) -> Result<Stage, String> {
         };
         // Inputs are made here: a huge one is not (outputs are the session's to refuse).
         let input_bytes = session.inputs().iter().try_fold(0usize, |acc, i| {
-            let elements = i
-                .desc
-                .shape
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d));
+            let elements = i.desc.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
             acc.checked_add(elements?.checked_mul(i.desc.dtype.size())?)
         });
         if input_bytes.is_none_or(|b| TOO_LARGE.start <= b as u128) {
             return Stage::TooLarge;
         }
         let rng = &mut Rng::new(seed);
-        let inputs: Vec<Tensor> = session
-            .inputs()
-            .iter()
-            .map(|info| input_value(info, rng))
-            .collect();
+        let inputs: Vec<Tensor> =
+            session.inputs().iter().map(|info| input_value(info, rng)).collect();
         match session.run(&inputs) {
             Ok(outputs) => {
                 let declared: Vec<&TensorDesc> =
@@ -925,11 +731,8 @@ fn compiled_models(dir: &Path) -> Vec<Compiled> {
             // The unmutated bundle runs.
             assert_eq!(open_and_run(&bytes, 0), Ok(Stage::Ran), "{name}");
             let c = Container::parse(&bytes).unwrap();
-            let section = |kind| {
-                c.section(kind)
-                    .map_or(&[][..], |s| &bytes[s.range.clone()])
-                    .to_vec()
-            };
+            let section =
+                |kind| c.section(kind).map_or(&[][..], |s| &bytes[s.range.clone()]).to_vec();
             Compiled {
                 name,
                 manifest: Manifest::decode(section(SectionKind::Manifest).as_slice()).unwrap(),
@@ -1138,16 +941,9 @@ fn wild_storage(rng: &mut Rng, v: &proto::Variant) -> Option<proto::Storage> {
         2 => Kind::Weight(rng.wild_index(4)),
         3 => Kind::Arena(rng.wild_u64(arena / 2) & !7),
         4 => Kind::Arena(rng.wild_u64(arena)),
-        5 => Kind::View(proto::View {
-            of: rng.wild_index(n),
-            byte_offset: rng.wild_u64(0),
-        }),
+        5 => Kind::View(proto::View { of: rng.wild_index(n), byte_offset: rng.wild_u64(0) }),
         _ => {
-            return if rng.one_in(2) {
-                None
-            } else {
-                Some(proto::Storage { kind: None })
-            };
+            return if rng.one_in(2) { None } else { Some(proto::Storage { kind: None }) };
         }
     };
     Some(proto::Storage { kind: Some(kind) })
@@ -1204,18 +1000,14 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
             let tensor = &mut v.tensors[t];
             let old = tensor.dtype;
             tensor.dtype = rng.pick(DTYPE_CODES);
-            format!(
-                "tensor {t} '{}' dtype {old} -> {}",
-                tensor.name, tensor.dtype
-            )
+            format!("tensor {t} '{}' dtype {old} -> {}", tensor.name, tensor.dtype)
         }
         20..=22 if !v.steps.is_empty() => {
             let s = rng.below(v.steps.len());
             let step = &mut v.steps[s];
             let old = std::mem::take(&mut step.op);
             step.op = if rng.one_in(8) {
-                rng.pick(&["", "Frobnicate", "relu", "Conv\u{0}"])
-                    .to_string()
+                rng.pick(&["", "Frobnicate", "relu", "Conv\u{0}"]).to_string()
             } else {
                 rng.pick(&ops).to_string()
             };
@@ -1225,11 +1017,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
             let s = rng.below(v.steps.len());
             let step = &mut v.steps[s];
             let outputs = rng.one_in(3);
-            let list = if outputs {
-                &mut step.outputs
-            } else {
-                &mut step.inputs
-            };
+            let list = if outputs { &mut step.outputs } else { &mut step.inputs };
             let what = if list.is_empty() || rng.one_in(4) {
                 let t = rng.wild_index(n);
                 list.push(t);
@@ -1250,10 +1038,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
             let storage = wild_storage(rng, v);
             let tensor = &mut v.tensors[t];
             let old = std::mem::replace(&mut tensor.storage, storage);
-            format!(
-                "tensor {t} '{}' storage {old:?} -> {:?}",
-                tensor.name, tensor.storage
-            )
+            format!("tensor {t} '{}' storage {old:?} -> {:?}", tensor.name, tensor.storage)
         }
         28 if n > 0 => {
             // Nudge what is already there: arena offsets and views stay plausible.
@@ -1413,11 +1198,7 @@ fn mutate_manifest(m: &mut Manifest, rng: &mut Rng) -> String {
         }
         36..=37 => {
             let outputs = rng.one_in(2);
-            let list = if outputs {
-                &mut v.outputs
-            } else {
-                &mut v.inputs
-            };
+            let list = if outputs { &mut v.outputs } else { &mut v.inputs };
             let what = match rng.below(4) {
                 0 if !list.is_empty() => format!("remove {}", list.remove(rng.below(list.len()))),
                 1 if !list.is_empty() => {
@@ -1477,14 +1258,12 @@ fn mutated_manifests_fail_cleanly() {
         let base = &bases[case as usize % bases.len()];
         let rng = &mut Rng::new(case);
         let mut manifest = base.manifest.clone();
-        let mutations: Vec<String> = (0..1 + rng.below(3))
-            .map(|_| mutate_manifest(&mut manifest, rng))
-            .collect();
+        let mutations: Vec<String> =
+            (0..1 + rng.below(3)).map(|_| mutate_manifest(&mut manifest, rng)).collect();
         let bytes = bundle_bytes(&manifest.encode_to_vec(), &base.kernels, &base.weights);
-        tally.case(
-            format!("case {case} ({}): {}", base.name, mutations.join("; ")),
-            || open_and_run(&bytes, case),
-        );
+        tally.case(format!("case {case} ({}): {}", base.name, mutations.join("; ")), || {
+            open_and_run(&bytes, case)
+        });
     }
     tally.finish("mutated_manifests_fail_cleanly");
 }
@@ -1497,9 +1276,7 @@ fn wasteful_or_misaligned_manifests_are_refused_at_open() {
     let bases = compiled_models(&dir);
     let open = |m: &Manifest, base: &Compiled| {
         let bytes = bundle_bytes(&m.encode_to_vec(), &base.kernels, &base.weights);
-        Bundle::from_bytes(&bytes)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        Bundle::from_bytes(&bytes).map(|_| ()).map_err(|e| e.to_string())
     };
     for base in &bases {
         let mut m = base.manifest.clone();
@@ -1518,11 +1295,7 @@ fn wasteful_or_misaligned_manifests_are_refused_at_open() {
         if let Some(view) = view {
             view.byte_offset += 2;
             let e = open(&m, base).unwrap_err();
-            assert!(
-                e.contains("misaligns") || e.contains("exceeds"),
-                "{}: {e}",
-                base.name
-            );
+            assert!(e.contains("misaligns") || e.contains("exceeds"), "{}: {e}", base.name);
         }
     }
 }
@@ -1561,11 +1334,7 @@ fn corrupt_manifest_and_bundle_bytes_fail_cleanly() {
             }
         }
         let bytes = bundle_bytes(&manifest, &base.kernels, &base.weights);
-        let what = format!(
-            "case {case} ({}): manifest bytes {}",
-            base.name,
-            what.join(", ")
-        );
+        let what = format!("case {case} ({}): manifest bytes {}", base.name, what.join(", "));
         tally.case(what, || open_and_run(&bytes, case));
     }
     for base in &bases {
@@ -1681,9 +1450,7 @@ fn mutate_tensor(t: &mut TensorProto, rng: &mut Rng) -> String {
             t.data_location = EnumOrUnknown::from_i32(rng.pick(&[1, 2, -1]));
             let mut entry = onnx_protobuf::StringStringEntryProto::new();
             entry.key = "location".into();
-            entry.value = rng
-                .pick(&["missing.bin", "../escape.bin", "/etc/passwd", ""])
-                .into();
+            entry.value = rng.pick(&["missing.bin", "../escape.bin", "/etc/passwd", ""]).into();
             t.external_data.push(entry);
             format!("external data at {:?}", t.external_data)
         }
@@ -1778,12 +1545,7 @@ fn set_dim(d: &mut onnx_protobuf::tensor_shape_proto::Dimension, rng: &mut Rng) 
     d.value = match rng.below(6) {
         0 => Some(dimension::Value::DimParam("N".into())),
         1 => None,
-        2 => Some(dimension::Value::DimValue(rng.pick(&[
-            -1,
-            i64::MIN,
-            1 << 40,
-            i64::MAX,
-        ]))),
+        2 => Some(dimension::Value::DimValue(rng.pick(&[-1, i64::MIN, 1 << 40, i64::MAX]))),
         3 => Some(dimension::Value::DimValue(0)),
         _ => Some(dimension::Value::DimValue(rng.pick(&[1, 2, 3, 5, 16]))),
     };
@@ -1889,11 +1651,7 @@ fn mutate_onnx(m: &mut ModelProto, rng: &mut Rng) -> String {
             }
         }
         19 => {
-            let list = if rng.one_in(2) {
-                &mut g.input
-            } else {
-                &mut g.output
-            };
+            let list = if rng.one_in(2) { &mut g.input } else { &mut g.output };
             if list.is_empty() {
                 return "nothing (empty list)".into();
             }
@@ -2024,14 +1782,12 @@ fn mutated_onnx_models_fail_cleanly() {
         let (name, base) = &bases[case as usize % bases.len()];
         let rng = &mut Rng::new(case ^ 0x0FF1CE);
         let mut model = base.clone();
-        let mutations: Vec<String> = (0..1 + rng.below(3))
-            .map(|_| mutate_onnx(&mut model, rng))
-            .collect();
+        let mutations: Vec<String> =
+            (0..1 + rng.below(3)).map(|_| mutate_onnx(&mut model, rng)).collect();
         std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
-        tally.case(
-            format!("case {case} ({name}): {}", mutations.join("; ")),
-            || compile_and_run(&path, case),
-        );
+        tally.case(format!("case {case} ({name}): {}", mutations.join("; ")), || {
+            compile_and_run(&path, case)
+        });
     }
     tally.finish("mutated_onnx_models_fail_cleanly");
 }
@@ -2093,11 +1849,7 @@ fn wrong_inputs_of_a_multi_input_session() {
     let dir = scratch_dir("hostile/wrong_inputs");
     let mut session = session_of(&dir, "multi_output", &multi_output());
     let rng = &mut Rng::new(7);
-    let good: Vec<Tensor> = session
-        .inputs()
-        .iter()
-        .map(|i| input_value(i, rng))
-        .collect();
+    let good: Vec<Tensor> = session.inputs().iter().map(|i| input_value(i, rng)).collect();
     let names: Vec<String> = session.inputs().iter().map(|i| i.name.clone()).collect();
     assert_eq!(names, ["a", "b", "ids"]);
 
@@ -2106,25 +1858,17 @@ fn wrong_inputs_of_a_multi_input_session() {
     assert!(message.contains("'a'"), "{message}");
 
     let ids_i32 = Tensor::from_vec(vec![3], &[0i32, 1, 2]).unwrap();
-    let message = error_of("i32 ids", || {
-        session.run(&[good[0].clone(), good[1].clone(), ids_i32])
-    });
-    assert!(
-        message.contains("'ids'") && message.contains("i32"),
-        "{message}"
-    );
+    let message = error_of("i32 ids", || session.run(&[good[0].clone(), good[1].clone(), ids_i32]));
+    assert!(message.contains("'ids'") && message.contains("i32"), "{message}");
 
     let scalar = Tensor::from_vec(vec![], &[1.0f32]).unwrap();
-    let message = error_of("scalar b", || {
-        session.run(&[good[0].clone(), scalar, good[2].clone()])
-    });
+    let message = error_of("scalar b", || session.run(&[good[0].clone(), scalar, good[2].clone()]));
     assert!(message.contains("'b'"), "{message}");
 
     for shape in [vec![0, 4], vec![2, 0], vec![0, 0]] {
         let empty = Tensor::zeros(TensorDesc::new(DType::F32, shape.clone()));
-        let message = error_of("zero-size a", || {
-            session.run(&[empty, good[1].clone(), good[2].clone()])
-        });
+        let message =
+            error_of("zero-size a", || session.run(&[empty, good[1].clone(), good[2].clone()]));
         assert!(message.contains("'a'"), "{shape:?}: {message}");
     }
 
@@ -2143,11 +1887,7 @@ fn out_of_range_ids_at_run_time() {
     let dir = scratch_dir("hostile/ids");
     let mut session = session_of(&dir, "multi_output", &multi_output());
     let rng = &mut Rng::new(8);
-    let mut inputs: Vec<Tensor> = session
-        .inputs()
-        .iter()
-        .map(|i| input_value(i, rng))
-        .collect();
+    let mut inputs: Vec<Tensor> = session.inputs().iter().map(|i| input_value(i, rng)).collect();
     for bad in [5i64, -6, i64::MAX, i64::MIN] {
         inputs[2] = Tensor::from_vec(vec![3], &[0i64, bad, 1]).unwrap();
         let message = error_of(&format!("id {bad}"), || session.run(&inputs));
@@ -2186,9 +1926,7 @@ fn zero_size_tensors() {
                 }
                 // The declared outputs keep their shapes: the compiler's inferred ones win.
                 std::fs::write(&path, m.write_to_bytes().unwrap()).unwrap();
-                tally.case(format!("{name}: input {k} dim {d} = 0"), || {
-                    compile_and_run(&path, 0)
-                });
+                tally.case(format!("{name}: input {k} dim {d} = 0"), || compile_and_run(&path, 0));
             }
         }
     }
@@ -2214,9 +1952,7 @@ fn outputs_larger_than_memory_are_errors() {
     let x = Tensor::from_vec(vec![1, 1], &[1.0f32]).unwrap();
     let message = error_of("run", || {
         let mut session = Session::new(Arc::new(Bundle::from_bytes(&bytes)?), cpu_only())?;
-        session
-            .run(std::slice::from_ref(&x))
-            .map_err(anyhow::Error::from)
+        session.run(std::slice::from_ref(&x)).map_err(anyhow::Error::from)
     });
     assert!(message.contains("allocate"), "{message}");
 
@@ -2249,20 +1985,8 @@ fn a_concat_input_that_is_also_a_graph_output() {
             .input("x", DType::F32, &[1, 2])
             .node("relu", "Relu", &["x"], &["a"], vec![])
             .node("neg", "Neg", &["x"], &["b"], vec![])
-            .node(
-                "concat",
-                "Concat",
-                &["a", "b"],
-                &["c"],
-                vec![attr_int("axis", 0)],
-            )
-            .node(
-                "transpose",
-                "Transpose",
-                &["c"],
-                &["t"],
-                vec![attr_ints("perm", &[1, 0])],
-            )
+            .node("concat", "Concat", &["a", "b"], &["c"], vec![attr_int("axis", 0)])
+            .node("transpose", "Transpose", &["c"], &["t"], vec![attr_ints("perm", &[1, 0])])
             .output("t", DType::F32, &[2, 2])
             .output("b", DType::F32, &[1, 2]),
     );

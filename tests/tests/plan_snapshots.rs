@@ -15,9 +15,7 @@ const F32: DType = DType::F32;
 /// A deterministic weight: small values that differ per element.
 fn weight(shape: &[usize], salt: usize) -> Tensor {
     let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n)
-        .map(|i| (((i * 7 + salt * 13) % 17) as f32 - 8.0) / 16.0)
-        .collect();
+    let data: Vec<f32> = (0..n).map(|i| (((i * 7 + salt * 13) % 17) as f32 - 8.0) / 16.0).collect();
     Tensor::from_vec(shape.to_vec(), &data).unwrap()
 }
 
@@ -33,10 +31,7 @@ fn write(name: &str, model: OnnxModel) -> PathBuf {
 fn plan(name: &str, model: OnnxModel) -> String {
     let path = write(name, model);
     let run = |sharing: Sharing| {
-        let options = CompileOptions {
-            sharing,
-            ..CompileOptions::default()
-        };
+        let options = CompileOptions { sharing, ..CompileOptions::default() };
         let bundle = compile_file(&path, &options).unwrap();
         let mut session = ingot_tests::session(&bundle).unwrap();
         let inputs: Vec<Tensor> = session
@@ -47,22 +42,12 @@ fn plan(name: &str, model: OnnxModel) -> String {
             .collect();
         ingot_tests::run(&mut session, &inputs).unwrap()
     };
-    assert_eq!(
-        run(Sharing::default()),
-        run(Sharing::NONE),
-        "{name}: sharing changed the outputs"
-    );
+    assert_eq!(run(Sharing::default()), run(Sharing::NONE), "{name}: sharing changed the outputs");
     plan_text(&path, &CompileOptions::default()).unwrap()
 }
 
 fn conv(m: OnnxModel, name: &str, x: &str, w: &str, y: &str) -> OnnxModel {
-    m.node(
-        name,
-        "Conv",
-        &[x, w],
-        &[y],
-        vec![attr_ints("pads", &[1, 1, 1, 1])],
-    )
+    m.node(name, "Conv", &[x, w], &[y], vec![attr_ints("pads", &[1, 1, 1, 1])])
 }
 
 #[test]
@@ -92,20 +77,15 @@ fn slice_reshape_conv_is_a_view_that_keeps_its_root_alive() {
         .initializer("starts", &Tensor::from_vec(vec![1], &[4i64]).unwrap())
         .initializer("ends", &Tensor::from_vec(vec![1], &[8i64]).unwrap())
         .initializer("axes", &Tensor::from_vec(vec![1], &[1i64]).unwrap())
-        .initializer(
-            "shape",
-            &Tensor::from_vec(vec![4], &[1i64, 4, 4, 16]).unwrap(),
-        );
+        .initializer("shape", &Tensor::from_vec(vec![4], &[1i64, 4, 4, 16]).unwrap());
     let m = conv(m, "conv1", "x", "w1", "a");
-    let m = m
-        .node(
-            "crop",
-            "Slice",
-            &["a", "starts", "ends", "axes"],
-            &["s"],
-            vec![],
-        )
-        .node("reshape", "Reshape", &["s", "shape"], &["r"], vec![]);
+    let m = m.node("crop", "Slice", &["a", "starts", "ends", "axes"], &["s"], vec![]).node(
+        "reshape",
+        "Reshape",
+        &["s", "shape"],
+        &["r"],
+        vec![],
+    );
     let m = conv(m, "conv2", "r", "w2", "y").output("y", F32, &[1, 4, 4, 16]);
     insta::assert_snapshot!(plan("slice_reshape_conv", m));
 }
@@ -115,22 +95,10 @@ fn four_way_concat_is_written_in_place() {
     let mut m = OnnxModel::new(17).input("x", F32, &[1, 4, 8, 8]);
     for k in 0..4 {
         m = m.initializer(&format!("w{k}"), &weight(&[4, 4, 3, 3], 10 + k));
-        m = conv(
-            m,
-            &format!("branch{k}"),
-            "x",
-            &format!("w{k}"),
-            &format!("b{k}"),
-        );
+        m = conv(m, &format!("branch{k}"), "x", &format!("w{k}"), &format!("b{k}"));
     }
     let m = m
-        .node(
-            "concat",
-            "Concat",
-            &["b0", "b1", "b2", "b3"],
-            &["c"],
-            vec![attr_int("axis", 1)],
-        )
+        .node("concat", "Concat", &["b0", "b1", "b2", "b3"], &["c"], vec![attr_int("axis", 1)])
         .initializer("w", &weight(&[4, 16, 1, 1], 20))
         .node("mix", "Conv", &["c", "w"], &["y"], vec![])
         .output("y", F32, &[1, 4, 8, 8]);
@@ -175,13 +143,7 @@ fn reordering_lowers_the_bound_of_a_branchy_graph() {
         .node("b1", "Exp", &["x"], &["b1"], vec![])
         .node("b2", "Neg", &["b1"], &["b2"], vec![])
         .node("b3", "Exp", &["b2"], &["b3"], vec![])
-        .node(
-            "a_reduce",
-            "ReduceSum",
-            &["a1", "axes"],
-            &["a2"],
-            vec![attr_int("keepdims", 1)],
-        )
+        .node("a_reduce", "ReduceSum", &["a1", "axes"], &["a2"], vec![attr_int("keepdims", 1)])
         .node("join", "Add", &["a2", "b3"], &["y"], vec![])
         .output("y", F32, &[1, 4, 8, 8]);
     insta::assert_snapshot!(plan("branchy", m));

@@ -67,10 +67,8 @@ fn cpu_outputs_do_not_depend_on_the_thread_count() {
                 .map(|i| read_npy(&dir.join(format!("input_{i}.npy"))))
                 .collect::<Result<Vec<_>>>()?;
             let on = |threads| -> Result<Vec<Tensor>> {
-                let options = SessionOptions {
-                    threads: Some(threads),
-                    ..SessionOptions::on("cpu")?
-                };
+                let options =
+                    SessionOptions { threads: Some(threads), ..SessionOptions::on("cpu")? };
                 let bundle = Arc::new(Bundle::from_bytes(&bundle)?);
                 run(&mut Session::new(bundle, options)?, &inputs)
             };
@@ -179,14 +177,10 @@ fn check_fault(case: &Case, stage: Option<Stage>) -> Result<()> {
     }
     let on_vulkan = |e: &ingot_runtime::ledger::LedgerEvent| e.device.starts_with("vulkan");
     let vulkan_bytes =
-        ledger
-            .events()
-            .iter()
-            .filter(|e| on_vulkan(e))
-            .fold(0i128, |held, e| match e.action {
-                Action::Allocate => held + i128::from(e.bytes),
-                Action::Free => held - i128::from(e.bytes),
-            });
+        ledger.events().iter().filter(|e| on_vulkan(e)).fold(0i128, |held, e| match e.action {
+            Action::Allocate => held + i128::from(e.bytes),
+            Action::Free => held - i128::from(e.bytes),
+        });
     if stage.is_some() && vulkan_bytes != 0 {
         bail!("the failed device still holds {vulkan_bytes} bytes");
     }
@@ -206,10 +200,7 @@ fn manifest() -> Result<Vec<Case>> {
     let path = generated("references/manifest.txt")?;
     let text = std::fs::read_to_string(&path)?;
     let mut cases = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-    {
+    for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
         let field = |key: &str| {
             line.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
@@ -241,10 +232,7 @@ fn manifest() -> Result<Vec<Case>> {
 
 fn check_model(model: &str, backend: Backend) {
     let result = (|| -> Result<Vec<String>> {
-        let cases: Vec<Case> = manifest()?
-            .into_iter()
-            .filter(|c| c.model == model)
-            .collect();
+        let cases: Vec<Case> = manifest()?.into_iter().filter(|c| c.model == model).collect();
         if cases.is_empty() {
             bail!("references/manifest.txt has no case for {model}");
         }
@@ -283,22 +271,14 @@ fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
         .collect::<Result<Vec<_>>>()?;
     let got = run(&mut session, &inputs)?;
     if got.len() != case.outputs.len() {
-        bail!(
-            "{}: {} outputs, want {}",
-            case.case,
-            got.len(),
-            case.outputs.len()
-        );
+        bail!("{}: {} outputs, want {}", case.case, got.len(), case.outputs.len());
     }
     let mut failures = Vec::new();
     for (i, (g, name)) in got.iter().zip(&case.outputs).enumerate() {
         let want = read_npy(&dir.join(format!("output_{i}.npy")))?;
         let ours = &session.outputs()[i].name;
         if ours != name {
-            failures.push(format!(
-                "{}: output {i} is named '{ours}', want '{name}'",
-                case.case
-            ));
+            failures.push(format!("{}: output {i} is named '{ours}', want '{name}'", case.case));
         }
         match compare(g, &want, TOLERANCE) {
             Ok(c) => {
@@ -328,17 +308,11 @@ fn check_device_memory(
     backend: Backend,
 ) -> Result<()> {
     let opened = Bundle::from_bytes(bundle)?;
-    let plan = opened.manifest().variants[0]
-        .plan
-        .as_ref()
-        .context("no plan")?;
+    let plan = opened.manifest().variants[0].plan.as_ref().context("no plan")?;
     let staged = backend == Backend::VulkanStaged;
     let ledger = session.ledger().clone();
-    let trace: Vec<(Action, MemoryKind, u64)> = ledger
-        .events()
-        .iter()
-        .map(|e| (e.action, e.kind, e.bytes))
-        .collect();
+    let trace: Vec<(Action, MemoryKind, u64)> =
+        ledger.events().iter().map(|e| (e.action, e.kind, e.bytes)).collect();
     let planned = planned_events(plan, staged);
     if trace != planned {
         let diff = trace
@@ -364,11 +338,7 @@ fn check_device_memory(
     }
     // Never more than weights + max(arena + io, largest staging buffer).
     let bytes = |kind| -> u64 {
-        plan.allocations
-            .iter()
-            .filter(|a| a.kind == kind as i32)
-            .map(|a| a.bytes)
-            .sum()
+        plan.allocations.iter().filter(|a| a.kind == kind as i32).map(|a| a.bytes).sum()
     };
     let largest = plan
         .allocations
@@ -391,17 +361,11 @@ fn check_device_memory(
         }
     }
     if ledger.events().len() != events {
-        bail!(
-            "running again allocated device memory: {:?}",
-            &ledger.events()[events..]
-        );
+        bail!("running again allocated device memory: {:?}", &ledger.events()[events..]);
     }
     drop(session);
     if ledger.total().current != 0 {
-        bail!(
-            "{} bytes still allocated after the session dropped",
-            ledger.total().current
-        );
+        bail!("{} bytes still allocated after the session dropped", ledger.total().current);
     }
     Ok(())
 }

@@ -40,12 +40,7 @@ fn sources() -> Result<Vec<VariantSource>> {
 /// Bytes of the initializers of one ONNX file: one copy of the weights.
 fn initializer_bytes(path: &PathBuf) -> Result<u64> {
     let model = ModelProto::parse_from_bytes(&std::fs::read(path)?)?;
-    Ok(model
-        .graph
-        .initializer
-        .iter()
-        .map(|t| t.raw_data.len() as u64)
-        .sum())
+    Ok(model.graph.initializer.iter().map(|t| t.raw_data.len() as u64).sum())
 }
 
 #[test]
@@ -64,12 +59,7 @@ fn one_bundle_stores_one_copy_of_the_weights() -> Result<()> {
         weights.abs_diff(one_copy) * 100 <= one_copy,
         "the weights section ({weights} bytes) is not within 1% of one copy ({one_copy})"
     );
-    let names: Vec<&str> = bundle
-        .manifest()
-        .variants
-        .iter()
-        .map(|v| v.name.as_str())
-        .collect();
+    let names: Vec<&str> = bundle.manifest().variants.iter().map(|v| v.name.as_str()).collect();
     ensure!(names == ["prefill", "decode"], "{names:?}");
     Ok(())
 }
@@ -81,10 +71,7 @@ fn run(
     devices: &str,
     inputs: &[(String, Tensor)],
 ) -> Result<Vec<(String, Tensor)>> {
-    let options = SessionOptions {
-        variant: Some(variant.into()),
-        ..SessionOptions::on(devices)?
-    };
+    let options = SessionOptions { variant: Some(variant.into()), ..SessionOptions::on(devices)? };
     let mut session = Session::new(Arc::clone(bundle), options)?;
     let ordered = session
         .inputs()
@@ -98,12 +85,7 @@ fn run(
         })
         .collect::<Result<Vec<_>>>()?;
     let outputs = session.run(&ordered)?;
-    Ok(session
-        .outputs()
-        .iter()
-        .map(|o| o.name.clone())
-        .zip(outputs)
-        .collect())
+    Ok(session.outputs().iter().map(|o| o.name.clone()).zip(outputs).collect())
 }
 
 fn check(stage: &str, outputs: &[(String, Tensor)]) -> Result<()> {
@@ -117,17 +99,12 @@ fn check(stage: &str, outputs: &[(String, Tensor)]) -> Result<()> {
 /// Prefill, then one decode step fed with the prefill's caches and ONNX Runtime's next
 /// token: logits and caches equal ONNX Runtime's at each step.
 fn prefill_then_decode(devices: &str) -> Result<()> {
-    let bundle = Arc::new(Bundle::from_bytes(&compile_variants(
-        &sources()?,
-        &CompileOptions::default(),
-    )?)?);
+    let bundle =
+        Arc::new(Bundle::from_bytes(&compile_variants(&sources()?, &CompileOptions::default())?)?);
     let ids = read_npy(&fixture("prefill_input_ids.npy")?)?;
     let prefill = run(&bundle, "prefill", devices, &[("input_ids".into(), ids)])?;
     check("prefill", &prefill)?;
-    let mut inputs = vec![(
-        "input_ids".to_string(),
-        read_npy(&fixture("decode_input_ids.npy")?)?,
-    )];
+    let mut inputs = vec![("input_ids".to_string(), read_npy(&fixture("decode_input_ids.npy")?)?)];
     for l in 0..LAYERS {
         for kind in ["key", "value"] {
             let present = prefill
@@ -179,17 +156,10 @@ fn inspect_reports_the_shared_weights() -> Result<()> {
         &ingot(["inspect".as_ref(), out.as_os_str(), "--json".as_ref()])?,
     )?)?;
     let one_copy = initializer_bytes(&prefill)?;
-    let unique = json["unique_weight_bytes"]
-        .as_u64()
-        .context("unique_weight_bytes")?;
-    ensure!(
-        unique.abs_diff(one_copy) * 100 <= one_copy,
-        "{unique} vs {one_copy}"
-    );
+    let unique = json["unique_weight_bytes"].as_u64().context("unique_weight_bytes")?;
+    ensure!(unique.abs_diff(one_copy) * 100 <= one_copy, "{unique} vs {one_copy}");
     for v in json["variants"].as_array().context("variants")? {
-        let referenced = v["referenced_weight_bytes"]
-            .as_u64()
-            .context("referenced")?;
+        let referenced = v["referenced_weight_bytes"].as_u64().context("referenced")?;
         ensure!(
             referenced.abs_diff(one_copy) * 100 <= one_copy,
             "variant {} references {referenced} bytes, one copy is {one_copy}",
@@ -222,10 +192,7 @@ fn inspect_lists_every_kernel_with_its_users() -> Result<()> {
     let listing: serde_json::Value = serde_json::from_str(&inspect(&["--kernels", "--json"])?)?;
     let modules = listing["modules"].as_array().context("modules")?;
     ensure!(!modules.is_empty(), "the decoder has Vulkan kernels");
-    ensure!(
-        listing["kernels"] == summary["kernels"],
-        "{listing} vs {summary}"
-    );
+    ensure!(listing["kernels"] == summary["kernels"], "{listing} vs {summary}");
     ensure!(listing["weight_bytes"] == summary["unique_weight_bytes"]);
     let bytes: Vec<u64> = modules.iter().filter_map(|m| m["bytes"].as_u64()).collect();
     ensure!(bytes.len() == modules.len() && bytes.windows(2).all(|w| w[0] >= w[1]));
@@ -233,23 +200,14 @@ fn inspect_lists_every_kernel_with_its_users() -> Result<()> {
     ensure!(listing["largest_kernel_bytes"].as_u64() == bytes.first().copied());
     let large = bytes.iter().filter(|&&b| b > 64 * 1024).count() as u64;
     ensure!(listing["kernels_over_64k"].as_u64() == Some(large));
-    let mut ids: Vec<u64> = modules
-        .iter()
-        .filter_map(|m| m["kernel"].as_u64())
-        .collect();
+    let mut ids: Vec<u64> = modules.iter().filter_map(|m| m["kernel"].as_u64()).collect();
     ids.sort_unstable();
-    ensure!(
-        ids == (0..modules.len() as u64).collect::<Vec<_>>(),
-        "{ids:?}"
-    );
+    ensure!(ids == (0..modules.len() as u64).collect::<Vec<_>>(), "{ids:?}");
     for m in modules {
         let steps = m["steps"].as_array().context("steps")?;
         ensure!(!steps.is_empty(), "kernel {} has no user", m["kernel"]);
         let wg = m["workgroup_size"].as_array().context("workgroup_size")?;
-        ensure!(
-            wg.len() == 3 && wg.iter().all(|d| d.as_u64() >= Some(1)),
-            "{m}"
-        );
+        ensure!(wg.len() == 3 && wg.iter().all(|d| d.as_u64() >= Some(1)), "{m}");
     }
     let users: Vec<&str> = modules
         .iter()
@@ -257,19 +215,11 @@ fn inspect_lists_every_kernel_with_its_users() -> Result<()> {
         .filter_map(|s| s.as_str())
         .collect();
     for variant in ["prefill", "decode"] {
-        ensure!(
-            users.iter().any(|u| u.starts_with(&format!("{variant}:"))),
-            "{users:?}"
-        );
+        ensure!(users.iter().any(|u| u.starts_with(&format!("{variant}:"))), "{users:?}");
     }
     let text = inspect(&["--kernels"])?;
     ensure!(text.lines().count() == modules.len() + 1, "{text}");
-    ensure!(
-        text.lines()
-            .last()
-            .is_some_and(|l| l.contains(" over 64 KiB")),
-        "{text}"
-    );
+    ensure!(text.lines().last().is_some_and(|l| l.contains(" over 64 KiB")), "{text}");
     Ok(())
 }
 
@@ -283,10 +233,8 @@ fn two_sessions_on_one_device_upload_each_weight_once() -> Result<()> {
     use ingot_runtime::{Ledger, MemoryKind};
     use ingot_schema::proto::AllocationKind;
     let seen = ingot_runtime::vulkan::validation_messages().len();
-    let bundle = Arc::new(Bundle::from_bytes(&compile_variants(
-        &sources()?,
-        &CompileOptions::default(),
-    )?)?);
+    let bundle =
+        Arc::new(Bundle::from_bytes(&compile_variants(&sources()?, &CompileOptions::default())?)?);
     let ledger = Ledger::new();
     let open = |variant: &str| -> Result<Session> {
         let options = SessionOptions {

@@ -41,11 +41,7 @@ fn require_validation() {
 
 fn assert_no_validation_messages() {
     let messages = validation_messages();
-    assert!(
-        messages.is_empty(),
-        "the validation layer reported:\n{}",
-        messages.join("\n")
-    );
+    assert!(messages.is_empty(), "the validation layer reported:\n{}", messages.join("\n"));
 }
 
 /// Compiles `model` (with the plan verifier on) into bundle bytes.
@@ -70,11 +66,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if i % 7 == 0 {
-                0.0
-            } else {
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            }
+            if i % 7 == 0 { 0.0 } else { (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0 }
         })
         .collect()
 }
@@ -112,11 +104,8 @@ fn vulkan(bundle: &Arc<Bundle>, options: &VulkanOptions, ledger: &Ledger) -> Vul
 /// Runs variant 0 on `exe`; outputs are allocated in the variant's shapes.
 fn run_vulkan(exe: &mut VulkanExecutable, bundle: &Bundle, inputs: &[Tensor]) -> Vec<Tensor> {
     let v = &bundle.manifest().variants[0];
-    let mut outputs: Vec<Tensor> = v
-        .outputs
-        .iter()
-        .map(|&t| Tensor::zeros(tensor_desc(&v.tensors[t as usize])))
-        .collect();
+    let mut outputs: Vec<Tensor> =
+        v.outputs.iter().map(|&t| Tensor::zeros(tensor_desc(&v.tensors[t as usize]))).collect();
     {
         let ins: Vec<_> = inputs.iter().map(Tensor::view).collect();
         let mut outs: Vec<TensorMut> = outputs.iter_mut().map(Tensor::view_mut).collect();
@@ -127,10 +116,7 @@ fn run_vulkan(exe: &mut VulkanExecutable, bundle: &Bundle, inputs: &[Tensor]) ->
 }
 
 fn run_cpu(bundle: &Arc<Bundle>, inputs: &[Tensor]) -> Vec<Tensor> {
-    let options = SessionOptions {
-        devices: vec![Device::Cpu],
-        ..SessionOptions::default()
-    };
+    let options = SessionOptions { devices: vec![Device::Cpu], ..SessionOptions::default() };
     let mut session = Session::new(Arc::clone(bundle), options).expect("CPU session");
     session.run(inputs).expect("CPU run")
 }
@@ -142,11 +128,7 @@ fn plan(bundle: &Bundle) -> &proto::Plan {
 
 /// The ledger's events without labels and totals.
 fn events(ledger: &Ledger) -> Vec<(Action, MemoryKind, u64)> {
-    ledger
-        .events()
-        .into_iter()
-        .map(|e| (e.action, e.kind, e.bytes))
-        .collect()
+    ledger.events().into_iter().map(|e| (e.action, e.kind, e.bytes)).collect()
 }
 
 /// x -> Relu -> Neg -> Relu, and Abs(x) added back: dispatches that depend on each other (the
@@ -234,32 +216,19 @@ fn one_tensor_of_over_4m_floats() -> Result<()> {
 fn weights_equal_the_cpu_and_memory_follows_the_plan() -> Result<()> {
     let bundle = bundle("weights", &with_weights())?;
     let plan = plan(&bundle);
-    let weights = plan
-        .allocations
-        .iter()
-        .filter(|a| a.kind == proto::AllocationKind::Weight as i32)
-        .count();
+    let weights =
+        plan.allocations.iter().filter(|a| a.kind == proto::AllocationKind::Weight as i32).count();
     assert_eq!(weights, 3, "{plan:?}");
     let x = tensor(&[2, 250], 4);
     let want = run_cpu(&bundle, std::slice::from_ref(&x));
-    let tolerance = Tolerance {
-        rtol: 1e-6,
-        atol: 1e-6,
-    };
+    let tolerance = Tolerance { rtol: 1e-6, atol: 1e-6 };
     for force_staging in [false, true] {
         let ledger = Ledger::new();
-        let options = VulkanOptions {
-            force_staging,
-            ..VulkanOptions::default()
-        };
+        let options = VulkanOptions { force_staging, ..VulkanOptions::default() };
         let mut exe = vulkan(&bundle, &options, &ledger);
         // A device whose memory the host cannot write stages every upload even unforced.
         let staged = force_staging || ledger.usage(MemoryKind::Staging).peak > 0;
-        assert_eq!(
-            events(&ledger),
-            planned_events(plan, staged),
-            "staged: {staged}"
-        );
+        assert_eq!(events(&ledger), planned_events(plan, staged), "staged: {staged}");
         assert_eq!(ledger.total().peak, planned_peak(plan, staged));
         let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
         allclose(&got[0], &want[0], tolerance).map_err(anyhow::Error::msg)?;
@@ -290,10 +259,7 @@ fn twenty_runs_give_identical_outputs_and_allocate_nothing() -> Result<()> {
     for _ in 0..19 {
         // Different inputs in between: nothing of one run may leak into the next.
         run_vulkan(&mut exe, &bundle, &[tensor(&[2, 250], 6)]);
-        assert_eq!(
-            run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x)),
-            first
-        );
+        assert_eq!(run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x)), first);
     }
     assert_eq!(ledger.events(), loaded);
     Ok(())
@@ -320,10 +286,7 @@ fn executables_share_the_device_and_free_it_last() -> Result<()> {
 fn an_unknown_device_index_is_an_error() {
     require_validation();
     let bundle = bundle("no_device", &diamond(&[4])).unwrap();
-    let options = VulkanOptions {
-        device: DeviceChoice::Index(1000),
-        ..VulkanOptions::default()
-    };
+    let options = VulkanOptions { device: DeviceChoice::Index(1000), ..VulkanOptions::default() };
     let ledger = Ledger::new();
     match prepare(bundle, &options, &ledger) {
         Err(VulkanError::Device(message)) => assert!(message.contains("1000"), "{message}"),
@@ -347,10 +310,7 @@ fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
     match prepare(bundle, &VulkanOptions::default(), &ledger) {
         Err(e @ VulkanError::Unsupported { index: 2, .. }) => {
             let message = e.to_string();
-            assert!(
-                message.contains(&name) && message.contains(&op),
-                "{message}"
-            );
+            assert!(message.contains(&name) && message.contains(&op), "{message}");
         }
         other => panic!("expected step 2 to be unsupported, got {other:?}"),
     }
@@ -361,11 +321,7 @@ fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
 /// The bundle `original` (file bytes) with its manifest replaced.
 fn with_manifest(original: &[u8], manifest: &proto::Manifest) -> Result<Bundle> {
     let parsed = Container::parse(original)?;
-    let section = |kind| {
-        parsed
-            .section(kind)
-            .map_or(&[][..], |s| &original[s.range.clone()])
-    };
+    let section = |kind| parsed.section(kind).map_or(&[][..], |s| &original[s.range.clone()]);
     let mut out = Vec::new();
     container::write(
         &mut out,
@@ -403,25 +359,13 @@ fn empty_tensors_are_skipped() -> Result<()> {
 fn child(name: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            name,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "{name}:\n{text}"
-    );
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "{name}:\n{text}");
     text
 }
 
@@ -429,10 +373,7 @@ fn child(name: &str, env: &[(&str, &str)]) -> String {
 fn no_driver_is_an_error() {
     require_validation();
     let nowhere = "/nonexistent/ingot_icd.json";
-    child(
-        "without_a_driver",
-        &[("VK_ICD_FILENAMES", nowhere), ("VK_DRIVER_FILES", nowhere)],
-    );
+    child("without_a_driver", &[("VK_ICD_FILENAMES", nowhere), ("VK_DRIVER_FILES", nowhere)]);
 }
 
 #[test]
@@ -480,26 +421,15 @@ fn views_of_inputs_and_outputs_equal_the_cpu() -> Result<()> {
         .initializer("ends", &ints(&[3]))
         .initializer("axes", &ints(&[0]))
         .initializer("flat", &ints(&[6]))
-        .node(
-            "crop",
-            "Slice",
-            &["x", "starts", "ends", "axes"],
-            &["c"],
-            vec![],
-        )
+        .node("crop", "Slice", &["x", "starts", "ends", "axes"], &["c"], vec![])
         .node("relu", "Relu", &["c"], &["r"], vec![])
         .node("flatten", "Reshape", &["r", "flat"], &["y"], vec![])
         .output("y", DType::F32, &[6]);
     let bundle = bundle("views", &model)?;
     let v = &bundle.manifest().variants[0];
-    let crop = proto::storage::Kind::View(proto::View {
-        of: 0,
-        byte_offset: 12,
-    });
+    let crop = proto::storage::Kind::View(proto::View { of: 0, byte_offset: 12 });
     assert!(
-        v.tensors
-            .iter()
-            .any(|t| t.storage.as_ref().and_then(|s| s.kind.as_ref()) == Some(&crop)),
+        v.tensors.iter().any(|t| t.storage.as_ref().and_then(|s| s.kind.as_ref()) == Some(&crop)),
         "the crop should be a view 12 bytes into x: {v:?}"
     );
     let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
@@ -544,10 +474,7 @@ fn a_failed_load_frees_what_it_allocated() -> Result<()> {
 fn vulkan_session(bundle: &Arc<Bundle>, force_staging: bool, ledger: &Ledger) -> Session {
     require_validation();
     let options = SessionOptions {
-        devices: vec![Device::Vulkan(VulkanOptions {
-            force_staging,
-            ..VulkanOptions::default()
-        })],
+        devices: vec![Device::Vulkan(VulkanOptions { force_staging, ..VulkanOptions::default() })],
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()
     };
@@ -579,10 +506,7 @@ fn two_sessions_of_one_bundle_upload_each_weight_once() -> Result<()> {
     let v = &bundle.manifest().variants[0];
     let x = tensor(&[2, 250], 14);
     let want = run_cpu(&bundle, std::slice::from_ref(&x));
-    let tolerance = Tolerance {
-        rtol: 1e-6,
-        atol: 1e-6,
-    };
+    let tolerance = Tolerance { rtol: 1e-6, atol: 1e-6 };
     for force_staging in [false, true] {
         let ledger = Ledger::new();
         let mut first = vulkan_session(&bundle, force_staging, &ledger);
@@ -594,10 +518,7 @@ fn two_sessions_of_one_bundle_upload_each_weight_once() -> Result<()> {
         let alone = planned.len();
         planned.extend(planned_events_shared(v, &[true], staged, &mut resident));
         assert_eq!(events(&ledger), planned, "staged: {staged}");
-        assert_eq!(
-            events(&ledger)[..alone],
-            planned_events(plan(&bundle), staged)
-        );
+        assert_eq!(events(&ledger)[..alone], planned_events(plan(&bundle), staged));
         assert_eq!(ledger.total().peak, peak_of(planned));
         assert_eq!(weight_labels(&ledger, Action::Allocate).len(), 3);
         for session in [&mut first, &mut second] {
@@ -610,9 +531,7 @@ fn two_sessions_of_one_bundle_upload_each_weight_once() -> Result<()> {
         let freed = events(&ledger).split_off(loaded);
         assert!(
             !freed.is_empty()
-                && freed
-                    .iter()
-                    .all(|e| e.0 == Action::Free && e.1 != MemoryKind::Weight),
+                && freed.iter().all(|e| e.0 == Action::Free && e.1 != MemoryKind::Weight),
             "the first session frees its arena and IO buffer only: {freed:?}"
         );
         assert_eq!(ledger.usage(MemoryKind::Weight).current, weights);
@@ -622,10 +541,7 @@ fn two_sessions_of_one_bundle_upload_each_weight_once() -> Result<()> {
         allclose(&got[0], &want2[0], tolerance).map_err(anyhow::Error::msg)?;
         drop(second);
         assert_eq!(ledger.total().current, 0);
-        assert_eq!(
-            weight_labels(&ledger, Action::Free),
-            weight_labels(&ledger, Action::Allocate)
-        );
+        assert_eq!(weight_labels(&ledger, Action::Free), weight_labels(&ledger, Action::Allocate));
     }
     assert_no_validation_messages();
     Ok(())
@@ -687,17 +603,11 @@ fn two_submodels_reading_one_weight_allocate_it_once() -> Result<()> {
     );
     require_validation();
     let ledger = Ledger::new();
-    let options = SessionOptions {
-        ledger: Some(ledger.clone()),
-        ..SessionOptions::on("vulkan,cpu")?
-    };
+    let options =
+        SessionOptions { ledger: Some(ledger.clone()), ..SessionOptions::on("vulkan,cpu")? };
     let mut session = Session::new(Arc::clone(&bundle), options)?;
     let placement = session.placement();
-    let on_vulkan: Vec<bool> = placement
-        .0
-        .iter()
-        .map(|p| p.device.starts_with("vulkan"))
-        .collect();
+    let on_vulkan: Vec<bool> = placement.0.iter().map(|p| p.device.starts_with("vulkan")).collect();
     assert_eq!(on_vulkan, [true, false, true], "{placement}");
     let staged = ledger.usage(MemoryKind::Staging).peak > 0;
     let planned = planned_events_shared(v, &on_vulkan, staged, &mut Default::default());
@@ -723,10 +633,7 @@ fn sessions_created_on_several_threads_upload_each_weight_once() -> Result<()> {
     let want = run_cpu(&bundle, std::slice::from_ref(&x));
     let ledger = Ledger::new();
     const THREADS: usize = 4;
-    let (start, created) = (
-        std::sync::Barrier::new(THREADS),
-        std::sync::Barrier::new(THREADS),
-    );
+    let (start, created) = (std::sync::Barrier::new(THREADS), std::sync::Barrier::new(THREADS));
     std::thread::scope(|s| {
         for _ in 0..THREADS {
             s.spawn(|| {
@@ -741,10 +648,7 @@ fn sessions_created_on_several_threads_upload_each_weight_once() -> Result<()> {
         }
     });
     assert_eq!(weight_labels(&ledger, Action::Allocate).len(), 3);
-    assert_eq!(
-        weight_labels(&ledger, Action::Free),
-        weight_labels(&ledger, Action::Allocate)
-    );
+    assert_eq!(weight_labels(&ledger, Action::Free), weight_labels(&ledger, Action::Allocate));
     assert_eq!(ledger.total().current, 0);
     assert_no_validation_messages();
     Ok(())

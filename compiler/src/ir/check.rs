@@ -33,10 +33,7 @@ pub fn check(g: &Graph) -> Result<(), String> {
         }
         for &o in &node.outputs {
             if o >= n {
-                return Err(format!(
-                    "{} writes value id {o}, out of range",
-                    node.label()
-                ));
+                return Err(format!("{} writes value id {o}, out of range", node.label()));
             }
             if available[o] {
                 return Err(format!(

@@ -34,11 +34,7 @@ pub struct Graph {
 
 impl Graph {
     pub fn add_value(&mut self, name: impl Into<String>, ty: Option<TensorDesc>) -> ValueId {
-        self.values.push(Value {
-            name: name.into(),
-            ty,
-            constant: None,
-        });
+        self.values.push(Value { name: name.into(), ty, constant: None });
         self.values.len() - 1
     }
 
@@ -92,10 +88,7 @@ pub struct Const {
 #[derive(Clone)]
 enum ConstData {
     Owned(Arc<Tensor>),
-    Mapped {
-        map: Arc<memmap2::Mmap>,
-        range: Range<usize>,
-    },
+    Mapped { map: Arc<memmap2::Mmap>, range: Range<usize> },
 }
 
 impl std::fmt::Debug for Const {
@@ -106,19 +99,13 @@ impl std::fmt::Debug for Const {
 
 impl Const {
     pub fn owned(t: Tensor) -> Self {
-        Self {
-            desc: t.desc().clone(),
-            data: ConstData::Owned(Arc::new(t)),
-        }
+        Self { desc: t.desc().clone(), data: ConstData::Owned(Arc::new(t)) }
     }
 
     /// A constant backed by `map[range]`; the caller has checked `range` fits `desc`.
     pub fn mapped(desc: TensorDesc, map: Arc<memmap2::Mmap>, range: Range<usize>) -> Self {
         debug_assert_eq!(range.len(), desc.bytes());
-        Self {
-            desc,
-            data: ConstData::Mapped { map, range },
-        }
+        Self { desc, data: ConstData::Mapped { map, range } }
     }
 
     pub fn desc(&self) -> &TensorDesc {

@@ -40,27 +40,19 @@ pub(super) fn convert(protos: &[AttributeProto]) -> Result<Attrs, String> {
             }
             AttributeType::STRING => AttrValue::Text(utf8(name, &a.s)?),
             AttributeType::STRINGS => {
-                let items = a
-                    .strings
-                    .iter()
-                    .map(|s| utf8(name, s))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let items =
+                    a.strings.iter().map(|s| utf8(name, s)).collect::<Result<Vec<_>, _>>()?;
                 if items.iter().any(|s| s.contains(',')) {
                     return Err(format!("attribute '{name}' has a string containing ','"));
                 }
                 AttrValue::Text(items.join(","))
             }
             AttributeType::TENSOR => {
-                let t =
-                    a.t.as_ref()
-                        .ok_or_else(|| format!("attribute '{name}' has no tensor"))?;
+                let t = a.t.as_ref().ok_or_else(|| format!("attribute '{name}' has no tensor"))?;
                 // Tensor attributes are small; external data is not looked up for them.
                 let value = tensor::to_const(t, &mut ExternalData::new(None))
                     .map_err(|m| format!("attribute '{name}': {m}"))?;
-                attrs.set(
-                    &format!("{name}.dtype"),
-                    AttrValue::Int(i64::from(t.data_type)),
-                );
+                attrs.set(&format!("{name}.dtype"), AttrValue::Int(i64::from(t.data_type)));
                 tensor_value(&value).ok_or_else(|| format!("attribute '{name}': not numeric"))?
             }
             AttributeType::GRAPH | AttributeType::GRAPHS => {

@@ -20,10 +20,7 @@ pub(super) struct ExternalData {
 
 impl ExternalData {
     pub fn new(base_dir: Option<&Path>) -> Self {
-        Self {
-            base_dir: base_dir.map(Path::to_path_buf),
-            maps: HashMap::new(),
-        }
+        Self { base_dir: base_dir.map(Path::to_path_buf), maps: HashMap::new() }
     }
 
     /// The constant for a tensor of type `desc` whose bytes the entries locate.
@@ -38,10 +35,7 @@ impl ExternalData {
         for e in entries {
             let number = || {
                 e.value.parse::<usize>().map_err(|_| {
-                    format!(
-                        "external data entry '{}' = '{}' is not a byte count",
-                        e.key, e.value
-                    )
+                    format!("external data entry '{}' = '{}' is not a byte count", e.key, e.value)
                 })
             };
             match e.key.as_str() {
@@ -55,9 +49,7 @@ impl ExternalData {
         let rel = Path::new(location);
         // Like ONNX's checker: external data must stay inside the model's directory.
         if location.is_empty()
-            || !rel
-                .components()
-                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+            || !rel.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
         {
             return Err(format!(
                 "external data location '{location}' must be a relative path inside the \

@@ -53,23 +53,13 @@ pub struct ImportOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error("cannot read ONNX model {path}: {cause}")]
-    Io {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    Io { path: PathBuf, cause: std::io::Error },
     #[error("{model}: not a valid ONNX model (truncated or corrupt file?): {cause}")]
-    Parse {
-        model: String,
-        cause: protobuf::Error,
-    },
+    Parse { model: String, cause: protobuf::Error },
     #[error("{model}: {message}")]
     Opset { model: String, message: String },
     #[error("{model}: tensor '{tensor}': {message}")]
-    Tensor {
-        model: String,
-        tensor: String,
-        message: String,
-    },
+    Tensor { model: String, tensor: String, message: String },
     #[error(
         "{model}: {} node(s) use ops Ingot does not support ({}):\n  {}",
         nodes.len(), ops.join(", "), nodes.join("\n  ")
@@ -89,21 +79,13 @@ pub enum ImportError {
 
 /// Imports an ONNX file; external data is looked up beside it.
 pub fn import_file(path: &Path, options: &ImportOptions) -> Result<Graph, ImportError> {
-    let bytes = std::fs::read(path).map_err(|cause| ImportError::Io {
-        path: path.to_path_buf(),
-        cause,
-    })?;
+    let bytes =
+        std::fs::read(path).map_err(|cause| ImportError::Io { path: path.to_path_buf(), cause })?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    import(
-        &path.display().to_string(),
-        &bytes,
-        Some(dir),
-        options,
-        &default_support,
-    )
+    import(&path.display().to_string(), &bytes, Some(dir), options, &default_support)
 }
 
 /// Imports a serialized model; `base_dir` is where its external data files are, if any.
@@ -112,28 +94,16 @@ pub fn import_bytes(
     base_dir: Option<&Path>,
     options: &ImportOptions,
 ) -> Result<Graph, ImportError> {
-    import(
-        "in-memory ONNX model",
-        bytes,
-        base_dir,
-        options,
-        &default_support,
-    )
+    import("in-memory ONNX model", bytes, base_dir, options, &default_support)
 }
 
 /// Decodes one serialized TensorProto (the test harness reads ONNX test-data .pb files with it).
 pub fn read_tensor_proto(bytes: &[u8]) -> Result<(String, Tensor), ImportError> {
     const MODEL: &str = "serialized TensorProto";
-    let proto = TensorProto::parse_from_bytes(bytes).map_err(|cause| ImportError::Parse {
-        model: MODEL.into(),
-        cause,
-    })?;
+    let proto = TensorProto::parse_from_bytes(bytes)
+        .map_err(|cause| ImportError::Parse { model: MODEL.into(), cause })?;
     let value = tensor::to_const(&proto, &mut ExternalData::new(None)).map_err(|message| {
-        ImportError::Tensor {
-            model: MODEL.into(),
-            tensor: proto.name.clone(),
-            message,
-        }
+        ImportError::Tensor { model: MODEL.into(), tensor: proto.name.clone(), message }
     })?;
     Ok((proto.name, std::sync::Arc::unwrap_or_clone(value.tensor())))
 }
@@ -153,10 +123,8 @@ fn import(
     options: &ImportOptions,
     supported: Support,
 ) -> Result<Graph, ImportError> {
-    let proto = ModelProto::parse_from_bytes(bytes).map_err(|cause| ImportError::Parse {
-        model: model.into(),
-        cause,
-    })?;
+    let proto = ModelProto::parse_from_bytes(bytes)
+        .map_err(|cause| ImportError::Parse { model: model.into(), cause })?;
     Importer {
         model,
         options,
@@ -247,25 +215,15 @@ struct Importer<'a> {
 
 impl Importer<'_> {
     fn graph_err(&self, message: String) -> ImportError {
-        ImportError::Graph {
-            model: self.model.into(),
-            message,
-        }
+        ImportError::Graph { model: self.model.into(), message }
     }
 
     fn tensor_err(&self, tensor: &str, message: String) -> ImportError {
-        ImportError::Tensor {
-            model: self.model.into(),
-            tensor: tensor.into(),
-            message,
-        }
+        ImportError::Tensor { model: self.model.into(), tensor: tensor.into(), message }
     }
 
     fn shape_err(&self, message: String) -> ImportError {
-        ImportError::InputShape {
-            model: self.model.into(),
-            message,
-        }
+        ImportError::InputShape { model: self.model.into(), message }
     }
 
     fn run(mut self, proto: &ModelProto, supported: Support) -> Result<Graph, ImportError> {
@@ -283,10 +241,7 @@ impl Importer<'_> {
         let mut taken: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
         taken.extend(g.input.iter().chain(&g.output).map(|v| v.name.as_str()));
         taken.extend(
-            g.node
-                .iter()
-                .flat_map(|n| n.input.iter().chain(&n.output))
-                .map(String::as_str),
+            g.node.iter().flat_map(|n| n.input.iter().chain(&n.output)).map(String::as_str),
         );
 
         for t in &g.initializer {
@@ -366,15 +321,9 @@ impl Importer<'_> {
 
     /// Records the opset of every imported domain and checks the default domain's.
     fn opsets<'p>(&mut self, proto: &'p ModelProto) -> Result<HashMap<&'p str, i64>, ImportError> {
-        let opsets: HashMap<&str, i64> = proto
-            .opset_import
-            .iter()
-            .map(|o| (normalize_domain(&o.domain), o.version))
-            .collect();
-        let err = |message: String| ImportError::Opset {
-            model: self.model.into(),
-            message,
-        };
+        let opsets: HashMap<&str, i64> =
+            proto.opset_import.iter().map(|o| (normalize_domain(&o.domain), o.version)).collect();
+        let err = |message: String| ImportError::Opset { model: self.model.into(), message };
         let (lo, hi) = (*OPSETS.start(), *OPSETS.end());
         let version = *opsets
             .get("")
@@ -416,9 +365,8 @@ impl Importer<'_> {
                 format!("node '{}'", n.name)
             };
             let shown = if domain.is_empty() { "ai.onnx" } else { domain };
-            let opset = opsets
-                .get(domain)
-                .map_or("no opset imported".into(), |v| format!("opset {v}"));
+            let opset =
+                opsets.get(domain).map_or("no opset imported".into(), |v| format!("opset {v}"));
             nodes.push(format!("{who} ({}, domain {shown}, {opset})", n.op_type));
             if !ops.contains(&n.op_type) {
                 ops.push(n.op_type.clone());
@@ -427,11 +375,7 @@ impl Importer<'_> {
         if nodes.is_empty() {
             Ok(())
         } else {
-            Err(ImportError::Unsupported {
-                model: self.model.into(),
-                ops,
-                nodes,
-            })
+            Err(ImportError::Unsupported { model: self.model.into(), ops, nodes })
         }
     }
 
@@ -453,11 +397,8 @@ impl Importer<'_> {
 
     /// Graph inputs that are not initializers, with static shapes.
     fn add_inputs(&mut self, g: &GraphProto) -> Result<(), ImportError> {
-        let runtime: Vec<&ValueInfoProto> = g
-            .input
-            .iter()
-            .filter(|vi| !self.names.contains_key(&vi.name))
-            .collect();
+        let runtime: Vec<&ValueInfoProto> =
+            g.input.iter().filter(|vi| !self.names.contains_key(&vi.name)).collect();
         let mut given: HashMap<&str, &[usize]> = HashMap::new();
         for (name, dims) in &self.options.input_shapes {
             if given.insert(name, dims).is_some() {
@@ -552,19 +493,15 @@ impl Importer<'_> {
                     self.shape_err(format!("input '{name}' of shape {shape:?} is too large"))
                 );
             }
-            let id = self
-                .graph
-                .add_value(name, Some(TensorDesc::new(dtype, shape)));
+            let id = self.graph.add_value(name, Some(TensorDesc::new(dtype, shape)));
             self.define(name, id, || "a graph input".into())?;
             self.graph.inputs.push(id);
         }
         if dynamic.is_empty() {
             Ok(())
         } else {
-            Err(self.shape_err(format!(
-                "Ingot compiles static shapes:\n  {}",
-                dynamic.join("\n  ")
-            )))
+            Err(self
+                .shape_err(format!("Ingot compiles static shapes:\n  {}", dynamic.join("\n  "))))
         }
     }
 
@@ -579,10 +516,7 @@ impl Importer<'_> {
         let shape = value.shape();
         let fits = dims.is_none_or(|dims| {
             dims.len() == shape.len()
-                && dims
-                    .iter()
-                    .zip(shape)
-                    .all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+                && dims.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
         });
         if value.dtype() != dtype || !fits {
             return Err(self.shape_err(format!(
@@ -638,10 +572,10 @@ impl Importer<'_> {
                 producer[o] = Some(k);
             }
         }
-        let in_order = nodes.iter().enumerate().all(|(k, n)| {
-            n.present_inputs()
-                .all(|v| producer[v].is_none_or(|p| p < k))
-        });
+        let in_order = nodes
+            .iter()
+            .enumerate()
+            .all(|(k, n)| n.present_inputs().all(|v| producer[v].is_none_or(|p| p < k)));
         if in_order {
             return Ok(nodes);
         }
@@ -656,16 +590,10 @@ impl Importer<'_> {
         }
         let sorted = petgraph::algo::toposort(&dag, None).map_err(|cycle| {
             let i = origin[cycle.node_id().index()];
-            self.graph_err(format!(
-                "the graph has a cycle through {}",
-                node_label(i, &g.node[i])
-            ))
+            self.graph_err(format!("the graph has a cycle through {}", node_label(i, &g.node[i])))
         })?;
         let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
-        Ok(sorted
-            .into_iter()
-            .filter_map(|ix| slots[ix.index()].take())
-            .collect())
+        Ok(sorted.into_iter().filter_map(|ix| slots[ix.index()].take()).collect())
     }
 }
 

@@ -72,10 +72,7 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
     if !t.raw_data.is_empty() {
         let need = desc.bytes();
         return Tensor::from_bytes(desc, &t.raw_data).map_err(|_| {
-            format!(
-                "raw_data holds {} bytes; the tensor needs {need}",
-                t.raw_data.len()
-            )
+            format!("raw_data holds {} bytes; the tensor needs {need}", t.raw_data.len())
         });
     }
     use DType::*;
@@ -93,9 +90,7 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         I8 => converted(desc, "int32_data", &t.int32_data, |v| v as i8),
         U8 => converted(desc, "int32_data", &t.int32_data, |v| v as u8),
         Bool => converted(desc, "int32_data", &t.int32_data, |v| u8::from(v != 0)),
-        F16 => converted(desc, "int32_data", &t.int32_data, |v| {
-            half::f16::from_bits(v as u16)
-        }),
+        F16 => converted(desc, "int32_data", &t.int32_data, |v| half::f16::from_bits(v as u16)),
     }
 }
 
@@ -103,13 +98,8 @@ fn count_check(desc: &TensorDesc, field: &str, len: usize) -> Result<(), String>
     let need = desc.elements();
     match len {
         _ if len == need => Ok(()),
-        0 => Err(format!(
-            "no data: neither raw_data nor {field} holds the {need} elements"
-        )),
-        _ => Err(format!(
-            "{field} holds {len} values; shape {:?} needs {need}",
-            desc.shape
-        )),
+        0 => Err(format!("no data: neither raw_data nor {field} holds the {need} elements")),
+        _ => Err(format!("{field} holds {len} values; shape {:?} needs {need}", desc.shape)),
     }
 }
 

@@ -24,10 +24,7 @@ fn tp(name: &str, dtype: DataType, dims: &[i64]) -> TensorProto {
 }
 
 fn raw_f32(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
-    TensorProto {
-        raw_data: bytemuck::cast_slice(data).to_vec(),
-        ..tp(name, DataType::FLOAT, dims)
-    }
+    TensorProto { raw_data: bytemuck::cast_slice(data).to_vec(), ..tp(name, DataType::FLOAT, dims) }
 }
 
 enum D {
@@ -66,10 +63,7 @@ fn vi(name: &str, elem: DataType, dims: Option<&[D]>) -> ValueInfoProto {
 }
 
 fn out(name: &str) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        ..Default::default()
-    }
+    ValueInfoProto { name: name.into(), ..Default::default() }
 }
 
 fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
@@ -83,11 +77,7 @@ fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 }
 
 fn attr(name: &str, kind: AttributeType) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        type_: EnumOrUnknown::new(kind),
-        ..Default::default()
-    }
+    AttributeProto { name: name.into(), type_: EnumOrUnknown::new(kind), ..Default::default() }
 }
 
 fn model(opset: i64, graph: GraphProto) -> ModelProto {
@@ -140,10 +130,7 @@ fn import_err(m: &ModelProto, options: &ImportOptions) -> String {
 
 fn shapes(list: &[(&str, &[usize])]) -> ImportOptions {
     ImportOptions {
-        input_shapes: list
-            .iter()
-            .map(|(n, d)| (n.to_string(), d.to_vec()))
-            .collect(),
+        input_shapes: list.iter().map(|(n, d)| (n.to_string(), d.to_vec())).collect(),
         ..ImportOptions::default()
     }
 }
@@ -159,14 +146,7 @@ use std::sync::Arc;
 /// A graph whose only content is the given initializers (all also graph outputs).
 fn initializers(inits: Vec<TensorProto>) -> ModelProto {
     let output = inits.iter().map(|t| out(&t.name)).collect();
-    model(
-        13,
-        GraphProto {
-            initializer: inits,
-            output,
-            ..Default::default()
-        },
-    )
+    model(13, GraphProto { initializer: inits, output, ..Default::default() })
 }
 
 // ---- tensors ----
@@ -202,37 +182,20 @@ fn every_typed_field_decodes() {
     ]));
 
     assert_eq!(constant(&g, "f32").as_slice::<f32>().unwrap(), &[1.5, -2.0]);
-    assert_eq!(
-        constant(&g, "f64").as_slice::<f64>().unwrap(),
-        &[0.25, 1e300]
-    );
-    assert_eq!(
-        constant(&g, "i64").as_slice::<i64>().unwrap(),
-        &[-7, i64::MAX]
-    );
+    assert_eq!(constant(&g, "f64").as_slice::<f64>().unwrap(), &[0.25, 1e300]);
+    assert_eq!(constant(&g, "i64").as_slice::<i64>().unwrap(), &[-7, i64::MAX]);
     assert_eq!(constant(&g, "i32").as_slice::<i32>().unwrap(), &[-3, 70000]);
     assert_eq!(constant(&g, "i16").as_slice::<i16>().unwrap(), &[-300, 300]);
     assert_eq!(constant(&g, "u16").as_slice::<u16>().unwrap(), &[65535]);
-    assert_eq!(
-        constant(&g, "i8").as_slice::<i8>().unwrap(),
-        &[-128, 0, 127]
-    );
+    assert_eq!(constant(&g, "i8").as_slice::<i8>().unwrap(), &[-128, 0, 127]);
     assert_eq!(constant(&g, "u8").as_slice::<u8>().unwrap(), &[0, 255]);
     let b = constant(&g, "bool");
     assert_eq!(b.dtype(), DType::Bool);
     assert_eq!(b.as_slice::<u8>().unwrap(), &[1, 0, 1]);
     let h = constant(&g, "f16");
-    let h: Vec<f32> = h
-        .as_slice::<half::f16>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_f32())
-        .collect();
+    let h: Vec<f32> = h.as_slice::<half::f16>().unwrap().iter().map(|v| v.to_f32()).collect();
     assert_eq!(h, [1.0, -2.0, 0.5]);
-    assert_eq!(
-        constant(&g, "u32").as_slice::<u32>().unwrap(),
-        &[4_000_000_000]
-    );
+    assert_eq!(constant(&g, "u32").as_slice::<u32>().unwrap(), &[4_000_000_000]);
     assert_eq!(constant(&g, "u64").as_slice::<u64>().unwrap(), &[u64::MAX]);
     // Constants carry their type.
     let v = g.values.iter().find(|v| v.name == "i8").unwrap();
@@ -245,10 +208,7 @@ fn raw_data_scalars_and_empty_tensors() {
         raw_data: vec![0x00, 0x3C, 0x00, 0xC0], // little-endian 1.0, -2.0
         ..tp("h", DataType::FLOAT16, &[2, 1])
     };
-    let i8s = TensorProto {
-        raw_data: vec![0xFF, 0x02],
-        ..tp("b", DataType::INT8, &[2])
-    };
+    let i8s = TensorProto { raw_data: vec![0xFF, 0x02], ..tp("b", DataType::INT8, &[2]) };
     let scalar = raw_f32("s", &[], &[4.25]);
     let empty = tp("e", DataType::FLOAT, &[0, 5]);
     let g = import_ok(&initializers(vec![f16, i8s, scalar, empty]));
@@ -276,24 +236,15 @@ fn bad_tensors_name_the_tensor() {
         (tp("c", DataType::COMPLEX64, &[1]), "COMPLEX64"),
         (tp("nodata", DataType::FLOAT, &[2]), "no data"),
         (
-            TensorProto {
-                raw_data: vec![0; 7],
-                ..tp("short", DataType::FLOAT, &[2])
-            },
+            TensorProto { raw_data: vec![0; 7], ..tp("short", DataType::FLOAT, &[2]) },
             "raw_data holds 7 bytes; the tensor needs 8",
         ),
         (
-            TensorProto {
-                float_data: vec![1.0],
-                ..tp("few", DataType::FLOAT, &[2])
-            },
+            TensorProto { float_data: vec![1.0], ..tp("few", DataType::FLOAT, &[2]) },
             "float_data holds 1 values",
         ),
         (tp("neg", DataType::FLOAT, &[-1]), "negative dim"),
-        (
-            tp("huge", DataType::FLOAT, &[1 << 40, 1 << 40, 0]),
-            "too large",
-        ),
+        (tp("huge", DataType::FLOAT, &[1 << 40, 1 << 40, 0]), "too large"),
     ];
     for (t, expected) in cases {
         let name = t.name.clone();
@@ -343,28 +294,13 @@ fn external_data_is_mapped_and_bounds_checked() {
     std::fs::write(dir.join("sub/w.bin"), bytemuck::cast_slice(&[7.0f32])).unwrap();
 
     let ok = initializers(vec![
-        external(
-            "w",
-            &[3],
-            &[
-                ("location", "weights.bin"),
-                ("offset", "8"),
-                ("length", "12"),
-            ],
-        ),
+        external("w", &[3], &[("location", "weights.bin"), ("offset", "8"), ("length", "12")]),
         external("head", &[2], &[("location", "weights.bin")]),
         external("sub", &[1], &[("location", "sub/w.bin"), ("checksum", "x")]),
-        external(
-            "none",
-            &[0],
-            &[("location", "weights.bin"), ("offset", "20")],
-        ),
+        external("none", &[0], &[("location", "weights.bin"), ("offset", "20")]),
     ]);
     let g = import_in(&ok, Some(&dir), &ImportOptions::default()).unwrap();
-    assert_eq!(
-        constant(&g, "w").as_slice::<f32>().unwrap(),
-        &[1.0, 2.0, 3.0]
-    );
+    assert_eq!(constant(&g, "w").as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0]);
     let w = g.values.iter().find(|v| v.name == "w").unwrap();
     assert_eq!(w.constant.as_ref().unwrap().bytes(), &bytes[8..20]);
     assert_eq!(constant(&g, "head").bytes(), &bytes[..8]);
@@ -375,18 +311,11 @@ fn external_data_is_mapped_and_bounds_checked() {
     std::fs::write(dir.join("model.onnx"), ok.write_to_bytes().unwrap()).unwrap();
     let g = import_file(&dir.join("model.onnx"), &ImportOptions::default());
     // import_file uses the real op table; this graph has no nodes, so it imports.
-    assert_eq!(
-        constant(&g.unwrap(), "w").as_slice::<f32>().unwrap(),
-        &[1.0, 2.0, 3.0]
-    );
+    assert_eq!(constant(&g.unwrap(), "w").as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0]);
 
     let bad: Vec<(TensorProto, Option<&Path>, &str)> = vec![
         (
-            external(
-                "past",
-                &[4],
-                &[("location", "weights.bin"), ("offset", "8")],
-            ),
+            external("past", &[4], &[("location", "weights.bin"), ("offset", "8")]),
             Some(&dir),
             "holds 20 bytes; the tensor needs 16 bytes at offset 8",
         ),
@@ -395,11 +324,7 @@ fn external_data_is_mapped_and_bounds_checked() {
             Some(&dir),
             "has length 4",
         ),
-        (
-            external("missing", &[1], &[("location", "nope.bin")]),
-            Some(&dir),
-            "nope.bin",
-        ),
+        (external("missing", &[1], &[("location", "nope.bin")]), Some(&dir), "nope.bin"),
         (
             external("escape", &[1], &[("location", "../weights.bin")]),
             Some(&dir),
@@ -412,27 +337,16 @@ fn external_data_is_mapped_and_bounds_checked() {
         ),
         (external("noloc", &[1], &[]), Some(&dir), "no 'location'"),
         (
-            external(
-                "off",
-                &[1],
-                &[("location", "weights.bin"), ("offset", "-1")],
-            ),
+            external("off", &[1], &[("location", "weights.bin"), ("offset", "-1")]),
             Some(&dir),
             "not a byte count",
         ),
-        (
-            external("nodir", &[1], &[("location", "weights.bin")]),
-            None,
-            "without its directory",
-        ),
+        (external("nodir", &[1], &[("location", "weights.bin")]), None, "without its directory"),
         (
             external(
                 "overflow",
                 &[1],
-                &[
-                    ("location", "weights.bin"),
-                    ("offset", &usize::MAX.to_string()),
-                ],
+                &[("location", "weights.bin"), ("offset", &usize::MAX.to_string())],
             ),
             Some(&dir),
             "holds 20 bytes",
@@ -487,16 +401,10 @@ fn constant_nodes_become_values() {
     assert_eq!(g.nodes.len(), 1, "Constant nodes produce no node");
     assert_eq!(constant(&g, "a").as_slice::<f32>().unwrap(), &[0.5, 1.5]);
     let b = constant(&g, "b");
-    assert_eq!(
-        (b.shape(), b.as_slice::<f32>().unwrap()),
-        (&[][..], &[2.5f32][..])
-    );
+    assert_eq!((b.shape(), b.as_slice::<f32>().unwrap()), (&[][..], &[2.5f32][..]));
     assert_eq!(constant(&g, "c").as_slice::<f32>().unwrap(), &[1.0, 2.0]);
     let d = constant(&g, "d");
-    assert_eq!(
-        (d.shape(), d.as_slice::<i64>().unwrap()),
-        (&[][..], &[-4i64][..])
-    );
+    assert_eq!((d.shape(), d.as_slice::<i64>().unwrap()), (&[][..], &[-4i64][..]));
     assert_eq!(constant(&g, "e").as_slice::<i64>().unwrap(), &[1, 2, 3]);
 
     let mut s = attr("value_string", AttributeType::STRING);
@@ -504,19 +412,10 @@ fn constant_nodes_become_values() {
     let mut n = node("Constant", "txt", &[], &["s"]);
     n.attribute.push(s);
     let msg = import_err(
-        &model(
-            13,
-            GraphProto {
-                node: vec![n],
-                ..Default::default()
-            },
-        ),
+        &model(13, GraphProto { node: vec![n], ..Default::default() }),
         &ImportOptions::default(),
     );
-    assert!(
-        msg.contains("node 'txt' (Constant)") && msg.contains("string"),
-        "{msg}"
-    );
+    assert!(msg.contains("node 'txt' (Constant)") && msg.contains("string"), "{msg}");
 }
 
 #[test]
@@ -528,10 +427,7 @@ fn initializer_listed_as_input_is_a_constant() {
     let g = import_ok(&model(13, graph.clone()));
     assert_eq!(g.inputs.len(), 1);
     assert_eq!(g.values[g.inputs[0]].name, "x");
-    assert_eq!(
-        constant(&g, "w").as_slice::<f32>().unwrap(),
-        &[1.0, 2.0, 3.0]
-    );
+    assert_eq!(constant(&g, "w").as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0]);
     let add = &g.nodes[0];
     assert_eq!(g.values[add.inputs[1].unwrap()].name, "w");
 
@@ -542,12 +438,7 @@ fn initializer_listed_as_input_is_a_constant() {
 
 /// An input shaped like PP-OCR's detector input.
 fn dynamic_model() -> ModelProto {
-    let dims = [
-        D::P("p2o.DynamicDimension.0"),
-        D::V(3),
-        D::Unknown,
-        D::V(-1),
-    ];
+    let dims = [D::P("p2o.DynamicDimension.0"), D::V(3), D::Unknown, D::V(-1)];
     model(
         12,
         GraphProto {
@@ -580,10 +471,7 @@ fn symbolic_dims_need_input_shapes() {
     assert_eq!(x.ty, Some(TensorDesc::new(DType::F32, vec![1, 3, 48, 192])));
     let s = &g.values[g.inputs[1]];
     assert_eq!(s.ty, Some(TensorDesc::new(DType::I64, vec![2])));
-    assert!(
-        g.ty(g.nodes[0].outputs[0]).is_none(),
-        "intermediates stay untyped"
-    );
+    assert!(g.ty(g.nodes[0].outputs[0]).is_none(), "intermediates stay untyped");
 
     type Shapes<'a> = &'a [(&'a str, &'a [usize])];
     let cases: &[(Shapes, &[&str])] = &[
@@ -595,18 +483,9 @@ fn symbolic_dims_need_input_shapes() {
                 "dim 1 is 3",
             ],
         ),
-        (
-            &[("x", &[1, 3, 48])],
-            &["x=1x3x48 has 3 dims, but input 'x' has 4"],
-        ),
-        (
-            &[("x", &[1, 3, 4, 4]), ("s", &[3])],
-            &["does not match input 's' of shape [2]"],
-        ),
-        (
-            &[("image", &[1])],
-            &["'image' is not a graph input; the inputs are: x, s"],
-        ),
+        (&[("x", &[1, 3, 48])], &["x=1x3x48 has 3 dims, but input 'x' has 4"]),
+        (&[("x", &[1, 3, 4, 4]), ("s", &[3])], &["does not match input 's' of shape [2]"]),
+        (&[("image", &[1])], &["'image' is not a graph input; the inputs are: x, s"]),
         (&[("x", &[1, 3, 4, 4]), ("x", &[1, 3, 4, 4])], &["twice"]),
     ];
     for (opts, expected) in cases {
@@ -668,10 +547,7 @@ fn attributes_are_converted() {
     let pair = tensor_attr("pair", pair);
     let big = tensor_attr(
         "big",
-        TensorProto {
-            int64_data: vec![i64::MAX],
-            ..tp("", DataType::INT64, &[])
-        },
+        TensorProto { int64_data: vec![i64::MAX], ..tp("", DataType::INT64, &[]) },
     );
     n.attribute = vec![a, f, s, is, fs, ss, t, half, flag, pair, big];
     let mut graph = relu_graph();
@@ -691,27 +567,18 @@ fn attributes_are_converted() {
     assert_eq!(attrs.get("flag"), Some(&AttrValue::Int(1)));
     assert_eq!(attrs.int("flag.dtype").unwrap(), DataType::BOOL as i64);
     assert_eq!(attrs.ints("pair").unwrap(), &[3, -4]);
-    assert_eq!(
-        attrs.get("big"),
-        Some(&AttrValue::Int(i64::MAX)),
-        "integers stay exact"
-    );
+    assert_eq!(attrs.get("big"), Some(&AttrValue::Int(i64::MAX)), "integers stay exact");
 
     let mut graph = relu_graph();
     graph.node[0].attribute = vec![attr("body", AttributeType::GRAPH)];
     let msg = import_err(&model(13, graph), &ImportOptions::default());
-    assert!(
-        msg.contains("node 'relu' (Relu)") && msg.contains("'body'"),
-        "{msg}"
-    );
+    assert!(msg.contains("node 'relu' (Relu)") && msg.contains("'body'"), "{msg}");
 }
 
 #[test]
 fn unsupported_ops_are_all_listed() {
     let mut graph = relu_graph();
-    graph
-        .node
-        .push(node("NonMaxSuppression", "nms", &["y"], &["z"]));
+    graph.node.push(node("NonMaxSuppression", "nms", &["y"], &["z"]));
     graph.node.push(node("TopK", "", &["y"], &["t", "ti"]));
     let mut custom = node("Gelu", "g", &["y"], &["u"]);
     custom.domain = "com.microsoft".into();
@@ -720,9 +587,7 @@ fn unsupported_ops_are_all_listed() {
     onnx_domain.domain = "ai.onnx".into();
     graph.node.push(onnx_domain);
     let e = import_in(&model(13, graph), None, &ImportOptions::default()).unwrap_err();
-    let ImportError::Unsupported { ops, nodes, .. } = &e else {
-        panic!("{e}")
-    };
+    let ImportError::Unsupported { ops, nodes, .. } = &e else { panic!("{e}") };
     assert_eq!(ops, &["NonMaxSuppression", "TopK", "Gelu"]);
     assert_eq!(
         nodes,
@@ -783,50 +648,34 @@ fn structural_errors() {
             ],
             "cycle through node '",
         ),
-        (
-            vec![node("Add", "self", &["x", "y"], &["y"])],
-            "cycle through node 'self' (Add)",
-        ),
+        (vec![node("Add", "self", &["x", "y"], &["y"])], "cycle through node 'self' (Add)"),
         (
             vec![node("Add", "add", &["x", "w"], &["y"])],
             "node 'add' (Add) reads 'w', which no node, initializer or graph input defines",
         ),
         (
-            vec![
-                node("Relu", "one", &["x"], &["y"]),
-                node("Relu", "two", &["x"], &["y"]),
-            ],
+            vec![node("Relu", "one", &["x"], &["y"]), node("Relu", "two", &["x"], &["y"])],
             "value 'y' is defined twice; the second definition is node 'two' (Relu)",
         ),
         (
-            vec![
-                node("Relu", "shadow", &["x"], &["x"]),
-                node("Relu", "", &["x"], &["y"]),
-            ],
+            vec![node("Relu", "shadow", &["x"], &["x"]), node("Relu", "", &["x"], &["y"])],
             "value 'x' is defined twice",
         ),
-        (
-            vec![node("Relu", "r", &["x"], &["z"])],
-            "graph output 'y' is not produced",
-        ),
+        (vec![node("Relu", "r", &["x"], &["z"])], "graph output 'y' is not produced"),
     ];
     for (nodes, expected) in cases {
         let mut graph = relu_graph();
         graph.node = nodes;
         let msg = import_err(&model(13, graph), &ImportOptions::default());
-        assert!(
-            msg.contains(expected),
-            "{msg}\n  should contain: {expected}"
-        );
+        assert!(msg.contains(expected), "{msg}\n  should contain: {expected}");
     }
 }
 
 #[test]
 fn opsets_are_checked() {
-    for (version, expected) in [
-        (6, "opset 6 of the default ONNX domain is older"),
-        (29, "opset 29"),
-    ] {
+    for (version, expected) in
+        [(6, "opset 6 of the default ONNX domain is older"), (29, "opset 29")]
+    {
         let msg = import_err(&model(version, relu_graph()), &ImportOptions::default());
         assert!(msg.contains(expected), "{msg}");
     }
@@ -845,22 +694,14 @@ fn opsets_are_checked() {
 fn malformed_bytes_are_errors() {
     let bytes = model(13, relu_graph()).write_to_bytes().unwrap();
     for cut in [1, bytes.len() / 2, bytes.len() - 1] {
-        let e = import(
-            "cut.onnx",
-            &bytes[..cut],
-            None,
-            &ImportOptions::default(),
-            &test_support,
-        )
-        .unwrap_err();
+        let e = import("cut.onnx", &bytes[..cut], None, &ImportOptions::default(), &test_support)
+            .unwrap_err();
         assert!(e.to_string().starts_with("cut.onnx: "), "{e}");
     }
     let e = import_bytes(&[0xFF; 16], None, &ImportOptions::default()).unwrap_err();
     assert!(matches!(e, ImportError::Parse { .. }), "{e}");
     // Zero bytes parse as an empty ModelProto: no graph.
-    let msg = import_bytes(&[], None, &ImportOptions::default())
-        .unwrap_err()
-        .to_string();
+    let msg = import_bytes(&[], None, &ImportOptions::default()).unwrap_err().to_string();
     assert!(msg.contains("holds no graph"), "{msg}");
     let e = import_file(Path::new("/nonexistent/m.onnx"), &ImportOptions::default()).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/m.onnx"), "{e}");
@@ -881,16 +722,8 @@ fn large_chain_imports_fast_and_in_order() {
     graph.node = (0..n)
         .rev()
         .map(|i| {
-            let input = if i == 0 {
-                "x".to_string()
-            } else {
-                format!("v{i}")
-            };
-            let output = if i == n - 1 {
-                "y".to_string()
-            } else {
-                format!("v{}", i + 1)
-            };
+            let input = if i == 0 { "x".to_string() } else { format!("v{i}") };
+            let output = if i == n - 1 { "y".to_string() } else { format!("v{}", i + 1) };
             node("Relu", &format!("n{i}"), &[&input], &[&output])
         })
         .collect();

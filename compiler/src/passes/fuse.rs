@@ -35,12 +35,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
 
 /// Ops that take post-ops, with their own inputs when post-ops read extra ones (all of
 /// them: the bias or C is then always present).
-const HOSTS: &[(&str, usize)] = &[
-    ("Conv", 3),
-    ("ConvTranspose", 3),
-    ("Gemm", 3),
-    ("MatMul", 2),
-];
+const HOSTS: &[(&str, usize)] = &[("Conv", 3), ("ConvTranspose", 3), ("Gemm", 3), ("MatMul", 2)];
 
 /// The parameters an activation passes to `post_params`, from its canonical attributes, in the
 /// order `ops/src/cpu/post.rs` reads them.
@@ -115,10 +110,7 @@ impl Patterns<'_> {
             return None;
         };
         let add = self.only_use(sum, "Add")?;
-        let x = Self::pairs(add)?
-            .into_iter()
-            .find(|&(_, k)| scalar(self.g, k) == Some(3.0))?
-            .0;
+        let x = Self::pairs(add)?.into_iter().find(|&(_, k)| scalar(self.g, k) == Some(3.0))?.0;
         (bounds == (0.0, 6.0)).then_some(x)
     }
 
@@ -130,9 +122,7 @@ impl Patterns<'_> {
             let x = n.inputs.first().copied().flatten()?;
             return (near(alpha.into(), 1.0 / 6.0) && beta == 0.5).then_some(x);
         }
-        let n = self
-            .only_use(h, "Div")
-            .or_else(|| self.only_use(h, "Mul"))?;
+        let n = self.only_use(h, "Div").or_else(|| self.only_use(h, "Mul"))?;
         self.relu6_of_plus_3(self.sixth(n)?)
     }
 
@@ -143,17 +133,11 @@ impl Patterns<'_> {
         let product = self.sixth(n).and_then(|m| self.only_use(m, "Mul"));
         let x = product
             .and_then(Self::pairs)
-            .and_then(|pairs| {
-                pairs
-                    .into_iter()
-                    .find(|&(x, r)| self.relu6_of_plus_3(r) == Some(x))
-            })
+            .and_then(|pairs| pairs.into_iter().find(|&(x, r)| self.relu6_of_plus_3(r) == Some(x)))
             // x * HardSigmoid(x)
             .or_else(|| {
                 (n.op == "Mul").then_some(())?;
-                Self::pairs(n)?
-                    .into_iter()
-                    .find(|&(x, h)| self.hard_sigmoid_of(h) == Some(x))
+                Self::pairs(n)?.into_iter().find(|&(x, h)| self.hard_sigmoid_of(h) == Some(x))
             })?
             .0;
         let float = self.g.ty(x).is_some_and(|t| t.dtype.is_float());
@@ -165,11 +149,7 @@ impl Patterns<'_> {
 fn hard_swish(g: &mut Graph) {
     let found: Vec<(usize, ValueId)> = {
         let g: &Graph = g;
-        let p = Patterns {
-            g,
-            uses: g.use_counts(),
-            producers: g.producers(),
-        };
+        let p = Patterns { g, uses: g.use_counts(), producers: g.producers() };
         (g.nodes.iter().enumerate())
             .filter_map(|(i, n)| Some((i, p.hard_swish_input(n)?)))
             .collect()
@@ -209,9 +189,7 @@ impl<'g> Fuser<'g> {
             let _ = self.fold_affine(i).or_else(|| self.fuse_post_op(i));
         }
         let mut dead = self.dead.iter();
-        self.g
-            .nodes
-            .retain(|_| !dead.next().copied().unwrap_or(false));
+        self.g.nodes.retain(|_| !dead.next().copied().unwrap_or(false));
     }
 
     /// The producer of `y` if it may absorb y's one reader: an op taking post-ops, with an f32
@@ -284,10 +262,8 @@ impl<'g> Fuser<'g> {
         let (y, name, params, operand) = match (node.op.as_str(), &node.inputs[..]) {
             (op, &[Some(y)]) => {
                 let (_, attrs) = ACTIVATION_ATTRS.iter().find(|(a, _)| *a == op)?;
-                let params: Option<Vec<f64>> = attrs
-                    .iter()
-                    .map(|a| node.attrs.float(a).ok().map(f64::from))
-                    .collect();
+                let params: Option<Vec<f64>> =
+                    attrs.iter().map(|a| node.attrs.float(a).ok().map(f64::from)).collect();
                 (y, op.to_string(), params?, None)
             }
             (op @ ("Add" | "Sub" | "Mul"), &[Some(a), Some(b)]) => {
@@ -321,18 +297,14 @@ impl<'g> Fuser<'g> {
         self.absorb(p, c, |g, n| {
             if let Some((bias_name, m)) = zero_bias {
                 let zeros = Tensor::zeros(TensorDesc::new(DType::F32, vec![m]));
-                n.inputs
-                    .push(Some(g.add_constant(bias_name, Const::owned(zeros))));
+                n.inputs.push(Some(g.add_constant(bias_name, Const::owned(zeros))));
             }
             n.inputs.extend(operand.map(Some));
             let ops = match n.attrs.text("post_ops") {
                 Ok("") | Err(_) => name,
                 Ok(ops) => format!("{ops},{name}"),
             };
-            let mut all = n
-                .attrs
-                .floats("post_params")
-                .map_or(Vec::new(), <[f64]>::to_vec);
+            let mut all = n.attrs.floats("post_params").map_or(Vec::new(), <[f64]>::to_vec);
             all.extend(params);
             n.attrs.set("post_ops", AttrValue::Text(ops));
             n.attrs.set("post_params", AttrValue::Floats(all));
@@ -367,17 +339,8 @@ fn affine(g: &Graph, n: &Node, y: ValueId) -> Option<(Vec<f64>, Vec<f64>)> {
             let eps = f64::from(n.attrs.float("epsilon").ok()?);
             let [scale, bias, mean, var] = [scale, bias, mean, var].map(|v| vector(g, v, m));
             let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
-            let s: Vec<f64> = scale
-                .iter()
-                .zip(&var)
-                .map(|(k, v)| k / (v + eps).sqrt())
-                .collect();
-            let t = bias
-                .iter()
-                .zip(&mean)
-                .zip(&s)
-                .map(|((b, mu), s)| b - mu * s)
-                .collect();
+            let s: Vec<f64> = scale.iter().zip(&var).map(|(k, v)| k / (v + eps).sqrt()).collect();
+            let t = bias.iter().zip(&mean).zip(&s).map(|((b, mu), s)| b - mu * s).collect();
             Some((s, t))
         }
         ("Mul", &[a, b]) if a != b => Some((channel(other)?, zeros)),
@@ -404,10 +367,7 @@ fn per_channel(g: &Graph, k: ValueId, out: &[usize]) -> Option<Vec<f64>> {
     let shape = &c.desc().shape;
     let lead = out.len().checked_sub(shape.len())?;
     let m = *out.get(1)?;
-    let fits = shape
-        .iter()
-        .enumerate()
-        .all(|(d, &e)| e == 1 || (d + lead == 1 && e == m));
+    let fits = shape.iter().enumerate().all(|(d, &e)| e == 1 || (d + lead == 1 && e == m));
     let values = c.to_f64s()?;
     match values[..] {
         _ if !fits || c.desc().dtype != DType::F32 => None,
@@ -438,12 +398,7 @@ fn weights(g: &Graph, n: &Node, y: ValueId) -> Option<(Arc<Tensor>, Vec<f64>, La
     let (layout, bias) = match n.op.as_str() {
         "Conv" => {
             let inner = dims.iter().skip(1).product();
-            let layout = Layout {
-                outer: 1,
-                per_group: 1,
-                channels: m,
-                inner,
-            };
+            let layout = Layout { outer: 1, per_group: 1, channels: m, inner };
             (layout, ins.get(2).map(|&b| vector(g, b, m)))
         }
         "ConvTranspose" => {
@@ -451,36 +406,18 @@ fn weights(g: &Graph, n: &Node, y: ValueId) -> Option<(Arc<Tensor>, Vec<f64>, La
             let c = *dims.first()?;
             let (per_group, channels) = (c.checked_div(group)?, m.checked_div(group)?);
             let inner = dims.iter().skip(2).product();
-            let layout = Layout {
-                outer: c,
-                per_group,
-                channels,
-                inner,
-            };
+            let layout = Layout { outer: c, per_group, channels, inner };
             (layout, ins.get(2).map(|&b| vector(g, b, m)))
         }
         "Gemm" => {
             let (k, trans_b) = (*dims.first()?, n.attrs.int("transB").ok()? != 0);
             let layout = match trans_b {
-                false => Layout {
-                    outer: k,
-                    per_group: k,
-                    channels: m,
-                    inner: 1,
-                },
-                true => Layout {
-                    outer: 1,
-                    per_group: 1,
-                    channels: m,
-                    inner: *dims.get(1)?,
-                },
+                false => Layout { outer: k, per_group: k, channels: m, inner: 1 },
+                true => Layout { outer: 1, per_group: 1, channels: m, inner: *dims.get(1)? },
             };
             let beta = f64::from(n.attrs.float("beta").ok()?);
             let c = ins.get(2).map(|&c| per_channel(g, c, out));
-            (
-                layout,
-                c.map(|c| Some(c?.iter().map(|v| v * beta).collect())),
-            )
+            (layout, c.map(|c| Some(c?.iter().map(|v| v * beta).collect())))
         }
         _ => return None,
     };
@@ -503,12 +440,7 @@ fn folded_weights(
     s: &[f64],
     t: &[f64],
 ) -> Option<(Tensor, Tensor)> {
-    let Layout {
-        per_group,
-        channels,
-        inner,
-        ..
-    } = layout;
+    let Layout { per_group, channels, inner, .. } = layout;
     let mut folded = Tensor::zeros(w.desc().clone());
     let mut view = folded.view_mut();
     let (src, dst) = (w.as_slice::<f32>().ok()?, view.as_slice_mut::<f32>().ok()?);
@@ -520,9 +452,7 @@ fn folded_weights(
             *out = (f64::from(*v) * k) as f32;
         }
     }
-    let bias: Vec<f32> = (b.iter().zip(s).zip(t))
-        .map(|((b, s), t)| (b * s + t) as f32)
-        .collect();
+    let bias: Vec<f32> = (b.iter().zip(s).zip(t)).map(|((b, s), t)| (b * s + t) as f32).collect();
     Some((folded, Tensor::from_vec(vec![bias.len()], &bias).ok()?))
 }
 

@@ -14,10 +14,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut folded = vec![false; g.nodes.len()];
     for (i, done) in folded.iter_mut().enumerate() {
         let node = &mut g.nodes[i];
-        let at = |e: OpError, node: &Node| PassError::Node {
-            node: node.label(),
-            message: e.0,
-        };
+        let at = |e: OpError, node: &Node| PassError::Node { node: node.label(), message: e.0 };
         let def = ingot_ops::lookup(&node.op)
             .ok_or_else(|| at(OpError(format!("op {} is not supported", node.op)), node))?;
         let values = &g.values;
@@ -26,21 +23,14 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 && values[*v].ty.is_none()
             {
                 return Err(at(
-                    OpError(format!(
-                        "the type of input {k} '{}' is unknown",
-                        values[*v].name
-                    )),
+                    OpError(format!("the type of input {k} '{}' is unknown", values[*v].name)),
                     node,
                 ));
             }
         }
         let cx = LowerCx {
             opset: g.opset,
-            inputs: node
-                .inputs
-                .iter()
-                .map(|v| v.and_then(|v| values[v].ty.as_ref()))
-                .collect(),
+            inputs: node.inputs.iter().map(|v| v.and_then(|v| values[v].ty.as_ref())).collect(),
             consts: node
                 .inputs
                 .iter()
@@ -85,17 +75,14 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             ));
         }
         let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
-            Some(vec![
-                shape_constant(node, in_types[0]).map_err(|e| at(e, node))?,
-            ])
+            Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
         } else if inputs.iter().all(|&v| values[v].constant.is_some()) {
             // `Tensor::zeros` aborts the process when the allocator refuses (and a kernel may
             // build tables as long as its output's dims), so the outputs are tried first.
-            if let Some(t) = out_types.iter().find(|t| {
-                Vec::<u64>::new()
-                    .try_reserve_exact(t.bytes().div_ceil(8))
-                    .is_err()
-            }) {
+            if let Some(t) = out_types
+                .iter()
+                .find(|t| Vec::<u64>::new().try_reserve_exact(t.bytes().div_ceil(8)).is_err())
+            {
                 return Err(at(
                     OpError(format!(
                         "constant folding needs {} bytes for an output, more than can be \

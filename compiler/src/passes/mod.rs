@@ -20,12 +20,8 @@ pub enum PassError {
 pub type Pass = fn(&mut Graph) -> Result<(), PassError>;
 
 /// The passes in order, with the names errors and timings use.
-pub const PIPELINE: &[(&str, Pass)] = &[
-    ("lower", lower::run),
-    ("dce", dce::run),
-    ("fuse", fuse::run),
-    ("outputs", outputs::run),
-];
+pub const PIPELINE: &[(&str, Pass)] =
+    &[("lower", lower::run), ("dce", dce::run), ("fuse", fuse::run), ("outputs", outputs::run)];
 
 /// Runs every pass of [`PIPELINE`] on `g`.
 pub fn run_all(g: &mut Graph) -> Result<(), PassError> {

@@ -40,10 +40,7 @@ pub struct Aliases {
 
 impl Aliases {
     pub fn root(&self, v: ValueId) -> Alias {
-        self.of[v].unwrap_or(Alias {
-            root: v,
-            byte_offset: 0,
-        })
+        self.of[v].unwrap_or(Alias { root: v, byte_offset: 0 })
     }
 }
 
@@ -67,17 +64,12 @@ fn outer(g: &Graph, v: ValueId, axis: usize) -> Option<usize> {
 fn contiguous_slice(g: &Graph, node: &Node, input: ValueId, output: ValueId) -> Option<u64> {
     let in_shape = &g.values[input].ty.as_ref()?.shape;
     let out_shape = &g.values[output].ty.as_ref()?.shape;
-    let (starts, steps) = (
-        node.attrs.ints("starts").ok()?,
-        node.attrs.ints("steps").ok()?,
-    );
+    let (starts, steps) = (node.attrs.ints("starts").ok()?, node.attrs.ints("steps").ok()?);
     let elem = g.values[input].ty.as_ref()?.dtype.size() as u64;
     // The run is contiguous if, after the last axis that is cut, every axis is whole, and
     // before it every axis has one index; a step only matters where more than one index is
     // taken.
-    let last_cut = (0..in_shape.len())
-        .rev()
-        .find(|&d| out_shape[d] != in_shape[d]);
+    let last_cut = (0..in_shape.len()).rev().find(|&d| out_shape[d] != in_shape[d]);
     let mut offset = 0u64;
     let mut stride = elem;
     for d in (0..in_shape.len()).rev() {
@@ -197,10 +189,7 @@ pub fn analyse(
 /// range (outer-axis Slice), or consecutive ranges (outer-axis Split).
 fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(ValueId, Alias)>> {
     let r = a.root(input);
-    let at = |offset: u64| Alias {
-        root: r.root,
-        byte_offset: r.byte_offset + offset,
-    };
+    let at = |offset: u64| Alias { root: r.root, byte_offset: r.byte_offset + offset };
     match (node.op.as_str(), node.outputs.as_slice()) {
         (op, &[output]) if ingot_ops::is_view(op) => Some(vec![(output, r)]),
         ("Slice", &[output]) => {
@@ -240,11 +229,7 @@ fn concat_in_place(
     let [output] = node.outputs[..] else {
         return false;
     };
-    let axis = node
-        .attrs
-        .int("axis")
-        .ok()
-        .and_then(|x| usize::try_from(x).ok());
+    let axis = node.attrs.int("axis").ok().and_then(|x| usize::try_from(x).ok());
     if axis.and_then(|axis| outer(g, output, axis)) != Some(1) {
         return false;
     }
@@ -270,16 +255,10 @@ fn concat_in_place(
             if let Some(al) = a.of[v]
                 && al.root == x
             {
-                a.of[v] = Some(Alias {
-                    root: output,
-                    byte_offset: offset + al.byte_offset,
-                });
+                a.of[v] = Some(Alias { root: output, byte_offset: offset + al.byte_offset });
             }
         }
-        a.of[x] = Some(Alias {
-            root: output,
-            byte_offset: offset,
-        });
+        a.of[x] = Some(Alias { root: output, byte_offset: offset });
         root_last[output] = root_last[output].max(root_last[x]);
         offset += bytes(g, x);
     }

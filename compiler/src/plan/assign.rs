@@ -42,12 +42,8 @@ pub struct GreedyByLifetime;
 pub struct GreedyByBreadth;
 
 /// Every strategy, in the order ties are broken.
-pub const STRATEGIES: &[&dyn Strategy] = &[
-    &GreedyBySize,
-    &GreedyByBreadth,
-    &GreedyByFirstUse,
-    &GreedyByLifetime,
-];
+pub const STRATEGIES: &[&dyn Strategy] =
+    &[&GreedyBySize, &GreedyByBreadth, &GreedyByFirstUse, &GreedyByLifetime];
 
 impl Strategy for GreedyBySize {
     fn name(&self) -> &'static str {
@@ -64,9 +60,7 @@ impl Strategy for GreedyByFirstUse {
         "greedy-by-first-use"
     }
     fn assign(&self, items: &[Interval]) -> Vec<u64> {
-        best_fit(items, |i| {
-            (std::cmp::Reverse(0), i.first, u64::MAX - i.bytes)
-        })
+        best_fit(items, |i| (std::cmp::Reverse(0), i.first, u64::MAX - i.bytes))
     }
 }
 
@@ -76,11 +70,7 @@ impl Strategy for GreedyByLifetime {
     }
     fn assign(&self, items: &[Interval]) -> Vec<u64> {
         best_fit(items, |i| {
-            (
-                std::cmp::Reverse((i.last - i.first) as u64),
-                i.first,
-                u64::MAX - i.bytes,
-            )
+            (std::cmp::Reverse((i.last - i.first) as u64), i.first, u64::MAX - i.bytes)
         })
     }
 }
@@ -176,12 +166,7 @@ mod tests {
     }
 
     fn peak(items: &[Interval], offsets: &[u64]) -> u64 {
-        items
-            .iter()
-            .zip(offsets)
-            .map(|(i, o)| o + i.bytes)
-            .max()
-            .unwrap_or(0)
+        items.iter().zip(offsets).map(|(i, o)| o + i.bytes).max().unwrap_or(0)
     }
 
     #[test]
@@ -212,9 +197,7 @@ mod tests {
         // A pseudo-random table (fixed LCG), checked pairwise.
         let mut seed = 12345u64;
         let mut next = |m: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (seed >> 33) % m
         };
         let items: Vec<Interval> = (0..200)
@@ -230,11 +213,7 @@ mod tests {
                     let (x, y) = (&items[a], &items[b]);
                     let apart =
                         offsets[a] + x.bytes <= offsets[b] || offsets[b] + y.bytes <= offsets[a];
-                    assert!(
-                        !x.overlaps_in_time(y) || apart,
-                        "{}: {a} and {b} overlap",
-                        s.name()
-                    );
+                    assert!(!x.overlaps_in_time(y) || apart, "{}: {a} and {b} overlap", s.name());
                 }
             }
             assert!(peak(&items, &offsets) >= super::super::liveness::lower_bound(&items));

@@ -69,11 +69,7 @@ pub struct Target<'a> {
 impl Target<'_> {
     /// What the CPU backend supports.
     pub fn cpu() -> Target<'static> {
-        Target {
-            can_run_in_place: &ingot_ops::can_run_in_place,
-            views: true,
-            reorder: true,
-        }
+        Target { can_run_in_place: &ingot_ops::can_run_in_place, views: true, reorder: true }
     }
 }
 
@@ -133,10 +129,7 @@ impl Plan {
 
     /// The nodes of submodel `s` that run, in order.
     pub fn submodel_steps(&self, s: usize) -> impl Iterator<Item = usize> + '_ {
-        self.order[self.submodels[s].positions.clone()]
-            .iter()
-            .copied()
-            .filter(|&n| !self.elided[n])
+        self.order[self.submodels[s].positions.clone()].iter().copied().filter(|&n| !self.elided[n])
     }
 }
 
@@ -214,10 +207,7 @@ fn plan_in(
             }
             naive_bytes += g.values[v].ty.as_ref().map_or(0, |t| t.bytes() as u64);
             storage[v] = Some(match aliases.of[v] {
-                Some(a) => Storage::View {
-                    of: a.root,
-                    byte_offset: a.byte_offset,
-                },
+                Some(a) => Storage::View { of: a.root, byte_offset: a.byte_offset },
                 None => {
                     roots.push(v);
                     Storage::Arena { offset: 0 }
@@ -249,17 +239,11 @@ fn plan_in(
     let mut at = 0;
     for (s, kind) in parts.kinds.iter().enumerate() {
         let end = at + order[at..].iter().take_while(|&&n| part[n] == s).count();
-        let own: Vec<&Lifetime> = lifetimes
-            .iter()
-            .filter(|l| !crosses(l.value) && writer[l.value] == s)
-            .collect();
+        let own: Vec<&Lifetime> =
+            lifetimes.iter().filter(|l| !crosses(l.value) && writer[l.value] == s).collect();
         let intervals: Vec<Interval> = own
             .iter()
-            .map(|l| Interval {
-                bytes: aligned(l.bytes),
-                first: l.first,
-                last: l.last,
-            })
+            .map(|l| Interval { bytes: aligned(l.bytes), first: l.first, last: l.last })
             .collect();
         let (arena_bytes, strategy, offsets) = best_layout(&intervals);
         for (l, &offset) in own.iter().zip(&offsets) {
@@ -297,10 +281,7 @@ fn plan_in(
 
     // What crosses each submodel's edge, and the weights it reads.
     for (s, sub) in submodels.iter_mut().enumerate() {
-        for &ni in order[sub.positions.clone()]
-            .iter()
-            .filter(|&&n| !aliases.elided[n])
-        {
+        for &ni in order[sub.positions.clone()].iter().filter(|&&n| !aliases.elided[n]) {
             let node = &g.nodes[ni];
             for v in node.present_inputs() {
                 let r = aliases.root(v).root;
@@ -316,10 +297,8 @@ fn plan_in(
             }
             for &v in &node.outputs {
                 let r = aliases.root(v).root;
-                let outlives = matches!(
-                    storage[r],
-                    Some(Storage::Output(_) | Storage::Boundary { .. })
-                );
+                let outlives =
+                    matches!(storage[r], Some(Storage::Output(_) | Storage::Boundary { .. }));
                 if outlives && !sub.outputs.contains(&r) {
                     sub.outputs.push(r);
                 }
@@ -327,11 +306,7 @@ fn plan_in(
         }
     }
     // A submodel of views alone runs nothing: its nodes join no arena and cross nothing.
-    submodels.retain(|s| {
-        order[s.positions.clone()]
-            .iter()
-            .any(|&n| !aliases.elided[n])
-    });
+    submodels.retain(|s| order[s.positions.clone()].iter().any(|&n| !aliases.elided[n]));
 
     let largest = submodels.iter().max_by_key(|s| s.arena_bytes);
     Plan {
@@ -358,12 +333,7 @@ fn best_layout(intervals: &[Interval]) -> (u64, &'static str, Vec<u64>) {
     let mut best: Option<(u64, &'static str, Vec<u64>)> = None;
     for s in STRATEGIES {
         let offsets = s.assign(intervals);
-        let bytes = offsets
-            .iter()
-            .zip(intervals)
-            .map(|(o, i)| o + i.bytes)
-            .max()
-            .unwrap_or(0);
+        let bytes = offsets.iter().zip(intervals).map(|(o, i)| o + i.bytes).max().unwrap_or(0);
         if best.as_ref().is_none_or(|(b, _, _)| bytes < *b) {
             best = Some((bytes, s.name(), offsets));
         }

@@ -24,9 +24,7 @@ struct Row<'a> {
 }
 
 fn dtype_of(code: i32) -> Option<DType> {
-    proto::DataType::try_from(code)
-        .ok()
-        .and_then(DType::from_proto)
+    proto::DataType::try_from(code).ok().and_then(DType::from_proto)
 }
 
 fn rows(v: &proto::Variant) -> Vec<Row<'_>> {
@@ -92,37 +90,24 @@ pub fn shape_text(shape: &[u64]) -> String {
     if shape.is_empty() {
         "scalar".into()
     } else {
-        shape
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join("x")
+        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
     }
 }
 
 fn ratio(arena: u64, bound: u64) -> f64 {
-    if bound == 0 {
-        1.0
-    } else {
-        arena as f64 / bound as f64
-    }
+    if bound == 0 { 1.0 } else { arena as f64 / bound as f64 }
 }
 
 fn names<'a>(v: &'a proto::Variant, ts: &[u32]) -> Vec<&'a str> {
-    ts.iter()
-        .map(|&t| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str()))
-        .collect()
+    ts.iter().map(|&t| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str())).collect()
 }
 
 /// A step's op with its fused post-ops: `Conv+Add+Relu`.
 fn op_text(step: &proto::Step) -> String {
-    let post = step
-        .attributes
-        .iter()
-        .find_map(|a| match (&a.name[..], &a.value) {
-            ("post_ops", Some(proto::attribute::Value::Text(t))) if !t.is_empty() => Some(t),
-            _ => None,
-        });
+    let post = step.attributes.iter().find_map(|a| match (&a.name[..], &a.value) {
+        ("post_ops", Some(proto::attribute::Value::Text(t))) if !t.is_empty() => Some(t),
+        _ => None,
+    });
     match post {
         Some(ops) => format!("{}+{}", step.op, ops.replace(',', "+")),
         None => step.op.clone(),
@@ -142,12 +127,8 @@ fn allocation_kind(a: &proto::Allocation) -> &'static str {
 /// What can run a submodel: Vulkan and the CPU, or only the CPU and why.
 fn submodel_devices<'a>(v: &'a proto::Variant, sub: &proto::Submodel) -> (&'static str, &'a str) {
     let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
-    let why = v
-        .steps
-        .get(steps)
-        .unwrap_or_default()
-        .iter()
-        .find(|s| !s.no_vulkan_kernel.is_empty());
+    let why =
+        v.steps.get(steps).unwrap_or_default().iter().find(|s| !s.no_vulkan_kernel.is_empty());
     match why {
         Some(step) => ("cpu", &step.no_vulkan_kernel),
         None => ("vulkan, cpu", ""),
@@ -166,11 +147,8 @@ pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
             sub.first_step, sub.arena_bytes, sub.strategy, sub.first_allocation,
         );
         if !why.is_empty() {
-            let step = v
-                .steps
-                .iter()
-                .find(|s| s.no_vulkan_kernel == why)
-                .map_or("?", |s| s.name.as_str());
+            let step =
+                v.steps.iter().find(|s| s.no_vulkan_kernel == why).map_or("?", |s| s.name.as_str());
             let _ = writeln!(out, "      no Vulkan kernel for '{step}': {why}");
         }
         let _ = writeln!(out, "      in:  {}", names(v, &sub.inputs).join(", "));
@@ -182,11 +160,7 @@ pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
 pub fn text(v: &proto::Variant) -> String {
     let rows = rows(v);
     let p = v.plan.clone().unwrap_or_default();
-    let weights: u64 = rows
-        .iter()
-        .filter(|r| r.storage == "weight")
-        .map(|r| r.bytes)
-        .sum();
+    let weights: u64 = rows.iter().filter(|r| r.storage == "weight").map(|r| r.bytes).sum();
     let views = rows.iter().filter(|r| r.storage == "view").count();
     let mut out = String::new();
     let _ = writeln!(
@@ -214,20 +188,11 @@ pub fn text(v: &proto::Variant) -> String {
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in v.steps.iter().enumerate() {
         let (ins, outs) = (names(v, &step.inputs), names(v, &step.outputs));
-        let _ = writeln!(
-            out,
-            "  {i:>5} {} ({}) -> {}",
-            op_text(step),
-            ins.join(", "),
-            outs.join(", ")
-        );
+        let _ =
+            writeln!(out, "  {i:>5} {} ({}) -> {}", op_text(step), ins.join(", "), outs.join(", "));
     }
     let _ = writeln!(out, "\ntensors:");
-    let _ = writeln!(
-        out,
-        "  {:<24} {:>11} {:>12}  storage",
-        "name", "steps", "bytes"
-    );
+    let _ = writeln!(out, "  {:<24} {:>11} {:>12}  storage", "name", "steps", "bytes");
     for r in &rows {
         let span = match (r.first, r.last) {
             (Some(f), Some(l)) => format!("{f}..{l}"),
@@ -273,11 +238,7 @@ pub fn text(v: &proto::Variant) -> String {
 pub fn json(v: &proto::Variant) -> serde_json::Value {
     let rows = rows(v);
     let p = v.plan.clone().unwrap_or_default();
-    let weights: u64 = rows
-        .iter()
-        .filter(|r| r.storage == "weight")
-        .map(|r| r.bytes)
-        .sum();
+    let weights: u64 = rows.iter().filter(|r| r.storage == "weight").map(|r| r.bytes).sum();
     let steps: Vec<_> = v
         .steps
         .iter()
@@ -460,8 +421,5 @@ pub fn svg(v: &proto::Variant) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

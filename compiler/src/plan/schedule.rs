@@ -44,12 +44,8 @@ pub fn memory_aware(g: &Graph) -> Vec<usize> {
             if ingot_ops::is_view(&node.op) {
                 return 0;
             }
-            let allocated: i64 = node
-                .outputs
-                .iter()
-                .filter(|&&o| counted[o])
-                .map(|&o| bytes(o))
-                .sum();
+            let allocated: i64 =
+                node.outputs.iter().filter(|&&o| counted[o]).map(|&o| bytes(o)).sum();
             let mut freed = 0;
             let mut seen = BTreeSet::new();
             for v in node.present_inputs() {
@@ -89,11 +85,7 @@ pub fn depth_first(g: &Graph) -> Vec<usize> {
     let mut order = Vec::with_capacity(g.nodes.len());
     // Roots: the producers of the graph outputs, then any node nothing depends on (in model
     // order), so that every node is scheduled.
-    let roots = g
-        .outputs
-        .iter()
-        .filter_map(|&o| producers[o])
-        .chain(0..g.nodes.len());
+    let roots = g.outputs.iter().filter_map(|&o| producers[o]).chain(0..g.nodes.len());
     // Iterative post-order: (node, next input index to visit). A node on the stack is not
     // pushed twice: in an acyclic graph that never happens; it keeps a cycle from looping.
     let mut stack: Vec<(usize, usize)> = Vec::new();

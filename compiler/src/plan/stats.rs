@@ -67,19 +67,9 @@ impl Stats {
 }
 
 pub fn stats(g: &Graph, target: Target) -> Stats {
-    let plain = Target {
-        can_run_in_place: &|_, _, _| false,
-        views: false,
-        reorder: false,
-    };
-    let views = Target {
-        views: true,
-        ..plain
-    };
-    let in_place = Target {
-        reorder: false,
-        ..target
-    };
+    let plain = Target { can_run_in_place: &|_, _, _| false, views: false, reorder: false };
+    let views = Target { views: true, ..plain };
+    let in_place = Target { reorder: false, ..target };
     let start = Instant::now();
     let full = plan(g, target);
     let planning = start.elapsed();

@@ -26,18 +26,11 @@ fn in_place_elementwise(op: &str, _: &ingot_schema::Attrs, _: usize) -> bool {
 }
 
 fn target() -> Target<'static> {
-    Target {
-        can_run_in_place: &in_place_elementwise,
-        views: true,
-        reorder: true,
-    }
+    Target { can_run_in_place: &in_place_elementwise, views: true, reorder: true }
 }
 
 fn no_in_place() -> Target<'static> {
-    Target {
-        can_run_in_place: &|_, _, _| false,
-        ..target()
-    }
+    Target { can_run_in_place: &|_, _, _| false, ..target() }
 }
 
 fn arena(p: &Plan, v: usize) -> u64 {
@@ -49,10 +42,7 @@ fn arena(p: &Plan, v: usize) -> u64 {
 
 /// x -> Conv -> a -> Relu -> b -> Conv -> c -> Add(b, c) -> d -> Conv -> y
 fn residual() -> (Graph, [usize; 6]) {
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[1, 8, 4, 4]));
     let a = g.add_value("a", f32s(&[1, 8, 4, 4]));
     let b = g.add_value("b", f32s(&[1, 8, 4, 4]));
@@ -79,13 +69,7 @@ fn residual_add_and_relu_run_in_place() {
     let p = plan(&g, target());
     verify(&g, &p).unwrap();
     // Relu overwrites a (dead after it); the Add overwrites b or c, whichever is last read there.
-    assert_eq!(
-        p.storage[b],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 0
-        })
-    );
+    assert_eq!(p.storage[b], Some(Storage::View { of: a, byte_offset: 0 }));
     assert_eq!(p.in_place[1], Some(0));
     assert!(p.in_place[3].is_some());
     assert!(matches!(p.storage[d], Some(Storage::View { .. })));
@@ -100,10 +84,7 @@ fn a_conv_with_a_leading_add_post_op_writes_over_its_residual() {
     // s dies at the fused conv, which writes d over it; with "Relu,Add" the sum comes last
     // and s must stay intact until then, so d gets its own bytes.
     for (post_ops, over_residual) in [("Add", true), ("Add,Relu", true), ("Relu,Add", false)] {
-        let mut g = Graph {
-            opset: 17,
-            ..Default::default()
-        };
+        let mut g = Graph { opset: 17, ..Default::default() };
         let t = |g: &mut Graph, name: &str| g.add_value(name, f32s(&[1, 8, 4, 4]));
         let (x, s, a, b, d, y) = (
             t(&mut g, "x"),
@@ -131,19 +112,10 @@ fn a_conv_with_a_leading_add_post_op_writes_over_its_residual() {
         g.outputs = vec![y];
         let p = plan(&g, Target::cpu());
         verify(&g, &p).unwrap();
-        assert_eq!(
-            p.in_place[1], None,
-            "a conv without a sum never runs in place"
-        );
+        assert_eq!(p.in_place[1], None, "a conv without a sum never runs in place");
         if over_residual {
             assert_eq!(p.in_place[3], Some(3), "{post_ops}");
-            assert_eq!(
-                p.storage[d],
-                Some(Storage::View {
-                    of: s,
-                    byte_offset: 0
-                })
-            );
+            assert_eq!(p.storage[d], Some(Storage::View { of: s, byte_offset: 0 }));
         } else {
             assert_eq!(p.in_place[3], None, "{post_ops}");
             assert!(matches!(p.storage[d], Some(Storage::Arena { .. })));
@@ -166,10 +138,7 @@ fn without_in_place_every_activation_is_a_root() {
 #[test]
 fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
     // x -> Relu -> a -> Reshape -> r -> Flatten -> f -> Conv -> y ; a is also read by nobody else.
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[2, 8]));
     let a = g.add_value("a", f32s(&[2, 8]));
     let r = g.add_value("r", f32s(&[4, 4]));
@@ -185,20 +154,8 @@ fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
     g.outputs = vec![y];
     let p = plan_order(&g, schedule::model_order(&g), "model-order", no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(
-        p.storage[r],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 0
-        })
-    );
-    assert_eq!(
-        p.storage[f],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 0
-        })
-    );
+    assert_eq!(p.storage[r], Some(Storage::View { of: a, byte_offset: 0 }));
+    assert_eq!(p.storage[f], Some(Storage::View { of: a, byte_offset: 0 }));
     assert!(p.elided[1] && p.elided[2]);
     assert_eq!(p.steps().collect::<Vec<_>>(), vec![0, 3, 4]);
     let la = p.lifetimes.iter().find(|l| l.value == a).unwrap();
@@ -208,10 +165,7 @@ fn view_chains_resolve_to_one_root_that_lives_to_the_last_reader() {
 
 #[test]
 fn a_graph_output_is_never_a_view() {
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[2, 8]));
     let a = g.add_value("a", f32s(&[2, 8]));
     let y = g.add_value("y", f32s(&[16]));
@@ -230,10 +184,7 @@ fn memory_aware_order_lowers_the_bound_of_a_branchy_graph() {
     // Two branches from x: a big one (x -> A1 (4 KiB) -> A2 (16 B)) and a long thin one
     // (x -> B1 -> B2 -> B3, 16 B each); the model lists A1 first, so A1 stays alive while the
     // B chain runs unless the order runs A2 right after A1.
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[4]));
     let a1 = g.add_value("a1", f32s(&[1024]));
     let b1 = g.add_value("b1", f32s(&[4]));
@@ -281,22 +232,12 @@ fn verifier_rejects_overlap_misalignment_and_clobbering() {
 
     // c written over b while b is still to be read by the Add: the verifier sees b clobbered.
     let mut clobber = good.clone();
-    clobber.storage[c] = Some(Storage::View {
-        of: b,
-        byte_offset: 0,
-    });
+    clobber.storage[c] = Some(Storage::View { of: b, byte_offset: 0 });
     assert!(verify(&g, &clobber).unwrap_err().contains("do not hold"));
 
     let mut view_out_of_bounds = good.clone();
-    view_out_of_bounds.storage[c] = Some(Storage::View {
-        of: b,
-        byte_offset: 16,
-    });
-    assert!(
-        verify(&g, &view_out_of_bounds)
-            .unwrap_err()
-            .contains("exceeds")
-    );
+    view_out_of_bounds.storage[c] = Some(Storage::View { of: b, byte_offset: 16 });
+    assert!(verify(&g, &view_out_of_bounds).unwrap_err().contains("exceeds"));
 }
 
 fn node_with(
@@ -320,10 +261,7 @@ fn ints(v: &[i64]) -> ingot_schema::AttrValue {
 fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
     // x [4, 8] -> Exp -> a -> Slice rows 1..3 -> s (view of a at 1 row = 32 bytes)
     //                      -> Slice cols 0..4 -> t (a copy: rows are not contiguous)
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[4, 8]));
     let a = g.add_value("a", f32s(&[4, 8]));
     let s = g.add_value("s", f32s(&[2, 8]));
@@ -345,13 +283,7 @@ fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
     g.outputs = vec![y, z];
     let p = plan(&g, no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(
-        p.storage[s],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 32
-        })
-    );
+    assert_eq!(p.storage[s], Some(Storage::View { of: a, byte_offset: 32 }));
     assert!(matches!(p.storage[t], Some(Storage::Arena { .. })));
     assert_eq!(p.steps().count(), 4);
 }
@@ -360,10 +292,7 @@ fn outer_axis_slice_is_a_view_with_an_offset_and_inner_slices_are_not() {
 fn split_on_the_outer_axis_is_views_and_concat_is_written_in_place() {
     // x [4, 2] -> Split(axis 0, 1/1/2) -> p q r; each -> Exp -> Concat(axis 0) four ways
     // with a fourth Exp of x: the Exps write straight into the concat's output.
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[4, 2]));
     let a = g.add_value("a", f32s(&[4, 2]));
     let pieces: Vec<usize> = [1, 1, 2]
@@ -404,35 +333,11 @@ fn split_on_the_outer_axis_is_views_and_concat_is_written_in_place() {
     g.outputs = vec![y];
     let p = plan(&g, no_in_place());
     verify(&g, &p).unwrap();
-    assert_eq!(
-        p.storage[pieces[0]],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 0
-        })
-    );
-    assert_eq!(
-        p.storage[pieces[1]],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 8
-        })
-    );
-    assert_eq!(
-        p.storage[pieces[2]],
-        Some(Storage::View {
-            of: a,
-            byte_offset: 16
-        })
-    );
+    assert_eq!(p.storage[pieces[0]], Some(Storage::View { of: a, byte_offset: 0 }));
+    assert_eq!(p.storage[pieces[1]], Some(Storage::View { of: a, byte_offset: 8 }));
+    assert_eq!(p.storage[pieces[2]], Some(Storage::View { of: a, byte_offset: 16 }));
     for (k, off) in [0u64, 8, 16, 32].into_iter().enumerate() {
-        assert_eq!(
-            p.storage[exps[k]],
-            Some(Storage::View {
-                of: c,
-                byte_offset: off
-            })
-        );
+        assert_eq!(p.storage[exps[k]], Some(Storage::View { of: c, byte_offset: off }));
     }
     let ops: Vec<&str> = p.steps().map(|n| g.nodes[n].op.as_str()).collect();
     assert_eq!(ops, ["Exp"; 6], "no Split or Concat step runs");
@@ -442,10 +347,7 @@ fn split_on_the_outer_axis_is_views_and_concat_is_written_in_place() {
 fn a_concat_piece_that_is_a_graph_output_keeps_the_concat_a_step() {
     // x -> Exp -> a, x -> Neg -> b (also a graph output), Concat(a, b) -> c -> Exp -> y: b
     // is written to the caller's buffer, so it cannot be a piece of c.
-    let mut g = Graph {
-        opset: 17,
-        ..Default::default()
-    };
+    let mut g = Graph { opset: 17, ..Default::default() };
     let x = g.add_value("x", f32s(&[2, 4]));
     let a = g.add_value("a", f32s(&[2, 4]));
     let b = g.add_value("b", f32s(&[2, 4]));
@@ -476,10 +378,7 @@ fn random_dags_plan_and_verify() {
         (seed % m as u64) as usize
     };
     for case in 0..300 {
-        let mut g = Graph {
-            opset: 17,
-            ..Default::default()
-        };
+        let mut g = Graph { opset: 17, ..Default::default() };
         let x = g.add_value("x", f32s(&[4, 4]));
         g.inputs = vec![x];
         let mut pool = vec![x];
@@ -544,11 +443,7 @@ fn tensors_crossing_submodels_live_in_the_boundary_buffer() {
     assert_eq!(p.submodels.len(), 5);
     // Every activation crosses a submodel edge; b is read by two later submodels.
     for v in [a, b, c, d] {
-        assert!(
-            matches!(p.storage[v], Some(Storage::Boundary { .. })),
-            "{v}: {:?}",
-            p.storage[v]
-        );
+        assert!(matches!(p.storage[v], Some(Storage::Boundary { .. })), "{v}: {:?}", p.storage[v]);
     }
     // The Relu cannot write over a (made by another submodel), nor the Add over c.
     assert_eq!(p.in_place, vec![None; 5]);
@@ -582,11 +477,7 @@ fn the_verifier_checks_submodel_storage() {
     let mut arena = good.clone();
     arena.storage[b] = Some(Storage::Arena { offset: 0 });
     arena.submodels[1].arena_bytes = 512;
-    assert!(
-        verify(&g, &arena)
-            .unwrap_err()
-            .contains("used by submodels 1 and 3")
-    );
+    assert!(verify(&g, &arena).unwrap_err().contains("used by submodels 1 and 3"));
 
     let mut small = good.clone();
     small.boundary_bytes = 512;
@@ -597,11 +488,7 @@ fn the_verifier_checks_submodel_storage() {
 fn one_submodel_plans_as_before() {
     let (g, _) = residual();
     let single = plan(&g, target());
-    let parted = plan_parts(
-        &g,
-        &Partition::new(&g, &[None, None, None, None, None]),
-        target(),
-    );
+    let parted = plan_parts(&g, &Partition::new(&g, &[None, None, None, None, None]), target());
     assert_eq!(single.storage, parted.storage);
     assert_eq!(single.arena_bytes, parted.arena_bytes);
     assert_eq!(parted.boundary_bytes, 0);

@@ -23,9 +23,7 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
     let mut scheduled = vec![false; g.nodes.len()];
     for &n in &plan.order {
         if n >= g.nodes.len() || std::mem::replace(&mut scheduled[n], true) {
-            return Err(format!(
-                "node {n} appears twice or does not exist in the order"
-            ));
+            return Err(format!("node {n} appears twice or does not exist in the order"));
         }
     }
 
@@ -114,14 +112,8 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
         }
         for &v in &node.outputs {
             let (root, start, end) = place(v)?;
-            if matches!(
-                plan.storage[root],
-                Some(Storage::Input(_) | Storage::Weight(_))
-            ) {
-                return Err(format!(
-                    "step {pos} {} writes into an input or weight",
-                    node.label()
-                ));
+            if matches!(plan.storage[root], Some(Storage::Input(_) | Storage::Weight(_))) {
+                return Err(format!("step {pos} {} writes into an input or weight", node.label()));
             }
             first[root] = first[root].min(pos);
             last[root] = last[root].max(pos);
@@ -236,12 +228,8 @@ fn elided_expectations(
     expect: &mut [Pieces],
 ) -> Result<(), String> {
     let node = &g.nodes[ni];
-    let bad = || {
-        Err(format!(
-            "{} runs no step, but its output is not its input's bytes",
-            node.label()
-        ))
-    };
+    let bad =
+        || Err(format!("{} runs no step, but its output is not its input's bytes", node.label()));
     let inputs: Vec<ValueId> = node.present_inputs().collect();
     // The part of `pieces` (absolute ranges) inside [s, e).
     let clip = |pieces: &Pieces, s: u64, e: u64| -> Pieces {

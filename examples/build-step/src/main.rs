@@ -16,10 +16,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [logits] = outputs.as_slice() else {
         return Err("the model has one output".into());
     };
-    println!(
-        "logits {:?}: {:?}",
-        logits.shape(),
-        logits.as_slice::<f32>()?
-    );
+    println!("logits {:?}: {:?}", logits.shape(), logits.as_slice::<f32>()?);
     Ok(())
 }

@@ -58,12 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             _ => Vec::new(),
         };
         let digest = fnv1a(t.bytes());
-        println!(
-            "{} {} {:?} {head:?} fnv1a {digest:016x}",
-            info.name,
-            t.dtype(),
-            t.shape()
-        );
+        println!("{} {} {:?} {head:?} fnv1a {digest:016x}", info.name, t.dtype(), t.shape());
     }
     Ok(())
 }
@@ -71,7 +66,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// A digest of an output's bytes: two builds or devices that print the same one computed the
 /// same bits (tools/test.sh compares the CPU-only build with the default one this way).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }

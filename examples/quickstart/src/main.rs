@@ -21,17 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|s| {
             let (name, dims) = s.split_once('=').ok_or("shapes look like NAME=1x3x32x32")?;
-            let dims = dims
-                .split('x')
-                .map(str::parse)
-                .collect::<Result<Vec<usize>, _>>()?;
+            let dims = dims.split('x').map(str::parse).collect::<Result<Vec<usize>, _>>()?;
             Ok((name.to_string(), dims))
         })
         .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
-    let options = CompileOptions {
-        input_shapes,
-        ..CompileOptions::default()
-    };
+    let options = CompileOptions { input_shapes, ..CompileOptions::default() };
 
     // The plan: where every tensor lives, decided before anything runs.
     let plan = plan_text(&model, &options)?;
@@ -45,10 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("== bundle: {} bytes", bytes.len());
 
     // Run it on Vulkan where a submodel can, else the CPU.
-    let mut session = Session::new(
-        Arc::new(Bundle::from_bytes(&bytes)?),
-        SessionOptions::default(),
-    )?;
+    let mut session =
+        Session::new(Arc::new(Bundle::from_bytes(&bytes)?), SessionOptions::default())?;
     print!("{}", session.placement());
     let inputs = session
         .inputs()

@@ -101,21 +101,13 @@ impl Window {
         }
         let positive = |v: &[i64], what: &str| -> Result<Vec<usize>, KernelError> {
             v.iter()
-                .map(|&x| {
-                    usize::try_from(x)
-                        .ok()
-                        .filter(|&x| x > 0 && x <= ATTR_LIMIT)
-                })
+                .map(|&x| usize::try_from(x).ok().filter(|&x| x > 0 && x <= ATTR_LIMIT))
                 .collect::<Option<_>>()
                 .ok_or_else(|| invalid!("{}: {what} {v:?} must be in 1..=2^30", cx.op))
         };
         let signed = pads
             .iter()
-            .map(|&p| {
-                isize::try_from(p)
-                    .ok()
-                    .filter(|p| p.unsigned_abs() <= ATTR_LIMIT)
-            })
+            .map(|&p| isize::try_from(p).ok().filter(|p| p.unsigned_abs() <= ATTR_LIMIT))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| invalid!("{}: pads {pads:?} are out of range", cx.op))?;
         if kernel.contains(&0) {
@@ -213,35 +205,20 @@ fn lift<T: Copy>(v: &[T], fill: T) -> [T; DIMS] {
 
 /// The indices `i < count` with `0 <= i * stride + offset < limit`.
 pub(crate) fn span(count: usize, limit: usize, stride: usize, offset: isize) -> Range<usize> {
-    let lo = if offset >= 0 {
-        0
-    } else {
-        offset.unsigned_abs().div_ceil(stride)
-    };
+    let lo = if offset >= 0 { 0 } else { offset.unsigned_abs().div_ceil(stride) };
     let top = limit as isize - 1 - offset;
-    let hi = if top < 0 {
-        0
-    } else {
-        (top as usize / stride + 1).min(count)
-    };
+    let hi = if top < 0 { 0 } else { (top as usize / stride + 1).min(count) };
     lo.min(hi)..hi
 }
 
 /// Position `i * stride + offset` along one dimension, if it lies in `0..limit`.
 fn at(i: usize, stride: usize, offset: isize, limit: usize) -> Option<usize> {
-    usize::try_from((i * stride) as isize + offset)
-        .ok()
-        .filter(|&p| p < limit)
+    usize::try_from((i * stride) as isize + offset).ok().filter(|&p| p < limit)
 }
 
 /// Checks that every desc is float32.
 fn all_f32(cx: &OpCx) -> Result<(), KernelError> {
-    match cx
-        .inputs
-        .iter()
-        .chain(cx.outputs)
-        .find(|d| d.dtype != DType::F32)
-    {
+    match cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != DType::F32) {
         Some(d) => Err(cx.dtype_error(d.dtype)),
         None => Ok(()),
     }
@@ -264,11 +241,7 @@ impl Channels {
     /// inputs of its own (2, or 3 with the bias).
     fn new(cx: &OpCx, transposed: bool, own: usize) -> Result<Self, KernelError> {
         all_f32(cx)?;
-        let (x, w, y) = (
-            &cx.inputs[0].shape,
-            &cx.inputs[1].shape,
-            &cx.outputs[0].shape,
-        );
+        let (x, w, y) = (&cx.inputs[0].shape, &cx.inputs[1].shape, &cx.outputs[0].shape);
         let rank = x.len();
         if rank < 3 || w.len() != rank || y.len() != rank {
             return Err(invalid!(
@@ -303,18 +276,9 @@ impl Channels {
             ));
         }
         if cx.attrs.ints("kernel_shape")? != w[2..].iter().map(|&k| k as i64).collect::<Vec<_>>() {
-            return Err(invalid!(
-                "{}: kernel_shape does not match weights {w:?}",
-                cx.op
-            ));
+            return Err(invalid!("{}: kernel_shape does not match weights {w:?}", cx.op));
         }
-        Ok(Self {
-            batch: x[0],
-            groups,
-            cin,
-            cout,
-            bias,
-        })
+        Ok(Self { batch: x[0], groups, cin, cout, bias })
     }
 
     /// Starts the output: each plane at its channel's bias (or zero), added to the residual
@@ -442,9 +406,8 @@ impl Post<'_> {
             return a.and(b);
         }
         for (r, mut row) in block.rows_mut().into_iter().enumerate() {
-            let run = row
-                .as_slice_mut()
-                .ok_or_else(|| invalid!("a post-op row is not contiguous"))?;
+            let run =
+                row.as_slice_mut().ok_or_else(|| invalid!("a post-op row is not contiguous"))?;
             self.ops.apply(run, first + r * row_stride, &self.extras)?;
         }
         Ok(())
@@ -517,10 +480,7 @@ impl Conv {
                 let at = win.tap(t);
                 padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
             });
-            ConvPath::Depthwise {
-                padded,
-                taps: taps.collect(),
-            }
+            ConvPath::Depthwise { padded, taps: taps.collect() }
         } else {
             let row = ch.cin * win.taps() * win.output[DIMS - 1];
             let taps = (0..win.taps()).map(|t| {
@@ -528,19 +488,9 @@ impl Conv {
                 let inside = span(win.output[2], win.input[2], win.strides[2], offsets[2]);
                 Tap { offsets, inside }
             });
-            ConvPath::Im2col {
-                rows: (SCRATCH_FLOATS / row.max(1)).max(1),
-                taps: taps.collect(),
-            }
+            ConvPath::Im2col { rows: (SCRATCH_FLOATS / row.max(1)).max(1), taps: taps.collect() }
         };
-        Ok(Self {
-            lens: [x.elements(), w.elements(), y.elements()],
-            ch,
-            win,
-            path,
-            post,
-            own,
-        })
+        Ok(Self { lens: [x.elements(), w.elements(), y.elements()], ch, win, path, post, own })
     }
 }
 
@@ -645,9 +595,7 @@ impl Conv {
                 im2col_panel(&self.win, taps, self.ch.cin, xg, columns, panel);
             }
         };
-        (panels.par_chunks_mut(per_task * panel_len.max(1)))
-            .enumerate()
-            .for_each(task);
+        (panels.par_chunks_mut(per_task * panel_len.max(1))).enumerate().for_each(task);
     }
 }
 
@@ -848,10 +796,8 @@ impl Padded {
                 let body = &row[lead..];
                 let (even, odd) = dst.split_at_mut(sub);
                 let at = (x + lead) / 2;
-                for ((e, o), pair) in even[at..]
-                    .iter_mut()
-                    .zip(&mut odd[at..])
-                    .zip(body.chunks_exact(2))
+                for ((e, o), pair) in
+                    even[at..].iter_mut().zip(&mut odd[at..]).zip(body.chunks_exact(2))
                 {
                     (*e, *o) = (pair[0], pair[1]);
                 }
@@ -913,9 +859,7 @@ impl Kernel for Conv {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<(), KernelError> {
-        in_place(&self.post, self.own, aliased, |a| {
-            self.compute(inputs, outputs, a)
-        })
+        in_place(&self.post, self.own, aliased, |a| self.compute(inputs, outputs, a))
     }
 }
 
@@ -936,9 +880,7 @@ impl Conv {
         };
         let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
-        let Channels {
-            groups, cin, cout, ..
-        } = self.ch;
+        let Channels { groups, cin, cout, .. } = self.ch;
         let (in_plane, out_plane, taps) = self.win.sizes();
         // Every path adds the bias as it writes its sums, over the residual if any: only the
         // residual is written first.
@@ -955,39 +897,32 @@ impl Conv {
             let start = Start { beta, bias };
             return self.depthwise_planes((x, w, start), y, &post, planes);
         }
-        let start = |g: usize| Start {
-            beta,
-            bias: bias.map(|b| &b[g * cout..][..cout]),
-        };
+        let start = |g: usize| Start { beta, bias: bias.map(|b| &b[g * cout..][..cout]) };
         let wg_len = cout * cin * taps;
         let ow = self.win.output[DIMS - 1].max(1);
         // One block of the output per (image, group), in parallel; pointwise and im2col
         // blocks split again into chunks of columns.
         let block = cout * out_plane;
-        y.par_chunks_mut(block)
-            .enumerate()
-            .try_for_each(|(ng, yg)| {
-                let g = ng % groups;
-                let xg = &x[ng * cin * in_plane..][..cin * in_plane];
-                let wg = &w[g * wg_len..][..wg_len];
-                let base = ng * block;
-                let yv = ArrayViewMut2::from_shape((cout, out_plane), yg)
-                    .map_err(|e| invalid!("conv output block: {e}"))?;
-                match self.path {
-                    ConvPath::Pointwise => {
-                        let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
-                        column_blocks(yv, (cols, COLUMN_UNIT), &|c, mut yc| {
-                            let b = (&xg[c.start..], Layout::new(cin, c.len(), in_plane, 1));
-                            let w = (wg, Layout::row_major(cout, cin));
-                            gemm_into(1.0, w, b, start(g), yc.view_mut())?;
-                            post.apply_rows(yc, base + c.start, out_plane)
-                        })
-                    }
-                    ConvPath::Depthwise { .. } => Err(invalid!("depthwise convs run by plane")),
-                    ConvPath::Im2col {
-                        rows,
-                        taps: ref tap_list,
-                    } => column_blocks(yv, (rows * ow, ow), &|c, mut yc| {
+        y.par_chunks_mut(block).enumerate().try_for_each(|(ng, yg)| {
+            let g = ng % groups;
+            let xg = &x[ng * cin * in_plane..][..cin * in_plane];
+            let wg = &w[g * wg_len..][..wg_len];
+            let base = ng * block;
+            let yv = ArrayViewMut2::from_shape((cout, out_plane), yg)
+                .map_err(|e| invalid!("conv output block: {e}"))?;
+            match self.path {
+                ConvPath::Pointwise => {
+                    let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
+                    column_blocks(yv, (cols, COLUMN_UNIT), &|c, mut yc| {
+                        let b = (&xg[c.start..], Layout::new(cin, c.len(), in_plane, 1));
+                        let w = (wg, Layout::row_major(cout, cin));
+                        gemm_into(1.0, w, b, start(g), yc.view_mut())?;
+                        post.apply_rows(yc, base + c.start, out_plane)
+                    })
+                }
+                ConvPath::Depthwise { .. } => Err(invalid!("depthwise convs run by plane")),
+                ConvPath::Im2col { rows, taps: ref tap_list } => {
+                    column_blocks(yv, (rows * ow, ow), &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
                         let k = cin * taps;
                         with_scratch(Panels::<f32>::len(k, c.len()), |col| {
@@ -997,9 +932,10 @@ impl Conv {
                             gemm_panels(1.0, w, b, start(g), yc.view_mut())
                         })?;
                         post.apply_rows(yc, base + c.start, out_plane)
-                    }),
+                    })
                 }
-            })
+            }
+        })
     }
 }
 
@@ -1017,9 +953,7 @@ impl Conv {
         post: &Post,
         planes: DepthwisePlanes,
     ) -> Result<(), KernelError> {
-        let Channels {
-            groups, cin, cout, ..
-        } = self.ch;
+        let Channels { groups, cin, cout, .. } = self.ch;
         let padded = planes.padded;
         let (in_plane, out_plane, taps) = self.win.sizes();
         let block = (cout * out_plane).max(1);
@@ -1048,9 +982,7 @@ impl Conv {
                 })
             })
         };
-        y.par_chunks_mut(per_task * block)
-            .enumerate()
-            .try_for_each(task)
+        y.par_chunks_mut(per_task * block).enumerate().try_for_each(task)
     }
 }
 
@@ -1125,11 +1057,7 @@ impl ConvTranspose {
                 };
                 let yrow = &mut yp[(z * oh + yy) * ow..][..ow];
                 let start = (valid.start * sw).wrapping_add_signed(off);
-                for (d, s) in yrow[start..]
-                    .iter_mut()
-                    .step_by(sw)
-                    .zip(&seg[valid.clone()])
-                {
+                for (d, s) in yrow[start..].iter_mut().step_by(sw).zip(&seg[valid.clone()]) {
                     *d += *s;
                 }
             }
@@ -1148,9 +1076,7 @@ impl Kernel for ConvTranspose {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<(), KernelError> {
-        in_place(&self.post, self.own, aliased, |a| {
-            self.compute(inputs, outputs, a)
-        })
+        in_place(&self.post, self.own, aliased, |a| self.compute(inputs, outputs, a))
     }
 }
 
@@ -1171,13 +1097,7 @@ impl ConvTranspose {
         };
         let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
-        let Channels {
-            batch,
-            groups,
-            cin,
-            cout,
-            ..
-        } = self.ch;
+        let Channels { batch, groups, cin, cout, .. } = self.ch;
         let (in_plane, out_plane, taps) = self.win.sizes();
         self.ch.init_output(y, bias, out_plane, &post)?;
         if y.is_empty() {
@@ -1236,9 +1156,7 @@ pub(crate) mod tests {
     /// ```
     pub(crate) fn ramp(shape: &[usize], seed: usize) -> Tensor {
         let n = shape.iter().product::<usize>();
-        let v: Vec<f32> = (0..n)
-            .map(|i| ((i * 37 + seed) % 13) as f32 * 0.25 - 1.5)
-            .collect();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 37 + seed) % 13) as f32 * 0.25 - 1.5).collect();
         Tensor::from_vec(shape.to_vec(), &v).unwrap()
     }
 
@@ -1269,21 +1187,15 @@ pub(crate) mod tests {
         let got = out[0].as_slice::<f32>().unwrap();
         assert_eq!(got.len(), expected.len());
         for (i, (g, e)) in got.iter().zip(expected).enumerate() {
-            assert!(
-                (g - e).abs() <= 1e-5,
-                "{op} element {i}: got {g}, expected {e}"
-            );
+            assert!((g - e).abs() <= 1e-5, "{op} element {i}: got {g}, expected {e}");
         }
     }
 
     #[test]
     fn conv_2d_with_padding_by_hand() {
         // The ONNX operator docs' example: 0..25 as 5x5, a 3x3 kernel of ones, pads 1.
-        let x = Tensor::from_vec(
-            vec![1, 1, 5, 5],
-            &(0..25).map(|v| v as f32).collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let x = Tensor::from_vec(vec![1, 1, 5, 5], &(0..25).map(|v| v as f32).collect::<Vec<_>>())
+            .unwrap();
         let w = Tensor::from_vec(vec![1, 1, 3, 3], &[1.0f32; 9]).unwrap();
         let expected = [
             12., 21., 27., 33., 24., 33., 54., 63., 72., 51., 63., 99., 108., 117., 81., 93., 144.,
@@ -1305,11 +1217,7 @@ pub(crate) mod tests {
             0.5625, 1.375, 0.5, -2.8125, 2.8125, 0.25, 0.4375, -1.5, 1.4375, 1.125, 0.0625, 0.75,
             5.0, 1.9375, -1.125, -1.5625,
         ];
-        let (x, w, b) = (
-            ramp(&[1, 4, 5, 6], 1),
-            ramp(&[6, 2, 3, 2], 2),
-            ramp(&[6], 3),
-        );
+        let (x, w, b) = (ramp(&[1, 4, 5, 6], 1), ramp(&[6, 2, 3, 2], 2), ramp(&[6], 3));
         let a = attrs(&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 2);
         check("Conv", &a, &[&x, &w, &b], &[1, 6, 2, 5], &expected);
     }
@@ -1322,11 +1230,7 @@ pub(crate) mod tests {
             -0.875, -0.75, 1.875, 0.875, 2.0625, -2.4375, -1.8125, -1.0625, 2.125, 1.25, -0.6875,
             -2.125, -3.5, 2.875, -1.375, -2.25, 2.875, -1.1875,
         ];
-        let (x, w, b) = (
-            ramp(&[1, 2, 5, 5], 4),
-            ramp(&[2, 1, 3, 3], 5),
-            ramp(&[2], 6),
-        );
+        let (x, w, b) = (ramp(&[1, 2, 5, 5], 4), ramp(&[2, 1, 3, 3], 5), ramp(&[2], 6));
         let a = attrs(&[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 2);
         check("Conv", &a, &[&x, &w, &b], &[1, 2, 3, 3], &expected);
     }
@@ -1406,10 +1310,7 @@ pub(crate) mod tests {
             let desc = [TensorDesc::new(DType::F32, vec![1, 2, out(7), out(width)])];
             let direct = eval("Conv", &a, &[&x, &w], &desc).unwrap();
             let gemm = eval("Conv", &a, &[&x2, &w2], &desc).unwrap();
-            assert_eq!(
-                direct, gemm,
-                "kernel {k}, stride {s}, dilation {d}, width {width}"
-            );
+            assert_eq!(direct, gemm, "kernel {k}, stride {s}, dilation {d}, width {width}");
         }
     }
 
@@ -1420,11 +1321,7 @@ pub(crate) mod tests {
             2.5, 1.75, 1.0, 0.25, -0.5, 2.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, -0.875, 3.25, 2.5,
             1.75, 1.0, 0.25, 1.125, 1.375, 0.0, 0.25, 0.5, 0.75,
         ];
-        let (x, w, b) = (
-            ramp(&[2, 4, 2, 3], 9),
-            ramp(&[2, 2, 1, 1], 10),
-            ramp(&[2], 11),
-        );
+        let (x, w, b) = (ramp(&[2, 4, 2, 3], 9), ramp(&[2, 2, 1, 1], 10), ramp(&[2], 11));
         let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 2);
         check("Conv", &a, &[&x, &w, &b], &[2, 2, 2, 3], &expected);
     }
@@ -1432,9 +1329,8 @@ pub(crate) mod tests {
     #[test]
     fn conv_1d_dilated_strided() {
         // run("Conv", [ramp((1,2,9),12), ramp((3,2,3),13)], dilations=[2], strides=[2], pads=[1,2])
-        let expected = [
-            2.25, -2.75, -0.875, 3.3125, 2.125, -2.875, -0.875, 3.625, -1.25, -3.0, 2.375, -0.125,
-        ];
+        let expected =
+            [2.25, -2.75, -0.875, 3.3125, 2.125, -2.875, -0.875, 3.625, -1.25, -3.0, 2.375, -0.125];
         let (x, w) = (ramp(&[1, 2, 9], 12), ramp(&[3, 2, 3], 13));
         let a = attrs(&[3], &[2], &[2], &[1, 2], 1);
         check("Conv", &a, &[&x, &w], &[1, 3, 4], &expected);
@@ -1471,10 +1367,7 @@ pub(crate) mod tests {
         let per_channel = eval("Conv", &adw, &[&x, &wdw], &dw_desc).unwrap();
         let pc = per_channel[0].as_slice::<f32>().unwrap();
         let summed: Vec<f32> = (0..h * w).map(|i| pc[i] + pc[h * w + i]).collect();
-        assert!(
-            SCRATCH_FLOATS < c * 9 * h * w,
-            "the test must span several chunks"
-        );
+        assert!(SCRATCH_FLOATS < c * 9 * h * w, "the test must span several chunks");
         assert_eq!(full[0].as_slice::<f32>().unwrap(), &summed[..]);
     }
 
@@ -1493,11 +1386,7 @@ pub(crate) mod tests {
             -0.75, -2.4375, -1.125, -0.75, -1.125, 2.375, -0.75, 1.25, 1.0, -0.75, 0.375, -0.75,
             -0.75, -0.75, -0.75, -0.75, -0.75, -0.75, -0.75, -0.75,
         ];
-        let (x, w, b) = (
-            ramp(&[1, 4, 2, 3], 16),
-            ramp(&[4, 1, 3, 2], 17),
-            ramp(&[2], 18),
-        );
+        let (x, w, b) = (ramp(&[1, 4, 2, 3], 16), ramp(&[4, 1, 3, 2], 17), ramp(&[2], 18));
         let a = attrs(&[3, 2], &[2, 3], &[1, 2], &[1, 0, -1, 0], 2);
         check("ConvTranspose", &a, &[&x, &w, &b], &[1, 2, 5, 9], &expected);
     }
@@ -1506,9 +1395,7 @@ pub(crate) mod tests {
     fn conv_transpose_1d_cropped() {
         // run("ConvTranspose", [ramp((1,1,3),19), ramp((1,2,3),20)], strides=[2], output_shape=[6])
         // total padding 2*(3-1) + 3 - 6 = 1, split as pads [1, 0].
-        let expected = [
-            0.0, -0.125, 0.125, 0.125, 0.25, 0.75, 0.0, 0.625, -0.75, 0.75, -1.5, -1.0,
-        ];
+        let expected = [0.0, -0.125, 0.125, 0.125, 0.25, 0.75, 0.0, 0.625, -0.75, 0.75, -1.5, -1.0];
         let (x, w) = (ramp(&[1, 1, 3], 19), ramp(&[1, 2, 3], 20));
         let a = attrs(&[3], &[2], &[1], &[1, 0], 1);
         check("ConvTranspose", &a, &[&x, &w], &[1, 2, 6], &expected);
@@ -1520,36 +1407,18 @@ pub(crate) mod tests {
         // pads; the sizes make both im2col and col2im run in several chunks.
         let (h, w, h2, w2) = (201, 703, 101, 352);
         let a = attrs(&[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 1);
-        let (x, y, wt) = (
-            ramp(&[1, 2, h, w], 23),
-            ramp(&[1, 3, h2, w2], 24),
-            ramp(&[3, 2, 3, 3], 25),
-        );
-        let conv = eval(
-            "Conv",
-            &a,
-            &[&x, &wt],
-            &[TensorDesc::new(DType::F32, vec![1, 3, h2, w2])],
-        );
-        let convt = eval(
-            "ConvTranspose",
-            &a,
-            &[&y, &wt],
-            &[TensorDesc::new(DType::F32, vec![1, 2, h, w])],
-        );
+        let (x, y, wt) =
+            (ramp(&[1, 2, h, w], 23), ramp(&[1, 3, h2, w2], 24), ramp(&[3, 2, 3, 3], 25));
+        let conv = eval("Conv", &a, &[&x, &wt], &[TensorDesc::new(DType::F32, vec![1, 3, h2, w2])]);
+        let convt =
+            eval("ConvTranspose", &a, &[&y, &wt], &[TensorDesc::new(DType::F32, vec![1, 2, h, w])]);
         let dot = |p: &Tensor, q: &Tensor| -> f64 {
             let (p, q) = (p.as_slice::<f32>().unwrap(), q.as_slice::<f32>().unwrap());
             p.iter().zip(q).map(|(a, b)| *a as f64 * *b as f64).sum()
         };
         let (lhs, rhs) = (dot(&conv.unwrap()[0], &y), dot(&x, &convt.unwrap()[0]));
-        assert!(
-            SCRATCH_FLOATS < 3 * 9 * h2 * w2,
-            "col2im must span several chunks"
-        );
-        assert!(
-            (lhs - rhs).abs() <= 1e-6 * lhs.abs().max(1.0),
-            "{lhs} vs {rhs}"
-        );
+        assert!(SCRATCH_FLOATS < 3 * 9 * h2 * w2, "col2im must span several chunks");
+        assert!((lhs - rhs).abs() <= 1e-6 * lhs.abs().max(1.0), "{lhs} vs {rhs}");
     }
 
     #[test]
@@ -1576,21 +1445,12 @@ pub(crate) mod tests {
         let (x, w) = (ramp(&[1, 4, 5, 5], 0), ramp(&[2, 3, 3, 3], 0));
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
         let out = [TensorDesc::new(DType::F32, vec![1, 2, 3, 3])];
-        assert!(
-            eval("Conv", &a, &[&x, &w], &out).is_err(),
-            "channels differ"
-        );
+        assert!(eval("Conv", &a, &[&x, &w], &out).is_err(), "channels differ");
         let w = ramp(&[2, 4, 3, 3], 0);
         let bad_out = [TensorDesc::new(DType::F32, vec![1, 2, 4, 3])];
-        assert!(
-            eval("Conv", &a, &[&x, &w], &bad_out).is_err(),
-            "output extent"
-        );
+        assert!(eval("Conv", &a, &[&x, &w], &bad_out).is_err(), "output extent");
         let xi = Tensor::from_vec(vec![1, 4, 5, 5], &[0i32; 100]).unwrap();
-        assert!(matches!(
-            eval("Conv", &a, &[&xi, &w], &out),
-            Err(KernelError::DType { .. })
-        ));
+        assert!(matches!(eval("Conv", &a, &[&xi, &w], &out), Err(KernelError::DType { .. })));
         assert!(eval("Conv", &a, &[&x, &w], &out).is_ok());
         // Pads far out of range are an error, not an overflow.
         let far = attrs(&[3, 3], &[1, 1], &[1, 1], &[i64::MIN, 0, 0, 0], 1);
@@ -1623,9 +1483,7 @@ pub(crate) mod tests {
     /// operands. A leading Add is also run in place over R.
     fn check_post_ops(op: &str, a: &Attrs, inputs: &[&Tensor], out: &[usize], chains: &[&str]) {
         let desc = TensorDesc::new(DType::F32, out);
-        let plain = eval(op, a, inputs, std::slice::from_ref(&desc))
-            .unwrap()
-            .remove(0);
+        let plain = eval(op, a, inputs, std::slice::from_ref(&desc)).unwrap().remove(0);
         let zero_bias;
         let mut own = inputs.to_vec();
         if own.len() == 2 {
@@ -1642,9 +1500,8 @@ pub(crate) mod tests {
             let extras: Vec<&Tensor> = [&residual].into_iter().chain(&scalars).take(n).collect();
             let all: Vec<&Tensor> = own.iter().copied().chain(extras.iter().copied()).collect();
             let fused_attrs = with_post(a.clone(), ops, params);
-            let fused = eval(op, &fused_attrs, &all, std::slice::from_ref(&desc))
-                .unwrap()
-                .remove(0);
+            let fused =
+                eval(op, &fused_attrs, &all, std::slice::from_ref(&desc)).unwrap().remove(0);
             let want = unfused(plain.clone(), ops, params, &extras);
             assert_close(&fused, &want, 1e-6, &format!("{op} + {ops}"));
             if ops.starts_with("Add") {
@@ -1658,11 +1515,7 @@ pub(crate) mod tests {
         let all: Vec<&str> = CHAINS.iter().map(|(c, _)| *c).collect();
         // Pointwise, grouped, with a bias, batched.
         let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 2);
-        let (x, w, b) = (
-            ramp(&[2, 4, 3, 5], 1),
-            ramp(&[6, 2, 1, 1], 2),
-            ramp(&[6], 3),
-        );
+        let (x, w, b) = (ramp(&[2, 4, 3, 5], 1), ramp(&[6, 2, 1, 1], 2), ramp(&[6], 3));
         check_post_ops("Conv", &a, &[&x, &w, &b], &[2, 6, 3, 5], &all);
         // Depthwise with a channel multiplier, no bias.
         let a = attrs(&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2);
@@ -1670,19 +1523,11 @@ pub(crate) mod tests {
         check_post_ops("Conv", &a, &[&x, &w], &[1, 4, 3, 6], &all);
         // im2col, strided and dilated.
         let a = attrs(&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1);
-        let (x, w, b) = (
-            ramp(&[1, 4, 5, 6], 6),
-            ramp(&[3, 4, 3, 2], 7),
-            ramp(&[3], 8),
-        );
+        let (x, w, b) = (ramp(&[1, 4, 5, 6], 6), ramp(&[3, 4, 3, 2], 7), ramp(&[3], 8));
         check_post_ops("Conv", &a, &[&x, &w, &b], &[1, 3, 2, 5], &all);
         // ConvTranspose, grouped, strided, cropped.
         let a = attrs(&[3, 2], &[2, 3], &[1, 2], &[1, 0, -1, 0], 2);
-        let (x, w, b) = (
-            ramp(&[1, 4, 2, 3], 16),
-            ramp(&[4, 1, 3, 2], 17),
-            ramp(&[2], 18),
-        );
+        let (x, w, b) = (ramp(&[1, 4, 2, 3], 16), ramp(&[4, 1, 3, 2], 17), ramp(&[2], 18));
         check_post_ops("ConvTranspose", &a, &[&x, &w, &b], &[1, 2, 5, 9], &all);
     }
 
@@ -1700,11 +1545,7 @@ pub(crate) mod tests {
         check_post_ops("Conv", &a, &[&x, &w], &[1, 2, 70, 600], &chains);
         // Depthwise planes in several tasks, with a bias.
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 40);
-        let (x, w, b) = (
-            ramp(&[2, 40, 9, 9], 23),
-            ramp(&[40, 1, 3, 3], 24),
-            ramp(&[40], 25),
-        );
+        let (x, w, b) = (ramp(&[2, 40, 9, 9], 23), ramp(&[40, 1, 3, 3], 24), ramp(&[40], 25));
         const { assert!(DEPTHWISE_TASK_FLOATS < 2 * 40 * 81) };
         check_post_ops("Conv", &a, &[&x, &w, &b], &[2, 40, 9, 9], &chains);
     }
@@ -1715,11 +1556,7 @@ pub(crate) mod tests {
         // a dense one whose weights are zero off the diagonal runs im2col + GEMM.
         let (c, taps) = (40, 9);
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], c as i64);
-        let (x, w, b) = (
-            ramp(&[2, c, 9, 9], 23),
-            ramp(&[c, 1, 3, 3], 24),
-            ramp(&[c], 25),
-        );
+        let (x, w, b) = (ramp(&[2, c, 9, 9], 23), ramp(&[c, 1, 3, 3], 24), ramp(&[c], 25));
         let wv = w.as_slice::<f32>().unwrap();
         let mut dense = vec![0.0f32; c * c * taps];
         for m in 0..c {
@@ -1730,32 +1567,20 @@ pub(crate) mod tests {
         const { assert!(DEPTHWISE_TASK_FLOATS < 2 * 40 * 81) };
         let depthwise = eval("Conv", &a, &[&x, &w, &b], &desc).unwrap().remove(0);
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
-        let gemm = eval("Conv", &a, &[&x, &dense, &b], &desc)
-            .unwrap()
-            .remove(0);
+        let gemm = eval("Conv", &a, &[&x, &dense, &b], &desc).unwrap().remove(0);
         assert_close(&depthwise, &gemm, 1e-6, "depthwise against dense");
     }
 
     #[test]
     fn post_op_operands_are_checked() {
         let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
-        let (x, w, b) = (
-            ramp(&[1, 2, 3, 3], 1),
-            ramp(&[2, 2, 1, 1], 2),
-            ramp(&[2], 3),
-        );
+        let (x, w, b) = (ramp(&[1, 2, 3, 3], 1), ramp(&[2, 2, 1, 1], 2), ramp(&[2], 3));
         let out = [TensorDesc::new(DType::F32, vec![1, 2, 3, 3])];
         let add = with_post(a, "Add", &[]);
         let r = ramp(&[1, 2, 3, 3], 4);
         assert!(eval("Conv", &add, &[&x, &w, &b, &r], &out).is_ok());
-        assert!(
-            eval("Conv", &add, &[&x, &w, &r], &out).is_err(),
-            "the bias is required"
-        );
+        assert!(eval("Conv", &add, &[&x, &w, &r], &out).is_err(), "the bias is required");
         let short = ramp(&[1, 2, 3, 1], 4);
-        assert!(
-            eval("Conv", &add, &[&x, &w, &b, &short], &out).is_err(),
-            "no broadcast"
-        );
+        assert!(eval("Conv", &add, &[&x, &w, &b, &short], &out).is_err(), "no broadcast");
     }
 }

@@ -65,9 +65,7 @@ impl WindowAttrs {
         let ones = || vec![1; rank];
         let strides = a.ints_opt("strides")?.map_or_else(ones, <[i64]>::to_vec);
         let dilations = a.ints_opt("dilations")?.map_or_else(ones, <[i64]>::to_vec);
-        let pads = a
-            .ints_opt("pads")?
-            .map_or_else(|| vec![0; 2 * rank], <[i64]>::to_vec);
+        let pads = a.ints_opt("pads")?.map_or_else(|| vec![0; 2 * rank], <[i64]>::to_vec);
         let auto_pad = match a.text_or("auto_pad", "NOTSET")? {
             "" => "NOTSET",
             p @ ("NOTSET" | "VALID" | "SAME_UPPER" | "SAME_LOWER") => p,
@@ -92,13 +90,7 @@ impl WindowAttrs {
         if pads.iter().any(|&p| p < 0) {
             return Err(op_err!("pads {pads:?} must not be negative"));
         }
-        Ok(Self {
-            kernel,
-            strides,
-            dilations,
-            auto_pad,
-            pads,
-        })
+        Ok(Self { kernel, strides, dilations, auto_pad, pads })
     }
 
     /// `(kernel - 1) * dilation + 1` along spatial dim `d`.
@@ -149,11 +141,7 @@ fn extent(kernel: i64, dilation: i64) -> i128 {
 /// down as ONNX's reference does (Python `//`, also for negative totals).
 fn split(total: i128, upper: bool) -> OpResult<(i64, i64)> {
     let half = total.div_euclid(2);
-    let (begin, end) = if upper {
-        (half, total - half)
-    } else {
-        (total - half, half)
-    };
+    let (begin, end) = if upper { (half, total - half) } else { (total - half, half) };
     let pad = |p: i128| i64::try_from(p).map_err(|_| op_err!("a padding of {p} is too large"));
     Ok((pad(begin)?, pad(end)?))
 }
@@ -207,16 +195,8 @@ impl Window {
 
     /// Checks `kernel_shape` against the weights W [_, _, k..].
     fn matching(self, w: &[usize]) -> OpResult<Self> {
-        if self
-            .kernel
-            .iter()
-            .zip(&w[2..])
-            .any(|(&k, &wk)| k != wk as i64)
-        {
-            return Err(op_err!(
-                "kernel_shape {:?} differs from W {w:?}",
-                self.kernel
-            ));
+        if self.kernel.iter().zip(&w[2..]).any(|(&k, &wk)| k != wk as i64) {
+            return Err(op_err!("kernel_shape {:?} differs from W {w:?}", self.kernel));
         }
         Ok(self)
     }
@@ -266,11 +246,7 @@ fn conv_operands<'a>(
         return Err(op_err!("X and W are required"));
     };
     if x.shape.len() < 3 || w.shape.len() != x.shape.len() {
-        return Err(op_err!(
-            "X {:?} and W {:?} need the same rank, at least 3",
-            x.shape,
-            w.shape
-        ));
+        return Err(op_err!("X {:?} and W {:?} need the same rank, at least 3", x.shape, w.shape));
     }
     Ok((&x.shape, &w.shape))
 }
@@ -312,10 +288,7 @@ pub(super) fn check_post_operands(
         return Ok(());
     }
     if out.dtype != DType::F32 {
-        return Err(op_err!(
-            "post-ops run on f32 only, the output is {}",
-            out.dtype
-        ));
+        return Err(op_err!("post-ops run on f32 only, the output is {}", out.dtype));
     }
     match operands
         .iter()
@@ -359,13 +332,10 @@ fn lower_conv_transpose(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let rank = input.len();
     let win = WindowAttrs::read(node, rank, Some(&w[2..]))?;
     let a = &node.attrs;
-    let output_padding = a
-        .ints_opt("output_padding")?
-        .map_or_else(|| vec![0; rank], <[i64]>::to_vec);
+    let output_padding =
+        a.ints_opt("output_padding")?.map_or_else(|| vec![0; rank], <[i64]>::to_vec);
     if output_padding.len() != rank {
-        return Err(op_err!(
-            "output_padding {output_padding:?} should have {rank} values"
-        ));
+        return Err(op_err!("output_padding {output_padding:?} should have {rank} values"));
     }
     // Some exporters write output_shape with N and C in front: the spatial part is the tail.
     let output_shape = match a.ints_opt("output_shape")? {
@@ -510,18 +480,10 @@ pub(super) mod tests {
                 *slot = None;
             }
         }
-        let cx = LowerCx {
-            opset: 21,
-            inputs: inputs.to_vec(),
-            consts: vec![None; inputs.len()],
-        };
+        let cx = LowerCx { opset: 21, inputs: inputs.to_vec(), consts: vec![None; inputs.len()] };
         (def.lower)(node, &cx).unwrap();
-        let present: Vec<&TensorDesc> = node
-            .inputs
-            .iter()
-            .zip(inputs)
-            .filter_map(|(i, d)| i.and(*d))
-            .collect();
+        let present: Vec<&TensorDesc> =
+            node.inputs.iter().zip(inputs).filter_map(|(i, d)| i.and(*d)).collect();
         (def.infer)(node, &present).unwrap()
     }
 
@@ -562,9 +524,7 @@ pub(super) mod tests {
         // test_conv_with_strides_and_asymmetric_padding: 7x5 input, 3x3 kernel, stride 2,
         // pads [1, 0, 1, 0] -> 4x2; grouped with bias keeps three inputs.
         let (x, w, b) = (f32(&[1, 1, 7, 5]), f32(&[1, 1, 3, 3]), f32(&[1]));
-        let attrs = Attrs::new()
-            .with("strides", ints(&[2, 2]))
-            .with("pads", ints(&[1, 0, 1, 0]));
+        let attrs = Attrs::new().with("strides", ints(&[2, 2])).with("pads", ints(&[1, 0, 1, 0]));
         let mut n = node("Conv", 3, 1, attrs);
         let out = lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w), Some(&b)]);
         assert_eq!(out, [f32(&[1, 1, 4, 2])]);
@@ -575,25 +535,12 @@ pub(super) mod tests {
             "Conv",
             2,
             1,
-            Attrs::new()
-                .with("group", AttrValue::Int(2))
-                .with("auto_pad", text("VALID")),
+            Attrs::new().with("group", AttrValue::Int(2)).with("auto_pad", text("VALID")),
         );
-        assert_eq!(
-            lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w)]),
-            [f32(&[2, 4, 7])]
-        );
+        assert_eq!(lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w)]), [f32(&[2, 4, 7])]);
 
-        let bad = node(
-            "Conv",
-            2,
-            1,
-            n.attrs.clone().with("group", AttrValue::Int(3)),
-        );
-        assert!(
-            infer_conv(&bad, &[&x, &w]).is_err(),
-            "6 channels, group 3, W wants 3 per group"
-        );
+        let bad = node("Conv", 2, 1, n.attrs.clone().with("group", AttrValue::Int(3)));
+        assert!(infer_conv(&bad, &[&x, &w]).is_err(), "6 channels, group 3, W wants 3 per group");
     }
 
     #[test]
@@ -604,12 +551,8 @@ pub(super) mod tests {
         let (x, w) = (f32(&[1, 1, 3, 3]), f32(&[1, 2, 3, 3]));
         let strides = ("strides", ints(&[3, 2]));
         let cases = [
-            Attrs::new()
-                .with(strides.0, strides.1.clone())
-                .with("output_shape", ints(&[10, 8])),
-            Attrs::new()
-                .with(strides.0, strides.1.clone())
-                .with("output_padding", ints(&[1, 1])),
+            Attrs::new().with(strides.0, strides.1.clone()).with("output_shape", ints(&[10, 8])),
+            Attrs::new().with(strides.0, strides.1.clone()).with("output_padding", ints(&[1, 1])),
             Attrs::new()
                 .with(strides.0, strides.1.clone())
                 .with("output_shape", ints(&[10, 8]))
@@ -631,32 +574,18 @@ pub(super) mod tests {
     fn conv_transpose_same_and_explicit_pads() {
         // test_convtranspose_autopad_same: SAME_UPPER, stride 2 -> 6x6, crop one at the end.
         let (x, w) = (f32(&[1, 1, 3, 3]), f32(&[1, 2, 3, 3]));
-        let attrs = Attrs::new()
-            .with("auto_pad", text("SAME_UPPER"))
-            .with("strides", ints(&[2, 2]));
+        let attrs =
+            Attrs::new().with("auto_pad", text("SAME_UPPER")).with("strides", ints(&[2, 2]));
         let mut n = node("ConvTranspose", 2, 1, attrs);
-        assert_eq!(
-            lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w)]),
-            [f32(&[1, 2, 6, 6])]
-        );
+        assert_eq!(lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w)]), [f32(&[1, 2, 6, 6])]);
         assert_eq!(n.attrs.ints("pads").unwrap(), &[0, 0, 1, 1]);
         // test_convtranspose_pads: strides [3, 2], pads [1, 2, 1, 2] -> 7x3.
-        let attrs = Attrs::new()
-            .with("strides", ints(&[3, 2]))
-            .with("pads", ints(&[1, 2, 1, 2]));
+        let attrs = Attrs::new().with("strides", ints(&[3, 2])).with("pads", ints(&[1, 2, 1, 2]));
         let mut n = node("ConvTranspose", 2, 1, attrs);
-        assert_eq!(
-            lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w)]),
-            [f32(&[1, 2, 7, 3])]
-        );
+        assert_eq!(lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w)]), [f32(&[1, 2, 7, 3])]);
         // Grouped: W is [C, M / group, k..].
         let (x, w, b) = (f32(&[1, 4, 2, 2]), f32(&[4, 3, 2, 2]), f32(&[6]));
-        let mut n = node(
-            "ConvTranspose",
-            3,
-            1,
-            Attrs::new().with("group", AttrValue::Int(2)),
-        );
+        let mut n = node("ConvTranspose", 3, 1, Attrs::new().with("group", AttrValue::Int(2)));
         let out = lower_and_infer(&OPS[1], &mut n, &[Some(&x), Some(&w), Some(&b)]);
         assert_eq!(out, [f32(&[1, 6, 3, 3])]);
     }
@@ -667,25 +596,12 @@ pub(super) mod tests {
         let (x, w, b) = (f32(&[1, 2, 5, 5]), f32(&[4, 2, 3, 3]), f32(&[4]));
         let mut n = node("Conv", 3, 1, Attrs::new());
         lower_and_infer(&OPS[0], &mut n, &[Some(&x), Some(&w), Some(&b)]);
-        assert_eq!(
-            n.attrs.text("post_ops").unwrap(),
-            "",
-            "lower writes no post-ops"
-        );
+        assert_eq!(n.attrs.text("post_ops").unwrap(), "", "lower writes no post-ops");
         n.attrs.set("post_ops", text("Add,Relu,Mul"));
         let (r, one) = (f32(&[1, 4, 3, 3]), f32(&[1]));
-        assert_eq!(
-            infer_conv(&n, &[&x, &w, &b, &r, &one]).unwrap(),
-            std::slice::from_ref(&r)
-        );
-        assert!(
-            infer_conv(&n, &[&x, &w, &r, &one]).is_err(),
-            "B must be present"
-        );
-        assert!(
-            infer_conv(&n, &[&x, &w, &b, &b, &one]).is_err(),
-            "no broadcasting"
-        );
+        assert_eq!(infer_conv(&n, &[&x, &w, &b, &r, &one]).unwrap(), std::slice::from_ref(&r));
+        assert!(infer_conv(&n, &[&x, &w, &r, &one]).is_err(), "B must be present");
+        assert!(infer_conv(&n, &[&x, &w, &b, &b, &one]).is_err(), "no broadcasting");
         let ints64 = TensorDesc::new(DType::I64, vec![1, 4, 3, 3]);
         assert!(infer_conv(&n, &[&x, &w, &b, &ints64, &one]).is_err());
         n.attrs.set("post_ops", text("Swish"));

@@ -151,26 +151,14 @@ impl Geo {
         if x.contains(&0) || w.contains(&0) {
             return Err(bad("empty input or weights"));
         }
-        if cx
-            .inputs
-            .iter()
-            .chain(cx.outputs)
-            .any(|o| o.desc.elements() as i64 >= LIMIT)
-        {
+        if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() as i64 >= LIMIT) {
             return Err(bad("operands too large for 32-bit indices"));
         }
         let attr = |name: &str| -> Result<Vec<i64>, NoKernel> {
-            cx.attrs
-                .ints(name)
-                .map(<[i64]>::to_vec)
-                .map_err(|e| bad(&e.to_string()))
+            cx.attrs.ints(name).map(<[i64]>::to_vec).map_err(|e| bad(&e.to_string()))
         };
-        let (kernel, strides, dilations, pads) = (
-            attr("kernel_shape")?,
-            attr("strides")?,
-            attr("dilations")?,
-            attr("pads")?,
-        );
+        let (kernel, strides, dilations, pads) =
+            (attr("kernel_shape")?, attr("strides")?, attr("dilations")?, attr("pads")?);
         let groups = cx.attrs.int("group").map_err(|e| bad(&e.to_string()))?;
         let small = |v: &[i64], lo: i64| v.iter().all(|&v| v >= lo && v < 1 << 16);
         if kernel != w[2..]
@@ -187,11 +175,7 @@ impl Geo {
             return Err(bad("inconsistent attributes"));
         }
         let cin = x[1] / groups;
-        let (w_in, cout) = if transposed {
-            (w[0], w[1])
-        } else {
-            (w[1] * groups, w[0] / groups)
-        };
+        let (w_in, cout) = if transposed { (w[0], w[1]) } else { (w[1] * groups, w[0] / groups) };
         if w_in != x[1] || (!transposed && w[0] % groups != 0) || y[1] != cout * groups {
             return Err(bad("channels do not match"));
         }
@@ -273,11 +257,7 @@ impl Geo {
     /// `file` with the step's bias and post-ops.
     fn spec(&self, file: &'static Wgsl, post: &PostOps) -> Result<Spec, NoKernel> {
         let spec = Spec::new(file).hook("post_op", post.hook()?);
-        Ok(if self.bias {
-            spec.hook("bias", BIAS)
-        } else {
-            spec
-        })
+        Ok(if self.bias { spec.hook("bias", BIAS) } else { spec })
     }
 
     /// A register-blocked `file` with the step's bias and post-ops that stores Y as vectors
@@ -288,15 +268,8 @@ impl Geo {
         post: &PostOps,
         y_vec: bool,
     ) -> Result<Spec, NoKernel> {
-        let spec = self
-            .spec(file, post)?
-            .alias("YT", vec_type(y_vec))
-            .set("Y_VEC", y_vec);
-        Ok(if y_vec {
-            spec.hook("y_vector", Y_VECTOR)
-        } else {
-            spec
-        })
+        let spec = self.spec(file, post)?.alias("YT", vec_type(y_vec)).set("Y_VEC", y_vec);
+        Ok(if y_vec { spec.hook("y_vector", Y_VECTOR) } else { spec })
     }
 }
 
@@ -342,26 +315,10 @@ struct Shape {
     vecs: &'static [u32],
 }
 
-const POINTWISE_BLOCK: Shape = Shape {
-    rows: &[24, 16, 12, 8],
-    ys: &[1],
-    vecs: &[4],
-};
-const GENERAL: Shape = Shape {
-    rows: &[8, 6, 4],
-    ys: &[4, 3, 2],
-    vecs: &[2],
-};
-const DEPTHWISE: Shape = Shape {
-    rows: &[1],
-    ys: &[8, 6, 4],
-    vecs: &[4, 3, 2],
-};
-const TRANSPOSED_BLOCK: Shape = Shape {
-    rows: &[8, 6, 4],
-    ys: &[2],
-    vecs: &[2],
-};
+const POINTWISE_BLOCK: Shape = Shape { rows: &[24, 16, 12, 8], ys: &[1], vecs: &[4] };
+const GENERAL: Shape = Shape { rows: &[8, 6, 4], ys: &[4, 3, 2], vecs: &[2] };
+const DEPTHWISE: Shape = Shape { rows: &[1], ys: &[8, 6, 4], vecs: &[4, 3, 2] };
+const TRANSPOSED_BLOCK: Shape = Shape { rows: &[8, 6, 4], ys: &[2], vecs: &[2] };
 
 impl Shape {
     /// The block for `channels` output channels per group, output rows of `cols` positions,
@@ -379,12 +336,7 @@ impl Shape {
 fn fit(candidates: &[u32], extent: u32) -> u32 {
     let extent = extent.max(1);
     let padding = |&c: &u32| extent.div_ceil(c) * c - extent;
-    candidates
-        .iter()
-        .copied()
-        .min_by_key(padding)
-        .unwrap_or(1)
-        .min(extent)
+    candidates.iter().copied().min_by_key(padding).unwrap_or(1).min(extent)
 }
 
 /// The most iterations of a loop over a register block (and the longest block array) the
@@ -511,15 +463,9 @@ fn direct(
     // Where the span starts in its first vector.
     let lead = if x_vec { (-pw).rem_euclid(4) as u32 } else { 0 };
     let vectors = (lead + span(block)).div_ceil(4);
-    let (xb, yb, mb) = (
-        ow.div_ceil(block.cols()),
-        oh.div_ceil(ys),
-        cout.div_ceil(rows),
-    );
-    let invocations = [xb, yb, geo.output[0], mb, groups, geo.batch]
-        .iter()
-        .map(|&v| u64::from(v))
-        .product();
+    let (xb, yb, mb) = (ow.div_ceil(block.cols()), oh.div_ceil(ys), cout.div_ceil(rows));
+    let invocations =
+        [xb, yb, geo.output[0], mb, groups, geo.batch].iter().map(|&v| u64::from(v)).product();
     let Some(grid) = blocked_grid(invocations)? else {
         return Ok(None);
     };
@@ -548,10 +494,7 @@ fn direct(
         .set("DW", dw)
         .set("X_VEC", x_vec)
         .set("LEAD", lead)
-        .set(
-            "PLANAR",
-            (kd, pd, geo.input[0], geo.output[0]) == (1, 0, 1, 1),
-        )
+        .set("PLANAR", (kd, pd, geo.input[0], geo.output[0]) == (1, 0, 1, 1))
         .set("WG", grid.workgroup)
         .dispatch(
             format!("conv_{kind}_{}x{cin}x{kd}x{kh}x{kw}", cout * groups),
@@ -623,10 +566,7 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
     let (block, lo, span) = [preferred, 1]
         .into_iter()
         .map(|vecs| {
-            let block = Block {
-                vecs,
-                ..TRANSPOSED_BLOCK.fit(cout, oh, ow)
-            };
+            let block = Block { vecs, ..TRANSPOSED_BLOCK.fit(cout, oh, ow) };
             let (lo, span) = transposed_span(block.cols(), geo);
             (block, lo, span)
         })
@@ -644,15 +584,9 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
     // Where the span starts in its first vector.
     let lead = if x_vec { lo.rem_euclid(4) as u32 } else { 0 };
     let vectors = (lead + span).div_ceil(4).max(1);
-    let (xb, yb, mb) = (
-        ow.div_ceil(block.cols()),
-        oh.div_ceil(ys),
-        cout.div_ceil(rows),
-    );
-    let invocations = [xb, yb, geo.output[0], mb, groups, geo.batch]
-        .iter()
-        .map(|&v| u64::from(v))
-        .product();
+    let (xb, yb, mb) = (ow.div_ceil(block.cols()), oh.div_ceil(ys), cout.div_ceil(rows));
+    let invocations =
+        [xb, yb, geo.output[0], mb, groups, geo.batch].iter().map(|&v| u64::from(v)).product();
     let grid = blocked_grid(invocations)?
         .ok_or_else(|| no_kernel!("ConvTranspose {}: too many outputs", cx.name))?;
     let mut params = geo.extents();
@@ -686,11 +620,7 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
         .set("SPAN", span.max(1))
         .set("WG", grid.workgroup)
         .dispatch(
-            format!(
-                "conv_transpose_{}x{}x{kd}x{kh}x{kw}",
-                cout * groups,
-                cin * groups
-            ),
+            format!("conv_transpose_{}x{}x{kd}x{kh}x{kw}", cout * groups, cin * groups),
             grid.groups,
             geo.bindings(post, [x_vec, w_vec, y_vec].map(vec_type)),
             params,
@@ -713,11 +643,7 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
     let offs = (0..cols).flat_map(|c| (0..kw).filter_map(move |kx| transposed_reach(c, kx, geo)));
     let (lo, hi) = offs.fold((i32::MAX, i32::MIN), |(lo, hi), o| (lo.min(o), hi.max(o)));
     // No tap reaching any column leaves the output at the bias.
-    if lo > hi {
-        (0, 0)
-    } else {
-        (lo, (hi - lo + 1) as u32)
-    }
+    if lo > hi { (0, 0) } else { (lo, (hi - lo + 1) as u32) }
 }
 
 #[cfg(test)]
@@ -788,11 +714,7 @@ mod tests {
                 Operand::arena(desc(&self.x), self.x_offset),
                 Operand::weight(desc(&self.w), 0),
             ];
-            let m = if self.op == "Conv" {
-                self.w[0]
-            } else {
-                self.w[1] * self.group as usize
-            };
+            let m = if self.op == "Conv" { self.w[0] } else { self.w[1] * self.group as usize };
             if self.bias || self.residuals > 0 {
                 inputs.push(Operand::weight(desc(&[m]), 1));
             }
@@ -841,18 +763,9 @@ mod tests {
             Err(e) => panic!("{} does not compile: {e}\n{}", d.label, d.wgsl),
         };
         assert!(d.bindings.len() <= module.slots as usize, "{}", d.label);
-        assert_eq!(
-            d.params.len() as u32 + module.slots,
-            module.push_words,
-            "{}",
-            d.label
-        );
+        assert_eq!(d.params.len() as u32 + module.slots, module.push_words, "{}", d.label);
         assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
-        assert!(
-            module.spirv.len() * 4 <= 64 << 10,
-            "{}: over 64 KiB",
-            d.label
-        );
+        assert!(module.spirv.len() * 4 <= 64 << 10, "{}: over 64 KiB", d.label);
     }
 
     fn labels(d: &[Dispatch]) -> Vec<&str> {
@@ -875,29 +788,17 @@ mod tests {
         let launched = u64::from(d.groups[0]) * u64::from(d.groups[1]) * workgroup;
         assert!(launched >= invocations, "{}: {:?}", d.label, d.groups);
         let row = u64::from(d.groups[0]) * workgroup;
-        assert!(
-            launched - invocations < row.max(workgroup),
-            "{}: {:?}",
-            d.label,
-            d.groups
-        );
+        assert!(launched - invocations < row.max(workgroup), "{}: {:?}", d.label, d.groups);
     }
 
     /// A dispatch for a snapshot: how it is launched, then its module's source.
     fn describe(d: &Dispatch) -> String {
         let mut s = format!("label: {}\ngroups: {:?}\n", d.label, d.groups);
-        let bindings: Vec<String> = d
-            .bindings
-            .iter()
-            .map(|b| format!("{} {:?} {}", b.name, b.slot, b.ty))
-            .collect();
+        let bindings: Vec<String> =
+            d.bindings.iter().map(|b| format!("{} {:?} {}", b.name, b.slot, b.ty)).collect();
         let _ = writeln!(s, "bindings: {}", bindings.join(", "));
         let _ = writeln!(s, "params: {:?}", d.params);
-        let overrides: Vec<String> = d
-            .overrides
-            .iter()
-            .map(|(n, v)| format!("{n}={v}"))
-            .collect();
+        let overrides: Vec<String> = d.overrides.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let _ = writeln!(s, "overrides: {}\n", overrides.join(" "));
         s.push_str(&d.wgsl);
         s
@@ -966,10 +867,7 @@ mod tests {
         let [cpu, gpu] = dw.check();
         assert_eq!(labels(&cpu), labels(&gpu));
         assert!(cpu[0].label.starts_with("conv_depthwise"));
-        assert_eq!(
-            cpu[0].wgsl, gpu[0].wgsl,
-            "one depthwise kernel for all devices"
-        );
+        assert_eq!(cpu[0].wgsl, gpu[0].wgsl, "one depthwise kernel for all devices");
         // Stride 2: four vectors would span 33 input columns, more than unroll; three span 25.
         assert_eq!(override_of(&cpu[0], "VECS"), Some(3.0));
         assert_eq!(binding(&cpu[0], "x").ty, "vec4<f32>");
@@ -1000,10 +898,7 @@ mod tests {
         let [cpu, _] = c3.check();
         assert!(cpu[0].label.starts_with("conv_direct"));
         // The depth window is a run-time loop: kd, sd, dd, pd follow the extents.
-        assert_eq!(
-            &cpu[0].params[..13],
-            [2, 4, 1, 5, 6, 7, 5, 6, 7, 3, 1, 1, 1]
-        );
+        assert_eq!(&cpu[0].params[..13], [2, 4, 1, 5, 6, 7, 5, 6, 7, 3, 1, 1, 1]);
         // A kernel row too wide for registers is read tap by tap.
         let wide = Case::conv(&[1, 2, 1, 80], &[3, 2, 1, 60], &[1, 3, 1, 21]);
         let [cpu, _] = wide.check();
@@ -1051,11 +946,8 @@ mod tests {
             (c.residuals, c.in_place) = (2, true);
             for d in c.check().iter().flatten() {
                 // The bias, then the residuals in the files' optional last slots.
-                let slots: Vec<(&str, Slot)> = d
-                    .bindings
-                    .iter()
-                    .map(|b| (b.name.as_str(), b.slot))
-                    .collect();
+                let slots: Vec<(&str, Slot)> =
+                    d.bindings.iter().map(|b| (b.name.as_str(), b.slot)).collect();
                 assert_eq!(
                     slots[2..],
                     [
@@ -1081,11 +973,7 @@ mod tests {
 
     #[test]
     fn large_outputs_spread_over_two_grid_dimensions() {
-        let mut c = Case::conv(
-            &[1, 256, 2048, 2048],
-            &[256, 1, 3, 3],
-            &[1, 256, 2048, 2048],
-        );
+        let mut c = Case::conv(&[1, 256, 2048, 2048], &[256, 1, 3, 3], &[1, 256, 2048, 2048]);
         (c.group, c.pads) = (256, vec![1; 4]);
         let [cpu, _] = c.check();
         assert!(cpu[0].groups[1] > 1, "{:?}", cpu[0].groups);
@@ -1096,10 +984,8 @@ mod tests {
     fn what_has_no_kernel() {
         let c = Case::conv(&[1, 4, 8, 8], &[4, 4, 3, 3], &[1, 4, 6, 6]);
         let desc = |s: &[usize], dtype| TensorDesc::new(dtype, s.to_vec());
-        let inputs = [
-            Operand::arena(desc(&c.x, DType::F64), 0),
-            Operand::weight(desc(&c.w, DType::F64), 0),
-        ];
+        let inputs =
+            [Operand::arena(desc(&c.x, DType::F64), 0), Operand::weight(desc(&c.w, DType::F64), 0)];
         let outputs = [Operand::arena(desc(&c.y, DType::F64), 1024)];
         let attrs = Attrs::new();
         let cx = KernelCx {
@@ -1123,10 +1009,7 @@ mod tests {
     #[test]
     fn representative_steps_compile_and_share_modules() {
         let steps: [(&str, Case); 7] = [
-            (
-                "pointwise",
-                Case::conv(&[1, 16, 12, 20], &[24, 16, 1, 1], &[1, 24, 12, 20]),
-            ),
+            ("pointwise", Case::conv(&[1, 16, 12, 20], &[24, 16, 1, 1], &[1, 24, 12, 20])),
             ("depthwise", {
                 let mut c = Case::conv(&[1, 8, 15, 17], &[8, 1, 5, 5], &[1, 8, 15, 17]);
                 (c.group, c.pads) = (8, vec![2; 4]);
@@ -1143,10 +1026,7 @@ mod tests {
                 c
             }),
             ("1-D", Case::conv(&[2, 3, 30], &[4, 3, 5], &[2, 4, 26])),
-            (
-                "3-D",
-                Case::conv(&[1, 2, 4, 5, 6], &[3, 2, 2, 2, 2], &[1, 3, 3, 4, 5]),
-            ),
+            ("3-D", Case::conv(&[1, 2, 4, 5, 6], &[3, 2, 2, 2, 2], &[1, 3, 3, 4, 5])),
             ("transposed", {
                 let mut c = Case::conv(&[1, 4, 7, 9], &[4, 6, 3, 3], &[1, 6, 15, 19]);
                 (c.op, c.strides) = ("ConvTranspose", vec![2, 2]);
@@ -1156,11 +1036,7 @@ mod tests {
         for (what, case) in steps {
             for bias in [false, true] {
                 let attrs = case.attrs();
-                let m = if case.op == "Conv" {
-                    case.w[0]
-                } else {
-                    case.w[1] * case.group as usize
-                };
+                let m = if case.op == "Conv" { case.w[0] } else { case.w[1] * case.group as usize };
                 let mut inputs = vec![&case.x[..], &case.w[..]];
                 let b = [m];
                 if bias {

@@ -83,10 +83,7 @@ impl<'a, T: Float> Start<'a, T> {
 
     /// The start of rows `from..` of C.
     fn rows_from(self, from: usize) -> Self {
-        Self {
-            bias: self.bias.map(|b| &b[from..]),
-            ..self
-        }
+        Self { bias: self.bias.map(|b| &b[from..]), ..self }
     }
 
     /// C's new value on row `row`: `sum + (beta·c + bias)`, c unread when beta is 0.
@@ -135,10 +132,7 @@ impl<'a, T: Float> Panels<'a, T> {
 
     pub fn new(data: &'a [T], k: usize, n: usize) -> Result<Self, KernelError> {
         if data.len() != Self::len(k, n) {
-            return Err(invalid!(
-                "{} values are not the panels of a {k} x {n} matrix",
-                data.len()
-            ));
+            return Err(invalid!("{} values are not the panels of a {k} x {n} matrix", data.len()));
         }
         let nr = T::panel_width();
         Ok(Self { data, k, n, nr })
@@ -149,18 +143,7 @@ impl<'a, T: Float> Panels<'a, T> {
         debug_assert_eq!(mid % self.nr, 0, "columns are cut between panels");
         let (left, right) = self.data.split_at(mid * self.k);
         let n = self.n;
-        (
-            Self {
-                data: left,
-                n: mid,
-                ..self
-            },
-            Self {
-                data: right,
-                n: n - mid,
-                ..self
-            },
-        )
+        (Self { data: left, n: mid, ..self }, Self { data: right, n: n - mid, ..self })
     }
 
     /// Rows `rows` of panel `p`.
@@ -320,12 +303,8 @@ pub fn gemm_into<T: Float>(
     let Some(a) = operand_a(a, la, (lb.rows, lb.cols), &start, &mut c)? else {
         return Ok(());
     };
-    let b = ArrayView2::from_shape(lb.shape()?, b).map_err(|e| {
-        invalid!(
-            "gemm operand B ({} elements) does not fit {lb:?}: {e}",
-            b.len()
-        )
-    })?;
+    let b = ArrayView2::from_shape(lb.shape()?, b)
+        .map_err(|e| invalid!("gemm operand B ({} elements) does not fit {lb:?}: {e}", b.len()))?;
     product(alpha, a, OperandB::Matrix(b), start, c);
     Ok(())
 }
@@ -356,15 +335,10 @@ fn operand_a<'a, T: Float>(
     c: &mut ArrayViewMut2<T>,
 ) -> Result<Option<ArrayView2<'a, T>>, KernelError> {
     if la.cols != k || (la.rows, n) != c.dim() {
-        return Err(invalid!(
-            "gemm shapes do not chain: {la:?} x {k} x {n} -> {:?}",
-            c.dim()
-        ));
+        return Err(invalid!("gemm shapes do not chain: {la:?} x {k} x {n} -> {:?}", c.dim()));
     }
     if start.bias.is_some_and(|b| b.len() != la.rows) {
-        return Err(invalid!(
-            "gemm bias does not hold one value per row of {la:?}"
-        ));
+        return Err(invalid!("gemm bias does not hold one value per row of {la:?}"));
     }
     if k == 0 {
         for (i, mut row) in c.rows_mut().into_iter().enumerate() {
@@ -372,12 +346,8 @@ fn operand_a<'a, T: Float>(
         }
         return Ok(None);
     }
-    let a = ArrayView2::from_shape(la.shape()?, a).map_err(|e| {
-        invalid!(
-            "gemm operand A ({} elements) does not fit {la:?}: {e}",
-            a.len()
-        )
-    })?;
+    let a = ArrayView2::from_shape(la.shape()?, a)
+        .map_err(|e| invalid!("gemm operand A ({} elements) does not fit {la:?}: {e}", a.len()))?;
     Ok(Some(a))
 }
 
@@ -404,13 +374,9 @@ fn product<T: Float>(
     };
     match (c.dim(), b) {
         // One row: every output is on row 0.
-        ((1, _), OperandB::Matrix(b)) => vector_product(
-            alpha,
-            (a.row(0), b),
-            (start, 0),
-            c.index_axis_move(Axis(0), 0),
-            threads,
-        ),
+        ((1, _), OperandB::Matrix(b)) => {
+            vector_product(alpha, (a.row(0), b), (start, 0), c.index_axis_move(Axis(0), 0), threads)
+        }
         // One column: output i is on row i.
         ((_, 1), OperandB::Matrix(b)) => vector_product(
             alpha,
@@ -578,10 +544,7 @@ fn split<T: Float>(
         let (b1, b2) = b.split_columns(mid);
         ((a.view(), b1, start), (a, b2, start))
     };
-    rayon::join(
-        move || split(alpha, a1, b1, s1, c1, p1),
-        move || split(alpha, a2, b2, s2, c2, p2),
-    );
+    rayon::join(move || split(alpha, a1, b1, s1, c1, p1), move || split(alpha, a2, b2, s2, c2, p2));
 }
 
 /// The blocked product with an `MR x (W·NV)` tile (`NV` vectors of `W` lanes per row), its
@@ -659,15 +622,7 @@ fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
                 OperandB::Matrix(b) => {
                     let pb = &mut pb[..panels * nr * kc];
                     pack_b(b.slice(s![pc..pc + kc, jc..jc + nc]), nr, pb);
-                    (
-                        Panels {
-                            data: &*pb,
-                            k: kc,
-                            n: nc,
-                            nr,
-                        },
-                        0..kc,
-                    )
+                    (Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
                 }
                 OperandB::Panels(b) => (b.split_at(jc).1, pc..pc + kc),
             };
@@ -902,22 +857,15 @@ mod tests {
     use super::*;
 
     fn pool(threads: usize) -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
     }
 
     #[test]
     fn threads_split_the_product_and_change_no_bit() {
         // 256 x 700 x 200: above the threshold; odd thread counts make uneven halves.
         let (m, k, n) = (256, 700, 200);
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0)
-            .collect();
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0).collect();
         let run = |threads, m, n| {
             let mut c = vec![1.0f32; m * n];
             let (la, lb) = (Layout::row_major(m, k), Layout::row_major(k, n));
@@ -948,16 +896,7 @@ mod tests {
             let (la, lb) = (Layout::row_major(24, k), Layout::row_major(k, 2100));
             pool(threads)
                 .install(|| {
-                    gemm(
-                        1.0,
-                        &a[..24 * k],
-                        la,
-                        &b,
-                        lb,
-                        0.0,
-                        &mut c,
-                        Layout::row_major(24, 2100),
-                    )
+                    gemm(1.0, &a[..24 * k], la, &b, lb, 0.0, &mut c, Layout::row_major(24, 2100))
                 })
                 .unwrap();
             c
@@ -968,26 +907,14 @@ mod tests {
         assert_eq!(run(8, 1, 1), run(1, 1, 1));
         // One row of C (B read as [K, N], then as [N, K]): outputs cut between threads.
         let n = 3000;
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0)
-            .collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 9.0).collect();
         assert!(k * n >= VECTOR_PARALLEL_WORK);
         for lb in [Layout::row_major(k, n), Layout::new(k, n, 1, k)] {
             let row = |threads| {
                 let mut c = vec![1.0f32; n];
                 let lc = Layout::row_major(1, n);
-                let product = || {
-                    gemm(
-                        1.0,
-                        &a[..k],
-                        Layout::row_major(1, k),
-                        &b,
-                        lb,
-                        0.5,
-                        &mut c,
-                        lc,
-                    )
-                };
+                let product =
+                    || gemm(1.0, &a[..k], Layout::row_major(1, k), &b, lb, 0.5, &mut c, lc);
                 pool(threads).install(product).unwrap();
                 c
             };
@@ -1088,12 +1015,7 @@ mod tests {
                         tile(alpha, av, OperandB::Matrix(bv), start, view(lc, &mut got));
                         assert_eq!(at(&got), None, "tile {t}: {m}x{k}x{n} {la:?} {lb:?}");
                         let data = panels_of(bv, nr);
-                        let panels = OperandB::Panels(Panels {
-                            data: &data,
-                            k,
-                            n,
-                            nr,
-                        });
+                        let panels = OperandB::Panels(Panels { data: &data, k, n, nr });
                         let mut got = c.clone();
                         tile(alpha, av, panels, start, view(lc, &mut got));
                         assert_eq!(at(&got), None, "tile {t} panels: {m}x{k}x{n} {la:?}");
@@ -1104,17 +1026,8 @@ mod tests {
         // With k = 0 the sum is empty: C = beta·C.
         let mut c = [3.0f32, -1.0];
         let l = Layout::row_major(1, 2);
-        gemm(
-            1.0,
-            &[],
-            Layout::row_major(1, 0),
-            &[],
-            Layout::row_major(0, 2),
-            2.0,
-            &mut c,
-            l,
-        )
-        .unwrap();
+        gemm(1.0, &[], Layout::row_major(1, 0), &[], Layout::row_major(0, 2), 2.0, &mut c, l)
+            .unwrap();
         assert_eq!(c, [6.0, -2.0]);
     }
 
@@ -1124,11 +1037,8 @@ mod tests {
         // its rows two apart. By hand: C = 2·A·B + C = [[2·17 + 1], [2·39 + 1]].
         let a = [1.0, 3.0, 2.0, 4.0];
         let mut c = [1.0f32, -7.0, 1.0];
-        let (la, lb, lc) = (
-            Layout::new(2, 2, 1, 2),
-            Layout::row_major(2, 1),
-            Layout::new(2, 1, 2, 1),
-        );
+        let (la, lb, lc) =
+            (Layout::new(2, 2, 1, 2), Layout::row_major(2, 1), Layout::new(2, 1, 2, 1));
         gemm(2.0, &a, la, &[5.0, 6.0], lb, 1.0, &mut c, lc).unwrap();
         assert_eq!(c, [35.0, -7.0, 79.0]);
         let mut c64 = [1.0f64, -7.0, 1.0];
@@ -1143,17 +1053,7 @@ mod tests {
         // C is 1·3 + 2·3 = 9.
         let mut c = [0.0f32; 6];
         let (la, lb) = (Layout::new(3, 2, 0, 1), Layout::new(2, 2, 0, 0));
-        gemm(
-            1.0,
-            &[1.0, 2.0],
-            la,
-            &[3.0],
-            lb,
-            0.0,
-            &mut c[..6],
-            Layout::new(3, 2, 2, 1),
-        )
-        .unwrap();
+        gemm(1.0, &[1.0, 2.0], la, &[3.0], lb, 0.0, &mut c[..6], Layout::new(3, 2, 2, 1)).unwrap();
         assert_eq!(c, [9.0; 6]);
     }
 
@@ -1186,16 +1086,10 @@ mod tests {
         for (m, k, n) in [(24, 300, 2100), (300, 200, 70), (5, 40, 3)] {
             let a: Vec<f32> = (0..m * k).map(value).collect();
             let b: Vec<f32> = (0..k * n).map(|i| value(i + 5)).collect();
-            let (la, lb, lc) = (
-                Layout::row_major(m, k),
-                Layout::row_major(k, n),
-                Layout::row_major(m, n),
-            );
+            let (la, lb, lc) =
+                (Layout::row_major(m, k), Layout::row_major(k, n), Layout::row_major(m, n));
             let bias: Vec<f32> = (0..m).map(value).collect();
-            let start = Start {
-                beta: 0.0,
-                bias: Some(&bias[..]),
-            };
+            let start = Start { beta: 0.0, bias: Some(&bias[..]) };
             let mut want = vec![0.0; m * n];
             gemm_into(1.0, (&a, la), (&b, lb), start, view(lc, &mut want)).unwrap();
             let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();

@@ -53,9 +53,7 @@ pub trait Kernel: Send + Sync {
         outputs: &mut [TensorMut<'_>],
     ) -> Result<(), KernelError> {
         let _ = (aliased, inputs, outputs);
-        Err(KernelError::Invalid(
-            "this kernel cannot run in place".into(),
-        ))
+        Err(KernelError::Invalid("this kernel cannot run in place".into()))
     }
 }
 
@@ -89,10 +87,7 @@ impl OpCx<'_> {
     }
 
     pub fn dtype_error(&self, dtype: DType) -> KernelError {
-        KernelError::DType {
-            op: self.op.to_string(),
-            dtype,
-        }
+        KernelError::DType { op: self.op.to_string(), dtype }
     }
 }
 
@@ -103,15 +98,10 @@ pub(crate) fn input_f32<'a>(
     i: usize,
     len: usize,
 ) -> Result<&'a [f32], KernelError> {
-    let t = inputs
-        .get(i)
-        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
     let s = t.as_slice::<f32>()?;
     if s.len() != len {
-        return Err(invalid!(
-            "input {i} has {} elements, expected {len}",
-            s.len()
-        ));
+        return Err(invalid!("input {i} has {} elements, expected {len}", s.len()));
     }
     Ok(s)
 }
@@ -122,9 +112,7 @@ pub(crate) fn output_mut<'a, T: crate::tensor::Element>(
     i: usize,
     len: usize,
 ) -> Result<&'a mut [T], KernelError> {
-    let t = outputs
-        .get_mut(i)
-        .ok_or_else(|| invalid!("output {i} is missing"))?;
+    let t = outputs.get_mut(i).ok_or_else(|| invalid!("output {i} is missing"))?;
     tensor_mut(t, len)
 }
 
@@ -135,10 +123,7 @@ pub(crate) fn tensor_mut<'a, T: crate::tensor::Element>(
 ) -> Result<&'a mut [T], KernelError> {
     let s = t.as_slice_mut::<T>()?;
     if s.len() != len {
-        return Err(invalid!(
-            "an output has {} elements, expected {len}",
-            s.len()
-        ));
+        return Err(invalid!("an output has {} elements, expected {len}", s.len()));
     }
     Ok(s)
 }
@@ -146,9 +131,7 @@ pub(crate) fn tensor_mut<'a, T: crate::tensor::Element>(
 /// Builds the kernel for one step.
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let def = crate::lookup(cx.op).ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
-    let prepare = def
-        .cpu()
-        .ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
+    let prepare = def.cpu().ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
     prepare(cx)
 }
 
@@ -160,12 +143,7 @@ pub fn eval(
     outputs: &[TensorDesc],
 ) -> Result<Vec<Tensor>, KernelError> {
     let in_descs: Vec<TensorDesc> = inputs.iter().map(|t| t.desc().clone()).collect();
-    let kernel = prepare(&OpCx {
-        op,
-        attrs,
-        inputs: &in_descs,
-        outputs,
-    })?;
+    let kernel = prepare(&OpCx { op, attrs, inputs: &in_descs, outputs })?;
     let mut outs: Vec<Tensor> = outputs.iter().cloned().map(Tensor::zeros).collect();
     let views: Vec<TensorRef> = inputs.iter().map(|t| t.view()).collect();
     let mut out_views: Vec<TensorMut> = outs.iter_mut().map(Tensor::view_mut).collect();

@@ -43,9 +43,7 @@ impl Scratch for f64 {
 /// im2col) and a task a waiting join runs here each take the next buffer down, and the
 /// buffers come back in the order they left.
 pub fn with_scratch<T: Scratch, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
-    let mut buf = T::stack()
-        .with_borrow_mut(|stack| stack.pop())
-        .unwrap_or_default();
+    let mut buf = T::stack().with_borrow_mut(|stack| stack.pop()).unwrap_or_default();
     if buf.len() < len {
         buf.resize(len, T::default());
     }
@@ -126,10 +124,8 @@ fn split(
     }
     let mid = blocks / 2 * chunk;
     let (left, right) = c.split_at(Axis(1), mid);
-    let (a, b) = rayon::join(
-        || split(first, left, chunk, f),
-        || split(first + mid, right, chunk, f),
-    );
+    let (a, b) =
+        rayon::join(|| split(first, left, chunk, f), || split(first + mid, right, chunk, f));
     a.and(b)
 }
 
@@ -140,10 +136,7 @@ mod tests {
 
     #[test]
     fn column_blocks_cover_every_column_once() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         let mut c = Array2::<f32>::zeros((3, 23));
         pool.install(|| {
             // Three blocks of at most 10 columns, in pairs: 8, 8 and 7 (not 10, 10 and 3).
@@ -172,10 +165,7 @@ mod tests {
     #[test]
     fn awake_threads_take_the_work_and_let_the_run_end() {
         for threads in 1..=3 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut c = Array2::<f32>::zeros((2, 64));
             let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
             pool.install(|| {
@@ -189,11 +179,7 @@ mod tests {
                 })
             })
             .unwrap();
-            assert!(
-                c.rows()
-                    .into_iter()
-                    .all(|r| r.iter().copied().eq((0..64).map(|j| j as f32)))
-            );
+            assert!(c.rows().into_iter().all(|r| r.iter().copied().eq((0..64).map(|j| j as f32))));
             // Every thread took a share of 64 blocks of 1 ms.
             assert_eq!(ran_on.lock().unwrap().len(), threads);
             // A panic ends the spinning too: it reaches the caller instead of hanging the pool.

@@ -38,12 +38,7 @@ pub const ACTIVATIONS: &[(&str, usize)] = &[
 pub const BINARY: &[&str] = &["Add", "Sub", "RSub", "Mul"];
 
 /// The ops that take post-ops, with the count of their own inputs when extra inputs follow.
-const HOSTS: &[(&str, usize)] = &[
-    ("Conv", 3),
-    ("ConvTranspose", 3),
-    ("Gemm", 3),
-    ("MatMul", 2),
-];
+const HOSTS: &[(&str, usize)] = &[("Conv", 3), ("ConvTranspose", 3), ("Gemm", 3), ("MatMul", 2)];
 
 /// How many extra inputs the post-ops in `attrs` read (an error if they do not parse).
 pub fn extra_inputs(attrs: &Attrs) -> Result<usize, KernelError> {
@@ -107,11 +102,7 @@ impl PostOps {
             Step::Binary(op, extras - 1)
         };
         let mut steps = Vec::new();
-        for name in (!names.is_empty())
-            .then(|| names.split(','))
-            .into_iter()
-            .flatten()
-        {
+        for name in (!names.is_empty()).then(|| names.split(',')).into_iter().flatten() {
             steps.push(match name {
                 "Relu" => Step::Relu,
                 "LeakyRelu" => Step::LeakyRelu(param()?),
@@ -197,9 +188,7 @@ impl PostOps {
                 if aliased == Some(i) {
                     return Ok(&[][..]);
                 }
-                let t = inputs
-                    .get(i)
-                    .ok_or_else(|| invalid!("post-op operand {i} is missing"))?;
+                let t = inputs.get(i).ok_or_else(|| invalid!("post-op operand {i} is missing"))?;
                 let s = t.as_slice::<T>()?;
                 if s.len() != len && s.len() != 1 {
                     return Err(invalid!(
@@ -234,12 +223,7 @@ impl PostOps {
 
     /// Applies every post-op but a leading `Add` to `y`, the output's elements from `at`.
     pub fn apply(&self, y: &mut [f32], at: usize, extras: &[&[f32]]) -> Result<(), KernelError> {
-        apply_steps(
-            &self.steps[usize::from(self.accumulates())..],
-            y,
-            at,
-            extras,
-        )
+        apply_steps(&self.steps[usize::from(self.accumulates())..], y, at, extras)
     }
 }
 
@@ -391,26 +375,16 @@ pub(crate) mod tests {
     ) -> Tensor {
         let descs: Vec<TensorDesc> = inputs.iter().map(|t| t.desc().clone()).collect();
         let outputs = std::slice::from_ref(out);
-        let kernel = prepare(&OpCx {
-            op,
-            attrs,
-            inputs: &descs,
-            outputs,
-        })
-        .unwrap();
+        let kernel = prepare(&OpCx { op, attrs, inputs: &descs, outputs }).unwrap();
         let normal = eval(op, attrs, inputs, outputs).unwrap().remove(0);
         let mut y = inputs[aliased].clone();
         let mut views: Vec<TensorRef> = inputs.iter().map(|t| t.view()).collect();
         views[aliased].bytes = &[];
-        kernel
-            .run_in_place(aliased, &views, &mut [y.view_mut()])
-            .unwrap();
+        kernel.run_in_place(aliased, &views, &mut [y.view_mut()]).unwrap();
         assert_eq!(y, normal, "{op} {attrs:?}: in place differs");
         let other = (aliased + 1) % inputs.len();
         assert!(
-            kernel
-                .run_in_place(other, &views, &mut [y.view_mut()])
-                .is_err(),
+            kernel.run_in_place(other, &views, &mut [y.view_mut()]).is_err(),
             "only the residual may be written over"
         );
         normal
@@ -419,10 +393,7 @@ pub(crate) mod tests {
     /// Asserts `got` is within `tol` (relative, absolute near zero) of `want`.
     pub(crate) fn assert_close(got: &Tensor, want: &Tensor, tol: f32, what: &str) {
         assert_eq!(got.desc(), want.desc(), "{what}");
-        let (g, w) = (
-            got.as_slice::<f32>().unwrap(),
-            want.as_slice::<f32>().unwrap(),
-        );
+        let (g, w) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
         for (i, (g, w)) in g.iter().zip(w).enumerate() {
             assert!(
                 (g - w).abs() <= tol * w.abs().max(1.0),
@@ -438,19 +409,10 @@ pub(crate) mod tests {
         assert_eq!(post.extras, 2);
         assert!(!post.accumulates());
         assert_eq!(extra_inputs(&attrs("", &[])).unwrap(), 0);
-        assert!(
-            PostOps::parse(&attrs("Clip", &[0.0])).is_err(),
-            "too few params"
-        );
-        assert!(
-            PostOps::parse(&attrs("Relu", &[1.0])).is_err(),
-            "too many params"
-        );
+        assert!(PostOps::parse(&attrs("Clip", &[0.0])).is_err(), "too few params");
+        assert!(PostOps::parse(&attrs("Relu", &[1.0])).is_err(), "too many params");
         assert!(PostOps::parse(&attrs("Gelu", &[])).is_err(), "unknown op");
-        assert!(
-            PostOps::parse(&Attrs::new()).is_err(),
-            "attributes are required"
-        );
+        assert!(PostOps::parse(&Attrs::new()).is_err(), "attributes are required");
     }
 
     #[test]
@@ -472,17 +434,10 @@ pub(crate) mod tests {
             TensorDesc::new(DType::F32, vec![1]),
         ];
         let a = attrs("Add,Mul", &[]);
-        let cx = |inputs| OpCx {
-            op: "MatMul",
-            attrs: &a,
-            inputs,
-            outputs: std::slice::from_ref(&y),
-        };
+        let cx =
+            |inputs| OpCx { op: "MatMul", attrs: &a, inputs, outputs: std::slice::from_ref(&y) };
         assert_eq!(PostOps::new(&cx(&ok), 2..=2).unwrap().1, 2);
-        assert!(
-            PostOps::new(&cx(&ok[..3]), 2..=2).is_err(),
-            "one operand short"
-        );
+        assert!(PostOps::new(&cx(&ok[..3]), 2..=2).is_err(), "one operand short");
         let mut bad = ok.clone();
         bad[2] = TensorDesc::new(DType::F32, vec![1, 2, 1]);
         assert!(PostOps::new(&cx(&bad), 2..=2).is_err(), "no broadcasting");
@@ -500,16 +455,12 @@ pub(crate) mod tests {
         ))
         .unwrap();
         let mut y = [-2.0, 0.5, 4.0];
-        post.apply(&mut y, 1, &[&[0.0, 1.0, 2.0, 3.0], &[2.0]])
-            .unwrap();
+        post.apply(&mut y, 1, &[&[0.0, 1.0, 2.0, 3.0], &[2.0]]).unwrap();
         let want = [2.0 / 3.0, 0.75 * 0.625, 0.0];
         for (g, w) in y.iter().zip(want) {
             assert!((g - w).abs() < 1e-7, "{y:?} vs {want:?}");
         }
-        assert!(
-            post.apply(&mut y, 2, &[&[0.0; 4], &[2.0]]).is_err(),
-            "past the end"
-        );
+        assert!(post.apply(&mut y, 2, &[&[0.0; 4], &[2.0]]).is_err(), "past the end");
     }
 
     #[test]

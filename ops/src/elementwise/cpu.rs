@@ -103,11 +103,7 @@ type Prepared = Result<Box<dyn Kernel>, KernelError>;
 fn expect_output(cx: &OpCx, dtype: DType) -> Result<(), KernelError> {
     let y = &cx.outputs[0];
     if y.dtype != dtype {
-        return Err(invalid!(
-            "{} produces {dtype}, but its output is declared {}",
-            cx.op,
-            y.dtype
-        ));
+        return Err(invalid!("{} produces {dtype}, but its output is declared {}", cx.op, y.dtype));
     }
     Ok(())
 }
@@ -128,16 +124,12 @@ fn same_shape(cx: &OpCx, dtype: DType) -> Result<usize, KernelError> {
 }
 
 fn input<'a, T: Element>(inputs: &[TensorRef<'a>], i: usize) -> Result<&'a [T], KernelError> {
-    let t = inputs
-        .get(i)
-        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
     Ok(t.as_slice()?)
 }
 
 fn output<'a, T: Element>(outputs: &'a mut [TensorMut<'_>]) -> Result<&'a mut [T], KernelError> {
-    let t = outputs
-        .first_mut()
-        .ok_or_else(|| invalid!("the output is missing"))?;
+    let t = outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?;
     Ok(t.as_slice_mut()?)
 }
 
@@ -146,18 +138,14 @@ fn input_bits<'a, T: bytemuck::Pod>(
     inputs: &[TensorRef<'a>],
     i: usize,
 ) -> Result<&'a [T], KernelError> {
-    let t = inputs
-        .get(i)
-        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
     bytemuck::try_cast_slice(t.bytes).map_err(|_| invalid!("input {i} is misaligned"))
 }
 
 fn output_bits<'a, T: bytemuck::Pod>(
     outputs: &'a mut [TensorMut<'_>],
 ) -> Result<&'a mut [T], KernelError> {
-    let t = outputs
-        .first_mut()
-        .ok_or_else(|| invalid!("the output is missing"))?;
+    let t = outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?;
     bytemuck::try_cast_slice_mut(t.bytes).map_err(|_| invalid!("the output is misaligned"))
 }
 
@@ -174,11 +162,7 @@ fn map<A: Element, O: Element>(
     len: usize,
     f: impl Fn(A) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
-    Box::new(Map {
-        len,
-        f,
-        _t: PhantomData,
-    })
+    Box::new(Map { len, f, _t: PhantomData })
 }
 
 impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F> {
@@ -213,11 +197,7 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
         }
         let y = output::<O>(outputs)?;
         if y.len() != self.len {
-            return Err(invalid!(
-                "prepared for {} elements, got {}",
-                self.len,
-                y.len()
-            ));
+            return Err(invalid!("prepared for {} elements, got {}", self.len, y.len()));
         }
         // The output holds the input's bits: read each element as the input type.
         y.par_chunks_mut(MAP_TASK).for_each(|y| {
@@ -240,11 +220,7 @@ fn binary_kernel<A: Element, B: Element, O: Element>(
     bc: Broadcast<2>,
     f: impl Fn(A, B) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
-    Box::new(Binary {
-        bc,
-        f,
-        _t: PhantomData,
-    })
+    Box::new(Binary { bc, f, _t: PhantomData })
 }
 
 impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
@@ -496,10 +472,7 @@ fn binary(cx: &OpCx) -> Prepared {
     let bc = Broadcast::new([&a.shape, &b.shape], &y.shape)?;
     let (op, dt) = (cx.op, a.dtype);
     if op != "Pow" && b.dtype != dt {
-        return Err(invalid!(
-            "{op} of {dt} and {}: the types must match",
-            b.dtype
-        ));
+        return Err(invalid!("{op} of {dt} and {}: the types must match", b.dtype));
     }
     let bool_out = COMPARE.contains(&op) || matches!(op, "And" | "Or" | "Xor");
     expect_output(cx, if bool_out { DType::Bool } else { dt })?;
@@ -508,9 +481,7 @@ fn binary(cx: &OpCx) -> Prepared {
         "And" | "Or" | "Xor" if dt != DType::Bool => Err(cx.dtype_error(dt)),
         "And" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 && b != 0) as u8)),
         "Or" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 || b != 0) as u8)),
-        "Xor" => Ok(binary_kernel(bc, |a: u8, b: u8| {
-            ((a != 0) != (b != 0)) as u8
-        })),
+        "Xor" => Ok(binary_kernel(bc, |a: u8, b: u8| ((a != 0) != (b != 0)) as u8)),
         "BitShift" => {
             let left = match cx.attrs.text("direction")? {
                 "LEFT" => true,
@@ -539,9 +510,7 @@ fn binary(cx: &OpCx) -> Prepared {
 fn shift_amount<T: Scalar>(n: T) -> Option<u32> {
     match n.to_wide() {
         Wide::U(v) => Some(u32::try_from(v).unwrap_or(u32::MAX)),
-        Wide::I(v) => u64::try_from(v)
-            .ok()
-            .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+        Wide::I(v) => u64::try_from(v).ok().map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
         Wide::F(_) => None,
     }
 }
@@ -557,12 +526,7 @@ fn arith<T: Num>(op: &str, attrs: &Attrs, bc: Broadcast<2>) -> Prepared {
             1 => binary_kernel(bc, |a: T, b: T| a.rem(b, true)),
             v => return Err(invalid!("Mod: fmod must be 0 or 1, got {v}")),
         },
-        "PRelu" => binary_kernel(
-            bc,
-            |x: T, slope: T| {
-                if x < T::ZERO { x.mul(slope) } else { x }
-            },
-        ),
+        "PRelu" => binary_kernel(bc, |x: T, slope: T| if x < T::ZERO { x.mul(slope) } else { x }),
         op => return Err(KernelError::UnknownOp(op.to_string())),
     })
 }
@@ -631,20 +595,11 @@ enum Head {
 }
 
 fn variadic(cx: &OpCx) -> Prepared {
-    let Some(dt) = cx
-        .inputs
-        .first()
-        .map(|x| x.dtype)
-        .filter(|_| cx.outputs.len() == 1)
-    else {
+    let Some(dt) = cx.inputs.first().map(|x| x.dtype).filter(|_| cx.outputs.len() == 1) else {
         return Err(invalid!("{} takes 1 or more inputs and 1 output", cx.op));
     };
     if let Some(x) = cx.inputs.iter().find(|x| x.dtype != dt) {
-        return Err(invalid!(
-            "{} of {dt} and {}: the types must match",
-            cx.op,
-            x.dtype
-        ));
+        return Err(invalid!("{} of {dt} and {}: the types must match", cx.op, x.dtype));
     }
     expect_output(cx, dt)?;
     let out = &cx.outputs[0].shape;
@@ -663,13 +618,7 @@ fn variadic(cx: &OpCx) -> Prepared {
         mean: bool,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Prepared {
-        Ok(Box::new(Variadic {
-            head,
-            rest,
-            f,
-            mean,
-            _t: PhantomData,
-        }))
+        Ok(Box::new(Variadic { head, rest, f, mean, _t: PhantomData }))
     }
     let mean = cx.op == "Mean";
     numeric!(dt, cx, |T| match cx.op {
@@ -681,9 +630,7 @@ fn variadic(cx: &OpCx) -> Prepared {
 
 impl<T: Num, F: Fn(T, T) -> T + Send + Sync> Kernel for Variadic<T, F> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let xs = (0..inputs.len())
-            .map(|i| input::<T>(inputs, i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let xs = (0..inputs.len()).map(|i| input::<T>(inputs, i)).collect::<Result<Vec<_>, _>>()?;
         let y = output::<T>(outputs)?;
         let skip = match (&self.head, &xs[..]) {
             (Head::Copy(bc), [a, ..]) => {
@@ -741,31 +688,15 @@ fn where_(cx: &OpCx) -> Prepared {
         return Err(invalid!("Where: the condition is {}, not bool", c.dtype));
     }
     if y.dtype != x.dtype {
-        return Err(invalid!(
-            "Where of {} and {}: the types must match",
-            x.dtype,
-            y.dtype
-        ));
+        return Err(invalid!("Where of {} and {}: the types must match", x.dtype, y.dtype));
     }
     expect_output(cx, x.dtype)?;
     let bc = Broadcast::new([&c.shape, &x.shape, &y.shape], &cx.outputs[0].shape)?;
     Ok(match x.dtype.size() {
-        1 => Box::new(Where::<u8> {
-            bc,
-            _t: PhantomData,
-        }),
-        2 => Box::new(Where::<u16> {
-            bc,
-            _t: PhantomData,
-        }),
-        4 => Box::new(Where::<u32> {
-            bc,
-            _t: PhantomData,
-        }),
-        _ => Box::new(Where::<u64> {
-            bc,
-            _t: PhantomData,
-        }),
+        1 => Box::new(Where::<u8> { bc, _t: PhantomData }),
+        2 => Box::new(Where::<u16> { bc, _t: PhantomData }),
+        4 => Box::new(Where::<u32> { bc, _t: PhantomData }),
+        _ => Box::new(Where::<u64> { bc, _t: PhantomData }),
     })
 }
 

@@ -103,29 +103,17 @@ const ATTRS: &[(&str, &[(&str, Spec)])] = &[
     ("Elu", &[("alpha", Float(1.0))]),
     ("Celu", &[("alpha", Float(1.0))]),
     ("ThresholdedRelu", &[("alpha", Float(1.0))]),
-    (
-        "Selu",
-        &[("alpha", Float(1.673_263_2)), ("gamma", Float(1.050_701))],
-    ),
-    (
-        "HardSigmoid",
-        &[("alpha", Float(0.2)), ("beta", Float(0.5))],
-    ),
+    ("Selu", &[("alpha", Float(1.673_263_2)), ("gamma", Float(1.050_701))]),
+    ("HardSigmoid", &[("alpha", Float(0.2)), ("beta", Float(0.5))]),
     ("Gelu", &[("approximate", Text("none", &["none", "tanh"]))]),
-    (
-        "IsInf",
-        &[("detect_negative", Int(1)), ("detect_positive", Int(1))],
-    ),
+    ("IsInf", &[("detect_negative", Int(1)), ("detect_positive", Int(1))]),
     ("Mod", &[("fmod", Int(0))]),
     ("BitShift", &[("direction", Required(&["LEFT", "RIGHT"]))]),
 ];
 
 /// Keeps the attributes the kernel reads, with defaults filled in; drops the rest.
 fn lower_attrs(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
-    let wanted = ATTRS
-        .iter()
-        .find(|(op, _)| *op == node.op)
-        .map_or(&[][..], |(_, a)| a);
+    let wanted = ATTRS.iter().find(|(op, _)| *op == node.op).map_or(&[][..], |(_, a)| a);
     let mut attrs = Attrs::new();
     for (name, spec) in wanted {
         let a = &node.attrs;
@@ -241,15 +229,9 @@ fn cast(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
 
 /// The broadcast shape of `inputs`, which must all have one type; that type.
 fn broadcast_same(inputs: &[&TensorDesc]) -> OpResult<(DType, Vec<usize>)> {
-    let dtype = inputs
-        .first()
-        .ok_or_else(|| op_err!("needs an input"))?
-        .dtype;
+    let dtype = inputs.first().ok_or_else(|| op_err!("needs an input"))?.dtype;
     if let Some(x) = inputs.iter().find(|x| x.dtype != dtype) {
-        return Err(op_err!(
-            "inputs of types {dtype} and {} must have one type",
-            x.dtype
-        ));
+        return Err(op_err!("inputs of types {dtype} and {} must have one type", x.dtype));
     }
     let shapes: Vec<&[usize]> = inputs.iter().map(|x| x.shape.as_slice()).collect();
     Ok((dtype, broadcast_shapes(&shapes)?))
@@ -294,11 +276,7 @@ fn prelu(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
         return Err(op_err!("takes 2 inputs"));
     };
     if broadcast_same(inputs)?.1 != x.shape {
-        return Err(op_err!(
-            "the slope {:?} does not broadcast to X {:?}",
-            slope.shape,
-            x.shape
-        ));
+        return Err(op_err!("the slope {:?} does not broadcast to X {:?}", slope.shape, x.shape));
     }
     Ok(vec![x.clone()])
 }
@@ -341,16 +319,8 @@ mod tests {
         inputs: &[Option<&TensorDesc>],
         consts: &[Option<&dyn Constant>],
     ) -> OpResult<()> {
-        n.inputs = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| t.map(|_| i))
-            .collect();
-        let cx = LowerCx {
-            opset,
-            inputs: inputs.to_vec(),
-            consts: consts.to_vec(),
-        };
+        n.inputs = inputs.iter().enumerate().map(|(i, t)| t.map(|_| i)).collect();
+        let cx = LowerCx { opset, inputs: inputs.to_vec(), consts: consts.to_vec() };
         (lookup(&n.op).expect("op is registered").def.lower)(n, &cx)
     }
 
@@ -372,39 +342,22 @@ mod tests {
         let x = desc(DType::F32, &[2]);
         let mut n = node("LeakyRelu", 1, Attrs::new());
         lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
-        assert_eq!(
-            n.attrs,
-            Attrs::new().with("alpha", AttrValue::Float(f64::from(0.01f32)))
-        );
+        assert_eq!(n.attrs, Attrs::new().with("alpha", AttrValue::Float(f64::from(0.01f32))));
 
         let mut n = node("Selu", 1, Attrs::new().with("gamma", AttrValue::Float(2.0)));
         lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
         // The ONNX defaults are these exact float32 values.
-        assert_eq!(
-            n.attrs.get("alpha"),
-            Some(&AttrValue::Float(1.67326319217681884765625))
-        );
+        assert_eq!(n.attrs.get("alpha"), Some(&AttrValue::Float(1.67326319217681884765625)));
         assert_eq!(n.attrs.get("gamma"), Some(&AttrValue::Float(2.0)));
         let mut n = node("Selu", 1, Attrs::new());
         lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
-        assert_eq!(
-            n.attrs.get("gamma"),
-            Some(&AttrValue::Float(1.05070102214813232421875))
-        );
+        assert_eq!(n.attrs.get("gamma"), Some(&AttrValue::Float(1.05070102214813232421875)));
 
-        let mut n = node(
-            "Relu",
-            1,
-            Attrs::new().with("consumed_inputs", AttrValue::Ints(vec![])),
-        );
+        let mut n = node("Relu", 1, Attrs::new().with("consumed_inputs", AttrValue::Ints(vec![])));
         lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
         assert!(n.attrs.is_empty());
 
-        let mut n = node(
-            "IsInf",
-            1,
-            Attrs::new().with("detect_negative", AttrValue::Int(0)),
-        );
+        let mut n = node("IsInf", 1, Attrs::new().with("detect_negative", AttrValue::Int(0)));
         lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
         assert_eq!(
             n.attrs,
@@ -416,11 +369,8 @@ mod tests {
         let mut n = node("Gelu", 1, Attrs::new());
         lower(&mut n, 20, &[Some(&x)], &[None]).unwrap();
         assert_eq!(n.attrs.text("approximate").unwrap(), "none");
-        let mut n = node(
-            "Gelu",
-            1,
-            Attrs::new().with("approximate", AttrValue::Text("erf".into())),
-        );
+        let mut n =
+            node("Gelu", 1, Attrs::new().with("approximate", AttrValue::Text("erf".into())));
         assert!(lower(&mut n, 20, &[Some(&x)], &[None]).is_err());
 
         let mut n = node("BitShift", 2, Attrs::new());
@@ -441,13 +391,7 @@ mod tests {
         let lo = scalar(-1.5f32);
         // Opset 13, min given, max omitted.
         let mut n = node("Clip", 3, Attrs::new());
-        lower(
-            &mut n,
-            13,
-            &[Some(&x), Some(&s), None],
-            &[None, Some(&lo), None],
-        )
-        .unwrap();
+        lower(&mut n, 13, &[Some(&x), Some(&s), None], &[None, Some(&lo), None]).unwrap();
         assert_eq!(
             n.attrs,
             Attrs::new()
@@ -470,13 +414,7 @@ mod tests {
         let si = desc(DType::I64, &[]);
         let hi = scalar(i64::MAX - 1);
         let mut n = node("Clip", 3, Attrs::new());
-        lower(
-            &mut n,
-            13,
-            &[Some(&xi), None, Some(&si)],
-            &[None, None, Some(&hi)],
-        )
-        .unwrap();
+        lower(&mut n, 13, &[Some(&xi), None, Some(&si)], &[None, None, Some(&hi)]).unwrap();
         assert_eq!(n.attrs.get("max"), Some(&AttrValue::Int(i64::MAX - 1)));
         // A bound computed at run time cannot be lowered.
         let mut n = node("Clip", 2, Attrs::new());
@@ -487,11 +425,7 @@ mod tests {
     fn cast_like_becomes_cast() {
         let x = desc(DType::F32, &[2, 3]);
         let like = desc(DType::I64, &[1]);
-        let mut n = node(
-            "CastLike",
-            2,
-            Attrs::new().with("saturate", AttrValue::Int(1)),
-        );
+        let mut n = node("CastLike", 2, Attrs::new().with("saturate", AttrValue::Int(1)));
         lower(&mut n, 19, &[Some(&x), Some(&like)], &[None, None]).unwrap();
         assert_eq!(n.op, "Cast");
         assert_eq!(n.inputs, vec![Some(0)]);
@@ -499,10 +433,7 @@ mod tests {
         assert_eq!(infer(&n, &[&x]).unwrap(), vec![desc(DType::I64, &[2, 3])]);
 
         let mut n = node("Cast", 1, Attrs::new().with("to", AttrValue::Int(8)));
-        assert!(
-            lower(&mut n, 13, &[Some(&x)], &[None]).is_err(),
-            "STRING is not a type we run"
-        );
+        assert!(lower(&mut n, 13, &[Some(&x)], &[None]).is_err(), "STRING is not a type we run");
     }
 
     #[test]
@@ -510,56 +441,32 @@ mod tests {
         let n = |op: &str| node(op, 2, Attrs::new());
         let a = desc(DType::F32, &[2, 1, 3]);
         let b = desc(DType::F32, &[4, 1]);
-        assert_eq!(
-            infer(&n("Add"), &[&a, &b]).unwrap(),
-            vec![desc(DType::F32, &[2, 4, 3])]
-        );
-        assert_eq!(
-            infer(&n("Less"), &[&a, &b]).unwrap(),
-            vec![desc(DType::Bool, &[2, 4, 3])]
-        );
+        assert_eq!(infer(&n("Add"), &[&a, &b]).unwrap(), vec![desc(DType::F32, &[2, 4, 3])]);
+        assert_eq!(infer(&n("Less"), &[&a, &b]).unwrap(), vec![desc(DType::Bool, &[2, 4, 3])]);
         let i = desc(DType::I64, &[3]);
         assert!(infer(&n("Mul"), &[&a, &i]).is_err(), "types must match");
-        assert_eq!(
-            infer(&n("Pow"), &[&a, &i]).unwrap(),
-            vec![desc(DType::F32, &[2, 1, 3])]
-        );
+        assert_eq!(infer(&n("Pow"), &[&a, &i]).unwrap(), vec![desc(DType::F32, &[2, 1, 3])]);
         assert!(infer(&n("Add"), &[&a, &desc(DType::F32, &[2])]).is_err());
         assert!(infer(&n("And"), &[&a, &a]).is_err(), "logic takes bools");
 
         let chw = desc(DType::F32, &[1, 3, 4, 4]);
         let slope = desc(DType::F32, &[3, 1, 1]);
-        assert_eq!(
-            infer(&n("PRelu"), &[&chw, &slope]).unwrap(),
-            vec![chw.clone()]
-        );
-        assert!(
-            infer(&n("PRelu"), &[&slope, &chw]).is_err(),
-            "only the slope broadcasts"
-        );
+        assert_eq!(infer(&n("PRelu"), &[&chw, &slope]).unwrap(), vec![chw.clone()]);
+        assert!(infer(&n("PRelu"), &[&slope, &chw]).is_err(), "only the slope broadcasts");
 
         let sum = node("Sum", 3, Attrs::new());
         let s = desc(DType::F32, &[]);
-        assert_eq!(
-            infer(&sum, &[&a, &b, &s]).unwrap(),
-            vec![desc(DType::F32, &[2, 4, 3])]
-        );
+        assert_eq!(infer(&sum, &[&a, &b, &s]).unwrap(), vec![desc(DType::F32, &[2, 4, 3])]);
         assert_eq!(infer(&sum, &[&s]).unwrap(), vec![s.clone()]);
 
         let w = node("Where", 3, Attrs::new());
         let c = desc(DType::Bool, &[4, 1]);
         let x = desc(DType::I64, &[3]);
-        assert_eq!(
-            infer(&w, &[&c, &x, &x]).unwrap(),
-            vec![desc(DType::I64, &[4, 3])]
-        );
+        assert_eq!(infer(&w, &[&c, &x, &x]).unwrap(), vec![desc(DType::I64, &[4, 3])]);
         assert!(infer(&w, &[&x, &x, &x]).is_err(), "the condition is bool");
 
         let isnan = node("IsNaN", 1, Attrs::new());
-        assert_eq!(
-            infer(&isnan, &[&a]).unwrap(),
-            vec![desc(DType::Bool, &[2, 1, 3])]
-        );
+        assert_eq!(infer(&isnan, &[&a]).unwrap(), vec![desc(DType::Bool, &[2, 1, 3])]);
         assert!(infer(&node("Relu", 1, Attrs::new()), &[&a, &a]).is_err());
     }
 }

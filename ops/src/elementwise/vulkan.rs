@@ -72,10 +72,7 @@ pub fn unary_expr(op: &str, x: &str) -> Option<String> {
         "Tanh" => tanh(x),
         "Sigmoid" => format!("1.0 / (1.0 + exp(-{x}))"),
         "Erf" => erf(x),
-        "HardSwish" => format!(
-            "{x} * min(max({x} * {} + 0.5, 0.0), 1.0)",
-            f32_lit(1.0 / 6.0)
-        ),
+        "HardSwish" => format!("{x} * min(max({x} * {} + 0.5, 0.0), 1.0)", f32_lit(1.0 / 6.0)),
         "Softplus" => softplus(x),
         "Softsign" => format!("{x} / (1.0 + abs({x}))"),
         "Mish" => format!("{x} * {}", tanh(&format!("({})", softplus(x)))),
@@ -88,9 +85,9 @@ fn horner(z: &str, coefficients: &[f64]) -> String {
     let Some((&last, rest)) = coefficients.split_last() else {
         return "0.0".into();
     };
-    rest.iter().rev().fold(f32_lit(last as f32), |s, &c| {
-        format!("{} + {z} * ({s})", f32_lit(c as f32))
-    })
+    rest.iter()
+        .rev()
+        .fold(f32_lit(last as f32), |s, &c| format!("{} + {z} * ({s})", f32_lit(c as f32)))
 }
 
 /// Selects the Taylor polynomial `x * p(x²)` near 0, where `far` loses relative precision.
@@ -117,27 +114,13 @@ fn sinh(x: &str) -> String {
 /// above (error < 1.5e-7 absolute, where erf > 0.52).
 fn erf(x: &str) -> String {
     let t = format!("(1.0 / (1.0 + 0.3275911 * abs({x})))");
-    let a = [
-        0.0,
-        0.254829592,
-        -0.284496736,
-        1.421413741,
-        -1.453152027,
-        1.061405429,
-    ];
+    let a = [0.0, 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429];
     let poly = horner(&t, &a);
     let far = format!("sign({x}) * (1.0 - ({poly}) * exp(-{x} * {x}))");
     // 2/√π Σ (-1)ⁿ x²ⁿ / (n! (2n + 1)), n = 0..5.
     let k = std::f64::consts::FRAC_2_SQRT_PI;
-    let taylor = [
-        1.0,
-        -1.0 / 3.0,
-        1.0 / 10.0,
-        -1.0 / 42.0,
-        1.0 / 216.0,
-        -1.0 / 1320.0,
-    ]
-    .map(|c| c * k);
+    let taylor =
+        [1.0, -1.0 / 3.0, 1.0 / 10.0, -1.0 / 42.0, 1.0 / 216.0, -1.0 / 1320.0].map(|c| c * k);
     near_zero(x, &far, 0.5, &taylor)
 }
 
@@ -148,18 +131,7 @@ fn softplus(x: &str) -> String {
     // 1 + e would round e off.
     let log1p = format!(
         "select(log(1.0 + {e}), {e} * ({}), {e} < 0.1)",
-        horner(
-            &e,
-            &[
-                1.0,
-                -1.0 / 2.0,
-                1.0 / 3.0,
-                -1.0 / 4.0,
-                1.0 / 5.0,
-                -1.0 / 6.0,
-                1.0 / 7.0
-            ]
-        )
+        horner(&e, &[1.0, -1.0 / 2.0, 1.0 / 3.0, -1.0 / 4.0, 1.0 / 5.0, -1.0 / 6.0, 1.0 / 7.0])
     );
     format!("(max({x}, 0.0) + {log1p})")
 }
@@ -295,9 +267,7 @@ impl Ty {
         let int_as = |wrap: fn(i64) -> i64, sat: fn(f64) -> i64| int.map_or(sat(v), wrap);
         match self {
             Ty::F32 => (int.map_or(v, |i| i as f64) as f32).to_bits(),
-            Ty::F16 => half::f16::from_f64(int.map_or(v, |i| i as f64))
-                .to_f32()
-                .to_bits(),
+            Ty::F16 => half::f16::from_f64(int.map_or(v, |i| i as f64)).to_f32().to_bits(),
             Ty::I8 => int_as(|i| i64::from(i as i8), |v| i64::from(v as i8)) as u32,
             Ty::I16 => int_as(|i| i64::from(i as i16), |v| i64::from(v as i16)) as u32,
             Ty::I32 => int_as(|i| i64::from(i as i32), |v| i64::from(v as i32)) as u32,
@@ -364,19 +334,12 @@ struct Body {
 
 impl Body {
     fn of(expr: impl Into<String>) -> Body {
-        Body {
-            expr: expr.into(),
-            float: false,
-            consts: Vec::new(),
-        }
+        Body { expr: expr.into(), float: false, consts: Vec::new() }
     }
 
     /// An expression that calls `float.wgsl`.
     fn float(expr: impl Into<String>) -> Body {
-        Body {
-            float: true,
-            ..Body::of(expr)
-        }
+        Body { float: true, ..Body::of(expr) }
     }
 }
 
@@ -411,11 +374,7 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
     let op = cx.op;
     let refuse = || no_kernel!("{op} of {args:?} to {out:?}");
     let arity = |n: usize| {
-        if args.len() == n {
-            Ok(())
-        } else {
-            Err(no_kernel!("{op} with {} inputs", args.len()))
-        }
+        if args.len() == n { Ok(()) } else { Err(no_kernel!("{op} with {} inputs", args.len())) }
     };
     // `a` the first input's type, `c` the type it computes in.
     let a = args[0];
@@ -661,10 +620,7 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
         "Gelu" => match cx.attrs.text("approximate") {
             Ok("none") => format!(
                 "0.5 * {x} * (1.0 + {})",
-                erf(&format!(
-                    "({x} * {})",
-                    f32_lit(std::f32::consts::FRAC_1_SQRT_2)
-                ))
+                erf(&format!("({x} * {})", f32_lit(std::f32::consts::FRAC_1_SQRT_2)))
             ),
             Ok("tanh") => {
                 let k = f32_lit((2.0 / std::f64::consts::PI).sqrt() as f32);
@@ -675,11 +631,7 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
         },
         op => unary_expr(op, x).ok_or_else(|| no_kernel!("no Vulkan kernel for {op}"))?,
     };
-    Ok(Body {
-        expr,
-        float: false,
-        consts,
-    })
+    Ok(Body { expr, float: false, consts })
 }
 
 /// Clip to the `min` and `max` attributes (ints or floats, converted as the CPU does): the
@@ -764,9 +716,7 @@ fn binary(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
             if fmod()? {
                 Body::of(r)
             } else {
-                Body::of(format!(
-                    "select({r}, {r} + a1, {r} != 0i && ({r} < 0i) != (a1 < 0i))"
-                ))
+                Body::of(format!("select({r}, {r} + a1, {r} != 0i && ({r} < 0i) != (a1 < 0i))"))
             }
         }
         ("Mod", _) => {
@@ -802,10 +752,7 @@ fn variadic(op: &str, real: Ty, n: usize) -> Result<Body, NoKernel> {
         ("Max" | "Min", Ty::F32) => Body::float(acc),
         ("Mean", Ty::I64 | Ty::U64) => {
             let div = if t == Ty::I64 { "sdiv64" } else { "udiv64" };
-            Body::of(format!(
-                "{div}({acc}, {})[0]",
-                t.lit(n as f64, Some(n as i64))
-            ))
+            Body::of(format!("{div}({acc}, {})[0]", t.lit(n as f64, Some(n as i64))))
         }
         ("Mean", _) => Body::of(format!(
             "{} / {}",
@@ -854,15 +801,11 @@ fn broadcast(
     if let Some(k) = cx.in_place()
         && (strides[k] != own || tys[k] != out_ty)
     {
-        return Err(no_kernel!(
-            "{} in place over a broadcast or other-typed input",
-            cx.op
-        ));
+        return Err(no_kernel!("{} in place over a broadcast or other-typed input", cx.op));
     }
     let words = cx.inputs.iter().zip(tys).chain([(out, &out_ty)]);
-    if let Some((o, _)) = words
-        .filter(|(_, t)| t.bits().is_some())
-        .find(|(o, _)| o.byte_offset % 4 != 0)
+    if let Some((o, _)) =
+        words.filter(|(_, t)| t.bits().is_some()).find(|(o, _)| o.byte_offset % 4 != 0)
     {
         return Err(no_kernel!(
             "{}: a packed tensor at byte {} is not word-aligned",
@@ -877,16 +820,11 @@ fn broadcast(
         && !tys.iter().any(|&t| unvectorised(t))
         && len.first().is_some_and(|l| l % 4 == 0)
         && (out_ty == Ty::Bool || out.aligned16())
-        && cx
-            .inputs
-            .iter()
-            .zip(tys)
-            .zip(&strides)
-            .all(|((x, &t), s)| match s[0] {
-                0 => true,
-                1 => (t == Ty::Bool || x.aligned16()) && s[1..].iter().all(|s| s % 4 == 0),
-                _ => false,
-            });
+        && cx.inputs.iter().zip(tys).zip(&strides).all(|((x, &t), s)| match s[0] {
+            0 => true,
+            1 => (t == Ty::Bool || x.aligned16()) && s[1..].iter().all(|s| s % 4 == 0),
+            _ => false,
+        });
     let packed = out_ty.bits().is_some() && !vector;
     let runs = |k: usize| strides[k].first() == Some(&1);
 
@@ -911,26 +849,17 @@ fn broadcast(
             true => load4(k, t, runs(k)),
             false => load(k, t),
         };
-        spec = spec
-            .alias(A[k], t.scalar())
-            .alias(S[k], storage)
-            .hook(LOAD[k], load);
+        spec = spec.alias(A[k], t.scalar()).alias(S[k], storage).hook(LOAD[k], load);
         bindings.push(Binding::input(&format!("x{k}"), k, storage));
     }
-    let op = format!(
-        "fn op(a0: A0, a1: A1, a2: A2) -> Y {{\n    return {};\n}}\n",
-        body.expr
-    );
+    let op = format!("fn op(a0: A0, a1: A1, a2: A2) -> Y {{\n    return {};\n}}\n", body.expr);
     spec = spec.hook("op", op);
     spec = match (vector, packed) {
         (true, _) => spec.alias("SY", y_ty).hook("store", store4(out_ty)),
         (false, true) => spec
             .hook(
                 "pack",
-                format!(
-                    "fn pack(v: Y) -> u32 {{\n    return {};\n}}\n",
-                    out_ty.pack("v")
-                ),
+                format!("fn pack(v: Y) -> u32 {{\n    return {};\n}}\n", out_ty.pack("v")),
             )
             .set("BITS", out_ty.bits().unwrap_or(8)),
         (false, false) => spec.alias("SY", y_ty).hook("store", store(out_ty)),
@@ -946,11 +875,7 @@ fn broadcast(
         spec = spec.library(&F16);
     }
     if vector
-        && (out_ty == Ty::Bool
-            || tys
-                .iter()
-                .enumerate()
-                .any(|(k, &t)| t == Ty::Bool && runs(k)))
+        && (out_ty == Ty::Bool || tys.iter().enumerate().any(|(k, &t)| t == Ty::Bool && runs(k)))
     {
         spec = spec.library(&BYTES);
     }
@@ -1044,9 +969,7 @@ fn collapse(cx: &KernelCx) -> Result<(Vec<u64>, Vec<Vec<u64>>), NoKernel> {
     }
     dims.reverse();
     let len = dims.iter().map(|(l, _)| *l).collect();
-    let strides = (0..cx.inputs.len())
-        .map(|k| dims.iter().map(|(_, s)| s[k]).collect())
-        .collect();
+    let strides = (0..cx.inputs.len()).map(|k| dims.iter().map(|(_, s)| s[k]).collect()).collect();
     Ok((len, strides))
 }
 
@@ -1079,9 +1002,7 @@ fn unpacked(k: usize, t: Ty, e: &str) -> String {
     let bits = t.bits().unwrap_or(32);
     let per = 32 / bits;
     let mask = (1u64 << bits) - 1;
-    t.unpack(&format!(
-        "((x{k}[p.x{k} + {e} / {per}u] >> (({e} % {per}u) * {bits}u)) & {mask:#x}u)"
-    ))
+    t.unpack(&format!("((x{k}[p.x{k} + {e} / {per}u] >> (({e} % {per}u) * {bits}u)) & {mask:#x}u)"))
 }
 
 /// Hook `store` of `map.wgsl`.
@@ -1117,12 +1038,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", d.label, d.wgsl));
         assert!(d.bindings.len() as u32 <= c.slots, "{}", d.label);
         assert_eq!(d.params.len() as u32, c.push_words - c.slots, "{}", d.label);
-        assert!(
-            c.push_words <= 32,
-            "{}: {} push-constant words",
-            d.label,
-            c.push_words
-        );
+        assert!(c.push_words <= 32, "{}: {} push-constant words", d.label, c.push_words);
         assert!(
             d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)),
             "{}: {:?}",
@@ -1140,14 +1056,7 @@ mod tests {
         inputs: &'a [Operand],
         outputs: &'a [Operand],
     ) -> KernelCx<'a> {
-        KernelCx {
-            class: DeviceClass::Any,
-            op,
-            name: "t",
-            attrs,
-            inputs,
-            outputs,
-        }
+        KernelCx { class: DeviceClass::Any, op, name: "t", attrs, inputs, outputs }
     }
 
     /// Lowers one step and checks every dispatch against its compiled module.
@@ -1190,14 +1099,10 @@ mod tests {
             "Selu" => Attrs::new().with("alpha", f(1.6)).with("gamma", f(1.05)),
             "HardSigmoid" => Attrs::new().with("alpha", f(0.2)).with("beta", f(0.5)),
             "Gelu" => Attrs::new().with("approximate", AttrValue::Text("none".into())),
-            "Clip" => Attrs::new()
-                .with("min", f(-1.0))
-                .with("max", f(f64::INFINITY)),
+            "Clip" => Attrs::new().with("min", f(-1.0)).with("max", f(f64::INFINITY)),
             "Cast" => Attrs::new().with("to", int(1)),
             "Mod" => Attrs::new().with("fmod", int(0)),
-            "IsInf" => Attrs::new()
-                .with("detect_negative", int(0))
-                .with("detect_positive", int(1)),
+            "IsInf" => Attrs::new().with("detect_negative", int(0)).with("detect_positive", int(1)),
             "BitShift" => Attrs::new().with("direction", AttrValue::Text("RIGHT".into())),
             _ => Attrs::new(),
         }
@@ -1213,10 +1118,7 @@ mod tests {
         }
         // Libraries have no entry point of their own.
         for lib in LIBRARIES {
-            let wgsl = format!(
-                "{}\n@compute @workgroup_size(1)\nfn main() {{}}\n",
-                lib.source
-            );
+            let wgsl = format!("{}\n@compute @workgroup_size(1)\nfn main() {{}}\n", lib.source);
             compile(&wgsl, &[]).unwrap_or_else(|e| panic!("{}: {e}", lib.path));
         }
         // And those are all the family's files.
@@ -1239,31 +1141,11 @@ mod tests {
         type Step<'a> = (&'a str, &'a Attrs, &'a [&'a [usize]], &'a [usize]);
         let steps: [Step; 6] = [
             // PP-OCR's squeeze-excite scale (vec4 rows of 49 and rows of 49), residual adds.
-            (
-                "Mul",
-                &none,
-                &[&[1, 96, 14, 14], &[1, 96, 1, 1]],
-                &[1, 96, 14, 14],
-            ),
-            (
-                "Mul",
-                &none,
-                &[&[1, 96, 7, 7], &[1, 96, 1, 1]],
-                &[1, 96, 7, 7],
-            ),
-            (
-                "Add",
-                &none,
-                &[&[1, 24, 56, 56], &[1, 24, 56, 56]],
-                &[1, 24, 56, 56],
-            ),
+            ("Mul", &none, &[&[1, 96, 14, 14], &[1, 96, 1, 1]], &[1, 96, 14, 14]),
+            ("Mul", &none, &[&[1, 96, 7, 7], &[1, 96, 1, 1]], &[1, 96, 7, 7]),
+            ("Add", &none, &[&[1, 24, 56, 56], &[1, 24, 56, 56]], &[1, 24, 56, 56]),
             ("Sigmoid", &none, &[&[1, 1, 224, 224]], &[1, 1, 224, 224]),
-            (
-                "Sum",
-                &none,
-                &[&[2, 3, 4, 5], &[2, 1, 4, 1], &[5]],
-                &[2, 3, 4, 5],
-            ),
+            ("Sum", &none, &[&[2, 3, 4, 5], &[2, 1, 4, 1], &[5]], &[2, 3, 4, 5]),
             ("HardSigmoid", &attrs_of("HardSigmoid"), &[&[3, 5]], &[3, 5]),
         ];
         for (op, attrs, inputs, output) in steps {
@@ -1280,12 +1162,7 @@ mod tests {
         let at = |shape: &[usize], k: u64| f32s(shape, k << 22);
         let mul = |c: usize, hw: usize| {
             let x = at(&[1, c, hw, hw], 0);
-            let d = lower_ok(
-                "Mul",
-                &none,
-                &[x, at(&[1, c, 1, 1], 1)],
-                at(&[1, c, hw, hw], 2),
-            );
+            let d = lower_ok("Mul", &none, &[x, at(&[1, c, 1, 1], 1)], at(&[1, c, hw, hw], 2));
             assert_eq!(d.len(), 1);
             d.into_iter().next().unwrap()
         };
@@ -1318,12 +1195,7 @@ mod tests {
         );
         insta::assert_snapshot!(
             "hardsigmoid",
-            source(
-                "HardSigmoid",
-                &attrs_of("HardSigmoid"),
-                &[f32s(&[3, 5], 0)],
-                f32s(&[3, 5], 64)
-            )
+            source("HardSigmoid", &attrs_of("HardSigmoid"), &[f32s(&[3, 5], 0)], f32s(&[3, 5], 64))
         );
         // Packed outputs, 64-bit inputs.
         let longs = [t(DType::I64, &[5], 0), t(DType::I64, &[1], 64)];
@@ -1344,22 +1216,13 @@ mod tests {
         ];
         insta::assert_snapshot!(
             "where_i32_v4",
-            source(
-                "Where",
-                &Attrs::new(),
-                &inputs,
-                t(DType::I32, &[2, 3, 8], 512)
-            )
+            source("Where", &Attrs::new(), &inputs, t(DType::I32, &[2, 3, 8], 512))
         );
     }
 
     #[test]
     fn every_op_compiles_scalar_and_vec4() {
-        for op in crate::elementwise::OPS
-            .iter()
-            .filter(|d| d.cpu_only.is_none())
-            .map(|d| d.name)
-        {
+        for op in crate::elementwise::OPS.iter().filter(|d| d.cpu_only.is_none()).map(|d| d.name) {
             let (arity, input, output) = signature(op);
             if op == "Where" {
                 continue;
@@ -1398,9 +1261,7 @@ mod tests {
             DType::I8,
             DType::U8,
         ] {
-            for op in [
-                "Add", "Sub", "Mul", "Div", "Mod", "PRelu", "Max", "Min", "Sum", "Mean",
-            ] {
+            for op in ["Add", "Sub", "Mul", "Div", "Mod", "PRelu", "Max", "Min", "Sum", "Mean"] {
                 for fmod in [0, 1] {
                     let attrs = Attrs::new().with("fmod", AttrValue::Int(fmod));
                     let inputs = [t(dt, &[3, 4], 0), t(dt, &[4], 128)];
@@ -1419,15 +1280,8 @@ mod tests {
             }
         }
         // Integer Clip bounds are constants, wrapped as the CPU wraps them.
-        let attrs = Attrs::new()
-            .with("min", AttrValue::Int(-3))
-            .with("max", AttrValue::Int(300));
-        let d = lower_ok(
-            "Clip",
-            &attrs,
-            &[t(DType::I8, &[5], 0)],
-            t(DType::I8, &[5], 64),
-        );
+        let attrs = Attrs::new().with("min", AttrValue::Int(-3)).with("max", AttrValue::Int(300));
+        let d = lower_ok("Clip", &attrs, &[t(DType::I8, &[5], 0)], t(DType::I8, &[5], 64));
         assert_eq!(d[0].params[d[0].params.len() - 2..], [-3i32 as u32, 44]);
         let all = [
             DType::F32,
@@ -1466,31 +1320,19 @@ mod tests {
             }
         }
         // Where moves 64-bit values.
-        let inputs = [
-            t(DType::Bool, &[4], 0),
-            t(DType::I64, &[4], 64),
-            t(DType::I64, &[1], 128),
-        ];
+        let inputs = [t(DType::Bool, &[4], 0), t(DType::I64, &[4], 64), t(DType::I64, &[1], 128)];
         lower_ok("Where", &Attrs::new(), &inputs, t(DType::I64, &[4], 256));
     }
 
     #[test]
     fn f16_computes_in_f32_packed_two_to_a_word() {
         let h = |shape: &[usize], at| Operand::arena(TensorDesc::new(DType::F16, shape), at);
-        for op in crate::elementwise::OPS
-            .iter()
-            .filter(|d| d.cpu_only.is_none())
-            .map(|d| d.name)
-        {
+        for op in crate::elementwise::OPS.iter().filter(|d| d.cpu_only.is_none()).map(|d| d.name) {
             let (arity, input, output) = signature(op);
             if input != DType::F32 || op == "Where" {
                 continue;
             }
-            let out_dt = if output == DType::F32 {
-                DType::F16
-            } else {
-                output
-            };
+            let out_dt = if output == DType::F32 { DType::F16 } else { output };
             let inputs: Vec<Operand> = (0..arity).map(|k| h(&[5], 64 * k as u64)).collect();
             let out = Operand::arena(TensorDesc::new(out_dt, [5]), 1024);
             let d = lower_ok(op, &attrs_of(op), &inputs, out);
@@ -1502,12 +1344,8 @@ mod tests {
             }
         }
         // Sum rounds each step to f16, as the CPU.
-        let d = lower_ok(
-            "Sum",
-            &Attrs::new(),
-            &[h(&[4], 0), h(&[4], 64), h(&[4], 128)],
-            h(&[4], 256),
-        );
+        let d =
+            lower_ok("Sum", &Attrs::new(), &[h(&[4], 0), h(&[4], 64), h(&[4], 128)], h(&[4], 256));
         insta::assert_snapshot!("sum_f16_pack", d[0].wgsl);
     }
 
@@ -1528,9 +1366,7 @@ mod tests {
     fn grid(d: &Dispatch) -> (Vec<u32>, Vec<Vec<u32>>, Vec<u32>) {
         let per = if d.label.ends_with("_v4") { 3 } else { 4 };
         let p = &d.params;
-        let strides = (0..MAX_INPUTS)
-            .map(|k| p[3 + k * per..3 + (k + 1) * per].to_vec())
-            .collect();
+        let strides = (0..MAX_INPUTS).map(|k| p[3 + k * per..3 + (k + 1) * per].to_vec()).collect();
         let base = 3 + MAX_INPUTS * per;
         (p[..3].to_vec(), strides, p[base..base + 3].to_vec())
     }
@@ -1555,12 +1391,7 @@ mod tests {
         // operand does not.
         let x = f32s(&[1, 8, 16, 16], 0);
         let bias = f32s(&[1, 8, 1, 1], 8192);
-        let d = lower_ok(
-            "Mul",
-            &Attrs::new(),
-            &[x, bias.clone()],
-            f32s(&[1, 8, 16, 16], 16384),
-        );
+        let d = lower_ok("Mul", &Attrs::new(), &[x, bias.clone()], f32s(&[1, 8, 16, 16], 16384));
         assert!(d[0].label.ends_with("_v4"));
         assert_eq!((grid(&d[0]).0, d[0].groups), (vec![64, 8, 1], [1, 8, 1]));
         let d = lower_ok(
@@ -1603,12 +1434,7 @@ mod tests {
             &[f32s(&[], 0), f32s(&[5, 1, 3], 16)],
             f32s(&[5, 1, 3], 128),
         );
-        let d = lower_ok(
-            "Pow",
-            &Attrs::new(),
-            &[f32s(&[], 0), f32s(&[], 16)],
-            f32s(&[], 32),
-        );
+        let d = lower_ok("Pow", &Attrs::new(), &[f32s(&[], 0), f32s(&[], 16)], f32s(&[], 32));
         assert_eq!(grid(&d[0]).0, [1, 1, 1]);
         // Variadic ops take up to 3 inputs.
         let x = f32s(&[4], 0);
@@ -1627,12 +1453,8 @@ mod tests {
         let x = Operand::arena(TensorDesc::new(DType::I32, [2, 3, 8]), 64);
         let y = Operand::arena(TensorDesc::new(DType::I32, [8]), 256);
         let out = Operand::arena(TensorDesc::new(DType::I32, [2, 3, 8]), 512);
-        let d = lower_ok(
-            "Where",
-            &Attrs::new(),
-            &[cond.clone(), x.clone(), y.clone()],
-            out.clone(),
-        );
+        let d =
+            lower_ok("Where", &Attrs::new(), &[cond.clone(), x.clone(), y.clone()], out.clone());
         // Its source is the snapshot where_i32_v4: the condition's bytes as 4-vectors.
         assert!(d[0].label.ends_with("_v4"));
         // Odd lengths take the byte-extracting scalar path.
@@ -1657,11 +1479,7 @@ mod tests {
         let a = f32s(&[4, 4], 0);
         let b = f32s(&[4], 64);
         let d = lower_ok("Add", &attrs, &[a.clone(), b.clone()], a.clone());
-        assert_eq!(
-            grid(&d[0]).1[0],
-            [4, 0, 0],
-            "a is read at the output's own index"
-        );
+        assert_eq!(grid(&d[0]).1[0], [4, 0, 0], "a is read at the output's own index");
         // Over the broadcast operand it would read elements others overwrite.
         let outputs = [f32s(&[4, 4], 64)];
         let inputs = [a, b];
@@ -1676,17 +1494,9 @@ mod tests {
         let d = lower_ok("Relu", &Attrs::new(), &[f32s(&[n], 0)], f32s(&[n], 0));
         assert_eq!(d.len(), 2);
         assert_eq!((d[0].groups, d[1].groups), ([65535, 1, 1], [1, 1, 1]));
-        assert_eq!(
-            (grid(&d[0]).2, grid(&d[1]).2),
-            (vec![0, 0, 0], vec![65535 * 64, 0, 0])
-        );
+        assert_eq!((grid(&d[0]).2, grid(&d[1]).2), (vec![0, 0, 0], vec![65535 * 64, 0, 0]));
         // Elements one by one: 262141 workgroups in 5 dispatches.
-        let d = lower_ok(
-            "Sigmoid",
-            &Attrs::new(),
-            &[f32s(&[n + 1], 0)],
-            f32s(&[n + 1], 0),
-        );
+        let d = lower_ok("Sigmoid", &Attrs::new(), &[f32s(&[n + 1], 0)], f32s(&[n + 1], 0));
         assert!(!d[0].label.ends_with("_v4"));
         let groups: Vec<u32> = d.iter().map(|d| d.groups[0]).collect();
         assert_eq!(groups, [65535, 65535, 65535, 65535, 1]);
@@ -1704,10 +1514,6 @@ mod tests {
         let out = Operand::arena(TensorDesc::new(DType::Bool, [m]), 1 << 27);
         let d = lower_ok("IsNaN", &Attrs::new(), &[f32s(&[m], 0)], out);
         assert_eq!((d.len(), d[1].groups), (2, [1, 1, 1]));
-        assert_eq!(
-            d[1].params[3 + 1 + 12],
-            65535 * 64,
-            "the second starts at word 65535 * 64"
-        );
+        assert_eq!(d[1].params[3 + 1 + 12], 65535 * 64, "the second starts at word 65535 * 64");
     }
 }

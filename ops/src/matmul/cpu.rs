@@ -33,18 +33,10 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
         return Err(cx.dtype_error(dtype));
     }
-    if let Some(d) = cx
-        .inputs
-        .iter()
-        .chain(cx.outputs)
-        .find(|d| d.dtype != dtype)
-    {
+    if let Some(d) = cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != dtype) {
         return Err(invalid!("{} mixes {dtype} and {}", cx.op, d.dtype));
     }
-    let shapes: Vec<&[usize]> = cx.inputs[..own]
-        .iter()
-        .map(|d| d.shape.as_slice())
-        .collect();
+    let shapes: Vec<&[usize]> = cx.inputs[..own].iter().map(|d| d.shape.as_slice()).collect();
     let (shape, axes, alpha, bias) = match cx.op {
         "MatMul" => {
             let (shape, axes) = matmul_axes(shapes[0], shapes[1])?;
@@ -71,15 +63,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if ea > cx.inputs[0].elements() || eb > eb_max || ec > cx.outputs[0].elements() {
         return Err(invalid!("{} axes reach past its operands", cx.op));
     }
-    Ok(Box::new(ProductKernel {
-        dtype,
-        plan,
-        alpha,
-        bias,
-        unary,
-        post,
-        own,
-    }))
+    Ok(Box::new(ProductKernel { dtype, plan, alpha, bias, unary, post, own }))
 }
 
 /// A product plan plus what the output holds before the product is added to it.
@@ -152,15 +136,11 @@ impl ProductKernel {
                 .as_slice::<T>()
                 .map_err(KernelError::from)
         };
-        let out = outputs
-            .first_mut()
-            .ok_or_else(|| invalid!("missing output"))?
-            .as_slice_mut::<T>()?;
+        let out =
+            outputs.first_mut().ok_or_else(|| invalid!("missing output"))?.as_slice_mut::<T>()?;
         let one = [T::one()];
         let (a, b) = (input(0)?, if self.unary { &one[..] } else { input(1)? });
-        let extras = self
-            .post
-            .operands::<T>(inputs, self.own, out.len(), aliased)?;
+        let extras = self.post.operands::<T>(inputs, self.own, out.len(), aliased)?;
         let accumulate = self.post.accumulates();
         if accumulate || self.bias.is_none() {
             self.post.start(out, &extras, aliased.is_some())?;
@@ -169,13 +149,12 @@ impl ProductKernel {
             bias.fill(input(2)?, out, accumulate)?;
         }
         let post = self.post.applies();
-        self.plan
-            .run(T::from_f32(self.alpha), a, b, out, |block, at| {
-                if post {
-                    apply(&self.post, block, at, &extras)?;
-                }
-                Ok(())
-            })
+        self.plan.run(T::from_f32(self.alpha), a, b, out, |block, at| {
+            if post {
+                apply(&self.post, block, at, &extras)?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -235,9 +214,7 @@ fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), Kern
     let (ba, (m, k)) = split(a, true)?;
     let (bb, (kb, n)) = split(b, false)?;
     if k != kb {
-        return Err(invalid!(
-            "MatMul of {a:?} and {b:?}: inner dimensions differ"
-        ));
+        return Err(invalid!("MatMul of {a:?} and {b:?}: inner dimensions differ"));
     }
     let rank = ba.len().max(bb.len());
     let dim = |s: &[usize], i: usize| (i + s.len()).checked_sub(rank).map_or(1, |j| s[j]);
@@ -245,9 +222,7 @@ fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), Kern
     for i in 0..rank {
         let (da, db) = (dim(ba, i), dim(bb, i));
         if da != db && da != 1 && db != 1 {
-            return Err(invalid!(
-                "MatMul of {a:?} and {b:?}: batch dimensions do not broadcast"
-            ));
+            return Err(invalid!("MatMul of {a:?} and {b:?}: batch dimensions do not broadcast"));
         }
         batch.push(if da == 1 { db } else { da });
     }
@@ -260,11 +235,7 @@ fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), Kern
         axes.push(Axis::new(batch[i], stride(da, sa), stride(db, sb), sc));
         (sa, sb, sc) = (sa * da, sb * db, sc * batch[i]);
     }
-    axes.extend([
-        Axis::new(m, k, 0, n),
-        Axis::new(n, 0, 1, 1),
-        Axis::new(k, 1, n, 0),
-    ]);
+    axes.extend([Axis::new(m, k, 0, n), Axis::new(n, 0, 1, 1), Axis::new(k, 1, n, 0)]);
     let mut shape = batch;
     if a.len() > 1 {
         shape.push(m);
@@ -282,16 +253,10 @@ fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
     let (ta, tb) = (cx.attrs.int("transA")? != 0, cx.attrs.int("transB")? != 0);
     let (alpha, beta) = (cx.attrs.float("alpha")?, cx.attrs.float("beta")?);
     let (&[a0, a1], &[b0, b1]) = (shapes[0], shapes[1]) else {
-        return Err(invalid!(
-            "Gemm takes 2-D A and B, got {:?} and {:?}",
-            shapes[0],
-            shapes[1]
-        ));
+        return Err(invalid!("Gemm takes 2-D A and B, got {:?} and {:?}", shapes[0], shapes[1]));
     };
-    let ((m, k), (kb, n)) = (
-        if ta { (a1, a0) } else { (a0, a1) },
-        if tb { (b1, b0) } else { (b0, b1) },
-    );
+    let ((m, k), (kb, n)) =
+        (if ta { (a1, a0) } else { (a0, a1) }, if tb { (b1, b0) } else { (b0, b1) });
     if k != kb {
         return Err(invalid!(
             "Gemm of {:?} and {:?}: inner dimensions differ",
@@ -314,9 +279,7 @@ fn gemm_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<Product, KernelError> {
                 _ => return Err(invalid!("Gemm's C has rank {}, at most 2", c.len())),
             };
             if !(cr == 1 || cr == m) || !(cc == 1 || cc == n) {
-                return Err(invalid!(
-                    "Gemm's C of shape {c:?} does not broadcast to [{m}, {n}]"
-                ));
+                return Err(invalid!("Gemm's C of shape {c:?} does not broadcast to [{m}, {n}]"));
             }
             Some(Bias {
                 beta,
@@ -340,24 +303,16 @@ fn einsum_axes(cx: &OpCx, shapes: &[&[usize]]) -> Result<(Vec<usize>, Vec<Axis>)
         operands.push((cx.attrs.ints(&format!("input{i}_labels"))?, shape));
     }
     let out_labels = cx.attrs.ints("output_labels")?;
-    let all = operands
-        .iter()
-        .flat_map(|(l, _)| l.iter())
-        .chain(out_labels);
+    let all = operands.iter().flat_map(|(l, _)| l.iter()).chain(out_labels);
     // Labels are small indices; the bound keeps a hostile attribute from allocating much.
-    let count = all
-        .clone()
-        .try_fold(0usize, |n, &l| match usize::try_from(l) {
-            Ok(l) if l < 4096 => Ok(n.max(l + 1)),
-            _ => Err(invalid!("Einsum label {l} is out of range")),
-        })?;
+    let count = all.clone().try_fold(0usize, |n, &l| match usize::try_from(l) {
+        Ok(l) if l < 4096 => Ok(n.max(l + 1)),
+        _ => Err(invalid!("Einsum label {l} is out of range")),
+    })?;
     let mut sizes: Vec<Option<usize>> = vec![None; count];
     for &(labels, shape) in &operands {
         if labels.len() != shape.len() {
-            return Err(invalid!(
-                "Einsum operand of shape {shape:?} has {} labels",
-                labels.len()
-            ));
+            return Err(invalid!("Einsum operand of shape {shape:?} has {} labels", labels.len()));
         }
         for (&l, &d) in labels.iter().zip(shape) {
             let s = &mut sizes[l as usize];
@@ -409,9 +364,7 @@ mod tests {
 
     fn run(op: &str, attrs: &Attrs, inputs: &[&Tensor], out: &[usize]) -> Tensor {
         let dtype = inputs[0].dtype();
-        eval(op, attrs, inputs, &[TensorDesc::new(dtype, out.to_vec())])
-            .unwrap()
-            .remove(0)
+        eval(op, attrs, inputs, &[TensorDesc::new(dtype, out.to_vec())]).unwrap().remove(0)
     }
 
     fn seq(n: usize) -> Vec<f32> {
@@ -422,10 +375,7 @@ mod tests {
         let got = got.as_slice::<f32>().unwrap();
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
-            assert!(
-                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                "{got:?} vs {want:?}"
-            );
+            assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{got:?} vs {want:?}");
         }
     }
 
@@ -434,10 +384,7 @@ mod tests {
         // [[1,2],[3,4]] @ [[5,6],[7,8]] = [[19,22],[43,50]]
         let a = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
         let b = f32s(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
-        close(
-            &run("MatMul", &mm(), &[&a, &b], &[2, 2]),
-            &[19.0, 22.0, 43.0, 50.0],
-        );
+        close(&run("MatMul", &mm(), &[&a, &b], &[2, 2]), &[19.0, 22.0, 43.0, 50.0]);
     }
 
     #[test]
@@ -527,10 +474,7 @@ mod tests {
         let b = f32s(&[4, 3], &seq(12));
         let c = f32s(&[2, 1], &[1.0, 2.0]);
         let want = [7.0, 16.0, 25.0, 34.0, 10.5, 24.0, 37.5, 51.0];
-        close(
-            &run("Gemm", &gemm_attrs(1, 1, 0.5, 2.0), &[&a, &b, &c], &[2, 4]),
-            &want,
-        );
+        close(&run("Gemm", &gemm_attrs(1, 1, 0.5, 2.0), &[&a, &b, &c], &[2, 4]), &want);
         // Without C, B not transposed: print((a.T @ np.arange(6).reshape(3, 2)).flatten().tolist())
         let b32 = f32s(&[3, 2], &seq(6));
         close(
@@ -555,14 +499,10 @@ mod tests {
         // k = (np.arange(16, dtype=np.float32) - 8).reshape(1, 2, 2, 4)
         // print(np.einsum("bhid,bhjd->bhij", q, k).flatten().tolist())
         let q = f32s(&[1, 2, 3, 4], &seq(24));
-        let k = f32s(
-            &[1, 2, 2, 4],
-            &seq(16).iter().map(|v| v - 8.0).collect::<Vec<_>>(),
-        );
+        let k = f32s(&[1, 2, 2, 4], &seq(16).iter().map(|v| v - 8.0).collect::<Vec<_>>());
         let attrs = einsum(&[&[0, 1, 2, 3], &[0, 1, 4, 3]], &[0, 1, 2, 4]);
-        let want = [
-            -34.0, -10.0, -138.0, -50.0, -242.0, -90.0, 86.0, 302.0, 110.0, 390.0, 134.0, 478.0,
-        ];
+        let want =
+            [-34.0, -10.0, -138.0, -50.0, -242.0, -90.0, 86.0, 302.0, 110.0, 390.0, 134.0, 478.0];
         close(&run("Einsum", &attrs, &[&q, &k], &[1, 2, 3, 2]), &want);
     }
 
@@ -573,18 +513,9 @@ mod tests {
         let x = f32s(&[3, 3], &seq(9));
         let t = run("Einsum", &einsum(&[&[0, 1]], &[1, 0]), &[&x], &[3, 3]);
         close(&t, &[0.0, 3.0, 6.0, 1.0, 4.0, 7.0, 2.0, 5.0, 8.0]);
-        close(
-            &run("Einsum", &einsum(&[&[0, 1]], &[0]), &[&x], &[3]),
-            &[3.0, 12.0, 21.0],
-        );
-        close(
-            &run("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &[3]),
-            &[0.0, 4.0, 8.0],
-        );
-        close(
-            &run("Einsum", &einsum(&[&[0, 0]], &[]), &[&x], &[]),
-            &[12.0],
-        );
+        close(&run("Einsum", &einsum(&[&[0, 1]], &[0]), &[&x], &[3]), &[3.0, 12.0, 21.0]);
+        close(&run("Einsum", &einsum(&[&[0, 0]], &[0]), &[&x], &[3]), &[0.0, 4.0, 8.0]);
+        close(&run("Einsum", &einsum(&[&[0, 0]], &[]), &[&x], &[]), &[12.0]);
     }
 
     #[test]
@@ -596,10 +527,7 @@ mod tests {
         let b = Tensor::from_vec(vec![1, 2, 2], &[1.0f64, 0.0, 0.0, 2.0]).unwrap();
         let attrs = einsum(&[&[0, 1, 2], &[0, 2, 3]], &[0, 1, 3]);
         let c = run("Einsum", &attrs, &[&a, &b], &[2, 2, 2]);
-        assert_eq!(
-            c.as_slice::<f64>().unwrap(),
-            &[0.0, 2.0, 2.0, 6.0, 4.0, 10.0, 6.0, 14.0]
-        );
+        assert_eq!(c.as_slice::<f64>().unwrap(), &[0.0, 2.0, 2.0, 6.0, 4.0, 10.0, 6.0, 14.0]);
     }
 
     #[test]
@@ -624,9 +552,7 @@ mod tests {
         let extras = &extras[..n];
         let all: Vec<&Tensor> = own.iter().chain(extras).copied().collect();
         let desc = out.desc().clone();
-        let fused = eval(op, &attrs, &all, std::slice::from_ref(&desc))
-            .unwrap()
-            .remove(0);
+        let fused = eval(op, &attrs, &all, std::slice::from_ref(&desc)).unwrap().remove(0);
         let want = unfused(out, ops, params, extras);
         assert_close(&fused, &want, 1e-6, &format!("{op} + {ops}"));
         if ops.starts_with("Add") {
@@ -638,13 +564,7 @@ mod tests {
     fn post_ops_agree_with_the_unfused_ops() {
         let r = |shape: &[usize], k: f32| {
             let n = shape.iter().product();
-            f32s(
-                shape,
-                &seq(n)
-                    .iter()
-                    .map(|v| (v * k) % 7.0 - 3.0)
-                    .collect::<Vec<_>>(),
-            )
+            f32s(shape, &seq(n).iter().map(|v| (v * k) % 7.0 - 3.0).collect::<Vec<_>>())
         };
         let one = f32s(&[1], &[0.5]);
         // Batched MatMul: one GEMM call per batch, post-ops applied per call.
@@ -655,13 +575,7 @@ mod tests {
         }
         // A broadcast batch folds into one call; Gemm with C and transposes.
         let (a, b) = (r(&[3, 2, 4], 0.3), r(&[4, 5], 0.7));
-        check_post(
-            "MatMul",
-            &mm(),
-            &[&a, &b],
-            &[&r(&[3, 2, 5], 1.3)],
-            "Add,HardSwish",
-        );
+        check_post("MatMul", &mm(), &[&a, &b], &[&r(&[3, 2, 5], 1.3)], "Add,HardSwish");
         let g = gemm_attrs(1, 1, 0.5, 2.0);
         let (a, b, c) = (r(&[4, 3], 0.3), r(&[5, 4], 0.7), r(&[5], 0.9));
         let y = r(&[3, 5], 1.7);
@@ -679,10 +593,7 @@ mod tests {
         let x = f32s(&[2, 2], &seq(4));
         let desc = [TensorDesc::new(DType::F32, vec![2, 2])];
         let add = post(gemm_attrs(0, 0, 1.0, 1.0), "Add", &[]);
-        assert!(
-            eval("Gemm", &add, &[&x, &x, &x], &desc).is_err(),
-            "C is required"
-        );
+        assert!(eval("Gemm", &add, &[&x, &x, &x], &desc).is_err(), "C is required");
         assert!(eval("Gemm", &add, &[&x, &x, &x, &x], &desc).is_ok());
     }
 }

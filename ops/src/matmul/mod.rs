@@ -37,10 +37,7 @@ pub const OPS: &[OpDef] = &[
 
 /// All inputs share one element type, which the output takes.
 fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<ingot_schema::DType> {
-    let first = inputs
-        .first()
-        .ok_or_else(|| op_err!("{} needs inputs", node.op))?
-        .dtype;
+    let first = inputs.first().ok_or_else(|| op_err!("{} needs inputs", node.op))?.dtype;
     match inputs.iter().find(|d| d.dtype != first) {
         Some(d) => Err(op_err!("inputs mix {first} and {}", d.dtype)),
         None => Ok(first),
@@ -62,9 +59,7 @@ fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
     };
     let (sa, sb) = (a.shape.as_slice(), b.shape.as_slice());
     if sa.is_empty() || sb.is_empty() {
-        return Err(op_err!(
-            "MatMul operands must have a dimension, got {sa:?} and {sb:?}"
-        ));
+        return Err(op_err!("MatMul operands must have a dimension, got {sa:?} and {sb:?}"));
     }
     let (ba, k) = (&sa[..sa.len().saturating_sub(2)], sa[sa.len() - 1]);
     let (bb, kb) = match sb {
@@ -73,9 +68,7 @@ fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
         [] => unreachable!("checked above"),
     };
     if k != kb {
-        return Err(op_err!(
-            "MatMul of {sa:?} and {sb:?}: inner dimensions differ"
-        ));
+        return Err(op_err!("MatMul of {sa:?} and {sb:?}: inner dimensions differ"));
     }
     let mut shape = broadcast_shapes(&[ba, bb])?;
     if let [.., m, _] = sa {
@@ -94,14 +87,8 @@ fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
     node.attrs = no_post_ops()
         .with("transA", AttrValue::Int(a.int_or("transA", 0)?))
         .with("transB", AttrValue::Int(a.int_or("transB", 0)?))
-        .with(
-            "alpha",
-            AttrValue::Float(f64::from(a.float_or("alpha", 1.0)?)),
-        )
-        .with(
-            "beta",
-            AttrValue::Float(f64::from(a.float_or("beta", 1.0)?)),
-        );
+        .with("alpha", AttrValue::Float(f64::from(a.float_or("alpha", 1.0)?)))
+        .with("beta", AttrValue::Float(f64::from(a.float_or("beta", 1.0)?)));
     // Without C the product is all there is.
     if node.inputs.get(2).is_some_and(Option::is_none) {
         node.inputs.truncate(2);
@@ -112,38 +99,21 @@ fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
 fn infer_gemm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let (inputs, operands) = post_operands(node, inputs, 3)?;
     let dtype = same_dtype(node, inputs)?;
-    let (ta, tb) = (
-        node.attrs.int("transA")? != 0,
-        node.attrs.int("transB")? != 0,
-    );
+    let (ta, tb) = (node.attrs.int("transA")? != 0, node.attrs.int("transB")? != 0);
     let (Some(a), Some(b)) = (inputs.first(), inputs.get(1)) else {
         return Err(op_err!("Gemm takes 2 or 3 inputs, got {}", inputs.len()));
     };
     let (&[a0, a1], &[b0, b1]) = (a.shape.as_slice(), b.shape.as_slice()) else {
-        return Err(op_err!(
-            "Gemm takes 2-D A and B, got {:?} and {:?}",
-            a.shape,
-            b.shape
-        ));
+        return Err(op_err!("Gemm takes 2-D A and B, got {:?} and {:?}", a.shape, b.shape));
     };
-    let ((m, k), (kb, n)) = (
-        if ta { (a1, a0) } else { (a0, a1) },
-        if tb { (b1, b0) } else { (b0, b1) },
-    );
+    let ((m, k), (kb, n)) =
+        (if ta { (a1, a0) } else { (a0, a1) }, if tb { (b1, b0) } else { (b0, b1) });
     if k != kb {
-        return Err(op_err!(
-            "Gemm of {:?} and {:?}: inner dimensions differ",
-            a.shape,
-            b.shape
-        ));
+        return Err(op_err!("Gemm of {:?} and {:?}: inner dimensions differ", a.shape, b.shape));
     }
     if let Some(c) = inputs.get(2) {
         let fits = c.shape.len() <= 2
-            && c.shape
-                .iter()
-                .rev()
-                .zip([n, m])
-                .all(|(&d, want)| d == 1 || d == want);
+            && c.shape.iter().rev().zip([n, m]).all(|(&d, want)| d == 1 || d == want);
         if !fits {
             return Err(op_err!(
                 "Gemm's C of shape {:?} does not broadcast to [{m}, {n}]",
@@ -176,10 +146,7 @@ fn parse_term(term: &str) -> OpResult<(Vec<u8>, Option<usize>)> {
             letters.push(c);
             rest = tail;
         } else {
-            return Err(op_err!(
-                "Einsum term '{term}' has an unexpected '{}'",
-                c as char
-            ));
+            return Err(op_err!("Einsum term '{term}' has an unexpected '{}'", c as char));
         }
     }
     Ok((letters, ellipsis))
@@ -205,19 +172,11 @@ fn einsum_labels(equation: &str, ranks: &[usize]) -> OpResult<Labels> {
     let ell = |j: usize| 256 + j as i64;
     let mut inputs = Vec::with_capacity(terms.len());
     let mut ell_rank = 0;
-    let parsed: Vec<_> = terms
-        .iter()
-        .map(|t| parse_term(t))
-        .collect::<OpResult<_>>()?;
+    let parsed: Vec<_> = terms.iter().map(|t| parse_term(t)).collect::<OpResult<_>>()?;
     for ((letters, ellipsis), &rank) in parsed.iter().zip(ranks) {
-        let extra = rank
-            .checked_sub(letters.len())
-            .filter(|&e| e == 0 || ellipsis.is_some());
+        let extra = rank.checked_sub(letters.len()).filter(|&e| e == 0 || ellipsis.is_some());
         let extra = extra.ok_or_else(|| {
-            op_err!(
-                "Einsum '{equation}': a term has {} letters for rank {rank}",
-                letters.len()
-            )
+            op_err!("Einsum '{equation}': a term has {} letters for rank {rank}", letters.len())
         })?;
         ell_rank = ell_rank.max(extra);
         inputs.push((letters, *ellipsis, extra));
@@ -273,10 +232,8 @@ fn einsum_labels(equation: &str, ranks: &[usize]) -> OpResult<Labels> {
             order.len() as i64 - 1
         }
     };
-    let inputs: Vec<Vec<i64>> = inputs
-        .into_iter()
-        .map(|l| l.into_iter().map(&mut dense).collect())
-        .collect();
+    let inputs: Vec<Vec<i64>> =
+        inputs.into_iter().map(|l| l.into_iter().map(&mut dense).collect()).collect();
     let output = output.into_iter().map(&mut dense).collect();
     Ok(Labels { inputs, output })
 }
@@ -284,13 +241,10 @@ fn einsum_labels(equation: &str, ranks: &[usize]) -> OpResult<Labels> {
 fn lower_einsum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let n = node.inputs.len();
     if !(1..=2).contains(&n) {
-        return Err(op_err!(
-            "Einsum with {n} operands is not supported (1 or 2)"
-        ));
+        return Err(op_err!("Einsum with {n} operands is not supported (1 or 2)"));
     }
-    let ranks: Vec<usize> = (0..n)
-        .map(|i| cx.input(i).map(|d| d.shape.len()))
-        .collect::<OpResult<_>>()?;
+    let ranks: Vec<usize> =
+        (0..n).map(|i| cx.input(i).map(|d| d.shape.len())).collect::<OpResult<_>>()?;
     let equation = node.attrs.text("equation")?.to_string();
     let labels = einsum_labels(&equation, &ranks)?;
     let mut attrs = Attrs::new()
@@ -362,10 +316,8 @@ mod tests {
 
     /// Lowers then infers, as the compiler's passes do.
     fn shape_of(mut n: Node, opset: i64, inputs: &[&[usize]]) -> OpResult<(Node, Vec<usize>)> {
-        let descs: Vec<TensorDesc> = inputs
-            .iter()
-            .map(|s| TensorDesc::new(DType::F32, s.to_vec()))
-            .collect();
+        let descs: Vec<TensorDesc> =
+            inputs.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect();
         let cx = LowerCx {
             opset,
             inputs: n.inputs.iter().map(|i| i.map(|i| &descs[i])).collect(),
@@ -415,10 +367,7 @@ mod tests {
 
     #[test]
     fn einsum_equations_become_dense_labels() {
-        assert_eq!(
-            labels("ij,jk->ik", &[2, 2]),
-            (vec![vec![0, 1], vec![1, 2]], vec![0, 2])
-        );
+        assert_eq!(labels("ij,jk->ik", &[2, 2]), (vec![vec![0, 1], vec![1, 2]], vec![0, 2]));
         assert_eq!(
             labels("bhid, bhjd -> bhij", &[4, 4]),
             (vec![vec![0, 1, 2, 3], vec![0, 1, 4, 3]], vec![0, 1, 2, 4])
@@ -428,15 +377,9 @@ mod tests {
             labels("...ij,...jk->...ik", &[4, 3]),
             (vec![vec![0, 1, 2, 3], vec![1, 3, 4]], vec![0, 1, 2, 4])
         );
-        assert_eq!(
-            labels("...ii ->...i", &[3]),
-            (vec![vec![0, 1, 1]], vec![0, 1])
-        );
+        assert_eq!(labels("...ii ->...i", &[3]), (vec![vec![0, 1, 1]], vec![0, 1]));
         // Implicit output: letters used once, in ASCII order (B before a).
-        assert_eq!(
-            labels("ba,aB", &[2, 2]),
-            (vec![vec![0, 1], vec![1, 2]], vec![2, 0])
-        );
+        assert_eq!(labels("ba,aB", &[2, 2]), (vec![vec![0, 1], vec![1, 2]], vec![2, 0]));
         assert_eq!(labels("i,i", &[1, 1]), (vec![vec![0], vec![0]], vec![]));
         assert_eq!(labels("->", &[0]), (vec![vec![]], vec![]));
         assert!(einsum_labels("ij->k", &[2]).is_err());
@@ -449,20 +392,11 @@ mod tests {
     #[test]
     fn einsum_lowers_and_infers() {
         let eq = |e: &str| Attrs::new().with("equation", AttrValue::Text(e.into()));
-        let (n, shape) = shape_of(
-            node("Einsum", 2, eq("...ij,...jk")),
-            12,
-            &[&[5, 2, 3], &[1, 3, 4]],
-        )
-        .unwrap();
+        let (n, shape) =
+            shape_of(node("Einsum", 2, eq("...ij,...jk")), 12, &[&[5, 2, 3], &[1, 3, 4]]).unwrap();
         assert_eq!(shape, [5, 2, 4]);
         assert_eq!(n.attrs.ints("output_labels").unwrap(), [0, 1, 3]);
-        assert_eq!(
-            shape_of(node("Einsum", 1, eq("ij->ji")), 12, &[&[3, 4]])
-                .unwrap()
-                .1,
-            [4, 3]
-        );
+        assert_eq!(shape_of(node("Einsum", 1, eq("ij->ji")), 12, &[&[3, 4]]).unwrap().1, [4, 3]);
         assert!(shape_of(node("Einsum", 2, eq("ij,jk->ik")), 12, &[&[2, 3], &[4, 5]]).is_err());
         assert!(shape_of(node("Einsum", 3, eq("i,i,i->")), 12, &[&[2], &[2], &[2]]).is_err());
     }
@@ -493,13 +427,7 @@ mod tests {
         assert!(infer_matmul(&with("MatMul", "Add"), &[&a, &b]).is_err());
         assert!(infer_matmul(&with("MatMul", "Relu,Mul"), &[&a, &b, &c]).is_err());
         let gemm = with("Gemm", "Sub,Tanh");
-        assert_eq!(
-            infer_gemm(&gemm, &[&a, &b, &c, &y]).unwrap(),
-            std::slice::from_ref(&y)
-        );
-        assert!(
-            infer_gemm(&gemm, &[&a, &b, &y]).is_err(),
-            "C must be present"
-        );
+        assert_eq!(infer_gemm(&gemm, &[&a, &b, &c, &y]).unwrap(), std::slice::from_ref(&y));
+        assert!(infer_gemm(&gemm, &[&a, &b, &y]).is_err(), "C must be present");
     }
 }

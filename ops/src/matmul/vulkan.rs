@@ -85,23 +85,11 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("{} with an empty inner dimension", cx.op));
     }
     if out.desc.elements() != p.batch() * p.m * p.n {
-        return Err(no_kernel!(
-            "{} output {:?} does not fit",
-            cx.op,
-            out.desc.shape
-        ));
+        return Err(no_kernel!("{} output {:?} does not fit", cx.op, out.desc.shape));
     }
     // Every index is a u32 in WGSL.
-    if cx
-        .inputs
-        .iter()
-        .chain(cx.outputs)
-        .any(|o| o.desc.elements() >= 1 << 31)
-    {
-        return Err(no_kernel!(
-            "{} operands too large for 32-bit indices",
-            cx.op
-        ));
+    if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() >= 1 << 31) {
+        return Err(no_kernel!("{} operands too large for 32-bit indices", cx.op));
     }
     let p = p.flattened().one_row();
     if p.batch.len() > 2 {
@@ -243,10 +231,8 @@ impl Problem {
         let (&[a0, a1], &[b0, b1]) = (sa.as_slice(), sb.as_slice()) else {
             return Err(no_kernel!("Gemm of {sa:?} and {sb:?}"));
         };
-        let ((m, k), (kb, n)) = (
-            if ta { (a1, a0) } else { (a0, a1) },
-            if tb { (b1, b0) } else { (b0, b1) },
-        );
+        let ((m, k), (kb, n)) =
+            (if ta { (a1, a0) } else { (a0, a1) }, if tb { (b1, b0) } else { (b0, b1) });
         if k != kb {
             return Err(no_kernel!("Gemm of {sa:?} and {sb:?}"));
         }
@@ -343,9 +329,7 @@ impl Problem {
             n: w.j.len(),
             k: w.k.len(),
             y0: self.y0 + w.i.start * self.ldy + w.j.start,
-            c0: self
-                .c
-                .map_or(0, |(_, rs, cs)| w.i.start * rs + w.j.start * cs),
+            c0: self.c.map_or(0, |(_, rs, cs)| w.i.start * rs + w.j.start * cs),
             flags,
             ..self.clone()
         }
@@ -397,14 +381,7 @@ impl Problem {
     }
 
     fn label(&self, op: &str, kernel: String) -> String {
-        format!(
-            "{}_{kernel}_{}x{}x{}x{}",
-            op.to_lowercase(),
-            self.batch(),
-            self.m,
-            self.n,
-            self.k
-        )
+        format!("{}_{kernel}_{}x{}x{}x{}", op.to_lowercase(), self.batch(), self.m, self.n, self.k)
     }
 }
 
@@ -426,11 +403,7 @@ struct Piece {
 /// weight), else along K. Piece lengths are multiples of 4 (vector reads stay aligned) and as
 /// even as that allows.
 fn pieces(cx: &KernelCx, p: &Problem) -> Result<Vec<Piece>, NoKernel> {
-    let all = Piece {
-        i: 0..p.m,
-        j: 0..p.n,
-        k: 0..p.k,
-    };
+    let all = Piece { i: 0..p.m, j: 0..p.n, k: 0..p.k };
     let big = |input: usize| cx.inputs[input].desc.bytes() as u64 > MAX_BINDING_BYTES;
     let (big_a, big_b) = (big(p.a_input), big(p.b_input));
     if !big_a && !big_b {
@@ -484,21 +457,14 @@ fn pieces(cx: &KernelCx, p: &Problem) -> Result<Vec<Piece>, NoKernel> {
             return Err(no_kernel!("{} rows too long for one binding", cx.op));
         }
         let step = len.div_ceil(len.div_ceil(max)).next_multiple_of(4);
-        Ok((0..len)
-            .step_by(step)
-            .map(|s| s..(s + step).min(len))
-            .collect())
+        Ok((0..len).step_by(step).map(|s| s..(s + step).min(len)).collect())
     };
     let (is, js, ks) = (split(p.m, i_max)?, split(p.n, j_max)?, split(p.k, k_max)?);
     let mut out = Vec::with_capacity(is.len() * js.len() * ks.len());
     for i in &is {
         for j in &js {
             for k in &ks {
-                out.push(Piece {
-                    i: i.clone(),
-                    j: j.clone(),
-                    k: k.clone(),
-                });
+                out.push(Piece { i: i.clone(), j: j.clone(), k: k.clone() });
             }
         }
     }
@@ -535,12 +501,7 @@ fn bindings(
         };
         let bytes = cx.inputs[input].desc.bytes() as u64;
         let end = (w.end as u64 * 4).next_multiple_of(u64::from(element_bytes(ty)));
-        Binding::chunk(
-            name,
-            Slot::Input(input),
-            ty,
-            w.start as u64 * 4..end.min(bytes),
-        )
+        Binding::chunk(name, Slot::Input(input), ty, w.start as u64 * 4..end.min(bytes))
     };
     let (wa, wb) = windows.unzip();
     let mut v = vec![
@@ -552,10 +513,7 @@ fn bindings(
     if p.c.is_some() {
         v.push(Binding::input("c", 2, "f32"));
     } else if let Some(first) = post.first() {
-        v.push(Binding {
-            name: "c".into(),
-            ..first.clone()
-        });
+        v.push(Binding { name: "c".into(), ..first.clone() });
     }
     v.extend(post);
     v
@@ -628,16 +586,9 @@ fn register_blocked(
     let aligned = |o: &Operand, window: Option<&Range<usize>>| {
         o.aligned16() && window.is_none_or(|w| w.start.is_multiple_of(4))
     };
-    let (wa, wb) = (
-        windows.as_ref().map(|w| &w.0),
-        windows.as_ref().map(|w| &w.1),
-    );
+    let (wa, wb) = (windows.as_ref().map(|w| &w.0), windows.as_ref().map(|w| &w.1));
     let (a_op, b_op, y_op) = (&cx.inputs[p.a_input], &cx.inputs[p.b_input], &cx.outputs[0]);
-    let batch4 = |a: bool| {
-        p.batch
-            .iter()
-            .all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4))
-    };
+    let batch4 = |a: bool| p.batch.iter().all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4));
     let a_vec = |stride: usize| aligned(a_op, wa) && batch4(true) && stride.is_multiple_of(4);
     let b_vec = |stride: usize| aligned(b_op, wb) && batch4(false) && stride.is_multiple_of(4);
     // A is read along k when its rows are contiguous, across rows when its columns are.
@@ -662,11 +613,7 @@ fn register_blocked(
         && p.y0.is_multiple_of(4)
         && y_op.aligned16();
     let ty = |v: bool| if v { "vec4<f32>" } else { "f32" };
-    let types = [
-        ty(a_read != Read::Scalar),
-        ty(b_read != Read::Scalar),
-        ty(y_vec),
-    ];
+    let types = [ty(a_read != Read::Scalar), ty(b_read != Read::Scalar), ty(y_vec)];
     let bindings = bindings(cx, p, post, windows, types);
     let total = p.batch() * p.m.div_ceil(rm) * p.n.div_ceil(4 * cg);
     // Small workgroups on CPU-type devices: few, large blocks still spread over the cores.
@@ -696,12 +643,7 @@ fn register_blocked(
         spec = spec.hook("store_y", STORE_Y_F32).hook("load_y", LOAD_Y_F32);
     }
     let spec = hooks(spec, p, post)?;
-    spec.dispatch(
-        p.label(cx.op, format!("rb{rm}x{}", 4 * cg)),
-        grid.groups,
-        bindings,
-        p.params(),
-    )
+    spec.dispatch(p.label(cx.op, format!("rb{rm}x{}", 4 * cg)), grid.groups, bindings, p.params())
 }
 
 /// `tiled.wgsl`: a workgroup of BN/4 x BM/4 invocations computes a BM x BN tile of one
@@ -765,19 +707,11 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             }
         }
     }
-    let size = |l: &i64| {
-        sizes
-            .get(l)
-            .copied()
-            .ok_or_else(|| no_kernel!("Einsum label {l}"))
-    };
+    let size = |l: &i64| sizes.get(l).copied().ok_or_else(|| no_kernel!("Einsum label {l}"));
     let shape = out_labels.iter().map(size).collect::<Result<Vec<_>, _>>()?;
     let y = &cx.outputs[0];
     if y.desc.shape != shape {
-        return Err(no_kernel!(
-            "Einsum makes {shape:?}, the step declares {:?}",
-            y.desc.shape
-        ));
+        return Err(no_kernel!("Einsum makes {shape:?}, the step declares {:?}", y.desc.shape));
     }
     let n = y.desc.elements();
     if n == 0 {
@@ -786,11 +720,7 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.inputs.iter().any(|x| x.desc.elements() == 0) {
         return Err(no_kernel!("Einsum of an empty operand"));
     }
-    let summed: Vec<i64> = sizes
-        .keys()
-        .copied()
-        .filter(|l| !out_labels.contains(l))
-        .collect();
+    let summed: Vec<i64> = sizes.keys().copied().filter(|l| !out_labels.contains(l)).collect();
     // Each operand's stride for each of `of` labels.
     let strides_of = |k: usize, of: &[i64]| -> Vec<usize> {
         let (ls, shape) = &operands[k];
@@ -838,10 +768,7 @@ fn einsum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     };
     let o = dims(out_labels, 4, "output")?;
     let u = dims(&summed, 3, "summed")?;
-    let mut bindings = vec![
-        Binding::input("x0", 0, "f32"),
-        Binding::output("y", 0, "f32"),
-    ];
+    let mut bindings = vec![Binding::input("x0", 0, "f32"), Binding::output("y", 0, "f32")];
     if operands.len() == 2 {
         bindings.push(Binding::input("x1", 1, "f32"));
     }
@@ -1000,13 +927,7 @@ pub(crate) mod tests {
     #[test]
     fn register_blocks_read_vectors_where_aligned() {
         let a = post(Attrs::new(), "");
-        let d = lower_all(
-            "MatMul",
-            &a,
-            &[&[1, 40, 120], &[120, 360]],
-            &[1, 40, 360],
-            0,
-        );
+        let d = lower_all("MatMul", &a, &[&[1, 40, 120], &[120, 360]], &[1, 40, 360], 0);
         // 40 rows as 3 blocks of 14, 90 groups of 4 columns as 23 blocks of 4 groups.
         assert_eq!(d[0].label, "matmul_rb14x16_1x40x360x120");
         assert!(d[0].bindings.iter().all(|b| b.ty == "vec4<f32>"));
@@ -1024,13 +945,7 @@ pub(crate) mod tests {
             ]
         );
         assert_eq!(d[1].label, "matmul_tile64x64_1x40x360x120");
-        let d = lower_all(
-            "MatMul",
-            &a,
-            &[&[1, 40, 120], &[120, 360]],
-            &[1, 40, 360],
-            4,
-        );
+        let d = lower_all("MatMul", &a, &[&[1, 40, 120], &[120, 360]], &[1, 40, 360], 4);
         assert!(d[0].bindings.iter().all(|b| b.ty == "f32"), "misaligned");
         assert_eq!((set(&d[0], "A_MODE"), set(&d[0], "B_MODE")), (0.0, 0.0));
         // Rows of B not 16-byte aligned: the covering vec4s, shifted by 1 float a row.
@@ -1051,19 +966,9 @@ pub(crate) mod tests {
         // Y = A b as yᵀ = bᵀ Aᵀ: A's rows become the columns of the block, read along k.
         let d = lower_all("MatMul", &a, &[&[64, 32], &[32, 1]], &[64, 1], 0);
         assert_eq!(d[0].label, "matmul_rb1x4_1x1x64x32");
-        let names: Vec<(&str, Slot)> = d[0]
-            .bindings
-            .iter()
-            .map(|b| (b.name.as_str(), b.slot))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("a", Slot::Input(1)),
-                ("b", Slot::Input(0)),
-                ("y", Slot::Output(0))
-            ]
-        );
+        let names: Vec<(&str, Slot)> =
+            d[0].bindings.iter().map(|b| (b.name.as_str(), b.slot)).collect();
+        assert_eq!(names, [("a", Slot::Input(1)), ("b", Slot::Input(0)), ("y", Slot::Output(0))]);
         assert_eq!((set(&d[0], "A_MODE"), set(&d[0], "B_MODE")), (1.0, 1.0));
         // m, n, k; A's strides (i unused, k), B's (k, j).
         assert_eq!(d[0].params[..3], [1, 64, 32]);
@@ -1112,11 +1017,7 @@ pub(crate) mod tests {
             compile(&d[0].wgsl, &d[0].overrides).unwrap();
             let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
             assert_eq!(names, ["a", "b", "y", "c", "r0", "r1"]);
-            let file = if class == DeviceClass::Cpu {
-                &BLOCKED
-            } else {
-                &TILED
-            };
+            let file = if class == DeviceClass::Cpu { &BLOCKED } else { &TILED };
             insta::assert_snapshot!(
                 format!("gemm_residual_{class:?}").to_lowercase(),
                 specialised(&d[0], file)
@@ -1139,11 +1040,8 @@ pub(crate) mod tests {
         };
         let d = lower(&cx).unwrap();
         compile(&d[0].wgsl, &d[0].overrides).unwrap();
-        let slots: Vec<(&str, Slot)> = d[0]
-            .bindings
-            .iter()
-            .map(|b| (b.name.as_str(), b.slot))
-            .collect();
+        let slots: Vec<(&str, Slot)> =
+            d[0].bindings.iter().map(|b| (b.name.as_str(), b.slot)).collect();
         assert_eq!(
             slots,
             [
@@ -1156,10 +1054,7 @@ pub(crate) mod tests {
         );
         // Over A instead: no kernel.
         let outputs = [Operand::arena(desc(&[64, 48]), 0)];
-        let inputs = [
-            Operand::arena(desc(&[64, 48]), 0),
-            Operand::weight(desc(&[48, 48]), 0),
-        ];
+        let inputs = [Operand::arena(desc(&[64, 48]), 0), Operand::weight(desc(&[48, 48]), 0)];
         let attrs = post(Attrs::new(), "");
         let cx = KernelCx {
             class: DeviceClass::Cpu,
@@ -1176,22 +1071,10 @@ pub(crate) mod tests {
     fn specialised_sources() {
         // The attention products of PP-OCR's recognizer, and its classifier head (shifted B).
         let a = post(Attrs::new(), "");
-        let d = lower_all(
-            "MatMul",
-            &a,
-            &[&[1, 8, 40, 15], &[1, 8, 15, 40]],
-            &[1, 8, 40, 40],
-            0,
-        );
+        let d = lower_all("MatMul", &a, &[&[1, 8, 40, 15], &[1, 8, 15, 40]], &[1, 8, 40, 40], 0);
         insta::assert_snapshot!("attention_cpu", specialised(&d[0], &BLOCKED));
         insta::assert_snapshot!("attention_gpu", specialised(&d[1], &BLOCKED));
-        let d = lower_all(
-            "MatMul",
-            &a,
-            &[&[1, 40, 120], &[120, 6625]],
-            &[1, 40, 6625],
-            0,
-        );
+        let d = lower_all("MatMul", &a, &[&[1, 40, 120], &[120, 6625]], &[1, 40, 6625], 0);
         insta::assert_snapshot!("shifted_cpu", specialised(&d[0], &BLOCKED));
     }
 
@@ -1199,39 +1082,23 @@ pub(crate) mod tests {
     fn large_problems_spread_over_two_grid_dimensions() {
         let a = post(Attrs::new(), "");
         let d = lower_all("MatMul", &a, &[&[8192, 4], &[4, 16400]], &[8192, 16400], 0);
-        assert_eq!(
-            d[0].groups,
-            [65535, 2, 1],
-            "512 x 1025 blocks, 8 per workgroup"
-        );
+        assert_eq!(d[0].groups, [65535, 2, 1], "512 x 1025 blocks, 8 per workgroup");
         // 70000 rows of one column: one row of 70000 columns, skinny on GPUs too.
         let d = lower_all("MatMul", &a, &[&[70000, 1, 4], &[4, 1]], &[70000, 1, 1], 0);
-        assert_eq!(
-            d[1].label, "matmul_rb1x4_1x1x70000x4",
-            "GPU: skinny, no tiles"
-        );
+        assert_eq!(d[1].label, "matmul_rb1x4_1x1x70000x4", "GPU: skinny, no tiles");
         assert_eq!(d[1].groups, [274, 1, 1], "17500 blocks, 64 per workgroup");
     }
 
     #[test]
     fn operands_larger_than_one_binding_are_cut_into_pieces() {
         let slots = |d: &Dispatch| -> Vec<(String, Option<Range<u64>>)> {
-            d.bindings
-                .iter()
-                .map(|b| (b.name.clone(), b.chunk.clone()))
-                .collect()
+            d.bindings.iter().map(|b| (b.name.clone(), b.chunk.clone())).collect()
         };
         let flags = |d: &Dispatch| *d.params.last().unwrap();
         // VGG19's fc6: 1 x 25088 by a transposed 4096 x 25088 weight (411041792 bytes): four
         // pieces of 1024 columns, 102760448 bytes of B each.
         let g = post(gemm_attrs(0, 1, 1.0, 1.0), "Relu");
-        let d = lower_all(
-            "Gemm",
-            &g,
-            &[&[1, 25088], &[4096, 25088], &[4096]],
-            &[1, 4096],
-            0,
-        );
+        let d = lower_all("Gemm", &g, &[&[1, 25088], &[4096, 25088], &[4096]], &[1, 4096], 0);
         assert_eq!(d.len(), 8, "four pieces for each class");
         for (q, d) in d.iter().enumerate() {
             let piece = (q % 4) as u64;
@@ -1267,13 +1134,7 @@ pub(crate) mod tests {
         assert_eq!(d[1].bindings[0].chunk, Some(80_000..320_000));
         // The same, N not a multiple of 4 (shifted rows); skewed, B read in floats.
         for skew in [0, 4] {
-            let d = lower_all(
-                "MatMul",
-                &m,
-                &[&[32, 40000], &[40000, 1023]],
-                &[32, 1023],
-                skew,
-            );
+            let d = lower_all("MatMul", &m, &[&[32, 40000], &[40000, 1023]], &[32, 1023], skew);
             assert_eq!(d.len(), 4);
             assert_eq!(set(&d[0], "B_MODE"), if skew == 0 { 3.0 } else { 0.0 });
         }
@@ -1281,11 +1142,7 @@ pub(crate) mod tests {
         let d = lower_all("MatMul", &m, &[&[40000, 900], &[900, 40]], &[40000, 40], 0);
         assert_eq!(d.len(), 4);
         assert_eq!(d[1].bindings[0].chunk, Some(72_000_000..144_000_000));
-        assert_eq!(
-            d[1].params[14],
-            20000 * 40,
-            "y0: the second piece's first row"
-        );
+        assert_eq!(d[1].params[14], 20000 * 40, "y0: the second piece's first row");
         assert_eq!(d[3].label, "matmul_tile64x64_1x20000x40x900");
         // In place over a residual with K in pieces: the first piece would overwrite it.
         let attrs = post(Attrs::new(), "Add");
@@ -1303,12 +1160,7 @@ pub(crate) mod tests {
             inputs: &inputs,
             outputs: &outputs,
         };
-        assert!(
-            lower(&cx)
-                .unwrap_err()
-                .0
-                .contains("in place with K in pieces")
-        );
+        assert!(lower(&cx).unwrap_err().0.contains("in place with K in pieces"));
     }
 
     #[test]

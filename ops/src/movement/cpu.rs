@@ -63,10 +63,7 @@ pub(crate) fn input<'a>(
 ) -> Result<&'a [u8], KernelError> {
     match inputs.get(i) {
         Some(t) if t.bytes.len() == len => Ok(t.bytes),
-        Some(t) => Err(invalid!(
-            "input {i} has {} bytes, expected {len}",
-            t.bytes.len()
-        )),
+        Some(t) => Err(invalid!("input {i} has {} bytes, expected {len}", t.bytes.len())),
         None => Err(invalid!("input {i} is missing")),
     }
 }
@@ -79,10 +76,7 @@ pub(crate) fn output<'b>(
 ) -> Result<&'b mut [u8], KernelError> {
     match outputs.get_mut(i) {
         Some(t) if t.bytes.len() == len => Ok(&mut *t.bytes),
-        Some(t) => Err(invalid!(
-            "output {i} has {} bytes, expected {len}",
-            t.bytes.len()
-        )),
+        Some(t) => Err(invalid!("output {i} has {} bytes, expected {len}", t.bytes.len())),
         None => Err(invalid!("output {i} is missing")),
     }
 }
@@ -277,9 +271,7 @@ pub(crate) fn read_ints(
     fn conv<T: Pod>(b: &[u8], f: impl Fn(T) -> i64) -> Result<Vec<i64>, KernelError> {
         Ok(cast::<T>(b)?.iter().map(|&v| f(v)).collect())
     }
-    let t = inputs
-        .get(i)
-        .ok_or_else(|| invalid!("input {i} is missing"))?;
+    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
     let b = input(inputs, i, count * t.dtype.size())?;
     match t.dtype {
         DType::I64 => conv::<i64>(b, |v| v),
@@ -309,11 +301,8 @@ pub(crate) fn wrap_index(i: i64, n: usize) -> Result<usize, KernelError> {
 
 /// Every input and output has `dtype`.
 fn same_dtype(cx: &OpCx) -> Result<DType, KernelError> {
-    let dt = cx
-        .inputs
-        .first()
-        .map(|d| d.dtype)
-        .ok_or_else(|| invalid!("{} needs an input", cx.op))?;
+    let dt =
+        cx.inputs.first().map(|d| d.dtype).ok_or_else(|| invalid!("{} needs an input", cx.op))?;
     if let Some(d) = cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != dt) {
         return Err(invalid!("{} mixes {dt} and {}", cx.op, d.dtype));
     }
@@ -344,17 +333,9 @@ fn copy(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     same_dtype(cx)?;
     let (i, o) = (&cx.inputs[0], &cx.outputs[0]);
     if i.elements() != o.elements() {
-        return Err(invalid!(
-            "{} cannot turn shape {:?} into {:?}",
-            cx.op,
-            i.shape,
-            o.shape
-        ));
+        return Err(invalid!("{} cannot turn shape {:?} into {:?}", cx.op, i.shape, o.shape));
     }
-    Ok(Box::new(Passthrough {
-        bytes: i.bytes(),
-        mask: None,
-    }))
+    Ok(Box::new(Passthrough { bytes: i.bytes(), mask: None }))
 }
 
 /// Inference Dropout: the identity, and a mask of ones when asked for.
@@ -364,24 +345,16 @@ fn dropout(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let (i, o) = (&cx.inputs[0], &cx.outputs[0]);
     if i != o {
-        return Err(invalid!(
-            "Dropout output {o:?} differs from its input {i:?}"
-        ));
+        return Err(invalid!("Dropout output {o:?} differs from its input {i:?}"));
     }
     let mask = match cx.outputs.get(1) {
         Some(m) if m.dtype == DType::Bool && m.shape == i.shape => Some(m.bytes()),
         Some(m) => {
-            return Err(invalid!(
-                "Dropout's mask should be bool {:?}, not {m:?}",
-                i.shape
-            ));
+            return Err(invalid!("Dropout's mask should be bool {:?}, not {m:?}", i.shape));
         }
         None => None,
     };
-    Ok(Box::new(Passthrough {
-        bytes: i.bytes(),
-        mask,
-    }))
+    Ok(Box::new(Passthrough { bytes: i.bytes(), mask }))
 }
 
 // ---- Concat and Split: contiguous blocks along an axis ----
@@ -405,10 +378,7 @@ impl Blocks {
         let mut total = 0;
         for p in pieces {
             let same_elsewhere = p.len() == joined.len()
-                && p.iter()
-                    .zip(joined)
-                    .enumerate()
-                    .all(|(d, (a, b))| d == axis || a == b);
+                && p.iter().zip(joined).enumerate().all(|(d, (a, b))| d == axis || a == b);
             if !same_elsewhere {
                 return Err(invalid!("{} part {p:?} does not fit {joined:?}", cx.op));
             }

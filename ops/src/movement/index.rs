@@ -56,11 +56,7 @@ pub(super) fn infer_gather_elements(
     let (data, idx) = (arg(inputs, 0)?, indices_arg(inputs, 1)?);
     axis_attr(node, data.shape.len())?;
     if idx.shape.len() != data.shape.len() {
-        return Err(op_err!(
-            "indices {:?} and data {:?} differ in rank",
-            idx.shape,
-            data.shape
-        ));
+        return Err(op_err!("indices {:?} and data {:?} differ in rank", idx.shape, data.shape));
     }
     Ok(vec![TensorDesc::new(data.dtype, idx.shape.clone())])
 }
@@ -101,11 +97,7 @@ pub(super) fn lower_scatter_elements(node: &mut Node, cx: &LowerCx) -> OpResult<
 pub(super) fn infer_scatter(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let (data, _, updates) = (arg(inputs, 0)?, indices_arg(inputs, 1)?, arg(inputs, 2)?);
     if updates.dtype != data.dtype {
-        return Err(op_err!(
-            "updates are {}, data {}",
-            updates.dtype,
-            data.dtype
-        ));
+        return Err(op_err!("updates are {}, data {}", updates.dtype, data.dtype));
     }
     Ok(vec![data.clone()])
 }

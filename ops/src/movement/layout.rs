@@ -60,9 +60,7 @@ pub(super) fn infer_concat(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<
             && x.shape.len() == shape.len()
             && (0..shape.len()).all(|d| d == axis || x.shape[d] == shape[d]);
         if !fits {
-            return Err(op_err!(
-                "cannot concatenate {x:?} with {first:?} on axis {axis}"
-            ));
+            return Err(op_err!("cannot concatenate {x:?} with {first:?} on axis {axis}"));
         }
         shape[axis] = shape[axis]
             .checked_add(x.shape[axis])
@@ -94,15 +92,11 @@ pub(super) fn lower_split(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             } else {
                 return Err(op_err!("{dim} does not split into {parts} equal parts"));
             };
-            (0..parts)
-                .map(|i| size.min(dim.saturating_sub(i.saturating_mul(size))))
-                .collect()
+            (0..parts).map(|i| size.min(dim.saturating_sub(i.saturating_mul(size)))).collect()
         }
     };
     if split.len() != n || checked_sum(&split) != Some(dim) {
-        return Err(op_err!(
-            "split {split:?} does not cut {dim} into {n} outputs"
-        ));
+        return Err(op_err!("split {split:?} does not cut {dim} into {n} outputs"));
     }
     node.attrs.remove("num_outputs");
     node.attrs.set("axis", AttrValue::Int(axis as i64));
@@ -137,12 +131,7 @@ pub(super) fn lower_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let (starts, ends, axes, steps) = if cx.opset < 10 {
         let a = &node.attrs;
         let get = |n: &str| a.ints_opt(n).map(|v| v.map(<[i64]>::to_vec));
-        (
-            need(get("starts")?, "starts")?,
-            need(get("ends")?, "ends")?,
-            get("axes")?,
-            None,
-        )
+        (need(get("starts")?, "starts")?, need(get("ends")?, "ends")?, get("axes")?, None)
     } else {
         (
             need(cx.const_ints(1, "starts")?, "starts")?,
@@ -195,11 +184,7 @@ pub(super) fn infer_slice(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<T
         .map(|d| {
             // In i128, so that no attribute values overflow.
             let (s, e, k) = (starts[d], ends[d], i128::from(steps[d]));
-            let span = if k > 0 {
-                e as i128 - s as i128
-            } else {
-                s as i128 - e as i128
-            };
+            let span = if k > 0 { e as i128 - s as i128 } else { s as i128 - e as i128 };
             let n = span.max(0).unsigned_abs().div_ceil(k.unsigned_abs().max(1));
             usize::try_from(n).map_err(|_| op_err!("a slice of {n} is too large"))
         })
@@ -221,34 +206,23 @@ pub(super) fn lower_pad(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         let v = f64::from(node.attrs.float_or("value", 0.0)?);
         (pads, scalar(x.dtype, Some(v as i64), Some(v))?, None)
     } else {
-        let pads = cx
-            .const_ints(1, "pads")?
-            .ok_or_else(|| op_err!("pads (input 1) are required"))?;
+        let pads =
+            cx.const_ints(1, "pads")?.ok_or_else(|| op_err!("pads (input 1) are required"))?;
         let value = match cx.consts.get(2).copied().flatten() {
             _ if !cx.has_input(2) => scalar(x.dtype, Some(0), Some(0.0))?,
             Some(c) if c.desc().elements() == 0 => scalar(x.dtype, Some(0), Some(0.0))?,
             Some(c) => const_scalar(c)?,
             None => return Err(op_err!("constant_value (input 2) must be a constant")),
         };
-        let axes = if cx.opset >= 18 {
-            cx.const_ints(3, "axes")?
-        } else {
-            None
-        };
+        let axes = if cx.opset >= 18 { cx.const_ints(3, "axes")? } else { None };
         (pads, value, axes)
     };
     let axes = match axes {
-        Some(a) => a
-            .iter()
-            .map(|&a| normalize_axis(a, rank))
-            .collect::<OpResult<Vec<_>>>()?,
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank)).collect::<OpResult<Vec<_>>>()?,
         None => (0..rank).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(op_err!(
-            "pads {pads:?} need two entries for each of {} axes",
-            axes.len()
-        ));
+        return Err(op_err!("pads {pads:?} need two entries for each of {} axes", axes.len()));
     }
     let mut full = vec![0; 2 * rank];
     for (i, &d) in axes.iter().enumerate() {
@@ -282,9 +256,8 @@ pub(super) fn infer_pad(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Ten
 // ---- Tile and Expand ----
 
 pub(super) fn lower_tile(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
-    let repeats = cx
-        .const_ints(1, "repeats")?
-        .ok_or_else(|| op_err!("repeats (input 1) are required"))?;
+    let repeats =
+        cx.const_ints(1, "repeats")?.ok_or_else(|| op_err!("repeats (input 1) are required"))?;
     node.attrs.set("repeats", AttrValue::Ints(repeats));
     keep_inputs(node, 1);
     Ok(())
@@ -294,10 +267,7 @@ pub(super) fn infer_tile(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Te
     let x = arg(inputs, 0)?;
     let reps = usizes(node, "repeats")?;
     if reps.len() != x.shape.len() {
-        return Err(op_err!(
-            "repeats {reps:?} need one entry per axis of {:?}",
-            x.shape
-        ));
+        return Err(op_err!("repeats {reps:?} need one entry per axis of {:?}", x.shape));
     }
     let shape = x
         .shape
@@ -342,10 +312,7 @@ fn blocksize(node: &Node) -> OpResult<usize> {
 }
 
 fn nchw(x: &TensorDesc) -> OpResult<[usize; 4]> {
-    x.shape
-        .as_slice()
-        .try_into()
-        .map_err(|_| op_err!("input {:?} must be 4-d", x.shape))
+    x.shape.as_slice().try_into().map_err(|_| op_err!("input {:?} must be 4-d", x.shape))
 }
 
 /// DepthToSpace, and SpaceToDepth (which has `mode` from opset 25): `blocksize`, `mode`.

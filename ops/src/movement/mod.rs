@@ -42,49 +42,25 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Dropout", lower_dropout, infer_dropout).view(),
     OpDef::new("Shape", lower_shape, infer_shape).folded(),
     OpDef::new("Size", lower_nothing, infer_size).folded(),
-    OpDef::new(
-        "ConstantOfShape",
-        lower_constant_of_shape,
-        infer_constant_of_shape,
-    ),
+    OpDef::new("ConstantOfShape", lower_constant_of_shape, infer_constant_of_shape),
     OpDef::new("Range", lower_range, infer_range)
         .cpu_only("its output size depends on its values, so it is always folded at compile time"),
-    OpDef::new(
-        "Transpose",
-        layout::lower_transpose,
-        layout::infer_transpose,
-    ),
+    OpDef::new("Transpose", layout::lower_transpose, layout::infer_transpose),
     OpDef::new("Concat", layout::lower_concat, layout::infer_concat),
     OpDef::new("Split", layout::lower_split, layout::infer_split),
     OpDef::new("Slice", layout::lower_slice, layout::infer_slice),
     OpDef::new("Pad", layout::lower_pad, layout::infer_pad),
     OpDef::new("Tile", layout::lower_tile, layout::infer_tile),
     OpDef::new("Expand", layout::lower_expand, layout::infer_expand),
-    OpDef::new(
-        "DepthToSpace",
-        layout::lower_depth_to_space,
-        layout::infer_depth_to_space,
-    ),
-    OpDef::new(
-        "SpaceToDepth",
-        layout::lower_depth_to_space,
-        layout::infer_space_to_depth,
-    ),
+    OpDef::new("DepthToSpace", layout::lower_depth_to_space, layout::infer_depth_to_space),
+    OpDef::new("SpaceToDepth", layout::lower_depth_to_space, layout::infer_space_to_depth),
     OpDef::new("Trilu", layout::lower_trilu, infer_same),
     OpDef::new("CumSum", layout::lower_cum_sum, infer_same),
     OpDef::new("Gather", index::lower_gather, index::infer_gather),
-    OpDef::new(
-        "GatherElements",
-        index::lower_gather_elements,
-        index::infer_gather_elements,
-    ),
+    OpDef::new("GatherElements", index::lower_gather_elements, index::infer_gather_elements),
     OpDef::new("GatherND", index::lower_gather_nd, index::infer_gather_nd),
     OpDef::new("ScatterND", index::lower_scatter_nd, index::infer_scatter),
-    OpDef::new(
-        "ScatterElements",
-        index::lower_scatter_elements,
-        index::infer_scatter,
-    ),
+    OpDef::new("ScatterElements", index::lower_scatter_elements, index::infer_scatter),
     OpDef::new("OneHot", index::lower_one_hot, index::infer_one_hot),
 ];
 
@@ -92,10 +68,7 @@ pub const OPS: &[OpDef] = &[
 
 /// Input `i` of a canonical node.
 fn arg<'a>(inputs: &[&'a TensorDesc], i: usize) -> OpResult<&'a TensorDesc> {
-    inputs
-        .get(i)
-        .copied()
-        .ok_or_else(|| op_err!("input {i} is required"))
+    inputs.get(i).copied().ok_or_else(|| op_err!("input {i} is required"))
 }
 
 /// Keeps only the first `n` inputs (the constant operands now live in attributes).
@@ -120,10 +93,7 @@ fn attr_or_input(
 
 /// Axes normalised against `rank`, sorted; repeats are an error.
 fn sorted_axes(axes: &[i64], rank: usize) -> OpResult<Vec<usize>> {
-    let mut out = axes
-        .iter()
-        .map(|&a| normalize_axis(a, rank))
-        .collect::<OpResult<Vec<_>>>()?;
+    let mut out = axes.iter().map(|&a| normalize_axis(a, rank)).collect::<OpResult<Vec<_>>>()?;
     out.sort_unstable();
     if out.windows(2).any(|w| w[0] == w[1]) {
         return Err(op_err!("axes {axes:?} repeat an axis"));
@@ -150,11 +120,7 @@ fn axis_attr(node: &Node, rank: usize) -> OpResult<usize> {
 
 /// A scalar attribute of `dtype`: `Int` for integer and bool types (exact), `Float` else.
 fn scalar(dtype: DType, ints: Option<i64>, floats: Option<f64>) -> OpResult<AttrValue> {
-    let v = if dtype.is_float() {
-        floats.map(AttrValue::Float)
-    } else {
-        ints.map(AttrValue::Int)
-    };
+    let v = if dtype.is_float() { floats.map(AttrValue::Float) } else { ints.map(AttrValue::Int) };
     v.ok_or_else(|| op_err!("a scalar of type {dtype} is not a number"))
 }
 
@@ -174,10 +140,7 @@ fn scalar_input(cx: &LowerCx, i: usize, what: &str) -> OpResult<AttrValue> {
         .flatten()
         .ok_or_else(|| op_err!("{what} (input {i}) must be a constant"))?;
     if c.desc().elements() != 1 {
-        return Err(op_err!(
-            "{what} must hold one value, not {:?}",
-            c.desc().shape
-        ));
+        return Err(op_err!("{what} must hold one value, not {:?}", c.desc().shape));
     }
     const_scalar(c)
 }
@@ -194,9 +157,7 @@ fn infer_same(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
 
 fn lower_reshape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let x = cx.input(0)?;
-    let spec = cx
-        .const_ints(1, "shape")?
-        .ok_or_else(|| op_err!("shape (input 1) is required"))?;
+    let spec = cx.const_ints(1, "shape")?.ok_or_else(|| op_err!("shape (input 1) is required"))?;
     let allow_zero = node.attrs.int_or("allowzero", 0)? != 0;
     let mut shape = Vec::with_capacity(spec.len());
     let mut inferred = None;
@@ -274,9 +235,7 @@ fn infer_squeeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc
     if let Some(&a) = axes.iter().find(|&&a| x.shape.get(a) != Some(&1)) {
         return Err(op_err!("cannot squeeze axis {a} of {:?}", x.shape));
     }
-    let shape = (0..x.shape.len())
-        .filter(|d| !axes.contains(d))
-        .map(|d| x.shape[d]);
+    let shape = (0..x.shape.len()).filter(|d| !axes.contains(d)).map(|d| x.shape[d]);
     Ok(vec![TensorDesc::new(x.dtype, shape.collect::<Vec<_>>())])
 }
 
@@ -296,13 +255,7 @@ fn infer_unsqueeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDe
     let rank = x.shape.len() + axes.len();
     let mut dims = x.shape.iter();
     let shape = (0..rank)
-        .map(|d| {
-            if axes.contains(&d) {
-                Some(1)
-            } else {
-                dims.next().copied()
-            }
-        })
+        .map(|d| if axes.contains(&d) { Some(1) } else { dims.next().copied() })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| op_err!("axes {axes:?} do not fit rank {rank}"))?;
     Ok(vec![TensorDesc::new(x.dtype, shape)])
@@ -320,9 +273,7 @@ fn lower_dropout(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             false => vec![0.5],
         };
         if training.iter().any(|&t| t != 0) && ratio.iter().any(|&r| r != 0.0) {
-            return Err(op_err!(
-                "Dropout in training mode is random; only inference is supported"
-            ));
+            return Err(op_err!("Dropout in training mode is random; only inference is supported"));
         }
     }
     for a in ["ratio", "seed", "is_test"] {
@@ -335,10 +286,7 @@ fn lower_dropout(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 fn infer_dropout(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let x = arg(inputs, 0)?;
     let mask = TensorDesc::new(DType::Bool, x.shape.clone());
-    Ok([x.clone(), mask]
-        .into_iter()
-        .take(node.outputs.len().clamp(1, 2))
-        .collect())
+    Ok([x.clone(), mask].into_iter().take(node.outputs.len().clamp(1, 2)).collect())
 }
 
 // ---- Shape and Size: folded from types ----
@@ -375,9 +323,7 @@ fn dtype_attr(node: &Node) -> OpResult<DType> {
 /// The importer turns the `value` tensor attribute into `value` (its element) and
 /// `value.dtype` (its ONNX type code); absent, it is a float 0.
 fn lower_constant_of_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
-    let shape = cx
-        .const_ints(0, "shape")?
-        .ok_or_else(|| op_err!("shape (input 0) is required"))?;
+    let shape = cx.const_ints(0, "shape")?.ok_or_else(|| op_err!("shape (input 0) is required"))?;
     if let Some(d) = shape.iter().find(|&&d| d < 0) {
         return Err(op_err!("shape {shape:?} has {d}"));
     }
@@ -399,18 +345,14 @@ fn lower_constant_of_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     };
     node.attrs.remove("value.dtype");
     node.attrs.set("value", value);
-    node.attrs
-        .set("dtype", AttrValue::Int(dtype.onnx_code().into()));
+    node.attrs.set("dtype", AttrValue::Int(dtype.onnx_code().into()));
     node.attrs.set("shape", AttrValue::Ints(shape));
     keep_inputs(node, 0);
     Ok(())
 }
 
 fn infer_constant_of_shape(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    Ok(vec![TensorDesc::new(
-        dtype_attr(node)?,
-        usizes(node, "shape")?,
-    )])
+    Ok(vec![TensorDesc::new(dtype_attr(node)?, usizes(node, "shape")?)])
 }
 
 fn lower_range(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
@@ -422,8 +364,7 @@ fn lower_range(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         let v = scalar_input(cx, i, name)?;
         node.attrs.set(name, v);
     }
-    node.attrs
-        .set("dtype", AttrValue::Int(dtype.onnx_code().into()));
+    node.attrs.set("dtype", AttrValue::Int(dtype.onnx_code().into()));
     keep_inputs(node, 0);
     Ok(())
 }
@@ -443,11 +384,7 @@ fn infer_range(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
             return Err(op_err!("delta is 0"));
         }
         // f32 operands subtract in f32, as ONNX Runtime does.
-        let span = if dtype == DType::F64 {
-            l - s
-        } else {
-            f64::from(*l as f32 - *s as f32)
-        };
+        let span = if dtype == DType::F64 { l - s } else { f64::from(*l as f32 - *s as f32) };
         (span / d).ceil().max(0.0) as usize
     } else {
         let (s, l, d) = (a.int("start")?, a.int("limit")?, a.int("delta")?);

@@ -60,32 +60,21 @@ fn lower(
         name: "n".into(),
         op: op.into(),
         domain: String::new(),
-        inputs: descs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| d.as_ref().map(|_| i))
-            .collect(),
+        inputs: descs.iter().enumerate().map(|(i, d)| d.as_ref().map(|_| i)).collect(),
         outputs: (100..100 + n_out).collect(),
         attrs,
     };
     let cx = LowerCx {
         opset,
         inputs: descs.iter().map(Option::as_ref).collect(),
-        consts: consts
-            .iter()
-            .map(|c| c.as_ref().map(|c| c as &dyn Constant))
-            .collect(),
+        consts: consts.iter().map(|c| c.as_ref().map(|c| c as &dyn Constant)).collect(),
     };
     let def = OPS.iter().find(|d| d.name == op).unwrap();
     (def.lower)(&mut node, &cx)?;
     let ins: Vec<&TensorDesc> = node
         .inputs
         .iter()
-        .map(|i| {
-            descs[i.expect("lowering left an omitted input")]
-                .as_ref()
-                .unwrap()
-        })
+        .map(|i| descs[i.expect("lowering left an omitted input")].as_ref().unwrap())
         .collect();
     let outs = (def.infer)(&node, &ins)?;
     Ok((node, outs))
@@ -96,8 +85,7 @@ fn shapes(outs: &[TensorDesc]) -> Vec<Vec<usize>> {
 }
 
 fn a(list: &[(&str, AttrValue)]) -> Attrs {
-    list.iter()
-        .fold(Attrs::new(), |a, (k, v)| a.with(k, v.clone()))
+    list.iter().fold(Attrs::new(), |a, (k, v)| a.with(k, v.clone()))
 }
 
 fn ints(v: &[i64]) -> AttrValue {
@@ -106,14 +94,7 @@ fn ints(v: &[i64]) -> AttrValue {
 
 #[test]
 fn reshape_resolves_zero_and_minus_one() {
-    let (n, o) = lower(
-        "Reshape",
-        13,
-        Attrs::new(),
-        vec![x(&[2, 3, 4]), c64(&[0, -1])],
-        1,
-    )
-    .unwrap();
+    let (n, o) = lower("Reshape", 13, Attrs::new(), vec![x(&[2, 3, 4]), c64(&[0, -1])], 1).unwrap();
     assert_eq!(n.attrs.ints("shape").unwrap(), [2, 12]);
     assert_eq!(n.inputs.len(), 1);
     assert_eq!(o[0].shape, [2, 12]);
@@ -122,97 +103,31 @@ fn reshape_resolves_zero_and_minus_one() {
     let (n, _) = lower("Reshape", 14, z, vec![x(&[0, 3]), c64(&[3, 0])], 1).unwrap();
     assert_eq!(n.attrs.ints("shape").unwrap(), [3, 0]);
     assert!(!n.attrs.contains("allowzero"));
-    assert!(
-        lower(
-            "Reshape",
-            13,
-            Attrs::new(),
-            vec![x(&[2, 3]), c64(&[-1, -1])],
-            1
-        )
-        .is_err()
-    );
-    assert!(
-        lower(
-            "Reshape",
-            13,
-            Attrs::new(),
-            vec![x(&[2, 3]), c64(&[4, -1])],
-            1
-        )
-        .is_err()
-    );
+    assert!(lower("Reshape", 13, Attrs::new(), vec![x(&[2, 3]), c64(&[-1, -1])], 1).is_err());
+    assert!(lower("Reshape", 13, Attrs::new(), vec![x(&[2, 3]), c64(&[4, -1])], 1).is_err());
 }
 
 #[test]
 fn flatten_squeeze_unsqueeze() {
-    let (n, o) = lower(
-        "Flatten",
-        13,
-        a(&[("axis", AttrValue::Int(-1))]),
-        vec![x(&[2, 3, 4])],
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (n.attrs.int("axis").unwrap(), o[0].shape.clone()),
-        (2, vec![6, 4])
-    );
-    let (_, o) = lower(
-        "Flatten",
-        13,
-        a(&[("axis", AttrValue::Int(3))]),
-        vec![x(&[2, 3, 4])],
-        1,
-    )
-    .unwrap();
+    let (n, o) =
+        lower("Flatten", 13, a(&[("axis", AttrValue::Int(-1))]), vec![x(&[2, 3, 4])], 1).unwrap();
+    assert_eq!((n.attrs.int("axis").unwrap(), o[0].shape.clone()), (2, vec![6, 4]));
+    let (_, o) =
+        lower("Flatten", 13, a(&[("axis", AttrValue::Int(3))]), vec![x(&[2, 3, 4])], 1).unwrap();
     assert_eq!(o[0].shape, [24, 1]);
     // Squeeze: attribute before opset 13, input after, every 1 when omitted.
-    let (n, o) = lower(
-        "Squeeze",
-        11,
-        a(&[("axes", ints(&[-1]))]),
-        vec![x(&[1, 3, 1])],
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (n.attrs.ints("axes").unwrap(), o[0].shape.as_slice()),
-        (&[2][..], &[1, 3][..])
-    );
-    let (n, o) = lower(
-        "Squeeze",
-        13,
-        Attrs::new(),
-        vec![x(&[1, 3, 1]), c64(&[0])],
-        1,
-    )
-    .unwrap();
+    let (n, o) = lower("Squeeze", 11, a(&[("axes", ints(&[-1]))]), vec![x(&[1, 3, 1])], 1).unwrap();
+    assert_eq!((n.attrs.ints("axes").unwrap(), o[0].shape.as_slice()), (&[2][..], &[1, 3][..]));
+    let (n, o) = lower("Squeeze", 13, Attrs::new(), vec![x(&[1, 3, 1]), c64(&[0])], 1).unwrap();
     assert_eq!((n.inputs.len(), o[0].shape.as_slice()), (1, &[3, 1][..]));
     let (_, o) = lower("Squeeze", 13, Attrs::new(), vec![x(&[1, 3, 1])], 1).unwrap();
     assert_eq!(o[0].shape, [3]);
     assert!(lower("Squeeze", 13, Attrs::new(), vec![x(&[2, 3]), c64(&[0])], 1).is_err());
     // Unsqueeze axes count against the output rank.
-    let (n, o) = lower(
-        "Unsqueeze",
-        13,
-        Attrs::new(),
-        vec![x(&[3, 4]), c64(&[-1, 0])],
-        1,
-    )
-    .unwrap();
+    let (n, o) = lower("Unsqueeze", 13, Attrs::new(), vec![x(&[3, 4]), c64(&[-1, 0])], 1).unwrap();
     assert_eq!(n.attrs.ints("axes").unwrap(), [0, 3]);
     assert_eq!(o[0].shape, [1, 3, 4, 1]);
-    assert!(
-        lower(
-            "Unsqueeze",
-            13,
-            Attrs::new(),
-            vec![x(&[3]), c64(&[0, 0])],
-            1
-        )
-        .is_err()
-    );
+    assert!(lower("Unsqueeze", 13, Attrs::new(), vec![x(&[3]), c64(&[0, 0])], 1).is_err());
 }
 
 #[test]
@@ -223,23 +138,11 @@ fn dropout_shape_and_size() {
     assert_eq!(o[1], TensorDesc::new(DType::Bool, [2, 3]));
     let ratio = In::C(Tensor::from_vec(Vec::<usize>::new(), &[0.3f32]).unwrap());
     let training = In::C(Tensor::from_bools(Vec::<usize>::new(), &[true]).unwrap());
-    assert!(
-        lower(
-            "Dropout",
-            13,
-            Attrs::new(),
-            vec![x(&[2]), ratio, training],
-            1
-        )
-        .is_err()
-    );
+    assert!(lower("Dropout", 13, Attrs::new(), vec![x(&[2]), ratio, training], 1).is_err());
 
     let se = a(&[("start", AttrValue::Int(-3)), ("end", AttrValue::Int(100))]);
     let (n, o) = lower("Shape", 15, se, vec![x(&[2, 3, 4, 5])], 1).unwrap();
-    assert_eq!(
-        (n.attrs.int("start").unwrap(), n.attrs.int("end").unwrap()),
-        (1, 4)
-    );
+    assert_eq!((n.attrs.int("start").unwrap(), n.attrs.int("end").unwrap()), (1, 4));
     assert_eq!(o[0], TensorDesc::new(DType::I64, [3]));
     let (_, o) = lower("Size", 13, Attrs::new(), vec![x(&[2, 3])], 1).unwrap();
     assert_eq!(o[0], TensorDesc::new(DType::I64, []));
@@ -248,10 +151,7 @@ fn dropout_shape_and_size() {
 #[test]
 fn constant_of_shape_and_range() {
     // The importer gives `value` and `value.dtype` (7 = INT64).
-    let v = a(&[
-        ("value", AttrValue::Int(5)),
-        ("value.dtype", AttrValue::Int(7)),
-    ]);
+    let v = a(&[("value", AttrValue::Int(5)), ("value.dtype", AttrValue::Int(7))]);
     let (n, o) = lower("ConstantOfShape", 13, v, vec![c64(&[2, 3])], 1).unwrap();
     assert!(n.inputs.is_empty());
     assert_eq!(o[0], TensorDesc::new(DType::I64, [2, 3]));
@@ -262,27 +162,17 @@ fn constant_of_shape_and_range() {
     assert_eq!(n.attrs.get("value"), Some(&AttrValue::Float(0.0)));
 
     // np.arange(10, 4, -3) has 2 elements; np.arange(1.0, 2.05, 0.25, np.float32) has 5.
-    let (n, o) = lower(
-        "Range",
-        13,
-        Attrs::new(),
-        vec![scalar_i64(10), scalar_i64(4), scalar_i64(-3)],
-        1,
-    )
-    .unwrap();
+    let (n, o) =
+        lower("Range", 13, Attrs::new(), vec![scalar_i64(10), scalar_i64(4), scalar_i64(-3)], 1)
+            .unwrap();
     assert!(n.inputs.is_empty());
     assert_eq!(o[0], TensorDesc::new(DType::I64, [2]));
     let f = |v: f32| In::C(Tensor::from_vec(Vec::<usize>::new(), &[v]).unwrap());
     let (_, o) = lower("Range", 13, Attrs::new(), vec![f(1.0), f(2.05), f(0.25)], 1).unwrap();
     assert_eq!(o[0], TensorDesc::new(DType::F32, [5]));
-    let (_, o) = lower(
-        "Range",
-        13,
-        Attrs::new(),
-        vec![scalar_i64(3), scalar_i64(1), scalar_i64(1)],
-        1,
-    )
-    .unwrap();
+    let (_, o) =
+        lower("Range", 13, Attrs::new(), vec![scalar_i64(3), scalar_i64(1), scalar_i64(1)], 1)
+            .unwrap();
     assert_eq!(o[0].shape, [0]);
 }
 
@@ -293,55 +183,25 @@ fn transpose_concat_split() {
         (n.attrs.ints("perm").unwrap(), o[0].shape.as_slice()),
         (&[2, 1, 0][..], &[4, 3, 2][..])
     );
-    assert!(
-        lower(
-            "Transpose",
-            13,
-            a(&[("perm", ints(&[0, 0]))]),
-            vec![x(&[2, 3])],
-            1
-        )
-        .is_err()
-    );
+    assert!(lower("Transpose", 13, a(&[("perm", ints(&[0, 0]))]), vec![x(&[2, 3])], 1).is_err());
 
-    let (n, o) = lower(
-        "Concat",
-        13,
-        a(&[("axis", AttrValue::Int(-1))]),
-        vec![x(&[2, 3]), x(&[2, 1])],
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (n.attrs.int("axis").unwrap(), o[0].shape.as_slice()),
-        (1, &[2, 4][..])
-    );
+    let (n, o) =
+        lower("Concat", 13, a(&[("axis", AttrValue::Int(-1))]), vec![x(&[2, 3]), x(&[2, 1])], 1)
+            .unwrap();
+    assert_eq!((n.attrs.int("axis").unwrap(), o[0].shape.as_slice()), (1, &[2, 4][..]));
 
     // Equal parts by default; opset 18's num_outputs leaves a smaller last part (7 -> 3,3,1).
     let (n, o) = lower("Split", 13, Attrs::new(), vec![x(&[6, 2])], 3).unwrap();
     assert_eq!(n.attrs.ints("split").unwrap(), [2, 2, 2]);
     assert_eq!(shapes(&o), [[2, 2], [2, 2], [2, 2]]);
-    let k = a(&[
-        ("num_outputs", AttrValue::Int(3)),
-        ("axis", AttrValue::Int(-1)),
-    ]);
+    let k = a(&[("num_outputs", AttrValue::Int(3)), ("axis", AttrValue::Int(-1))]);
     let (n, o) = lower("Split", 18, k, vec![x(&[2, 7])], 3).unwrap();
     assert_eq!(n.attrs.ints("split").unwrap(), [3, 3, 1]);
     assert_eq!(o[2].shape, [2, 1]);
     assert!(!n.attrs.contains("num_outputs"));
     let (n, _) = lower("Split", 13, Attrs::new(), vec![x(&[5]), c64(&[2, 3])], 2).unwrap();
-    assert_eq!(
-        (n.attrs.ints("split").unwrap(), n.inputs.len()),
-        (&[2, 3][..], 1)
-    );
-    let (n, _) = lower(
-        "Split",
-        11,
-        a(&[("split", ints(&[4, 1]))]),
-        vec![x(&[5])],
-        2,
-    )
-    .unwrap();
+    assert_eq!((n.attrs.ints("split").unwrap(), n.inputs.len()), (&[2, 3][..], 1));
+    let (n, _) = lower("Split", 11, a(&[("split", ints(&[4, 1]))]), vec![x(&[5])], 2).unwrap();
     assert_eq!(n.attrs.ints("split").unwrap(), [4, 1]);
     assert!(lower("Split", 13, Attrs::new(), vec![x(&[5])], 2).is_err());
 }
@@ -381,14 +241,7 @@ fn slice_resolves_and_clamps_every_axis() {
     assert_eq!(n.attrs.ints("ends").unwrap(), [2, 4]);
     assert_eq!(o[0].shape, [2, 3]);
     // A start past the end gives an empty axis.
-    let (_, o) = lower(
-        "Slice",
-        13,
-        Attrs::new(),
-        vec![x(&[4]), c64(&[5]), c64(&[7])],
-        1,
-    )
-    .unwrap();
+    let (_, o) = lower("Slice", 13, Attrs::new(), vec![x(&[4]), c64(&[5]), c64(&[7])], 1).unwrap();
     assert_eq!(o[0].shape, [0]);
     assert!(
         lower(
@@ -419,14 +272,8 @@ fn pad_canonical_for_every_axis() {
     assert_eq!(n.attrs.text("mode").unwrap(), "reflect");
     assert_eq!((n.inputs.len(), o[0].shape.as_slice()), (1, &[2, 6][..]));
     // Integer data gets an integer value; an omitted constant_value is 0.
-    let (n, o) = lower(
-        "Pad",
-        13,
-        Attrs::new(),
-        vec![In::X(DType::I64, vec![3]), c64(&[-1, 2])],
-        1,
-    )
-    .unwrap();
+    let (n, o) =
+        lower("Pad", 13, Attrs::new(), vec![In::X(DType::I64, vec![3]), c64(&[-1, 2])], 1).unwrap();
     assert_eq!(n.attrs.get("value"), Some(&AttrValue::Int(0)));
     assert_eq!(n.attrs.text("mode").unwrap(), "constant");
     assert_eq!(o[0].shape, [4]);
@@ -438,75 +285,34 @@ fn tile_expand_depth_space() {
     let (n, o) = lower("Tile", 13, Attrs::new(), vec![x(&[2, 3]), c64(&[2, 1])], 1).unwrap();
     assert_eq!((n.inputs.len(), o[0].shape.as_slice()), (1, &[4, 3][..]));
     // np.broadcast_shapes((3, 1), (2, 1, 4)) == (2, 3, 4)
-    let (n, o) = lower(
-        "Expand",
-        13,
-        Attrs::new(),
-        vec![x(&[3, 1]), c64(&[2, 1, 4])],
-        1,
-    )
-    .unwrap();
+    let (n, o) = lower("Expand", 13, Attrs::new(), vec![x(&[3, 1]), c64(&[2, 1, 4])], 1).unwrap();
     assert_eq!(n.attrs.ints("shape").unwrap(), [2, 3, 4]);
     assert_eq!(o[0].shape, [2, 3, 4]);
     assert!(lower("Expand", 13, Attrs::new(), vec![x(&[3]), c64(&[2])], 1).is_err());
     let b = a(&[("blocksize", AttrValue::Int(2))]);
     let (n, o) = lower("DepthToSpace", 13, b.clone(), vec![x(&[1, 8, 2, 3])], 1).unwrap();
-    assert_eq!(
-        (n.attrs.text("mode").unwrap(), o[0].shape.as_slice()),
-        ("DCR", &[1, 2, 4, 6][..])
-    );
+    assert_eq!((n.attrs.text("mode").unwrap(), o[0].shape.as_slice()), ("DCR", &[1, 2, 4, 6][..]));
     let (_, o) = lower("SpaceToDepth", 13, b, vec![x(&[1, 2, 4, 6])], 1).unwrap();
     assert_eq!(o[0].shape, [1, 8, 2, 3]);
 }
 
 #[test]
 fn trilu_cumsum_index_ops() {
-    let (n, _) = lower(
-        "Trilu",
-        14,
-        Attrs::new(),
-        vec![x(&[3, 3]), scalar_i64(-1)],
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (n.attrs.int("upper").unwrap(), n.attrs.int("k").unwrap()),
-        (1, -1)
-    );
+    let (n, _) = lower("Trilu", 14, Attrs::new(), vec![x(&[3, 3]), scalar_i64(-1)], 1).unwrap();
+    assert_eq!((n.attrs.int("upper").unwrap(), n.attrs.int("k").unwrap()), (1, -1));
     assert_eq!(n.inputs.len(), 1);
-    let (n, _) = lower(
-        "CumSum",
-        14,
-        Attrs::new(),
-        vec![x(&[3, 3]), scalar_i64(-1)],
-        1,
-    )
-    .unwrap();
+    let (n, _) = lower("CumSum", 14, Attrs::new(), vec![x(&[3, 3]), scalar_i64(-1)], 1).unwrap();
     assert_eq!(n.attrs.int("axis").unwrap(), 1);
     assert_eq!(n.attrs.int("exclusive").unwrap(), 0);
 
     let idx = In::X(DType::I64, vec![2, 5]);
-    let (n, o) = lower(
-        "Gather",
-        13,
-        a(&[("axis", AttrValue::Int(-1))]),
-        vec![x(&[3, 4]), idx],
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (n.attrs.int("axis").unwrap(), o[0].shape.as_slice()),
-        (1, &[3, 2, 5][..])
-    );
+    let (n, o) =
+        lower("Gather", 13, a(&[("axis", AttrValue::Int(-1))]), vec![x(&[3, 4]), idx], 1).unwrap();
+    assert_eq!((n.attrs.int("axis").unwrap(), o[0].shape.as_slice()), (1, &[3, 2, 5][..]));
     let idx = In::X(DType::I64, vec![2, 1]);
-    let (_, o) = lower(
-        "GatherND",
-        13,
-        a(&[("batch_dims", AttrValue::Int(1))]),
-        vec![x(&[2, 2, 2]), idx],
-        1,
-    )
-    .unwrap();
+    let (_, o) =
+        lower("GatherND", 13, a(&[("batch_dims", AttrValue::Int(1))]), vec![x(&[2, 2, 2]), idx], 1)
+            .unwrap();
     assert_eq!(o[0].shape, [2, 2]);
     let idx = In::X(DType::F32, vec![2]);
     assert!(lower("Gather", 13, Attrs::new(), vec![x(&[3]), idx], 1).is_err());
@@ -517,18 +323,10 @@ fn trilu_cumsum_index_ops() {
 
     // OneHot: depth 5 (a float constant is fine), axis -1 of the output.
     let depth = In::C(Tensor::from_vec(vec![1], &[5.0f32]).unwrap());
-    let (n, o) = lower(
-        "OneHot",
-        11,
-        Attrs::new(),
-        vec![In::X(DType::I64, vec![2, 3]), depth, x(&[2])],
-        1,
-    )
-    .unwrap();
+    let (n, o) =
+        lower("OneHot", 11, Attrs::new(), vec![In::X(DType::I64, vec![2, 3]), depth, x(&[2])], 1)
+            .unwrap();
     assert_eq!(n.inputs, [Some(0), Some(2)]);
-    assert_eq!(
-        (n.attrs.int("axis").unwrap(), n.attrs.int("depth").unwrap()),
-        (2, 5)
-    );
+    assert_eq!((n.attrs.int("axis").unwrap(), n.attrs.int("depth").unwrap()), (2, 5));
     assert_eq!(o[0], TensorDesc::new(DType::F32, [2, 3, 5]));
 }

@@ -38,19 +38,11 @@ enum Src {
     Affine(i64),
     /// Source coordinate `c - before` of a dim of `n`, mapped by the mode (constant: outside
     /// reads the fill value), times `stride`.
-    Pad {
-        n: i64,
-        before: i64,
-        mode: PadMode,
-        stride: i64,
-    },
+    Pad { n: i64, before: i64, mode: PadMode, stride: i64 },
     /// Index tuple `c` of the index tensor (Gather: one component; GatherND: several):
     /// component j, wrapped into `[0, n_j)`, times `stride_j`; with batches (GatherND's
     /// batch dims), `(c / per_batch) * batch_stride` more.
-    Index {
-        comps: Vec<(i64, i64)>,
-        batch: Option<(u64, i64)>,
-    },
+    Index { comps: Vec<(i64, i64)>, batch: Option<(u64, i64)> },
     /// GatherElements: the index tensor's element at the iteration's own element, wrapped into
     /// `[0, n)`, times `stride`.
     Element { n: i64, stride: i64 },
@@ -63,11 +55,9 @@ impl Src {
             Src::Affine(s) | Src::Pad { stride: s, .. } | Src::Element { stride: s, .. } => {
                 vec![s]
             }
-            Src::Index { comps, batch } => comps
-                .iter_mut()
-                .map(|(_, s)| s)
-                .chain(batch.as_mut().map(|(_, s)| s))
-                .collect(),
+            Src::Index { comps, batch } => {
+                comps.iter_mut().map(|(_, s)| s).chain(batch.as_mut().map(|(_, s)| s)).collect()
+            }
         }
     }
 
@@ -117,10 +107,8 @@ struct Copy {
 impl Copy {
     /// Writes the destination contiguously, in the order of `dims`.
     fn new(dims: Vec<(u64, Src)>, src_base: i64) -> Copy {
-        let mut out: Vec<Dim> = dims
-            .into_iter()
-            .map(|(len, src)| Dim { len, src, dst: 0 })
-            .collect();
+        let mut out: Vec<Dim> =
+            dims.into_iter().map(|(len, src)| Dim { len, src, dst: 0 }).collect();
         let mut p = 1i64;
         for d in out.iter_mut().rev() {
             d.dst = p;
@@ -139,12 +127,7 @@ impl Copy {
 
     /// An affine copy: `(len, source stride)` per dim.
     fn affine(dims: &[(usize, i64)], src_base: i64) -> Copy {
-        Copy::new(
-            dims.iter()
-                .map(|&(len, s)| (len as u64, Src::Affine(s)))
-                .collect(),
-            src_base,
-        )
+        Copy::new(dims.iter().map(|&(len, s)| (len as u64, Src::Affine(s))).collect(), src_base)
     }
 
     fn len(&self) -> u64 {
@@ -164,11 +147,7 @@ impl Copy {
         self.src_base *= w;
         self.dst_base *= w;
         self.units *= words;
-        self.dims.push(Dim {
-            len: words,
-            src: Src::Affine(1),
-            dst: 1,
-        });
+        self.dims.push(Dim { len: words, src: Src::Affine(1), dst: 1 });
         self
     }
 
@@ -204,10 +183,7 @@ impl Copy {
         let last = self.dims.last()?;
         let fits = |v: i64| v % k == 0;
         let ok = self.band.is_none()
-            && !self
-                .dims
-                .iter()
-                .any(|d| matches!(d.src, Src::Element { .. }))
+            && !self.dims.iter().any(|d| matches!(d.src, Src::Element { .. }))
             && last.src == Src::Affine(1)
             && last.dst == 1
             && fits(last.len as i64)
@@ -238,15 +214,7 @@ impl Copy {
     /// Whether some elements are the fill value.
     fn fills(&self) -> bool {
         self.band.is_some()
-            || self.dims.iter().any(|d| {
-                matches!(
-                    d.src,
-                    Src::Pad {
-                        mode: PadMode::Constant,
-                        ..
-                    }
-                )
-            })
+            || self.dims.iter().any(|d| matches!(d.src, Src::Pad { mode: PadMode::Constant, .. }))
     }
 
     /// Whether some dim reads the index tensor.
@@ -256,10 +224,7 @@ impl Copy {
 
     /// The least and greatest source and destination offsets it touches.
     fn ranges(&self) -> ((i64, i64), (i64, i64)) {
-        let (mut src, mut dst) = (
-            (self.src_base, self.src_base),
-            (self.dst_base, self.dst_base),
-        );
+        let (mut src, mut dst) = ((self.src_base, self.src_base), (self.dst_base, self.dst_base));
         let add = |r: &mut (i64, i64), stride: i64, last: i64| {
             let (a, b) = (0, stride * last);
             r.0 += a.min(b);
@@ -348,12 +313,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 if mask.desc.dtype != DType::Bool {
                     return Err(cx.dtype(mask.desc.dtype));
                 }
-                let src = Src::Pad {
-                    n: 0,
-                    before: 0,
-                    mode: PadMode::Constant,
-                    stride: 0,
-                };
+                let src = Src::Pad { n: 0, before: 0, mode: PadMode::Constant, stride: 0 };
                 let mut ones = Copy::new(vec![(mask.desc.elements() as u64, src)], 0);
                 ones.fill = vec![1];
                 d.extend(dispatch(cx, ones, 0, 1, 1)?);
@@ -380,10 +340,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 a.ints("steps").map_err(attr_err)?,
             );
             if [starts.len(), ends.len(), steps.len()] != [shape.len(); 3] {
-                return Err(no_kernel!(
-                    "Slice attributes do not match rank {}",
-                    shape.len()
-                ));
+                return Err(no_kernel!("Slice attributes do not match rank {}", shape.len()));
             }
             let mut dims = Vec::with_capacity(shape.len());
             let mut base = 0;
@@ -427,12 +384,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 if len < 0 || (n == 0 && len > 0 && mode != PadMode::Constant) {
                     return Err(no_kernel!("Pad {pads:?} of {shape:?}"));
                 }
-                let src = Src::Pad {
-                    n,
-                    before: pads[d],
-                    mode,
-                    stride: strides[d],
-                };
+                let src = Src::Pad { n, before: pads[d], mode, stride: strides[d] };
                 dims.push((len as u64, src));
             }
             let mut copy = Copy::new(dims, 0);
@@ -489,14 +441,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                     "CRD" => (b * b * hw, b * hw, hw),
                     m => return Err(no_kernel!("DepthToSpace mode {m}")),
                 };
-                vec![
-                    (n, s(c * hw)),
-                    (oc, s(s_c)),
-                    (h, s(w)),
-                    (b, s(s_b1)),
-                    (w, 1),
-                    (b, s(s_b2)),
-                ]
+                vec![(n, s(c * hw)), (oc, s(s_c)), (h, s(w)), (b, s(s_b1)), (w, 1), (b, s(s_b2))]
             } else {
                 if h % b != 0 || w % b != 0 {
                     return Err(no_kernel!("SpaceToDepth of {h}x{w} by {b}"));
@@ -517,11 +462,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         }
         "Split" | "Concat" => {
             let axis = cx.attrs.int("axis").map_err(attr_err)?;
-            let (joined, parts) = if cx.op == "Split" {
-                (x, cx.outputs)
-            } else {
-                (y, cx.inputs)
-            };
+            let (joined, parts) = if cx.op == "Split" { (x, cx.outputs) } else { (y, cx.inputs) };
             let js = &joined.desc.shape;
             let axis = usize::try_from(axis)
                 .ok()
@@ -535,11 +476,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             for (k, p) in parts.iter().enumerate() {
                 let ps = &p.desc.shape;
                 let fits = ps.len() == js.len()
-                    && ps
-                        .iter()
-                        .zip(js)
-                        .enumerate()
-                        .all(|(d, (a, b))| d == axis || a == b);
+                    && ps.iter().zip(js).enumerate().all(|(d, (a, b))| d == axis || a == b);
                 if !fits || at + ps[axis] > js[axis] {
                     return Err(no_kernel!("{} part {ps:?} of {js:?}", cx.op));
                 }
@@ -621,10 +558,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                     let dims = (0..rank)
                         .map(|d| {
                             let src = if d == axis {
-                                Src::Element {
-                                    n: shape[d] as i64,
-                                    stride: strides[d],
-                                }
+                                Src::Element { n: shape[d] as i64, stride: strides[d] }
                             } else {
                                 Src::Affine(strides[d])
                             };
@@ -643,10 +577,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                             (outer, Src::Affine(n * inner)),
                             (
                                 idx.desc.elements() as u64,
-                                Src::Index {
-                                    comps: vec![(n, inner)],
-                                    batch: None,
-                                },
+                                Src::Index { comps: vec![(n, inner)], batch: None },
                             ),
                             (inner as u64, Src::Affine(1)),
                         ],
@@ -663,14 +594,8 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             };
             let batch = shape[..shape.len() - 2].iter().product::<usize>();
             let bound = (rows + cols) as i64;
-            let mut copy = Copy::affine(
-                &[
-                    (batch, (rows * cols) as i64),
-                    (rows, cols as i64),
-                    (cols, 1),
-                ],
-                0,
-            );
+            let mut copy =
+                Copy::affine(&[(batch, (rows * cols) as i64), (rows, cols as i64), (cols, 1)], 0);
             copy.band = Some(Band {
                 row: 1,
                 col: 2,
@@ -695,10 +620,7 @@ fn index_words(cx: &KernelCx, i: usize) -> Result<u64, NoKernel> {
 
 /// WGSL wrapping index `raw` (an i32 expression) into `[0, n)`, clamping what is outside.
 fn wrap(raw: &str, n: usize) -> String {
-    format!(
-        "clamp(select({raw}, {raw} + {n}, {raw} < 0), 0, {})",
-        n.max(1) - 1
-    )
+    format!("clamp(select({raw}, {raw} + {n}, {raw} < 0), 0, {})", n.max(1) - 1)
 }
 
 /// A kernel of one invocation per unit of `count`, from a body using `g`.
@@ -719,11 +641,7 @@ fn simple(
             Slot::Output(i) => &cx.outputs[i],
         };
         if o.byte_offset % 4 != 0 || o.desc.bytes() == 0 {
-            return Err(no_kernel!(
-                "{}: tensor '{}' is empty or not word-aligned",
-                cx.op,
-                b.name
-            ));
+            return Err(no_kernel!("{}: tensor '{}' is empty or not word-aligned", cx.op, b.name));
         }
     }
     let grid = Grid::new(count, 64)?;
@@ -734,13 +652,7 @@ fn simple(
     let _ = writeln!(s, "    if (g >= {count}u) {{ return; }}");
     s.push_str(body);
     s.push_str("}\n");
-    Ok(vec![Dispatch {
-        label,
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
+    Ok(vec![Dispatch { label, wgsl: s, groups: grid.groups, bindings, ..Default::default() }])
 }
 
 /// CumSum: each output element sums its prefix along the axis, in the CPU's order (so floats
@@ -755,12 +667,7 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     }
     let shape = &x.desc.shape;
     let axis = axis_attr(cx, shape.len())?;
-    let flag = |name| {
-        cx.attrs
-            .int(name)
-            .map(|v| v != 0)
-            .map_err(|e| no_kernel!("CumSum: {e}"))
-    };
+    let flag = |name| cx.attrs.int(name).map(|v| v != 0).map_err(|e| no_kernel!("CumSum: {e}"));
     let (exclusive, reverse) = (flag("exclusive")?, flag("reverse")?);
     let (ty, zero, add, wide) = match x.desc.dtype {
         DType::F32 => ("f32", "0.0", "acc + v", false),
@@ -783,11 +690,7 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             format!("x[offsets.x + {e}]")
         }
     };
-    let step = if reverse {
-        format!("{}u - t", n - 1)
-    } else {
-        "t".into()
-    };
+    let step = if reverse { format!("{}u - t", n - 1) } else { "t".into() };
     let mut b = String::new();
     let _ = writeln!(b, "    let j = (g / {inner}u) % {n}u;");
     let _ = writeln!(b, "    let base = g - j * {inner}u;");
@@ -797,11 +700,7 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if exclusive {
         let _ = writeln!(b, "        if (jj == j) {{ break; }}");
     }
-    let _ = writeln!(
-        b,
-        "        let v = {};",
-        at(&format!("base + jj * {inner}u"))
-    );
+    let _ = writeln!(b, "        let v = {};", at(&format!("base + jj * {inner}u")));
     let _ = writeln!(b, "        acc = {add};");
     if !exclusive {
         let _ = writeln!(b, "        if (jj == j) {{ break; }}");
@@ -816,10 +715,7 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         let _ = writeln!(b, "    y[offsets.y + g] = acc;");
     }
     let storage = if wide { "u32" } else { ty };
-    let bindings = vec![
-        Binding::input("x", 0, storage),
-        Binding::output("y", 0, storage),
-    ];
+    let bindings = vec![Binding::input("x", 0, storage), Binding::output("y", 0, storage)];
     let count = x.desc.elements() as u64;
     simple(cx, format!("cumsum_{count}_{n}"), bindings, count, "", &b)
 }
@@ -832,10 +728,7 @@ fn one_hot(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("OneHot with {} inputs", cx.inputs.len()));
     };
     let y = &cx.outputs[0];
-    let depth = cx
-        .attrs
-        .int("depth")
-        .map_err(|e| no_kernel!("OneHot: {e}"))?;
+    let depth = cx.attrs.int("depth").map_err(|e| no_kernel!("OneHot: {e}"))?;
     let depth = usize::try_from(depth).map_err(|_| no_kernel!("OneHot depth {depth}"))?;
     let axis = axis_attr(cx, idx.desc.shape.len() + 1)?;
     let is = &idx.desc.shape;
@@ -866,16 +759,9 @@ fn one_hot(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let mut b = String::new();
     let _ = writeln!(b, "    let e = g / {units}u;");
     let _ = writeln!(b, "    let j = i32((e / {inner}u) % {depth}u);");
-    let _ = writeln!(
-        b,
-        "    let p = (e / {}u) * {inner}u + e % {inner}u;",
-        depth * inner
-    );
+    let _ = writeln!(b, "    let p = (e / {}u) * {inner}u + e % {inner}u;", depth * inner);
     b.push_str(load);
-    let _ = writeln!(
-        b,
-        "    let hot = ({valid}) && select(r, r + {depth}, r < 0) == j;"
-    );
+    let _ = writeln!(b, "    let hot = ({valid}) && select(r, r + {depth}, r < 0) == j;");
     let _ = writeln!(
         b,
         "    y[offsets.y + g] = v[offsets.v + g % {units}u + select(0u, {units}u, hot)];"
@@ -900,12 +786,7 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let y = &cx.outputs[0];
     let dt = data.desc.dtype;
     if updates.desc.dtype != dt || y.desc != data.desc {
-        return Err(no_kernel!(
-            "{} of {:?} by {:?}",
-            cx.op,
-            data.desc,
-            updates.desc
-        ));
+        return Err(no_kernel!("{} of {:?} by {:?}", cx.op, data.desc, updates.desc));
     }
     let units = match dt.size() {
         4 => 1u64,
@@ -917,13 +798,7 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     } else if cx.in_place().is_some() {
         return Err(no_kernel!("{} in place over its updates", cx.op));
     } else {
-        dispatch(
-            cx,
-            Copy::affine(&[(data.desc.elements(), 1)], 0),
-            0,
-            0,
-            dt.size(),
-        )?
+        dispatch(cx, Copy::affine(&[(data.desc.elements(), 1)], 0), 0, 0, dt.size())?
     };
     if cx.inputs[1].desc.elements() == 0 || updates.desc.elements() == 0 {
         return Ok(d);
@@ -960,18 +835,11 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         let axis = axis_attr(cx, shape.len())?;
         let fits = is.len() == shape.len()
             && is == us
-            && is
-                .iter()
-                .zip(shape)
-                .enumerate()
-                .all(|(d, (i, n))| d == axis || i <= n);
+            && is.iter().zip(shape).enumerate().all(|(d, (i, n))| d == axis || i <= n);
         if !fits {
             return Err(no_kernel!("ScatterElements of {shape:?} by {is:?}"));
         }
-        let _ = writeln!(
-            f,
-            "    let r = bitcast<i32>(ix[offsets.ix + e * {words}u]);"
-        );
+        let _ = writeln!(f, "    let r = bitcast<i32>(ix[offsets.ix + e * {words}u]);");
         let ist = contiguous(is);
         let terms: Vec<String> = (0..shape.len())
             .map(|d| {
@@ -1033,14 +901,7 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         Binding::input("ix", 1, "u32"),
         Binding::output("y", 0, ty),
     ];
-    d.extend(simple(
-        cx,
-        format!("{}_{count}", cx.op.to_lowercase()),
-        bindings,
-        count,
-        &f,
-        &b,
-    )?);
+    d.extend(simple(cx, format!("{}_{count}", cx.op.to_lowercase()), bindings, count, &f, &b)?);
     Ok(d)
 }
 
@@ -1116,21 +977,11 @@ fn concat_packed(
         );
     }
     b.push_str("    y[offsets.y + g] = w;\n");
-    simple(
-        cx,
-        format!("concat_{n}_{k}per"),
-        bindings,
-        n.div_ceil(k),
-        &f,
-        &b,
-    )
+    simple(cx, format!("concat_{n}_{k}per"), bindings, n.div_ceil(k), &f, &b)
 }
 
 fn axis_attr(cx: &KernelCx, rank: usize) -> Result<usize, NoKernel> {
-    let axis = cx
-        .attrs
-        .int("axis")
-        .map_err(|e| no_kernel!("{}: {e}", cx.op))?;
+    let axis = cx.attrs.int("axis").map_err(|e| no_kernel!("{}: {e}", cx.op))?;
     usize::try_from(axis)
         .ok()
         .filter(|&a| a < rank)
@@ -1200,11 +1051,7 @@ fn dispatch(
         };
     }
     let index = cx.inputs.get(1).filter(|_| copy.reads_indices());
-    if let Some(o) = [x, y]
-        .into_iter()
-        .chain(index)
-        .find(|o| o.byte_offset % 4 != 0)
-    {
+    if let Some(o) = [x, y].into_iter().chain(index).find(|o| o.byte_offset % 4 != 0) {
         return Err(no_kernel!(
             "{}: a tensor at byte {} is not word-aligned",
             cx.op,
@@ -1283,10 +1130,7 @@ fn dispatch(
         Some(k) => {
             let bits = 32 / k;
             let mask = (1u64 << bits) - 1;
-            let fill_bits = fill
-                .iter()
-                .rev()
-                .fold(0u32, |acc, &b| (acc << 8) | u32::from(b));
+            let fill_bits = fill.iter().rev().fold(0u32, |acc, &b| (acc << 8) | u32::from(b));
             let _ = writeln!(s, "    let i = g * {k}u;");
             let _ = writeln!(s, "    var w = 0u;");
             let _ = writeln!(s, "    for (var l = 0u; l < {k}u; l = l + 1u) {{");
@@ -1360,12 +1204,7 @@ fn source_fn(plan: &Copy) -> String {
         match d.src {
             Src::Affine(0) => {}
             Src::Affine(st) => terms.push(format!("c{k} * {st}")),
-            Src::Pad {
-                n,
-                before,
-                mode,
-                stride,
-            } => {
+            Src::Pad { n, before, mode, stride } => {
                 let p = format!("(c{k} - {before})");
                 let mapped = match mode {
                     PadMode::Constant => {
@@ -1377,10 +1216,8 @@ fn source_fn(plan: &Copy) -> String {
                     PadMode::Reflect if n == 1 => "0".into(),
                     PadMode::Reflect => {
                         let period = 2 * (n - 1);
-                        let _ = writeln!(
-                            s,
-                            "    let r{k} = (({p} % {period}) + {period}) % {period};"
-                        );
+                        let _ =
+                            writeln!(s, "    let r{k} = (({p} % {period}) + {period}) % {period};");
                         format!("select(r{k}, {period} - r{k}, r{k} >= {n})")
                     }
                 };
@@ -1391,11 +1228,8 @@ fn source_fn(plan: &Copy) -> String {
                 // The low word of an int64 is the index for every value in [-n, n); others
                 // were errors on the CPU: clamp them, never read outside.
                 for (j, &(n, stride)) in comps.iter().enumerate() {
-                    let at = format!(
-                        "(u32(c{k}) * {}u + {j}u) * {}u",
-                        comps.len(),
-                        plan.index_words
-                    );
+                    let at =
+                        format!("(u32(c{k}) * {}u + {j}u) * {}u", comps.len(), plan.index_words);
                     let _ = writeln!(s, "    let r{k}_{j} = bitcast<i32>(ix[offsets.ix + {at}]);");
                     let _ = writeln!(
                         s,
@@ -1470,14 +1304,7 @@ mod tests {
         inputs: &[Operand],
         outputs: &[Operand],
     ) -> Result<Vec<Dispatch>, NoKernel> {
-        let cx = KernelCx {
-            class: DeviceClass::Any,
-            op,
-            name: "t",
-            attrs,
-            inputs,
-            outputs,
-        };
+        let cx = KernelCx { class: DeviceClass::Any, op, name: "t", attrs, inputs, outputs };
         lower(&cx)
     }
 
@@ -1496,17 +1323,9 @@ mod tests {
 
     #[test]
     fn copies_merge_into_one_vectorised_run() {
-        let d = lower_ok(
-            "Reshape",
-            &Attrs::new(),
-            &[f32s(&[2, 8], 0)],
-            &[f32s(&[16], 64)],
-        );
+        let d = lower_ok("Reshape", &Attrs::new(), &[f32s(&[2, 8], 0)], &[f32s(&[16], 64)]);
         assert_eq!(d[0].label, "reshape_4_v4");
-        assert!(
-            d[0].wgsl
-                .contains("y[offsets.y + g] = x[offsets.x + u32(s)]")
-        );
+        assert!(d[0].wgsl.contains("y[offsets.y + g] = x[offsets.x + u32(s)]"));
         // int64 moves as pairs of words; an odd count stays scalar.
         let d = lower_ok(
             "Identity",
@@ -1516,15 +1335,7 @@ mod tests {
         );
         assert_eq!(d[0].label, "identity_6");
         // In place there is nothing to do.
-        assert!(
-            lower_ok(
-                "Identity",
-                &Attrs::new(),
-                &[f32s(&[4], 0)],
-                &[f32s(&[4], 0)]
-            )
-            .is_empty()
-        );
+        assert!(lower_ok("Identity", &Attrs::new(), &[f32s(&[4], 0)], &[f32s(&[4], 0)]).is_empty());
         // Bytes move as words where they group into words.
         let d = lower_ok(
             "Identity",
@@ -1538,12 +1349,8 @@ mod tests {
     #[test]
     fn transpose_reads_at_permuted_strides() {
         let attrs = Attrs::new().with("perm", ints(&[0, 2, 3, 1]));
-        let d = lower_ok(
-            "Transpose",
-            &attrs,
-            &[f32s(&[1, 3, 4, 5], 0)],
-            &[f32s(&[1, 4, 5, 3], 256)],
-        );
+        let d =
+            lower_ok("Transpose", &attrs, &[f32s(&[1, 3, 4, 5], 0)], &[f32s(&[1, 4, 5, 3], 256)]);
         // Dims of 1 are dropped; the output's (4, 5) read as one dim of 20 with stride 1.
         assert_eq!(d[0].label, "transpose_20x3");
         assert!(d[0].wgsl.contains("c0 * 1 + c1 * 20"), "{}", d[0].wgsl);
@@ -1557,11 +1364,7 @@ mod tests {
             .with("ends", ints(&[3, -1]))
             .with("steps", ints(&[1, -2]));
         let d = lower_ok("Slice", &attrs, &[f32s(&[3, 5], 0)], &[f32s(&[2, 3], 64)]);
-        assert!(
-            d[0].wgsl.contains("return 9 + c0 * 5 + c1 * -2;"),
-            "{}",
-            d[0].wgsl
-        );
+        assert!(d[0].wgsl.contains("return 9 + c0 * 5 + c1 * -2;"), "{}", d[0].wgsl);
     }
 
     #[test]
@@ -1572,12 +1375,7 @@ mod tests {
                 .with("mode", AttrValue::Text(mode.into()))
                 .with("value", AttrValue::Float(1.5));
             let d = lower_ok("Pad", &attrs, &[f32s(&[3, 4], 0)], &[f32s(&[2, 7], 64)]);
-            assert_eq!(
-                d[0].wgsl.contains("1069547520u"),
-                mode == "constant",
-                "{}",
-                d[0].wgsl
-            );
+            assert_eq!(d[0].wgsl.contains("1069547520u"), mode == "constant", "{}", d[0].wgsl);
         }
         // int64 with a value whose words differ has no kernel; -1 does.
         let pad = |v: i64| {
@@ -1585,12 +1383,7 @@ mod tests {
                 .with("pads", ints(&[1, 1]))
                 .with("mode", AttrValue::Text("constant".into()))
                 .with("value", AttrValue::Int(v));
-            try_lower(
-                "Pad",
-                &attrs,
-                &[t(DType::I64, &[3], 0)],
-                &[t(DType::I64, &[5], 64)],
-            )
+            try_lower("Pad", &attrs, &[t(DType::I64, &[3], 0)], &[t(DType::I64, &[5], 64)])
         };
         assert!(pad(7).is_err());
         compile(&pad(-1).unwrap()[0].wgsl, &[]).unwrap();
@@ -1601,17 +1394,8 @@ mod tests {
         let attrs = Attrs::new().with("repeats", ints(&[2, 3]));
         lower_ok("Tile", &attrs, &[f32s(&[2, 4], 0)], &[f32s(&[4, 12], 64)]);
         let attrs = Attrs::new().with("shape", ints(&[2, 3, 4]));
-        let d = lower_ok(
-            "Expand",
-            &attrs,
-            &[f32s(&[3, 1], 0)],
-            &[f32s(&[2, 3, 4], 64)],
-        );
-        assert!(
-            d[0].wgsl.contains("c1 * 0") || !d[0].wgsl.contains("c2 *"),
-            "{}",
-            d[0].wgsl
-        );
+        let d = lower_ok("Expand", &attrs, &[f32s(&[3, 1], 0)], &[f32s(&[2, 3, 4], 64)]);
+        assert!(d[0].wgsl.contains("c1 * 0") || !d[0].wgsl.contains("c2 *"), "{}", d[0].wgsl);
         for op in ["DepthToSpace", "SpaceToDepth"] {
             for mode in ["DCR", "CRD"] {
                 let attrs = Attrs::new()
@@ -1630,11 +1414,7 @@ mod tests {
     #[test]
     fn concat_writes_one_slab_per_input_and_split_reads_one() {
         let attrs = Attrs::new().with("axis", AttrValue::Int(1));
-        let parts = [
-            f32s(&[2, 3, 4], 0),
-            f32s(&[2, 1, 4], 256),
-            f32s(&[2, 0, 4], 512),
-        ];
+        let parts = [f32s(&[2, 3, 4], 0), f32s(&[2, 1, 4], 256), f32s(&[2, 0, 4], 512)];
         let joined = f32s(&[2, 4, 4], 1024);
         let d = lower_ok("Concat", &attrs, &parts, std::slice::from_ref(&joined));
         assert_eq!(d.len(), 2, "the empty part has no dispatch");
@@ -1690,12 +1470,7 @@ mod tests {
             .with("pads", ints(&[1, 0]))
             .with("mode", AttrValue::Text("constant".into()))
             .with("value", AttrValue::Float(1.0));
-        let d = lower_ok(
-            "Pad",
-            &attrs,
-            &[t(DType::F16, &[3], 0)],
-            &[t(DType::F16, &[4], 64)],
-        );
+        let d = lower_ok("Pad", &attrs, &[t(DType::F16, &[3], 0)], &[t(DType::F16, &[4], 64)]);
         assert!(d[0].wgsl.contains("var e = 15360u;"), "{}", d[0].wgsl);
         // A bool concat whose slabs share words: one kernel writes each word from its parts.
         let attrs = Attrs::new().with("axis", AttrValue::Int(1));
@@ -1735,11 +1510,7 @@ mod tests {
             &[f32s(&[2, 5], 0), t(DType::I64, &[2, 3], 64)],
             &[f32s(&[2, 3], 128)],
         );
-        assert!(
-            d[0].wgsl.contains("ix[offsets.ix + (g / 1u) * 2u]"),
-            "{}",
-            d[0].wgsl
-        );
+        assert!(d[0].wgsl.contains("ix[offsets.ix + (g / 1u) * 2u]"), "{}", d[0].wgsl);
         // int64 data: two words per element, the index read per element.
         let d = lower_ok(
             "GatherElements",
@@ -1769,30 +1540,14 @@ mod tests {
     #[test]
     fn trilu_keeps_a_band() {
         for (upper, cmp) in [(1, ">= -1"), (0, "<= -1")] {
-            let attrs = Attrs::new()
-                .with("upper", AttrValue::Int(upper))
-                .with("k", AttrValue::Int(-1));
-            let d = lower_ok(
-                "Trilu",
-                &attrs,
-                &[f32s(&[2, 3, 4], 0)],
-                &[f32s(&[2, 3, 4], 128)],
-            );
-            assert!(
-                d[0].wgsl.contains(&format!("c2 - c1 {cmp}")),
-                "{}",
-                d[0].wgsl
-            );
+            let attrs =
+                Attrs::new().with("upper", AttrValue::Int(upper)).with("k", AttrValue::Int(-1));
+            let d = lower_ok("Trilu", &attrs, &[f32s(&[2, 3, 4], 0)], &[f32s(&[2, 3, 4], 128)]);
+            assert!(d[0].wgsl.contains(&format!("c2 - c1 {cmp}")), "{}", d[0].wgsl);
         }
-        let attrs = Attrs::new()
-            .with("upper", AttrValue::Int(1))
-            .with("k", AttrValue::Int(i64::MAX));
-        lower_ok(
-            "Trilu",
-            &attrs,
-            &[t(DType::I64, &[3, 3], 0)],
-            &[t(DType::I64, &[3, 3], 128)],
-        );
+        let attrs =
+            Attrs::new().with("upper", AttrValue::Int(1)).with("k", AttrValue::Int(i64::MAX));
+        lower_ok("Trilu", &attrs, &[t(DType::I64, &[3, 3], 0)], &[t(DType::I64, &[3, 3], 128)]);
     }
 
     #[test]
@@ -1802,21 +1557,13 @@ mod tests {
                 .with("axis", AttrValue::Int(1))
                 .with("exclusive", AttrValue::Int(ex))
                 .with("reverse", AttrValue::Int(rev));
-            lower_ok(
-                "CumSum",
-                &attrs,
-                &[t(dt, &[2, 5, 3], 0)],
-                &[t(dt, &[2, 5, 3], 256)],
-            );
+            lower_ok("CumSum", &attrs, &[t(dt, &[2, 5, 3], 0)], &[t(dt, &[2, 5, 3], 256)]);
         }
-        for (idx, vals) in [
-            (DType::I64, DType::F32),
-            (DType::F32, DType::I64),
-            (DType::I32, DType::I32),
-        ] {
-            let attrs = Attrs::new()
-                .with("axis", AttrValue::Int(1))
-                .with("depth", AttrValue::Int(4));
+        for (idx, vals) in
+            [(DType::I64, DType::F32), (DType::F32, DType::I64), (DType::I32, DType::I32)]
+        {
+            let attrs =
+                Attrs::new().with("axis", AttrValue::Int(1)).with("depth", AttrValue::Int(4));
             lower_ok(
                 "OneHot",
                 &attrs,
@@ -1832,22 +1579,14 @@ mod tests {
         let d = lower_ok(
             "ScatterND",
             &none(0),
-            &[
-                f32s(&[4, 3], 0),
-                t(DType::I64, &[2, 1], 64),
-                f32s(&[2, 3], 128),
-            ],
+            &[f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)],
             &[f32s(&[4, 3], 256)],
         );
         assert_eq!(d.len(), 2, "copy, then scatter");
         lower_ok(
             "ScatterElements",
             &none(1),
-            &[
-                t(DType::I64, &[4, 3], 0),
-                t(DType::I32, &[4, 2], 128),
-                t(DType::I64, &[4, 2], 192),
-            ],
+            &[t(DType::I64, &[4, 3], 0), t(DType::I32, &[4, 2], 128), t(DType::I64, &[4, 2], 192)],
             &[t(DType::I64, &[4, 3], 256)],
         );
         // Reductions keep the CPU's order: one invocation per slice element here.
@@ -1855,18 +1594,10 @@ mod tests {
         let d = lower_ok(
             "ScatterND",
             &add,
-            &[
-                f32s(&[4, 3], 0),
-                t(DType::I64, &[2, 1], 64),
-                f32s(&[2, 3], 128),
-            ],
+            &[f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)],
             &[f32s(&[4, 3], 256)],
         );
-        assert!(
-            d[1].wgsl.contains("for (var s = 0u; s < 2u;"),
-            "{}",
-            d[1].wgsl
-        );
+        assert!(d[1].wgsl.contains("for (var s = 0u; s < 2u;"), "{}", d[1].wgsl);
         assert_eq!(d[1].groups, [1, 1, 1]);
         let max = Attrs::new()
             .with("reduction", AttrValue::Text("max".into()))
@@ -1874,11 +1605,7 @@ mod tests {
         lower_ok(
             "ScatterElements",
             &max,
-            &[
-                t(DType::I32, &[4, 3], 0),
-                t(DType::I64, &[2, 3], 64),
-                t(DType::I32, &[2, 3], 128),
-            ],
+            &[t(DType::I32, &[4, 3], 0), t(DType::I64, &[2, 3], 64), t(DType::I32, &[2, 3], 128)],
             &[t(DType::I32, &[4, 3], 256)],
         );
     }
@@ -1887,22 +1614,9 @@ mod tests {
     fn large_copies_use_two_grid_dimensions() {
         let n = 65535 * 64 * 4 + 3;
         let attrs = Attrs::new().with("perm", ints(&[1, 0]));
-        let d = lower_ok(
-            "Transpose",
-            &attrs,
-            &[f32s(&[n, 2], 0)],
-            &[f32s(&[2, n], 0x1000_0000)],
-        );
+        let d = lower_ok("Transpose", &attrs, &[f32s(&[n, 2], 0)], &[f32s(&[2, n], 0x1000_0000)]);
         assert!(d[0].groups[1] > 1);
         // Not in place.
-        assert!(
-            try_lower(
-                "Transpose",
-                &attrs,
-                &[f32s(&[n, 2], 0)],
-                &[f32s(&[2, n], 0)]
-            )
-            .is_err()
-        );
+        assert!(try_lower("Transpose", &attrs, &[f32s(&[n, 2], 0)], &[f32s(&[2, n], 0)]).is_err());
     }
 }

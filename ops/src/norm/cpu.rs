@@ -25,21 +25,12 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         _ => (1..=1, 1),
     };
     cx.expect_arity(n_in, n_out)?;
-    if let Some(d) = cx
-        .inputs
-        .iter()
-        .chain(cx.outputs)
-        .find(|d| d.dtype != DType::F32)
-    {
+    if let Some(d) = cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != DType::F32) {
         return Err(cx.dtype_error(d.dtype));
     }
     let x = &cx.inputs[0].shape;
     if cx.outputs[0].shape != *x {
-        return Err(invalid!(
-            "{} of {x:?} declares output {:?}",
-            cx.op,
-            cx.outputs[0].shape
-        ));
+        return Err(invalid!("{} of {x:?} declares output {:?}", cx.op, cx.outputs[0].shape));
     }
     let kernel: Box<dyn Kernel> = match cx.op {
         "BatchNormalization" => {
@@ -47,11 +38,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             for p in &cx.inputs[1..] {
                 expect_len(p, c, "a per-channel parameter")?;
             }
-            Box::new(BatchNorm {
-                c,
-                inner,
-                epsilon: cx.attrs.float("epsilon")?,
-            })
+            Box::new(BatchNorm { c, inner, epsilon: cx.attrs.float("epsilon")? })
         }
         "InstanceNormalization" | "GroupNormalization" => {
             let (n, c, spatial) = channels(cx)?;
@@ -120,10 +107,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
 fn channels(cx: &OpCx) -> Result<(usize, usize, usize), KernelError> {
     match cx.inputs[0].shape.as_slice() {
         [n, c, rest @ ..] => Ok((*n, *c, rest.iter().product())),
-        s => Err(invalid!(
-            "{} needs an input of rank 2 or more, got {s:?}",
-            cx.op
-        )),
+        s => Err(invalid!("{} needs an input of rank 2 or more, got {s:?}", cx.op)),
     }
 }
 
@@ -131,10 +115,7 @@ fn expect_len(d: &TensorDesc, len: usize, what: &str) -> Result<(), KernelError>
     if d.elements() == len {
         Ok(())
     } else {
-        Err(invalid!(
-            "{what} should have {len} elements, got shape {:?}",
-            d.shape
-        ))
+        Err(invalid!("{what} should have {len} elements, got shape {:?}", d.shape))
     }
 }
 
@@ -142,11 +123,7 @@ fn expect_len(d: &TensorDesc, len: usize, what: &str) -> Result<(), KernelError>
 fn moments(x: &[f32]) -> (f32, f32) {
     let n = x.len().max(1) as f64;
     let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = x
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
+    let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
     (mean as f32, var as f32)
 }
 
@@ -201,26 +178,12 @@ impl Kernel for BatchNorm {
         let x = input_f32(inputs, 0, len)?;
         let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| input_f32(inputs, i, self.c));
         let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
-        let y = tensor_mut::<f32>(
-            outputs
-                .first_mut()
-                .ok_or_else(|| invalid!("missing output"))?,
-            len,
-        )?;
-        let mul: Vec<f32> = scale
-            .iter()
-            .zip(var)
-            .map(|(s, v)| s / (v + self.epsilon).sqrt())
-            .collect();
-        let add: Vec<f32> = bias
-            .iter()
-            .zip(mean)
-            .zip(&mul)
-            .map(|((b, m), a)| b - m * a)
-            .collect();
-        let blocks = x
-            .chunks_exact(self.inner.max(1))
-            .zip(y.chunks_exact_mut(self.inner.max(1)));
+        let y =
+            tensor_mut::<f32>(outputs.first_mut().ok_or_else(|| invalid!("missing output"))?, len)?;
+        let mul: Vec<f32> =
+            scale.iter().zip(var).map(|(s, v)| s / (v + self.epsilon).sqrt()).collect();
+        let add: Vec<f32> = bias.iter().zip(mean).zip(&mul).map(|((b, m), a)| b - m * a).collect();
+        let blocks = x.chunks_exact(self.inner.max(1)).zip(y.chunks_exact_mut(self.inner.max(1)));
         for (i, (xs, ys)) in blocks.enumerate() {
             let (a, b) = (mul[i % self.c], add[i % self.c]);
             for (y, &x) in ys.iter_mut().zip(xs) {
@@ -235,19 +198,10 @@ impl Kernel for BatchNorm {
 enum Affine {
     /// Row `r` is group `r % groups`, holding consecutive channels of `spatial` elements each;
     /// scale and bias hold `params` values: one per channel or, if `per_group`, per group.
-    PerChannel {
-        groups: usize,
-        spatial: usize,
-        per_group: bool,
-        params: usize,
-    },
+    PerChannel { groups: usize, spatial: usize, per_group: bool, params: usize },
     /// Scale and bias per element of the row, each broadcast from its own shape to the row's
     /// (LayerNormalization); `bias` is absent when the node has none.
-    PerElement {
-        row_shape: Vec<usize>,
-        scale: Vec<usize>,
-        bias: Option<Vec<usize>>,
-    },
+    PerElement { row_shape: Vec<usize>, scale: Vec<usize>, bias: Option<Vec<usize>> },
 }
 
 /// Scale and bias, borrowed from the inputs or expanded from them.
@@ -270,11 +224,7 @@ impl RowNorm {
                 Cow::Borrowed(input_f32(inputs, 1, *params)?),
                 Cow::Borrowed(input_f32(inputs, 2, *params)?),
             )),
-            Affine::PerElement {
-                row_shape,
-                scale,
-                bias,
-            } => {
+            Affine::PerElement { row_shape, scale, bias } => {
                 // A shape that broadcasts to the row with as many elements has its layout.
                 let expand = |i: usize, shape: &[usize]| -> Result<Cow<'a, [f32]>, KernelError> {
                     let data = input_f32(inputs, i, shape.iter().product())?;
@@ -302,17 +252,13 @@ impl Kernel for RowNorm {
         let total = self.rows * self.len;
         let x = input_f32(inputs, 0, total)?;
         let (scale, bias) = self.params(inputs)?;
-        let (y, stats) = outputs
-            .split_first_mut()
-            .ok_or_else(|| invalid!("missing output"))?;
+        let (y, stats) = outputs.split_first_mut().ok_or_else(|| invalid!("missing output"))?;
         let y = tensor_mut::<f32>(y, total)?;
         let mut stats = stats
             .iter_mut()
             .map(|t| tensor_mut::<f32>(t, self.rows))
             .collect::<Result<Vec<_>, _>>()?;
-        let rows = x
-            .chunks_exact(self.len.max(1))
-            .zip(y.chunks_exact_mut(self.len.max(1)));
+        let rows = x.chunks_exact(self.len.max(1)).zip(y.chunks_exact_mut(self.len.max(1)));
         for (r, (xs, ys)) in rows.enumerate() {
             let (mean, var) = moments(xs);
             let inv_std = 1.0 / (var + self.epsilon).sqrt();
@@ -328,12 +274,7 @@ impl Kernel for RowNorm {
                         *y = (x - mean) * inv_std * s + b;
                     }
                 }
-                Affine::PerChannel {
-                    groups,
-                    spatial,
-                    per_group,
-                    ..
-                } => {
+                Affine::PerChannel { groups, spatial, per_group, .. } => {
                     let (g, plane) = (r % groups, (*spatial).max(1));
                     let per_row = self.len / plane;
                     let chunks = xs.chunks_exact(plane).zip(ys.chunks_exact_mut(plane));
@@ -359,12 +300,7 @@ fn layer_norm(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let axis = usize::try_from(cx.attrs.int("axis")?)
         .ok()
         .filter(|&a| a < x.len())
-        .ok_or_else(|| {
-            invalid!(
-                "LayerNormalization axis is out of range for rank {}",
-                x.len()
-            )
-        })?;
+        .ok_or_else(|| invalid!("LayerNormalization axis is out of range for rank {}", x.len()))?;
     let row_shape = x[axis..].to_vec();
     let rows: usize = x[..axis].iter().product();
     for (i, d) in cx.inputs.iter().enumerate().skip(1) {
@@ -406,12 +342,8 @@ impl Kernel for Lrn {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let len = inputs.first().map_or(0, TensorRef::elements);
         let x = input_f32(inputs, 0, len)?;
-        let y = tensor_mut::<f32>(
-            outputs
-                .first_mut()
-                .ok_or_else(|| invalid!("missing output"))?,
-            len,
-        )?;
+        let y =
+            tensor_mut::<f32>(outputs.first_mut().ok_or_else(|| invalid!("missing output"))?, len)?;
         let (before, after) = ((self.size - 1) / 2, self.size / 2);
         let plane = self.spatial.max(1);
         let mut sum = vec![0.0f32; plane];
@@ -451,12 +383,8 @@ impl Kernel for Mvn {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let len = self.shape.iter().product();
         let x = input_f32(inputs, 0, len)?;
-        let y = tensor_mut::<f32>(
-            outputs
-                .first_mut()
-                .ok_or_else(|| invalid!("missing output"))?,
-            len,
-        )?;
+        let y =
+            tensor_mut::<f32>(outputs.first_mut().ok_or_else(|| invalid!("missing output"))?, len)?;
         let count = (len / self.stats_len.max(1)).max(1) as f64;
         let mut mean = vec![0.0f64; self.stats_len];
         for_each_offset(&self.shape, &self.stats, |i, s| mean[s] += f64::from(x[i]));
@@ -511,19 +439,14 @@ mod tests {
     use crate::tensor::{Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs, DType};
 
-    const X: [f32; 12] = [
-        0.5, -1.0, 2.0, 3.0, 1.5, -0.5, 4.0, 0.0, -2.0, 1.0, 2.5, -3.0,
-    ];
+    const X: [f32; 12] = [0.5, -1.0, 2.0, 3.0, 1.5, -0.5, 4.0, 0.0, -2.0, 1.0, 2.5, -3.0];
 
     fn t(shape: &[usize], v: &[f32]) -> Tensor {
         Tensor::from_vec(shape.to_vec(), v).unwrap()
     }
 
     fn run(op: &str, attrs: Attrs, inputs: &[&Tensor], outs: &[&[usize]]) -> Vec<Tensor> {
-        let descs: Vec<_> = outs
-            .iter()
-            .map(|s| TensorDesc::new(DType::F32, s.to_vec()))
-            .collect();
+        let descs: Vec<_> = outs.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect();
         eval(op, &attrs, inputs, &descs).unwrap()
     }
 
@@ -531,10 +454,7 @@ mod tests {
         let got = got.as_slice::<f32>().unwrap();
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
-            assert!(
-                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                "{got:?} vs {want:?}"
-            );
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{got:?} vs {want:?}");
         }
     }
 
@@ -548,12 +468,7 @@ mod tests {
         let x = t(&[1, 2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
         let p = |v: [f32; 2]| t(&[2], &v);
         let (s, b, m, v) = (p([1.0, 2.0]), p([0.0, 1.0]), p([1.5, 3.5]), p([0.25, 0.25]));
-        let y = run(
-            "BatchNormalization",
-            eps(0.0),
-            &[&x, &s, &b, &m, &v],
-            &[&[1, 2, 1, 2]],
-        );
+        let y = run("BatchNormalization", eps(0.0), &[&x, &s, &b, &m, &v], &[&[1, 2, 1, 2]]);
         close(&y[0], &[-1.0, 1.0, -1.0, 3.0]);
     }
 
@@ -562,12 +477,7 @@ mod tests {
         let x = t(&[1, 4, 3], &X);
         let s = t(&[4], &[1.0, 2.0, -1.0, 0.5]);
         let b = t(&[4], &[0.0, 1.0, 2.0, 3.0]);
-        let y = run(
-            "InstanceNormalization",
-            eps(1e-5),
-            &[&x, &s, &b],
-            &[&[1, 4, 3]],
-        );
+        let y = run("InstanceNormalization", eps(1e-5), &[&x, &s, &b], &[&[1, 4, 3]]);
         close(
             &y[0],
             &[
@@ -576,12 +486,7 @@ mod tests {
             ],
         );
         let groups = eps(1e-5).with("num_groups", AttrValue::Int(2));
-        let y = run(
-            "GroupNormalization",
-            groups.clone(),
-            &[&x, &s, &b],
-            &[&[1, 4, 3]],
-        );
+        let y = run("GroupNormalization", groups.clone(), &[&x, &s, &b], &[&[1, 4, 3]]);
         close(
             &y[0],
             &[
@@ -659,10 +564,7 @@ mod tests {
             .zip(&X)
             .map(|(s, x)| (x - 0.9166667) * 0.71585816 * s)
             .collect();
-        close(
-            &Tensor::from_vec(vec![3], &y[0].as_slice::<f32>().unwrap()[..3]).unwrap(),
-            &first,
-        );
+        close(&Tensor::from_vec(vec![3], &y[0].as_slice::<f32>().unwrap()[..3]).unwrap(), &first);
     }
 
     #[test]
@@ -741,12 +643,7 @@ mod tests {
     fn empty_inputs_run() {
         let x = t(&[1, 0, 3], &[]);
         let none = t(&[0], &[]);
-        let y = run(
-            "InstanceNormalization",
-            eps(1e-5),
-            &[&x, &none, &none],
-            &[&[1, 0, 3]],
-        );
+        let y = run("InstanceNormalization", eps(1e-5), &[&x, &none, &none], &[&[1, 0, 3]]);
         assert_eq!(y[0].shape(), &[1, 0, 3]);
         let x = t(&[0, 2, 3], &[]);
         let two = t(&[2], &[1.0, 1.0]);

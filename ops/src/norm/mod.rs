@@ -35,9 +35,7 @@ pub const OPS: &[OpDef] = &[
 ];
 
 fn epsilon(node: &Node) -> OpResult<AttrValue> {
-    Ok(AttrValue::Float(f64::from(
-        node.attrs.float_or("epsilon", 1e-5)?,
-    )))
+    Ok(AttrValue::Float(f64::from(node.attrs.float_or("epsilon", 1e-5)?)))
 }
 
 fn lower_epsilon(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
@@ -67,9 +65,7 @@ fn lower_batch_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 fn n_c(x: &TensorDesc) -> OpResult<(usize, usize)> {
     match x.shape.as_slice() {
         [n, c, ..] => Ok((*n, *c)),
-        s => Err(op_err!(
-            "the input needs rank 2 or more (N x C x ...), got {s:?}"
-        )),
+        s => Err(op_err!("the input needs rank 2 or more (N x C x ...), got {s:?}")),
     }
 }
 
@@ -80,11 +76,7 @@ fn infer_same(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>>
 
 /// Y like X; every other input holds one value per channel.
 fn per_channel(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    params(
-        node,
-        inputs,
-        &[n_c(inputs.first().ok_or_else(|| op_err!("X is required"))?)?.1],
-    )
+    params(node, inputs, &[n_c(inputs.first().ok_or_else(|| op_err!("X is required"))?)?.1])
 }
 
 /// Y like X, after checking that every input but X has one of the `allowed` lengths.
@@ -95,11 +87,7 @@ fn params(node: &Node, inputs: &[&TensorDesc], allowed: &[usize]) -> OpResult<Ve
                 "{} input {i} has shape {:?}, expected [{}]",
                 node.op,
                 p.shape,
-                allowed
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect::<Vec<_>>()
-                    .join("] or [")
+                allowed.iter().map(|a| a.to_string()).collect::<Vec<_>>().join("] or [")
             ));
         }
     }
@@ -133,9 +121,8 @@ fn lower_layer_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         return Err(op_err!("LayerNormalization needs its Scale input"));
     }
     let axis = normalize_axis(node.attrs.int_or("axis", -1)?, rank)?;
-    node.attrs = Attrs::new()
-        .with("axis", AttrValue::Int(axis as i64))
-        .with("epsilon", epsilon(node)?);
+    node.attrs =
+        Attrs::new().with("axis", AttrValue::Int(axis as i64)).with("epsilon", epsilon(node)?);
     if node.inputs.get(2).is_some_and(Option::is_none) {
         node.inputs.truncate(2);
     }
@@ -153,11 +140,7 @@ fn infer_layer_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorD
     let normalized = &x.shape[axis..];
     for p in &inputs[1..] {
         let fits = p.shape.len() <= normalized.len()
-            && p.shape
-                .iter()
-                .rev()
-                .zip(normalized.iter().rev())
-                .all(|(&d, &n)| d == 1 || d == n);
+            && p.shape.iter().rev().zip(normalized.iter().rev()).all(|(&d, &n)| d == 1 || d == n);
         if !fits {
             return Err(op_err!(
                 "Scale/B of shape {:?} does not broadcast to the normalized shape {normalized:?}",
@@ -169,10 +152,7 @@ fn infer_layer_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorD
     stats_shape.resize(x.shape.len(), 1);
     let stats = TensorDesc::new(DType::F32, stats_shape);
     let mut out = vec![(*x).clone()];
-    out.extend(std::iter::repeat_n(
-        stats,
-        node.outputs.len().clamp(1, 3) - 1,
-    ));
+    out.extend(std::iter::repeat_n(stats, node.outputs.len().clamp(1, 3) - 1));
     Ok(out)
 }
 
@@ -184,28 +164,17 @@ fn lower_lrn(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
     }
     node.attrs = Attrs::new()
         .with("size", AttrValue::Int(size))
-        .with(
-            "alpha",
-            AttrValue::Float(f64::from(a.float_or("alpha", 1e-4)?)),
-        )
-        .with(
-            "beta",
-            AttrValue::Float(f64::from(a.float_or("beta", 0.75)?)),
-        )
-        .with(
-            "bias",
-            AttrValue::Float(f64::from(a.float_or("bias", 1.0)?)),
-        );
+        .with("alpha", AttrValue::Float(f64::from(a.float_or("alpha", 1e-4)?)))
+        .with("beta", AttrValue::Float(f64::from(a.float_or("beta", 0.75)?)))
+        .with("bias", AttrValue::Float(f64::from(a.float_or("bias", 1.0)?)));
     Ok(())
 }
 
 fn lower_mvn(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let rank = cx.input(0)?.shape.len();
     let axes = node.attrs.ints_opt("axes")?.unwrap_or(&[0, 2, 3]);
-    let mut axes: Vec<i64> = axes
-        .iter()
-        .map(|&a| normalize_axis(a, rank).map(|a| a as i64))
-        .collect::<OpResult<_>>()?;
+    let mut axes: Vec<i64> =
+        axes.iter().map(|&a| normalize_axis(a, rank).map(|a| a as i64)).collect::<OpResult<_>>()?;
     axes.sort_unstable();
     axes.dedup();
     node.attrs = Attrs::new().with("axes", AttrValue::Ints(axes));
@@ -229,10 +198,8 @@ mod tests {
 
     /// Lowers then infers, as the compiler's passes do.
     fn run(n: &mut Node, opset: i64, inputs: &[&[usize]]) -> OpResult<Vec<TensorDesc>> {
-        let descs: Vec<TensorDesc> = inputs
-            .iter()
-            .map(|s| TensorDesc::new(DType::F32, s.to_vec()))
-            .collect();
+        let descs: Vec<TensorDesc> =
+            inputs.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect();
         let cx = LowerCx {
             opset,
             inputs: n.inputs.iter().map(|i| i.map(|i| &descs[i])).collect(),
@@ -247,24 +214,13 @@ mod tests {
     #[test]
     fn batch_norm_is_inference_only() {
         let x: &[usize] = &[2, 3, 4, 4];
-        let mut n = node(
-            "BatchNormalization",
-            5,
-            1,
-            Attrs::new().with("momentum", AttrValue::Float(0.9)),
-        );
+        let mut n =
+            node("BatchNormalization", 5, 1, Attrs::new().with("momentum", AttrValue::Float(0.9)));
         let out = run(&mut n, 15, &[x, &[3], &[3], &[3], &[3]]).unwrap();
         assert_eq!(out[0].shape, x);
-        assert_eq!(
-            n.attrs,
-            Attrs::new().with("epsilon", AttrValue::Float(f64::from(1e-5f32)))
-        );
-        let mut training = node(
-            "BatchNormalization",
-            5,
-            1,
-            Attrs::new().with("training_mode", AttrValue::Int(1)),
-        );
+        assert_eq!(n.attrs, Attrs::new().with("epsilon", AttrValue::Float(f64::from(1e-5f32))));
+        let mut training =
+            node("BatchNormalization", 5, 1, Attrs::new().with("training_mode", AttrValue::Int(1)));
         let err = run(&mut training, 15, &[x, &[3], &[3], &[3], &[3]]).unwrap_err();
         assert!(err.0.contains("training_mode"), "{err}");
         assert!(
@@ -296,12 +252,7 @@ mod tests {
             out.iter().map(|d| d.shape.clone()).collect::<Vec<_>>(),
             [vec![2, 5, 8], vec![2, 5, 1], vec![2, 5, 1]]
         );
-        let mut n = node(
-            "LayerNormalization",
-            2,
-            1,
-            Attrs::new().with("axis", AttrValue::Int(-2)),
-        );
+        let mut n = node("LayerNormalization", 2, 1, Attrs::new().with("axis", AttrValue::Int(-2)));
         assert_eq!(run(&mut n, 17, &[&[2, 5, 8], &[5, 8]]).unwrap().len(), 1);
         let mut bad = node("LayerNormalization", 2, 1, Attrs::new());
         assert!(run(&mut bad, 17, &[&[2, 5, 8], &[5]]).is_err());
@@ -312,38 +263,14 @@ mod tests {
         let attrs = Attrs::new().with("num_groups", AttrValue::Int(2));
         let x: &[usize] = &[1, 4, 3, 3];
         assert!(
-            run(
-                &mut node("GroupNormalization", 3, 1, attrs.clone()),
-                21,
-                &[x, &[4], &[4]]
-            )
-            .is_ok()
+            run(&mut node("GroupNormalization", 3, 1, attrs.clone()), 21, &[x, &[4], &[4]]).is_ok()
         );
         assert!(
-            run(
-                &mut node("GroupNormalization", 3, 1, attrs.clone()),
-                18,
-                &[x, &[2], &[2]]
-            )
-            .is_ok()
+            run(&mut node("GroupNormalization", 3, 1, attrs.clone()), 18, &[x, &[2], &[2]]).is_ok()
         );
-        assert!(
-            run(
-                &mut node("GroupNormalization", 3, 1, attrs),
-                21,
-                &[x, &[3], &[3]]
-            )
-            .is_err()
-        );
+        assert!(run(&mut node("GroupNormalization", 3, 1, attrs), 21, &[x, &[3], &[3]]).is_err());
         let three = Attrs::new().with("num_groups", AttrValue::Int(3));
-        assert!(
-            run(
-                &mut node("GroupNormalization", 3, 1, three),
-                21,
-                &[x, &[4], &[4]]
-            )
-            .is_err()
-        );
+        assert!(run(&mut node("GroupNormalization", 3, 1, three), 21, &[x, &[4], &[4]]).is_err());
     }
 
     #[test]

@@ -50,11 +50,7 @@ const STATS: [&str; 2] = [
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     cx.require_f32()?;
-    let x = &cx
-        .inputs
-        .first()
-        .ok_or_else(|| no_kernel!("{} without inputs", cx.op))?
-        .desc;
+    let x = &cx.inputs.first().ok_or_else(|| no_kernel!("{} without inputs", cx.op))?.desc;
     let (out, inputs) = (cx.outputs.len(), cx.inputs.len());
     let arity = match cx.op {
         "BatchNormalization" => inputs == 5 && out == 1,
@@ -63,17 +59,9 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         _ => inputs == 1 && out == 1,
     };
     if !arity || cx.outputs[0].desc.shape != x.shape {
-        return Err(no_kernel!(
-            "{} with {inputs} inputs and {out} outputs",
-            cx.op
-        ));
+        return Err(no_kernel!("{} with {inputs} inputs and {out} outputs", cx.op));
     }
-    if cx
-        .inputs
-        .iter()
-        .chain(cx.outputs)
-        .any(|o| o.desc.elements() >= 1 << 31)
-    {
+    if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() >= 1 << 31) {
         return Err(no_kernel!("{} too large for 32-bit indices", cx.op));
     }
     if x.elements() == 0 {
@@ -86,11 +74,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let int = |name| cx.attrs.int(name).map_err(|e| no_kernel!("{e}"));
     match cx.op {
         "BatchNormalization" => batch_norm(cx, float("epsilon")?),
-        "LRN" => lrn(
-            cx,
-            int("size")?,
-            [float("alpha")?, float("beta")?, float("bias")?],
-        ),
+        "LRN" => lrn(cx, int("size")?, [float("alpha")?, float("beta")?, float("bias")?]),
         _ => {
             if cx.in_place().is_some() {
                 return Err(no_kernel!("{} in place", cx.op));
@@ -111,11 +95,7 @@ fn channels(cx: &KernelCx) -> Result<(usize, usize, usize), NoKernel> {
 fn expect_len(cx: &KernelCx, i: usize, len: usize) -> Result<(), NoKernel> {
     match cx.inputs[i].desc.elements() == len {
         true => Ok(()),
-        false => Err(no_kernel!(
-            "{} input {i} of shape {:?}",
-            cx.op,
-            cx.inputs[i].desc.shape
-        )),
+        false => Err(no_kernel!("{} input {i} of shape {:?}", cx.op, cx.inputs[i].desc.shape)),
     }
 }
 
@@ -159,10 +139,7 @@ fn over_planes(
     let max = MAX_GROUPS as usize;
     let fits = full.iter().all(|&g| g <= max);
     let groups = full.map(|g| g.clamp(1, max) as u32);
-    Ok(vec![
-        spec.set("FITS", fits)
-            .dispatch(label, groups, bindings, params)?,
-    ])
+    Ok(vec![spec.set("FITS", fits).dispatch(label, groups, bindings, params)?])
 }
 
 /// `BatchNormalization`: `y = x * a + b` per channel, `a = scale / sqrt(var + epsilon)`,
@@ -175,11 +152,8 @@ fn batch_norm(cx: &KernelCx, epsilon: f32) -> Result<Vec<Dispatch>, NoKernel> {
     }
     let n = cx.inputs[0].desc.elements();
     let names = ["x", "scale", "bias", "mu", "sigma2"];
-    let mut bindings: Vec<Binding> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| Binding::input(name, i, "f32"))
-        .collect();
+    let mut bindings: Vec<Binding> =
+        names.iter().enumerate().map(|(i, name)| Binding::input(name, i, "f32")).collect();
     bindings.push(Binding::output("y", 0, "f32"));
     let params = [inner as u32, c as u32, batch as u32, epsilon.to_bits()];
     over_planes(
@@ -203,15 +177,10 @@ fn lrn(cx: &KernelCx, size: i64, [alpha, beta, bias]: [f32; 3]) -> Result<Vec<Di
     }
     let (batch, c, spatial) = channels(cx)?;
     let n = cx.inputs[0].desc.elements();
-    let bindings = vec![
-        Binding::input("x", 0, "f32"),
-        Binding::output("y", 0, "f32"),
-    ];
+    let bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
     let (before, after) = ((size - 1) / 2, size / 2);
-    let mut params: Vec<u32> = [spatial, c, batch, before, after]
-        .iter()
-        .map(|&v| v as u32)
-        .collect();
+    let mut params: Vec<u32> =
+        [spatial, c, batch, before, after].iter().map(|&v| v as u32).collect();
     params.extend([bias, alpha / size as f32, beta].map(f32::to_bits));
     over_planes(
         Spec::new(&LRN),
@@ -329,10 +298,7 @@ impl RowNorm {
                 };
                 for o in &cx.outputs[1..] {
                     if o.desc.elements() != rows {
-                        return Err(no_kernel!(
-                            "LayerNormalization statistics {:?}",
-                            o.desc.shape
-                        ));
+                        return Err(no_kernel!("LayerNormalization statistics {:?}", o.desc.shape));
                     }
                 }
                 let (xs, ss, bs) = (strides(row), param(1)?, param(2)?);
@@ -348,17 +314,12 @@ impl RowNorm {
                     groups: 1,
                     s_row: 0,
                     epsilon: Some(float("epsilon")?),
-                    affine: Affine::PerElement {
-                        bias: cx.inputs.len() == 3,
-                    },
+                    affine: Affine::PerElement { bias: cx.inputs.len() == 3 },
                 }
             }
             "MeanVarianceNormalization" => {
                 let axes = cx.attrs.ints("axes").map_err(|e| no_kernel!("{e}"))?;
-                if axes
-                    .iter()
-                    .any(|&a| usize::try_from(a).map_or(true, |a| a >= shape.len()))
-                {
+                if axes.iter().any(|&a| usize::try_from(a).map_or(true, |a| a >= shape.len())) {
                     return Err(no_kernel!("MeanVarianceNormalization axes {axes:?}"));
                 }
                 let st = strides(shape);
@@ -442,10 +403,7 @@ fn long_row(class: DeviceClass) -> usize {
 const ROW_GROUP: u32 = 64;
 
 fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
-    let mut bindings = vec![
-        Binding::input("x", 0, "f32"),
-        Binding::output("y", 0, "f32"),
-    ];
+    let mut bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
     let stats = cx.outputs.len() - 1;
     let mut spec = Spec::new(&ROWS).set("MVN", matches!(rn.affine, Affine::None));
     match rn.affine {
@@ -453,9 +411,7 @@ fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
         Affine::PerChannel => {
             bindings.push(Binding::input("scale", 1, "f32"));
             bindings.push(Binding::input("bias", 2, "f32"));
-            spec = spec
-                .hook("run_factors", CHANNEL_FACTORS)
-                .hook("normalize", CHANNEL);
+            spec = spec.hook("run_factors", CHANNEL_FACTORS).hook("normalize", CHANNEL);
         }
         Affine::PerElement { bias } => {
             bindings.push(Binding::input("scale", 1, "f32"));
@@ -544,19 +500,9 @@ mod tests {
 
     #[test]
     fn dims_merge_where_every_stride_allows() {
-        assert_eq!(
-            merge([(2, [12]), (3, [4]), (4, [1])]),
-            [(24, [1])],
-            "contiguous"
-        );
-        assert_eq!(
-            merge([(2, [0, 12]), (3, [4, 4]), (4, [1, 1])]),
-            [(2, [0, 12]), (12, [1, 1])]
-        );
-        assert_eq!(
-            merge([(5, [60]), (1, [9]), (3, [4])]),
-            [(5, [60]), (3, [4])]
-        );
+        assert_eq!(merge([(2, [12]), (3, [4]), (4, [1])]), [(24, [1])], "contiguous");
+        assert_eq!(merge([(2, [0, 12]), (3, [4, 4]), (4, [1, 1])]), [(2, [0, 12]), (12, [1, 1])]);
+        assert_eq!(merge([(5, [60]), (1, [9]), (3, [4])]), [(5, [60]), (3, [4])]);
         assert_eq!(merge::<1>([(1, [3])]), []);
     }
 
@@ -579,10 +525,7 @@ mod tests {
         let d = lower_all("LRN", &lrn, &[&[1, 5, 7, 7]], &[&[1, 5, 7, 7]]);
         assert_eq!(d[0].groups, [1, 5, 1]);
         let alpha = (1e-4f32 / 3.0).to_bits();
-        assert_eq!(
-            d[0].params,
-            [49, 5, 1, 1, 1, 1.0f32.to_bits(), alpha, 0.75f32.to_bits()]
-        );
+        assert_eq!(d[0].params, [49, 5, 1, 1, 1, 1.0f32.to_bits(), alpha, 0.75f32.to_bits()]);
         // 2^24 elements: planes of 2^20 in 16384 workgroups.
         let d = lower_all(
             "BatchNormalization",
@@ -611,11 +554,7 @@ mod tests {
             &[&[1, 40, 120]],
         );
         assert_eq!(d[0].label, "layernormalization_40x120");
-        assert_eq!(
-            d[0].groups,
-            [5, 1, 1],
-            "8 rows per workgroup on CPU-type devices"
-        );
+        assert_eq!(d[0].groups, [5, 1, 1], "8 rows per workgroup on CPU-type devices");
         assert_eq!((set(&d[0], "WG"), set(&d[0], "LONG")), (8.0, 0.0));
         assert_eq!(d[1].label, "layernormalization_40x120", "GPU: 120 is short");
         insta::assert_snapshot!("layer_norm_cpu", specialised(&d[0], &ROWS));
@@ -648,23 +587,7 @@ mod tests {
             let (s, row) = if c == 4 { (1, 2) } else { (0, 1) };
             assert_eq!(
                 d[0].params,
-                [
-                    4,
-                    1,
-                    3200,
-                    0,
-                    2,
-                    1600,
-                    s,
-                    s,
-                    1600,
-                    1,
-                    0,
-                    0,
-                    2,
-                    row,
-                    1e-5f32.to_bits()
-                ]
+                [4, 1, 3200, 0, 2, 1600, s, s, 1600, 1, 0, 0, 2, row, 1e-5f32.to_bits()]
             );
         }
         // More rows than one grid dimension takes.
@@ -698,11 +621,7 @@ mod tests {
             &[&[2, 2, 1500], &[1, 1500]],
             &[&[2, 2, 1500], &[2, 1, 1]],
         );
-        let slots: Vec<_> = d[0]
-            .bindings
-            .iter()
-            .map(|b| (b.name.as_str(), b.slot))
-            .collect();
+        let slots: Vec<_> = d[0].bindings.iter().map(|b| (b.name.as_str(), b.slot)).collect();
         use crate::vulkan::Slot::{Input, Output};
         assert_eq!(
             slots,
@@ -736,10 +655,7 @@ mod tests {
             &[&[3, 2000, 2]],
             &[&[3, 2000, 2]],
         );
-        assert_eq!(
-            d[0].params[..12],
-            [6, 2, 4000, 1, 1, 0, 0, 0, 2000, 2, 0, 0]
-        );
+        assert_eq!(d[0].params[..12], [6, 2, 4000, 1, 1, 0, 0, 0, 2000, 2, 0, 0]);
         assert_eq!(set(&d[0], "LONG"), 1.0);
     }
 

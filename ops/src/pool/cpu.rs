@@ -51,9 +51,9 @@ impl Reduce {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
         Ok(match cx.op.trim_start_matches("Global") {
             "MaxPool" => Reduce::Max,
-            "AveragePool" if cx.op == "AveragePool" => Reduce::Average {
-                include_pad: cx.attrs.int("count_include_pad")? != 0,
-            },
+            "AveragePool" if cx.op == "AveragePool" => {
+                Reduce::Average { include_pad: cx.attrs.int("count_include_pad")? != 0 }
+            }
             "AveragePool" => Reduce::Average { include_pad: false },
             _ => {
                 let p = cx.attrs.int("p")?;
@@ -124,11 +124,7 @@ struct Pool {
 
 impl Pool {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
-        let n_out = if cx.op == "MaxPool" {
-            cx.outputs.len().clamp(1, 2)
-        } else {
-            1
-        };
+        let n_out = if cx.op == "MaxPool" { cx.outputs.len().clamp(1, 2) } else { 1 };
         cx.expect_arity(1..=1, n_out)?;
         let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
         let dtype = x.dtype;
@@ -142,11 +138,7 @@ impl Pool {
         let indices = match cx.outputs.get(1) {
             Some(i) if i.dtype != DType::I64 => return Err(cx.dtype_error(i.dtype)),
             Some(i) if i.shape != y.shape => {
-                return Err(invalid!(
-                    "MaxPool: Indices {:?} differ from Y {:?}",
-                    i.shape,
-                    y.shape
-                ));
+                return Err(invalid!("MaxPool: Indices {:?} differ from Y {:?}", i.shape, y.shape));
             }
             Some(_) => Some(cx.attrs.int("storage_order")? != 0),
             None => None,
@@ -196,10 +188,7 @@ impl Pool {
             .map(|k| {
                 let off = win.offset(DIMS - 1, k);
                 let [_, _, ow] = win.output;
-                (
-                    span(ow, win.input[DIMS - 1], win.strides[DIMS - 1], off),
-                    off,
-                )
+                (span(ow, win.input[DIMS - 1], win.strides[DIMS - 1], off), off)
             })
             .filter(|(range, _)| !range.is_empty())
             .collect();
@@ -303,16 +292,10 @@ impl Pool {
         let [_, oh, ow] = self.win.output;
         let h_len = depth * ih * ow;
         let v_len = if self.flat_d { 0 } else { depth * oh * ow };
-        let t_len = if matches!(self.reduce, Reduce::Lp(_)) {
-            ip
-        } else {
-            0
-        };
+        let t_len = if matches!(self.reduce, Reduce::Lp(_)) { ip } else { 0 };
         // Planes in parallel, a few at a time; each task's scratch from its thread's.
         let per_task = (PLANE_TASK_FLOATS / ip).max(1);
-        let tasks = x
-            .par_chunks(ip * per_task)
-            .zip(y.par_chunks_mut(op * per_task));
+        let tasks = x.par_chunks(ip * per_task).zip(y.par_chunks_mut(op * per_task));
         tasks.for_each(|(xs, ys)| {
             with_scratch(h_len + v_len + t_len, |s: &mut [f32]| {
                 s.fill(0.0);
@@ -425,32 +408,21 @@ fn pooled_extent(w: &Window, d: usize, ceil: bool) -> Option<usize> {
     }
     let out = room.div_ceil(s) + 1;
     let last_start = ((out - 1) * s) as isize;
-    Some(if last_start >= w.input[d] as isize + w.pads_begin[d] {
-        out - 1
-    } else {
-        out
-    })
+    Some(if last_start >= w.input[d] as isize + w.pads_begin[d] { out - 1 } else { out })
 }
 
 impl Kernel for Pool {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let xn = self.planes * self.win.input_size();
         let yn = self.planes * self.win.output_size();
-        let x = inputs
-            .first()
-            .ok_or_else(|| invalid!("input 0 is missing"))?;
+        let x = inputs.first().ok_or_else(|| invalid!("input 0 is missing"))?;
         if x.elements() != xn {
-            return Err(invalid!(
-                "input 0 has {} elements, expected {xn}",
-                x.elements()
-            ));
+            return Err(invalid!("input 0 has {} elements, expected {xn}", x.elements()));
         }
         if yn == 0 {
             return Ok(());
         }
-        let (y, rest) = outputs
-            .split_first_mut()
-            .ok_or_else(|| invalid!("output 0 is missing"))?;
+        let (y, rest) = outputs.split_first_mut().ok_or_else(|| invalid!("output 0 is missing"))?;
         let y = std::slice::from_mut(y);
         if self.indices.is_some() {
             let ind = output_mut::<i64>(rest, 0, yn)?;
@@ -502,11 +474,7 @@ impl Global {
         cx.expect_arity(1..=1, 1)?;
         let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
         if x.dtype != DType::F32 || y.dtype != DType::F32 {
-            return Err(cx.dtype_error(if x.dtype != DType::F32 {
-                x.dtype
-            } else {
-                y.dtype
-            }));
+            return Err(cx.dtype_error(if x.dtype != DType::F32 { x.dtype } else { y.dtype }));
         }
         let ok = x.shape.len() >= 2
             && y.shape.len() == x.shape.len()
@@ -543,10 +511,7 @@ impl Kernel for Global {
         for (yv, xp) in y.iter_mut().zip(x.chunks_exact(self.plane)) {
             *yv = match r {
                 Reduce::Max => lanes(xp, f32::MIN, |v| v, max_f32),
-                _ => r.finish(
-                    lanes(xp, 0.0, |v| r.term(v), |a, b| a + b),
-                    self.plane as f32,
-                ),
+                _ => r.finish(lanes(xp, 0.0, |v| r.term(v), |a, b| a + b), self.plane as f32),
             };
         }
         Ok(())
@@ -597,27 +562,16 @@ mod tests {
             1.5, 1.25, 0.25, -0.5, 1.5, 0.75, -0.25, 1.5, 1.0, 0.25, -0.75, 1.5, 0.75, -0.25, 1.5,
             1.0, 0.0, 1.5,
         ];
-        let row_major = [
-            1, 8, 10, 18, 14, 22, 24, 27, 28, 36, 38, 40, 48, 50, 40, 54, 56, 53,
-        ];
-        let col_major = [
-            5, 11, 21, 3, 12, 23, 4, 19, 24, 31, 41, 51, 33, 43, 51, 34, 44, 58,
-        ];
+        let row_major = [1, 8, 10, 18, 14, 22, 24, 27, 28, 36, 38, 40, 48, 50, 40, 54, 56, 53];
+        let col_major = [5, 11, 21, 3, 12, 23, 4, 19, 24, 31, 41, 51, 33, 43, 51, 34, 44, 58];
         for (order, want) in [(0, row_major), (1, col_major)] {
             let a = window(&[3, 2], &[2, 2], &[1, 0, 0, 0])
                 .with("ceil_mode", AttrValue::Int(1))
                 .with("storage_order", AttrValue::Int(order));
-            let outs = [
-                f32_out(&[1, 2, 3, 3]),
-                TensorDesc::new(DType::I64, vec![1, 2, 3, 3]),
-            ];
+            let outs = [f32_out(&[1, 2, 3, 3]), TensorDesc::new(DType::I64, vec![1, 2, 3, 3])];
             let out = eval("MaxPool", &a, &[&x], &outs).unwrap();
             close(out[0].as_slice().unwrap(), &values);
-            assert_eq!(
-                out[1].as_slice::<i64>().unwrap(),
-                &want,
-                "storage_order {order}"
-            );
+            assert_eq!(out[1].as_slice::<i64>().unwrap(), &want, "storage_order {order}");
         }
         // Without Indices the separable path runs: same values.
         let a = window(&[3, 2], &[2, 2], &[1, 0, 0, 0])
@@ -637,33 +591,14 @@ mod tests {
         let a = window(&[3], &[1], &[1, 1])
             .with("dilations", ints(&[2]))
             .with("storage_order", AttrValue::Int(0));
-        let out = eval(
-            "MaxPool",
-            &a,
-            &[&ramp(&[1, 1, 9], 2)],
-            &[f32_out(&[1, 1, 7])],
-        )
-        .unwrap();
-        close(
-            out[0].as_slice().unwrap(),
-            &[0.75, 1.25, 0.75, 1.25, 0.75, 1.5, -0.25],
-        );
+        let out = eval("MaxPool", &a, &[&ramp(&[1, 1, 9], 2)], &[f32_out(&[1, 1, 7])]).unwrap();
+        close(out[0].as_slice().unwrap(), &[0.75, 1.25, 0.75, 1.25, 0.75, 1.5, -0.25]);
 
-        let x: [u8; 16] = [
-            30, 10, 120, 100, 80, 60, 40, 20, 0, 110, 90, 70, 50, 30, 10, 120,
-        ];
+        let x: [u8; 16] = [30, 10, 120, 100, 80, 60, 40, 20, 0, 110, 90, 70, 50, 30, 10, 120];
         let x = Tensor::from_vec(vec![1, 1, 4, 4], &x).unwrap();
         let a = window(&[2, 2], &[2, 2], &[0; 4]).with("storage_order", AttrValue::Int(0));
-        let out = eval(
-            "MaxPool",
-            &a,
-            &[&x],
-            &[TensorDesc::new(DType::U8, vec![1, 1, 2, 2])],
-        );
-        assert_eq!(
-            out.unwrap()[0].as_slice::<u8>().unwrap(),
-            &[80, 120, 110, 120]
-        );
+        let out = eval("MaxPool", &a, &[&x], &[TensorDesc::new(DType::U8, vec![1, 1, 2, 2])]);
+        assert_eq!(out.unwrap()[0].as_slice::<u8>().unwrap(), &[80, 120, 110, 120]);
     }
 
     #[test]
@@ -730,10 +665,7 @@ mod tests {
             .with("ceil_mode", AttrValue::Int(1))
             .with("count_include_pad", AttrValue::Int(1));
         let out = eval("AveragePool", &a, &[&x], &[f32_out(&[1, 1, 1, 1])]).unwrap();
-        close(
-            out[0].as_slice().unwrap(),
-            &[(0.8580 + 0.0786 + 0.2692 + 0.1537) / 9.0],
-        );
+        close(out[0].as_slice().unwrap(), &[(0.8580 + 0.0786 + 0.2692 + 0.1537) / 9.0]);
     }
 
     #[test]
@@ -825,10 +757,7 @@ mod tests {
             let whole = eval(op, &a, &[&x], &out).unwrap();
             let a = window(&[5, 6], &[2, 2], &[0; 4]).with(extra.0, AttrValue::Int(extra.1));
             let windowed = eval(op, &a, &[&wide], &out).unwrap();
-            close(
-                whole[0].as_slice().unwrap(),
-                windowed[0].as_slice().unwrap(),
-            );
+            close(whole[0].as_slice().unwrap(), windowed[0].as_slice().unwrap());
         }
     }
 
@@ -842,30 +771,11 @@ mod tests {
             (
                 "GlobalAveragePool",
                 2,
-                [
-                    0.055555556,
-                    -0.11111111,
-                    0.083333336,
-                    -0.083333336,
-                    0.11111111,
-                    -0.055555556,
-                ],
+                [0.055555556, -0.11111111, 0.083333336, -0.083333336, 0.11111111, -0.055555556],
             ),
             ("GlobalMaxPool", 2, [1.5, 1.5, 1.25, 1.5, 1.5, 1.25]),
-            (
-                "GlobalLpPool",
-                2,
-                [
-                    2.4494898, 3.1424513, 2.6339135, 2.6339135, 3.1424513, 2.4494898,
-                ],
-            ),
-            (
-                "GlobalLpPool",
-                3,
-                [
-                    1.9157736, 2.322727, 2.0013013, 2.0013013, 2.322727, 1.9157736,
-                ],
-            ),
+            ("GlobalLpPool", 2, [2.4494898, 3.1424513, 2.6339135, 2.6339135, 3.1424513, 2.4494898]),
+            ("GlobalLpPool", 3, [1.9157736, 2.322727, 2.0013013, 2.0013013, 2.322727, 1.9157736]),
         ];
         for (op, p, want) in cases {
             let a = Attrs::new().with("p", AttrValue::Int(p));

@@ -39,10 +39,7 @@ pub const OPS: &[OpDef] = &[
 fn spatial(x: &TensorDesc) -> OpResult<&[usize]> {
     match x.shape.get(2..) {
         Some(s) if !s.is_empty() => Ok(s),
-        _ => Err(op_err!(
-            "X {:?} needs N, C and at least one spatial dim",
-            x.shape
-        )),
+        _ => Err(op_err!("X {:?} needs N, C and at least one spatial dim", x.shape)),
     }
 }
 
@@ -64,14 +61,10 @@ fn lower_pool(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let input = spatial(cx.input(0)?)?.to_vec();
     let ceil = node.attrs.int_or("ceil_mode", 0)?;
     let extra = match node.op.as_str() {
-        "MaxPool" => (
-            "storage_order",
-            AttrValue::Int(node.attrs.int_or("storage_order", 0)?),
-        ),
-        "AveragePool" => (
-            "count_include_pad",
-            AttrValue::Int(node.attrs.int_or("count_include_pad", 0)?),
-        ),
+        "MaxPool" => ("storage_order", AttrValue::Int(node.attrs.int_or("storage_order", 0)?)),
+        "AveragePool" => {
+            ("count_include_pad", AttrValue::Int(node.attrs.int_or("count_include_pad", 0)?))
+        }
         _ => ("p", p_attr(node)?),
     };
     let auto = canonical_window(node, &input, None)?;
@@ -88,9 +81,7 @@ fn lower_pool(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 }
 
 fn lower_global(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
-    let p = (node.op == "GlobalLpPool")
-        .then(|| p_attr(node))
-        .transpose()?;
+    let p = (node.op == "GlobalLpPool").then(|| p_attr(node)).transpose()?;
     node.attrs = Attrs::new();
     if let Some(p) = p {
         node.attrs.set("p", p);
@@ -124,12 +115,8 @@ fn infer_global(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc
     if x.shape.len() < 2 {
         return Err(op_err!("X {:?} needs N and C", x.shape));
     }
-    let shape: Vec<usize> = x
-        .shape
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| if i < 2 { d } else { 1 })
-        .collect();
+    let shape: Vec<usize> =
+        x.shape.iter().enumerate().map(|(i, &d)| if i < 2 { d } else { 1 }).collect();
     Ok(vec![TensorDesc::new(x.dtype, shape)])
 }
 
@@ -152,13 +139,7 @@ mod tests {
             .with("ceil_mode", AttrValue::Int(1));
         let mut n = node("MaxPool", 1, 2, attrs);
         let out = lower_and_infer(def("MaxPool"), &mut n, &[Some(&x)]);
-        assert_eq!(
-            out,
-            [
-                f32(&[1, 1, 2, 2]),
-                TensorDesc::new(DType::I64, [1, 1, 2, 2])
-            ]
-        );
+        assert_eq!(out, [f32(&[1, 1, 2, 2]), TensorDesc::new(DType::I64, [1, 1, 2, 2])]);
         let expected = Attrs::new()
             .with("kernel_shape", ints(&[3, 3]))
             .with("strides", ints(&[2, 2]))
@@ -194,10 +175,7 @@ mod tests {
                 .with("auto_pad", AttrValue::Text(mode.into()))
                 .with("ceil_mode", AttrValue::Int(1));
             let mut n = node("AveragePool", 1, 1, attrs);
-            assert_eq!(
-                lower_and_infer(def("AveragePool"), &mut n, &[Some(&x)]),
-                [f32(&shape)]
-            );
+            assert_eq!(lower_and_infer(def("AveragePool"), &mut n, &[Some(&x)]), [f32(&shape)]);
             assert_eq!(n.attrs.ints("pads").unwrap(), &pads, "{mode}");
             assert_eq!(n.attrs.int("ceil_mode").unwrap(), 0);
             assert_eq!(n.attrs.int("count_include_pad").unwrap(), 0);
@@ -208,36 +186,19 @@ mod tests {
     #[test]
     fn lp_and_global_pools() {
         let x = f32(&[2, 3, 7]);
-        let attrs = Attrs::new()
-            .with("kernel_shape", ints(&[3]))
-            .with("pads", ints(&[1, 1]));
+        let attrs = Attrs::new().with("kernel_shape", ints(&[3])).with("pads", ints(&[1, 1]));
         let mut n = node("LpPool", 1, 1, attrs);
-        assert_eq!(
-            lower_and_infer(def("LpPool"), &mut n, &[Some(&x)]),
-            [f32(&[2, 3, 7])]
-        );
+        assert_eq!(lower_and_infer(def("LpPool"), &mut n, &[Some(&x)]), [f32(&[2, 3, 7])]);
         assert_eq!(n.attrs.int("p").unwrap(), 2);
         let x = f32(&[2, 3, 4, 5, 6]);
         for op in ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"] {
             let mut n = node(op, 1, 1, Attrs::new());
-            assert_eq!(
-                lower_and_infer(def(op), &mut n, &[Some(&x)]),
-                [f32(&[2, 3, 1, 1, 1])]
-            );
+            assert_eq!(lower_and_infer(def(op), &mut n, &[Some(&x)]), [f32(&[2, 3, 1, 1, 1])]);
         }
         // A window larger than the padded input has no output.
         let x = f32(&[1, 1, 4]);
-        let mut bad = node(
-            "AveragePool",
-            1,
-            1,
-            Attrs::new().with("kernel_shape", ints(&[9])),
-        );
-        let cx = LowerCx {
-            opset: 21,
-            inputs: vec![Some(&x)],
-            consts: vec![None],
-        };
+        let mut bad = node("AveragePool", 1, 1, Attrs::new().with("kernel_shape", ints(&[9])));
+        let cx = LowerCx { opset: 21, inputs: vec![Some(&x)], consts: vec![None] };
         lower_pool(&mut bad, &cx).unwrap();
         assert!(infer_pool(&bad, &[&x]).is_err());
     }

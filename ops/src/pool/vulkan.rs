@@ -55,11 +55,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         ));
     }
     let reduce = Reduce::new(cx)?;
-    if cx.op.starts_with("Global") {
-        global(cx, reduce)
-    } else {
-        window(cx, reduce)
-    }
+    if cx.op.starts_with("Global") { global(cx, reduce) } else { window(cx, reduce) }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -152,15 +148,8 @@ struct Dim {
 
 impl Dim {
     /// A dimension of size 1 that a pool over fewer than 3 dimensions starts with.
-    const NONE: Dim = Dim {
-        input: 1,
-        output: 1,
-        kernel: 1,
-        stride: 1,
-        dilation: 1,
-        pad_begin: 0,
-        pad_end: 0,
-    };
+    const NONE: Dim =
+        Dim { input: 1, output: 1, kernel: 1, stride: 1, dilation: 1, pad_begin: 0, pad_end: 0 };
 
     /// Where the last tap of the last window lies, in padded coordinates.
     fn last_tap(&self) -> u64 {
@@ -190,22 +179,15 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
     let (x, y) = (&cx.inputs[0].desc, &cx.outputs[0].desc);
     let rank = x.shape.len() - 2;
     let ints = |name| cx.attrs.ints(name).map_err(|e| no_kernel!("{e}"));
-    let (kernel, strides, dilations, pads) = (
-        ints("kernel_shape")?,
-        ints("strides")?,
-        ints("dilations")?,
-        ints("pads")?,
-    );
+    let (kernel, strides, dilations, pads) =
+        (ints("kernel_shape")?, ints("strides")?, ints("dilations")?, ints("pads")?);
     if !(1..=3).contains(&rank)
         || kernel.len() != rank
         || strides.len() != rank
         || dilations.len() != rank
         || pads.len() != 2 * rank
     {
-        return Err(no_kernel!(
-            "{}: window attributes do not match rank {rank}",
-            cx.op
-        ));
+        return Err(no_kernel!("{}: window attributes do not match rank {rank}", cx.op));
     }
     // Every value below stays far inside i32, and the divisions of the output index exact
     // (window.wgsl's `divmod`).
@@ -258,19 +240,11 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         Some(i) if i.desc.dtype != DType::I64 || i.desc.shape != y.shape => {
             return Err(no_kernel!("MaxPool Indices {:?}", i.desc));
         }
-        Some(_) => Some(
-            cx.attrs
-                .int("storage_order")
-                .map_err(|e| no_kernel!("{e}"))?
-                != 0,
-        ),
+        Some(_) => Some(cx.attrs.int("storage_order").map_err(|e| no_kernel!("{e}"))? != 0),
         None => None,
     };
     let grid = Grid::new(n, WG)?;
-    let mut bindings = vec![
-        Binding::input("x", 0, "f32"),
-        Binding::output("y", 0, "f32"),
-    ];
+    let mut bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
     let mut spec = reduce.fold().hooks(Spec::new(&WINDOW), 0, "f32").hook(
         "finish",
         format!(
@@ -316,10 +290,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
             .enumerate()
             .map(|(i, field)| {
                 let (ty, suffix) = if i < 5 { ("u32", "u") } else { ("i32", "i") };
-                let v: Vec<String> = dims
-                    .iter()
-                    .map(|d| format!("{}{suffix}", field(d)))
-                    .collect();
+                let v: Vec<String> = dims.iter().map(|d| format!("{}{suffix}", field(d))).collect();
                 format!("vec3<{ty}>({})", v.join(", "))
             })
             .collect();
@@ -330,10 +301,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
                 vectors.join(", ")
             ),
         );
-        let windows: Vec<String> = dims[3 - rank..]
-            .iter()
-            .map(|d| d.kernel.to_string())
-            .collect();
+        let windows: Vec<String> = dims[3 - rank..].iter().map(|d| d.kernel.to_string()).collect();
         label += &format!("_k{}", windows.join("x"));
     }
     let mut params = vec![n, x.shape[2..].iter().product::<usize>() as u64];
@@ -344,12 +312,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         .set("RANK", rank as u32)
         .set("CLIP", dims.iter().any(Dim::leaves_input))
         .set("COUNT", count)
-        .dispatch(
-            label,
-            grid.groups,
-            bindings,
-            params.into_iter().map(|w| w as u32).collect(),
-        )
+        .dispatch(label, grid.groups, bindings, params.into_iter().map(|w| w as u32).collect())
         .map(|d| vec![d])
 }
 
@@ -456,10 +419,7 @@ mod tests {
         }
         assert_eq!(d[0].label, "averagepool_2d_k3x2");
         let geometry = |d: &Dispatch| {
-            let line = d
-                .wgsl
-                .lines()
-                .find(|l| l.starts_with("    return Geometry(vec3"));
+            let line = d.wgsl.lines().find(|l| l.starts_with("    return Geometry(vec3"));
             line.map(str::trim).map(str::to_string)
         };
         assert_eq!(
@@ -496,9 +456,7 @@ mod tests {
             // dilation, padding before, padded size.
             assert_eq!(
                 d[1].params,
-                [
-                    18, 36, 3, 3, 4, 3, 2, 3, 2, 2, 3, 1, 2, 1, 1, 1, 1, 0, 1, 1, 4, 4, 5
-                ]
+                [18, 36, 3, 3, 4, 3, 2, 3, 2, 2, 3, 1, 2, 1, 1, 1, 1, 0, 1, 1, 4, 4, 5]
             );
         }
         // More outputs than one row of workgroups.
@@ -552,10 +510,7 @@ mod tests {
                 let d = lower(&cx).unwrap();
                 valid(&d);
                 assert_eq!(d[0].bindings[2], Binding::output("ind", 1, "u32"));
-                assert_eq!(
-                    override_of(&d[0], "COLUMN_MAJOR"),
-                    Some(storage_order as f64)
-                );
+                assert_eq!(override_of(&d[0], "COLUMN_MAJOR"), Some(storage_order as f64));
                 if (class, storage_order) == (DeviceClass::Cpu, 1) {
                     insta::assert_snapshot!("maxpool_indices_cpu", specialised(&d[0]));
                 }

@@ -124,10 +124,7 @@ impl Kind {
 
     /// Whether the reduction is defined on integers (no logarithm, root or division).
     fn integral(self) -> bool {
-        matches!(
-            self,
-            Kind::Sum | Kind::Max | Kind::Min | Kind::Prod | Kind::L1 | Kind::SumSquare
-        )
+        matches!(self, Kind::Sum | Kind::Max | Kind::Min | Kind::Prod | Kind::L1 | Kind::SumSquare)
     }
 }
 
@@ -176,14 +173,7 @@ impl Plan {
             }
         }
         let count = axes.iter().map(|&a| shape[a]).product();
-        Plan {
-            in_len: shape.iter().product(),
-            out_len: stride,
-            dims,
-            reduced,
-            out_strides,
-            count,
-        }
+        Plan { in_len: shape.iter().product(), out_len: stride, dims, reduced, out_strides, count }
     }
 
     /// Folds every input element into the output element it reduces to, in input order:
@@ -300,10 +290,7 @@ fn prepare_reduce(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             .ok()
             .filter(|&a| a < rank && axes.last().is_none_or(|&p| p < a))
             .ok_or_else(|| {
-                invalid!(
-                    "{}: axes must be sorted, distinct and within rank {rank}",
-                    cx.op
-                )
+                invalid!("{}: axes must be sorted, distinct and within rank {rank}", cx.op)
             })?;
         axes.push(a);
     }
@@ -316,10 +303,7 @@ fn prepare_reduce(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         })
         .collect();
     check_output(cx, x.dtype, &out_shape)?;
-    Ok(Box::new(Reduce {
-        kind,
-        plan: Plan::new(&x.shape, &axes),
-    }))
+    Ok(Box::new(Reduce { kind, plan: Plan::new(&x.shape, &axes) }))
 }
 
 impl Kernel for Reduce {
@@ -421,13 +405,8 @@ mod tests {
         out: &[usize],
     ) -> Vec<f32> {
         let t = Tensor::from_vec(shape.to_vec(), x).unwrap();
-        let r = eval(
-            op,
-            &attrs(axes, keep),
-            &[&t],
-            &[TensorDesc::new(DType::F32, out.to_vec())],
-        )
-        .unwrap();
+        let r = eval(op, &attrs(axes, keep), &[&t], &[TensorDesc::new(DType::F32, out.to_vec())])
+            .unwrap();
         r[0].to_vec().unwrap()
     }
 
@@ -481,10 +460,7 @@ mod tests {
             &reduce_f32("ReduceMax", &[2, 3, 4], &x, &[2], 1, &[2, 3, 1]),
             &[-1.25, -0.25, 0.75, 1.75, 2.75, 3.75],
         );
-        close(
-            &reduce_f32("ReduceSum", &[2, 3, 4], &x, &[0, 1, 2], 0, &[]),
-            &[21.0],
-        );
+        close(&reduce_f32("ReduceSum", &[2, 3, 4], &x, &[0, 1, 2], 0, &[]), &[21.0]);
         let sq = reduce_f32("ReduceSumSquare", &[2, 3, 4], &x, &[], 1, &[2, 3, 4]);
         close(&sq, &x.iter().map(|v| v * v).collect::<Vec<_>>());
     }
@@ -511,20 +487,12 @@ mod tests {
         let min = eval("ReduceMin", &attrs(&[0], 0), &[&t], &out).unwrap();
         assert_eq!(min[0].to_vec::<i64>().unwrap(), [3, -7]);
         let t32 = Tensor::from_vec(vec![3], &[2i32, -3, 4]).unwrap();
-        let prod = eval(
-            "ReduceProd",
-            &attrs(&[0], 1),
-            &[&t32],
-            &[TensorDesc::new(DType::I32, vec![1])],
-        )
-        .unwrap();
+        let prod =
+            eval("ReduceProd", &attrs(&[0], 1), &[&t32], &[TensorDesc::new(DType::I32, vec![1])])
+                .unwrap();
         assert_eq!(prod[0].to_vec::<i32>().unwrap(), [-24]);
-        let mean = eval(
-            "ReduceMean",
-            &attrs(&[0], 1),
-            &[&t32],
-            &[TensorDesc::new(DType::I32, vec![1])],
-        );
+        let mean =
+            eval("ReduceMean", &attrs(&[0], 1), &[&t32], &[TensorDesc::new(DType::I32, vec![1])]);
         assert!(mean.is_err());
     }
 
@@ -550,19 +518,11 @@ mod tests {
     #[test]
     fn a_wrong_output_shape_is_refused() {
         let t = Tensor::from_vec(vec![2, 3], &[0f32; 6]).unwrap();
-        let bad = eval(
-            "ReduceSum",
-            &attrs(&[1], 1),
-            &[&t],
-            &[TensorDesc::new(DType::F32, vec![2])],
-        );
+        let bad =
+            eval("ReduceSum", &attrs(&[1], 1), &[&t], &[TensorDesc::new(DType::F32, vec![2])]);
         assert!(bad.is_err());
-        let unsorted = eval(
-            "ReduceSum",
-            &attrs(&[1, 0], 0),
-            &[&t],
-            &[TensorDesc::new(DType::F32, vec![])],
-        );
+        let unsorted =
+            eval("ReduceSum", &attrs(&[1, 0], 0), &[&t], &[TensorDesc::new(DType::F32, vec![])]);
         assert!(unsorted.is_err());
     }
 }

@@ -90,9 +90,7 @@ fn lower_reduce(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         axes = (0..rank as i64).collect();
     }
     let keepdims = node.attrs.int_or("keepdims", 1)?;
-    node.attrs = Attrs::new()
-        .with("axes", AttrValue::Ints(axes))
-        .with("keepdims", flag(keepdims));
+    node.attrs = Attrs::new().with("axes", AttrValue::Ints(axes)).with("keepdims", flag(keepdims));
     node.inputs.truncate(1);
     Ok(())
 }
@@ -101,14 +99,9 @@ fn infer_reduce(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
     let x = only_input(inputs)?;
     let axes = node.attrs.ints("axes")?;
     let keepdims = node.attrs.int("keepdims")? != 0;
-    if let Some(a) = axes
-        .iter()
-        .find(|&&a| usize::try_from(a).map_or(true, |a| a >= x.shape.len()))
+    if let Some(a) = axes.iter().find(|&&a| usize::try_from(a).map_or(true, |a| a >= x.shape.len()))
     {
-        return Err(op_err!(
-            "axis {a} is out of range for rank {}",
-            x.shape.len()
-        ));
+        return Err(op_err!("axis {a} is out of range for rank {}", x.shape.len()));
     }
     let shape = x
         .shape
@@ -202,11 +195,7 @@ mod tests {
     fn lower(n: &mut Node, opset: i64, shape: &[usize], axes: Option<&[i64]>) -> OpResult<()> {
         let x = TensorDesc::new(DType::F32, shape.to_vec());
         let c = axes.map(|a| Arc::new(Tensor::from_vec(vec![a.len()], a).unwrap()));
-        let mut cx = LowerCx {
-            opset,
-            inputs: vec![Some(&x)],
-            consts: vec![None],
-        };
+        let mut cx = LowerCx { opset, inputs: vec![Some(&x)], consts: vec![None] };
         if let Some(c) = &c {
             cx.inputs.push(Some(c.desc()));
             cx.consts.push(Some(c as &dyn Constant));
@@ -224,22 +213,14 @@ mod tests {
     #[test]
     fn reduce_axes_from_attribute_or_input() {
         // Opset 11: axes are an attribute; negative axes are normalised and sorted.
-        let mut n = node(
-            "ReduceMean",
-            1,
-            Attrs::new().with("axes", AttrValue::Ints(vec![-1, 0])),
-        );
+        let mut n = node("ReduceMean", 1, Attrs::new().with("axes", AttrValue::Ints(vec![-1, 0])));
         lower(&mut n, 11, &[2, 3, 4], None).unwrap();
         assert_eq!(n.attrs.ints("axes").unwrap(), [0, 2]);
         assert_eq!(n.attrs.int("keepdims").unwrap(), 1);
         assert_eq!(infer(&n, &[2, 3, 4]).shape, [1, 3, 1]);
 
         // Opset 13 ReduceSum: axes are an input, which lowering drops.
-        let mut n = node(
-            "ReduceSum",
-            2,
-            Attrs::new().with("keepdims", AttrValue::Int(0)),
-        );
+        let mut n = node("ReduceSum", 2, Attrs::new().with("keepdims", AttrValue::Int(0)));
         lower(&mut n, 13, &[2, 3, 4], Some(&[1])).unwrap();
         assert_eq!(n.inputs.len(), 1);
         assert_eq!(n.attrs.ints("axes").unwrap(), [1]);
@@ -253,11 +234,8 @@ mod tests {
         assert_eq!(all.attrs.ints("axes").unwrap(), [0, 1]);
         assert_eq!(infer(&all, &[2, 3]).shape, [1, 1]);
 
-        let mut noop = node(
-            "ReduceMax",
-            2,
-            Attrs::new().with("noop_with_empty_axes", AttrValue::Int(1)),
-        );
+        let mut noop =
+            node("ReduceMax", 2, Attrs::new().with("noop_with_empty_axes", AttrValue::Int(1)));
         lower(&mut noop, 18, &[2, 3], Some(&[])).unwrap();
         assert_eq!(noop.attrs.ints("axes").unwrap(), [] as [i64; 0]);
         assert!(!noop.attrs.contains("noop_with_empty_axes"));
@@ -281,10 +259,7 @@ mod tests {
         let axis_and_coerce = |opset, attrs: Attrs, shape: &[usize]| {
             let mut n = node("Softmax", 1, attrs);
             lower(&mut n, opset, shape, None).unwrap();
-            (
-                n.attrs.int("axis").unwrap(),
-                n.attrs.int("coerce_2d").unwrap(),
-            )
+            (n.attrs.int("axis").unwrap(), n.attrs.int("coerce_2d").unwrap())
         };
         // Opset 11: default axis 1, over the flattened trailing axes.
         assert_eq!(axis_and_coerce(11, Attrs::new(), &[2, 3, 4]), (1, 1));

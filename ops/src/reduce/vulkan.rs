@@ -75,11 +75,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let r = match cx.op {
         "ArgMax" | "ArgMin" => {
             if !matches!(x_dtype, DType::F32 | DType::I32) || y_dtype != DType::I64 {
-                return Err(cx.dtype(if y_dtype != DType::I64 {
-                    y_dtype
-                } else {
-                    x_dtype
-                }));
+                return Err(cx.dtype(if y_dtype != DType::I64 { y_dtype } else { x_dtype }));
             }
             let axis = axis()?;
             if shape[axis] == 0 {
@@ -98,11 +94,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         "Softmax" | "LogSoftmax" | "Hardmax" => {
             cx.require_f32()?;
             let axis = axis()?;
-            let end = if int("coerce_2d")? != 0 {
-                rank
-            } else {
-                axis + 1
-            };
+            let end = if int("coerce_2d")? != 0 { rank } else { axis + 1 };
             let axes: Vec<usize> = (axis..end).collect();
             let max = Fold {
                 init: f32_lit(f32::NEG_INFINITY),
@@ -115,24 +107,12 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                     vec![max.into(), sum_exp.into()],
                     Out::Each("exp($v - s0) * (1.0 / s1)".into()),
                 ),
-                "LogSoftmax" => (
-                    vec![max.into(), sum_exp.into()],
-                    Out::Each("$v - (s0 + log(s1))".into()),
-                ),
-                _ => (
-                    vec![Stage::Arg {
-                        min: false,
-                        last: false,
-                    }],
-                    Out::OneHot,
-                ),
+                "LogSoftmax" => {
+                    (vec![max.into(), sum_exp.into()], Out::Each("$v - (s0 + log(s1))".into()))
+                }
+                _ => (vec![Stage::Arg { min: false, last: false }], Out::OneHot),
             };
-            Reduction {
-                space: Space::new(shape, &axes),
-                ty: "f32",
-                stages,
-                out,
-            }
+            Reduction { space: Space::new(shape, &axes), ty: "f32", stages, out }
         }
         _ if x_dtype == DType::Bool => return any_all(cx),
         _ => reduce(cx)?,
@@ -212,17 +192,9 @@ fn reduce(cx: &KernelCx) -> Result<Reduction, NoKernel> {
     let space = Space::new(&x.shape, &axes(cx)?);
     let float = ty == "f32";
     let (one, lowest, highest) = if float {
-        (
-            "1.0".to_string(),
-            f32_lit(f32::NEG_INFINITY),
-            f32_lit(f32::INFINITY),
-        )
+        ("1.0".to_string(), f32_lit(f32::NEG_INFINITY), f32_lit(f32::INFINITY))
     } else {
-        (
-            "1i".into(),
-            "bitcast<i32>(0x80000000u)".into(),
-            "2147483647i".into(),
-        )
+        ("1i".into(), "bitcast<i32>(0x80000000u)".into(), "2147483647i".into())
     };
     // NaN wins, as in numpy and the CPU kernel.
     let extreme = |init: String, cmp: &str| Fold {
@@ -239,14 +211,9 @@ fn reduce(cx: &KernelCx) -> Result<Reduction, NoKernel> {
         "ReduceSum" => (vec![sum("$v")], "s0"),
         "ReduceMax" => (vec![extreme(lowest, ">")], "s0"),
         "ReduceMin" => (vec![extreme(highest, "<")], "s0"),
-        "ReduceProd" => (
-            vec![Fold {
-                init: one,
-                term: "$v".into(),
-                combine: "$a * $b".into(),
-            }],
-            "s0",
-        ),
+        "ReduceProd" => {
+            (vec![Fold { init: one, term: "$v".into(), combine: "$a * $b".into() }], "s0")
+        }
         "ReduceL1" => (vec![sum("abs($v)")], "s0"),
         "ReduceSumSquare" => (vec![sum("$v * $v")], "s0"),
         _ if !float => return Err(cx.dtype(x.dtype)),
@@ -290,10 +257,7 @@ pub(crate) struct Space {
 impl Space {
     /// Reducing `axes` of a row-major tensor of `shape`.
     pub(crate) fn new(shape: &[usize], axes: &[usize]) -> Space {
-        let mut space = Space {
-            kept: Vec::new(),
-            reduced: Vec::new(),
-        };
+        let mut space = Space { kept: Vec::new(), reduced: Vec::new() };
         let mut stride = shape.iter().map(|&d| d as u64).product::<u64>();
         let mut last = None;
         for (d, &n) in shape.iter().enumerate() {
@@ -303,11 +267,7 @@ impl Space {
                 continue;
             }
             let r = axes.contains(&d);
-            let dims = if r {
-                &mut space.reduced
-            } else {
-                &mut space.kept
-            };
+            let dims = if r { &mut space.reduced } else { &mut space.kept };
             match dims.last_mut() {
                 Some(dim) if last == Some(r) => *dim = (dim.0 * n, stride),
                 _ => dims.push((n, stride)),
@@ -387,11 +347,7 @@ impl Fold {
     /// `spec` with this fold as stage `k`'s hooks `init{k}`, `term{k}` and `combine{k}`, of
     /// values of type `ty` (the file's alias `T` for reductions, `f32` for pools).
     pub(crate) fn hooks(&self, spec: Spec, k: usize, ty: &str) -> Spec {
-        let s0 = if k == 0 {
-            String::new()
-        } else {
-            format!(", s0: {ty}")
-        };
+        let s0 = if k == 0 { String::new() } else { format!(", s0: {ty}") };
         spec.hook(
             ["init0", "init1"][k],
             format!("fn init{k}() -> {ty} {{\n    return {};\n}}", self.init),
@@ -465,10 +421,7 @@ const TREE_FEW: (u64, u64) = (128, 4096);
 
 /// Vector reads of contiguous sets that start on 16 bytes (`X` is `vec4<T>`).
 const VEC4_LOADS: [(&str, &str); 2] = [
-    (
-        "load4",
-        "fn load4(base: u32, r: u32) -> vec4<T> {\n    return x[p.x + (base + r) / 4u];\n}",
-    ),
+    ("load4", "fn load4(base: u32, r: u32) -> vec4<T> {\n    return x[p.x + (base + r) / 4u];\n}"),
     (
         "load1",
         "fn load1(base: u32, r: u32) -> T {\n    return x[p.x + (base + r) / 4u][(base + r) % 4u];\n}",
@@ -546,10 +499,7 @@ impl Reduction {
             (true, "i32") => "vec4<i32>",
             (true, _) => "vec4<f32>",
         };
-        let bindings = vec![
-            Binding::input("x", 0, x_ty),
-            Binding::output("y", 0, self.ty),
-        ];
+        let bindings = vec![Binding::input("x", 0, x_ty), Binding::output("y", 0, self.ty)];
         let (file, groups, wg, how) = match tree {
             Some(wg) => (&TREE, Grid::new(n_out, 1)?.groups, wg, format!("wg{wg}")),
             None => {
@@ -654,10 +604,7 @@ impl Reduction {
             .dispatch(
                 format!("{label}_thread"),
                 grid.groups,
-                vec![
-                    Binding::input("x", 0, self.ty),
-                    Binding::output("y", 0, "u32"),
-                ],
+                vec![Binding::input("x", 0, self.ty), Binding::output("y", 0, "u32")],
                 params,
             )
             .map(|d| vec![d])
@@ -707,14 +654,7 @@ pub(crate) mod tests {
         let y_offset = (x_offset + x.bytes() as u64 + 16).next_multiple_of(16);
         let inputs = [Operand::arena(x, x_offset)];
         let outputs = [Operand::arena(y, y_offset)];
-        let cx = KernelCx {
-            class,
-            op,
-            name: "s",
-            attrs,
-            inputs: &inputs,
-            outputs: &outputs,
-        };
+        let cx = KernelCx { class, op, name: "s", attrs, inputs: &inputs, outputs: &outputs };
         lower(&cx)
     }
 
@@ -737,11 +677,7 @@ pub(crate) mod tests {
 
     /// A dispatch as its module is made: label, overrides, params and the specialised source.
     pub(crate) fn specialised(d: &Dispatch) -> String {
-        let overrides: Vec<String> = d
-            .overrides
-            .iter()
-            .map(|(n, v)| format!("{n}={v}"))
-            .collect();
+        let overrides: Vec<String> = d.overrides.iter().map(|(n, v)| format!("{n}={v}")).collect();
         format!(
             "// {}\n// overrides: {}\n// params: {:?}\n{}",
             d.label,
@@ -791,11 +727,7 @@ pub(crate) mod tests {
 
     #[test]
     fn every_reduction_compiles_in_both_shapes() {
-        for op in crate::reduce::OPS
-            .iter()
-            .map(|d| d.name)
-            .filter(|o| o.starts_with("Reduce"))
-        {
+        for op in crate::reduce::OPS.iter().map(|d| d.name).filter(|o| o.starts_with("Reduce")) {
             // Layer norm's mean over the last axis (vec4), a middle axis, everything, and
             // two runs of reduced dimensions.
             let cases: [(&[usize], &[i64], &[usize]); 4] = [
@@ -868,13 +800,7 @@ pub(crate) mod tests {
     #[test]
     fn integer_reductions_and_what_has_no_kernel() {
         let i32s = |s: &[usize]| TensorDesc::new(DType::I32, s);
-        for op in [
-            "ReduceSum",
-            "ReduceMax",
-            "ReduceMin",
-            "ReduceProd",
-            "ReduceL1",
-        ] {
+        for op in ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1"] {
             for shape in [&[3, 4][..], &[3, 8]] {
                 let d = cx_lower(
                     DeviceClass::Gpu,
@@ -919,11 +845,7 @@ pub(crate) mod tests {
         .unwrap();
         assert!(d.is_empty());
         // Folding empty sets: the output alone is bound (an empty tensor cannot be).
-        for op in crate::reduce::OPS
-            .iter()
-            .map(|d| d.name)
-            .filter(|o| o.starts_with("Reduce"))
-        {
+        for op in crate::reduce::OPS.iter().map(|d| d.name).filter(|o| o.starts_with("Reduce")) {
             let d = cx_lower(
                 DeviceClass::Gpu,
                 op,
@@ -948,15 +870,8 @@ pub(crate) mod tests {
             ("ReduceMax", &[3, 0], &[1], &[3], 1),
             ("ReduceMin", &[1000, 3], &[1], &[1000], 4),
         ] {
-            let d = cx_lower(
-                DeviceClass::Cpu,
-                op,
-                &reduce_attrs(axes, 0),
-                bools(x),
-                bools(y),
-                0,
-            )
-            .unwrap();
+            let d = cx_lower(DeviceClass::Cpu, op, &reduce_attrs(axes, 0), bools(x), bools(y), 0)
+                .unwrap();
             valid(&d);
             // The output first; the input only when there is something to read.
             assert_eq!(d[0].bindings[0], Binding::output("y", 0, "u32"));
@@ -994,16 +909,11 @@ pub(crate) mod tests {
             }
         }
         // rec's final softmax: one workgroup per row on GPUs, 8-wide groups on CPUs.
-        let a = Attrs::new()
-            .with("axis", AttrValue::Int(2))
-            .with("coerce_2d", AttrValue::Int(0));
+        let a = Attrs::new().with("axis", AttrValue::Int(2)).with("coerce_2d", AttrValue::Int(0));
         let shape = [1, 40, 6625];
         let d = lower_f32_all_classes(lower, "Softmax", &a, &[&shape], &[&shape], 0);
         let labels: Vec<(&str, [u32; 3])> = d.iter().map(|d| (&d.label[..], d.groups)).collect();
-        assert_eq!(
-            labels,
-            [("softmax_thread", [5, 1, 1]), ("softmax_wg256", [40, 1, 1])]
-        );
+        assert_eq!(labels, [("softmax_thread", [5, 1, 1]), ("softmax_wg256", [40, 1, 1])]);
     }
 
     #[test]
@@ -1036,10 +946,9 @@ pub(crate) mod tests {
     fn long_sets_take_a_workgroup_per_output_on_every_device() {
         // lavapipe ends an invocation's loops after 65535 iterations in all: 600000 strided
         // elements (75000 iterations of 8) and planes of 10^6 are folded by workgroups.
-        for (shape, axes, out) in [
-            (&[600000, 2][..], &[0][..], &[2][..]),
-            (&[3, 1000, 1000], &[1, 2], &[3]),
-        ] {
+        for (shape, axes, out) in
+            [(&[600000, 2][..], &[0][..], &[2][..]), (&[3, 1000, 1000], &[1, 2], &[3])]
+        {
             for class in [DeviceClass::Gpu, DeviceClass::Cpu] {
                 for op in ["ReduceSum", "ReduceLogSumExp"] {
                     let d = cx_lower(class, op, &reduce_attrs(axes, 0), f32s(shape), f32s(out), 0)
@@ -1055,23 +964,9 @@ pub(crate) mod tests {
             .with("keepdims", AttrValue::Int(0))
             .with("select_last_index", AttrValue::Int(0));
         let i64s = |s: &[usize]| TensorDesc::new(DType::I64, s);
-        let d = cx_lower(
-            DeviceClass::Gpu,
-            "ArgMax",
-            &a,
-            f32s(&[2, 300000]),
-            i64s(&[2]),
-            0,
-        );
+        let d = cx_lower(DeviceClass::Gpu, "ArgMax", &a, f32s(&[2, 300000]), i64s(&[2]), 0);
         valid(&d.unwrap());
-        let long = cx_lower(
-            DeviceClass::Gpu,
-            "ArgMax",
-            &a,
-            f32s(&[2, 400000]),
-            i64s(&[2]),
-            0,
-        );
+        let long = cx_lower(DeviceClass::Gpu, "ArgMax", &a, f32s(&[2, 400000]), i64s(&[2]), 0);
         assert!(long.is_err());
     }
 
@@ -1081,15 +976,9 @@ pub(crate) mod tests {
         // takes one group per output.
         let n = 65535 * 64 + 1;
         for class in [DeviceClass::Gpu, DeviceClass::Cpu] {
-            let d = cx_lower(
-                class,
-                "ReduceSum",
-                &reduce_attrs(&[1], 0),
-                f32s(&[n, 2]),
-                f32s(&[n]),
-                0,
-            )
-            .unwrap();
+            let d =
+                cx_lower(class, "ReduceSum", &reduce_attrs(&[1], 0), f32s(&[n, 2]), f32s(&[n]), 0)
+                    .unwrap();
             valid(&d);
             assert_eq!(d[0].groups, [65535, 2, 1]);
         }
@@ -1120,19 +1009,9 @@ pub(crate) mod tests {
         )
         .unwrap();
         insta::assert_snapshot!("logsumexp_cpu", specialised(&d[0]));
-        let a = Attrs::new()
-            .with("axis", AttrValue::Int(2))
-            .with("coerce_2d", AttrValue::Int(0));
+        let a = Attrs::new().with("axis", AttrValue::Int(2)).with("coerce_2d", AttrValue::Int(0));
         let shape = [1, 40, 6625];
-        let d = cx_lower(
-            DeviceClass::Gpu,
-            "Softmax",
-            &a,
-            f32s(&shape),
-            f32s(&shape),
-            0,
-        )
-        .unwrap();
+        let d = cx_lower(DeviceClass::Gpu, "Softmax", &a, f32s(&shape), f32s(&shape), 0).unwrap();
         insta::assert_snapshot!("softmax_gpu", specialised(&d[0]));
         let a = Attrs::new()
             .with("axis", AttrValue::Int(1))

@@ -23,24 +23,18 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
     let rank = x.shape.len();
     if y.dtype != x.dtype || y.shape.len() != rank {
-        return Err(invalid!(
-            "Resize output {y:?} does not match its input {x:?}"
-        ));
+        return Err(invalid!("Resize output {y:?} does not match its input {x:?}"));
     }
     let a = cx.attrs;
     let (scales, sizes, roi) = (a.floats("scales")?, a.ints("sizes")?, a.floats("roi")?);
     if scales.len() != rank || roi.len() != 2 * rank {
-        return Err(invalid!(
-            "Resize scales or roi do not have one entry per axis"
-        ));
+        return Err(invalid!("Resize scales or roi do not have one entry per axis"));
     }
     if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
         return Err(invalid!("Resize scale {s} is not a positive number"));
     }
     if sizes.iter().zip(&y.shape).any(|(&s, &d)| s != d as i64) || sizes.len() != rank {
-        return Err(invalid!(
-            "Resize sizes {sizes:?} do not match its output {y:?}"
-        ));
+        return Err(invalid!("Resize sizes {sizes:?} do not match its output {y:?}"));
     }
     let coord = Coord::parse(a.text("coordinate_transformation_mode")?)?;
     let geom = |d: usize| Geom {
@@ -66,19 +60,12 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             let axes = (0..rank)
                 .map(|d| {
                     let g = geom(d);
-                    let t = (0..g.n_out)
-                        .map(|j| g.nearest(j, round).map(|i| i * st[d]))
-                        .collect();
+                    let t = (0..g.n_out).map(|j| g.nearest(j, round).map(|i| i * st[d])).collect();
                     Axis::table(t)
                 })
                 .collect();
             let fill = Scalar::Float(f64::from(extrapolation)).encode(x.dtype);
-            Ok(Box::new(Remap::new(
-                axes,
-                x.elements(),
-                x.dtype.size(),
-                fill,
-            )?))
+            Ok(Box::new(Remap::new(axes, x.elements(), x.dtype.size(), fill)?))
         }
         mode @ ("linear" | "cubic") => {
             if !matches!(x.dtype, DType::F32 | DType::F16 | DType::F64) {
@@ -151,9 +138,7 @@ impl Coord {
             "asymmetric" => Coord::Asymmetric,
             "tf_crop_and_resize" => Coord::TfCropAndResize,
             m => {
-                return Err(invalid!(
-                    "Resize coordinate_transformation_mode {m} is unknown"
-                ));
+                return Err(invalid!("Resize coordinate_transformation_mode {m} is unknown"));
             }
         })
     }
@@ -293,8 +278,7 @@ impl Geom {
             }
             // Pixels past the edge repeat the edge pixel.
             let last = self.n_in as i64 - 1;
-            taps.index
-                .extend(idx.iter().map(|&i| i.clamp(0, last) as usize));
+            taps.index.extend(idx.iter().map(|&i| i.clamp(0, last) as usize));
             taps.weight.extend(w.iter().map(|&c| c as f32));
         }
         taps
@@ -349,11 +333,7 @@ impl Filter {
                     }
                 };
                 let start = (-2.0 / s).floor() as i64 + 1;
-                normalise(
-                    (start..2 - start)
-                        .map(|i| cubic(s * (i as f64 - r)))
-                        .collect(),
-                )
+                normalise((start..2 - start).map(|i| cubic(s * (i as f64 - r))).collect())
             }
         }
     }
@@ -385,15 +365,8 @@ impl Pass {
         let (t, inner) = (&self.taps, self.inner);
         let n_out = t.outside.len();
         // Per output index: its source indices, weights, and whether it extrapolates.
-        let taps = || {
-            t.index
-                .chunks_exact(t.n)
-                .zip(t.weight.chunks_exact(t.n))
-                .zip(&t.outside)
-        };
-        let chunks = src
-            .chunks_exact(self.n_in * inner)
-            .zip(dst.chunks_exact_mut(n_out * inner));
+        let taps = || t.index.chunks_exact(t.n).zip(t.weight.chunks_exact(t.n)).zip(&t.outside);
+        let chunks = src.chunks_exact(self.n_in * inner).zip(dst.chunks_exact_mut(n_out * inner));
         for (s, d) in chunks.take(self.outer) {
             if inner == 1 {
                 for (y, ((idx, w), &out)) in d.iter_mut().zip(taps()) {

@@ -75,22 +75,16 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         "round_prefer_floor",
         &["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"],
     )?;
-    let policy = text(
-        a,
-        "keep_aspect_ratio_policy",
-        "stretch",
-        &["stretch", "not_larger", "not_smaller"],
-    )?;
+    let policy =
+        text(a, "keep_aspect_ratio_policy", "stretch", &["stretch", "not_larger", "not_smaller"])?;
     let antialias = a.int_or("antialias", 0)?;
     if antialias != 0 && mode == "nearest" {
         return Err(op_err!("antialias does not apply to nearest mode"));
     }
     let axes = match a.ints_opt("axes")? {
         Some(axes) => {
-            let axes = axes
-                .iter()
-                .map(|&d| normalize_axis(d, rank))
-                .collect::<OpResult<Vec<_>>>()?;
+            let axes =
+                axes.iter().map(|&d| normalize_axis(d, rank)).collect::<OpResult<Vec<_>>>()?;
             let mut seen = axes.clone();
             seen.sort_unstable();
             seen.dedup();
@@ -118,15 +112,10 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 
     let mut scales = vec![1.0; rank];
     let mut sizes = shape.clone();
-    match (
-        given(cx.const_floats(2, "scales")?),
-        given(cx.const_ints(3, "sizes")?),
-    ) {
+    match (given(cx.const_floats(2, "scales")?), given(cx.const_ints(3, "sizes")?)) {
         (Some(s), None) => {
             if s.len() != n || s.iter().any(|&v| v <= 0.0) {
-                return Err(op_err!(
-                    "scales {s:?} need one positive entry for each of {n} axes"
-                ));
+                return Err(op_err!("scales {s:?} need one positive entry for each of {n} axes"));
             }
             for (&d, &v) in axes.iter().zip(&s) {
                 scales[d] = v;
@@ -163,17 +152,11 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("coordinate_transformation_mode", AttrValue::Text(coord))
         .with("nearest_mode", AttrValue::Text(nearest))
         .with("cubic_coeff_a", float(a, "cubic_coeff_a", -0.75)?)
-        .with(
-            "exclude_outside",
-            AttrValue::Int(a.int_or("exclude_outside", 0)?),
-        )
+        .with("exclude_outside", AttrValue::Int(a.int_or("exclude_outside", 0)?))
         .with("extrapolation_value", float(a, "extrapolation_value", 0.0)?)
         .with("antialias", AttrValue::Int(antialias))
         .with("scales", AttrValue::Floats(scales))
-        .with(
-            "sizes",
-            AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()),
-        )
+        .with("sizes", AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()))
         .with("roi", AttrValue::Floats(roi));
     node.attrs = attrs;
     node.inputs.truncate(1);
@@ -181,9 +164,7 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 }
 
 fn infer_resize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    let x = inputs
-        .first()
-        .ok_or_else(|| op_err!("input 0 is required"))?;
+    let x = inputs.first().ok_or_else(|| op_err!("input 0 is required"))?;
     let sizes = node
         .attrs
         .ints("sizes")?
@@ -191,10 +172,7 @@ fn infer_resize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
         .map(|&s| usize::try_from(s).map_err(|_| op_err!("sizes hold {s}")))
         .collect::<OpResult<Vec<_>>>()?;
     if sizes.len() != x.shape.len() {
-        return Err(op_err!(
-            "sizes {sizes:?} do not match rank {}",
-            x.shape.len()
-        ));
+        return Err(op_err!("sizes {sizes:?} do not match rank {}", x.shape.len()));
     }
     Ok(vec![TensorDesc::new(x.dtype, sizes)])
 }

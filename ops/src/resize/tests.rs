@@ -36,19 +36,11 @@ fn lower(
         name: "r".into(),
         op: "Resize".into(),
         domain: String::new(),
-        inputs: inputs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| d.map(|_| i))
-            .collect(),
+        inputs: inputs.iter().enumerate().map(|(i, d)| d.map(|_| i)).collect(),
         outputs: vec![9],
         attrs,
     };
-    let cx = LowerCx {
-        opset,
-        inputs,
-        consts,
-    };
+    let cx = LowerCx { opset, inputs, consts };
     (OPS[0].lower)(&mut node, &cx)?;
     assert_eq!(node.inputs, [Some(0)]);
     let out = (OPS[0].infer)(&node, &[&x])?.remove(0);
@@ -62,29 +54,19 @@ fn text(s: &str) -> AttrValue {
 #[test]
 fn scales_give_floored_sizes_and_defaults() {
     // Opset 11: roi and scales are required inputs; an empty roi means none.
-    let (n, out) = lower(
-        11,
-        Attrs::new(),
-        &[1, 3, 5, 5],
-        [floats(&[]), floats(&[1.0, 1.0, 2.0, 0.5]), None],
-    )
-    .unwrap();
+    let (n, out) =
+        lower(11, Attrs::new(), &[1, 3, 5, 5], [floats(&[]), floats(&[1.0, 1.0, 2.0, 0.5]), None])
+            .unwrap();
     assert_eq!(out.shape, [1, 3, 10, 2]);
     let a = &n.attrs;
     assert_eq!(a.text("mode").unwrap(), "nearest");
-    assert_eq!(
-        a.text("coordinate_transformation_mode").unwrap(),
-        "half_pixel"
-    );
+    assert_eq!(a.text("coordinate_transformation_mode").unwrap(), "half_pixel");
     assert_eq!(a.text("nearest_mode").unwrap(), "round_prefer_floor");
     assert_eq!(a.get("cubic_coeff_a"), Some(&AttrValue::Float(-0.75)));
     assert_eq!(a.int("exclude_outside").unwrap(), 0);
     assert_eq!(a.int("antialias").unwrap(), 0);
     assert_eq!(a.floats("scales").unwrap(), [1.0, 1.0, 2.0, 0.5]);
-    assert_eq!(
-        a.floats("roi").unwrap(),
-        [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    );
+    assert_eq!(a.floats("roi").unwrap(), [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
 }
 
 #[test]
@@ -114,18 +96,9 @@ fn axes_keep_aspect_ratio_and_roi() {
     let a = Attrs::new()
         .with("axes", AttrValue::Ints(vec![3]))
         .with("coordinate_transformation_mode", text("tf_crop_and_resize"));
-    let (n, out) = lower(
-        18,
-        a,
-        &[1, 1, 4, 4],
-        [floats(&[0.25, 0.75]), None, ints(&[3])],
-    )
-    .unwrap();
+    let (n, out) = lower(18, a, &[1, 1, 4, 4], [floats(&[0.25, 0.75]), None, ints(&[3])]).unwrap();
     assert_eq!(out.shape, [1, 1, 4, 3]);
-    assert_eq!(
-        n.attrs.floats("roi").unwrap(),
-        [0.0, 0.0, 0.0, 0.25, 1.0, 1.0, 1.0, 0.75]
-    );
+    assert_eq!(n.attrs.floats("roi").unwrap(), [0.0, 0.0, 0.0, 0.25, 1.0, 1.0, 1.0, 0.75]);
 }
 
 #[test]

@@ -80,13 +80,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         } else {
             nearest(cx, d)?
         };
-        axes.push(Axis {
-            n_in: n_in as u64,
-            n_out: n_out as u64,
-            stride,
-            scale: scales[d],
-            map,
-        });
+        axes.push(Axis { n_in: n_in as u64, n_out: n_out as u64, stride, scale: scales[d], map });
         stride *= n_in as u64;
     }
     axes.reverse();
@@ -102,9 +96,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             _ => merged.push(axis),
         }
     }
-    let extrapolation = a
-        .float("extrapolation_value")
-        .map_err(|e| no_kernel!("{e}"))?;
+    let extrapolation = a.float("extrapolation_value").map_err(|e| no_kernel!("{e}"))?;
     let crops = merged.iter().any(|a| a.inside().is_some());
     if crops && x.dtype != DType::F32 {
         return Err(no_kernel!("Resize extrapolating {}", x.dtype));
@@ -186,10 +178,8 @@ fn cpu_resize(cx: &KernelCx, d: usize, mode: &str, x: &Tensor) -> Result<Tensor,
     let err = |e: &dyn std::fmt::Display| no_kernel!("Resize probe along axis {d}: {e}");
     let a = cx.attrs;
     let rank = cx.inputs[0].desc.shape.len();
-    let (scales, roi) = (
-        a.floats("scales").map_err(|e| err(&e))?,
-        a.floats("roi").map_err(|e| err(&e))?,
-    );
+    let (scales, roi) =
+        (a.floats("scales").map_err(|e| err(&e))?, a.floats("roi").map_err(|e| err(&e))?);
     if scales.len() != rank || roi.len() != 2 * rank {
         return Err(err(&"scales or roi do not match the rank"));
     }
@@ -203,25 +193,14 @@ fn cpu_resize(cx: &KernelCx, d: usize, mode: &str, x: &Tensor) -> Result<Tensor,
         .with("antialias", AttrValue::Int(0))
         .with("exclude_outside", AttrValue::Int(0))
         .with("extrapolation_value", AttrValue::Float(f64::NAN))
-        .with(
-            "scales",
-            AttrValue::Floats([vec![scales[d]], ones(1.0)].concat()),
-        )
-        .with(
-            "sizes",
-            AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()),
-        )
+        .with("scales", AttrValue::Floats([vec![scales[d]], ones(1.0)].concat()))
+        .with("sizes", AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()))
         .with(
             "roi",
             AttrValue::Floats([vec![roi[d]], ones(0.0), vec![roi[d + rank]], ones(1.0)].concat()),
         );
-    let out = cpu::eval(
-        "Resize",
-        &attrs,
-        &[x],
-        &[TensorDesc::new(DType::F32, sizes)],
-    )
-    .map_err(|e| err(&e))?;
+    let out = cpu::eval("Resize", &attrs, &[x], &[TensorDesc::new(DType::F32, sizes)])
+        .map_err(|e| err(&e))?;
     out.into_iter().next().ok_or_else(|| err(&"no output"))
 }
 
@@ -272,12 +251,7 @@ fn nearest(cx: &KernelCx, d: usize) -> Result<Map, NoKernel> {
                 i if i == top => (top, f64::INFINITY),
                 i => (i, i + 1.0),
             };
-            Bound {
-                j,
-                lo,
-                hi,
-                open: true,
-            }
+            Bound { j, lo, hi, open: true }
         })
         .collect();
     if n_in == cx.outputs[0].desc.shape[d] && src.iter().enumerate().all(|(j, &i)| i == j as f32) {
@@ -292,10 +266,7 @@ fn affine_or_first(affine: Option<Affine>, inside: (u64, u64), n_out: usize) -> 
         Some(affine) => Map::Affine { affine, inside },
         None if inside == (0, n_out as u64) => Map::First,
         // An input of extent 1 whose crop extrapolates: the source coordinate is 0.
-        None => Map::Affine {
-            affine: Affine { p: 0, q: 1, r: 0 },
-            inside,
-        },
+        None => Map::Affine { affine: Affine { p: 0, q: 1, r: 0 }, inside },
     }
 }
 
@@ -357,12 +328,7 @@ fn interpolated(cx: &KernelCx, d: usize) -> Result<Map, NoKernel> {
                     ));
                 }
             };
-            Ok(Bound {
-                j,
-                lo,
-                hi,
-                open: false,
-            })
+            Ok(Bound { j, lo, hi, open: false })
         })
         .collect::<Result<Vec<_>, NoKernel>>()?;
     let affine = fit(&bounds, cx, d)?;
@@ -373,12 +339,7 @@ fn interpolated(cx: &KernelCx, d: usize) -> Result<Map, NoKernel> {
 fn fit(bounds: &[Bound], cx: &KernelCx, d: usize) -> Result<Affine, NoKernel> {
     let n_in = cx.inputs[0].desc.shape[d] as i64;
     let n_out = cx.outputs[0].desc.shape[d] as i64;
-    let scale = cx
-        .attrs
-        .floats("scales")
-        .ok()
-        .and_then(|s| s.get(d).copied())
-        .unwrap_or(1.0);
+    let scale = cx.attrs.floats("scales").ok().and_then(|s| s.get(d).copied()).unwrap_or(1.0);
     let (smin, smax) = slopes(bounds);
     let mut qs: Vec<i64> = (1..=16).collect();
     for base in [n_out, n_out - 1, n_in, n_in - 1, numerator(scale)] {
@@ -392,10 +353,7 @@ fn fit(bounds: &[Bound], cx: &KernelCx, d: usize) -> Result<Affine, NoKernel> {
     let j_max = i128::from(n_out.max(1) - 1);
     for q in qs {
         let qf = q as f64;
-        let (lo, hi) = (
-            (qf * smin - 1e-6).ceil().max(-1e15),
-            (qf * smax + 1e-6).floor().min(1e15),
-        );
+        let (lo, hi) = ((qf * smin - 1e-6).ceil().max(-1e15), (qf * smax + 1e-6).floor().min(1e15));
         if lo > hi {
             continue;
         }
@@ -418,9 +376,7 @@ fn fit(bounds: &[Bound], cx: &KernelCx, d: usize) -> Result<Affine, NoKernel> {
             }
         }
     }
-    Err(no_kernel!(
-        "Resize: no integer source-coordinate map along axis {d} matches the CPU's"
-    ))
+    Err(no_kernel!("Resize: no integer source-coordinate map along axis {d} matches the CPU's"))
 }
 
 /// The interval of slopes the bounds allow, or a superset of it: for j < k, a slope is at
@@ -464,11 +420,8 @@ fn offset(bounds: &[Bound], p: i64, q: i64) -> Option<i64> {
             lo = lo.max((qf * b.lo).ceil() as i128 - pj);
         }
         if b.hi.is_finite() {
-            let top = if b.open {
-                (qf * b.hi).ceil() as i128 - 1
-            } else {
-                (qf * b.hi).floor() as i128
-            };
+            let top =
+                if b.open { (qf * b.hi).ceil() as i128 - 1 } else { (qf * b.hi).floor() as i128 };
             hi = hi.min(top - pj);
         }
     }
@@ -520,22 +473,12 @@ fn kernel(
     n: u64,
 ) -> Result<Vec<Dispatch>, NoKernel> {
     let last = axes.len() - 1;
-    let lanes: u64 = if axes[last].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() {
-        4
-    } else {
-        1
-    };
+    let lanes: u64 =
+        if axes[last].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() { 4 } else { 1 };
     let grid = Grid::new(n / lanes, 64)?;
     let ty = if filter.is_some() { "f32" } else { "u32" };
-    let y_ty = if lanes == 4 {
-        if filter.is_some() {
-            "vec4<f32>"
-        } else {
-            "vec4<u32>"
-        }
-    } else {
-        ty
-    };
+    let y_ty =
+        if lanes == 4 { if filter.is_some() { "vec4<f32>" } else { "vec4<u32>" } } else { ty };
     let bindings = vec![Binding::input("x", 0, ty), Binding::output("y", 0, y_ty)];
     let mut s = header(&bindings);
     let _ = writeln!(
@@ -549,11 +492,7 @@ fn kernel(
     let mut place = 1;
     for (d, a) in axes.iter().enumerate().rev() {
         let size = if d == last { a.n_out / lanes } else { a.n_out };
-        let mut digit = if place == 1 {
-            "o".to_string()
-        } else {
-            format!("(o / {place}u)")
-        };
+        let mut digit = if place == 1 { "o".to_string() } else { format!("(o / {place}u)") };
         if d > 0 {
             digit = format!("{digit} % {size}u");
         }
@@ -568,11 +507,7 @@ fn kernel(
         place *= size;
     }
     let name = |d: usize, lane: u64| {
-        if d == last && lanes == 4 {
-            format!("{d}l{lane}")
-        } else {
-            d.to_string()
-        }
+        if d == last && lanes == 4 { format!("{d}l{lane}") } else { d.to_string() }
     };
     // The axes before the last, then the last one per lane: the offset of the fixed part
     // (identity and nearest axes) and the taps of the interpolated ones.
@@ -639,11 +574,7 @@ fn axis_code(
 ) -> String {
     let mut s = String::new();
     let at = |i: &str| {
-        if a.stride == 1 {
-            i.to_string()
-        } else {
-            format!("{i} * {}u", a.stride)
-        }
+        if a.stride == 1 { i.to_string() } else { format!("{i} * {}u", a.stride) }
     };
     let Affine { p, q, r } = match &a.map {
         Map::Identity => {
@@ -658,21 +589,14 @@ fn axis_code(
         t = format!("{t} * {p}i");
     }
     if r != 0 {
-        t = format!(
-            "{t} {} {}i",
-            if r < 0 { "-" } else { "+" },
-            r.unsigned_abs()
-        );
+        t = format!("{t} {} {}i", if r < 0 { "-" } else { "+" }, r.unsigned_abs());
     }
     // floor(t / q), also for negative t where some j gives one.
     let t_min = r + p.min(0) * (a.n_out as i64 - 1);
     let floor = match q {
         1 => format!("t{n}"),
         _ if t_min >= 0 => format!("t{n} / {q}i"),
-        _ => format!(
-            "select(-(({}i - t{n}) / {q}i), t{n} / {q}i, t{n} >= 0i)",
-            q - 1
-        ),
+        _ => format!("select(-(({}i - t{n}) / {q}i), t{n} / {q}i, t{n} >= 0i)", q - 1),
     };
     let _ = writeln!(s, "    let t{n} = {t};\n    let f{n} = {floor};");
     let top = a.n_in - 1;
@@ -717,11 +641,7 @@ fn axis_code(
                 "    if (c{n} + {k}i < 0i || c{n} + {k}i > {top}i) {{ w{n}_{k} = 0.0; }}"
             );
         }
-        let _ = writeln!(
-            s,
-            "    let a{n}_{k} = {};",
-            at(&clamp(&format!("c{n} + {k}i")))
-        );
+        let _ = writeln!(s, "    let a{n}_{k} = {};", at(&clamp(&format!("c{n} + {k}i"))));
     }
     if normalise {
         let sum: Vec<String> = (0..taps).map(|k| format!("w{n}_{k}")).collect();
@@ -745,12 +665,7 @@ fn nest(interp: &[(String, usize)], level: usize, at: &str) -> String {
         return format!("x[{at}]");
     };
     let terms: Vec<String> = (0..*taps)
-        .map(|k| {
-            format!(
-                "w{n}_{k} * {}",
-                nest(interp, level + 1, &format!("{at} + a{n}_{k}"))
-            )
-        })
+        .map(|k| format!("w{n}_{k} * {}", nest(interp, level + 1, &format!("{at} + a{n}_{k}"))))
         .collect();
     format!("({})", terms.join(" + "))
 }
@@ -765,33 +680,19 @@ mod tests {
         let rank = sizes.len();
         Attrs::new()
             .with("mode", AttrValue::Text(mode.into()))
-            .with(
-                "coordinate_transformation_mode",
-                AttrValue::Text(coord.into()),
-            )
+            .with("coordinate_transformation_mode", AttrValue::Text(coord.into()))
             .with("nearest_mode", AttrValue::Text(nearest.into()))
             .with("cubic_coeff_a", AttrValue::Float(-0.75))
             .with("exclude_outside", AttrValue::Int(0))
             .with("extrapolation_value", AttrValue::Float(0.0))
             .with("antialias", AttrValue::Int(0))
             .with("scales", AttrValue::Floats(scales.to_vec()))
-            .with(
-                "sizes",
-                AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()),
-            )
-            .with(
-                "roi",
-                AttrValue::Floats([vec![0.0; rank], vec![1.0; rank]].concat()),
-            )
+            .with("sizes", AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()))
+            .with("roi", AttrValue::Floats([vec![0.0; rank], vec![1.0; rank]].concat()))
     }
 
     fn run(a: &Attrs, x: &[usize], dtype: DType) -> Result<Vec<Dispatch>, NoKernel> {
-        let y: Vec<usize> = a
-            .ints("sizes")
-            .unwrap()
-            .iter()
-            .map(|&s| s as usize)
-            .collect();
+        let y: Vec<usize> = a.ints("sizes").unwrap().iter().map(|&s| s as usize).collect();
         let xd = TensorDesc::new(dtype, x);
         let inputs = [Operand::arena(xd.clone(), 0)];
         let outputs = [Operand::arena(TensorDesc::new(dtype, y), xd.bytes() as u64)];
@@ -820,12 +721,7 @@ mod tests {
     }
 
     fn fitted(a: &Attrs, x: &[usize], d: usize) -> Map {
-        let y: Vec<usize> = a
-            .ints("sizes")
-            .unwrap()
-            .iter()
-            .map(|&s| s as usize)
-            .collect();
+        let y: Vec<usize> = a.ints("sizes").unwrap().iter().map(|&s| s as usize).collect();
         let inputs = [Operand::arena(TensorDesc::new(DType::F32, x), 0)];
         let outputs = [Operand::arena(TensorDesc::new(DType::F32, y), 1 << 20)];
         let cx = KernelCx {
@@ -845,25 +741,12 @@ mod tests {
     #[test]
     fn ppocr_det_upsampling_is_an_integer_map() {
         // det's FPN: nearest, asymmetric, floor, scale 2: source index floor(j / 2).
-        let a = attrs(
-            "nearest",
-            "asymmetric",
-            "floor",
-            &[1.0, 1.0, 2.0, 2.0],
-            &[1, 96, 56, 56],
-        );
-        assert_eq!(
-            slice_affine(&fitted(&a, &[1, 96, 28, 28], 2)),
-            Affine { p: 1, q: 2, r: 0 }
-        );
+        let a = attrs("nearest", "asymmetric", "floor", &[1.0, 1.0, 2.0, 2.0], &[1, 96, 56, 56]);
+        assert_eq!(slice_affine(&fitted(&a, &[1, 96, 28, 28], 2)), Affine { p: 1, q: 2, r: 0 });
         assert_eq!(fitted(&a, &[1, 96, 28, 28], 1), Map::Identity);
         let d = run(&a, &[1, 96, 28, 28], DType::F32).unwrap();
         assert_eq!(d[0].bindings[0].ty, "u32");
-        assert!(
-            d[0].wgsl.contains("let base = offsets.x + j0 * 784u"),
-            "{}",
-            d[0].wgsl
-        );
+        assert!(d[0].wgsl.contains("let base = offsets.x + j0 * 784u"), "{}", d[0].wgsl);
     }
 
     #[test]
@@ -906,10 +789,7 @@ mod tests {
             &[1.0, 1.0, 2.0, 2.0],
             &[1, 3, 8, 10],
         );
-        assert_eq!(
-            slice_affine(&fitted(&a, &[1, 3, 4, 5], 2)),
-            Affine { p: 2, q: 4, r: -1 }
-        );
+        assert_eq!(slice_affine(&fitted(&a, &[1, 3, 4, 5], 2)), Affine { p: 2, q: 4, r: -1 });
         let d = run(&a, &[1, 3, 4, 5], DType::F32).unwrap();
         assert_eq!(d[0].wgsl.matches("x[").count(), 4);
         for coord in ["align_corners", "asymmetric", "pytorch_half_pixel"] {
@@ -922,36 +802,18 @@ mod tests {
         }
         // align_corners with a float scale: the slope 60 / (61 * 1.76f32 - 1) has no small
         // denominator; a power of two large enough is close enough over 107 outputs.
-        let a = attrs(
-            "linear",
-            "align_corners",
-            "floor",
-            &[1.0, f64::from(1.76f32)],
-            &[1, 107],
-        );
+        let a = attrs("linear", "align_corners", "floor", &[1.0, f64::from(1.76f32)], &[1, 107]);
         assert!(slice_affine(&fitted(&a, &[1, 61], 1)).q >= 1 << 16);
         // Antialiased shrinking widens the filter: 0.6 reads 4 (linear) or 8 (cubic) taps per
         // axis, 0.25 with cubic 16 per axis, 256 in all, too many.
         for (mode, taps) in [("linear", 16), ("cubic", 64)] {
-            let aa = attrs(
-                mode,
-                "half_pixel",
-                "floor",
-                &[1.0, 1.0, 0.6, 0.6],
-                &[1, 1, 3, 3],
-            )
-            .with("antialias", AttrValue::Int(1));
+            let aa = attrs(mode, "half_pixel", "floor", &[1.0, 1.0, 0.6, 0.6], &[1, 1, 3, 3])
+                .with("antialias", AttrValue::Int(1));
             let d = run(&aa, &[1, 1, 5, 5], DType::F32).unwrap();
             assert_eq!(d[0].wgsl.matches("x[").count(), taps, "{}", d[0].wgsl);
         }
-        let aa = attrs(
-            "cubic",
-            "half_pixel",
-            "floor",
-            &[1.0, 1.0, 0.25, 0.25],
-            &[1, 1, 2, 2],
-        )
-        .with("antialias", AttrValue::Int(1));
+        let aa = attrs("cubic", "half_pixel", "floor", &[1.0, 1.0, 0.25, 0.25], &[1, 1, 2, 2])
+            .with("antialias", AttrValue::Int(1));
         assert!(run(&aa, &[1, 1, 8, 8], DType::F32).is_err());
         assert!(run(&a, &[1, 61], DType::I32).is_err());
     }

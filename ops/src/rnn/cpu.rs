@@ -119,11 +119,7 @@ struct Dims {
 impl Dims {
     /// Row of `X` (and of its projection) for step `t` of batch entry `b`.
     fn x_row(&self, t: usize, b: usize) -> usize {
-        if self.batch_major {
-            b * self.seq + t
-        } else {
-            t * self.batch + b
-        }
+        if self.batch_major { b * self.seq + t } else { t * self.batch + b }
     }
     /// Offset in `Y` of step `t`, direction `d`, batch entry `b`.
     fn y_at(&self, t: usize, d: usize, b: usize) -> usize {
@@ -136,11 +132,7 @@ impl Dims {
     }
     /// Offset in `initial_h`, `Y_h` (and the `c` states) of direction `d`, batch entry `b`.
     fn state_at(&self, d: usize, b: usize) -> usize {
-        let i = if self.batch_major {
-            b * self.dirs + d
-        } else {
-            d * self.batch + b
-        };
+        let i = if self.batch_major { b * self.dirs + d } else { d * self.batch + b };
         i * self.hidden
     }
     fn x_shape(&self) -> Vec<usize> {
@@ -148,22 +140,14 @@ impl Dims {
     }
     fn y_shape(&self) -> Vec<usize> {
         let (s, d, b, h) = (self.seq, self.dirs, self.batch, self.hidden);
-        if self.batch_major {
-            vec![b, s, d, h]
-        } else {
-            vec![s, d, b, h]
-        }
+        if self.batch_major { vec![b, s, d, h] } else { vec![s, d, b, h] }
     }
     fn state_shape(&self) -> Vec<usize> {
         self.by_layout(self.dirs, self.batch, &[self.hidden])
     }
     /// `[outer, batch, rest..]`, or `[batch, outer, rest..]` when batch-major.
     fn by_layout(&self, outer: usize, batch: usize, rest: &[usize]) -> Vec<usize> {
-        let mut s = if self.batch_major {
-            vec![batch, outer]
-        } else {
-            vec![outer, batch]
-        };
+        let mut s = if self.batch_major { vec![batch, outer] } else { vec![outer, batch] };
         s.extend_from_slice(rest);
         s
     }
@@ -194,12 +178,8 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let a = cx.attrs;
     let flag = |name: &str| a.int(name).map(|v| v != 0);
     let cell = match cx.op {
-        "LSTM" => Cell::Lstm {
-            input_forget: flag("input_forget")?,
-        },
-        "GRU" => Cell::Gru {
-            linear_before_reset: flag("linear_before_reset")?,
-        },
+        "LSTM" => Cell::Lstm { input_forget: flag("input_forget")? },
+        "GRU" => Cell::Gru { linear_before_reset: flag("linear_before_reset")? },
         "RNN" => Cell::Rnn,
         op => return Err(KernelError::UnknownOp(op.to_string())),
     };
@@ -279,19 +259,9 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if x.shape.len() != 3 {
         return Err(invalid!("{}: X must have rank 3, got {:?}", cx.op, x.shape));
     }
-    let (seq, batch) = if batch_major {
-        (x.shape[1], x.shape[0])
-    } else {
-        (x.shape[0], x.shape[1])
-    };
-    let dims = Dims {
-        seq,
-        batch,
-        input: x.shape[2],
-        hidden,
-        dirs,
-        batch_major,
-    };
+    let (seq, batch) =
+        if batch_major { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
+    let dims = Dims { seq, batch, input: x.shape[2], hidden, dirs, batch_major };
     let gh = cell
         .gates()
         .checked_mul(hidden)
@@ -307,11 +277,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             return Err(cx.dtype_error(d.dtype));
         }
         if d.shape != shape {
-            return Err(invalid!(
-                "{}: {what} must have shape {shape:?}, got {:?}",
-                cx.op,
-                d.shape
-            ));
+            return Err(invalid!("{}: {what} must have shape {shape:?}, got {:?}", cx.op, d.shape));
         }
         Ok(())
     };
@@ -324,11 +290,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     expect(slots.c0, "initial_c", &dims.state_shape())?;
     expect(slots.peep, "P", &[dirs, 3 * hidden])?;
     for (i, o) in cx.outputs.iter().enumerate() {
-        let want = if i == 0 {
-            dims.y_shape()
-        } else {
-            dims.state_shape()
-        };
+        let want = if i == 0 { dims.y_shape() } else { dims.state_shape() };
         if o.dtype != DType::F32 || o.shape != want {
             return Err(invalid!(
                 "{}: output {i} must be f32 {want:?}, is declared {} {:?}",
@@ -338,14 +300,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             ));
         }
     }
-    Ok(Box::new(Rnn {
-        cell,
-        dims,
-        reverse,
-        acts,
-        clip,
-        slots,
-    }))
+    Ok(Box::new(Rnn { cell, dims, reverse, acts, clip, slots }))
 }
 
 /// `c = a · bᵀ` for row-major `a` (m×k) and `b` (n×k), into the first `n` columns of the rows
@@ -396,12 +351,7 @@ const SMALL_M: usize = 4;
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in a8.zip(b8) {
         for ((s, x), y) in acc.iter_mut().zip(x).zip(y) {
             *s += x * y;
@@ -492,10 +442,7 @@ impl Kernel for Rnn {
             if let Some(b) = b {
                 let (wb, rb) = b.split_at(gh);
                 let mut both: Vec<f32> = wb.iter().zip(rb).map(|(w, r)| w + r).collect();
-                if let Cell::Gru {
-                    linear_before_reset: true,
-                } = self.cell
-                {
+                if let Cell::Gru { linear_before_reset: true } = self.cell {
                     // Rbh is added inside the reset gate's product (see `gru_step`).
                     both[2 * d.hidden..].copy_from_slice(&wb[2 * d.hidden..]);
                 }
@@ -509,9 +456,7 @@ impl Kernel for Rnn {
                         let p = peep.map(|p| &p[dir * 3 * d.hidden..][..3 * d.hidden]);
                         self.lstm_step(&mut st, s, r, p, acts, input_forget, y.as_deref_mut())?
                     }
-                    Cell::Gru {
-                        linear_before_reset,
-                    } => {
+                    Cell::Gru { linear_before_reset } => {
                         let rbh = match (linear_before_reset, b) {
                             (true, Some(b)) => Some(&b[gh + 2 * d.hidden..][..d.hidden]),
                             _ => None,
@@ -695,13 +640,7 @@ impl Rnn {
         let times = st.times(s);
         // H·Rᵀ for z and r, and for h too when it does not wait for r.
         let first = if linear_before_reset { gh } else { 2 * hs };
-        gemm_abt(
-            (d.batch, hs, first),
-            &st.h,
-            &r[..first * hs],
-            &mut st.rec,
-            gh,
-        )?;
+        gemm_abt((d.batch, hs, first), &st.h, &r[..first * hs], &mut st.rec, gh)?;
         // (r * H), only needed without linear_before_reset.
         let mut reset_h = vec![0.0; if linear_before_reset { 0 } else { d.batch * hs }];
         for (b, gates) in st.rec.chunks_exact_mut(gh).enumerate() {
@@ -718,13 +657,7 @@ impl Rnn {
             }
         }
         if !linear_before_reset {
-            gemm_abt(
-                (d.batch, hs, hs),
-                &reset_h,
-                &r[2 * hs * hs..],
-                &mut st.rec[2 * hs..],
-                gh,
-            )?;
+            gemm_abt((d.batch, hs, hs), &reset_h, &r[2 * hs * hs..], &mut st.rec[2 * hs..], gh)?;
         }
         let rows = st.rec.chunks_exact_mut(gh).zip(st.h.chunks_exact_mut(hs));
         for (b, (gates, h)) in rows.enumerate() {
@@ -833,9 +766,7 @@ mod tests {
 
     fn data(shape: &[usize], salt: usize) -> Tensor {
         let n = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|i| (((i * 7 + salt) % 11) as f32 - 5.0) / 10.0)
-            .collect();
+        let v: Vec<f32> = (0..n).map(|i| (((i * 7 + salt) % 11) as f32 - 5.0) / 10.0).collect();
         Tensor::from_vec(shape.to_vec(), &v).unwrap()
     }
 
@@ -869,10 +800,8 @@ mod tests {
 
     fn check(op: &str, attrs: &Attrs, inputs: &[Tensor], outs: &[&[usize]], want: &[&[f32]]) {
         let ins: Vec<&Tensor> = inputs.iter().collect();
-        let descs: Vec<TensorDesc> = outs
-            .iter()
-            .map(|s| TensorDesc::new(DType::F32, s.to_vec()))
-            .collect();
+        let descs: Vec<TensorDesc> =
+            outs.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect();
         let got = eval(op, attrs, &ins, &descs).unwrap();
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             let g = g.as_slice::<f32>().unwrap();
@@ -887,13 +816,7 @@ mod tests {
     fn lstm_bidirectional_with_every_optional_input() {
         let a = on(
             attrs("bidirectional", "Sigmoid,Tanh,Tanh,Sigmoid,Tanh,Tanh", 6),
-            &[
-                "has_bias",
-                "has_sequence_lens",
-                "has_initial_h",
-                "has_initial_c",
-                "has_peepholes",
-            ],
+            &["has_bias", "has_sequence_lens", "has_initial_h", "has_initial_c", "has_peepholes"],
         );
         let lens = Tensor::from_vec(vec![2], &[3i32, 2]).unwrap();
         let inputs = [
@@ -915,13 +838,7 @@ mod tests {
         // lstm_bidi y_c [2, 2, 3]
         &[-0.1991098, -0.436378, 0.24049929, -0.32025298, 0.0150762275, 0.2297951, 0.20026304, 0.7358028, -0.101778015, 0.20626771, 0.68750644, -0.21449636],
         ];
-        check(
-            "LSTM",
-            &a,
-            &inputs,
-            &[&[3, 2, 2, 3], &[2, 2, 3], &[2, 2, 3]],
-            &want,
-        );
+        check("LSTM", &a, &inputs, &[&[3, 2, 2, 3], &[2, 2, 3], &[2, 2, 3]], &want);
     }
 
     #[test]
@@ -930,11 +847,7 @@ mod tests {
             .with("layout", AttrValue::Int(1))
             .with("input_forget", AttrValue::Int(1))
             .with("clip", AttrValue::Float(0.3));
-        let inputs = [
-            data(&[2, 3, 2], 0),
-            data(&[1, 12, 2], 1),
-            data(&[1, 12, 3], 2),
-        ];
+        let inputs = [data(&[2, 3, 2], 0), data(&[1, 12, 2], 1), data(&[1, 12, 3], 2)];
         #[rustfmt::skip]
         let want: [&[f32]; 3] = [
         // lstm_layout1 y [2, 3, 1, 3]
@@ -944,13 +857,7 @@ mod tests {
         // lstm_layout1 y_c [2, 1, 3]
         &[0.01453251, -0.02866752, 0.0071686283, 0.032479607, -0.033622637, -0.01865368],
         ];
-        check(
-            "LSTM",
-            &a,
-            &inputs,
-            &[&[2, 3, 1, 3], &[2, 1, 3], &[2, 1, 3]],
-            &want,
-        );
+        check("LSTM", &a, &inputs, &[&[2, 3, 1, 3], &[2, 1, 3], &[2, 1, 3]], &want);
     }
 
     #[test]
@@ -984,20 +891,10 @@ mod tests {
             attrs("bidirectional", "Sigmoid,Tanh,HardSigmoid,LeakyRelu", 4),
             &["has_bias", "linear_before_reset"],
         )
-        .with(
-            "activation_alpha",
-            AttrValue::Floats(vec![0.0, 0.0, 0.3, 0.2]),
-        )
-        .with(
-            "activation_beta",
-            AttrValue::Floats(vec![0.0, 0.0, 0.6, 0.0]),
-        );
-        let inputs = [
-            data(&[3, 2, 2], 0),
-            data(&[2, 9, 2], 1),
-            data(&[2, 9, 3], 2),
-            data(&[2, 18], 3),
-        ];
+        .with("activation_alpha", AttrValue::Floats(vec![0.0, 0.0, 0.3, 0.2]))
+        .with("activation_beta", AttrValue::Floats(vec![0.0, 0.0, 0.6, 0.0]));
+        let inputs =
+            [data(&[3, 2, 2], 0), data(&[2, 9, 2], 1), data(&[2, 9, 3], 2), data(&[2, 18], 3)];
         #[rustfmt::skip]
         let want: [&[f32]; 2] = [
         // gru_bidi_lbr y [3, 2, 2, 3]
@@ -1043,18 +940,14 @@ mod tests {
         let all = all[0].as_slice::<f32>().unwrap();
         let xs = x.as_slice::<f32>().unwrap();
         for row in 0..batch {
-            let xr: Vec<f32> = (0..seq)
-                .flat_map(|t| xs[(t * batch + row) * 2..][..2].to_vec())
-                .collect();
+            let xr: Vec<f32> =
+                (0..seq).flat_map(|t| xs[(t * batch + row) * 2..][..2].to_vec()).collect();
             let xr = Tensor::from_vec(vec![seq, 1, 2], &xr).unwrap();
             let one = eval("GRU", &a, &[&xr, &w, &r, &b], &y_desc(1)).unwrap();
             for (t, got) in one[0].as_slice::<f32>().unwrap().chunks(3).enumerate() {
                 let want = &all[(t * batch + row) * 3..][..3];
                 for (g, w) in got.iter().zip(want) {
-                    assert!(
-                        (g - w).abs() < 1e-6,
-                        "row {row} step {t}: {got:?} vs {want:?}"
-                    );
+                    assert!((g - w).abs() < 1e-6, "row {row} step {t}: {got:?} vs {want:?}");
                 }
             }
         }
@@ -1064,18 +957,10 @@ mod tests {
     fn bad_lengths_and_shapes_are_errors() {
         let a = on(attrs("forward", "Tanh", 1), &["has_sequence_lens"]);
         let lens = Tensor::from_vec(vec![2], &[4i32, 1]).unwrap();
-        let inputs = [
-            data(&[3, 2, 2], 0),
-            data(&[1, 3, 2], 1),
-            data(&[1, 3, 3], 2),
-            lens,
-        ];
+        let inputs = [data(&[3, 2, 2], 0), data(&[1, 3, 2], 1), data(&[1, 3, 3], 2), lens];
         let ins: Vec<&Tensor> = inputs.iter().collect();
         let out = [TensorDesc::new(DType::F32, vec![3, 1, 2, 3])];
-        assert!(
-            eval("RNN", &a, &ins, &out).is_err(),
-            "length 4 > seq_length 3"
-        );
+        assert!(eval("RNN", &a, &ins, &out).is_err(), "length 4 > seq_length 3");
         let short = [TensorDesc::new(DType::F32, vec![3, 2, 3])];
         assert!(eval("RNN", &a, &ins, &short).is_err());
     }

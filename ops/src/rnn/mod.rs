@@ -52,27 +52,13 @@ fn cell(op: &str) -> OpResult<Cell> {
         "LSTM" => Cell {
             gates: 4,
             activations: &["Sigmoid", "Tanh", "Tanh"],
-            optional: &[
-                COMMON[0],
-                COMMON[1],
-                COMMON[2],
-                "has_initial_c",
-                "has_peepholes",
-            ],
+            optional: &[COMMON[0], COMMON[1], COMMON[2], "has_initial_c", "has_peepholes"],
             max_outputs: 3,
         },
-        "GRU" => Cell {
-            gates: 3,
-            activations: &["Sigmoid", "Tanh"],
-            optional: &COMMON,
-            max_outputs: 2,
-        },
-        "RNN" => Cell {
-            gates: 1,
-            activations: &["Tanh"],
-            optional: &COMMON,
-            max_outputs: 2,
-        },
+        "GRU" => {
+            Cell { gates: 3, activations: &["Sigmoid", "Tanh"], optional: &COMMON, max_outputs: 2 }
+        }
+        "RNN" => Cell { gates: 1, activations: &["Tanh"], optional: &COMMON, max_outputs: 2 },
         op => return Err(op_err!("{op} is not a recurrent layer")),
     })
 }
@@ -110,11 +96,7 @@ fn activations(
             .find(|a| a.0.eq_ignore_ascii_case(name.trim()))
             .ok_or_else(|| op_err!("activation '{name}' is not supported"))?;
         let take = |uses: bool, list: &mut std::slice::Iter<f64>, default: f64| {
-            if uses {
-                list.next().copied().unwrap_or(default)
-            } else {
-                0.0
-            }
+            if uses { list.next().copied().unwrap_or(default) } else { 0.0 }
         };
         out.0.push(canon);
         out.1.push(take(uses_a, &mut alphas, def_a));
@@ -137,19 +119,13 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let x = cx.input(0)?;
     let w = cx.input(1)?;
     if x.shape.len() != 3 || w.shape.len() != 3 {
-        return Err(op_err!(
-            "X and W must have rank 3, got {:?} and {:?}",
-            x.shape,
-            w.shape
-        ));
+        return Err(op_err!("X and W must have rank 3, got {:?} and {:?}", x.shape, w.shape));
     }
     let hidden = match a.contains("hidden_size") {
         true => a.int("hidden_size")?,
         false => (w.shape[1] / cell.gates) as i64,
     };
-    let gates = usize::try_from(hidden)
-        .ok()
-        .and_then(|h| h.checked_mul(cell.gates));
+    let gates = usize::try_from(hidden).ok().and_then(|h| h.checked_mul(cell.gates));
     if hidden <= 0 || gates != Some(w.shape[1]) {
         return Err(op_err!(
             "W {:?} does not hold {} gates of hidden_size {hidden}",
@@ -182,10 +158,7 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("direction", AttrValue::Text(direction))
         .with("hidden_size", AttrValue::Int(hidden))
         .with("layout", AttrValue::Int(layout))
-        .with(
-            "clip",
-            AttrValue::Float(a.float_or("clip", f32::MAX)? as f64),
-        )
+        .with("clip", AttrValue::Float(a.float_or("clip", f32::MAX)? as f64))
         .with("activations", AttrValue::Text(names.join(",")))
         .with("activation_alpha", AttrValue::Floats(alphas))
         .with("activation_beta", AttrValue::Floats(betas));
@@ -236,19 +209,11 @@ fn infer(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let [s0, s1, _] = x.shape[..] else {
         return Err(op_err!("X must have rank 3, got {:?}", x.shape));
     };
-    let dirs = if a.text("direction")? == "bidirectional" {
-        2
-    } else {
-        1
-    };
+    let dirs = if a.text("direction")? == "bidirectional" { 2 } else { 1 };
     let hidden = a.int("hidden_size")? as usize;
     let n = node.outputs.len();
     if !(1..=cell.max_outputs).contains(&n) {
-        return Err(op_err!(
-            "{} has 1 to {} outputs, got {n}",
-            node.op,
-            cell.max_outputs
-        ));
+        return Err(op_err!("{} has 1 to {} outputs, got {n}", node.op, cell.max_outputs));
     }
     // Layout 0: X [seq, batch, input], Y [seq, dirs, batch, hidden], states [dirs, batch,
     // hidden]. Layout 1: X [batch, seq, input], Y [batch, seq, dirs, hidden], states [batch,
@@ -290,16 +255,7 @@ mod tests {
             name: "lstm".into(),
             op: "LSTM".into(),
             domain: String::new(),
-            inputs: vec![
-                Some(0),
-                Some(1),
-                Some(2),
-                None,
-                Some(4),
-                Some(5),
-                None,
-                Some(7),
-            ],
+            inputs: vec![Some(0), Some(1), Some(2), None, Some(4), Some(5), None, Some(7)],
             outputs: vec![8, 9],
             attrs: Attrs::new().with("activation_alpha", AttrValue::Floats(vec![])),
         };
@@ -315,30 +271,16 @@ mod tests {
                 None,
                 Some(&p),
             ],
-            consts: vec![
-                None,
-                None,
-                None,
-                None,
-                Some(&lens as &dyn Constant),
-                None,
-                None,
-                None,
-            ],
+            consts: vec![None, None, None, None, Some(&lens as &dyn Constant), None, None, None],
         };
         lower(&mut n, &cx).unwrap();
         assert_eq!(n.inputs, [Some(0), Some(1), Some(2), Some(5), Some(7)]);
         let a = &n.attrs;
-        let flags: Vec<i64> = [
-            "has_bias",
-            "has_sequence_lens",
-            "has_initial_h",
-            "has_initial_c",
-            "has_peepholes",
-        ]
-        .iter()
-        .map(|f| a.int(f).unwrap())
-        .collect();
+        let flags: Vec<i64> =
+            ["has_bias", "has_sequence_lens", "has_initial_h", "has_initial_c", "has_peepholes"]
+                .iter()
+                .map(|f| a.int(f).unwrap())
+                .collect();
         assert_eq!(flags, [0, 0, 1, 0, 1]);
         assert_eq!(a.int("hidden_size").unwrap(), 3);
         assert_eq!(a.text("activations").unwrap(), "Sigmoid,Tanh,Tanh");
@@ -360,10 +302,7 @@ mod tests {
             attrs: Attrs::new()
                 .with("direction", AttrValue::Text("bidirectional".into()))
                 .with("layout", AttrValue::Int(1))
-                .with(
-                    "activations",
-                    AttrValue::Text("sigmoid,tanh,HardSigmoid,LeakyRelu".into()),
-                )
+                .with("activations", AttrValue::Text("sigmoid,tanh,HardSigmoid,LeakyRelu".into()))
                 .with("activation_alpha", AttrValue::Floats(vec![0.3]))
                 .with("linear_before_reset", AttrValue::Int(1)),
         };
@@ -374,10 +313,7 @@ mod tests {
         };
         lower(&mut n, &cx).unwrap();
         let a = &n.attrs;
-        assert_eq!(
-            a.text("activations").unwrap(),
-            "Sigmoid,Tanh,HardSigmoid,LeakyRelu"
-        );
+        assert_eq!(a.text("activations").unwrap(), "Sigmoid,Tanh,HardSigmoid,LeakyRelu");
         // HardSigmoid takes the given alpha and the default beta, LeakyRelu the default alpha.
         assert_eq!(a.floats("activation_alpha").unwrap(), [0.0, 0.0, 0.3, 0.01]);
         assert_eq!(a.floats("activation_beta").unwrap(), [0.0, 0.0, 0.5, 0.0]);

@@ -62,9 +62,7 @@ impl Cell {
 
     /// GRU that needs `r ⊙ h` of every unit before its candidate (a second dot product).
     fn reset_first(self) -> bool {
-        self == Cell::Gru {
-            linear_before_reset: false,
-        }
+        self == Cell::Gru { linear_before_reset: false }
     }
 }
 
@@ -144,12 +142,8 @@ impl Layer {
         let int = |name: &str| a.int(name).map_err(|e| no_kernel!("{e}"));
         let flag = |name: &str| int(name).map(|v| v != 0);
         let cell = match cx.op {
-            "LSTM" => Cell::Lstm {
-                input_forget: flag("input_forget")?,
-            },
-            "GRU" => Cell::Gru {
-                linear_before_reset: flag("linear_before_reset")?,
-            },
+            "LSTM" => Cell::Lstm { input_forget: flag("input_forget")? },
+            "GRU" => Cell::Gru { linear_before_reset: flag("linear_before_reset")? },
             "RNN" => Cell::Rnn,
             op => return Err(no_kernel!("{op} is not a recurrent layer")),
         };
@@ -193,9 +187,7 @@ impl Layer {
                 return Err(cx.dtype(o.desc.dtype));
             }
         }
-        let lens_i64 = slots
-            .lens
-            .is_some_and(|i| cx.inputs[i].desc.dtype == DType::I64);
+        let lens_i64 = slots.lens.is_some_and(|i| cx.inputs[i].desc.dtype == DType::I64);
 
         let (dirs, reverse) = match a.text("direction").map_err(|e| no_kernel!("{e}"))? {
             "forward" => (1, false),
@@ -217,11 +209,8 @@ impl Layer {
             return Err(no_kernel!("{}: clip {clip}", cx.op));
         }
 
-        let names: Vec<&str> = a
-            .text("activations")
-            .map_err(|e| no_kernel!("{e}"))?
-            .split(',')
-            .collect();
+        let names: Vec<&str> =
+            a.text("activations").map_err(|e| no_kernel!("{e}"))?.split(',').collect();
         let floats = |name| a.floats(name).map_err(|e| no_kernel!("{e}"));
         let (alphas, betas) = (floats("activation_alpha")?, floats("activation_beta")?);
         let per_dir = cell.acts();
@@ -524,10 +513,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) count: v
         let hw = Arr::workgroup("hw", h);
         // Accumulator k sums gate k; GRU keeps the candidate's x and h parts apart (a2, a3).
         let gru = matches!(self.cell, Cell::Gru { .. });
-        let lbr = self.cell
-            == Cell::Gru {
-                linear_before_reset: true,
-            };
+        let lbr = self.cell == Cell::Gru { linear_before_reset: true };
         let mut s = String::new();
         let bias = |g: usize, recurrent: bool| {
             let at = |k: usize| format!("bias[offsets.bias + d * {}u + {}u + u]", 2 * gates * h, k);
@@ -550,9 +536,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) count: v
             let _ = writeln!(s, "var a3 = {};", bias(2, true));
         }
         let row = |g: usize, len: usize| format!("(row + {}u + u) * {len}u", g * h);
-        let x_terms: Vec<(String, &Arr, String)> = (0..gates)
-            .map(|g| (format!("a{g}"), &w, row(g, i)))
-            .collect();
+        let x_terms: Vec<(String, &Arr, String)> =
+            (0..gates).map(|g| (format!("a{g}"), &w, row(g, i))).collect();
         s += &dot(i, (&x, "xr"), &x_terms);
         let h_terms: Vec<(String, &Arr, String)> = (0..gates)
             .filter(|&g| !(gru && g == 2) || lbr)
@@ -568,22 +553,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) count: v
             None => e.to_string(),
         };
         let peep = |k: usize, c: &str| match self.slots.peep {
-            Some(_) => format!(
-                " + peep[offsets.peep + d * {}u + {}u + u] * {c}",
-                3 * h,
-                k * h
-            ),
+            Some(_) => format!(" + peep[offsets.peep + d * {}u + {}u + u] * {c}", 3 * h, k * h),
             None => String::new(),
         };
         match self.cell {
             Cell::Lstm { input_forget } => {
                 // Gates i, o, f, c; peepholes i, o, f.
                 s += "let cp = cs[m];\n";
-                let _ = writeln!(
-                    s,
-                    "let ig = act_f(d, {});",
-                    clip(&format!("a0{}", peep(0, "cp")))
-                );
+                let _ =
+                    writeln!(s, "let ig = act_f(d, {});", clip(&format!("a0{}", peep(0, "cp"))));
                 if input_forget {
                     s += "let fg = 1.0 - ig;\n";
                 } else {
@@ -594,16 +572,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) count: v
                     );
                 }
                 let _ = writeln!(s, "let cn = fg * cp + ig * act_g(d, {});", clip("a3"));
-                let _ = writeln!(
-                    s,
-                    "let og = act_f(d, {});",
-                    clip(&format!("a1{}", peep(1, "cn")))
-                );
+                let _ =
+                    writeln!(s, "let og = act_f(d, {});", clip(&format!("a1{}", peep(1, "cn"))));
                 s += "cs[m] = cn;\nhn[m] = og * act_h(d, cn);\n";
             }
-            Cell::Gru {
-                linear_before_reset,
-            } => {
+            Cell::Gru { linear_before_reset } => {
                 // Gates z, r, h.
                 let _ = writeln!(s, "let z = act_f(d, {});", clip("a0"));
                 let _ = writeln!(s, "let rg = act_f(d, {});", clip("a1"));
@@ -632,21 +605,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) count: v
             // The candidate's h part waits for every unit's r ⊙ h.
             let r = Arr::storage("r", self.vec4[2]);
             s += "var a2 = xs[m];\n";
-            let terms = [(
-                "a2".to_string(),
-                &r,
-                format!("(row + {}u + u) * {h}u", 2 * h),
-            )];
+            let terms = [("a2".to_string(), &r, format!("(row + {}u + u) * {h}u", 2 * h))];
             s += &dot(h, (&Arr::workgroup("rh", h), "0u"), &terms);
             let clip = match self.clip {
                 Some(_) => "clip(a2)",
                 None => "a2",
             };
-            let _ = writeln!(
-                s,
-                "let hv = (1.0 - zs[m]) * act_g(d, {clip}) + zs[m] * {};",
-                hw.get("u")
-            );
+            let _ =
+                writeln!(s, "let hv = (1.0 - zs[m]) * act_g(d, {clip}) + zs[m] * {};", hw.get("u"));
             "hv"
         } else {
             "hn[m]"
@@ -694,19 +660,13 @@ fn state_at(d: u32, b: u32) -> u32 {{ return {state_at}; }}
         );
         if let Some(c) = self.clip {
             let c = f32_lit(c);
-            let _ = writeln!(
-                s,
-                "fn clip(v: f32) -> f32 {{ return clamp(v, -{c}, {c}); }}"
-            );
+            let _ = writeln!(s, "fn clip(v: f32) -> f32 {{ return clamp(v, -{c}, {c}); }}");
         }
         for (k, name) in ["f", "g", "h"].iter().take(self.cell.acts()).enumerate() {
             let body = match &self.acts[..] {
                 [one] => format!("return {};", one[k]),
                 [fw, bw] if fw[k] == bw[k] => format!("return {};", fw[k]),
-                [fw, bw] => format!(
-                    "if (d == 0u) {{ return {}; }}\n    return {};",
-                    fw[k], bw[k]
-                ),
+                [fw, bw] => format!("if (d == 0u) {{ return {}; }}\n    return {};", fw[k], bw[k]),
                 _ => unreachable!("one or two directions"),
             };
             let _ = writeln!(s, "fn act_{name}(d: u32, v: f32) -> f32 {{\n    {body}\n}}");
@@ -743,20 +703,12 @@ struct Arr {
 
 impl Arr {
     fn storage(name: &'static str, vec4: bool) -> Arr {
-        Arr {
-            name,
-            vec4,
-            storage: true,
-        }
+        Arr { name, vec4, storage: true }
     }
 
     /// A state array of `len` floats in workgroup memory, vec4 when it divides.
     fn workgroup(name: &'static str, len: usize) -> Arr {
-        Arr {
-            name,
-            vec4: len.is_multiple_of(4),
-            storage: false,
-        }
+        Arr { name, vec4: len.is_multiple_of(4), storage: false }
     }
 
     /// The WGSL type of a workgroup array of `len` floats.
@@ -785,9 +737,8 @@ impl Arr {
         match self.vec4 {
             true => format!("{n}[{p} + {k}]"),
             false => {
-                let e: Vec<String> = (0..4)
-                    .map(|j| format!("{n}[{p} + 4u * {k} + {j}u]"))
-                    .collect();
+                let e: Vec<String> =
+                    (0..4).map(|j| format!("{n}[{p} + 4u * {k} + {j}u]")).collect();
                 format!("vec4<f32>({})", e.join(", "))
             }
         }
@@ -824,23 +775,14 @@ fn dot(n: usize, (a, a_at): (&Arr, &str), terms: &[(String, &Arr, String)]) -> S
         let _ = writeln!(s, "    for (var k = 0u; k < {}u; k++) {{", n / 4);
         let _ = writeln!(s, "        let q = {};", a.quad("pa", "k"));
         for (k, (acc, b, _)) in terms.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "        {acc} += dot(q, {});",
-                b.quad(&format!("p{k}"), "k")
-            );
+            let _ = writeln!(s, "        {acc} += dot(q, {});", b.quad(&format!("p{k}"), "k"));
         }
         s.push_str("    }\n");
     }
     // A remainder means n % 4 != 0, so every array is scalar.
     for j in n / 4 * 4..n {
         for (k, (acc, b, _)) in terms.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "    {acc} += {} * {};",
-                a.at("pa", j),
-                b.at(&format!("p{k}"), j)
-            );
+            let _ = writeln!(s, "    {acc} += {} * {};", a.at("pa", j), b.at(&format!("p{k}"), j));
         }
     }
     s.push_str("}\n");
@@ -857,14 +799,9 @@ fn each_unit(
     body: &str,
     depth: usize,
 ) -> String {
-    let body = format!(
-        "let u = lid + m * {wg}u;\nif ({cond}u < {hidden}u) {{\n{}}}\n",
-        indent(body, 1)
-    );
-    let s = format!(
-        "for (var m = 0u; m < {units}u; m++) {{\n{}}}\n",
-        indent(&body, 1)
-    );
+    let body =
+        format!("let u = lid + m * {wg}u;\nif ({cond}u < {hidden}u) {{\n{}}}\n", indent(body, 1));
+    let s = format!("for (var m = 0u; m < {units}u; m++) {{\n{}}}\n", indent(&body, 1));
     indent(&s, depth)
 }
 
@@ -929,11 +866,8 @@ mod tests {
     ) -> Shapes {
         let gh = gates * hidden;
         let state = vec![dirs, batch, hidden];
-        let mut inputs = vec![
-            vec![seq, batch, input],
-            vec![dirs, gh, input],
-            vec![dirs, gh, hidden],
-        ];
+        let mut inputs =
+            vec![vec![seq, batch, input], vec![dirs, gh, input], vec![dirs, gh, hidden]];
         for (flag, shape) in [
             ("has_bias", vec![dirs, 2 * gh]),
             ("has_initial_h", state.clone()),
@@ -945,13 +879,7 @@ mod tests {
             }
         }
         let y = vec![seq, dirs, batch, hidden];
-        Shapes {
-            inputs,
-            outputs: [y, state.clone(), state]
-                .into_iter()
-                .take(outputs)
-                .collect(),
-        }
+        Shapes { inputs, outputs: [y, state.clone(), state].into_iter().take(outputs).collect() }
     }
 
     /// Lowers and compiles for both classes (operands `skew` bytes off 16-byte alignment).
@@ -963,12 +891,7 @@ mod tests {
 
     #[test]
     fn lstm_with_every_input_and_output_configuration() {
-        let all = [
-            "has_bias",
-            "has_initial_h",
-            "has_initial_c",
-            "has_peepholes",
-        ];
+        let all = ["has_bias", "has_initial_h", "has_initial_c", "has_peepholes"];
         let acts = "Sigmoid,Tanh,Tanh";
         for (direction, dirs) in [("forward", 1), ("reverse", 1), ("bidirectional", 2)] {
             let names = vec![acts; dirs].join(",");
@@ -1010,11 +933,7 @@ mod tests {
                 let a = on(attrs(direction, 5, &names), &["has_bias", "has_initial_h"])
                     .with("linear_before_reset", AttrValue::Int(lbr));
                 for outputs in [1, 2] {
-                    let s = shapes(
-                        (3, 2, 3, 5, dirs, 3),
-                        &["has_bias", "has_initial_h"],
-                        outputs,
-                    );
+                    let s = shapes((3, 2, 3, 5, dirs, 3), &["has_bias", "has_initial_h"], outputs);
                     let d = lower_all("GRU", &a, &s, 0);
                     assert_eq!(d[0].wgsl.contains("var<workgroup> rh"), lbr == 0);
                 }
@@ -1029,10 +948,7 @@ mod tests {
                 .with("activation_beta", AttrValue::Floats(vec![0.25, 0.0]));
             let s = shapes((4, 1, 2, 4, 2, 1), &[], 2);
             let d = lower_all("RNN", &a, &s, 0);
-            assert!(
-                d[0].wgsl.contains("if (d == 0u)") != (act == "Tanh"),
-                "{act}"
-            );
+            assert!(d[0].wgsl.contains("if (d == 0u)") != (act == "Tanh"), "{act}");
         }
         let bad = attrs("forward", 4, "Gelu");
         let s = shapes((4, 1, 2, 4, 1, 1), &[], 1);
@@ -1041,10 +957,7 @@ mod tests {
             .iter()
             .map(|s| Operand::arena(TensorDesc::new(DType::F32, s.to_vec()), 0))
             .collect();
-        let out = [Operand::arena(
-            TensorDesc::new(DType::F32, s.outputs[0].clone()),
-            4096,
-        )];
+        let out = [Operand::arena(TensorDesc::new(DType::F32, s.outputs[0].clone()), 4096)];
         let cx = KernelCx {
             class: DeviceClass::Cpu,
             op: "RNN",
@@ -1069,15 +982,10 @@ mod tests {
             f32s(&[2, 12, 3]),
             TensorDesc::new(dtype, vec![2]),
         ];
-        let inputs: Vec<Operand> = descs
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| Operand::weight(d, i as u64))
-            .collect();
-        let outputs = [
-            Operand::arena(f32s(&[4, 2, 2, 3]), 0),
-            Operand::arena(f32s(&[2, 2, 3]), 256),
-        ];
+        let inputs: Vec<Operand> =
+            descs.into_iter().enumerate().map(|(i, d)| Operand::weight(d, i as u64)).collect();
+        let outputs =
+            [Operand::arena(f32s(&[4, 2, 2, 3]), 0), Operand::arena(f32s(&[2, 2, 3]), 256)];
         let cx = KernelCx {
             class: DeviceClass::Gpu,
             op: "LSTM",
@@ -1096,17 +1004,9 @@ mod tests {
     #[test]
     fn sequence_lengths_of_int32_and_int64() {
         let d = with_lengths(DType::I32);
-        assert!(
-            d[0].bindings
-                .iter()
-                .any(|b| b.name == "lens" && b.ty == "i32")
-        );
+        assert!(d[0].bindings.iter().any(|b| b.name == "lens" && b.ty == "i32"));
         let d = with_lengths(DType::I64);
-        assert!(
-            d[0].bindings
-                .iter()
-                .any(|b| b.name == "lens" && b.ty == "u32")
-        );
+        assert!(d[0].bindings.iter().any(|b| b.name == "lens" && b.ty == "u32"));
     }
 
     #[test]
@@ -1144,10 +1044,7 @@ mod tests {
             .iter()
             .map(|s| Operand::weight(TensorDesc::new(DType::F32, s.clone()), 0))
             .collect();
-        let outputs = [Operand::arena(
-            TensorDesc::new(DType::F32, s.outputs[0].clone()),
-            0,
-        )];
+        let outputs = [Operand::arena(TensorDesc::new(DType::F32, s.outputs[0].clone()), 0)];
         let cx = KernelCx {
             class: DeviceClass::Gpu,
             op: "GRU",

@@ -68,32 +68,17 @@ impl Operand {
     /// An operand of a planned step: `place` names the memory it lives in (two operands alias
     /// when place and `byte_offset` are equal), `byte_offset` where it starts there.
     pub fn new(name: String, desc: TensorDesc, place: (u8, u64), byte_offset: u64) -> Operand {
-        Operand {
-            name,
-            desc,
-            byte_offset,
-            location: (place.0, place.1, byte_offset),
-        }
+        Operand { name, desc, byte_offset, location: (place.0, place.1, byte_offset) }
     }
 
     /// A tensor at `byte_offset` in the arena (two such operands at one offset alias).
     pub fn arena(desc: TensorDesc, byte_offset: u64) -> Operand {
-        Operand {
-            name: String::new(),
-            desc,
-            byte_offset,
-            location: (0, 0, byte_offset),
-        }
+        Operand { name: String::new(), desc, byte_offset, location: (0, 0, byte_offset) }
     }
 
     /// Weight bank entry `index`.
     pub fn weight(desc: TensorDesc, index: u64) -> Operand {
-        Operand {
-            name: String::new(),
-            desc,
-            byte_offset: 0,
-            location: (1, index, 0),
-        }
+        Operand { name: String::new(), desc, byte_offset: 0, location: (1, index, 0) }
     }
 
     /// Whether 16-byte vector loads can address it (`array<vec4<f32>>`).
@@ -130,12 +115,7 @@ impl KernelCx<'_> {
 
     /// Fails unless every input and output is f32.
     pub fn require_f32(&self) -> Result<(), NoKernel> {
-        match self
-            .inputs
-            .iter()
-            .chain(self.outputs)
-            .find(|o| o.desc.dtype != DType::F32)
-        {
+        match self.inputs.iter().chain(self.outputs).find(|o| o.desc.dtype != DType::F32) {
             Some(o) => Err(self.dtype(o.desc.dtype)),
             None => Ok(()),
         }
@@ -181,32 +161,17 @@ pub struct Binding {
 
 impl Binding {
     pub fn input(name: &str, index: usize, ty: &'static str) -> Binding {
-        Binding {
-            name: name.into(),
-            slot: Slot::Input(index),
-            ty,
-            chunk: None,
-        }
+        Binding { name: name.into(), slot: Slot::Input(index), ty, chunk: None }
     }
 
     pub fn output(name: &str, index: usize, ty: &'static str) -> Binding {
-        Binding {
-            name: name.into(),
-            slot: Slot::Output(index),
-            ty,
-            chunk: None,
-        }
+        Binding { name: name.into(), slot: Slot::Output(index), ty, chunk: None }
     }
 
     /// A binding of bytes `bytes` of the operand: they start and end on whole elements of
     /// `ty` (or the end is the tensor's), and are at most [`MAX_BINDING_BYTES`].
     pub fn chunk(name: &str, slot: Slot, ty: &'static str, bytes: Range<u64>) -> Binding {
-        Binding {
-            name: name.into(),
-            slot,
-            ty,
-            chunk: Some(bytes),
-        }
+        Binding { name: name.into(), slot, ty, chunk: Some(bytes) }
     }
 
     /// Bytes of one element of its array (4, or 16 for 4-vectors).
@@ -294,11 +259,7 @@ impl InputBinding {
             bindings.push(Binding::chunk(&chunk, Slot::Input(index), ty, r.clone()));
         }
         accessor.push_str("}\n");
-        Ok(InputBinding {
-            name: name.into(),
-            bindings,
-            accessor,
-        })
+        Ok(InputBinding { name: name.into(), bindings, accessor })
     }
 
     /// Whether the input is read through chunks.
@@ -380,14 +341,9 @@ impl Grid {
         let x = groups.min(u64::from(MAX_GROUPS));
         let y = groups.div_ceil(x);
         if y > u64::from(MAX_GROUPS) {
-            return Err(no_kernel!(
-                "{invocations} invocations are too many for one dispatch"
-            ));
+            return Err(no_kernel!("{invocations} invocations are too many for one dispatch"));
         }
-        Ok(Grid {
-            groups: [x as u32, y as u32, 1],
-            workgroup,
-        })
+        Ok(Grid { groups: [x as u32, y as u32, 1], workgroup })
     }
 
     /// `@compute @workgroup_size(..)` and the entry point's parameters.
@@ -476,11 +432,7 @@ fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Co
         .map_err(|e| e.emit_to_string(wgsl))?;
     let mut constants = naga::back::PipelineConstants::default();
     for &(name, value) in overrides {
-        if !module
-            .overrides
-            .iter()
-            .any(|(_, o)| o.name.as_deref() == Some(name))
-        {
+        if !module.overrides.iter().any(|(_, o)| o.name.as_deref() == Some(name)) {
             return Err(format!("the module has no override '{name}'"));
         }
         constants.insert(name.to_string(), value);
@@ -499,9 +451,7 @@ fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Co
         if var.space == naga::AddressSpace::Immediate {
             let bytes = module.types[var.ty].inner.size(module.to_ctx());
             if bytes % 4 != 0 {
-                return Err(format!(
-                    "a push-constant block of {bytes} bytes (whole words only)"
-                ));
+                return Err(format!("a push-constant block of {bytes} bytes (whole words only)"));
             }
             push_words = bytes / 4;
         }
@@ -561,12 +511,7 @@ fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Co
     };
     let spirv =
         spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())?;
-    Ok(Compiled {
-        spirv,
-        workgroup_size: entry.workgroup_size,
-        slots,
-        push_words,
-    })
+    Ok(Compiled { spirv, workgroup_size: entry.workgroup_size, slots, push_words })
 }
 
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
@@ -592,30 +537,14 @@ pub(crate) fn lower_f32_all_classes(
     let outputs: Vec<Operand> = outputs.iter().map(|s| place(s)).collect();
     let mut all = Vec::new();
     for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
-        let cx = KernelCx {
-            class,
-            op,
-            name: "n",
-            attrs,
-            inputs: &inputs,
-            outputs: &outputs,
-        };
+        let cx = KernelCx { class, op, name: "n", attrs, inputs: &inputs, outputs: &outputs };
         for d in lower(&cx).unwrap() {
             let c = match compile(&d.wgsl, &d.overrides) {
                 Ok(c) => c,
                 Err(e) => panic!("{}:\n{e}\n{}", d.label, d.wgsl),
             };
-            assert!(
-                d.bindings.len() <= c.slots as usize,
-                "{}: bindings",
-                d.label
-            );
-            assert_eq!(
-                d.params.len(),
-                (c.push_words - c.slots) as usize,
-                "{}",
-                d.label
-            );
+            assert!(d.bindings.len() <= c.slots as usize, "{}: bindings", d.label);
+            assert_eq!(d.params.len(), (c.push_words - c.slots) as usize, "{}", d.label);
             assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
             all.push(d);
         }
@@ -672,11 +601,7 @@ mod tests {
             for (c, next) in chunks.iter().zip(chunks.iter().skip(1)) {
                 assert_eq!(c.end, next.start);
             }
-            assert!(
-                chunks
-                    .iter()
-                    .all(|c| c.start % unit == 0 && c.end - c.start <= MAX)
-            );
+            assert!(chunks.iter().all(|c| c.start % unit == 0 && c.end - c.start <= MAX));
         }
         assert!(chunk_ranges(1 << 30, 1 << 27).is_err(), "a unit over MAX");
     }
@@ -699,10 +624,7 @@ mod tests {
              if (i < 11184812u) { return x_1[offsets.x_1 + (i - 5592406u)]; }\n    \
              return x_2[offsets.x_2 + (i - 11184812u)];\n}\n"
         );
-        assert_eq!(
-            input.at(&format!("{} + 7u", input.base())),
-            "load_x(0u + 7u)"
-        );
+        assert_eq!(input.at(&format!("{} + 7u", input.base())), "load_x(0u + 7u)");
         let mut bindings = input.bindings.clone();
         bindings.push(Binding::output("y", 0, "vec4<f32>"));
         let wgsl = format!(
@@ -749,10 +671,7 @@ mod tests {
         let why = lower(&cx(&x, &x)).unwrap_err();
         assert!(why.0.starts_with("operand output 0 is"), "{why}");
         // 256 bytes less than 128 MiB still fits one binding.
-        let x = [Operand::arena(
-            TensorDesc::new(DType::F32, vec![(1 << 25) - 64]),
-            0,
-        )];
+        let x = [Operand::arena(TensorDesc::new(DType::F32, vec![(1 << 25) - 64]), 0)];
         assert!(lower(&cx(&x, &x)).is_ok());
     }
 }

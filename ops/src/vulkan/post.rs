@@ -16,11 +16,7 @@ enum Step {
     /// A WGSL expression of `pv`.
     Map(String),
     /// `v op r[k]`, r of the output's size or one element.
-    Binary {
-        op: &'static str,
-        operand: usize,
-        scalar: bool,
-    },
+    Binary { op: &'static str, operand: usize, scalar: bool },
 }
 
 /// The post-ops of one step.
@@ -36,21 +32,11 @@ impl PostOps {
     /// Reads the post-ops of `cx`, whose op takes `own` inputs before the operands.
     pub fn new(cx: &KernelCx, own: usize) -> Result<PostOps, NoKernel> {
         let names = cx.attrs.text("post_ops").map_err(|e| no_kernel!("{e}"))?;
-        let params = cx
-            .attrs
-            .floats("post_params")
-            .map_err(|e| no_kernel!("{e}"))?;
+        let params = cx.attrs.floats("post_params").map_err(|e| no_kernel!("{e}"))?;
         let mut params = params.iter().map(|&v| f32_lit(v as f32));
-        let mut param = || {
-            params
-                .next()
-                .ok_or_else(|| no_kernel!("post_params too short"))
-        };
+        let mut param = || params.next().ok_or_else(|| no_kernel!("post_params too short"));
         let out_len = cx.outputs.first().map_or(0, |o| o.desc.elements());
-        let mut post = PostOps {
-            first: own,
-            ..PostOps::default()
-        };
+        let mut post = PostOps { first: own, ..PostOps::default() };
         for name in names.split(',').filter(|n| !n.is_empty()) {
             let step = match name {
                 "LeakyRelu" => Step::Map(format!("select({} * pv, pv, pv >= 0.0)", param()?)),
@@ -118,11 +104,7 @@ impl PostOps {
         for step in &self.steps {
             let expr = match step {
                 Step::Map(e) => e.clone(),
-                Step::Binary {
-                    op,
-                    operand,
-                    scalar,
-                } => {
+                Step::Binary { op, operand, scalar } => {
                     let at = match scalar {
                         true => format!("r{operand}[p.r{operand}]"),
                         false => format!("r{operand}[p.r{operand} + i]"),

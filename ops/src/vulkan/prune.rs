@@ -108,9 +108,7 @@ fn defined(block: &Block, out: &mut HashSet<Handle<Expression>>) {
                     defined(&case.body, out);
                 }
             }
-            Statement::Loop {
-                body, continuing, ..
-            } => {
+            Statement::Loop { body, continuing, .. } => {
                 defined(body, out);
                 defined(continuing, out);
             }
@@ -159,18 +157,10 @@ fn prune_block(block: &mut Block, eval: &mut Evaluator, locals: &mut Locals) -> 
                 }
                 block.push(stmt, span);
             }
-            Statement::If {
-                condition,
-                mut accept,
-                mut reject,
-            } => match eval.eval(condition) {
+            Statement::If { condition, mut accept, mut reject } => match eval.eval(condition) {
                 Some(Value::Bool(taken)) => {
                     changed = true;
-                    let (mut body, other) = if taken {
-                        (accept, reject)
-                    } else {
-                        (reject, accept)
-                    };
+                    let (mut body, other) = if taken { (accept, reject) } else { (reject, accept) };
                     defined(&other, &mut eval.dropped);
                     prune_block(&mut body, eval, locals);
                     block.extend_block(body);
@@ -180,61 +170,42 @@ fn prune_block(block: &mut Block, eval: &mut Evaluator, locals: &mut Locals) -> 
                     forget_stored(&reject, eval, locals);
                     changed |= prune_block(&mut accept, eval, &mut locals.clone());
                     changed |= prune_block(&mut reject, eval, &mut locals.clone());
-                    block.push(
-                        Statement::If {
-                            condition,
-                            accept,
-                            reject,
-                        },
-                        span,
-                    );
+                    block.push(Statement::If { condition, accept, reject }, span);
                 }
             },
-            Statement::Switch {
-                selector,
-                mut cases,
-            } => match eval.eval(selector).and_then(|v| taken_case(&cases, v)) {
-                Some((mut body, taken)) => {
-                    changed = true;
-                    for (k, case) in cases.iter().enumerate() {
-                        if !taken.contains(&k) {
-                            defined(&case.body, &mut eval.dropped);
+            Statement::Switch { selector, mut cases } => {
+                match eval.eval(selector).and_then(|v| taken_case(&cases, v)) {
+                    Some((mut body, taken)) => {
+                        changed = true;
+                        for (k, case) in cases.iter().enumerate() {
+                            if !taken.contains(&k) {
+                                defined(&case.body, &mut eval.dropped);
+                            }
                         }
+                        prune_block(&mut body, eval, locals);
+                        block.extend_block(body);
                     }
-                    prune_block(&mut body, eval, locals);
-                    block.extend_block(body);
+                    None => {
+                        for case in &cases {
+                            forget_stored(&case.body, eval, locals);
+                        }
+                        for case in cases.iter_mut() {
+                            changed |= prune_block(&mut case.body, eval, &mut locals.clone());
+                        }
+                        block.push(Statement::Switch { selector, cases }, span);
+                    }
                 }
-                None => {
-                    for case in &cases {
-                        forget_stored(&case.body, eval, locals);
-                    }
-                    for case in cases.iter_mut() {
-                        changed |= prune_block(&mut case.body, eval, &mut locals.clone());
-                    }
-                    block.push(Statement::Switch { selector, cases }, span);
-                }
-            },
+            }
             Statement::Block(mut inner) => {
                 changed |= prune_block(&mut inner, eval, locals);
                 block.push(Statement::Block(inner), span);
             }
-            Statement::Loop {
-                mut body,
-                mut continuing,
-                break_if,
-            } => {
+            Statement::Loop { mut body, mut continuing, break_if } => {
                 forget_stored(&body, eval, locals);
                 forget_stored(&continuing, eval, locals);
                 changed |= prune_block(&mut body, eval, &mut locals.clone());
                 changed |= prune_block(&mut continuing, eval, &mut locals.clone());
-                block.push(
-                    Statement::Loop {
-                        body,
-                        continuing,
-                        break_if,
-                    },
-                    span,
-                );
+                block.push(Statement::Loop { body, continuing, break_if }, span);
             }
             stmt => block.push(stmt, span),
         }
@@ -282,9 +253,7 @@ fn forget_stored(block: &Block, eval: &Evaluator, locals: &mut Locals) {
                     forget_stored(&case.body, eval, locals);
                 }
             }
-            Statement::Loop {
-                body, continuing, ..
-            } => {
+            Statement::Loop { body, continuing, .. } => {
                 forget_stored(body, eval, locals);
                 forget_stored(continuing, eval, locals);
             }
@@ -387,11 +356,9 @@ fn global(module: &Module, h: Handle<Expression>, depth: u32) -> Option<Value> {
         Expression::Literal(ref l) => Value::of(l),
         Expression::Constant(c) => global(module, module.constants[c].init, depth + 1),
         Expression::Unary { op, expr } => unary(op, global(module, expr, depth + 1)?),
-        Expression::Binary { op, left, right } => binary(
-            op,
-            global(module, left, depth + 1),
-            global(module, right, depth + 1),
-        ),
+        Expression::Binary { op, left, right } => {
+            binary(op, global(module, left, depth + 1), global(module, right, depth + 1))
+        }
         _ => None,
     }
 }
@@ -558,28 +525,18 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
     }
 
     fn function_names(module: &naga::Module) -> Vec<&str> {
-        module
-            .functions
-            .iter()
-            .filter_map(|(_, f)| f.name.as_deref())
-            .collect()
+        module.functions.iter().filter_map(|(_, f)| f.name.as_deref()).collect()
     }
 
     #[test]
     fn dead_branches_and_their_functions_go() {
         let overrides = [("MODE", 1.0), ("RM", 2.0)];
         let full = specialised(KERNEL, &overrides, false);
-        assert_eq!(
-            function_names(&full),
-            ["live", "dead_helper", "only_from_dead", "pick"]
-        );
+        assert_eq!(function_names(&full), ["live", "dead_helper", "only_from_dead", "pick"]);
         let pruned = specialised(KERNEL, &overrides, true);
         assert_eq!(function_names(&pruned), ["live", "pick"]);
         // z is read only by MODE 2's case: dropped from the module, still counted.
-        assert_eq!(
-            pruned.global_variables.len(),
-            full.global_variables.len() - 1
-        );
+        assert_eq!(pruned.global_variables.len(), full.global_variables.len() - 1);
         let big = compile_with(KERNEL, &overrides, false).unwrap();
         let small = compile_with(KERNEL, &overrides, true).unwrap();
         assert!(
@@ -602,10 +559,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         let pruned = specialised(KERNEL, &[("MODE", 2.0), ("RM", 8.0)], true);
         assert_eq!(function_names(&pruned), ["dead_helper"]);
         let pruned = specialised(KERNEL, &[("MODE", 2.0), ("RM", 2.0)], true);
-        assert_eq!(
-            function_names(&pruned),
-            ["dead_helper", "only_from_dead", "pick"]
-        );
+        assert_eq!(function_names(&pruned), ["dead_helper", "only_from_dead", "pick"]);
         // The default case.
         let pruned = specialised(KERNEL, &[("MODE", 5.0)], true);
         assert_eq!(function_names(&pruned), ["pick"]);

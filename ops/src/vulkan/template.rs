@@ -150,10 +150,8 @@ mod tests {
         source: "alias T = f32;\noverride N: u32 = 1u;\nfn op(x: T) -> T {\n    return x;\n}\n\
                  fn main() {}\n",
     };
-    static LIB: Wgsl = Wgsl {
-        path: "lib.wgsl",
-        source: "fn twice(x: f32) -> f32 { return 2.0 * x; }\n",
-    };
+    static LIB: Wgsl =
+        Wgsl { path: "lib.wgsl", source: "fn twice(x: f32) -> f32 { return 2.0 * x; }\n" };
 
     #[test]
     fn aliases_and_hooks_are_replaced_and_libraries_appended_once() {
@@ -175,11 +173,6 @@ mod tests {
     #[test]
     fn a_missing_alias_or_hook_is_an_error() {
         assert!(Spec::new(&FILE).alias("U", "u32").source().is_err());
-        assert!(
-            Spec::new(&FILE)
-                .hook("other", "fn other() {}")
-                .source()
-                .is_err()
-        );
+        assert!(Spec::new(&FILE).hook("other", "fn other() {}").source().is_err());
     }
 }

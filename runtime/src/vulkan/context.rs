@@ -147,9 +147,7 @@ impl Instance {
             None => unsafe { ash::Entry::load() },
         }
         .map_err(|e| {
-            let which = path
-                .as_ref()
-                .map_or("libvulkan".into(), |p| p.to_string_lossy());
+            let which = path.as_ref().map_or("libvulkan".into(), |p| p.to_string_lossy());
             VulkanError::Loader(format!("cannot load {which}: {e}"))
         })?;
         let instance_error =
@@ -177,10 +175,7 @@ impl Instance {
                 )
             };
             let available = available.map_err(|r| instance_error("listing layers", r))?;
-            if !available
-                .iter()
-                .any(|l| l.layer_name_as_c_str() == Ok(VALIDATION_LAYER))
-            {
+            if !available.iter().any(|l| l.layer_name_as_c_str() == Ok(VALIDATION_LAYER)) {
                 return Err(VulkanError::Instance(format!(
                     "{} asks for the validation layer {}, which the loader does not find \
                      (Debian package: vulkan-validationlayers)",
@@ -191,9 +186,7 @@ impl Instance {
             let layer_extensions =
                 layer_extensions.map_err(|r| instance_error("listing layer extensions", r))?;
             let has = |name: &CStr| {
-                layer_extensions
-                    .iter()
-                    .any(|e| e.extension_name_as_c_str() == Ok(name))
+                layer_extensions.iter().any(|e| e.extension_name_as_c_str() == Ok(name))
             };
             if !has(ash::ext::debug_utils::NAME) {
                 return Err(VulkanError::Instance(
@@ -237,11 +230,7 @@ impl Instance {
         // SAFETY: `info` and everything it points to live until the call returns.
         let instance = unsafe { entry.create_instance(&info, None) }
             .map_err(|r| instance_error("vkCreateInstance", r))?;
-        let mut this = Instance {
-            entry,
-            instance,
-            messenger: None,
-        };
+        let mut this = Instance { entry, instance, messenger: None };
         if validation != Validation::Off {
             let utils = ash::ext::debug_utils::Instance::new(&this.entry, &this.instance);
             // SAFETY: the instance was created with VK_EXT_debug_utils enabled; the callback
@@ -266,8 +255,7 @@ impl Instance {
             let (props, families) = unsafe {
                 (
                     self.instance.get_physical_device_properties(handle),
-                    self.instance
-                        .get_physical_device_queue_family_properties(handle),
+                    self.instance.get_physical_device_queue_family_properties(handle),
                 )
             };
             let kind = match props.device_type {
@@ -310,11 +298,7 @@ fn choose(devices: Vec<Physical>, choice: &DeviceChoice) -> Result<Physical, Vul
                 None => p.info.to_string(),
             })
             .collect();
-        if names.is_empty() {
-            "none".into()
-        } else {
-            names.join(", ")
-        }
+        if names.is_empty() { "none".into() } else { names.join(", ") }
     };
     let found = match choice {
         // The first of the best rank: `max_by_key` would keep the last.
@@ -325,9 +309,9 @@ fn choose(devices: Vec<Physical>, choice: &DeviceChoice) -> Result<Physical, Vul
             .min_by_key(|(i, p)| (std::cmp::Reverse(rank(p.info.kind)), *i))
             .map(|(i, _)| i),
         DeviceChoice::Index(i) => (*i < devices.len()).then_some(*i),
-        DeviceChoice::CpuType => devices
-            .iter()
-            .position(|p| p.info.kind == "cpu" && p.unusable().is_none()),
+        DeviceChoice::CpuType => {
+            devices.iter().position(|p| p.info.kind == "cpu" && p.unusable().is_none())
+        }
     };
     let Some(found) = found else {
         return Err(VulkanError::Device(format!(
@@ -384,8 +368,7 @@ impl Drop for Context {
                 self.device.destroy_pipeline_layout(l.pipeline, None);
                 self.device.destroy_descriptor_set_layout(l.set, None);
             }
-            self.device
-                .destroy_pipeline_cache(self.pipeline_cache, None);
+            self.device.destroy_pipeline_cache(self.pipeline_cache, None);
             self.device.destroy_device(None);
         }
     }
@@ -418,10 +401,7 @@ impl Context {
         let instance = Instance::new(validation)?;
         let physical = choose(instance.physical_devices()?, choice)?;
         let Some(queue_family) = physical.queue_family else {
-            return Err(VulkanError::Device(format!(
-                "{} has no compute queue",
-                physical.info
-            )));
+            return Err(VulkanError::Device(format!("{} has no compute queue", physical.info)));
         };
         let vi = &instance.instance;
         let handle = physical.handle;
@@ -447,9 +427,8 @@ impl Context {
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(queue_family)
             .queue_priorities(&priorities)];
-        let info = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&queues)
-            .enabled_features(&features);
+        let info =
+            vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_features(&features);
         let device_error = |what: &str, r: vk::Result| {
             VulkanError::Device(format!("{}: {what}: {r}", physical.info))
         };
@@ -470,11 +449,7 @@ impl Context {
                 return Err(device_error("vkCreatePipelineCache", r));
             }
         };
-        let class = if physical.info.kind == "cpu" {
-            DeviceClass::Cpu
-        } else {
-            DeviceClass::Gpu
-        };
+        let class = if physical.info.kind == "cpu" { DeviceClass::Cpu } else { DeviceClass::Gpu };
         Ok(Context {
             device,
             info: physical.info,
@@ -515,9 +490,8 @@ impl Context {
             .offset(0)
             .size(4 * words)];
         let sets = [set];
-        let info = vk::PipelineLayoutCreateInfo::default()
-            .set_layouts(&sets)
-            .push_constant_ranges(&push);
+        let info =
+            vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&push);
         // SAFETY: as above; on failure the set layout is destroyed, nothing uses it yet.
         let pipeline = match unsafe { self.device.create_pipeline_layout(&info, None) } {
             Ok(p) => p,
@@ -567,16 +541,9 @@ impl Context {
     /// The error for a failed submission or wait.
     pub fn submit_error(&self, stage: &'static str, result: vk::Result) -> VulkanError {
         if result == vk::Result::ERROR_DEVICE_LOST {
-            VulkanError::DeviceLost {
-                device: self.info.to_string(),
-                stage,
-            }
+            VulkanError::DeviceLost { device: self.info.to_string(), stage }
         } else {
-            VulkanError::Submit {
-                device: self.info.to_string(),
-                stage,
-                result,
-            }
+            VulkanError::Submit { device: self.info.to_string(), stage, result }
         }
     }
 }

@@ -56,10 +56,7 @@ impl<'a> Places<'a> {
         sub: &'a proto::Submodel,
     ) -> Result<Places<'a>, VulkanError> {
         let bundle = |msg: String| VulkanError::Bundle(format!("variant '{}': {msg}", v.name));
-        let plan = v
-            .plan
-            .as_ref()
-            .ok_or_else(|| bundle("has no plan".into()))?;
+        let plan = v.plan.as_ref().ok_or_else(|| bundle("has no plan".into()))?;
         let io_bytes = sub
             .inputs
             .iter()
@@ -95,28 +92,17 @@ impl<'a> Places<'a> {
         }
         for (slot, bytes) in [(Slot::Arena, sub.arena_bytes), (Slot::Io, io_total)] {
             if bytes > 0 && !index.contains_key(&slot) {
-                return Err(bundle(format!(
-                    "the plan's allocations miss {slot} ({bytes} bytes)"
-                )));
+                return Err(bundle(format!("the plan's allocations miss {slot} ({bytes} bytes)")));
             }
         }
-        Ok(Places {
-            variant: v,
-            submodel: sub,
-            schedule,
-            index,
-            io,
-        })
+        Ok(Places { variant: v, submodel: sub, schedule, index, io })
     }
 
     /// The buffer (index into the schedule) and byte offset where tensor `t` starts.
     fn locate(&self, t: u32) -> Result<(usize, u64), VulkanError> {
         let v = self.variant;
         let kind = |t: u32| {
-            v.tensors
-                .get(t as usize)
-                .and_then(|t| t.storage.as_ref())
-                .and_then(|s| s.kind.as_ref())
+            v.tensors.get(t as usize).and_then(|t| t.storage.as_ref()).and_then(|s| s.kind.as_ref())
         };
         let (root, view_offset) = match kind(t) {
             Some(Kind::View(view)) => (view.of, view.byte_offset),
@@ -171,10 +157,8 @@ fn choose_dispatches(
     class: DeviceClass,
 ) -> Result<Vec<(usize, &proto::Dispatch)>, VulkanError> {
     let mut out = Vec::new();
-    for (index, step) in v.steps[steps.clone()]
-        .iter()
-        .enumerate()
-        .map(|(k, s)| (steps.start + k, s))
+    for (index, step) in
+        v.steps[steps.clone()].iter().enumerate().map(|(k, s)| (steps.start + k, s))
     {
         let entry = |c: DeviceClass| step.vulkan.iter().find(|e| e.device_class == c as i32);
         let Some(entry) = entry(class).or_else(|| entry(DeviceClass::Any)) else {
@@ -182,11 +166,7 @@ fn choose_dispatches(
                 index,
                 name: step.name.clone(),
                 op: step.op.clone(),
-                class: if class == DeviceClass::Cpu {
-                    "CPU-type"
-                } else {
-                    "GPU"
-                },
+                class: if class == DeviceClass::Cpu { "CPU-type" } else { "GPU" },
                 reason: match (step.vulkan.is_empty(), step.no_vulkan_kernel.as_str()) {
                     (false, _) => "its kernels are for other device classes".into(),
                     (true, "") => "the compiler gave it none".into(),
@@ -212,13 +192,7 @@ fn bind(
     let what = || format!("dispatch of step {step} '{}' ({})", s.name, s.op);
     let limit = |limit: &'static str, value: u64, need: u64, what: String| {
         if need > value {
-            Err(VulkanError::Limits {
-                device: cx.info.to_string(),
-                limit,
-                value,
-                need,
-                what,
-            })
+            Err(VulkanError::Limits { device: cx.info.to_string(), limit, value, need, what })
         } else {
             Ok(())
         }
@@ -269,12 +243,7 @@ fn bind(
         let (offset, range) =
             descriptor_range(start, bytes, l.min_storage_buffer_offset_alignment.max(1));
         let binding = || format!("tensor {t} '{}' in the {}", tensor.name, what());
-        limit(
-            "maxStorageBufferRange",
-            l.max_storage_buffer_range.into(),
-            range,
-            binding(),
-        )?;
+        limit("maxStorageBufferRange", l.max_storage_buffer_range.into(), range, binding())?;
         let buffer_size = places.schedule[buffer].1.next_multiple_of(4);
         let eb = u64::from(b.element_bytes.max(1));
         let word = u32::try_from((start - offset) / eb).ok();
@@ -421,23 +390,11 @@ impl VulkanExecutable {
         let fail = |stage| move |e: VulkanError| Failure::at(stage)(e.into());
         let missing =
             || VulkanError::Bundle(format!("no submodel {submodel} of variant {variant}"));
-        let v = m
-            .variants
-            .get(variant)
-            .ok_or_else(missing)
-            .map_err(fail(Stage::Kernels))?;
-        let sub = v
-            .submodels
-            .get(submodel)
-            .ok_or_else(missing)
-            .map_err(fail(Stage::Kernels))?;
+        let v = m.variants.get(variant).ok_or_else(missing).map_err(fail(Stage::Kernels))?;
+        let sub = v.submodels.get(submodel).ok_or_else(missing).map_err(fail(Stage::Kernels))?;
         let places = Places::new(m, v, sub).map_err(fail(Stage::Kernels))?;
-        faults
-            .check("vulkan", Stage::Instance)
-            .map_err(Failure::at(Stage::Instance))?;
-        faults
-            .check("vulkan", Stage::Device)
-            .map_err(Failure::at(Stage::Device))?;
+        faults.check("vulkan", Stage::Instance).map_err(Failure::at(Stage::Instance))?;
+        faults.check("vulkan", Stage::Device).map_err(Failure::at(Stage::Device))?;
         let cx = Context::shared(&options.device).map_err(|e| {
             let stage = match e {
                 VulkanError::Loader(_) => Stage::Loader,
@@ -488,15 +445,10 @@ impl VulkanExecutable {
         };
         // From here on, dropping `exe` on an error frees whatever was made.
         exe.create_sync().map_err(fail(Stage::Device))?;
-        let pipelines = exe
-            .create_pipelines(&bundle, &bound)
-            .map_err(fail(Stage::Pipelines))?;
-        faults
-            .check("vulkan", Stage::Pipelines)
-            .map_err(Failure::at(Stage::Pipelines))?;
+        let pipelines = exe.create_pipelines(&bundle, &bound).map_err(fail(Stage::Pipelines))?;
+        faults.check("vulkan", Stage::Pipelines).map_err(Failure::at(Stage::Pipelines))?;
         exe.allocate(&bundle, &places.schedule, options.force_staging)?;
-        exe.record(&bound, &pipelines)
-            .map_err(fail(Stage::Pipelines))?;
+        exe.record(&bound, &pipelines).map_err(fail(Stage::Pipelines))?;
         Ok(exe)
     }
 
@@ -599,9 +551,8 @@ impl VulkanExecutable {
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)
                 .name(c"main");
-            let info = [vk::ComputePipelineCreateInfo::default()
-                .stage(stage)
-                .layout(layout.pipeline)];
+            let info =
+                [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout.pipeline)];
             // SAFETY: the module and layout are live; the module may be destroyed once the
             // pipeline exists. A failed create returns null handles or pipelines to destroy.
             let created = unsafe {
@@ -635,31 +586,12 @@ impl VulkanExecutable {
         let what = || format!("kernel {kernel} '{name}' (workgroup {size:?})");
         let invocations = size.iter().map(|&s| u64::from(s)).product::<u64>();
         let checks = [
-            (
-                "maxComputeWorkGroupSize",
-                l.max_compute_work_group_size[0],
-                size[0].into(),
-            ),
-            (
-                "maxComputeWorkGroupSize",
-                l.max_compute_work_group_size[1],
-                size[1].into(),
-            ),
-            (
-                "maxComputeWorkGroupSize",
-                l.max_compute_work_group_size[2],
-                size[2].into(),
-            ),
-            (
-                "maxComputeWorkGroupInvocations",
-                l.max_compute_work_group_invocations,
-                invocations,
-            ),
+            ("maxComputeWorkGroupSize", l.max_compute_work_group_size[0], size[0].into()),
+            ("maxComputeWorkGroupSize", l.max_compute_work_group_size[1], size[1].into()),
+            ("maxComputeWorkGroupSize", l.max_compute_work_group_size[2], size[2].into()),
+            ("maxComputeWorkGroupInvocations", l.max_compute_work_group_invocations, invocations),
         ];
-        match checks
-            .into_iter()
-            .find(|&(_, value, need)| need > u64::from(value))
-        {
+        match checks.into_iter().find(|&(_, value, need)| need > u64::from(value)) {
             Some((limit, value, need)) => Err(VulkanError::Limits {
                 device: self.cx.info.to_string(),
                 limit,
@@ -793,8 +725,7 @@ impl VulkanExecutable {
         // SAFETY: the fence is this executable's and not in use: its last submission was
         // waited for (or failed, and a lost device ignores the reset).
         unsafe { cx.device.reset_fences(&fences) }.map_err(|r| cx.submit_error(stage, r))?;
-        cx.submit(commands, self.fence)
-            .map_err(|r| cx.submit_error(stage, r))?;
+        cx.submit(commands, self.fence).map_err(|r| cx.submit_error(stage, r))?;
         // SAFETY: waits on this executable's own fence.
         unsafe { cx.device.wait_for_fences(&fences, true, u64::MAX) }
             .map_err(|r| cx.submit_error(stage, r))
@@ -922,9 +853,7 @@ impl VulkanExecutable {
         self.commands = commands.first().copied().unwrap_or_default();
         let cmd = self.commands;
         let barrier = |src: vk::AccessFlags, dst: vk::AccessFlags, stage| {
-            let barrier = [vk::MemoryBarrier::default()
-                .src_access_mask(src)
-                .dst_access_mask(dst)];
+            let barrier = [vk::MemoryBarrier::default().src_access_mask(src).dst_access_mask(dst)];
             // SAFETY: `cmd` is recording (between begin and end below).
             unsafe {
                 device.cmd_pipeline_barrier(

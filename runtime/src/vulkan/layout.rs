@@ -52,11 +52,7 @@ impl Region {
     /// The region of whole 4-byte words that holds `bytes`: kernels access memory in words,
     /// so two tensors that share a word conflict.
     pub fn words(buffer: usize, bytes: Range<u64>) -> Region {
-        Region {
-            buffer,
-            start: bytes.start - bytes.start % 4,
-            end: bytes.end.next_multiple_of(4),
-        }
+        Region { buffer, start: bytes.start - bytes.start % 4, end: bytes.end.next_multiple_of(4) }
     }
 
     fn overlaps(&self, other: &Region) -> bool {
@@ -77,13 +73,9 @@ impl Hazards {
     /// Records a dispatch that reads `reads` and writes `writes`; returns whether a barrier
     /// must come before it (the earlier accesses are then forgotten).
     pub fn dispatch(&mut self, reads: &[Region], writes: &[Region]) -> bool {
-        let after_write = reads
-            .iter()
-            .chain(writes)
-            .any(|r| self.writes.iter().any(|w| w.overlaps(r)));
-        let after_read = writes
-            .iter()
-            .any(|w| self.reads.iter().any(|r| r.overlaps(w)));
+        let after_write =
+            reads.iter().chain(writes).any(|r| self.writes.iter().any(|w| w.overlaps(r)));
+        let after_read = writes.iter().any(|w| self.reads.iter().any(|r| r.overlaps(w)));
         let barrier = after_write || after_read;
         if barrier {
             self.reads.clear();

@@ -119,12 +119,12 @@ impl Buffer {
         let host = F::HOST_VISIBLE | F::HOST_COHERENT;
         let bits = needs.memory_type_bits;
         let found = match placement {
-            Placement::Device => cx
-                .memory_type(bits, F::DEVICE_LOCAL)
-                .or_else(|| cx.memory_type(bits, F::empty())),
-            Placement::Host => cx
-                .memory_type(bits, F::DEVICE_LOCAL | host)
-                .or_else(|| cx.memory_type(bits, host)),
+            Placement::Device => {
+                cx.memory_type(bits, F::DEVICE_LOCAL).or_else(|| cx.memory_type(bits, F::empty()))
+            }
+            Placement::Host => {
+                cx.memory_type(bits, F::DEVICE_LOCAL | host).or_else(|| cx.memory_type(bits, host))
+            }
             Placement::Staging => cx.memory_type(bits, host),
         };
         let (type_index, flags) =
@@ -155,8 +155,7 @@ impl Buffer {
     fn map(&self, cx: &Context) -> Result<NonNull<u8>, String> {
         // SAFETY: the memory is host-visible, bound, and not mapped yet.
         let ptr = unsafe {
-            cx.device
-                .map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+            cx.device.map_memory(self.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
         }
         .map_err(|r| format!("vkMapMemory: {r}"))?;
         NonNull::new(ptr.cast::<u8>()).ok_or_else(|| "vkMapMemory returned null".into())
@@ -231,12 +230,7 @@ struct Slots<K, T> {
 
 impl<K, T> Default for Residency<K, T> {
     fn default() -> Self {
-        Residency {
-            slots: Mutex::new(Slots {
-                map: BTreeMap::new(),
-                prune_at: 0,
-            }),
-        }
+        Residency { slots: Mutex::new(Slots { map: BTreeMap::new(), prune_at: 0 }) }
     }
 }
 
@@ -250,9 +244,7 @@ impl<K: Ord, T> Residency<K, T> {
             if slots.map.len() >= slots.prune_at {
                 // A slot is in use while someone holds a clone of it or its value lives. The
                 // map's lock is the only way to a slot, so these slot locks are free.
-                slots
-                    .map
-                    .retain(|_, s| Arc::strong_count(s) > 1 || lock(s).strong_count() > 0);
+                slots.map.retain(|_, s| Arc::strong_count(s) > 1 || lock(s).strong_count() > 0);
                 slots.prune_at = 2 * slots.map.len().max(8);
             }
             Arc::clone(slots.map.entry(key).or_default())
@@ -333,10 +325,7 @@ mod tests {
                     })
                 })
                 .collect();
-            users
-                .into_iter()
-                .map(|u| u.join().unwrap().unwrap())
-                .collect()
+            users.into_iter().map(|u| u.join().unwrap().unwrap()).collect()
         });
         assert_eq!(made.load(SeqCst), 1);
         assert!(values.iter().all(|v| Arc::ptr_eq(v, &values[0])));

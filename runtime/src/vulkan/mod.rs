@@ -57,46 +57,19 @@ pub enum VulkanError {
     #[error("Vulkan device: {0}")]
     Device(String),
     #[error("Vulkan pipeline for kernel {kernel} '{name}' on {device}: {reason}")]
-    Pipeline {
-        device: String,
-        kernel: usize,
-        name: String,
-        reason: String,
-    },
+    Pipeline { device: String, kernel: usize, name: String, reason: String },
     #[error("Vulkan allocation of {bytes} bytes of {kind} memory ({label}) on {device}: {reason}")]
-    Allocation {
-        device: String,
-        kind: MemoryKind,
-        bytes: u64,
-        label: String,
-        reason: String,
-    },
+    Allocation { device: String, kind: MemoryKind, bytes: u64, label: String, reason: String },
     #[error("Vulkan {device}: {what} needs {limit} >= {need}, the device has {value}")]
-    Limits {
-        device: String,
-        limit: &'static str,
-        value: u64,
-        need: u64,
-        what: String,
-    },
+    Limits { device: String, limit: &'static str, value: u64, need: u64, what: String },
     #[error("step {index} '{name}' ({op}) has no Vulkan kernel for {class} devices: {reason}")]
-    Unsupported {
-        index: usize,
-        name: String,
-        op: String,
-        class: &'static str,
-        reason: String,
-    },
+    Unsupported { index: usize, name: String, op: String, class: &'static str, reason: String },
     /// The bundle is valid but not what this backend can follow (e.g. its allocation schedule
     /// misses a buffer a dispatch binds).
     #[error("bundle cannot run on Vulkan: {0}")]
     Bundle(String),
     #[error("Vulkan {stage} failed on {device}: {result}")]
-    Submit {
-        device: String,
-        stage: &'static str,
-        result: VkResult,
-    },
+    Submit { device: String, stage: &'static str, result: VkResult },
     #[error("Vulkan {device} was lost ({stage})")]
     DeviceLost { device: String, stage: &'static str },
     /// `run` was given the wrong number or size of inputs or outputs.
@@ -114,11 +87,7 @@ impl From<VulkanError> for SessionError {
 /// [`DeviceChoice::Index`]). Creates and drops an instance of its own.
 pub fn devices() -> Result<Vec<DeviceInfo>, VulkanError> {
     let instance = context::Instance::new(context::validation_requested())?;
-    Ok(instance
-        .physical_devices()?
-        .into_iter()
-        .map(|p| p.info)
-        .collect())
+    Ok(instance.physical_devices()?.into_iter().map(|p| p.info).collect())
 }
 
 /// Every warning and error the validation layer reported in this process, oldest first

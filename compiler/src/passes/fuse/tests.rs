@@ -14,18 +14,11 @@ struct Builder {
 
 impl Builder {
     fn new() -> Self {
-        Builder {
-            g: Graph {
-                opset: 17,
-                ..Default::default()
-            },
-        }
+        Builder { g: Graph { opset: 17, ..Default::default() } }
     }
 
     fn input(&mut self, name: &str, shape: &[usize]) -> ValueId {
-        let v = self
-            .g
-            .add_value(name, Some(TensorDesc::new(DType::F32, shape.to_vec())));
+        let v = self.g.add_value(name, Some(TensorDesc::new(DType::F32, shape.to_vec())));
         self.g.inputs.push(v);
         v
     }
@@ -33,19 +26,13 @@ impl Builder {
     /// A constant of `shape` holding `values`, or distinct values from `seed` when empty.
     fn constant(&mut self, name: &str, shape: &[usize], values: &[f32], seed: usize) -> ValueId {
         let n = shape.iter().product();
-        let data = if values.is_empty() {
-            data(n, seed)
-        } else {
-            values.to_vec()
-        };
+        let data = if values.is_empty() { data(n, seed) } else { values.to_vec() };
         let t = Tensor::from_vec(shape.to_vec(), &data).unwrap();
         self.g.add_constant(name, Const::owned(t))
     }
 
     fn node(&mut self, op: &str, inputs: &[ValueId], attrs: Attrs) -> ValueId {
-        let out = self
-            .g
-            .add_value(format!("{op}{}", self.g.nodes.len()), None);
+        let out = self.g.add_value(format!("{op}{}", self.g.nodes.len()), None);
         self.g.nodes.push(Node {
             name: format!("n{}", self.g.nodes.len()),
             op: op.into(),
@@ -72,9 +59,7 @@ impl Builder {
 
 /// `n` distinct, irregular values in about [-1.5, 1.5].
 fn data(n: usize, seed: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i * 37 + seed * 11) % 23) as f32 / 7.3 - 1.5)
-        .collect()
+    (0..n).map(|i| ((i * 37 + seed * 11) % 23) as f32 / 7.3 - 1.5).collect()
 }
 
 fn float(v: f64) -> AttrValue {
@@ -83,32 +68,21 @@ fn float(v: f64) -> AttrValue {
 
 /// Evaluates `g` node by node with the CPU kernels.
 fn evaluate(g: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
-    let mut values: Vec<Option<Arc<Tensor>>> = (g.values.iter())
-        .map(|v| v.constant.as_ref().map(Const::tensor))
-        .collect();
+    let mut values: Vec<Option<Arc<Tensor>>> =
+        (g.values.iter()).map(|v| v.constant.as_ref().map(Const::tensor)).collect();
     for (&i, t) in g.inputs.iter().zip(inputs) {
         values[i] = Some(Arc::new(t.clone()));
     }
     for n in &g.nodes {
-        let ins: Vec<&Tensor> = n
-            .present_inputs()
-            .map(|v| values[v].as_deref().unwrap())
-            .collect();
-        let descs: Vec<TensorDesc> = n
-            .outputs
-            .iter()
-            .map(|&o| g.ty(o).unwrap().clone())
-            .collect();
+        let ins: Vec<&Tensor> = n.present_inputs().map(|v| values[v].as_deref().unwrap()).collect();
+        let descs: Vec<TensorDesc> = n.outputs.iter().map(|&o| g.ty(o).unwrap().clone()).collect();
         let outs = cpu::eval(&n.op, &n.attrs, &ins, &descs)
             .unwrap_or_else(|e| panic!("{}: {e}", n.label()));
         for (&o, t) in n.outputs.iter().zip(outs) {
             values[o] = Some(Arc::new(t));
         }
     }
-    g.outputs
-        .iter()
-        .map(|&o| (*values[o].clone().unwrap()).clone())
-        .collect()
+    g.outputs.iter().map(|&o| (*values[o].clone().unwrap()).clone()).collect()
 }
 
 /// Fuses `g`, checks the ops left (in order) and that the outputs agree with the unfused
@@ -127,10 +101,7 @@ fn fused(g: &Graph, ops: &[&str]) -> Graph {
         .collect();
     for (got, want) in evaluate(&f, &inputs).iter().zip(evaluate(g, &inputs)) {
         assert_eq!(got.desc(), want.desc());
-        let (got, want) = (
-            got.as_slice::<f32>().unwrap(),
-            want.as_slice::<f32>().unwrap(),
-        );
+        let (got, want) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
         for (i, (a, b)) in got.iter().zip(want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs().max(1.0),
@@ -150,16 +121,11 @@ fn the<'g>(g: &'g Graph, op: &str) -> &'g Node {
 }
 
 fn post_ops(n: &Node) -> (&str, &[f64]) {
-    (
-        n.attrs.text("post_ops").unwrap(),
-        n.attrs.floats("post_params").unwrap(),
-    )
+    (n.attrs.text("post_ops").unwrap(), n.attrs.floats("post_params").unwrap())
 }
 
 fn conv_attrs(group: i64, pads: i64) -> Attrs {
-    Attrs::new()
-        .with("group", AttrValue::Int(group))
-        .with("pads", AttrValue::Ints(vec![pads; 4]))
+    Attrs::new().with("group", AttrValue::Int(group)).with("pads", AttrValue::Ints(vec![pads; 4]))
 }
 
 /// BatchNormalization's four parameters for `m` channels (variances positive).
@@ -205,9 +171,8 @@ fn batch_norm_folds_into_grouped_conv_transpose_and_gemm() {
     let mut b = Builder::new();
     let x = b.input("x", &[1, 4, 3, 3]);
     let w = b.constant("w", &[4, 3, 2, 2], &[], 7);
-    let attrs = Attrs::new()
-        .with("group", AttrValue::Int(2))
-        .with("strides", AttrValue::Ints(vec![2, 2]));
+    let attrs =
+        Attrs::new().with("group", AttrValue::Int(2)).with("strides", AttrValue::Ints(vec![2, 2]));
     let y = b.node("ConvTranspose", &[x, w], attrs);
     let z = batch_norm(&mut b, y, 6);
     let g = b.finish(&[z]);
@@ -308,9 +273,7 @@ fn hard_swish_graph(form: usize) -> Graph {
         }
         // HardSigmoid(x) * x
         _ => {
-            let attrs = Attrs::new()
-                .with("alpha", float(0.1666667))
-                .with("beta", float(0.5));
+            let attrs = Attrs::new().with("alpha", float(0.1666667)).with("beta", float(0.5));
             let h = b.node("HardSigmoid", &[x], attrs);
             b.op("Mul", &[h, x])
         }
@@ -328,9 +291,7 @@ fn decomposed_hard_swish_becomes_one_node() {
     // Another alpha is not HardSwish; an inner value read twice keeps the pattern apart.
     let mut b = Builder::new();
     let x = b.input("x", &[4]);
-    let attrs = Attrs::new()
-        .with("alpha", float(0.2))
-        .with("beta", float(0.5));
+    let attrs = Attrs::new().with("alpha", float(0.2)).with("beta", float(0.5));
     let h = b.node("HardSigmoid", &[x], attrs);
     let y = b.op("Mul", &[x, h]);
     let g = b.finish(&[y, h]);
@@ -348,17 +309,11 @@ fn decomposed_hard_swish_becomes_one_node() {
 fn activations_become_post_ops_with_their_parameters() {
     let cases: [(&str, Attrs, &[f64]); 7] = [
         ("Relu", Attrs::new(), &[]),
-        (
-            "LeakyRelu",
-            Attrs::new().with("alpha", float(0.25)),
-            &[0.25],
-        ),
+        ("LeakyRelu", Attrs::new().with("alpha", float(0.25)), &[0.25]),
         ("Sigmoid", Attrs::new(), &[]),
         (
             "HardSigmoid",
-            Attrs::new()
-                .with("alpha", float(0.25))
-                .with("beta", float(0.375)),
+            Attrs::new().with("alpha", float(0.25)).with("beta", float(0.375)),
             &[0.25, 0.375],
         ),
         ("HardSwish", Attrs::new(), &[]),
@@ -397,12 +352,9 @@ fn activations_become_post_ops_with_their_parameters() {
 #[test]
 fn sums_differences_and_products_with_a_residual_become_post_ops() {
     // r = Exp(x); y = Conv(x); then r + y, y - r, r - y, y * r, each followed by Relu.
-    for (op, swap, name) in [
-        ("Add", true, "Add"),
-        ("Sub", false, "Sub"),
-        ("Sub", true, "RSub"),
-        ("Mul", false, "Mul"),
-    ] {
+    for (op, swap, name) in
+        [("Add", true, "Add"), ("Sub", false, "Sub"), ("Sub", true, "RSub"), ("Mul", false, "Mul")]
+    {
         let mut b = Builder::new();
         let x = b.input("x", &[1, 3, 4, 4]);
         let r = b.op("Exp", &[x]);
@@ -431,17 +383,11 @@ fn post_op_chains_take_scalar_constants() {
     let w = b.constant("w", &[4, 3, 1, 1], &[], 1);
     let bias = b.constant("b", &[4], &[], 2);
     let y = b.node("Conv", &[x, w, bias], conv_attrs(1, 0));
-    let (s, t) = (
-        b.constant("s", &[1], &[1.5], 0),
-        b.constant("t", &[1], &[0.5], 0),
-    );
+    let (s, t) = (b.constant("s", &[1], &[1.5], 0), b.constant("t", &[1], &[0.5], 0));
     let y = b.op("Mul", &[s, y]);
     let y = b.op("Add", &[y, t]);
     let y = b.op("HardSwish", &[y]);
-    let (s, t) = (
-        b.constant("s2", &[1], &[0.75], 0),
-        b.constant("t2", &[1], &[-0.5], 0),
-    );
+    let (s, t) = (b.constant("s2", &[1], &[0.75], 0), b.constant("t2", &[1], &[-0.5], 0));
     let y = b.op("Mul", &[s, y]);
     let y = b.op("Add", &[y, t]);
     let g = b.finish(&[y]);
@@ -482,10 +428,8 @@ fn nothing_fuses_across_a_shared_or_output_value() {
 
 #[test]
 fn the_activation_vocabulary_is_the_runtimes() {
-    let ours: Vec<(&str, usize)> = ACTIVATION_ATTRS
-        .iter()
-        .map(|(op, attrs)| (*op, attrs.len()))
-        .collect();
+    let ours: Vec<(&str, usize)> =
+        ACTIVATION_ATTRS.iter().map(|(op, attrs)| (*op, attrs.len())).collect();
     assert_eq!(ours, post::ACTIVATIONS);
     let hosts: Vec<&str> = HOSTS.iter().map(|(op, _)| *op).collect();
     for (op, own) in HOSTS {

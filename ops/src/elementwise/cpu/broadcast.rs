@@ -47,13 +47,7 @@ impl<const K: usize> Broadcast<K> {
         let total = out.iter().product();
         let sizes = inputs.map(|s| s.iter().product());
         if total == 0 {
-            return Ok(Self {
-                outer: Vec::new(),
-                block: 0,
-                lens: [0; K],
-                sizes,
-                total,
-            });
+            return Ok(Self { outer: Vec::new(), block: 0, lens: [0; K], sizes, total });
         }
         // Drop unit dimensions; merge a dimension into the previous one when every input
         // steps through both as through one (contiguously, or not at all).
@@ -98,10 +92,7 @@ impl<const K: usize> Broadcast<K> {
         let mut off = [0usize; K];
         let mut out = 0;
         loop {
-            f(
-                std::array::from_fn(|k| off[k]..off[k] + self.lens[k]),
-                out..out + self.block,
-            );
+            f(std::array::from_fn(|k| off[k]..off[k] + self.lens[k]), out..out + self.block);
             out += self.block;
             // Advance the odometer over the outer dimensions, innermost first.
             let mut d = self.outer.len();
@@ -156,9 +147,9 @@ mod tests {
                 let at = std::array::from_fn(|k| {
                     let s = ins[k];
                     let off = out.len() - s.len();
-                    s.iter().enumerate().fold(0, |acc, (d, &n)| {
-                        acc * n + if n == 1 { 0 } else { idx[off + d] }
-                    })
+                    s.iter()
+                        .enumerate()
+                        .fold(0, |acc, (d, &n)| acc * n + if n == 1 { 0 } else { idx[off + d] })
                 });
                 (at, o)
             })
@@ -172,10 +163,7 @@ mod tests {
         assert_eq!((same.outer.len(), same.block, same.lens), (0, 24, [24, 24]));
         // Scalar operand: one block, the scalar repeats.
         let scalar = Broadcast::new([&[2, 3, 4], &[]], &[2, 3, 4]).unwrap();
-        assert_eq!(
-            (scalar.outer.len(), scalar.block, scalar.lens),
-            (0, 24, [24, 1])
-        );
+        assert_eq!((scalar.outer.len(), scalar.block, scalar.lens), (0, 24, [24, 1]));
         // Per-channel: N*C blocks of H*W.
         let chan = Broadcast::new([&[2, 3, 4, 5], &[3, 1, 1]], &[2, 3, 4, 5]).unwrap();
         assert_eq!(chan.outer, vec![(2, [60, 0]), (3, [20, 1])]);
@@ -197,11 +185,7 @@ mod tests {
         ];
         for &(a, b, out) in cases {
             let bc = Broadcast::new([a, b], out).unwrap();
-            assert_eq!(
-                visits(&bc),
-                reference([a, b], out),
-                "{a:?} {b:?} -> {out:?}"
-            );
+            assert_eq!(visits(&bc), reference([a, b], out), "{a:?} {b:?} -> {out:?}");
         }
         let three = Broadcast::new([&[4, 1], &[1, 3], &[]], &[4, 3]).unwrap();
         assert_eq!(visits(&three), reference([&[4, 1], &[1, 3], &[]], &[4, 3]));

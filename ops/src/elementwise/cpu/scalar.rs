@@ -292,15 +292,7 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     let r = x - n * LN2_HI - n * LN2_LO; // |r| <= ln(2) / 2
     // The Taylor series of e^r to degree 7: the remainder is below 1e-8.
     let mut p = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
         p = p * r + c;
     }
     // Scale by 2^n in two halves, each a normal float over the whole range. Integer n comes

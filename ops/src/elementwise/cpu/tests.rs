@@ -53,12 +53,7 @@ enum A {
 }
 use A::{F, T};
 
-type Case = (
-    &'static str,
-    &'static [(&'static str, A)],
-    &'static [f32],
-    &'static [f32],
-);
+type Case = (&'static str, &'static [(&'static str, A)], &'static [f32], &'static [f32]);
 
 // (op, attributes, x, y) with y from onnxruntime 1.31 on f32, by this script:
 // # Expected outputs of the unary float ops from onnxruntime (opset 20).
@@ -145,47 +140,24 @@ fn unary_float_ops_match_onnxruntime() {
         let n = [x.len()];
         let y = run(op, &a, &[&t(&n, x)], DType::F32, &n);
         let got = y.as_slice::<f32>().unwrap();
-        assert!(
-            close(got, want, 2e-6),
-            "{op} f32: got {got:?}, want {want:?}"
-        );
+        assert!(close(got, want, 2e-6), "{op} f32: got {got:?}, want {want:?}");
 
         let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         let y = run(op, &a, &[&t(&n, &x64)], DType::F64, &n);
-        let got: Vec<f32> = y
-            .as_slice::<f64>()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
-        assert!(
-            close(&got, want, 2e-6),
-            "{op} f64: got {got:?}, want {want:?}"
-        );
+        let got: Vec<f32> = y.as_slice::<f64>().unwrap().iter().map(|&v| v as f32).collect();
+        assert!(close(&got, want, 2e-6), "{op} f64: got {got:?}, want {want:?}");
 
         let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
         let y = run(op, &a, &[&t(&n, &x16)], DType::F16, &n);
-        let got: Vec<f32> = y
-            .as_slice::<f16>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_f32())
-            .collect();
-        assert!(
-            close(&got, want, 4e-3),
-            "{op} f16: got {got:?}, want {want:?}"
-        );
+        let got: Vec<f32> = y.as_slice::<f16>().unwrap().iter().map(|v| v.to_f32()).collect();
+        assert!(close(&got, want, 4e-3), "{op} f16: got {got:?}, want {want:?}");
     }
 }
 
 #[test]
 fn sign_abs_neg_relu_on_integers() {
     let x = t(&[4], &[-3i32, 0, 4, i32::MIN]);
-    let one = |op| {
-        run(op, &Attrs::new(), &[&x], DType::I32, &[4])
-            .to_vec::<i32>()
-            .unwrap()
-    };
+    let one = |op| run(op, &Attrs::new(), &[&x], DType::I32, &[4]).to_vec::<i32>().unwrap();
     assert_eq!(one("Abs"), [3, 0, 4, i32::MIN], "abs(MIN) wraps, no panic");
     assert_eq!(one("Neg"), [3, 0, -4, i32::MIN]);
     assert_eq!(one("Sign"), [-1, 0, 1, -1]);
@@ -194,9 +166,7 @@ fn sign_abs_neg_relu_on_integers() {
     let y = run("Relu", &Attrs::new(), &[&x], DType::I64, &[3]);
     assert_eq!(y.to_vec::<i64>().unwrap(), [0, 0, 7]);
     let x = t(&[4], &[-2.0f32, -0.0, 0.0, f32::NAN]);
-    let y = run("Sign", &Attrs::new(), &[&x], DType::F32, &[4])
-        .to_vec::<f32>()
-        .unwrap();
+    let y = run("Sign", &Attrs::new(), &[&x], DType::F32, &[4]).to_vec::<f32>().unwrap();
     assert_eq!(&y[..3], &[-1.0, 0.0, 0.0]);
     assert!(y[3].is_nan());
 }
@@ -209,14 +179,8 @@ fn not_isnan_isinf_give_bools() {
     let x = t(&[4], &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0]);
     let y = run("IsNaN", &Attrs::new(), &[&x], DType::Bool, &[4]);
     assert_eq!(y.bytes(), &[1, 0, 0, 0]);
-    for (neg, pos, want) in [
-        (1, 1, [0, 1, 1, 0]),
-        (0, 1, [0, 1, 0, 0]),
-        (1, 0, [0, 0, 1, 0]),
-    ] {
-        let a = Attrs::new()
-            .with("detect_negative", int(neg))
-            .with("detect_positive", int(pos));
+    for (neg, pos, want) in [(1, 1, [0, 1, 1, 0]), (0, 1, [0, 1, 0, 0]), (1, 0, [0, 0, 1, 0])] {
+        let a = Attrs::new().with("detect_negative", int(neg)).with("detect_positive", int(pos));
         let y = run("IsInf", &a, &[&x], DType::Bool, &[4]);
         assert_eq!(y.bytes(), &want, "IsInf neg={neg} pos={pos}");
     }
@@ -231,38 +195,23 @@ fn not_isnan_isinf_give_bools() {
 #[test]
 fn clip_with_and_without_bounds() {
     let x = t(&[5], &[-5.0f32, -0.5, 0.5, 5.0, f32::NAN]);
-    let unbounded = Attrs::new()
-        .with("min", float(f64::NEG_INFINITY))
-        .with("max", float(f64::INFINITY));
-    let y = run("Clip", &unbounded, &[&x], DType::F32, &[5])
-        .to_vec::<f32>()
-        .unwrap();
+    let unbounded =
+        Attrs::new().with("min", float(f64::NEG_INFINITY)).with("max", float(f64::INFINITY));
+    let y = run("Clip", &unbounded, &[&x], DType::F32, &[5]).to_vec::<f32>().unwrap();
     assert_eq!(&y[..4], &[-5.0, -0.5, 0.5, 5.0]);
     assert!(y[4].is_nan(), "NaN passes through");
-    let unit = Attrs::new()
-        .with("min", float(-1.0))
-        .with("max", float(1.0));
-    let y = run("Clip", &unit, &[&x], DType::F32, &[5])
-        .to_vec::<f32>()
-        .unwrap();
+    let unit = Attrs::new().with("min", float(-1.0)).with("max", float(1.0));
+    let y = run("Clip", &unit, &[&x], DType::F32, &[5]).to_vec::<f32>().unwrap();
     assert_eq!(&y[..4], &[-1.0, -0.5, 0.5, 1.0]);
     // min > max: everything becomes max.
     let inverted = Attrs::new().with("min", float(2.0)).with("max", float(1.0));
-    let y = run("Clip", &inverted, &[&x], DType::F32, &[5])
-        .to_vec::<f32>()
-        .unwrap();
+    let y = run("Clip", &inverted, &[&x], DType::F32, &[5]).to_vec::<f32>().unwrap();
     assert_eq!(&y[..4], &[1.0, 1.0, 1.0, 1.0]);
 
     let xi = t(&[3], &[-5i64, 0, i64::MAX]);
-    let a = Attrs::new()
-        .with("min", int(-2))
-        .with("max", int(i64::MAX - 1));
+    let a = Attrs::new().with("min", int(-2)).with("max", int(i64::MAX - 1));
     let y = run("Clip", &a, &[&xi], DType::I64, &[3]);
-    assert_eq!(
-        y.to_vec::<i64>().unwrap(),
-        [-2, 0, i64::MAX - 1],
-        "int bounds stay exact"
-    );
+    assert_eq!(y.to_vec::<i64>().unwrap(), [-2, 0, i64::MAX - 1], "int bounds stay exact");
     let xi = t(&[2], &[i32::MIN, i32::MAX]);
     let y = run("Clip", &unbounded, &[&xi], DType::I32, &[2]);
     assert_eq!(y.to_vec::<i32>().unwrap(), [i32::MIN, i32::MAX]);
@@ -275,20 +224,11 @@ fn broadcasting_binary_ops() {
     let x = t(&[1, 2, 2, 2], &[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
     let c = t(&[2, 1, 1], &[10.0f32, 20.0]);
     let y = bin("Add", &x, &c, &[1, 2, 2, 2]);
-    assert_eq!(
-        y.to_vec::<f32>().unwrap(),
-        [10.0, 11.0, 12.0, 13.0, 24.0, 25.0, 26.0, 27.0]
-    );
+    assert_eq!(y.to_vec::<f32>().unwrap(), [10.0, 11.0, 12.0, 13.0, 24.0, 25.0, 26.0, 27.0]);
     // Scalar on either side.
     let s = t(&[], &[2.0f32]);
-    assert_eq!(
-        bin("Mul", &s, &c, &[2, 1, 1]).to_vec::<f32>().unwrap(),
-        [20.0, 40.0]
-    );
-    assert_eq!(
-        bin("Sub", &c, &s, &[2, 1, 1]).to_vec::<f32>().unwrap(),
-        [8.0, 18.0]
-    );
+    assert_eq!(bin("Mul", &s, &c, &[2, 1, 1]).to_vec::<f32>().unwrap(), [20.0, 40.0]);
+    assert_eq!(bin("Sub", &c, &s, &[2, 1, 1]).to_vec::<f32>().unwrap(), [8.0, 18.0]);
     // Outer difference: [3,1] - [1,4].
     let a = t(&[3, 1], &[1i64, 2, 3]);
     let b = t(&[1, 4], &[10i64, 20, 30, 40]);
@@ -305,9 +245,7 @@ fn broadcasting_binary_ops() {
     let y = bin("Div", &a, &b, &[2, 2, 3]);
     assert_eq!(
         y.to_vec::<f32>().unwrap(),
-        [
-            -0.625, -0.375, -0.125, 5.0, 3.0, 1.0, 0.125, 0.375, 0.625, -1.0, -3.0, -5.0
-        ]
+        [-0.625, -0.375, -0.125, 5.0, 3.0, 1.0, 0.125, 0.375, 0.625, -1.0, -3.0, -5.0]
     );
     // An output larger than both inputs' broadcast repeats the value (no short blocks).
     let a = t(&[2, 1], &[1i32, 2]);
@@ -317,49 +255,26 @@ fn broadcasting_binary_ops() {
     //   np.float16([1.5, 0.1, 1000]) + np.float16([2.0, 0.2, 0.3]) -> [3.5, 0.2998046875, 1000.5]
     //   (0.2998046875 = 307/1024)
     let h = |v: &[f32]| v.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>();
-    let y = bin(
-        "Add",
-        &t(&[3], &h(&[1.5, 0.1, 1000.0])),
-        &t(&[3], &h(&[2.0, 0.2, 0.3])),
-        &[3],
-    );
-    assert_eq!(
-        y.to_vec::<f16>().unwrap(),
-        h(&[3.5, 307.0 / 1024.0, 1000.5])
-    );
+    let y = bin("Add", &t(&[3], &h(&[1.5, 0.1, 1000.0])), &t(&[3], &h(&[2.0, 0.2, 0.3])), &[3]);
+    assert_eq!(y.to_vec::<f16>().unwrap(), h(&[3.5, 307.0 / 1024.0, 1000.5]));
 }
 
 #[test]
 fn integer_div_truncates_and_mod_follows_fmod() {
     let a = t(&[5], &[7i32, -7, 7, -7, 5]);
     let b = t(&[5], &[2i32, 2, -2, -2, 0]);
-    assert_eq!(
-        bin("Div", &a, &b, &[5]).to_vec::<i32>().unwrap(),
-        [3, -3, -3, 3, 0]
-    );
+    assert_eq!(bin("Div", &a, &b, &[5]).to_vec::<i32>().unwrap(), [3, -3, -3, 3, 0]);
     let a = t(&[2], &[9u8, 200]);
     let b = t(&[], &[4u8]);
     assert_eq!(bin("Div", &a, &b, &[2]).to_vec::<u8>().unwrap(), [2, 50]);
-    assert_eq!(
-        bin("Add", &a, &t(&[], &[100u8]), &[2])
-            .to_vec::<u8>()
-            .unwrap(),
-        [109, 44],
-        "wraps"
-    );
+    assert_eq!(bin("Add", &a, &t(&[], &[100u8]), &[2]).to_vec::<u8>().unwrap(), [109, 44], "wraps");
 
     // numpy: np.mod / np.fmod of [-7, 7, -7, 7] by [3, -3, -3, 3], and of
     // float32 [-7.5, 7.5] by [2, -2].
     let a = t(&[4], &[-7i64, 7, -7, 7]);
     let b = t(&[4], &[3i64, -3, -3, 3]);
     let m = |fmod, a: &Tensor, b: &Tensor| {
-        run(
-            "Mod",
-            &Attrs::new().with("fmod", int(fmod)),
-            &[a, b],
-            a.dtype(),
-            a.shape(),
-        )
+        run("Mod", &Attrs::new().with("fmod", int(fmod)), &[a, b], a.dtype(), a.shape())
     };
     assert_eq!(m(0, &a, &b).to_vec::<i64>().unwrap(), [2, -2, -1, 1]);
     assert_eq!(m(1, &a, &b).to_vec::<i64>().unwrap(), [-1, 1, -1, 1]);
@@ -373,19 +288,12 @@ fn integer_div_truncates_and_mod_follows_fmod() {
 fn pow_prelu_and_bitshift() {
     let y = bin("Pow", &t(&[2], &[2.0f32, 3.0]), &t(&[2], &[3i64, -1]), &[2]);
     assert_eq!(y.to_vec::<f32>().unwrap(), [8.0, 1.0 / 3.0]);
-    let y = bin(
-        "Pow",
-        &t(&[3], &[1i32, 2, 3]),
-        &t(&[3], &[4i32, 5, 6]),
-        &[3],
-    );
+    let y = bin("Pow", &t(&[3], &[1i32, 2, 3]), &t(&[3], &[4i32, 5, 6]), &[3]);
     assert_eq!(y.to_vec::<i32>().unwrap(), [1, 32, 729]);
     let x = t(&[3], &[-3.0f32, 0.5, 4.0]);
     let y = bin("Pow", &x, &t(&[], &[2.0f32]), &[3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), [9.0, 0.25, 16.0]);
-    let y = bin("Pow", &x, &t(&[1], &[0.5f64]), &[3])
-        .to_vec::<f32>()
-        .unwrap();
+    let y = bin("Pow", &x, &t(&[1], &[0.5f64]), &[3]).to_vec::<f32>().unwrap();
     assert!(y[0].is_nan());
     assert_eq!(&y[1..], &[0.5f32.sqrt(), 2.0]);
 
@@ -417,9 +325,7 @@ fn comparisons_and_logic_give_bools() {
     let a = t(&[2, 1], &[1.0f32, 3.0]);
     let b = t(&[3], &[0.0f32, 3.0, 5.0]);
     let cmp = |op, a: &Tensor, b: &Tensor, shape: &[usize]| {
-        run(op, &Attrs::new(), &[a, b], DType::Bool, shape)
-            .bytes()
-            .to_vec()
+        run(op, &Attrs::new(), &[a, b], DType::Bool, shape).bytes().to_vec()
     };
     assert_eq!(cmp("Greater", &a, &b, &[2, 3]), [1, 0, 0, 1, 0, 0]);
     assert_eq!(cmp("GreaterOrEqual", &a, &b, &[2, 3]), [1, 0, 0, 1, 1, 0]);
@@ -445,19 +351,10 @@ fn variadic_ops_broadcast_all_inputs() {
     let b = t(&[2, 1], &[2.0f32, 4.0]);
     let c = t(&[], &[10.0f32]);
     let none = Attrs::new();
-    let y = run(
-        "Max",
-        &none,
-        &[&a, &b, &t(&[], &[0.0f32])],
-        DType::F32,
-        &[2, 3],
-    );
+    let y = run("Max", &none, &[&a, &b, &t(&[], &[0.0f32])], DType::F32, &[2, 3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), [2.0, 5.0, 3.0, 4.0, 5.0, 4.0]);
     let y = run("Sum", &none, &[&a, &b, &c], DType::F32, &[2, 3]);
-    assert_eq!(
-        y.to_vec::<f32>().unwrap(),
-        [13.0, 17.0, 15.0, 15.0, 19.0, 17.0]
-    );
+    assert_eq!(y.to_vec::<f32>().unwrap(), [13.0, 17.0, 15.0, 15.0, 19.0, 17.0]);
     let y = run("Mean", &none, &[&a, &b], DType::F32, &[2, 3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), [1.5, 3.5, 2.5, 2.5, 4.5, 3.5]);
     let y = run("Sum", &none, &[&a], DType::F32, &[3]);
@@ -466,35 +363,11 @@ fn variadic_ops_broadcast_all_inputs() {
     let y = run("Min", &none, &[&a, &a, &b], DType::F32, &[2, 3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), [1.0, 2.0, 2.0, 1.0, 4.0, 3.0]);
     let n = t(&[2], &[f32::NAN, 1.0]);
-    let y = run(
-        "Min",
-        &none,
-        &[&t(&[2], &[0.0f32, f32::NAN]), &n],
-        DType::F32,
-        &[2],
-    );
-    assert!(
-        y.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()),
-        "NaN propagates"
-    );
-    let y = run(
-        "Max",
-        &none,
-        &[&t(&[2], &[-1i32, 7]), &t(&[], &[0i32])],
-        DType::I32,
-        &[2],
-    );
+    let y = run("Min", &none, &[&t(&[2], &[0.0f32, f32::NAN]), &n], DType::F32, &[2]);
+    assert!(y.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()), "NaN propagates");
+    let y = run("Max", &none, &[&t(&[2], &[-1i32, 7]), &t(&[], &[0i32])], DType::I32, &[2]);
     assert_eq!(y.to_vec::<i32>().unwrap(), [0, 7]);
-    assert!(
-        try_run(
-            "Max",
-            &none,
-            &[&a, &t(&[3], &[1i32, 2, 3])],
-            DType::F32,
-            &[3]
-        )
-        .is_err()
-    );
+    assert!(try_run("Max", &none, &[&a, &t(&[3], &[1i32, 2, 3])], DType::F32, &[3]).is_err());
 }
 
 #[test]
@@ -502,13 +375,7 @@ fn where_selects_any_type_with_broadcasting() {
     let cond = bools(&[2, 1], &[1, 0]);
     let x = t(&[3], &[1i64, 2, 3]);
     let y = t(&[], &[-1i64]);
-    let out = run(
-        "Where",
-        &Attrs::new(),
-        &[&cond, &x, &y],
-        DType::I64,
-        &[2, 3],
-    );
+    let out = run("Where", &Attrs::new(), &[&cond, &x, &y], DType::I64, &[2, 3]);
     assert_eq!(out.to_vec::<i64>().unwrap(), [1, 2, 3, -1, -1, -1]);
     let cond = bools(&[3], &[1, 0, 1]);
     let x = t(&[3], &[1.0f32, 2.0, 3.0]);
@@ -516,13 +383,7 @@ fn where_selects_any_type_with_broadcasting() {
     let out = run("Where", &Attrs::new(), &[&cond, &x, &y], DType::F32, &[3]);
     assert_eq!(out.to_vec::<f32>().unwrap(), [1.0, -2.0, 3.0]);
     let p = bools(&[3], &[1, 1, 0]);
-    let out = run(
-        "Where",
-        &Attrs::new(),
-        &[&cond, &p, &bools(&[], &[0])],
-        DType::Bool,
-        &[3],
-    );
+    let out = run("Where", &Attrs::new(), &[&cond, &p, &bools(&[], &[0])], DType::Bool, &[3]);
     assert_eq!(out.bytes(), &[1, 0, 0]);
     let bad = t(&[3], &[1u8, 0, 1]);
     assert!(try_run("Where", &Attrs::new(), &[&bad, &x, &y], DType::F32, &[3]).is_err());
@@ -545,10 +406,7 @@ fn of_type(dt: DType, vals: &[u8]) -> Tensor {
         DType::U32 => t(&n, &vals.iter().map(|&v| v as u32).collect::<Vec<_>>()),
         DType::I64 => t(&n, &vals.iter().map(|&v| v as i64).collect::<Vec<_>>()),
         DType::U64 => t(&n, &vals.iter().map(|&v| v as u64).collect::<Vec<_>>()),
-        DType::Bool => bools(
-            &n,
-            &vals.iter().map(|&v| (v != 0) as u8).collect::<Vec<_>>(),
-        ),
+        DType::Bool => bools(&n, &vals.iter().map(|&v| (v != 0) as u8).collect::<Vec<_>>()),
     }
 }
 
@@ -561,11 +419,7 @@ fn cast_to(x: &Tensor, dt: DType) -> Tensor {
 fn cast_between_every_pair_of_types() {
     for src in DType::ALL {
         for dst in DType::ALL {
-            let vals: &[u8] = if src == DType::Bool {
-                &[0, 1, 1]
-            } else {
-                &[0, 1, 100]
-            };
+            let vals: &[u8] = if src == DType::Bool { &[0, 1, 1] } else { &[0, 1, 100] };
             let want = if dst == DType::Bool { &[0, 1, 1] } else { vals };
             let y = cast_to(&of_type(src, vals), dst);
             assert_eq!(y, of_type(dst, want), "{src} -> {dst}");
@@ -581,49 +435,23 @@ fn cast_edge_cases() {
         [-2, 2, 0, i32::MAX],
         "truncates toward zero; out of range saturates"
     );
-    assert_eq!(
-        cast_to(&x, DType::I64).to_vec::<i64>().unwrap()[..3],
-        [-2, 2, 0]
-    );
+    assert_eq!(cast_to(&x, DType::I64).to_vec::<i64>().unwrap()[..3], [-2, 2, 0]);
     let x = t(&[4], &[0.0f32, -0.0, 0.5, f32::NAN]);
+    assert_eq!(cast_to(&x, DType::Bool).bytes(), &[0, 0, 1, 1], "NaN is true");
     assert_eq!(
-        cast_to(&x, DType::Bool).bytes(),
-        &[0, 0, 1, 1],
-        "NaN is true"
-    );
-    assert_eq!(
-        cast_to(&t(&[2], &[300i64, -1]), DType::U8)
-            .to_vec::<u8>()
-            .unwrap(),
+        cast_to(&t(&[2], &[300i64, -1]), DType::U8).to_vec::<u8>().unwrap(),
         [44, 255],
         "integers wrap like C"
     );
     // numpy: np.float32([0.1, 65504, 1e5, -0.0, 1/3]).astype(np.float16).astype(np.float32)
     //   -> [0.0999755859375 (819/8192), 65504, inf, -0.0, 0.333251953125 (1365/4096)]
     let x = t(&[5], &[0.1f32, 65504.0, 1e5, -0.0, 1.0 / 3.0]);
-    let back = cast_to(&cast_to(&x, DType::F16), DType::F32)
-        .to_vec::<f32>()
-        .unwrap();
-    assert_eq!(
-        back,
-        [
-            819.0 / 8192.0,
-            65504.0,
-            f32::INFINITY,
-            -0.0,
-            1365.0 / 4096.0
-        ]
-    );
+    let back = cast_to(&cast_to(&x, DType::F16), DType::F32).to_vec::<f32>().unwrap();
+    assert_eq!(back, [819.0 / 8192.0, 65504.0, f32::INFINITY, -0.0, 1365.0 / 4096.0]);
     assert!(back[3].is_sign_negative());
     // CastLike takes the type from its second input.
     let like = t(&[1], &[0i64]);
-    let y = run(
-        "CastLike",
-        &Attrs::new(),
-        &[&t(&[2], &[-1.5f32, 3.9]), &like],
-        DType::I64,
-        &[2],
-    );
+    let y = run("CastLike", &Attrs::new(), &[&t(&[2], &[-1.5f32, 3.9]), &like], DType::I64, &[2]);
     assert_eq!(y.to_vec::<i64>().unwrap(), [-1, 3]);
     let wrong_to = Attrs::new().with("to", int(DType::I32.onnx_code() as i64));
     assert!(try_run("Cast", &wrong_to, &[&x], DType::F16, &[5]).is_err());
@@ -665,13 +493,8 @@ fn run_checks_tensors_against_what_was_prepared() {
 fn run_in_place(op: &str, attrs: &Attrs, inputs: &[&Tensor], aliased: usize) -> Tensor {
     let descs: Vec<TensorDesc> = inputs.iter().map(|t| t.desc().clone()).collect();
     let out = descs[aliased].clone();
-    let kernel = prepare(&OpCx {
-        op,
-        attrs,
-        inputs: &descs,
-        outputs: std::slice::from_ref(&out),
-    })
-    .unwrap();
+    let kernel =
+        prepare(&OpCx { op, attrs, inputs: &descs, outputs: std::slice::from_ref(&out) }).unwrap();
     let mut buffer = inputs[aliased].clone();
     let views: Vec<_> = inputs
         .iter()
@@ -692,12 +515,7 @@ fn run_in_place(op: &str, attrs: &Attrs, inputs: &[&Tensor], aliased: usize) -> 
 
 #[test]
 fn in_place_runs_equal_ordinary_runs() {
-    let x = t(
-        &[2, 3, 2],
-        &[
-            -3.0f32, -1.5, 0.0, 0.5, 1.0, 2.5, -2.0, 4.0, 3.0, -0.5, 1.5, -4.0,
-        ],
-    );
+    let x = t(&[2, 3, 2], &[-3.0f32, -1.5, 0.0, 0.5, 1.0, 2.5, -2.0, 4.0, 3.0, -0.5, 1.5, -4.0]);
     let channel = t(&[3, 1], &[10.0f32, 20.0, 30.0]);
     let shape = [2, 3, 2];
     for op in crate::elementwise::OPS
@@ -728,33 +546,22 @@ fn in_place_runs_equal_ordinary_runs() {
             continue; // covered below, or their output type differs from f32
         }
         let mut attrs = Attrs::new();
-        for (name, v) in [
-            ("alpha", 0.5),
-            ("beta", 0.25),
-            ("gamma", 1.5),
-            ("min", -1.0),
-            ("max", 2.0),
-        ] {
+        for (name, v) in
+            [("alpha", 0.5), ("beta", 0.25), ("gamma", 1.5), ("min", -1.0), ("max", 2.0)]
+        {
             attrs.set(name, float(v));
         }
         attrs.set("approximate", AttrValue::Text("none".into()));
         let want = run(op, &attrs, &[&x], DType::F32, &shape);
         let got = run_in_place(op, &attrs, &[&x], 0);
         let (w, g) = (want.to_vec::<f32>().unwrap(), got.to_vec::<f32>().unwrap());
-        let same = w
-            .iter()
-            .zip(&g)
-            .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+        let same = w.iter().zip(&g).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
         assert!(same, "{op}: {w:?} vs {g:?}");
     }
     // Binary, over either operand, with the other broadcast per channel.
     for op in ["Add", "Sub", "Mul", "Div", "PRelu"] {
         let want = bin(op, &x, &channel, &shape);
-        assert_eq!(
-            run_in_place(op, &Attrs::new(), &[&x, &channel], 0),
-            want,
-            "{op}"
-        );
+        assert_eq!(run_in_place(op, &Attrs::new(), &[&x, &channel], 0), want, "{op}");
     }
     let want = bin("Sub", &channel, &x, &shape);
     assert_eq!(run_in_place("Sub", &Attrs::new(), &[&channel, &x], 1), want);

@@ -31,12 +31,7 @@ impl Axis {
     }
 
     /// An index of extent 1: addresses nothing.
-    const UNIT: Axis = Axis {
-        size: 1,
-        a: 0,
-        b: 0,
-        c: 0,
-    };
+    const UNIT: Axis = Axis { size: 1, a: 0, b: 0, c: 0 };
 
     /// Whether `outer` steps exactly over whole runs of `self`, so both are one index.
     fn absorbs(&self, outer: &Axis) -> bool {
@@ -79,13 +74,7 @@ impl Plan {
         let m = take(|x| x.a != 0 && x.b == 0 && x.c != 0);
         let n = take(|x| x.a == 0 && x.b != 0 && x.c != 0);
         let k = take(|x| x.c == 0);
-        Plan {
-            m,
-            n,
-            k,
-            outer: axes,
-            empty,
-        }
+        Plan { m, n, k, outer: axes, empty }
     }
 
     /// How many elements of A, B and C the product reaches (the largest offset plus one).
@@ -377,12 +366,7 @@ mod tests {
     #[test]
     fn broadcast_batch_folds_into_rows() {
         // [2,3,4] x [4,5]: the batch axis of A steps over whole runs of its rows.
-        let plan = Plan::new(&[
-            ax(2, 12, 0, 15),
-            ax(3, 4, 0, 5),
-            ax(5, 0, 1, 1),
-            ax(4, 1, 5, 0),
-        ]);
+        let plan = Plan::new(&[ax(2, 12, 0, 15), ax(3, 4, 0, 5), ax(5, 0, 1, 1), ax(4, 1, 5, 0)]);
         assert_eq!(plan.m, ax(6, 4, 0, 5));
         assert!(plan.outer.is_empty());
         assert_eq!(plan.extents(), [24, 20, 30]);
@@ -396,11 +380,7 @@ mod tests {
         let merged = Plan::new(&[ax(2, 4, 0, 1), ax(2, 2, 2, 0), ax(2, 1, 1, 0)]);
         assert_eq!((merged.k, merged.outer.len()), (ax(4, 1, 1, 0), 0));
         // Keep the contractions apart to exercise the outer loop.
-        let plan = Plan {
-            k: ax(2, 1, 1, 0),
-            outer: vec![ax(2, 2, 2, 0)],
-            ..merged
-        };
+        let plan = Plan { k: ax(2, 1, 1, 0), outer: vec![ax(2, 2, 2, 0)], ..merged };
         let a: Vec<f32> = (1..=8).map(|v| v as f32).collect();
         let b = [1.0f32, 2.0, 3.0, 4.0];
         let mut c = [0.0f32; 2];
@@ -411,15 +391,10 @@ mod tests {
         };
         plan.run(1.0, &a, &b, &mut c, done).unwrap();
         assert_eq!(c, [30.0, 70.0]);
-        assert_eq!(
-            blocks,
-            [(0, vec![30.0, 70.0])],
-            "one block, after the looped contraction"
-        );
+        assert_eq!(blocks, [(0, vec![30.0, 70.0])], "one block, after the looped contraction");
         let mut ci = [0i64; 2];
         let ai: Vec<i64> = (1..=8).collect();
-        plan.run(1, &ai, &[1, 2, 3, 4], &mut ci, |_, _| Ok(()))
-            .unwrap();
+        plan.run(1, &ai, &[1, 2, 3, 4], &mut ci, |_, _| Ok(())).unwrap();
         assert_eq!(ci, [30, 70]);
     }
 
@@ -427,14 +402,8 @@ mod tests {
     fn short_operands_are_an_error_not_a_panic() {
         let plan = Plan::new(&[ax(2, 2, 0, 2), ax(2, 0, 1, 1), ax(2, 1, 2, 0)]);
         let mut c = [0.0f32; 4];
-        assert!(
-            plan.run(1.0, &[1.0; 3], &[1.0; 4], &mut c, |_, _| Ok(()))
-                .is_err()
-        );
+        assert!(plan.run(1.0, &[1.0; 3], &[1.0; 4], &mut c, |_, _| Ok(())).is_err());
         let mut ci = [0i32; 4];
-        assert!(
-            plan.run(1, &[1; 4], &[1; 4], &mut ci[..3], |_, _| Ok(()))
-                .is_err()
-        );
+        assert!(plan.run(1, &[1; 4], &[1; 4], &mut ci[..3], |_, _| Ok(())).is_err());
     }
 }

@@ -27,10 +27,7 @@ fn expect_indices(cx: &OpCx, d: &TensorDesc) -> Result<(), KernelError> {
 fn expect_output(cx: &OpCx, dtype: DType, shape: &[usize]) -> Result<(), KernelError> {
     let o = &cx.outputs[0];
     if o.dtype != dtype || o.shape != shape {
-        return Err(invalid!(
-            "{} produces {dtype} {shape:?}, but its output is {o:?}",
-            cx.op
-        ));
+        return Err(invalid!("{} produces {dtype} {shape:?}, but its output is {o:?}", cx.op));
     }
     Ok(())
 }
@@ -74,12 +71,7 @@ pub(super) fn gather(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (data, indices) = (&cx.inputs[0], &cx.inputs[1]);
     expect_indices(cx, indices)?;
     let axis = axis_attr(cx, data.shape.len())?;
-    let shape = [
-        &data.shape[..axis],
-        &indices.shape[..],
-        &data.shape[axis + 1..],
-    ]
-    .concat();
+    let shape = [&data.shape[..axis], &indices.shape[..], &data.shape[axis + 1..]].concat();
     expect_output(cx, data.dtype, &shape)?;
     Ok(Box::new(Gather {
         outer: data.shape[..axis].iter().product(),
@@ -126,16 +118,9 @@ fn element_offsets(
 fn elements_shapes(cx: &OpCx, data: &[usize], idx: &[usize]) -> Result<usize, KernelError> {
     let axis = axis_attr(cx, data.len())?;
     let fits = idx.len() == data.len()
-        && idx
-            .iter()
-            .zip(data)
-            .enumerate()
-            .all(|(d, (i, n))| d == axis || i <= n);
+        && idx.iter().zip(data).enumerate().all(|(d, (i, n))| d == axis || i <= n);
     if !fits {
-        return Err(invalid!(
-            "{} indices {idx:?} do not fit data {data:?}",
-            cx.op
-        ));
+        return Err(invalid!("{} indices {idx:?} do not fit data {data:?}", cx.op));
     }
     Ok(axis)
 }
@@ -268,9 +253,7 @@ pub(super) fn scatter_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError
     expect_indices(cx, indices)?;
     let axis = elements_shapes(cx, &data.shape, &indices.shape)?;
     if updates.shape != indices.shape || updates.dtype != data.dtype {
-        return Err(invalid!(
-            "ScatterElements updates {updates:?} do not match the indices"
-        ));
+        return Err(invalid!("ScatterElements updates {updates:?} do not match the indices"));
     }
     expect_output(cx, data.dtype, &data.shape)?;
     Ok(Box::new(Elements {
@@ -336,9 +319,7 @@ impl Nd {
         let batch_stride: usize = self.data[b..].iter().product();
         let tuples_per_batch: usize = self.indices[b..self.indices.len() - 1].iter().product();
         let mut out = Vec::with_capacity(idx.len() / k.max(1));
-        let tuples = self.indices[..self.indices.len() - 1]
-            .iter()
-            .product::<usize>();
+        let tuples = self.indices[..self.indices.len() - 1].iter().product::<usize>();
         for t in 0..tuples {
             let tuple = &idx[t * k..(t + 1) * k];
             let mut off = (t / tuples_per_batch.max(1)) * batch_stride;
@@ -440,9 +421,7 @@ pub(super) fn one_hot(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let depth = usize::try_from(cx.attrs.int("depth")?)
         .map_err(|_| invalid!("OneHot depth must not be negative"))?;
     if values.elements() != 2 {
-        return Err(invalid!(
-            "OneHot values must hold [off, on], got {values:?}"
-        ));
+        return Err(invalid!("OneHot values must hold [off, on], got {values:?}"));
     }
     let shape = [&indices.shape[..axis], &[depth][..], &indices.shape[axis..]].concat();
     expect_output(cx, values.dtype, &shape)?;

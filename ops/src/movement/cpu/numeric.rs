@@ -28,18 +28,11 @@ impl Kernel for Trilu {
         if row == 0 {
             return Ok(());
         }
-        for (r, (d, s)) in dst
-            .chunks_exact_mut(row)
-            .zip(src.chunks_exact(row))
-            .enumerate()
-        {
+        for (r, (d, s)) in dst.chunks_exact_mut(row).zip(src.chunks_exact(row)).enumerate() {
             let i = (r % self.rows) as i64;
             let clamp = |j: i64| j.clamp(0, self.cols as i64) as usize * self.esize;
-            let (lo, hi) = if self.upper {
-                (clamp(i + self.k), row)
-            } else {
-                (0, clamp(i + self.k + 1))
-            };
+            let (lo, hi) =
+                if self.upper { (clamp(i + self.k), row) } else { (0, clamp(i + self.k + 1)) };
             let lo = lo.min(hi);
             d.fill(0);
             d[lo..hi].copy_from_slice(&s[lo..hi]);
@@ -53,16 +46,10 @@ pub(super) fn trilu(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let desc = &cx.inputs[0];
     same_dtype(cx)?;
     if cx.outputs[0] != *desc {
-        return Err(invalid!(
-            "Trilu output {:?} differs from its input",
-            cx.outputs[0]
-        ));
+        return Err(invalid!("Trilu output {:?} differs from its input", cx.outputs[0]));
     }
     let [rows, cols] = desc.shape[desc.shape.len().saturating_sub(2)..] else {
-        return Err(invalid!(
-            "Trilu needs at least 2 dims, got {:?}",
-            desc.shape
-        ));
+        return Err(invalid!("Trilu needs at least 2 dims, got {:?}", desc.shape));
     };
     // Beyond the matrix every k means the same; clamped, `i + k + 1` cannot overflow in `run`.
     let bound = rows.saturating_add(cols).min(i64::MAX as usize / 4) as i64;
@@ -126,10 +113,7 @@ pub(super) fn cum_sum(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return Err(cx.dtype_error(dtype));
     }
     if cx.outputs[0] != *desc {
-        return Err(invalid!(
-            "CumSum output {:?} differs from its input",
-            cx.outputs[0]
-        ));
+        return Err(invalid!("CumSum output {:?} differs from its input", cx.outputs[0]));
     }
     let shape = &desc.shape;
     let axis = usize::try_from(cx.attrs.int("axis")?)
@@ -153,10 +137,7 @@ fn output_dtype(cx: &OpCx) -> Result<DType, KernelError> {
     cx.expect_arity(0..=0, 1)?;
     let dt = cx.outputs[0].dtype;
     if cx.attrs.int("dtype")? != i64::from(dt.onnx_code()) {
-        return Err(invalid!(
-            "{} dtype attribute does not match its {dt} output",
-            cx.op
-        ));
+        return Err(invalid!("{} dtype attribute does not match its {dt} output", cx.op));
     }
     Ok(dt)
 }
@@ -209,10 +190,7 @@ impl Kernel for Range {
 pub(super) fn range(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = output_dtype(cx)?;
     if cx.outputs[0].shape.len() != 1 {
-        return Err(invalid!(
-            "Range output must be 1-d, not {:?}",
-            cx.outputs[0].shape
-        ));
+        return Err(invalid!("Range output must be 1-d, not {:?}", cx.outputs[0].shape));
     }
     Ok(Box::new(Range {
         start: Scalar::attr(cx.attrs, "start")?,

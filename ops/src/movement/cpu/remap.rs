@@ -12,11 +12,7 @@ use bytemuck::Pod;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Axis {
     /// Output index `i` reads offset `start + i * stride`.
-    Affine {
-        len: usize,
-        start: usize,
-        stride: isize,
-    },
+    Affine { len: usize, start: usize, stride: isize },
     /// Output index `i` reads offset `t[i]`, or the fill value where `None`.
     Table(Vec<Option<usize>>),
 }
@@ -120,11 +116,7 @@ impl Remap {
                 (Axis::Affine { len: 1, start, .. }, _) => base += start,
                 (
                     Axis::Affine { len, start, stride },
-                    Some(Axis::Affine {
-                        len: olen,
-                        start: ostart,
-                        stride: ostride,
-                    }),
+                    Some(Axis::Affine { len: olen, start: ostart, stride: ostride }),
                 ) if *ostride == *stride * *len as isize => {
                     *olen *= len;
                     *ostart += start;
@@ -135,17 +127,10 @@ impl Remap {
         }
         let row = match merged.pop() {
             None => Row::Run { start: 0, len: 1 },
-            Some(Axis::Affine {
-                len,
-                start,
-                stride: 1,
-            }) => Row::Run { start, len },
+            Some(Axis::Affine { len, start, stride: 1 }) => Row::Run { start, len },
             Some(a) => Row::Table(a.offsets()?),
         };
-        let outer = merged
-            .iter()
-            .map(Axis::offsets)
-            .collect::<Result<Vec<_>, _>>()?;
+        let outer = merged.iter().map(Axis::offsets).collect::<Result<Vec<_>, _>>()?;
         let max_of = |t: &[Option<usize>]| t.iter().flatten().max().copied().unwrap_or(0);
         let row_max = match &row {
             Row::Run { start, len } => start + len - 1,
@@ -153,19 +138,9 @@ impl Remap {
         };
         let max = base + outer.iter().map(|t| max_of(t)).sum::<usize>() + row_max;
         if out_len > 0 && max >= in_len {
-            return Err(invalid!(
-                "remap reads element {max} of a tensor of {in_len}"
-            ));
+            return Err(invalid!("remap reads element {max} of a tensor of {in_len}"));
         }
-        Ok(Remap {
-            esize,
-            in_len,
-            out_len,
-            base,
-            outer,
-            row,
-            fill,
-        })
+        Ok(Remap { esize, in_len, out_len, base, outer, row, fill })
     }
 
     /// A remap whose output is empty: nothing is read, so no axis needs a table (whose length,
@@ -317,10 +292,7 @@ pub(super) fn transpose(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             _ => return Err(invalid!("Transpose perm {perm:?} is not a permutation")),
         }
     }
-    let axes = perm
-        .iter()
-        .map(|&p| Axis::affine(shape[p], 0, st[p] as isize))
-        .collect();
+    let axes = perm.iter().map(|&p| Axis::affine(shape[p], 0, st[p] as isize)).collect();
     remap(cx, axes)
 }
 
@@ -329,11 +301,8 @@ pub(super) fn slice(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(1..=1, 1)?;
     let shape = &cx.inputs[0].shape;
     let st = strides(shape);
-    let (starts, ends, steps) = (
-        cx.attrs.ints("starts")?,
-        cx.attrs.ints("ends")?,
-        cx.attrs.ints("steps")?,
-    );
+    let (starts, ends, steps) =
+        (cx.attrs.ints("starts")?, cx.attrs.ints("ends")?, cx.attrs.ints("steps")?);
     for (what, v) in [("starts", starts), ("ends", ends), ("steps", steps)] {
         rank_check(cx, what, v.len(), shape.len())?;
     }
@@ -421,9 +390,7 @@ pub(super) fn pad(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
                 _ => (0..n).contains(&i).then_some(i),
             }
         };
-        let table = (0..lens[d] as i128)
-            .map(|j| source(j).map(|i| i as usize * st[d]))
-            .collect();
+        let table = (0..lens[d] as i128).map(|j| source(j).map(|i| i as usize * st[d])).collect();
         axes.push(Axis::table(table));
     }
     let r = Remap::new(axes, desc.elements(), desc.dtype.size(), value)?;
@@ -439,12 +406,7 @@ pub(super) fn tile(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let reps = ints_as_usize(cx, "repeats")?;
     rank_check(cx, "repeats", reps.len(), shape.len())?;
     let axes = (0..shape.len())
-        .flat_map(|d| {
-            [
-                Axis::affine(reps[d], 0, 0),
-                Axis::affine(shape[d], 0, st[d] as isize),
-            ]
-        })
+        .flat_map(|d| [Axis::affine(reps[d], 0, 0), Axis::affine(shape[d], 0, st[d] as isize)])
         .collect();
     remap(cx, axes)
 }
@@ -497,9 +459,7 @@ pub(super) fn depth_to_space(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
     }
     // With `b * b` dividing a non-zero `c`, every product below is at most the input's size.
     if b.checked_mul(b).is_none_or(|bb| c % bb != 0) {
-        return Err(invalid!(
-            "DepthToSpace: {c} channels do not split into {b}x{b} blocks"
-        ));
+        return Err(invalid!("DepthToSpace: {c} channels do not split into {b}x{b} blocks"));
     }
     let oc = c / (b * b);
     let hw = h * w;
@@ -522,9 +482,7 @@ pub(super) fn space_to_depth(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
     }
     // With `b` dividing a non-zero `h`, every product below is at most the input's size.
     if h % b != 0 || w % b != 0 {
-        return Err(invalid!(
-            "SpaceToDepth: {h}x{w} does not split into {b}x{b} blocks"
-        ));
+        return Err(invalid!("SpaceToDepth: {h}x{w} does not split into {b}x{b} blocks"));
     }
     let (b1, b2, ch) = ((b, w), (b, 1), (c, h * w));
     let blocks = match cx.attrs.text("mode")? {
@@ -532,12 +490,6 @@ pub(super) fn space_to_depth(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
         "CRD" => [ch, b1, b2],
         m => return Err(invalid!("SpaceToDepth mode {m} is unknown")),
     };
-    let axes = [(n, c * h * w)]
-        .into_iter()
-        .chain(blocks)
-        .chain([(h / b, b * w), (w / b, b)]);
-    remap(
-        cx,
-        axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).collect(),
-    )
+    let axes = [(n, c * h * w)].into_iter().chain(blocks).chain([(h / b, b * w), (w / b, b)]);
+    remap(cx, axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).collect())
 }

@@ -10,8 +10,7 @@ fn ints(v: &[i64]) -> AttrValue {
 }
 
 fn attrs(list: &[(&str, AttrValue)]) -> Attrs {
-    list.iter()
-        .fold(Attrs::new(), |a, (k, v)| a.with(k, v.clone()))
+    list.iter().fold(Attrs::new(), |a, (k, v)| a.with(k, v.clone()))
 }
 
 /// `0, 1, 2, ...` as f32 in `shape`.
@@ -32,12 +31,7 @@ fn f32_desc(shape: &[usize]) -> TensorDesc {
 /// Runs a single-output op and returns its f32 output as integers.
 fn run(op: &str, a: &Attrs, inputs: &[&Tensor], out: TensorDesc) -> Vec<i64> {
     let outs = eval(op, a, inputs, &[out]).unwrap_or_else(|e| panic!("{op}: {e}"));
-    outs[0]
-        .as_slice::<f32>()
-        .unwrap()
-        .iter()
-        .map(|&v| v as i64)
-        .collect()
+    outs[0].as_slice::<f32>().unwrap().iter().map(|&v| v as i64).collect()
 }
 
 // import numpy as np
@@ -46,17 +40,10 @@ fn run(op: &str, a: &Attrs, inputs: &[&Tensor], out: TensorDesc) -> Vec<i64> {
 #[test]
 fn transpose_and_slice_match_numpy() {
     let x = arange(&[2, 3, 4]);
-    let t = run(
-        "Transpose",
-        &attrs(&[("perm", ints(&[2, 0, 1]))]),
-        &[&x],
-        f32_desc(&[4, 2, 3]),
-    );
+    let t = run("Transpose", &attrs(&[("perm", ints(&[2, 0, 1]))]), &[&x], f32_desc(&[4, 2, 3]));
     assert_eq!(
         t,
-        [
-            0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23
-        ]
+        [0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23]
     );
     // Canonical slice: clamped per axis; -1 as an end means "past index 0" for a negative step.
     let a = attrs(&[
@@ -64,10 +51,7 @@ fn transpose_and_slice_match_numpy() {
         ("ends", ints(&[-1, -1, 0])),
         ("steps", ints(&[-1, -2, -2])),
     ]);
-    assert_eq!(
-        run("Slice", &a, &[&x], f32_desc(&[2, 2, 2])),
-        [23, 21, 15, 13, 11, 9, 3, 1]
-    );
+    assert_eq!(run("Slice", &a, &[&x], f32_desc(&[2, 2, 2])), [23, 21, 15, 13, 11, 9, 3, 1]);
     // An empty slice.
     let a = attrs(&[
         ("starts", ints(&[0, 2, 0])),
@@ -83,39 +67,17 @@ fn transpose_moves_every_dtype() {
     let a = attrs(&[("perm", ints(&[1, 0]))]);
     let expect = [0, 3, 1, 4, 2, 5];
     let t = i64s(&[2, 3], &v);
-    let out = eval(
-        "Transpose",
-        &a,
-        &[&t],
-        &[TensorDesc::new(DType::I64, [3, 2])],
-    )
-    .unwrap();
+    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::I64, [3, 2])]).unwrap();
     assert_eq!(out[0].as_slice::<i64>().unwrap(), expect);
     let b: Vec<u8> = v.iter().map(|&x| x as u8).collect();
     let t = Tensor::from_vec(vec![2, 3], &b).unwrap();
-    let out = eval(
-        "Transpose",
-        &a,
-        &[&t],
-        &[TensorDesc::new(DType::U8, [3, 2])],
-    )
-    .unwrap();
+    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::U8, [3, 2])]).unwrap();
     assert_eq!(out[0].as_slice::<u8>().unwrap(), [0, 3, 1, 4, 2, 5]);
     let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x as f32)).collect();
     let t = Tensor::from_vec(vec![2, 3], &h).unwrap();
-    let out = eval(
-        "Transpose",
-        &a,
-        &[&t],
-        &[TensorDesc::new(DType::F16, [3, 2])],
-    )
-    .unwrap();
-    let got: Vec<f32> = out[0]
-        .as_slice::<half::f16>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_f32())
-        .collect();
+    let out = eval("Transpose", &a, &[&t], &[TensorDesc::new(DType::F16, [3, 2])]).unwrap();
+    let got: Vec<f32> =
+        out[0].as_slice::<half::f16>().unwrap().iter().map(|x| x.to_f32()).collect();
     assert_eq!(got, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
 }
 
@@ -135,19 +97,12 @@ fn pad_modes_match_numpy() {
     };
     assert_eq!(
         pad("reflect", &[1, 2, 1, 2], &[4, 7]),
-        [
-            5, 4, 3, 4, 5, 4, 3, 2, 1, 0, 1, 2, 1, 0, 5, 4, 3, 4, 5, 4, 3, 2, 1, 0, 1, 2, 1, 0
-        ]
+        [5, 4, 3, 4, 5, 4, 3, 2, 1, 0, 1, 2, 1, 0, 5, 4, 3, 4, 5, 4, 3, 2, 1, 0, 1, 2, 1, 0]
     );
-    assert_eq!(
-        pad("edge", &[0, 2, 1, 0], &[3, 5]),
-        [0, 0, 0, 1, 2, 3, 3, 3, 4, 5, 3, 3, 3, 4, 5]
-    );
+    assert_eq!(pad("edge", &[0, 2, 1, 0], &[3, 5]), [0, 0, 0, 1, 2, 3, 3, 3, 4, 5, 3, 3, 3, 4, 5]);
     assert_eq!(
         pad("wrap", &[1, 0, 0, 4], &[3, 7]),
-        [
-            3, 4, 5, 3, 4, 5, 3, 0, 1, 2, 0, 1, 2, 0, 3, 4, 5, 3, 4, 5, 3
-        ]
+        [3, 4, 5, 3, 4, 5, 3, 0, 1, 2, 0, 1, 2, 0, 3, 4, 5, 3, 4, 5, 3]
     );
     // A negative pad crops.
     assert_eq!(pad("constant", &[1, -1, 0, 0], &[3, 2]), [7, 7, 1, 2, 4, 5]);
@@ -162,10 +117,7 @@ fn pad_value_is_typed() {
         ("value", AttrValue::Int(i64::MIN)),
     ]);
     let out = eval("Pad", &a, &[&t], &[TensorDesc::new(DType::I64, [4])]).unwrap();
-    assert_eq!(
-        out[0].as_slice::<i64>().unwrap(),
-        [i64::MIN, 1, 2, i64::MIN]
-    );
+    assert_eq!(out[0].as_slice::<i64>().unwrap(), [i64::MIN, 1, 2, i64::MIN]);
 }
 
 // np.tile(y, (2,2)); np.broadcast_to(np.arange(3).reshape(3,1), (2,3,2))
@@ -175,9 +127,7 @@ fn tile_and_expand_match_numpy() {
     let a = attrs(&[("repeats", ints(&[2, 2]))]);
     assert_eq!(
         run("Tile", &a, &[&y], f32_desc(&[4, 6])),
-        [
-            0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5
-        ]
+        [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5, 0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
     );
     let c = arange(&[3, 1]);
     let a = attrs(&[("shape", ints(&[2, 3, 2]))]);
@@ -196,26 +146,14 @@ fn tile_and_expand_match_numpy() {
 fn depth_and_space_match_numpy() {
     let d = arange(&[1, 8, 1, 2]);
     let d2s = |mode: &str| {
-        let a = attrs(&[
-            ("blocksize", AttrValue::Int(2)),
-            ("mode", AttrValue::Text(mode.into())),
-        ]);
+        let a = attrs(&[("blocksize", AttrValue::Int(2)), ("mode", AttrValue::Text(mode.into()))]);
         run("DepthToSpace", &a, &[&d], f32_desc(&[1, 2, 2, 4]))
     };
-    assert_eq!(
-        d2s("DCR"),
-        [0, 4, 1, 5, 8, 12, 9, 13, 2, 6, 3, 7, 10, 14, 11, 15]
-    );
-    assert_eq!(
-        d2s("CRD"),
-        [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15]
-    );
+    assert_eq!(d2s("DCR"), [0, 4, 1, 5, 8, 12, 9, 13, 2, 6, 3, 7, 10, 14, 11, 15]);
+    assert_eq!(d2s("CRD"), [0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15]);
     let s = arange(&[1, 2, 4, 4]);
     let s2d = |mode: &str| {
-        let a = attrs(&[
-            ("blocksize", AttrValue::Int(2)),
-            ("mode", AttrValue::Text(mode.into())),
-        ]);
+        let a = attrs(&[("blocksize", AttrValue::Int(2)), ("mode", AttrValue::Text(mode.into()))]);
         run("SpaceToDepth", &a, &[&s], f32_desc(&[1, 8, 2, 2]))
     };
     assert_eq!(
@@ -323,21 +261,9 @@ fn gather_nd_and_scatter_nd() {
     let z = Tensor::zeros(f32_desc(&[3, 3]));
     let idx = i64s(&[2, 3], &[1, 0, 2, 0, 2, 1]);
     let upd = Tensor::from_vec(vec![2, 3], &[1.0f32, 1.1, 1.2, 2.0, 2.1, 2.2]).unwrap();
-    let a = attrs(&[
-        ("axis", AttrValue::Int(0)),
-        ("reduction", AttrValue::Text("none".into())),
-    ]);
-    let out = eval(
-        "ScatterElements",
-        &a,
-        &[&z, &idx, &upd],
-        &[f32_desc(&[3, 3])],
-    )
-    .unwrap();
-    assert_eq!(
-        out[0].as_slice::<f32>().unwrap(),
-        [2.0, 1.1, 0.0, 1.0, 0.0, 2.2, 0.0, 2.1, 1.2]
-    );
+    let a = attrs(&[("axis", AttrValue::Int(0)), ("reduction", AttrValue::Text("none".into()))]);
+    let out = eval("ScatterElements", &a, &[&z, &idx, &upd], &[f32_desc(&[3, 3])]).unwrap();
+    assert_eq!(out[0].as_slice::<f32>().unwrap(), [2.0, 1.1, 0.0, 1.0, 0.0, 2.2, 0.0, 2.1, 1.2]);
 }
 
 #[test]
@@ -346,16 +272,10 @@ fn one_hot_trilu_cumsum() {
     let idx = i64s(&[3], &[1, -1, 5]);
     let values = Tensor::from_vec(vec![2], &[0.0f32, 9.0]).unwrap();
     let a = attrs(&[("axis", AttrValue::Int(1)), ("depth", AttrValue::Int(3))]);
-    assert_eq!(
-        run("OneHot", &a, &[&idx, &values], f32_desc(&[3, 3])),
-        [0, 9, 0, 0, 0, 9, 0, 0, 0]
-    );
+    assert_eq!(run("OneHot", &a, &[&idx, &values], f32_desc(&[3, 3])), [0, 9, 0, 0, 0, 9, 0, 0, 0]);
     // On axis 0 the same hits are transposed.
     let a = attrs(&[("axis", AttrValue::Int(0)), ("depth", AttrValue::Int(3))]);
-    assert_eq!(
-        run("OneHot", &a, &[&idx, &values], f32_desc(&[3, 3])),
-        [0, 0, 0, 9, 0, 0, 0, 9, 0]
-    );
+    assert_eq!(run("OneHot", &a, &[&idx, &values], f32_desc(&[3, 3])), [0, 0, 0, 9, 0, 0, 0, 9, 0]);
     // np.triu(np.arange(12).reshape(3,4), 1); np.tril(..., -1)
     let m = arange(&[3, 4]);
     let tri = |upper: i64, k: i64| {
@@ -389,13 +309,7 @@ fn constant_of_shape_and_range() {
         ("dtype", AttrValue::Int(DType::I32.onnx_code().into())),
         ("shape", ints(&[2, 2])),
     ]);
-    let out = eval(
-        "ConstantOfShape",
-        &a,
-        &[],
-        &[TensorDesc::new(DType::I32, [2, 2])],
-    )
-    .unwrap();
+    let out = eval("ConstantOfShape", &a, &[], &[TensorDesc::new(DType::I32, [2, 2])]).unwrap();
     assert_eq!(out[0].as_slice::<i32>().unwrap(), [-3; 4]);
     // np.arange(10, 4, -3) == [10, 7]
     let a = attrs(&[
@@ -425,32 +339,19 @@ fn scatter_reductions_accumulate_repeats() {
     let idx = i64s(&[3, 1], &[1, 1, 4]);
     let upd = Tensor::from_vec(vec![3], &[10.0f32, 20.0, 30.0]).unwrap();
     let a = attrs(&[("reduction", AttrValue::Text("add".into()))]);
-    assert_eq!(
-        run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[6])),
-        [0, 31, 2, 3, 34, 5]
-    );
+    assert_eq!(run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[6])), [0, 31, 2, 3, 34, 5]);
     let d = arange(&[3, 2]);
     let idx = i64s(&[3, 1], &[2, 0, 2]);
     let upd = Tensor::from_vec(vec![3, 2], &[5.0f32, -1.0, 9.0, 9.0, -3.0, 7.0]).unwrap();
     let a = attrs(&[("reduction", AttrValue::Text("max".into()))]);
-    assert_eq!(
-        run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[3, 2])),
-        [9, 9, 2, 3, 5, 7]
-    );
+    assert_eq!(run("ScatterND", &a, &[&d, &idx, &upd], f32_desc(&[3, 2])), [9, 9, 2, 3, 5, 7]);
     // ScatterElements with mul on i32, axis 1: [[1, 2, 3]] * updates [4, 5] at columns [2, 2].
     let d = Tensor::from_vec(vec![1, 3], &[1i32, 2, 3]).unwrap();
     let idx = i64s(&[1, 2], &[2, 2]);
     let upd = Tensor::from_vec(vec![1, 2], &[4i32, 5]).unwrap();
-    let a = attrs(&[
-        ("axis", AttrValue::Int(1)),
-        ("reduction", AttrValue::Text("mul".into())),
-    ]);
-    let out = eval(
-        "ScatterElements",
-        &a,
-        &[&d, &idx, &upd],
-        &[TensorDesc::new(DType::I32, [1, 3])],
-    );
+    let a = attrs(&[("axis", AttrValue::Int(1)), ("reduction", AttrValue::Text("mul".into()))]);
+    let out =
+        eval("ScatterElements", &a, &[&d, &idx, &upd], &[TensorDesc::new(DType::I32, [1, 3])]);
     assert_eq!(out.unwrap()[0].as_slice::<i32>().unwrap(), [1, 2, 60]);
 }
 
@@ -460,11 +361,7 @@ fn scatter_reductions_accumulate_repeats() {
 fn hostile_attributes_are_errors() {
     let x = arange(&[2, 3]);
     let slice = |starts: &[i64], ends: &[i64], steps: &[i64], out: &[usize]| {
-        let a = attrs(&[
-            ("starts", ints(starts)),
-            ("ends", ints(ends)),
-            ("steps", ints(steps)),
-        ]);
+        let a = attrs(&[("starts", ints(starts)), ("ends", ints(ends)), ("steps", ints(steps))]);
         eval("Slice", &a, &[&x], &[f32_desc(out)])
     };
     // An end past the dimension (the compiler clamps it; a bundle may not).
@@ -507,10 +404,7 @@ fn hostile_attributes_are_errors() {
 
     let x4 = arange(&[1, 4, 2, 2]);
     let blocks = |op: &str, b: i64| {
-        let a = attrs(&[
-            ("blocksize", AttrValue::Int(b)),
-            ("mode", AttrValue::Text("DCR".into())),
-        ]);
+        let a = attrs(&[("blocksize", AttrValue::Int(b)), ("mode", AttrValue::Text("DCR".into()))]);
         eval(op, &a, &[&x4], &[f32_desc(&[1, 1, 4, 4])])
     };
     assert!(blocks("DepthToSpace", 1 << 32).is_err());

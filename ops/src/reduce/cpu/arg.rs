@@ -55,13 +55,7 @@ impl Arg {
         y: &mut [i64],
     ) -> Result<(), KernelError> {
         let l = self.lanes;
-        check_lens(
-            "ArgMax/ArgMin",
-            x.len(),
-            l.len(),
-            y.len(),
-            l.outer * l.inner,
-        )?;
+        check_lens("ArgMax/ArgMin", x.len(), l.len(), y.len(), l.outer * l.inner)?;
         if y.is_empty() {
             return Ok(());
         }
@@ -74,10 +68,7 @@ impl Arg {
             (false, true) => v <= b,
         };
         let mut best = Vec::with_capacity(l.inner);
-        for (block, idx) in x
-            .chunks_exact(l.n * l.inner)
-            .zip(y.chunks_exact_mut(l.inner))
-        {
+        for (block, idx) in x.chunks_exact(l.n * l.inner).zip(y.chunks_exact_mut(l.inner)) {
             best_along(block, l.inner, better, &mut best, idx);
         }
         Ok(())
@@ -119,13 +110,7 @@ mod tests {
             .with("axis", AttrValue::Int(axis))
             .with("keepdims", AttrValue::Int(keep))
             .with("select_last_index", AttrValue::Int(last));
-        let r = eval(
-            op,
-            &attrs,
-            &[x],
-            &[TensorDesc::new(DType::I64, out.to_vec())],
-        )
-        .unwrap();
+        let r = eval(op, &attrs, &[x], &[TensorDesc::new(DType::I64, out.to_vec())]).unwrap();
         r[0].to_vec().unwrap()
     }
 

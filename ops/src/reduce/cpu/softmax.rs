@@ -30,21 +30,14 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let rank = x.shape.len();
     let axis = axis_attr(cx, rank)?;
-    let end = if cx.attrs.int("coerce_2d")? != 0 {
-        rank
-    } else {
-        axis + 1
-    };
+    let end = if cx.attrs.int("coerce_2d")? != 0 { rank } else { axis + 1 };
     check_output(cx, DType::F32, &x.shape)?;
     let kind = match cx.op {
         "Softmax" => Kind::Softmax,
         "LogSoftmax" => Kind::LogSoftmax,
         _ => Kind::Hardmax,
     };
-    Ok(Box::new(Softmax {
-        kind,
-        lanes: Lanes::new(&x.shape, axis, end),
-    }))
+    Ok(Box::new(Softmax { kind, lanes: Lanes::new(&x.shape, axis, end) }))
 }
 
 impl Softmax {
@@ -81,9 +74,7 @@ impl Softmax {
             }
         } else {
             // log softmax = x - m - log Σ exp(x - m)
-            s.iter_mut()
-                .zip(m.iter())
-                .for_each(|(s, m)| *s = m + s.ln());
+            s.iter_mut().zip(m.iter()).for_each(|(s, m)| *s = m + s.ln());
             for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
                 for ((y, &x), s) in yr.iter_mut().zip(xr).zip(s.iter()) {
                     *y = x - s;
@@ -106,9 +97,7 @@ impl Kernel for Softmax {
         // `inner` lanes.
         let block = l.n * l.inner;
         let per_task = (TASK_FLOATS / block.max(1)).max(1);
-        let tasks = x
-            .par_chunks(block * per_task)
-            .zip(y.par_chunks_mut(block * per_task));
+        let tasks = x.par_chunks(block * per_task).zip(y.par_chunks_mut(block * per_task));
         tasks.for_each(|(xs, ys)| {
             let mut m = Vec::with_capacity(l.inner);
             let mut s = vec![0f32; l.inner];
@@ -131,13 +120,7 @@ mod tests {
         let attrs = Attrs::new()
             .with("axis", AttrValue::Int(axis))
             .with("coerce_2d", AttrValue::Int(coerce));
-        let r = eval(
-            op,
-            &attrs,
-            &[x],
-            &[TensorDesc::new(DType::F32, x.shape().to_vec())],
-        )
-        .unwrap();
+        let r = eval(op, &attrs, &[x], &[TensorDesc::new(DType::F32, x.shape().to_vec())]).unwrap();
         r[0].to_vec().unwrap()
     }
 
@@ -156,10 +139,7 @@ mod tests {
     #[test]
     fn softmax_along_a_middle_axis_is_stable() {
         // e = np.exp(x - x.max(1, keepdims=True)); e / e.sum(1, keepdims=True)
-        close(
-            &run("Softmax", &x(), 1, 0),
-            &[0.015876241, 0.0, 0.11731043, 0.0, 0.86681336, 1.0],
-        );
+        close(&run("Softmax", &x(), 1, 0), &[0.015876241, 0.0, 0.11731043, 0.0, 0.86681336, 1.0]);
         // x - x.max(1, keepdims=True) - np.log(e.sum(1, keepdims=True))
         close(
             &run("LogSoftmax", &x(), 1, 0),
@@ -172,10 +152,7 @@ mod tests {
         // f = x.reshape(3, 2) viewed from axis 1 of a (1, 3, 2) input as (1, 6): softmax of
         // [0, 1, 2, 3, 4, 1000] is one-hot at 1000; log softmax is x - 1000.
         close(&run("Softmax", &x(), 1, 1), &[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
-        close(
-            &run("LogSoftmax", &x(), 1, 1),
-            &[-1000.0, -999.0, -998.0, -997.0, -996.0, 0.0],
-        );
+        close(&run("LogSoftmax", &x(), 1, 1), &[-1000.0, -999.0, -998.0, -997.0, -996.0, 0.0]);
     }
 
     #[test]

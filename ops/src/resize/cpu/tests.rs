@@ -43,29 +43,15 @@ fn y() -> Tensor {
 }
 
 fn run(a: &Attrs, input: &Tensor) -> Vec<f32> {
-    let sizes: Vec<usize> = a
-        .ints("sizes")
-        .unwrap()
-        .iter()
-        .map(|&s| s as usize)
-        .collect();
-    let out = eval(
-        "Resize",
-        a,
-        &[input],
-        &[TensorDesc::new(input.dtype(), sizes)],
-    )
-    .unwrap();
+    let sizes: Vec<usize> = a.ints("sizes").unwrap().iter().map(|&s| s as usize).collect();
+    let out = eval("Resize", a, &[input], &[TensorDesc::new(input.dtype(), sizes)]).unwrap();
     out[0].to_vec::<f32>().unwrap()
 }
 
 fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-            "element {i}: {g} vs {w}\n{got:?}"
-        );
+        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "element {i}: {g} vs {w}\n{got:?}");
     }
 }
 
@@ -76,10 +62,7 @@ fn nearest_upsample_by_two() {
     let a = attrs(
         &[1.0, 1.0, 2.0, 2.0],
         &[1, 1, 4, 6],
-        &[
-            ("coordinate_transformation_mode", text("asymmetric")),
-            ("nearest_mode", text("floor")),
-        ],
+        &[("coordinate_transformation_mode", text("asymmetric")), ("nearest_mode", text("floor"))],
     );
     let want = [
         1., 1., 2., 2., 3., 3., 1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6., 4., 4., 5., 5., 6.,
@@ -88,19 +71,8 @@ fn nearest_upsample_by_two() {
     assert_close(&run(&a, &x()), &want);
     // Nearest moves bytes: an i64 tensor gives the same picks.
     let xi = Tensor::from_vec(vec![1, 1, 2, 3], &[1i64, 2, 3, 4, 5, 6]).unwrap();
-    let out = eval(
-        "Resize",
-        &a,
-        &[&xi],
-        &[TensorDesc::new(DType::I64, [1, 1, 4, 6])],
-    )
-    .unwrap();
-    let got: Vec<f32> = out[0]
-        .as_slice::<i64>()
-        .unwrap()
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
+    let out = eval("Resize", &a, &[&xi], &[TensorDesc::new(DType::I64, [1, 1, 4, 6])]).unwrap();
+    let got: Vec<f32> = out[0].as_slice::<i64>().unwrap().iter().map(|&v| v as f32).collect();
     assert_eq!(got, want);
 }
 
@@ -119,30 +91,19 @@ fn nearest_downsample_prefer_ceil() {
 // resize(x, sizes=[1,1,3,5], mode="linear", coordinate_transformation_mode="align_corners")
 #[test]
 fn linear_half_pixel_and_align_corners() {
-    let a = attrs(
-        &[1.0, 1.0, 1.5, 4.0 / 3.0],
-        &[1, 1, 3, 4],
-        &[("mode", text("linear"))],
-    );
+    let a = attrs(&[1.0, 1.0, 1.5, 4.0 / 3.0], &[1, 1, 3, 4], &[("mode", text("linear"))]);
     assert_close(
         &run(&a, &x()),
-        &[
-            1.0, 1.625, 2.375, 3.0, 2.5, 3.125, 3.875, 4.5, 4.0, 4.625, 5.375, 6.0,
-        ],
+        &[1.0, 1.625, 2.375, 3.0, 2.5, 3.125, 3.875, 4.5, 4.0, 4.625, 5.375, 6.0],
     );
     let a = attrs(
         &[1.0, 1.0, 1.5, 5.0 / 3.0],
         &[1, 1, 3, 5],
-        &[
-            ("mode", text("linear")),
-            ("coordinate_transformation_mode", text("align_corners")),
-        ],
+        &[("mode", text("linear")), ("coordinate_transformation_mode", text("align_corners"))],
     );
     assert_close(
         &run(&a, &x()),
-        &[
-            1.0, 1.5, 2.0, 2.5, 3.0, 2.5, 3.0, 3.5, 4.0, 4.5, 4.0, 4.5, 5.0, 5.5, 6.0,
-        ],
+        &[1.0, 1.5, 2.0, 2.5, 3.0, 2.5, 3.0, 3.5, 4.0, 4.5, 4.0, 4.5, 5.0, 5.5, 6.0],
     );
 }
 
@@ -154,16 +115,11 @@ fn cubic() {
     let a = attrs(
         &[1.0, 1.0, 0.75, 0.75],
         &[1, 1, 3, 3],
-        &[
-            ("mode", text("cubic")),
-            ("exclude_outside", AttrValue::Int(1)),
-        ],
+        &[("mode", text("cubic")), ("exclude_outside", AttrValue::Int(1))],
     );
     assert_close(
         &run(&a, &y()),
-        &[
-            0.580404, 1.964324, 3.348242, 6.11608, 7.5, 8.883919, 11.651756, 13.035677, 14.419596,
-        ],
+        &[0.580404, 1.964324, 3.348242, 6.11608, 7.5, 8.883919, 11.651756, 13.035677, 14.419596],
     );
     let a = attrs(
         &[1.0, 1.0, 1.5, 1.5],
@@ -201,10 +157,7 @@ fn tf_crop_and_resize_extrapolates() {
     );
     let roi = [0.0, 0.0, 0.4, 0.6, 1.0, 1.0, 1.2, 1.7].map(|v: f64| v as f32 as f64);
     a.set("roi", AttrValue::Floats(roi.to_vec()));
-    assert_close(
-        &run(&a, &y()),
-        &[6.6, 10.0, 10.0, 11.400001, 10.0, 10.0, 10.0, 10.0, 10.0],
-    );
+    assert_close(&run(&a, &y()), &[6.6, 10.0, 10.0, 11.400001, 10.0, 10.0, 10.0, 10.0, 10.0]);
 }
 
 // resize(y, sizes=[1,1,2,2], mode="linear", antialias=1)
@@ -240,20 +193,12 @@ fn identity_and_errors() {
 fn hostile_scales_are_errors_or_read_the_edge() {
     let out = [TensorDesc::new(DType::F32, [1, 1, 2, 1])];
     for s in [0.0, -0.0, -1.0, f64::NAN, f64::INFINITY] {
-        let a = attrs(
-            &[1.0, 1.0, 1.0, s],
-            &[1, 1, 2, 1],
-            &[("mode", text("linear"))],
-        );
+        let a = attrs(&[1.0, 1.0, 1.0, s], &[1, 1, 2, 1], &[("mode", text("linear"))]);
         assert!(eval("Resize", &a, &[&x()], &out).is_err(), "scale {s}");
     }
     let cubic_aa = [("mode", text("cubic")), ("antialias", AttrValue::Int(1))];
     let a = attrs(&[1.0, 1.0, 1.0, 1e-30], &[1, 1, 2, 1], &cubic_aa);
     assert!(eval("Resize", &a, &[&x()], &out).is_err());
-    let a = attrs(
-        &[1.0, 1.0, 1.0, 1e-30],
-        &[1, 1, 2, 1],
-        &[("mode", text("cubic"))],
-    );
+    let a = attrs(&[1.0, 1.0, 1.0, 1e-30], &[1, 1, 2, 1], &[("mode", text("cubic"))]);
     assert_close(&run(&a, &x()), &[3.0, 6.0]);
 }
