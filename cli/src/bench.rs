@@ -1,10 +1,12 @@
-//! `ingot bench BUNDLE [--devices D] [--iterations N] [--json]`: load time, first run, run-time
-//! distribution, device memory from the ledger beside the plan's prediction, peak RSS.
+//! `ingot bench BUNDLE [--devices D] [--iterations N] [--profile] [--json]`: load time, first
+//! run, run-time distribution, device memory from the ledger beside the plan's prediction, peak
+//! RSS; with `--profile`, where the time goes, per step and per op.
 
 use anyhow::{Context, Result};
-use ingot_runtime::{Bundle, Ledger, MemoryKind, Tensor, TensorDesc};
+use ingot_runtime::{Bundle, Ledger, MemoryKind, Session, StepProfile, Tensor, TensorDesc};
 use ingot_schema::DType;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +20,12 @@ pub struct Args {
     /// Timed runs after the first.
     #[arg(long, default_value_t = 20)]
     iterations: usize,
-    /// One JSON object instead of text.
+    /// After the timed runs, as many profiled runs: each step's median time, sorted by time
+    /// and summed per op (Vulkan: device timestamps, steps run one after another; CPU: wall
+    /// time per step).
+    #[arg(long)]
+    profile: bool,
+    /// One JSON object instead of text (with --profile, every step in the variant's order).
     #[arg(long)]
     json: bool,
 }
@@ -51,6 +58,10 @@ pub fn main(args: Args) -> Result<()> {
         times.get(k).copied().unwrap_or(first_run_ms)
     };
     let (median_ms, p90_ms) = (quantile(0.5), quantile(0.9));
+    let profile = match args.profile {
+        true => Some(profile(&mut session, &inputs, args.iterations.max(1))?),
+        false => None,
+    };
 
     let variant = match &args.session.variant {
         Some(name) => &bundle.manifest().variants[bundle.variant_index(name)?],
@@ -84,6 +95,10 @@ pub fn main(args: Args) -> Result<()> {
             "peak_rss_bytes": peak_rss_bytes,
             "baseline_rss_bytes": baseline_rss_bytes,
         });
+        let mut report = report;
+        if let Some(p) = &profile {
+            report["profile"] = p.json();
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("bundle    {} (variant {})", args.bundle.display(), variant.name);
@@ -105,8 +120,123 @@ pub fn main(args: Args) -> Result<()> {
             (Some(b), Some(base)) => println!("peak RSS  {b} bytes ({base} before the bundle)"),
             _ => println!("peak RSS  unknown on this platform"),
         }
+        if let Some(p) = &profile {
+            print!("{}", p.text(median_ms));
+        }
     }
     Ok(())
+}
+
+/// Each step of `runs` profiled runs, with its median time.
+struct Profile {
+    runs: usize,
+    steps: Vec<(StepProfile, Option<u64>)>,
+}
+
+fn profile(session: &mut Session, inputs: &[Tensor], runs: usize) -> Result<Profile> {
+    let mut steps: Vec<(StepProfile, Vec<u64>)> = Vec::new();
+    for _ in 0..runs {
+        let (_, profile) = session.profile(inputs)?;
+        if steps.is_empty() {
+            steps = profile.iter().map(|s| (s.clone(), Vec::with_capacity(runs))).collect();
+        }
+        for ((_, times), s) in steps.iter_mut().zip(&profile) {
+            times.extend(s.nanos);
+        }
+    }
+    let median = |mut t: Vec<u64>| {
+        t.sort_unstable();
+        t.get(t.len() / 2).copied()
+    };
+    Ok(Profile { runs, steps: steps.into_iter().map(|(s, t)| (s, median(t))).collect() })
+}
+
+impl Profile {
+    fn total_ns(&self) -> u64 {
+        self.steps.iter().filter_map(|(_, t)| *t).sum()
+    }
+
+    /// Per op (with its post-ops): total nanoseconds and step count, largest total first.
+    fn by_op(&self) -> Vec<(&str, u64, usize)> {
+        let mut ops: BTreeMap<&str, (u64, usize)> = BTreeMap::new();
+        for (s, t) in &self.steps {
+            let e = ops.entry(s.op.as_str()).or_default();
+            e.0 += t.unwrap_or(0);
+            e.1 += 1;
+        }
+        let mut ops: Vec<_> = ops.into_iter().map(|(op, (t, n))| (op, t, n)).collect();
+        ops.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        ops
+    }
+
+    fn text(&self, median_ms: f64) -> String {
+        use std::fmt::Write;
+        let total = self.total_ns();
+        let share = |t: u64| if total == 0 { 0.0 } else { 100.0 * t as f64 / total as f64 };
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "profile   median of {} profiled runs: steps sum to {:.2} ms (unprofiled run {median_ms:.2} ms)",
+            self.runs,
+            total as f64 / 1e6
+        );
+        if self.steps.iter().any(|(_, t)| t.is_none()) {
+            let _ = writeln!(out, "  (steps on a device without timestamps are untimed: -)");
+        }
+        let _ = writeln!(out, "by op\n  {:>6} {:>10} {:>5}  op", "share", "ms", "steps");
+        for (op, t, n) in self.by_op() {
+            let _ = writeln!(out, "  {:>5.1}% {:>10.3} {n:>5}  {op}", share(t), t as f64 / 1e6);
+        }
+        let mut order: Vec<&(StepProfile, Option<u64>)> = self.steps.iter().collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.index.cmp(&b.0.index)));
+        let _ = writeln!(
+            out,
+            "by step\n  {:>6} {:>10} {:>5} {:>5}  {:<24} {:<18} {:<9} name",
+            "share", "ms", "disp", "step", "op", "output", "device"
+        );
+        for (s, t) in order {
+            let dims: Vec<String> = s.output.iter().map(usize::to_string).collect();
+            let device = s.device.split(' ').next().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "  {:>6} {:>10} {:>5} {:>5}  {:<24} {:<18} {:<9} {}",
+                t.map_or("-".into(), |t| format!("{:.1}%", share(t))),
+                t.map_or("-".into(), |t| format!("{:.3}", t as f64 / 1e6)),
+                s.dispatches.map_or("-".into(), |d| d.to_string()),
+                s.index,
+                s.op,
+                dims.join("x"),
+                device,
+                s.name
+            );
+        }
+        out
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let steps: Vec<serde_json::Value> = self
+            .steps
+            .iter()
+            .map(|(s, t)| {
+                json!({
+                    "index": s.index,
+                    "name": s.name,
+                    "op": s.op,
+                    "output": s.output,
+                    "submodel": s.submodel,
+                    "device": s.device,
+                    "dispatches": s.dispatches,
+                    "median_ns": t,
+                })
+            })
+            .collect();
+        let ops: Vec<serde_json::Value> = self
+            .by_op()
+            .into_iter()
+            .map(|(op, t, n)| json!({"op": op, "total_ns": t, "steps": n}))
+            .collect();
+        json!({"runs": self.runs, "total_ns": self.total_ns(), "by_op": ops, "steps": steps})
+    }
 }
 
 fn ms(start: Instant) -> f64 {

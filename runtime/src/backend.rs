@@ -200,6 +200,27 @@ pub trait Executable: Send {
     /// Runs the submodel: `inputs` and `outputs` in the order of its lists, with the dtypes
     /// and shapes it expects (the session checked them; outputs are written whole).
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError>;
+
+    /// Runs as [`Executable::run`] does and times every step, in order. A device that would
+    /// overlap steps runs them one after another here, so the run may take a little longer
+    /// than an unprofiled one.
+    fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<Vec<StepTime>, SessionError>;
+}
+
+/// How long one step of a profiled run took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepTime {
+    /// The step's index in the variant.
+    pub step: usize,
+    /// Nanoseconds; `None` where the device cannot time its steps (a Vulkan queue without
+    /// timestamps).
+    pub nanos: Option<u64>,
+    /// Vulkan dispatches the step recorded (`None` on the CPU).
+    pub dispatches: Option<u32>,
 }
 
 /// Where preparing or running a submodel on a device failed.

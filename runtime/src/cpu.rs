@@ -5,7 +5,7 @@
 //! Every step's operands are resolved once, at creation, to a place (arena, weight, the
 //! submodel's input or output) and a byte range; `run` only calls kernels.
 
-use crate::backend::{Executable, SessionError};
+use crate::backend::{Executable, SessionError, StepTime};
 use crate::backend::{Failure, Faults, Stage};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
@@ -185,18 +185,33 @@ impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
         let pool = Arc::clone(&self.pool);
-        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs)))
+        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs, None)))
+    }
+
+    fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<Vec<StepTime>, SessionError> {
+        self.faults.check("cpu", Stage::Run)?;
+        let pool = Arc::clone(&self.pool);
+        let mut times = Vec::with_capacity(self.steps.len());
+        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs, Some(&mut times))))?;
+        Ok(times)
     }
 }
 
 impl CpuExecutable {
+    /// Runs every step; with `times`, pushes each step's wall time.
     fn run_steps(
         &mut self,
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
+        mut times: Option<&mut Vec<StepTime>>,
     ) -> Result<(), SessionError> {
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
         for step in &self.steps {
+            let start = times.is_some().then(std::time::Instant::now);
             let index = step.index;
             let fail = |cause| SessionError::Step {
                 index,
@@ -236,6 +251,10 @@ impl CpuExecutable {
                 None => step.kernel.run(&ins, &mut outs),
             }
             .map_err(fail)?;
+            if let (Some(times), Some(start)) = (times.as_deref_mut(), start) {
+                let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                times.push(StepTime { step: index, nanos: Some(nanos), dispatches: None });
+            }
         }
         Ok(())
     }

@@ -13,7 +13,7 @@
 //!
 //! To the session a [`Fallback`] is one more [`Executable`].
 
-use crate::backend::{Device, Executable, Failure, Faults, SessionError, Stage};
+use crate::backend::{Device, Executable, Failure, Faults, SessionError, Stage, StepTime};
 use crate::bundle::Bundle;
 use crate::cpu::CpuExecutable;
 use crate::ledger::Ledger;
@@ -260,15 +260,20 @@ impl Fallback {
     }
 }
 
-impl Executable for Fallback {
-    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
+impl Fallback {
+    /// Runs `run` on the current executable; when it fails (and failover is on), prepares
+    /// the next device of the list and runs it there.
+    fn with_failover<T>(
+        &mut self,
+        mut run: impl FnMut(&mut dyn Executable) -> Result<T, SessionError>,
+    ) -> Result<T, SessionError> {
         loop {
             let Some((at, exe)) = self.current.as_mut() else {
                 self.prepare_from(0)?;
                 continue;
             };
-            let error = match exe.run(inputs, outputs) {
-                Ok(()) => return Ok(()),
+            let error = match run(exe.as_mut()) {
+                Ok(done) => return Ok(done),
                 Err(e) if !self.devices.failover => return Err(e),
                 Err(e) => e,
             };
@@ -282,6 +287,20 @@ impl Executable for Fallback {
             // intact, so running it again gives the answer the failed run would have.
             self.prepare_from(at + 1)?;
         }
+    }
+}
+
+impl Executable for Fallback {
+    fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
+        self.with_failover(|exe| exe.run(inputs, outputs))
+    }
+
+    fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<Vec<StepTime>, SessionError> {
+        self.with_failover(|exe| exe.run_profiled(inputs, outputs))
     }
 }
 

@@ -15,10 +15,10 @@ pub use ingot_ops::tensor;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;
 
-pub use backend::{Device, Executable, Faults, KernelClass, SessionError, Stage};
+pub use backend::{Device, Executable, Faults, KernelClass, SessionError, Stage, StepTime};
 pub use bundle::{Bundle, BundleError};
 pub use failsafe::{Placement, Skip, SubmodelPlacement};
 pub use ingot_schema::DType;
 pub use ledger::{Ledger, MemoryKind};
-pub use session::{IoInfo, Session, SessionOptions};
+pub use session::{IoInfo, Session, SessionOptions, StepProfile};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

@@ -3,7 +3,7 @@
 //! checks what the caller passes, owns the outputs and the boundary buffer that carries
 //! tensors from one submodel to the next, and does not know what a device is.
 
-use crate::backend::{Device, Executable, Faults, KernelClass, SessionError};
+use crate::backend::{Device, Executable, Faults, KernelClass, SessionError, StepTime};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
 use crate::failsafe::{Devices, Fallback, Placement};
@@ -96,6 +96,34 @@ enum Home {
     Boundary(Range<usize>),
 }
 
+/// A step of the variant as a profile names it.
+#[derive(Clone, Debug)]
+struct StepInfo {
+    name: String,
+    op: String,
+    output: Vec<usize>,
+    submodel: usize,
+}
+
+/// One step of a profiled run ([`Session::profile`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepProfile {
+    /// The step's index in the variant (as `ingot plan` numbers it).
+    pub index: usize,
+    pub name: String,
+    /// The op, with its fused post-ops (`Conv+Relu`).
+    pub op: String,
+    /// The shape of its first output.
+    pub output: Vec<usize>,
+    pub submodel: usize,
+    /// The device its submodel ran on.
+    pub device: String,
+    /// The Vulkan dispatches it recorded; `None` on the CPU.
+    pub dispatches: Option<u32>,
+    /// How long it took; `None` where the device cannot time steps.
+    pub nanos: Option<u64>,
+}
+
 struct Part {
     executable: Fallback,
     inputs: Vec<(Home, TensorDesc)>,
@@ -106,6 +134,7 @@ pub struct Session {
     inputs: Vec<IoInfo>,
     outputs: Vec<IoInfo>,
     parts: Vec<Part>,
+    steps: Vec<StepInfo>,
     // u64 words keep boundary offsets (multiples of the plan's alignment) aligned.
     boundary: Vec<u64>,
     boundary_bytes: usize,
@@ -195,6 +224,26 @@ impl Session {
                 executable: Fallback::new(Arc::clone(&bundle), index, k, Arc::clone(&devices))?,
             });
         }
+        let mut steps: Vec<StepInfo> = variant
+            .steps
+            .iter()
+            .map(|s| StepInfo {
+                name: s.name.clone(),
+                op: s.op_label(),
+                output: s
+                    .outputs
+                    .first()
+                    .and_then(|&t| variant.tensors.get(t as usize))
+                    .map_or_else(Vec::new, |t| tensor_desc(t).shape),
+                submodel: 0,
+            })
+            .collect();
+        for (k, sub) in variant.submodels.iter().enumerate() {
+            let first = sub.first_step as usize;
+            for step in steps.iter_mut().skip(first).take(sub.step_count as usize) {
+                step.submodel = k;
+            }
+        }
         // After every submodel's device memory: the buffer between them, on the host.
         let mut boundary = Vec::new();
         boundary
@@ -207,6 +256,7 @@ impl Session {
             inputs,
             outputs,
             parts,
+            steps,
             boundary,
             boundary_bytes: boundary_bytes as usize,
             boundary_entry,
@@ -254,12 +304,50 @@ impl Session {
     /// Runs the variant on `inputs` (in the order of [`Session::inputs`]) and returns its
     /// outputs (in the order of [`Session::outputs`]).
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
+        self.run_timed(inputs, None)
+    }
+
+    /// Runs as [`Session::run`] does and also returns how long each step took, in the
+    /// variant's order. A Vulkan device times its steps with timestamps and runs them one
+    /// after another (so the run may be a little slower than an unprofiled one); the CPU
+    /// times each step's wall time.
+    pub fn profile(
+        &mut self,
+        inputs: &[Tensor],
+    ) -> Result<(Vec<Tensor>, Vec<StepProfile>), SessionError> {
+        let mut times = Vec::with_capacity(self.steps.len());
+        let outputs = self.run_timed(inputs, Some(&mut times))?;
+        let profile = times
+            .into_iter()
+            .filter_map(|t| {
+                let info = self.steps.get(t.step)?;
+                let device = self.parts.get(info.submodel)?.executable.placement().device.clone();
+                Some(StepProfile {
+                    index: t.step,
+                    name: info.name.clone(),
+                    op: info.op.clone(),
+                    output: info.output.clone(),
+                    submodel: info.submodel,
+                    device,
+                    dispatches: t.dispatches,
+                    nanos: t.nanos,
+                })
+            })
+            .collect();
+        Ok((outputs, profile))
+    }
+
+    fn run_timed(
+        &mut self,
+        inputs: &[Tensor],
+        mut times: Option<&mut Vec<StepTime>>,
+    ) -> Result<Vec<Tensor>, SessionError> {
         self.check_inputs(inputs)?;
         let mut outputs = self.outputs.iter().map(zeroed_output).collect::<Result<Vec<_>, _>>()?;
         let boundary =
             &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
         for (k, part) in self.parts.iter_mut().enumerate() {
-            run_part(k, part, inputs, &mut outputs, boundary)?;
+            run_part(k, part, inputs, &mut outputs, boundary, times.as_deref_mut())?;
         }
         Ok(outputs)
     }
@@ -310,6 +398,7 @@ fn run_part(
     inputs: &[Tensor],
     outputs: &mut [Tensor],
     boundary: &mut [u8],
+    times: Option<&mut Vec<StepTime>>,
 ) -> Result<(), SessionError> {
     let aliasing = || SessionError::BoundaryAliasing { submodel: k };
     let writes_output =
@@ -355,5 +444,9 @@ fn run_part(
         })
         .collect::<Option<Vec<_>>>()
         .ok_or_else(aliasing)?;
-    part.executable.run(&ins, &mut outs)
+    match times {
+        Some(times) => times.extend(part.executable.run_profiled(&ins, &mut outs)?),
+        None => part.executable.run(&ins, &mut outs)?,
+    }
+    Ok(())
 }

@@ -19,4 +19,18 @@ pub use dtype::DType;
 #[allow(clippy::all, missing_docs)]
 pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/ingot.bundle.v1.rs"));
+
+    impl Step {
+        /// The op with its fused post-ops, as plans and profiles show it: `Conv+Add+Relu`.
+        pub fn op_label(&self) -> String {
+            let post = self.attributes.iter().find_map(|a| match (&a.name[..], &a.value) {
+                ("post_ops", Some(attribute::Value::Text(t))) if !t.is_empty() => Some(t),
+                _ => None,
+            });
+            match post {
+                Some(ops) => format!("{}+{}", self.op, ops.replace(',', "+")),
+                None => self.op.clone(),
+            }
+        }
+    }
 }

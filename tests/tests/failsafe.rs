@@ -315,3 +315,57 @@ fn without_a_vulkan_loader_the_cli_runs_on_the_cpu() -> Result<()> {
     );
     Ok(())
 }
+
+/// `ingot bench --profile` on a graph cut Vulkan -> CPU -> Vulkan: every step once, in order,
+/// with its submodel's device (dispatch counts on Vulkan, none on the CPU); the per-op totals
+/// add up to the steps' total; the text lists every step.
+#[test]
+fn bench_profile_reports_every_step_on_its_device() -> Result<()> {
+    let dir = scratch_dir("failsafe/profile");
+    let model = dir.join("model.onnx");
+    split_model().write(&model)?;
+    let path = dir.join("model.ingot");
+    let compiled = ingot(["compile".as_ref(), model.as_os_str(), "-o".as_ref(), path.as_os_str()])?;
+    expect_success("compile", &compiled)?;
+    let bench = |json: bool| -> Result<String> {
+        let mut args = vec![path.as_os_str(), "--iterations".as_ref(), "2".as_ref()];
+        args.extend(["--profile", "--devices", "vulkan,cpu"].map(std::ffi::OsStr::new));
+        if json {
+            args.push("--json".as_ref());
+        }
+        let output = ingot(std::iter::once("bench".as_ref()).chain(args))?;
+        expect_success("bench --profile", &output)
+    };
+    let report: serde_json::Value = serde_json::from_str(&bench(true)?)?;
+    let profile = &report["profile"];
+    let bundle = Bundle::open(&path)?;
+    let v = &bundle.manifest().variants[0];
+    let steps = profile["steps"].as_array().context("profile.steps")?;
+    ensure!(steps.len() == v.steps.len(), "{profile:#}");
+    let submodel_of = |k: usize| {
+        v.submodels.iter().position(|s| {
+            (s.first_step as usize..(s.first_step + s.step_count) as usize).contains(&k)
+        })
+    };
+    for (k, (row, step)) in steps.iter().zip(&v.steps).enumerate() {
+        ensure!(row["index"] == k && row["name"] == step.name.as_str(), "{row}");
+        ensure!(row["submodel"].as_u64().map(|s| s as usize) == submodel_of(k), "{row}");
+        let on_cpu = row["device"] == "cpu";
+        ensure!(on_cpu == (row["submodel"] == 1), "only submodel 1 runs on the CPU: {row}");
+        ensure!(on_cpu == row["dispatches"].is_null(), "{row}");
+        ensure!(row["median_ns"].is_u64(), "{row}");
+    }
+    let by_op: u64 = profile["by_op"]
+        .as_array()
+        .context("by_op")?
+        .iter()
+        .map(|o| o["total_ns"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(Some(by_op) == profile["total_ns"].as_u64(), "{profile:#}");
+    let text = bench(false)?;
+    ensure!(text.contains("by op") && text.contains("by step"), "{text}");
+    for step in &v.steps {
+        ensure!(text.lines().any(|l| l.ends_with(&format!(" {}", step.name))), "{text}");
+    }
+    Ok(())
+}

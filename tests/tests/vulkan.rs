@@ -196,6 +196,72 @@ fn dependent_dispatches_equal_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// The kernels a session's Vulkan device runs: the class `INGOT_KERNEL_CLASS` forces, else the
+/// device's own (`device` as `Session::device` names it: `vulkan:N (name)`).
+fn class_of(device: &str) -> proto::DeviceClass {
+    match ingot_tests::kernel_class() {
+        ingot_runtime::KernelClass::Gpu => proto::DeviceClass::Gpu,
+        ingot_runtime::KernelClass::Cpu => proto::DeviceClass::Cpu,
+        ingot_runtime::KernelClass::Auto => {
+            let index = device.strip_prefix("vulkan:").and_then(|d| d.split(' ').next());
+            let index: usize = index.and_then(|i| i.parse().ok()).expect("a Vulkan device");
+            match devices().expect("Vulkan devices")[index].kind {
+                "cpu" => proto::DeviceClass::Cpu,
+                _ => proto::DeviceClass::Gpu,
+            }
+        }
+    }
+}
+
+/// A profiled run gives the unprofiled run's outputs and one row per step in the variant's
+/// order, each timed on the device that ran it: on Vulkan with its dispatch count (lavapipe
+/// writes timestamps), on the CPU with none.
+#[test]
+fn a_profile_times_every_step_and_counts_its_dispatches() -> Result<()> {
+    require_validation();
+    let shape = [3, 7, 11];
+    let bundle = bundle("profile", &diamond(&shape))?;
+    let v = &bundle.manifest().variants[0];
+    let x = tensor(&shape, 4);
+    for device in [ingot_tests::vulkan(), Device::Cpu] {
+        let options = SessionOptions { devices: vec![device], ..SessionOptions::default() };
+        let mut session = Session::new(Arc::clone(&bundle), options)?;
+        let want = session.run(std::slice::from_ref(&x))?;
+        let on = session.device();
+        // Twice: the first profiled run records its command buffer, the second replays it.
+        for _ in 0..2 {
+            let (got, profile) = session.profile(std::slice::from_ref(&x))?;
+            assert_eq!(got, want, "{on}");
+            let rows: Vec<(usize, &str, &str, &str)> = profile
+                .iter()
+                .map(|r| (r.index, r.name.as_str(), r.op.as_str(), r.device.as_str()))
+                .collect();
+            let labels: Vec<String> = v.steps.iter().map(|s| s.op_label()).collect();
+            let steps: Vec<(usize, &str, &str, &str)> = v
+                .steps
+                .iter()
+                .zip(&labels)
+                .enumerate()
+                .map(|(k, (s, label))| (k, s.name.as_str(), label.as_str(), on.as_str()))
+                .collect();
+            assert_eq!(rows, steps);
+            for (row, step) in profile.iter().zip(&v.steps) {
+                assert!(row.nanos.is_some(), "{row:?} is untimed");
+                let dispatches = on.starts_with("vulkan").then(|| {
+                    let entry = |c: proto::DeviceClass| {
+                        step.vulkan.iter().find(|e| e.device_class == c as i32)
+                    };
+                    let entry = entry(class_of(&on)).or_else(|| entry(proto::DeviceClass::Any));
+                    entry.map_or(0, |e| e.dispatches.len() as u32)
+                });
+                assert_eq!(row.dispatches, dispatches, "{row:?}");
+            }
+        }
+    }
+    assert_no_validation_messages();
+    Ok(())
+}
+
 /// 4.2M floats: more than 65535 workgroups of 64 invocations, so the grid spans x and y or
 /// the step takes several dispatches.
 #[test]

@@ -102,18 +102,6 @@ fn names<'a>(v: &'a proto::Variant, ts: &[u32]) -> Vec<&'a str> {
     ts.iter().map(|&t| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str())).collect()
 }
 
-/// A step's op with its fused post-ops: `Conv+Add+Relu`.
-fn op_text(step: &proto::Step) -> String {
-    let post = step.attributes.iter().find_map(|a| match (&a.name[..], &a.value) {
-        ("post_ops", Some(proto::attribute::Value::Text(t))) if !t.is_empty() => Some(t),
-        _ => None,
-    });
-    match post {
-        Some(ops) => format!("{}+{}", step.op, ops.replace(',', "+")),
-        None => step.op.clone(),
-    }
-}
-
 fn allocation_kind(a: &proto::Allocation) -> &'static str {
     match proto::AllocationKind::try_from(a.kind) {
         Ok(proto::AllocationKind::Weight) => "weight",
@@ -188,8 +176,13 @@ pub fn text(v: &proto::Variant) -> String {
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in v.steps.iter().enumerate() {
         let (ins, outs) = (names(v, &step.inputs), names(v, &step.outputs));
-        let _ =
-            writeln!(out, "  {i:>5} {} ({}) -> {}", op_text(step), ins.join(", "), outs.join(", "));
+        let _ = writeln!(
+            out,
+            "  {i:>5} {} ({}) -> {}",
+            step.op_label(),
+            ins.join(", "),
+            outs.join(", ")
+        );
     }
     let _ = writeln!(out, "\ntensors:");
     let _ = writeln!(out, "  {:<24} {:>11} {:>12}  storage", "name", "steps", "bytes");

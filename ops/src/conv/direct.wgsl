@@ -177,56 +177,60 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let in_plane = p.id * p.ih * p.iw;
     let out_plane = p.od * p.oh * p.ow;
     let xg = ng * p.cin * in_plane;
-    for (var ci = 0u; ci < p.cin; ci++) {
+    // One loop over (input channel, depth tap) pairs: with PLANAR the depth arithmetic folds
+    // away and the block's accumulators live across a single loop (nested loops cost CPU-type
+    // devices a third of the step).
+    let kd = select(p.kd, 1u, PLANAR);
+    for (var pair = 0u; pair < p.cin * kd; pair++) {
+        let ci = pair / kd;
+        let kz = pair - ci * kd;
         let xc = xg + ci * in_plane;
-        for (var kz = 0u; kz < select(p.kd, 1u, PLANAR); kz++) {
-            let iz = select(i32(oz * p.sd + kz * p.dd) - p.pd, 0, PLANAR);
-            if (!PLANAR && (iz < 0 || iz >= i32(p.id))) {
-                continue;
+        let iz = select(i32(oz * p.sd + kz * p.dd) - p.pd, 0, PLANAR);
+        if (!PLANAR && (iz < 0 || iz >= i32(p.id))) {
+            continue;
+        }
+        var taps: Taps;
+        for (var r = 0u; r < ROWS; r++) {
+            let wo = p.w + ((rows[r] * p.cin + ci) * p.kd + kz) * KH * KW;
+            for (var ky = 0u; ky < KH; ky++) {
+                for (var kx = 0u; kx < KW; kx++) {
+                    taps[r][ky][kx] = w[wo + ky * KW + kx];
+                }
             }
-            var taps: Taps;
-            for (var r = 0u; r < ROWS; r++) {
-                let wo = p.w + ((rows[r] * p.cin + ci) * p.kd + kz) * KH * KW;
-                for (var ky = 0u; ky < KH; ky++) {
+        }
+        let xz = xc + u32(iz) * p.ih * p.iw;
+        for (var j = 0u; j < NJ; j++) {
+            let row = in_rows[j];
+            var span: Span;
+            if (X_VEC) {
+                let xr = p.x + (xz + row.x) / 4u;
+                var vectors: SpanVectors;
+                for (var k = 0u; k < NV; k++) {
+                    let at = vector_columns[k];
+                    vectors[k] = select(vec4<f32>(0.0), vec4<f32>(x[xr + at.x]), (at.y & row.y) != 0u);
+                }
+                for (var s = 0u; s < SPAN; s++) {
+                    span[s] = vectors[(LEAD + s) / 4u][(LEAD + s) % 4u];
+                }
+            } else {
+                let xr = p.x + xz + row.x;
+                for (var s = 0u; s < SPAN; s++) {
+                    let at = columns[s];
+                    span[s] = select(0.0, vec4<f32>(x[xr + at.x]).x, (at.y & row.y) != 0u);
+                }
+            }
+            // The output rows yy this input row feeds, through kernel row ky:
+            // j = yy SH + ky DH.
+            for (var ky = 0u; ky < KH; ky++) {
+                let jr = i32(j) - i32(ky * DH);
+                if (jr >= 0 && jr % i32(SH) == 0 && jr / i32(SH) < i32(YS)) {
+                    let yy = u32(jr) / SH;
                     for (var kx = 0u; kx < KW; kx++) {
-                        taps[r][ky][kx] = w[wo + ky * KW + kx];
-                    }
-                }
-            }
-            let xz = xc + u32(iz) * p.ih * p.iw;
-            for (var j = 0u; j < NJ; j++) {
-                let row = in_rows[j];
-                var span: Span;
-                if (X_VEC) {
-                    let xr = p.x + (xz + row.x) / 4u;
-                    var vectors: SpanVectors;
-                    for (var k = 0u; k < NV; k++) {
-                        let at = vector_columns[k];
-                        vectors[k] = select(vec4<f32>(0.0), vec4<f32>(x[xr + at.x]), (at.y & row.y) != 0u);
-                    }
-                    for (var s = 0u; s < SPAN; s++) {
-                        span[s] = vectors[(LEAD + s) / 4u][(LEAD + s) % 4u];
-                    }
-                } else {
-                    let xr = p.x + xz + row.x;
-                    for (var s = 0u; s < SPAN; s++) {
-                        let at = columns[s];
-                        span[s] = select(0.0, vec4<f32>(x[xr + at.x]).x, (at.y & row.y) != 0u);
-                    }
-                }
-                // The output rows yy this input row feeds, through kernel row ky:
-                // j = yy SH + ky DH.
-                for (var ky = 0u; ky < KH; ky++) {
-                    let jr = i32(j) - i32(ky * DH);
-                    if (jr >= 0 && jr % i32(SH) == 0 && jr / i32(SH) < i32(YS)) {
-                        let yy = u32(jr) / SH;
-                        for (var kx = 0u; kx < KW; kx++) {
-                            for (var v = 0u; v < VECS; v++) {
-                                let a = 4u * v * SW + kx * DW;
-                                let xv = vec4<f32>(span[a], span[a + SW], span[a + 2u * SW], span[a + 3u * SW]);
-                                for (var r = 0u; r < ROWS; r++) {
-                                    acc[r][yy][v] = fma(vec4<f32>(taps[r][ky][kx]), xv, acc[r][yy][v]);
-                                }
+                        for (var v = 0u; v < VECS; v++) {
+                            let a = 4u * v * SW + kx * DW;
+                            let xv = vec4<f32>(span[a], span[a + SW], span[a + 2u * SW], span[a + 3u * SW]);
+                            for (var r = 0u; r < ROWS; r++) {
+                                acc[r][yy][v] = fma(vec4<f32>(taps[r][ky][kx]), xv, acc[r][yy][v]);
                             }
                         }
                     }

@@ -50,6 +50,10 @@ override W_VEC: bool = true;
 override Y_VEC: bool = false;
 // With X_VEC, where the span starts in its first vector: LO mod 4.
 override LEAD: u32 = 0u;
+// A 2-D conv (one depth tap, no depth padding, one input and output plane): the depth loop
+// runs once, known when the kernel is made (a run-time loop around the block costs CPU-type
+// devices a third of the step).
+override PLANAR: bool = false;
 override WG: u32 = 64u;
 // Vectors that hold a row's span; vectors that hold a window.
 override NV: u32 = (LEAD + SPAN + 3u) / 4u;
@@ -189,80 +193,83 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let in_plane = p.id * p.ih * p.iw;
     let out_plane = p.od * p.oh * p.ow;
     let xg = ng * p.cin * in_plane;
-    for (var ci = 0u; ci < p.cin; ci++) {
+    // One loop over (input channel, depth tap) pairs: with PLANAR the depth arithmetic folds
+    // away and the block's accumulators live across a single loop.
+    let kd = select(p.kd, 1u, PLANAR);
+    for (var pair = 0u; pair < p.cin * kd; pair++) {
+        let ci = pair / kd;
+        let kz = pair - ci * kd;
         let xc = xg + ci * in_plane;
-        for (var kz = 0u; kz < p.kd; kz++) {
-            let tz = i32(oz) + p.pd - i32(kz * p.dd);
-            if (tz < 0) {
-                continue;
-            }
-            let iz = divide(u32(tz), p.sd);
-            if (iz * p.sd != u32(tz) || iz >= p.id) {
-                continue;
-            }
-            // Weights: [C, M / group, kd, kh, kw], C counted over all groups.
-            var taps: Taps;
-            for (var r = 0u; r < ROWS; r++) {
-                let wo = (((g * p.cin + ci) * p.cout + rows[r]) * p.kd + kz) * KH * KW;
-                if (W_VEC) {
-                    var vectors: TapVectors;
-                    for (var t = 0u; t < NT; t++) {
-                        vectors[t] = vec4<f32>(w[p.w + wo / 4u + t]);
+        let tz = i32(oz) + p.pd - i32(kz * p.dd);
+        if (!PLANAR && tz < 0) {
+            continue;
+        }
+        let iz = select(divide(u32(tz), p.sd), 0u, PLANAR);
+        if (!PLANAR && (iz * p.sd != u32(tz) || iz >= p.id)) {
+            continue;
+        }
+        // Weights: [C, M / group, kd, kh, kw], C counted over all groups.
+        var taps: Taps;
+        for (var r = 0u; r < ROWS; r++) {
+            let wo = (((g * p.cin + ci) * p.cout + rows[r]) * p.kd + kz) * KH * KW;
+            if (W_VEC) {
+                var vectors: TapVectors;
+                for (var t = 0u; t < NT; t++) {
+                    vectors[t] = vec4<f32>(w[p.w + wo / 4u + t]);
+                }
+                for (var ky = 0u; ky < KH; ky++) {
+                    for (var kx = 0u; kx < KW; kx++) {
+                        let t = ky * KW + kx;
+                        taps[r][ky][kx] = vectors[t / 4u][t % 4u];
                     }
-                    for (var ky = 0u; ky < KH; ky++) {
-                        for (var kx = 0u; kx < KW; kx++) {
-                            let t = ky * KW + kx;
-                            taps[r][ky][kx] = vectors[t / 4u][t % 4u];
-                        }
-                    }
-                } else {
-                    for (var ky = 0u; ky < KH; ky++) {
-                        for (var kx = 0u; kx < KW; kx++) {
-                            taps[r][ky][kx] = w1(p.w + wo + ky * KW + kx);
-                        }
+                }
+            } else {
+                for (var ky = 0u; ky < KH; ky++) {
+                    for (var kx = 0u; kx < KW; kx++) {
+                        taps[r][ky][kx] = w1(p.w + wo + ky * KW + kx);
                     }
                 }
             }
-            for (var yy = 0u; yy < YS; yy++) {
-                for (var ky = 0u; ky < KH; ky++) {
-                    // Rows no tap reaches are skipped: about all but one in SH of them.
-                    let ty = i32(oy0 + yy) + p.ph - i32(ky * DH);
-                    if (ty >= 0 && ty % i32(SH) == 0 && ty / i32(SH) < i32(p.ih)) {
-                        let xrow = xc + (iz * p.ih + u32(ty) / SH) * p.iw;
-                        var span: Span;
-                        if (X_VEC) {
-                            let xr = p.x + xrow / 4u;
-                            var vectors: SpanVectors;
-                            for (var k = 0u; k < NV; k++) {
-                                let at = vector_columns[k];
-                                vectors[k] = select(vec4<f32>(0.0), vec4<f32>(x[xr + at.x]), at.y != 0u);
-                            }
-                            for (var s = 0u; s < SPAN; s++) {
-                                span[s] = vectors[(LEAD + s) / 4u][(LEAD + s) % 4u];
-                            }
-                        } else {
-                            let xr = p.x + xrow;
-                            for (var s = 0u; s < SPAN; s++) {
-                                let at = columns[s];
-                                span[s] = select(0.0, x1(xr + at.x), at.y != 0u);
-                            }
+        }
+        for (var yy = 0u; yy < YS; yy++) {
+            for (var ky = 0u; ky < KH; ky++) {
+                // Rows no tap reaches are skipped: about all but one in SH of them.
+                let ty = i32(oy0 + yy) + p.ph - i32(ky * DH);
+                if (ty >= 0 && ty % i32(SH) == 0 && ty / i32(SH) < i32(p.ih)) {
+                    let xrow = xc + (iz * p.ih + u32(ty) / SH) * p.iw;
+                    var span: Span;
+                    if (X_VEC) {
+                        let xr = p.x + xrow / 4u;
+                        var vectors: SpanVectors;
+                        for (var k = 0u; k < NV; k++) {
+                            let at = vector_columns[k];
+                            vectors[k] = select(vec4<f32>(0.0), vec4<f32>(x[xr + at.x]), at.y != 0u);
                         }
-                        for (var kx = 0u; kx < KW; kx++) {
-                            for (var v = 0u; v < VECS; v++) {
-                                // Columns this tap does not reach take zero.
-                                var xv = vec4<f32>(0.0);
-                                var reached = false;
-                                for (var l = 0u; l < 4u; l++) {
-                                    let s = reach(4u * v + l, kx);
-                                    if (s >= 0) {
-                                        xv[l] = span[s];
-                                        reached = true;
-                                    }
+                        for (var s = 0u; s < SPAN; s++) {
+                            span[s] = vectors[(LEAD + s) / 4u][(LEAD + s) % 4u];
+                        }
+                    } else {
+                        let xr = p.x + xrow;
+                        for (var s = 0u; s < SPAN; s++) {
+                            let at = columns[s];
+                            span[s] = select(0.0, x1(xr + at.x), at.y != 0u);
+                        }
+                    }
+                    for (var kx = 0u; kx < KW; kx++) {
+                        for (var v = 0u; v < VECS; v++) {
+                            // Columns this tap does not reach take zero.
+                            var xv = vec4<f32>(0.0);
+                            var reached = false;
+                            for (var l = 0u; l < 4u; l++) {
+                                let s = reach(4u * v + l, kx);
+                                if (s >= 0) {
+                                    xv[l] = span[s];
+                                    reached = true;
                                 }
-                                if (reached) {
-                                    for (var r = 0u; r < ROWS; r++) {
-                                        acc[r][yy][v] = fma(vec4<f32>(taps[r][ky][kx]), xv, acc[r][yy][v]);
-                                    }
+                            }
+                            if (reached) {
+                                for (var r = 0u; r < ROWS; r++) {
+                                    acc[r][yy][v] = fma(vec4<f32>(taps[r][ky][kx]), xv, acc[r][yy][v]);
                                 }
                             }
                         }

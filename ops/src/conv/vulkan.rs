@@ -618,6 +618,7 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
         .set("PW", pw)
         .set("LO", lo)
         .set("SPAN", span.max(1))
+        .set("PLANAR", (kd, pd, geo.input[0], geo.output[0]) == (1, 0, 1, 1))
         .set("WG", grid.workgroup)
         .dispatch(
             format!("conv_transpose_{}x{}x{kd}x{kh}x{kw}", cout * groups, cin * groups),

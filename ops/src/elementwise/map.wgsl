@@ -23,6 +23,10 @@ alias SY = f32;
 
 // Invocations per workgroup, along the grid's x.
 override WG: u32 = 64u;
+// The collapsed dims the step has (1 to 4): the coordinates past them are 0, and with DIMS
+// known the code computing them is pruned, which CPU-type devices feel (they run every
+// invocation's uniform arithmetic lane by lane).
+override DIMS: u32 = 4u;
 
 @group(0) @binding(0) var<storage, read_write> y: array<SY>;
 @group(0) @binding(1) var<storage, read> x0: array<S0>;
@@ -87,17 +91,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
     if (c0 >= p.n0) {
         return;
     }
-    let c1 = wg.y + p.b1;
-    let z = wg.z + p.b2;
-    // z = c2 + n2 * c3; below 3 dims n2 is the most z can be, and nothing divides.
-    var c2 = z;
+    var c1 = 0u;
+    var c2 = 0u;
     var c3 = 0u;
-    if (z >= p.n2) {
+    if (DIMS > 1u) {
+        c1 = wg.y + p.b1;
+    }
+    if (DIMS == 3u) {
+        c2 = wg.z + p.b2;
+    }
+    if (DIMS > 3u) {
+        let z = wg.z + p.b2;
         c2 = z % p.n2;
         c3 = z / p.n2;
     }
     let a0 = load0(c0 * p.s00 + c1 * p.s01 + c2 * p.s02 + c3 * p.s03);
     let a1 = load1(c0 * p.s10 + c1 * p.s11 + c2 * p.s12 + c3 * p.s13);
     let a2 = load2(c0 * p.s20 + c1 * p.s21 + c2 * p.s22 + c3 * p.s23);
-    store(c0 + p.n0 * (c1 + p.n1 * z), op(a0, a1, a2));
+    store(c0 + p.n0 * (c1 + p.n1 * (c2 + p.n2 * c3)), op(a0, a1, a2));
 }

@@ -17,6 +17,10 @@ alias SY = vec4<f32>;
 
 // Invocations per workgroup, along the grid's x.
 override WG: u32 = 64u;
+// The collapsed dims the step has (1 to 4): the coordinates past them are 0, and with DIMS
+// known the code computing them is pruned, which CPU-type devices feel (they run every
+// invocation's uniform arithmetic lane by lane).
+override DIMS: u32 = 4u;
 
 @group(0) @binding(0) var<storage, read_write> y: array<SY>;
 @group(0) @binding(1) var<storage, read> x0: array<S0>;
@@ -79,11 +83,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
     if (c0 >= p.n0) {
         return;
     }
-    let c1 = wg.y + p.b1;
-    let z = wg.z + p.b2;
-    var c2 = z;
+    var c1 = 0u;
+    var c2 = 0u;
     var c3 = 0u;
-    if (z >= p.n2) {
+    if (DIMS > 1u) {
+        c1 = wg.y + p.b1;
+    }
+    if (DIMS == 3u) {
+        c2 = wg.z + p.b2;
+    }
+    if (DIMS > 3u) {
+        let z = wg.z + p.b2;
         c2 = z % p.n2;
         c3 = z / p.n2;
     }
@@ -96,5 +106,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wg
         op(a0.z, a1.z, a2.z),
         op(a0.w, a1.w, a2.w),
     );
-    store(c0 + p.n0 * (c1 + p.n1 * z), v);
+    store(c0 + p.n0 * (c1 + p.n1 * (c2 + p.n2 * c3)), v);
 }

@@ -864,6 +864,9 @@ fn broadcast(
             .set("BITS", out_ty.bits().unwrap_or(8)),
         (false, false) => spec.alias("SY", y_ty).hook("store", store(out_ty)),
     };
+    if !packed {
+        spec = spec.set("DIMS", len.len().clamp(1, MAX_DIMS) as u32);
+    }
     let all = || tys.iter().chain([&out_ty]);
     if body.float {
         spec = spec.library(&FLOAT);

@@ -116,6 +116,8 @@ pub struct Physical {
     api_version: u32,
     /// A queue family with compute.
     queue_family: Option<u32>,
+    /// Its timestamps' valid bits (0: it has none).
+    timestamp_bits: u32,
 }
 
 impl Physical {
@@ -268,10 +270,11 @@ impl Instance {
             let name = props
                 .device_name_as_c_str()
                 .map_or_else(|_| "(unnamed)".into(), |n| n.to_string_lossy().into_owned());
-            let queue_family = families
+            let compute = families
                 .iter()
-                .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0)
-                .map(|f| f as u32);
+                .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0);
+            let queue_family = compute.map(|f| f as u32);
+            let timestamp_bits = compute.map_or(0, |f| families[f].timestamp_valid_bits);
             out.push(Physical {
                 handle,
                 info: DeviceInfo {
@@ -282,6 +285,7 @@ impl Instance {
                 },
                 api_version: props.api_version,
                 queue_family,
+                timestamp_bits,
             });
         }
         Ok(out)
@@ -347,6 +351,8 @@ pub struct Context {
     pub max_allocation: u64,
     pub memory: vk::PhysicalDeviceMemoryProperties,
     pub queue_family: u32,
+    /// The valid bits of the queue's timestamps; 0 where it cannot write them.
+    pub timestamp_bits: u32,
     queue: Mutex<vk::Queue>,
     pub pipeline_cache: vk::PipelineCache,
     /// By binding count.
@@ -458,6 +464,7 @@ impl Context {
             max_allocation,
             memory,
             queue_family,
+            timestamp_bits: physical.timestamp_bits,
             queue: Mutex::new(queue),
             pipeline_cache,
             layouts: Mutex::new(Vec::new()),

@@ -5,7 +5,7 @@ use super::context::Context;
 use super::layout::{Hazards, Region, descriptor_range, io_layout};
 use super::memory::{Buffer, Placement};
 use super::{DeviceInfo, KernelClass, VulkanError, VulkanOptions};
-use crate::backend::{Failure, Faults, Stage};
+use crate::backend::{Failure, Faults, Stage, StepTime};
 use crate::bundle::{Bundle, tensor_desc};
 use crate::ledger::{Ledger, MemoryKind};
 use crate::tensor::{TensorMut, TensorRef};
@@ -137,6 +137,8 @@ impl<'a> Places<'a> {
 
 /// One dispatch with everything resolved: what to bind, the push constants, what it touches.
 struct Bound {
+    /// Its step's index in the variant.
+    step: usize,
     kernel: usize,
     /// The kernel's binding slots (the first `descriptors.len()` are bound).
     slots: u32,
@@ -223,6 +225,7 @@ fn bind(
         what(),
     )?;
     let mut bound = Bound {
+        step,
         kernel: dispatch.kernel as usize,
         slots: kernel.bindings,
         groups,
@@ -351,7 +354,13 @@ pub struct VulkanExecutable {
     pipelines: Vec<vk::Pipeline>,
     descriptor_pool: vk::DescriptorPool,
     command_pool: vk::CommandPool,
+    /// The submodel's steps in the variant.
+    steps: Range<usize>,
+    /// In order, as the command buffers record them.
+    dispatches: Vec<Recorded>,
     commands: vk::CommandBuffer,
+    /// The command buffer of profiled runs and its timestamp pool, once one was asked for.
+    profiled: Option<(vk::CommandBuffer, vk::QueryPool)>,
     fence: vk::Fence,
 }
 
@@ -420,7 +429,7 @@ impl VulkanExecutable {
             KernelClass::Cpu => DeviceClass::Cpu,
             KernelClass::Gpu => DeviceClass::Gpu,
         };
-        let bound = choose_dispatches(v, steps, class)
+        let bound = choose_dispatches(v, steps.clone(), class)
             .and_then(|dispatches| {
                 dispatches
                     .into_iter()
@@ -440,7 +449,10 @@ impl VulkanExecutable {
             pipelines: Vec::new(),
             descriptor_pool: vk::DescriptorPool::null(),
             command_pool: vk::CommandPool::null(),
+            steps: steps.clone(),
+            dispatches: Vec::new(),
             commands: vk::CommandBuffer::null(),
+            profiled: None,
             fence: vk::Fence::null(),
         };
         // From here on, dropping `exe` on an error frees whatever was made.
@@ -463,6 +475,16 @@ impl VulkanExecutable {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<(), VulkanError> {
+        self.run_commands(self.commands, inputs, outputs)
+    }
+
+    /// Writes the inputs, runs `commands` and waits, reads the outputs.
+    fn run_commands(
+        &mut self,
+        commands: vk::CommandBuffer,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), VulkanError> {
         if self.faults.check("vulkan", Stage::Run).is_err() {
             return Err(VulkanError::DeviceLost {
                 device: self.cx.info.to_string(),
@@ -480,7 +502,7 @@ impl VulkanExecutable {
                 mapped[span(r)].copy_from_slice(t.bytes);
             }
         }
-        self.submit_and_wait(self.commands, "run")?;
+        self.submit_and_wait(commands, "run")?;
         if let Some(Held::Own(io)) = self.io.and_then(|io| self.buffers.get_mut(io)) {
             let mapped = io.bytes_mut();
             for (t, r) in outputs.iter_mut().zip(out_ranges) {
@@ -780,8 +802,8 @@ impl VulkanExecutable {
         result
     }
 
-    /// Writes one descriptor set per dispatch and records the command buffer every run
-    /// replays, with a barrier only before a dispatch that depends on an earlier one.
+    /// Writes one descriptor set per dispatch, keeps what each dispatch binds in
+    /// `self.dispatches`, and records the command buffer every run replays.
     fn record(
         &mut self,
         bound: &[Bound],
@@ -842,16 +864,42 @@ impl VulkanExecutable {
             // and the device's limits in `bind`.
             unsafe { device.update_descriptor_sets(&writes, &[]) };
         }
+        let mut hazards = Hazards::default();
+        for (b, &set) in bound.iter().zip(&sets) {
+            let Some(&(pipeline, layout)) = pipelines.get(&b.kernel) else {
+                continue;
+            };
+            self.dispatches.push(Recorded {
+                step: b.step,
+                pipeline,
+                layout,
+                set,
+                words: b.words.clone(),
+                groups: b.groups,
+                barrier: hazards.dispatch(&b.reads, &b.writes),
+            });
+        }
+        self.commands = self.encode(None)?;
+        Ok(())
+    }
 
+    /// A command buffer of `self.dispatches`, with a barrier only before a dispatch that
+    /// depends on an earlier one. With `timestamps` (a pool of one query per step and one
+    /// more), every step waits for the one before, and a timestamp is written before the first
+    /// step and after each.
+    fn encode(&self, timestamps: Option<vk::QueryPool>) -> Result<vk::CommandBuffer, VulkanError> {
+        let cx = &self.cx;
+        let device = &cx.device;
+        let fail = |what: &'static str, r: vk::Result| cx.submit_error(what, r);
         let info = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.command_pool)
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
-        // SAFETY: the pool is this executable's.
+        // SAFETY: the pool is this executable's, used from one thread at a time (`&self` of an
+        // executable that `run` borrows mutably).
         let commands = unsafe { device.allocate_command_buffers(&info) }
             .map_err(|r| fail("allocating the command buffer", r))?;
-        self.commands = commands.first().copied().unwrap_or_default();
-        let cmd = self.commands;
+        let cmd = commands.first().copied().unwrap_or_default();
         let barrier = |src: vk::AccessFlags, dst: vk::AccessFlags, stage| {
             let barrier = [vk::MemoryBarrier::default().src_access_mask(src).dst_access_mask(dst)];
             // SAFETY: `cmd` is recording (between begin and end below).
@@ -867,51 +915,76 @@ impl VulkanExecutable {
                 )
             }
         };
+        let compute_to_compute = || {
+            barrier(
+                vk::AccessFlags::SHADER_WRITE,
+                vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+            )
+        };
+        let steps = self.steps.clone();
+        let timestamp = |query: usize| {
+            if let Some(pool) = timestamps {
+                // SAFETY: `cmd` is recording; the pool has a query per step and one more, and
+                // was reset at the start of this buffer.
+                unsafe {
+                    device.cmd_write_timestamp(
+                        cmd,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        pool,
+                        query as u32,
+                    )
+                }
+            }
+        };
         // SAFETY: `cmd` is new; every pipeline, layout and set is live and matches the
         // dispatch's binding count; push-constant sizes equal the layouts' ranges.
         unsafe {
             device
                 .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
                 .map_err(|r| fail("recording the command buffer", r))?;
+            if let Some(pool) = timestamps {
+                device.cmd_reset_query_pool(cmd, pool, 0, steps.len() as u32 + 1);
+            }
         }
-        let mut hazards = Hazards::default();
+        timestamp(0);
         let mut current = vk::Pipeline::null();
-        for (b, &set) in bound.iter().zip(&sets) {
-            let Some(&(pipeline, layout)) = pipelines.get(&b.kernel) else {
-                continue;
-            };
-            if hazards.dispatch(&b.reads, &b.writes) {
-                barrier(
-                    vk::AccessFlags::SHADER_WRITE,
-                    vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
-                    vk::PipelineStageFlags::COMPUTE_SHADER,
-                );
-            }
-            // SAFETY: as above.
-            unsafe {
-                if pipeline != current {
-                    device.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-                    current = pipeline;
+        let mut dispatches = self.dispatches.iter().peekable();
+        for step in steps.clone() {
+            while let Some(d) = dispatches.next_if(|d| d.step == step) {
+                if d.barrier {
+                    compute_to_compute();
                 }
-                device.cmd_bind_descriptor_sets(
-                    cmd,
-                    vk::PipelineBindPoint::COMPUTE,
-                    layout,
-                    0,
-                    &[set],
-                    &[],
-                );
-                device.cmd_push_constants(
-                    cmd,
-                    layout,
-                    vk::ShaderStageFlags::COMPUTE,
-                    0,
-                    bytemuck::cast_slice(&b.words),
-                );
-                device.cmd_dispatch(cmd, b.groups[0], b.groups[1], b.groups[2]);
+                // SAFETY: as above.
+                unsafe {
+                    if d.pipeline != current {
+                        device.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, d.pipeline);
+                        current = d.pipeline;
+                    }
+                    device.cmd_bind_descriptor_sets(
+                        cmd,
+                        vk::PipelineBindPoint::COMPUTE,
+                        d.layout,
+                        0,
+                        &[d.set],
+                        &[],
+                    );
+                    device.cmd_push_constants(
+                        cmd,
+                        d.layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        bytemuck::cast_slice(&d.words),
+                    );
+                    device.cmd_dispatch(cmd, d.groups[0], d.groups[1], d.groups[2]);
+                }
+            }
+            if timestamps.is_some() {
+                timestamp(step - steps.start + 1);
+                compute_to_compute();
             }
         }
-        if !bound.is_empty() {
+        if !self.dispatches.is_empty() {
             // The host reads the outputs once the run's fence signals.
             barrier(
                 vk::AccessFlags::SHADER_WRITE,
@@ -921,8 +994,85 @@ impl VulkanExecutable {
         }
         // SAFETY: `cmd` is recording.
         unsafe { device.end_command_buffer(cmd) }
-            .map_err(|r| fail("recording the command buffer", r))
+            .map_err(|r| fail("recording the command buffer", r))?;
+        Ok(cmd)
     }
+
+    /// The command buffer and timestamp pool of profiled runs, made on first use; `None` where
+    /// the queue cannot write timestamps.
+    fn profiled(&mut self) -> Result<Option<(vk::CommandBuffer, vk::QueryPool)>, VulkanError> {
+        if self.cx.timestamp_bits == 0 {
+            return Ok(None);
+        }
+        if self.profiled.is_none() {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(self.steps.len() as u32 + 1);
+            // SAFETY: a plain create on the live device; destroyed in `drop`.
+            let pool = unsafe { self.cx.device.create_query_pool(&info, None) }
+                .map_err(|r| self.cx.submit_error("creating the timestamp pool", r))?;
+            // Kept before encoding, so that `drop` destroys it even if encoding fails.
+            self.profiled = Some((vk::CommandBuffer::null(), pool));
+            let cmd = self.encode(Some(pool))?;
+            self.profiled = Some((cmd, pool));
+        }
+        Ok(self.profiled)
+    }
+
+    /// Runs as [`VulkanExecutable::run`] does, with every step timed by the device.
+    pub fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<Vec<StepTime>, VulkanError> {
+        let dispatches = |step: usize| self.dispatches.iter().filter(|d| d.step == step).count();
+        let counts: Vec<u32> = self.steps.clone().map(|s| dispatches(s) as u32).collect();
+        let Some((cmd, pool)) = self.profiled()? else {
+            self.run_commands(self.commands, inputs, outputs)?;
+            let untimed =
+                |(k, &n)| StepTime { step: self.steps.start + k, nanos: None, dispatches: Some(n) };
+            return Ok(counts.iter().enumerate().map(untimed).collect());
+        };
+        self.run_commands(cmd, inputs, outputs)?;
+        let mut ticks = vec![0u64; counts.len() + 1];
+        // SAFETY: the pool has `ticks.len()` queries, all written by the run that just ended.
+        unsafe {
+            self.cx.device.get_query_pool_results(
+                pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        }
+        .map_err(|r| self.cx.submit_error("reading timestamps", r))?;
+        let bits = self.cx.timestamp_bits;
+        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let period = f64::from(self.cx.limits.timestamp_period);
+        Ok(counts
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let elapsed = ticks[k + 1].wrapping_sub(ticks[k]) & mask;
+                StepTime {
+                    step: self.steps.start + k,
+                    nanos: Some((elapsed as f64 * period).round() as u64),
+                    dispatches: Some(n),
+                }
+            })
+            .collect())
+    }
+}
+
+/// A dispatch as recorded: what it binds, and whether a barrier comes before it.
+struct Recorded {
+    /// Its step's index in the variant.
+    step: usize,
+    pipeline: vk::Pipeline,
+    layout: vk::PipelineLayout,
+    set: vk::DescriptorSet,
+    words: Vec<u32>,
+    groups: [u32; 3],
+    barrier: bool,
 }
 
 impl Drop for VulkanExecutable {
@@ -938,6 +1088,9 @@ impl Drop for VulkanExecutable {
                 device.destroy_pipeline(p, None);
             }
             device.destroy_descriptor_pool(self.descriptor_pool, None);
+            if let Some((_, pool)) = self.profiled {
+                device.destroy_query_pool(pool, None);
+            }
             device.destroy_command_pool(self.command_pool, None);
             device.destroy_fence(self.fence, None);
         }
@@ -958,5 +1111,13 @@ impl crate::backend::Executable for VulkanExecutable {
         outputs: &mut [TensorMut],
     ) -> Result<(), crate::backend::SessionError> {
         Ok(VulkanExecutable::run(self, inputs, outputs)?)
+    }
+
+    fn run_profiled(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<Vec<StepTime>, crate::backend::SessionError> {
+        Ok(VulkanExecutable::run_profiled(self, inputs, outputs)?)
     }
 }
