@@ -29,6 +29,9 @@ override Y_VEC: bool = false;
 override ROWS: u32 = 8u;
 override VECS: u32 = 4u;
 override WG: u32 = 64u;
+// Images of one pixel (the 1x1 convs of squeeze-excitation blocks and classifier heads): every
+// column is that pixel, read once.
+override ONE_PIXEL: bool = false;
 
 @group(0) @binding(0) var<storage, read> x: array<XT>;
 @group(0) @binding(1) var<storage, read> w: array<WT>;
@@ -84,6 +87,14 @@ fn divide(a: u32, d: u32) -> u32 {
 // Element i of X as a scalar (XT is f32 whenever this is read) and vector i (XT is a vector).
 fn x1(i: u32) -> f32 {
     return vec4<f32>(x[i]).x;
+}
+
+// Columns l..l+4 of the channel at xc, one element each.
+fn columns(xc: u32, q: ptr<function, Columns>, l: u32) -> vec4<f32> {
+    if (ONE_PIXEL) {
+        return vec4<f32>(x1(xc));
+    }
+    return vec4<f32>(x1(xc + (*q)[l]), x1(xc + (*q)[l + 1u]), x1(xc + (*q)[l + 2u]), x1(xc + (*q)[l + 3u]));
 }
 
 fn w1(i: u32) -> f32 {
@@ -151,8 +162,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 if (X_VEC) {
                     xv[v] = vec4<f32>(x[xc + q[v]]);
                 } else {
-                    let l = 4u * v;
-                    xv[v] = vec4<f32>(x1(xc + q[l]), x1(xc + q[l + 1u]), x1(xc + q[l + 2u]), x1(xc + q[l + 3u]));
+                    xv[v] = columns(xc, &q, 4u * v);
                 }
             }
             accumulate(&acc, &wv, &xv, kk);
@@ -164,8 +174,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             if (X_VEC) {
                 xv[v] = vec4<f32>(x[xc + q[v]]);
             } else {
-                let l = 4u * v;
-                xv[v] = vec4<f32>(x1(xc + q[l]), x1(xc + q[l + 1u]), x1(xc + q[l + 2u]), x1(xc + q[l + 3u]));
+                xv[v] = columns(xc, &q, 4u * v);
             }
         }
         for (var r = 0u; r < ROWS; r++) {

@@ -95,7 +95,8 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     } else if gpu {
         tiled(&geo, &post)?
     } else if geo.pointwise() {
-        pointwise(cx, &geo, &post, POINTWISE_BLOCK)?
+        let one_pixel = geo.out_plane() == 1;
+        pointwise(cx, &geo, &post, if one_pixel { ONE_PIXEL_BLOCK } else { POINTWISE_BLOCK })?
     } else {
         direct(cx, &geo, &post, GENERAL)?
     };
@@ -316,6 +317,9 @@ struct Shape {
 }
 
 const POINTWISE_BLOCK: Shape = Shape { rows: &[24, 16, 12, 8], ys: &[1], vecs: &[4] };
+/// An image of one pixel is a matrix-vector product: few rows per invocation, so that enough
+/// invocations share it.
+const ONE_PIXEL_BLOCK: Shape = Shape { rows: &[4], ys: &[1], vecs: &[1] };
 const GENERAL: Shape = Shape { rows: &[8, 6, 4], ys: &[4, 3, 2], vecs: &[2] };
 const DEPTHWISE: Shape = Shape { rows: &[1], ys: &[8, 6, 4], vecs: &[4, 3, 2] };
 const TRANSPOSED_BLOCK: Shape = Shape { rows: &[8, 6, 4], ys: &[2], vecs: &[2] };
@@ -395,6 +399,7 @@ fn pointwise(
         .alias("Vectors", array("vec4<f32>", vecs))
         .alias("Columns", array("u32", block.cols()))
         .hook("accumulate", accumulate(rows, vecs))
+        .set("ONE_PIXEL", p == 1)
         .set("X_VEC", x_vec)
         .set("W_VEC", w_vec)
         .set("ROWS", rows)
