@@ -1,27 +1,42 @@
 //! Movement kernels (ops and canonical attributes: ops/src/movement/cpu.rs).
 //!
-//! Most ops are one strided copy, as on the CPU ([`Copy`]): an invocation takes one element of
-//! an iteration space, splits its index into coordinates, and reads the source at a literal
-//! base plus, per dim, an affine term, a padded coordinate (Pad's modes, or the fill value),
-//! or indices read from a second tensor (Gather, GatherND, GatherElements); Trilu adds a band
-//! outside which it writes the fill value. It writes the destination at its own index, or
-//! (Concat's slabs) at literal strides. Concat runs one dispatch per input, Split one per
-//! output.
+//! Most ops are one strided copy, as on the CPU ([`Copy`], `copy.wgsl`): an invocation takes
+//! one unit of an iteration space, splits its index into coordinates, and reads the source at a
+//! base plus, per dim, the coordinate times a stride; Gather and GatherElements read one dim's
+//! coordinate from the index tensor. The destination is the invocation's own index, or
+//! (Concat's slabs) a base plus strides. Pad maps its coordinates by its mode or reads the fill
+//! value (`pad.wgsl`), GatherND reads tuples of coordinates (`gather_nd.wgsl`), Trilu keeps a
+//! band (`trilu.wgsl`). Concat runs one dispatch per input, Split one per output. Every shape,
+//! stride and base is a push-constant param: one module serves every step of a form.
 //!
 //! Values move as u32 words, whatever the dtype: 4-byte types as one, 8-byte types as two (an
 //! innermost dim of 2); 1- and 2-byte types as whole words where the copy groups into them,
 //! else packed, one invocation per output word assembling its 4 or 2 elements (the last word
 //! keeps the bytes past the tensor's end). Dims are merged where they step as one, and the copy
-//! moves vec4 words when its innermost dim is a contiguous, aligned multiple of 4.
+//! moves vec4 words when its innermost dim is a contiguous, aligned multiple of 4. Coordinates
+//! come from the fast `divmod` (`Spec::divmod`) where the dims allow.
 //!
-//! CumSum (a prefix per output element, summed in the CPU's order), OneHot and the scatters
-//! (the data copied, then the updates written; with a reduction, updates that may meet run in
-//! order in one invocation) have their own small kernels.
+//! CumSum (a prefix per output element, summed in the CPU's order), OneHot, the scatters (the
+//! data copied, then the updates written; with a reduction, updates that may meet run in order
+//! in one invocation) and Concat of bytes that share words have their own small kernels.
 
-use crate::no_kernel;
-use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Slot, header};
+use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Slot, Spec, Wgsl};
+use crate::{no_kernel, wgsl};
 use ingot_schema::{AttrValue, DType};
-use std::fmt::Write;
+
+static COPY: Wgsl = wgsl!("movement/copy.wgsl");
+static PAD: Wgsl = wgsl!("movement/pad.wgsl");
+static GATHER_ND: Wgsl = wgsl!("movement/gather_nd.wgsl");
+static TRILU: Wgsl = wgsl!("movement/trilu.wgsl");
+static CUMSUM: Wgsl = wgsl!("movement/cumsum.wgsl");
+static ONE_HOT: Wgsl = wgsl!("movement/one_hot.wgsl");
+static SCATTER: Wgsl = wgsl!("movement/scatter.wgsl");
+static CONCAT_BYTES: Wgsl = wgsl!("movement/concat_bytes.wgsl");
+
+/// The family's kernel files.
+#[cfg(test)]
+static FILES: [&Wgsl; 8] =
+    [&COPY, &PAD, &GATHER_ND, &TRILU, &CUMSUM, &ONE_HOT, &SCATTER, &CONCAT_BYTES];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum PadMode {
@@ -618,24 +633,30 @@ fn index_words(cx: &KernelCx, i: usize) -> Result<u64, NoKernel> {
     }
 }
 
-/// WGSL wrapping index `raw` (an i32 expression) into `[0, n)`, clamping what is outside.
-fn wrap(raw: &str, n: usize) -> String {
-    format!("clamp(select({raw}, {raw} + {n}, {raw} < 0), 0, {})", n.max(1) - 1)
+/// The workgroup size of every movement kernel.
+const WG: u32 = 64;
+
+/// The most dims `copy.wgsl` (and the index components `gather_nd.wgsl` and `scatter.wgsl`)
+/// take, and `pad.wgsl`.
+const MAX_DIMS: usize = 8;
+const MAX_PAD_DIMS: usize = 7;
+
+/// A value as a u32 param word: two's complement for negative strides, whose wrapping sums
+/// come back inside the tensor (the copy's `ranges` were checked).
+fn word(v: i64) -> u32 {
+    v as u32
 }
 
-/// A kernel of one invocation per unit of `count`, from a body using `g`.
-fn simple(
-    cx: &KernelCx,
-    label: String,
-    bindings: Vec<Binding>,
-    count: u64,
-    prelude: &str,
-    body: &str,
-) -> Result<Vec<Dispatch>, NoKernel> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    for b in &bindings {
+/// `values` as a param array of `len` words, zeros past them.
+fn array(values: impl IntoIterator<Item = u32>, len: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = values.into_iter().collect();
+    v.resize(len, 0);
+    v
+}
+
+/// Fails unless every tensor a dispatch binds starts on a word and has bytes to bind.
+fn bindable(cx: &KernelCx, bindings: &[Binding]) -> Result<(), NoKernel> {
+    for b in bindings {
         let o = match b.slot {
             Slot::Input(i) => &cx.inputs[i],
             Slot::Output(i) => &cx.outputs[i],
@@ -644,15 +665,29 @@ fn simple(
             return Err(no_kernel!("{}: tensor '{}' is empty or not word-aligned", cx.op, b.name));
         }
     }
-    let grid = Grid::new(count, 64)?;
-    let mut s = header(&bindings);
-    s.push_str(prelude);
-    let _ = writeln!(s, "{} {{", grid.entry());
-    let _ = writeln!(s, "    let g = {};", grid.index());
-    let _ = writeln!(s, "    if (g >= {count}u) {{ return; }}");
-    s.push_str(body);
-    s.push_str("}\n");
-    Ok(vec![Dispatch { label, wgsl: s, groups: grid.groups, bindings, ..Default::default() }])
+    Ok(())
+}
+
+/// The one dispatch of `spec` over `count` invocations (none for none), its divisions made fast
+/// where `dividers` (the run-time divisors of an index below `count`) allow.
+fn launch(
+    spec: Spec,
+    label: String,
+    count: u64,
+    dividers: &[u32],
+    bindings: Vec<Binding>,
+    params: Vec<u32>,
+) -> Result<Vec<Dispatch>, NoKernel> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let grid = Grid::new(count, WG)?;
+    let fast = !dividers.is_empty()
+        && count < 1 << 31
+        && dividers.iter().all(|&d| (1..1 << 24).contains(&d));
+    let spec = if fast { spec.divmod() } else { spec };
+    let d = spec.set("WG", WG).dispatch(label, grid.groups, bindings, params)?;
+    Ok(vec![d])
 }
 
 /// CumSum: each output element sums its prefix along the axis, in the CPU's order (so floats
@@ -668,56 +703,25 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let shape = &x.desc.shape;
     let axis = axis_attr(cx, shape.len())?;
     let flag = |name| cx.attrs.int(name).map(|v| v != 0).map_err(|e| no_kernel!("CumSum: {e}"));
-    let (exclusive, reverse) = (flag("exclusive")?, flag("reverse")?);
-    let (ty, zero, add, wide) = match x.desc.dtype {
-        DType::F32 => ("f32", "0.0", "acc + v", false),
-        DType::I32 => ("i32", "0i", "acc + v", false),
-        DType::U32 => ("u32", "0u", "acc + v", false),
-        DType::I64 | DType::U64 => (
-            "vec2<u32>",
-            "vec2<u32>(0u)",
-            "vec2<u32>(acc.x + v.x, acc.y + v.y + select(0u, 1u, acc.x + v.x < acc.x))",
-            true,
-        ),
+    let (ty, wide) = match x.desc.dtype {
+        DType::F32 => ("f32", false),
+        DType::I32 => ("i32", false),
+        DType::U32 => ("u32", false),
+        DType::I64 | DType::U64 => ("u32", true),
         other => return Err(cx.dtype(other)),
     };
     let n = shape[axis];
     let inner = shape[axis + 1..].iter().product::<usize>();
-    let at = |e: &str| {
-        if wide {
-            format!("vec2<u32>(x[offsets.x + ({e}) * 2u], x[offsets.x + ({e}) * 2u + 1u])")
-        } else {
-            format!("x[offsets.x + {e}]")
-        }
-    };
-    let step = if reverse { format!("{}u - t", n - 1) } else { "t".into() };
-    let mut b = String::new();
-    let _ = writeln!(b, "    let j = (g / {inner}u) % {n}u;");
-    let _ = writeln!(b, "    let base = g - j * {inner}u;");
-    let _ = writeln!(b, "    var acc = {zero};");
-    let _ = writeln!(b, "    for (var t = 0u; t < {n}u; t = t + 1u) {{");
-    let _ = writeln!(b, "        let jj = {step};");
-    if exclusive {
-        let _ = writeln!(b, "        if (jj == j) {{ break; }}");
-    }
-    let _ = writeln!(b, "        let v = {};", at(&format!("base + jj * {inner}u")));
-    let _ = writeln!(b, "        acc = {add};");
-    if !exclusive {
-        let _ = writeln!(b, "        if (jj == j) {{ break; }}");
-    }
-    let _ = writeln!(b, "    }}");
-    if wide {
-        let _ = writeln!(
-            b,
-            "    y[offsets.y + g * 2u] = acc.x;\n    y[offsets.y + g * 2u + 1u] = acc.y;"
-        );
-    } else {
-        let _ = writeln!(b, "    y[offsets.y + g] = acc;");
-    }
-    let storage = if wide { "u32" } else { ty };
-    let bindings = vec![Binding::input("x", 0, storage), Binding::output("y", 0, storage)];
+    let bindings = vec![Binding::input("x", 0, ty), Binding::output("y", 0, ty)];
+    bindable(cx, &bindings)?;
     let count = x.desc.elements() as u64;
-    simple(cx, format!("cumsum_{count}_{n}"), bindings, count, "", &b)
+    let spec = Spec::new(&CUMSUM)
+        .alias("T", ty)
+        .set("EXCLUSIVE", flag("exclusive")?)
+        .set("REVERSE", flag("reverse")?)
+        .set("WIDE", wide);
+    let params = vec![count as u32, n as u32, inner as u32];
+    launch(spec, format!("cumsum_{count}_{n}"), count, &[], bindings, params)
 }
 
 /// OneHot: `[outer, depth, inner]`, `on` where the index at `[outer, inner]` (negative from
@@ -737,42 +741,27 @@ fn one_hot(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("OneHot of {is:?} to {:?}", y.desc.shape));
     }
     let units = match values.desc.dtype.size() {
-        4 => 1,
+        4 => 1u32,
         8 => 2,
         _ => return Err(cx.dtype(values.desc.dtype)),
     };
-    let inner = is[axis..].iter().product::<usize>();
-    // The index as i32 `r`, and whether it is one (int64 or f32 values beyond i32 never are).
-    let (load, valid) = match idx.desc.dtype {
-        DType::I32 => ("    let r = bitcast<i32>(ix[offsets.ix + p]);\n", "true"),
-        DType::I64 => (
-            "    let r = bitcast<i32>(ix[offsets.ix + p * 2u]);\n",
-            "ix[offsets.ix + p * 2u + 1u] == select(0u, 0xffffffffu, r < 0)",
-        ),
-        // As the CPU's `v as i64`: toward zero, NaN is 0.
-        DType::F32 => (
-            "    let w = ix[offsets.ix + p];\n    let nan = (w & 0x7fffffffu) > 0x7f800000u;\n    let f = bitcast<f32>(w);\n    let r = select(i32(trunc(clamp(f, -2147483648.0, 2147483520.0))), 0, nan);\n",
-            "nan || abs(f) < 2147483648.0",
-        ),
+    let index = match idx.desc.dtype {
+        DType::I32 => 0u32,
+        DType::I64 => 1,
+        DType::F32 => 2,
         other => return Err(cx.dtype(other)),
     };
-    let mut b = String::new();
-    let _ = writeln!(b, "    let e = g / {units}u;");
-    let _ = writeln!(b, "    let j = i32((e / {inner}u) % {depth}u);");
-    let _ = writeln!(b, "    let p = (e / {}u) * {inner}u + e % {inner}u;", depth * inner);
-    b.push_str(load);
-    let _ = writeln!(b, "    let hot = ({valid}) && select(r, r + {depth}, r < 0) == j;");
-    let _ = writeln!(
-        b,
-        "    y[offsets.y + g] = v[offsets.v + g % {units}u + select(0u, {units}u, hot)];"
-    );
+    let inner = is[axis..].iter().product::<usize>();
     let bindings = vec![
         Binding::input("ix", 0, "u32"),
         Binding::input("v", 1, "u32"),
         Binding::output("y", 0, "u32"),
     ];
-    let count = y.desc.elements() as u64 * units;
-    simple(cx, format!("onehot_{count}"), bindings, count, "", &b)
+    bindable(cx, &bindings)?;
+    let count = y.desc.elements() as u64 * u64::from(units);
+    let spec = Spec::new(&ONE_HOT).set("UNITS", units).set("INDEX", index);
+    let params = vec![count as u32, depth as u32, inner as u32];
+    launch(spec, format!("onehot_{count}"), count, &[], bindings, params)
 }
 
 /// ScatterND and ScatterElements: the data copied to the output, then each update written
@@ -789,7 +778,7 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("{} of {:?} by {:?}", cx.op, data.desc, updates.desc));
     }
     let units = match dt.size() {
-        4 => 1u64,
+        4 => 1u32,
         8 => 2,
         _ => return Err(cx.dtype(dt)),
     };
@@ -803,34 +792,28 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.inputs[1].desc.elements() == 0 || updates.desc.elements() == 0 {
         return Ok(d);
     }
-    let words = index_words(cx, 1)?;
+    let words = index_words(cx, 1)? as u32;
     let shape = &data.desc.shape;
     let st = contiguous(shape);
     let us = &updates.desc.shape;
     let is = &cx.inputs[1].desc.shape;
-    // `fn dst(e)`: where update element `e` goes, in elements.
-    let mut f = String::from("fn dst(e: u32) -> u32 {\n");
-    // The order a reduction must keep: updates that may meet, in the CPU's order, run in
-    // one invocation; `lanes` of them run side by side, each a loop of `steps`.
-    let (lanes, steps, update_at) = if cx.op == "ScatterND" {
+    // The update order a reduction must keep: invocation g takes `steps` updates, `inner`
+    // apart; `lanes` invocations.
+    if shape.len() > MAX_DIMS {
+        return Err(no_kernel!("{} of rank {}", cx.op, shape.len()));
+    }
+    let (form, params, lanes) = if cx.op == "ScatterND" {
         let k = is.last().copied().unwrap_or(0);
         let tuples = is[..is.len().saturating_sub(1)].iter().product::<usize>();
         let slice = shape.get(k..).map_or(0, |s| s.iter().product::<usize>());
         if is.is_empty() || k > shape.len() || updates.desc.elements() != tuples * slice {
             return Err(no_kernel!("ScatterND of {shape:?} by {is:?}"));
         }
-        let _ = writeln!(f, "    let t = e / {}u;", slice.max(1));
-        let mut terms = vec![format!("i32(e % {}u)", slice.max(1))];
-        for j in 0..k {
-            let _ = writeln!(
-                f,
-                "    let r{j} = bitcast<i32>(ix[offsets.ix + (t * {k}u + {j}u) * {words}u]);"
-            );
-            terms.push(format!("{} * {}", wrap(&format!("r{j}"), shape[j]), st[j]));
-        }
-        let _ = writeln!(f, "    return u32({});\n}}", terms.join(" + "));
-        // Lane: an element of the slice; steps: the tuples.
-        (slice, tuples, format!("s * {slice}u + g"))
+        let slice = slice.max(1) as u32;
+        let mut params = vec![tuples as u32, slice, slice, k as u32, 0, 0];
+        params.extend(array(shape[..k].iter().map(|&n| n as u32), MAX_DIMS));
+        params.extend(array(st[..k].iter().map(|&s| word(s)), MAX_DIMS));
+        (0u32, params, slice as usize)
     } else {
         let axis = axis_attr(cx, shape.len())?;
         let fits = is.len() == shape.len()
@@ -839,69 +822,45 @@ fn scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         if !fits {
             return Err(no_kernel!("ScatterElements of {shape:?} by {is:?}"));
         }
-        let _ = writeln!(f, "    let r = bitcast<i32>(ix[offsets.ix + e * {words}u]);");
-        let ist = contiguous(is);
-        let terms: Vec<String> = (0..shape.len())
-            .map(|d| {
-                let c = if d == axis {
-                    wrap("r", shape[d])
-                } else {
-                    format!("i32((e / {}u) % {}u)", ist[d], is[d])
-                };
-                format!("{c} * {}", st[d])
-            })
-            .collect();
-        let _ = writeln!(f, "    return u32({});\n}}", terms.join(" + "));
-        // Lane: the coordinates off the axis; steps: along the axis.
+        let rank = is.len();
         let inner = is[axis + 1..].iter().product::<usize>();
         let n = is[axis];
-        (
-            updates.desc.elements() / n.max(1),
-            n,
-            format!("((g / {inner}u) * {n}u + s) * {inner}u + g % {inner}u"),
-        )
+        let mut params = vec![n as u32, inner as u32, 1, rank as u32];
+        params.extend([(rank - 1 - axis) as u32, shape[axis] as u32]);
+        params.extend(array(is.iter().rev().map(|&n| n as u32), MAX_DIMS));
+        params.extend(array(st.iter().rev().map(|&s| word(s)), MAX_DIMS));
+        (1, params, updates.desc.elements() / n.max(1))
     };
-    let combine = match cx.attrs.text("reduction") {
-        Ok("none") => None,
-        Ok("add") => Some("cur + upd"),
-        Ok("mul") => Some("cur * upd"),
-        // As the CPU: NaN updates lose.
-        Ok("max") => Some("select(cur, upd, upd > cur)"),
-        Ok("min") => Some("select(cur, upd, upd < cur)"),
+    let reduction = match cx.attrs.text("reduction") {
+        Ok("none") => 0u32,
+        Ok("add") => 1,
+        Ok("mul") => 2,
+        Ok("max") => 3,
+        Ok("min") => 4,
         other => return Err(no_kernel!("{} reduction {other:?}", cx.op)),
     };
-    let mut b = String::new();
-    let (ty, count) = match combine {
-        None => {
-            let _ = writeln!(b, "    let e = g / {units}u;");
-            let _ = writeln!(
-                b,
-                "    y[offsets.y + dst(e) * {units}u + g % {units}u] = u[offsets.u + g];"
-            );
-            ("u32", updates.desc.elements() as u64 * units)
-        }
-        Some(combine) => {
-            let ty = match dt {
-                DType::F32 => "f32",
-                DType::I32 => "i32",
-                DType::U32 => "u32",
-                other => return Err(no_kernel!("{} reduction on {other}", cx.op)),
-            };
-            let _ = writeln!(b, "    for (var s = 0u; s < {steps}u; s = s + 1u) {{");
-            let _ = writeln!(b, "        let e = {update_at};");
-            let _ = writeln!(b, "        let at = offsets.y + dst(e);");
-            let _ = writeln!(b, "        let cur = y[at];");
-            let _ = writeln!(b, "        let upd = u[offsets.u + e];");
-            let _ = writeln!(b, "        y[at] = {combine};\n    }}");
-            (ty, lanes as u64)
-        }
+    let (ty, count) = match (reduction, dt) {
+        (0, _) => ("u32", updates.desc.elements() as u64 * u64::from(units)),
+        (_, DType::F32) => ("f32", lanes as u64),
+        (_, DType::I32) => ("i32", lanes as u64),
+        (_, DType::U32) => ("u32", lanes as u64),
+        (_, other) => return Err(no_kernel!("{} reduction on {other}", cx.op)),
     };
     let bindings = vec![
         Binding::input("u", 2, ty),
         Binding::input("ix", 1, "u32"),
         Binding::output("y", 0, ty),
     ];
-    d.extend(simple(cx, format!("{}_{count}", cx.op.to_lowercase()), bindings, count, &f, &b)?);
+    bindable(cx, &bindings)?;
+    let spec = Spec::new(&SCATTER)
+        .alias("T", ty)
+        .set("FORM", form)
+        .set("REDUCTION", reduction)
+        .set("UNITS", units)
+        .set("INDEX_WORDS", words);
+    let params = [vec![count as u32], params].concat();
+    let label = format!("{}_{count}", cx.op.to_lowercase());
+    d.extend(launch(spec, label, count, &[], bindings, params)?);
     Ok(d)
 }
 
@@ -924,60 +883,25 @@ fn concat_packed(
     slabs: &[(usize, usize)],
     esize: usize,
 ) -> Result<Vec<Dispatch>, NoKernel> {
-    if slabs.iter().map(|&(_, s)| s).sum::<usize>() != row || cx.in_place().is_some() {
+    if slabs.iter().map(|&(_, s)| s).sum::<usize>() != row
+        || cx.in_place().is_some()
+        || slabs.len() > 8
+    {
         return Err(no_kernel!("Concat of {row}-element rows from {slabs:?}"));
     }
     let n = (outer * row) as u64;
-    let k = 4 / esize as u64;
-    let bits = 8 * esize as u64;
-    let mut f = format!(
-        "fn elem(e: u32) -> u32 {{
-    let o = e / {row}u;
-    let j = e % {row}u;
-"
-    );
-    let mut start = 0;
-    let mut bindings = Vec::with_capacity(slabs.len() + 1);
-    for &(i, slab) in slabs {
-        let _ = writeln!(
-            f,
-            "    if (j < {}u) {{
-        let s = o * {slab}u + j - {start}u;
-        return (x{i}[offsets.x{i} + s / {k}u] >> ((s % {k}u) * {bits}u)) & {:#x}u;
-    }}",
-            start + slab,
-            (1u64 << bits) - 1
-        );
-        bindings.push(Binding::input(&format!("x{i}"), i, "u32"));
-        start += slab;
+    let k = 4 / esize as u32;
+    let mut bindings = vec![Binding::output("y", 0, "u32")];
+    let mut ends = Vec::with_capacity(slabs.len());
+    for (j, &(i, slab)) in slabs.iter().enumerate() {
+        bindings.push(Binding::input(&format!("x{j}"), i, "u32"));
+        ends.push(ends.last().copied().unwrap_or(0) + slab as u32);
     }
-    f.push_str(
-        "    return 0u;
-}
-",
-    );
-    bindings.push(Binding::output("y", 0, "u32"));
-    let mut b = format!(
-        "    let i = g * {k}u;
-    var w = 0u;
-"
-    );
-    let _ = writeln!(
-        b,
-        "    for (var l = 0u; l < {k}u; l = l + 1u) {{
-        if (i + l < {n}u) {{ w = w | (elem(i + l) << (l * {bits}u)); }}
-    }}"
-    );
-    if !n.is_multiple_of(k) {
-        // The last word keeps the bytes past the tensor's end.
-        let _ = writeln!(
-            b,
-            "    if (i + {k}u > {n}u) {{ w = w | (y[offsets.y + g] & {:#x}u); }}",
-            u32::MAX << ((n % k) * bits)
-        );
-    }
-    b.push_str("    y[offsets.y + g] = w;\n");
-    simple(cx, format!("concat_{n}_{k}per"), bindings, n.div_ceil(k), &f, &b)
+    bindable(cx, &bindings)?;
+    let spec = Spec::new(&CONCAT_BYTES).set("PACK", k).set("PARTS", slabs.len() as u32);
+    let params = [vec![n as u32, row as u32], array(ends, 8)].concat();
+    let label = format!("concat_{n}_{k}per");
+    launch(spec, label, n.div_ceil(u64::from(k)), &[], bindings, params)
 }
 
 fn axis_attr(cx: &KernelCx, rank: usize) -> Result<usize, NoKernel> {
@@ -1058,6 +982,9 @@ fn dispatch(
             o.byte_offset
         ));
     }
+    if copy.len() >= 1 << 31 {
+        return Err(no_kernel!("{} of {} elements", cx.op, copy.len()));
+    }
     let fill = copy.fill.clone();
     let mut fill_word = 0u32;
     // The plan in u32 words, or (`packed`, 1- and 2-byte elements that do not group into
@@ -1079,7 +1006,12 @@ fn dispatch(
                     }));
                     (words, None)
                 }
-                None if copy.contiguous() => (copy, Some(k as u64)),
+                None if copy.contiguous() => {
+                    fill_word = u32::from_le_bytes(std::array::from_fn(|b| {
+                        fill.get(b % esize).copied().unwrap_or(0)
+                    }));
+                    (copy, Some(k as u32))
+                }
                 None => return Err(no_kernel!("{} of {esize}-byte elements at strides", cx.op)),
             }
         }
@@ -1098,195 +1030,154 @@ fn dispatch(
         Some(v) => (v, "vec4<u32>"),
         None => (plan, "u32"),
     };
+    let pack = packed.unwrap_or(1);
     // Invocations: one per unit, or per output word when packed.
     let n = plan.len();
-    let count = packed.map_or(n, |k| n.div_ceil(k));
-    let grid = Grid::new(count, 64)?;
+    let count = n.div_ceil(u64::from(pack));
+    let shape: Vec<String> = plan.dims.iter().map(|d| d.len.to_string()).collect();
+    let label = format!(
+        "{}_{}{}",
+        cx.op.to_lowercase(),
+        shape.join("x"),
+        match (vectorised, packed) {
+            (true, _) => "_v4".to_string(),
+            (false, Some(k)) => format!("_{k}per"),
+            _ => String::new(),
+        }
+    );
     let mut bindings = vec![Binding::input("x", from, ty), Binding::output("y", to, ty)];
     if index.is_some() {
         bindings.push(Binding::input("ix", 1, "u32"));
     }
-    let mut s = header(&bindings);
-    s.push_str(&source_fn(&plan));
-    if !plan.contiguous() {
-        s.push_str(&dest_fn(&plan));
+    // Dims innermost first, as the kernels take them; every one but the outermost divides.
+    let dims: Vec<&Dim> = plan.dims.iter().rev().collect();
+    let dividers: Vec<u32> =
+        dims[..dims.len().saturating_sub(1)].iter().map(|d| d.len as u32).collect();
+    let lens = || dims.iter().map(|d| d.len as u32);
+    if let Some(band) = plan.band {
+        return trilu(&plan, band, label, count, bindings, pack);
     }
-    let fill_lit = format!("{ty}({fill_word}u)");
-    let _ = writeln!(s, "{} {{", grid.entry());
-    let _ = writeln!(s, "    let g = {};", grid.index());
-    let _ = writeln!(s, "    if (g >= {count}u) {{ return; }}");
-    match packed {
-        None => {
-            let dst = if plan.contiguous() { "g" } else { "dst(g)" };
-            let _ = writeln!(s, "    let s = src(g);");
-            if plan.fills() {
-                let _ = writeln!(s, "    var v = {fill_lit};");
-                let _ = writeln!(s, "    if (s >= 0) {{ v = x[offsets.x + u32(s)]; }}");
-                let _ = writeln!(s, "    y[offsets.y + {dst}] = v;");
-            } else {
-                let _ = writeln!(s, "    y[offsets.y + {dst}] = x[offsets.x + u32(s)];");
-            }
+    if plan.dims.iter().any(|d| matches!(d.src, Src::Pad { .. })) {
+        if dims.len() > MAX_PAD_DIMS {
+            return Err(no_kernel!("{} over {} dims", cx.op, dims.len()));
         }
-        Some(k) => {
-            let bits = 32 / k;
-            let mask = (1u64 << bits) - 1;
-            let fill_bits = fill.iter().rev().fold(0u32, |acc, &b| (acc << 8) | u32::from(b));
-            let _ = writeln!(s, "    let i = g * {k}u;");
-            let _ = writeln!(s, "    var w = 0u;");
-            let _ = writeln!(s, "    for (var l = 0u; l < {k}u; l = l + 1u) {{");
-            let _ = writeln!(s, "        if (i + l >= {n}u) {{ break; }}");
-            let _ = writeln!(s, "        let s = src(i + l);");
-            let _ = writeln!(s, "        var e = {fill_bits}u;");
-            let _ = writeln!(
-                s,
-                "        if (s >= 0) {{ e = (x[offsets.x + u32(s) / {k}u] >> ((u32(s) % {k}u) * {bits}u)) & {mask}u; }}"
-            );
-            let _ = writeln!(s, "        w = w | (e << (l * {bits}u));");
-            let _ = writeln!(s, "    }}");
-            if !n.is_multiple_of(k) {
-                // The last word keeps the bytes past the tensor's end.
-                let _ = writeln!(
-                    s,
-                    "    if (i + {k}u > {n}u) {{ w = w | (y[offsets.y + g] & {:#x}u); }}",
-                    u32::MAX << ((n % k) * bits)
-                );
-            }
-            let _ = writeln!(s, "    y[offsets.y + g] = w;");
-        }
+        // Every dim as padded: an affine one (8-byte elements' words) pads nothing.
+        let pads: Vec<(u32, i64, u32, PadMode)> = dims
+            .iter()
+            .map(|d| match d.src {
+                Src::Pad { n, before, mode, stride } => (n as u32, before, word(stride), mode),
+                Src::Affine(s) => (d.len as u32, 0, word(s), PadMode::Constant),
+                _ => unreachable!("a pad copy's dims are padded or affine"),
+            })
+            .collect();
+        let mode = pads.iter().map(|p| p.3).find(|&m| m != PadMode::Constant);
+        let mode = mode.unwrap_or(PadMode::Constant) as u32;
+        let params = [
+            vec![n as u32, fill_word],
+            array(lens(), MAX_PAD_DIMS),
+            array(pads.iter().map(|p| p.0), MAX_PAD_DIMS),
+            array(pads.iter().map(|p| word(p.1)), MAX_PAD_DIMS),
+            array(pads.iter().map(|p| p.2), MAX_PAD_DIMS),
+        ]
+        .concat();
+        let spec =
+            Spec::new(&PAD).set("DIMS", dims.len() as u32).set("MODE", mode).set("PACK", pack);
+        return launch(spec, label, count, &dividers, bindings, params);
     }
-    s.push_str("}\n");
-    let shape: Vec<String> = plan.dims.iter().map(|d| d.len.to_string()).collect();
-    Ok(vec![Dispatch {
-        label: format!(
-            "{}_{}{}",
-            cx.op.to_lowercase(),
-            shape.join("x"),
-            match (vectorised, packed) {
-                (true, _) => "_v4".to_string(),
-                (false, Some(k)) => format!("_{k}per"),
-                _ => String::new(),
-            }
-        ),
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
+    let index_dim = dims.iter().position(|d| d.src.reads_indices());
+    let gather = index_dim.map(|k| (k, &dims[k].src));
+    if let Some((_, Src::Index { comps, batch })) = gather
+        && (comps.len() != 1 || batch.is_some())
+    {
+        return gather_nd(&plan, label, bindings, ty);
+    }
+    if dims.len() > MAX_DIMS {
+        return Err(no_kernel!("{} over {} dims", cx.op, dims.len()));
+    }
+    // (GATHER, axis, axis_n, the axis's source stride)
+    let (form, axis, axis_n, axis_stride) = match gather {
+        Some((k, Src::Index { comps, .. })) => (1u32, k, comps[0].0, comps[0].1),
+        Some((k, &Src::Element { n, stride })) => (2, k, n, stride),
+        _ => (0, 0, 0, 0),
+    };
+    let strides = dims.iter().enumerate().map(|(k, d)| match d.src {
+        Src::Affine(s) => word(s),
+        _ if k == axis => word(axis_stride),
+        _ => unreachable!("one dim of a copy reads indices"),
+    });
+    let contiguous = plan.contiguous();
+    let params = [
+        vec![n as u32, word(plan.src_base), word(plan.dst_base), axis as u32, axis_n as u32],
+        array(lens(), MAX_DIMS),
+        array(strides, MAX_DIMS),
+        array(dims.iter().map(|d| word(d.dst)).filter(|_| !contiguous), MAX_DIMS),
+    ]
+    .concat();
+    let spec = Spec::new(&COPY)
+        .alias("W", ty)
+        .set("DIMS", dims.len() as u32)
+        .set("CONTIGUOUS", contiguous)
+        .set("PACK", pack)
+        .set("GATHER", form)
+        .set("UNITS", plan.units as u32)
+        .set("INDEX_WORDS", plan.index_words as u32);
+    launch(spec, label, count, &dividers, bindings, params)
 }
 
-/// The coordinate of each dim of iteration index `g`, as WGSL i32 `let`s `c0`, `c1`...
-fn coords(plan: &Copy) -> String {
-    let mut s = String::new();
-    let mut p = 1u64;
-    let mut lines = vec![String::new(); plan.dims.len()];
-    for (k, d) in plan.dims.iter().enumerate().rev() {
-        let c = match (k, p) {
-            (0, 1) => "g".to_string(),
-            (0, p) => format!("g / {p}u"),
-            (_, 1) => format!("g % {}u", d.len),
-            (_, p) => format!("(g / {p}u) % {}u", d.len),
-        };
-        lines[k] = format!("    let c{k} = i32({c});\n");
-        p *= d.len;
+/// GatherND's copy: tuples of index components, each picking a slice of contiguous units.
+fn gather_nd(
+    plan: &Copy,
+    label: String,
+    bindings: Vec<Binding>,
+    ty: &'static str,
+) -> Result<Vec<Dispatch>, NoKernel> {
+    let (Src::Index { comps, batch }, inner) = (&plan.dims[0].src, plan.dims.get(1)) else {
+        return Err(no_kernel!("a GatherND copy that does not start with its tuples"));
+    };
+    let inner_len = match inner {
+        None => 1,
+        Some(d) if d.src == Src::Affine(1) && plan.dims.len() == 2 => d.len,
+        Some(_) => return Err(no_kernel!("a GatherND copy of strided slices")),
+    };
+    if !plan.contiguous() || plan.src_base != 0 || comps.len() > MAX_DIMS {
+        return Err(no_kernel!("GatherND of {} components", comps.len()));
     }
-    lines.iter().for_each(|l| s.push_str(l));
-    s
+    let (per, batch_stride) = batch.unwrap_or((1, 0));
+    let params = [
+        vec![plan.len() as u32, inner_len as u32, comps.len() as u32, per as u32],
+        vec![word(batch_stride)],
+        array(comps.iter().map(|c| c.0 as u32), MAX_DIMS),
+        array(comps.iter().map(|c| word(c.1)), MAX_DIMS),
+    ]
+    .concat();
+    let spec = Spec::new(&GATHER_ND).alias("W", ty).set("INDEX_WORDS", plan.index_words as u32);
+    launch(spec, label, plan.len(), &[inner_len as u32], bindings, params)
 }
 
-/// WGSL `fn src(g: u32) -> i32`: where iteration index `g` reads the source, or -1 for the fill
-/// value.
-fn source_fn(plan: &Copy) -> String {
-    let mut s = String::from("fn src(g: u32) -> i32 {\n");
-    s.push_str(&coords(plan));
-    let mut terms = vec![plan.src_base.to_string()];
-    let mut checks = Vec::new();
-    for (k, d) in plan.dims.iter().enumerate() {
-        match d.src {
-            Src::Affine(0) => {}
-            Src::Affine(st) => terms.push(format!("c{k} * {st}")),
-            Src::Pad { n, before, mode, stride } => {
-                let p = format!("(c{k} - {before})");
-                let mapped = match mode {
-                    PadMode::Constant => {
-                        checks.push(format!("p{k} >= 0 && p{k} < {n}"));
-                        p
-                    }
-                    PadMode::Edge => format!("clamp({p}, 0, {})", n - 1),
-                    PadMode::Wrap => format!("(({p} % {n}) + {n}) % {n}"),
-                    PadMode::Reflect if n == 1 => "0".into(),
-                    PadMode::Reflect => {
-                        let period = 2 * (n - 1);
-                        let _ =
-                            writeln!(s, "    let r{k} = (({p} % {period}) + {period}) % {period};");
-                        format!("select(r{k}, {period} - r{k}, r{k} >= {n})")
-                    }
-                };
-                let _ = writeln!(s, "    let p{k} = {mapped};");
-                terms.push(format!("p{k} * {stride}"));
-            }
-            Src::Index { ref comps, batch } => {
-                // The low word of an int64 is the index for every value in [-n, n); others
-                // were errors on the CPU: clamp them, never read outside.
-                for (j, &(n, stride)) in comps.iter().enumerate() {
-                    let at =
-                        format!("(u32(c{k}) * {}u + {j}u) * {}u", comps.len(), plan.index_words);
-                    let _ = writeln!(s, "    let r{k}_{j} = bitcast<i32>(ix[offsets.ix + {at}]);");
-                    let _ = writeln!(
-                        s,
-                        "    let p{k}_{j} = clamp(select(r{k}_{j}, r{k}_{j} + {n}, r{k}_{j} < 0), 0, {});",
-                        n - 1
-                    );
-                    terms.push(format!("p{k}_{j} * {stride}"));
-                }
-                if let Some((per, stride)) = batch {
-                    terms.push(format!("(c{k} / {per}) * {stride}"));
-                }
-            }
-            Src::Element { n, stride } => {
-                let at = format!("(g / {}u) * {}u", plan.units, plan.index_words);
-                let _ = writeln!(s, "    let r{k} = bitcast<i32>(ix[offsets.ix + {at}]);");
-                let _ = writeln!(
-                    s,
-                    "    let p{k} = clamp(select(r{k}, r{k} + {n}, r{k} < 0), 0, {});",
-                    n - 1
-                );
-                terms.push(format!("p{k} * {stride}"));
-            }
-        }
+/// Trilu's copy: the identity inside the band, zeros outside.
+fn trilu(
+    plan: &Copy,
+    band: Band,
+    label: String,
+    count: u64,
+    bindings: Vec<Binding>,
+    pack: u32,
+) -> Result<Vec<Dispatch>, NoKernel> {
+    let (rows, cols) = (plan.dims[band.row].len, plan.dims[band.col].len);
+    let identity = plan.dims.iter().all(|d| d.src == Src::Affine(d.dst));
+    if pack != 1 || !identity || !plan.contiguous() || plan.src_base != 0 {
+        return Err(no_kernel!("Trilu of elements smaller than a word"));
     }
-    if let Some(b) = plan.band {
-        let (r, c, k) = (b.row, b.col, b.k);
-        checks.push(if b.upper {
-            format!("c{c} - c{r} >= {k}")
-        } else {
-            format!("c{c} - c{r} <= {k}")
-        });
-    }
-    if !checks.is_empty() {
-        let _ = writeln!(s, "    if (!({})) {{ return -1; }}", checks.join(" && "));
-    }
-    let _ = writeln!(s, "    return {};\n}}", terms.join(" + "));
-    s
-}
-
-/// WGSL `fn dst(g: u32) -> u32`: where iteration index `g` writes (Concat's slabs).
-fn dest_fn(plan: &Copy) -> String {
-    let mut s = String::from("fn dst(g: u32) -> u32 {\n");
-    s.push_str(&coords(plan));
-    let mut terms = vec![plan.dst_base.to_string()];
-    terms.extend(
-        (0..plan.dims.len())
-            .filter(|&k| plan.dims[k].dst != 0)
-            .map(|k| format!("c{k} * {}", plan.dims[k].dst)),
-    );
-    let _ = writeln!(s, "    return u32({});\n}}", terms.join(" + "));
-    s
+    let params = vec![count as u32, rows as u32, cols as u32, word(band.k)];
+    let spec = Spec::new(&TRILU).set("UNITS", plan.units as u32).set("UPPER", band.upper);
+    launch(spec, label, count, &[rows as u32, cols as u32], bindings, params)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TensorDesc;
+    use crate::reduce::vulkan::tests::{specialised, valid};
     use crate::vulkan::{DeviceClass, Operand, compile};
     use ingot_schema::Attrs;
 
@@ -1308,13 +1199,41 @@ mod tests {
         lower(&cx)
     }
 
-    /// Lowers one step and checks that every kernel passes naga's validation.
+    /// Lowers one step and checks every kernel against its module (naga's validation, the
+    /// bindings and params it declares).
     fn lower_ok(op: &str, attrs: &Attrs, inputs: &[Operand], outputs: &[Operand]) -> Vec<Dispatch> {
         let ds = try_lower(op, attrs, inputs, outputs).unwrap_or_else(|e| panic!("{op}: {e}"));
-        for d in &ds {
-            compile(&d.wgsl, &[]).unwrap_or_else(|e| panic!("{op}: {e}\n{}", d.wgsl));
-        }
+        valid(&ds);
         ds
+    }
+
+    /// One line per dispatch: label, file, overrides, bindings and params.
+    fn summary(d: &[Dispatch]) -> String {
+        d.iter()
+            .map(|d| {
+                let first = d.wgsl.lines().next();
+                let file = FILES.iter().find(|f| f.source.lines().next() == first).unwrap();
+                let overrides: Vec<String> =
+                    d.overrides.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                let bindings: Vec<String> = d
+                    .bindings
+                    .iter()
+                    .map(|b| format!("{}:{:?}:{}", b.name, b.slot, b.ty))
+                    .collect();
+                format!(
+                    "{} {} {} | {} | {:?}\n",
+                    d.label,
+                    file.path,
+                    overrides.join(" "),
+                    bindings.join(" "),
+                    d.params
+                )
+            })
+            .collect()
+    }
+
+    fn override_of(d: &Dispatch, name: &str) -> Option<f64> {
+        d.overrides.iter().find(|o| o.0 == name).map(|o| o.1)
     }
 
     fn ints(v: &[i64]) -> AttrValue {
@@ -1322,10 +1241,31 @@ mod tests {
     }
 
     #[test]
+    fn every_file_is_a_valid_module() {
+        for file in FILES {
+            if let Err(e) = compile(file.source, &[]) {
+                panic!("{}:\n{e}", file.path);
+            }
+        }
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/movement");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".wgsl"))
+            .map(|n| format!("movement/{n}"))
+            .collect();
+        on_disk.sort();
+        let mut known: Vec<&str> = FILES.iter().map(|f| f.path).collect();
+        known.sort();
+        assert_eq!(on_disk, known, "every file is in FILES");
+    }
+
+    #[test]
     fn copies_merge_into_one_vectorised_run() {
         let d = lower_ok("Reshape", &Attrs::new(), &[f32s(&[2, 8], 0)], &[f32s(&[16], 64)]);
         assert_eq!(d[0].label, "reshape_4_v4");
-        assert!(d[0].wgsl.contains("y[offsets.y + g] = x[offsets.x + u32(s)]"));
+        assert_eq!(d[0].bindings[0].ty, "vec4<u32>");
+        assert_eq!(override_of(&d[0], "DIMS"), Some(1.0));
         // int64 moves as pairs of words; an odd count stays scalar.
         let d = lower_ok(
             "Identity",
@@ -1333,7 +1273,7 @@ mod tests {
             &[t(DType::I64, &[3], 0)],
             &[t(DType::I64, &[3], 64)],
         );
-        assert_eq!(d[0].label, "identity_6");
+        assert_eq!((d[0].label.as_str(), d[0].bindings[0].ty), ("identity_6", "u32"));
         // In place there is nothing to do.
         assert!(lower_ok("Identity", &Attrs::new(), &[f32s(&[4], 0)], &[f32s(&[4], 0)]).is_empty());
         // Bytes move as words where they group into words.
@@ -1344,58 +1284,71 @@ mod tests {
             &[t(DType::Bool, &[8], 64)],
         );
         assert_eq!(d[0].label, "identity_2");
+        // Steps of one op and types share one module: only the params differ.
+        let a = lower_ok("Identity", &Attrs::new(), &[f32s(&[5], 0)], &[f32s(&[5], 64)]);
+        let b = lower_ok("Identity", &Attrs::new(), &[f32s(&[7], 0)], &[f32s(&[7], 64)]);
+        assert_eq!((&a[0].wgsl, &a[0].overrides), (&b[0].wgsl, &b[0].overrides));
+        assert_ne!(a[0].params, b[0].params);
     }
 
     #[test]
-    fn transpose_reads_at_permuted_strides() {
+    fn strides_and_bases_are_params() {
+        // Transpose [1, 3, 4, 5] -> [1, 4, 5, 3]: dims of 1 dropped, the output's (4, 5) read
+        // as one dim of 20 at stride 1; innermost first: 3 at stride 20, then 20 at stride 1.
         let attrs = Attrs::new().with("perm", ints(&[0, 2, 3, 1]));
         let d =
             lower_ok("Transpose", &attrs, &[f32s(&[1, 3, 4, 5], 0)], &[f32s(&[1, 4, 5, 3], 256)]);
-        // Dims of 1 are dropped; the output's (4, 5) read as one dim of 20 with stride 1.
         assert_eq!(d[0].label, "transpose_20x3");
-        assert!(d[0].wgsl.contains("c0 * 1 + c1 * 20"), "{}", d[0].wgsl);
-    }
-
-    #[test]
-    fn slices_with_negative_steps() {
-        // x[1:, ::-2] of [3, 5]: rows 1, 2; columns 4, 2, 0.
+        let p = &d[0].params;
+        assert_eq!((p[0], p[1], p[2]), (60, 0, 0), "count, source and destination base");
+        assert_eq!((&p[5..7], &p[13..15]), (&[3, 20][..], &[20, 1][..]), "lens, strides");
+        // x[1:, ::-2] of [3, 5]: rows 1, 2; columns 4, 2, 0: base 9, a stride of -2 in two's
+        // complement.
         let attrs = Attrs::new()
             .with("starts", ints(&[1, 4]))
             .with("ends", ints(&[3, -1]))
             .with("steps", ints(&[1, -2]));
         let d = lower_ok("Slice", &attrs, &[f32s(&[3, 5], 0)], &[f32s(&[2, 3], 64)]);
-        assert!(d[0].wgsl.contains("return 9 + c0 * 5 + c1 * -2;"), "{}", d[0].wgsl);
+        let p = &d[0].params;
+        assert_eq!((p[1], &p[5..7], &p[13..15]), (9, &[3, 2][..], &[(-2i32) as u32, 5][..]));
+        // Concat writes each part at its slab's place: destination strides and base.
+        let attrs = Attrs::new().with("axis", AttrValue::Int(1));
+        let parts = [f32s(&[2, 3, 4], 0), f32s(&[2, 1, 4], 256), f32s(&[2, 0, 4], 512)];
+        let joined = f32s(&[2, 4, 4], 1024);
+        let d = lower_ok("Concat", &attrs, &parts, std::slice::from_ref(&joined));
+        assert_eq!(d.len(), 2, "the empty part has no dispatch");
+        assert_eq!(d[1].bindings[0].slot, Slot::Input(1));
+        assert_eq!(override_of(&d[1], "CONTIGUOUS"), Some(0.0));
+        // In vec4s: two rows of one, read one apart, written four apart from the fourth.
+        assert_eq!(d[1].label, "concat_2_v4");
+        let p = &d[1].params;
+        assert_eq!((p[2], p[5], p[13], p[21]), (3, 2, 1, 4));
+        let d = lower_ok("Split", &attrs, std::slice::from_ref(&joined), &parts);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].bindings[1].slot, Slot::Output(1));
+        assert_eq!(d[1].params[1], 3, "part 1 starts at row 3 of 4, vec4 3");
+        // Parts that do not add up are refused.
+        assert!(try_lower("Concat", &attrs, &parts[..2], &[f32s(&[2, 5, 4], 1024)]).is_err());
     }
 
     #[test]
-    fn pads_in_every_mode() {
+    fn every_form_of_copy() {
+        let mut out = String::new();
+        let mut add = |name: &str, d: Vec<Dispatch>| {
+            valid(&d);
+            out += &format!("{name}:\n{}", summary(&d));
+        };
         for mode in ["constant", "edge", "wrap", "reflect"] {
             let attrs = Attrs::new()
                 .with("pads", ints(&[0, 1, -1, 2]))
                 .with("mode", AttrValue::Text(mode.into()))
                 .with("value", AttrValue::Float(1.5));
-            let d = lower_ok("Pad", &attrs, &[f32s(&[3, 4], 0)], &[f32s(&[2, 7], 64)]);
-            assert_eq!(d[0].wgsl.contains("1069547520u"), mode == "constant", "{}", d[0].wgsl);
+            add(mode, lower_ok("Pad", &attrs, &[f32s(&[3, 4], 0)], &[f32s(&[2, 7], 64)]));
         }
-        // int64 with a value whose words differ has no kernel; -1 does.
-        let pad = |v: i64| {
-            let attrs = Attrs::new()
-                .with("pads", ints(&[1, 1]))
-                .with("mode", AttrValue::Text("constant".into()))
-                .with("value", AttrValue::Int(v));
-            try_lower("Pad", &attrs, &[t(DType::I64, &[3], 0)], &[t(DType::I64, &[5], 64)])
-        };
-        assert!(pad(7).is_err());
-        compile(&pad(-1).unwrap()[0].wgsl, &[]).unwrap();
-    }
-
-    #[test]
-    fn tile_expand_and_depth_space() {
         let attrs = Attrs::new().with("repeats", ints(&[2, 3]));
-        lower_ok("Tile", &attrs, &[f32s(&[2, 4], 0)], &[f32s(&[4, 12], 64)]);
+        add("tile", lower_ok("Tile", &attrs, &[f32s(&[2, 4], 0)], &[f32s(&[4, 12], 64)]));
         let attrs = Attrs::new().with("shape", ints(&[2, 3, 4]));
-        let d = lower_ok("Expand", &attrs, &[f32s(&[3, 1], 0)], &[f32s(&[2, 3, 4], 64)]);
-        assert!(d[0].wgsl.contains("c1 * 0") || !d[0].wgsl.contains("c2 *"), "{}", d[0].wgsl);
+        add("expand", lower_ok("Expand", &attrs, &[f32s(&[3, 1], 0)], &[f32s(&[2, 3, 4], 64)]));
         for op in ["DepthToSpace", "SpaceToDepth"] {
             for mode in ["DCR", "CRD"] {
                 let attrs = Attrs::new()
@@ -1406,55 +1359,81 @@ mod tests {
                 } else {
                     ([1, 2, 4, 6], [1, 8, 2, 3])
                 };
-                lower_ok(op, &attrs, &[f32s(&i, 0)], &[f32s(&o, 256)]);
+                add(mode, lower_ok(op, &attrs, &[f32s(&i, 0)], &[f32s(&o, 256)]));
             }
         }
-    }
-
-    #[test]
-    fn concat_writes_one_slab_per_input_and_split_reads_one() {
-        let attrs = Attrs::new().with("axis", AttrValue::Int(1));
-        let parts = [f32s(&[2, 3, 4], 0), f32s(&[2, 1, 4], 256), f32s(&[2, 0, 4], 512)];
-        let joined = f32s(&[2, 4, 4], 1024);
-        let d = lower_ok("Concat", &attrs, &parts, std::slice::from_ref(&joined));
-        assert_eq!(d.len(), 2, "the empty part has no dispatch");
-        assert_eq!(d[1].bindings[0].slot, crate::vulkan::Slot::Input(1));
-        assert!(d[1].wgsl.contains("u32(3 + c0 * 4"), "{}", d[1].wgsl);
-        let d = lower_ok("Split", &attrs, std::slice::from_ref(&joined), &parts);
-        assert_eq!(d.len(), 2);
-        assert_eq!(d[1].bindings[1].slot, crate::vulkan::Slot::Output(1));
-        assert!(d[1].wgsl.contains("return 3 + c0 * 4;"), "{}", d[1].wgsl);
-        // Parts that do not add up are refused.
-        assert!(try_lower("Concat", &attrs, &parts[..2], &[f32s(&[2, 5, 4], 1024)]).is_err());
-    }
-
-    #[test]
-    fn gather_reads_int64_and_int32_indices() {
-        let attrs = Attrs::new().with("axis", AttrValue::Int(1));
-        for (dt, words) in [(DType::I64, 2), (DType::I32, 1)] {
+        let axis = |a| Attrs::new().with("axis", AttrValue::Int(a));
+        for dt in [DType::I64, DType::I32] {
             let d = lower_ok(
                 "Gather",
-                &attrs,
+                &axis(1),
                 &[f32s(&[2, 5, 8], 0), t(dt, &[3], 512)],
                 &[f32s(&[2, 3, 8], 1024)],
             );
-            assert!(d[0].wgsl.contains(&format!("* {words}u]")), "{}", d[0].wgsl);
-            assert_eq!(d[0].bindings.len(), 3);
+            add(&format!("gather by {dt}"), d);
         }
-        // int64 data along the last axis.
-        let attrs = Attrs::new().with("axis", AttrValue::Int(0));
-        lower_ok(
+        let d = lower_ok(
             "Gather",
-            &attrs,
+            &axis(0),
             &[t(DType::I64, &[5], 0), t(DType::I64, &[2, 2], 64)],
             &[t(DType::I64, &[2, 2], 128)],
         );
+        add("gather int64 data", d);
+        let d = lower_ok(
+            "GatherElements",
+            &axis(1),
+            &[f32s(&[2, 5], 0), t(DType::I64, &[2, 3], 64)],
+            &[f32s(&[2, 3], 128)],
+        );
+        add("gather elements", d);
+        let d = lower_ok(
+            "GatherElements",
+            &axis(0),
+            &[t(DType::I64, &[4, 2], 0), t(DType::I32, &[3, 2], 64)],
+            &[t(DType::I64, &[3, 2], 128)],
+        );
+        add("gather elements int64 data", d);
+        let attrs = Attrs::new().with("batch_dims", AttrValue::Int(1));
+        let d = lower_ok(
+            "GatherND",
+            &attrs,
+            &[f32s(&[2, 3, 4], 0), t(DType::I64, &[2, 5, 1], 128)],
+            &[f32s(&[2, 5, 4], 256)],
+        );
+        add("gather nd, batch", d);
+        let attrs = Attrs::new().with("batch_dims", AttrValue::Int(0));
+        let d = lower_ok(
+            "GatherND",
+            &attrs,
+            &[f32s(&[2, 3, 4], 0), t(DType::I32, &[5, 2], 128)],
+            &[f32s(&[5, 4], 256)],
+        );
+        add("gather nd", d);
+        for upper in [1, 0] {
+            let attrs =
+                Attrs::new().with("upper", AttrValue::Int(upper)).with("k", AttrValue::Int(-1));
+            let d = lower_ok("Trilu", &attrs, &[f32s(&[2, 3, 4], 0)], &[f32s(&[2, 3, 4], 128)]);
+            add(&format!("trilu upper={upper}"), d);
+        }
+        let attrs =
+            Attrs::new().with("upper", AttrValue::Int(1)).with("k", AttrValue::Int(i64::MAX));
+        let d =
+            lower_ok("Trilu", &attrs, &[t(DType::I64, &[3, 3], 0)], &[t(DType::I64, &[3, 3], 128)]);
+        add("trilu int64, k clamped", d);
+        let d = lower_ok(
+            "Dropout",
+            &Attrs::new(),
+            &[f32s(&[5], 0)],
+            &[f32s(&[5], 64), t(DType::Bool, &[5], 128)],
+        );
+        add("dropout and its mask", d);
+        insta::assert_snapshot!("every_form_of_copy", out);
     }
 
     #[test]
     fn bytes_that_do_not_group_are_packed_into_words() {
-        // A bool transpose: four elements per invocation, the last word keeps its 3rd and
-        // 4th bytes (6 elements).
+        // A bool transpose: four elements per invocation (the last word keeps its 3rd and 4th
+        // bytes: 6 elements).
         let attrs = Attrs::new().with("perm", ints(&[1, 0]));
         let d = lower_ok(
             "Transpose",
@@ -1463,21 +1442,23 @@ mod tests {
             &[t(DType::Bool, &[3, 2], 64)],
         );
         assert_eq!(d[0].label, "transpose_3x2_4per");
-        assert_eq!(d[0].groups, [1, 1, 1]);
-        assert!(d[0].wgsl.contains("& 0xffff0000u)"), "{}", d[0].wgsl);
-        // f16 padding: two to a word, with the fill's bits.
+        assert_eq!((d[0].groups, d[0].params[0]), ([1, 1, 1], 6));
+        assert_eq!(override_of(&d[0], "PACK"), Some(4.0));
+        // f16 padding: two to a word, with the fill's bits in every half.
         let attrs = Attrs::new()
             .with("pads", ints(&[1, 0]))
             .with("mode", AttrValue::Text("constant".into()))
             .with("value", AttrValue::Float(1.0));
         let d = lower_ok("Pad", &attrs, &[t(DType::F16, &[3], 0)], &[t(DType::F16, &[4], 64)]);
-        assert!(d[0].wgsl.contains("var e = 15360u;"), "{}", d[0].wgsl);
+        assert_eq!(override_of(&d[0], "PACK"), Some(2.0));
+        assert_eq!(d[0].params[1], 0x3c00_3c00);
         // A bool concat whose slabs share words: one kernel writes each word from its parts.
         let attrs = Attrs::new().with("axis", AttrValue::Int(1));
         let parts = [t(DType::Bool, &[2, 3], 0), t(DType::Bool, &[2, 1], 16)];
         let d = lower_ok("Concat", &attrs, &parts, &[t(DType::Bool, &[2, 4], 32)]);
         assert_eq!((d.len(), d[0].label.as_str()), (1, "concat_8_4per"));
         assert_eq!(d[0].bindings.len(), 3);
+        assert_eq!(d[0].params[..4], [8, 4, 3, 4], "elements, row, the parts' ends");
         // Whole words: one word copy per part.
         let parts = [t(DType::Bool, &[2, 4], 0), t(DType::Bool, &[2, 8], 16)];
         let d = lower_ok("Concat", &attrs, &parts, &[t(DType::Bool, &[2, 12], 32)]);
@@ -1485,129 +1466,83 @@ mod tests {
         // Bytes not on a word boundary cannot be addressed.
         let odd = [t(DType::Bool, &[4], 2)];
         assert!(try_lower("Identity", &Attrs::new(), &odd, &[t(DType::Bool, &[4], 64)]).is_err());
-    }
-
-    #[test]
-    fn dropout_writes_an_all_true_mask() {
-        let d = lower_ok(
-            "Dropout",
-            &Attrs::new(),
-            &[f32s(&[5], 0)],
-            &[f32s(&[5], 64), t(DType::Bool, &[5], 128)],
-        );
-        assert_eq!(d.len(), 2);
-        assert!(d[1].wgsl.contains("var e = 1u;"), "{}", d[1].wgsl);
-        assert!(d[1].wgsl.contains("return -1;"), "{}", d[1].wgsl);
-    }
-
-    #[test]
-    fn index_driven_gathers() {
-        let axis = |a| Attrs::new().with("axis", AttrValue::Int(a));
-        // GatherElements along axis 1: the index at the element's own position.
-        let d = lower_ok(
-            "GatherElements",
-            &axis(1),
-            &[f32s(&[2, 5], 0), t(DType::I64, &[2, 3], 64)],
-            &[f32s(&[2, 3], 128)],
-        );
-        assert!(d[0].wgsl.contains("ix[offsets.ix + (g / 1u) * 2u]"), "{}", d[0].wgsl);
-        // int64 data: two words per element, the index read per element.
-        let d = lower_ok(
-            "GatherElements",
-            &axis(0),
-            &[t(DType::I64, &[4, 2], 0), t(DType::I32, &[3, 2], 64)],
-            &[t(DType::I64, &[3, 2], 128)],
-        );
-        assert!(d[0].wgsl.contains("(g / 2u) * 1u"), "{}", d[0].wgsl);
-        // GatherND with a batch dim: tuples of 1 component, the batch from the tuple number.
-        let attrs = Attrs::new().with("batch_dims", AttrValue::Int(1));
-        let d = lower_ok(
-            "GatherND",
-            &attrs,
-            &[f32s(&[2, 3, 4], 0), t(DType::I64, &[2, 5, 1], 128)],
-            &[f32s(&[2, 5, 4], 256)],
-        );
-        assert!(d[0].wgsl.contains("(c0 / 5) * 3"), "{}", d[0].wgsl);
-        let attrs = Attrs::new().with("batch_dims", AttrValue::Int(0));
-        lower_ok(
-            "GatherND",
-            &attrs,
-            &[f32s(&[2, 3, 4], 0), t(DType::I32, &[5, 2], 128)],
-            &[f32s(&[5, 4], 256)],
-        );
-    }
-
-    #[test]
-    fn trilu_keeps_a_band() {
-        for (upper, cmp) in [(1, ">= -1"), (0, "<= -1")] {
-            let attrs =
-                Attrs::new().with("upper", AttrValue::Int(upper)).with("k", AttrValue::Int(-1));
-            let d = lower_ok("Trilu", &attrs, &[f32s(&[2, 3, 4], 0)], &[f32s(&[2, 3, 4], 128)]);
-            assert!(d[0].wgsl.contains(&format!("c2 - c1 {cmp}")), "{}", d[0].wgsl);
-        }
-        let attrs =
-            Attrs::new().with("upper", AttrValue::Int(1)).with("k", AttrValue::Int(i64::MAX));
-        lower_ok("Trilu", &attrs, &[t(DType::I64, &[3, 3], 0)], &[t(DType::I64, &[3, 3], 128)]);
+        // int64 with a pad value whose words differ has no kernel; -1 does.
+        let pad = |v: i64| {
+            let attrs = Attrs::new()
+                .with("pads", ints(&[1, 1]))
+                .with("mode", AttrValue::Text("constant".into()))
+                .with("value", AttrValue::Int(v));
+            try_lower("Pad", &attrs, &[t(DType::I64, &[3], 0)], &[t(DType::I64, &[5], 64)])
+        };
+        assert!(pad(7).is_err());
+        valid(&pad(-1).unwrap());
     }
 
     #[test]
     fn cum_sum_one_hot_and_scatters() {
+        let mut out = String::new();
+        let mut add = |name: &str, d: Vec<Dispatch>| {
+            valid(&d);
+            out += &format!("{name}:\n{}", summary(&d));
+        };
         for (dt, ex, rev) in [(DType::F32, 0, 0), (DType::I64, 1, 1), (DType::I32, 1, 0)] {
             let attrs = Attrs::new()
                 .with("axis", AttrValue::Int(1))
                 .with("exclusive", AttrValue::Int(ex))
                 .with("reverse", AttrValue::Int(rev));
-            lower_ok("CumSum", &attrs, &[t(dt, &[2, 5, 3], 0)], &[t(dt, &[2, 5, 3], 256)]);
+            let d = lower_ok("CumSum", &attrs, &[t(dt, &[2, 5, 3], 0)], &[t(dt, &[2, 5, 3], 256)]);
+            add(&format!("cumsum {dt}"), d);
         }
         for (idx, vals) in
             [(DType::I64, DType::F32), (DType::F32, DType::I64), (DType::I32, DType::I32)]
         {
             let attrs =
                 Attrs::new().with("axis", AttrValue::Int(1)).with("depth", AttrValue::Int(4));
-            lower_ok(
+            let d = lower_ok(
                 "OneHot",
                 &attrs,
                 &[t(idx, &[2, 3], 0), t(vals, &[2], 64)],
                 &[t(vals, &[2, 4, 3], 128)],
             );
+            add(&format!("onehot {idx} {vals}"), d);
         }
-        let none = |axis| {
+        let reduction = |r: &str, axis| {
             Attrs::new()
-                .with("reduction", AttrValue::Text("none".into()))
+                .with("reduction", AttrValue::Text(r.into()))
                 .with("axis", AttrValue::Int(axis))
         };
-        let d = lower_ok(
-            "ScatterND",
-            &none(0),
-            &[f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)],
-            &[f32s(&[4, 3], 256)],
-        );
+        let nd = [f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)];
+        let d = lower_ok("ScatterND", &reduction("none", 0), &nd, &[f32s(&[4, 3], 256)]);
         assert_eq!(d.len(), 2, "copy, then scatter");
-        lower_ok(
+        add("scatternd", d);
+        let d = lower_ok(
             "ScatterElements",
-            &none(1),
+            &reduction("none", 1),
             &[t(DType::I64, &[4, 3], 0), t(DType::I32, &[4, 2], 128), t(DType::I64, &[4, 2], 192)],
             &[t(DType::I64, &[4, 3], 256)],
         );
-        // Reductions keep the CPU's order: one invocation per slice element here.
-        let add = Attrs::new().with("reduction", AttrValue::Text("add".into()));
+        add("scatter elements int64", d);
+        // Reductions keep the CPU's order: one invocation per slice element here, each taking
+        // both tuples.
+        let d = lower_ok("ScatterND", &reduction("add", 0), &nd, &[f32s(&[4, 3], 256)]);
+        assert_eq!((d[1].params[0], d[1].params[1], d[1].groups), (3, 2, [1, 1, 1]));
+        add("scatternd add", d);
         let d = lower_ok(
-            "ScatterND",
-            &add,
-            &[f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)],
-            &[f32s(&[4, 3], 256)],
-        );
-        assert!(d[1].wgsl.contains("for (var s = 0u; s < 2u;"), "{}", d[1].wgsl);
-        assert_eq!(d[1].groups, [1, 1, 1]);
-        let max = Attrs::new()
-            .with("reduction", AttrValue::Text("max".into()))
-            .with("axis", AttrValue::Int(0));
-        lower_ok(
             "ScatterElements",
-            &max,
+            &reduction("max", 0),
             &[t(DType::I32, &[4, 3], 0), t(DType::I64, &[2, 3], 64), t(DType::I32, &[2, 3], 128)],
             &[t(DType::I32, &[4, 3], 256)],
         );
+        add("scatter elements max", d);
+        insta::assert_snapshot!("cum_sum_one_hot_and_scatters", out);
+    }
+
+    #[test]
+    fn a_specialised_copy() {
+        // What a module is made of: the file, W aliased, the fast division hooked in.
+        let attrs = Attrs::new().with("perm", ints(&[1, 0]));
+        let d = lower_ok("Transpose", &attrs, &[f32s(&[8, 16], 0)], &[f32s(&[16, 8], 1024)]);
+        insta::assert_snapshot!("transpose_copy", specialised(&d[0]));
     }
 
     #[test]
@@ -1618,5 +1553,14 @@ mod tests {
         assert!(d[0].groups[1] > 1);
         // Not in place.
         assert!(try_lower("Transpose", &attrs, &[f32s(&[n, 2], 0)], &[f32s(&[2, n], 0)]).is_err());
+        // The fast division where every divisor is below 2^24; an inner dim of 2^24 (the
+        // output's rows: the innermost dim read) divides exactly.
+        let exact = "return vec2<u32>(n / d, n % d);";
+        let d = lower_ok("Transpose", &attrs, &[f32s(&[2, 8], 0)], &[f32s(&[8, 2], 1024)]);
+        assert!(!d[0].wgsl.contains(exact));
+        let big = 1 << 24;
+        let d = lower_ok("Transpose", &attrs, &[f32s(&[big, 2], 0)], &[f32s(&[2, big], 1 << 27)]);
+        assert_eq!(d[0].params[5], big as u32);
+        assert!(d[0].wgsl.contains(exact));
     }
 }

@@ -190,7 +190,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("{}: window attributes do not match rank {rank}", cx.op));
     }
     // Every value below stays far inside i32, and the divisions of the output index exact
-    // (window.wgsl's `divmod`).
+    // (`Spec::divmod`).
     const LIMIT: u64 = 1 << 24;
     let small = |v: i64, min: i64| {
         u64::try_from(v)
@@ -245,7 +245,7 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
     };
     let grid = Grid::new(n, WG)?;
     let mut bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
-    let mut spec = reduce.fold().hooks(Spec::new(&WINDOW), 0, "f32").hook(
+    let mut spec = reduce.fold().hooks(Spec::new(&WINDOW).divmod(), 0, "f32").hook(
         "finish",
         format!(
             "fn finish(acc: f32, count: f32) -> f32 {{\n    return {};\n}}",
@@ -356,51 +356,6 @@ mod tests {
         for file in FILES {
             if let Err(e) = compile(file.source, &[]) {
                 panic!("{}:\n{e}", file.path);
-            }
-        }
-    }
-
-    #[test]
-    fn divmod_is_exact() {
-        // window.wgsl's `divmod`, step by step in f32 as the shader runs it; `skew` moves the
-        // reciprocal by a few ulps, as GPUs' division may.
-        fn divmod(n: u32, d: u32, skew: i32) -> (u32, u32) {
-            let inv = f32::from_bits((1.0 / d as f32).to_bits().wrapping_add_signed(skew));
-            let q = (n as f32 * inv) as u32;
-            let r = n.wrapping_sub(q.wrapping_mul(d)) as i32;
-            let c = (r as f32 * inv).floor() as i32;
-            let (mut qi, mut ri) = (q as i32 + c, r - c * d as i32);
-            if ri < 0 {
-                qi -= 1;
-                ri += d as i32;
-            } else if ri >= d as i32 {
-                qi += 1;
-                ri -= d as i32;
-            }
-            (qi as u32, ri as u32)
-        }
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for k in 0..200_000u32 {
-            // Quotients near whole numbers are where an estimate goes wrong.
-            let d = match k % 3 {
-                0 => (next() % 64) as u32 + 1,
-                1 => (next() % 5000) as u32 + 1,
-                _ => (next() % ((1 << 24) - 1)) as u32 + 1,
-            };
-            let n = match k % 4 {
-                0 => (next() % (1 << 31)) as u32,
-                1 => ((next() % (1 << 31)) as u32 / d) * d,
-                2 => (((next() % (1 << 31)) as u32 / d) * d).saturating_sub(1),
-                _ => (next() % 100_000) as u32,
-            };
-            for skew in [-3, 0, 3] {
-                assert_eq!(divmod(n, d, skew), (n / d, n % d), "{n} / {d}, skew {skew}");
             }
         }
     }

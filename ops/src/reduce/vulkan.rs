@@ -640,7 +640,7 @@ impl Reduction {
 pub(crate) mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{Operand, compile, lower_f32_all_classes};
+    use crate::vulkan::{Operand, compile, lower_f32_all_classes, slots_used};
     use ingot_schema::{AttrValue, Attrs};
 
     fn cx_lower(
@@ -671,6 +671,9 @@ pub(crate) mod tests {
                 Err(e) => panic!("{}:\n{}\n{e}", d.label, d.wgsl),
             };
             assert!(d.bindings.len() <= c.slots as usize, "{}", d.label);
+            let unbound =
+                slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
+            assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
             assert_eq!(d.params.len() as u32, c.push_words - c.slots, "{}", d.label);
         }
     }

@@ -514,6 +514,33 @@ fn compile_with(wgsl: &str, overrides: &[(&str, f64)], prune: bool) -> Result<Co
     Ok(Compiled { spirv, workgroup_size: entry.workgroup_size, slots, push_words })
 }
 
+/// For family tests: the binding slots a compiled module reads or writes (loads, stores and
+/// access chains through them; its declarations alone do not count). A dispatch must bind every
+/// one: the validation layer rejects a pipeline that statically uses an unbound descriptor.
+#[cfg(test)]
+pub(crate) fn slots_used(spirv: &[u32]) -> Vec<u32> {
+    const OP_DECORATE: u32 = 71;
+    const BINDING: u32 = 33;
+    const USES: [u32; 4] = [61, 65, 66, 68]; // OpLoad, OpAccessChain, OpInBoundsAccessChain, OpArrayLength
+    let mut instructions = Vec::new();
+    let mut at = 5;
+    while at < spirv.len() {
+        let count = (spirv[at] >> 16).max(1) as usize;
+        instructions.push(&spirv[at..(at + count).min(spirv.len())]);
+        at += count;
+    }
+    let mut slots: Vec<u32> = instructions
+        .iter()
+        .filter(|i| i[0] & 0xffff == OP_DECORATE && i.get(2) == Some(&BINDING))
+        .filter(|d| {
+            instructions.iter().any(|i| USES.contains(&(i[0] & 0xffff)) && i.get(3) == Some(&d[1]))
+        })
+        .map(|d| d[3])
+        .collect();
+    slots.sort_unstable();
+    slots
+}
+
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
 /// the other in the arena at 16-byte-aligned offsets plus `skew` bytes, compiles every kernel
 /// with naga and checks its workgroup counts, bindings and params; returns the CPU class's then
@@ -544,6 +571,9 @@ pub(crate) fn lower_f32_all_classes(
                 Err(e) => panic!("{}:\n{e}\n{}", d.label, d.wgsl),
             };
             assert!(d.bindings.len() <= c.slots as usize, "{}: bindings", d.label);
+            let unbound =
+                slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
+            assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
             assert_eq!(d.params.len(), (c.push_words - c.slots) as usize, "{}", d.label);
             assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
             all.push(d);

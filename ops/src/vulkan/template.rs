@@ -40,6 +40,9 @@ macro_rules! wgsl {
     };
 }
 
+/// The quotient and remainder for [`Spec::divmod`].
+pub(crate) static DIVMOD: Wgsl = crate::wgsl!("vulkan/divmod.wgsl");
+
 /// One kernel file specialised for a dispatch.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -80,6 +83,13 @@ impl Spec {
             self.libraries.push(library);
         }
         self
+    }
+
+    /// Replaces the kernel's exact `divmod(n, d)` by `vulkan/divmod.wgsl`'s, a few vector
+    /// instructions where CPU-type devices divide lane by lane: for n < 2^31 and 0 < d < 2^24
+    /// only, which the caller checks.
+    pub fn divmod(self) -> Spec {
+        self.hook("divmod", DIVMOD.source)
     }
 
     /// Sets override `name`.
@@ -174,5 +184,50 @@ mod tests {
     fn a_missing_alias_or_hook_is_an_error() {
         assert!(Spec::new(&FILE).alias("U", "u32").source().is_err());
         assert!(Spec::new(&FILE).hook("other", "fn other() {}").source().is_err());
+    }
+
+    #[test]
+    fn divmod_is_exact() {
+        // vulkan/divmod.wgsl, step by step in f32 as the shader runs it; `skew` moves the
+        // reciprocal by a few ulps, as GPUs' division may.
+        fn divmod(n: u32, d: u32, skew: i32) -> (u32, u32) {
+            let inv = f32::from_bits((1.0 / d as f32).to_bits().wrapping_add_signed(skew));
+            let q = (n as f32 * inv) as u32;
+            let r = n.wrapping_sub(q.wrapping_mul(d)) as i32;
+            let c = (r as f32 * inv).floor() as i32;
+            let (mut qi, mut ri) = (q as i32 + c, r - c * d as i32);
+            if ri < 0 {
+                qi -= 1;
+                ri += d as i32;
+            } else if ri >= d as i32 {
+                qi += 1;
+                ri -= d as i32;
+            }
+            (qi as u32, ri as u32)
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for k in 0..200_000u32 {
+            // Quotients near whole numbers are where an estimate goes wrong.
+            let d = match k % 3 {
+                0 => (next() % 64) as u32 + 1,
+                1 => (next() % 5000) as u32 + 1,
+                _ => (next() % ((1 << 24) - 1)) as u32 + 1,
+            };
+            let n = match k % 4 {
+                0 => (next() % (1 << 31)) as u32,
+                1 => ((next() % (1 << 31)) as u32 / d) * d,
+                2 => (((next() % (1 << 31)) as u32 / d) * d).saturating_sub(1),
+                _ => (next() % 100_000) as u32,
+            };
+            for skew in [-3, 0, 3] {
+                assert_eq!(divmod(n, d, skew), (n / d, n % d), "{n} / {d}, skew {skew}");
+            }
+        }
     }
 }
