@@ -1201,8 +1201,23 @@ mod tests {
 
     /// Lowers one step and checks every kernel against its module (naga's validation, the
     /// bindings and params it declares).
+    /// CPU-type devices' dispatches are checked alike.
     fn lower_ok(op: &str, attrs: &Attrs, inputs: &[Operand], outputs: &[Operand]) -> Vec<Dispatch> {
         let ds = try_lower(op, attrs, inputs, outputs).unwrap_or_else(|e| panic!("{op}: {e}"));
+        valid(&ds);
+        let cpu = lower_cpu(op, attrs, inputs, outputs);
+        assert_eq!(cpu.len(), ds.len());
+        ds
+    }
+
+    fn lower_cpu(
+        op: &str,
+        attrs: &Attrs,
+        inputs: &[Operand],
+        outputs: &[Operand],
+    ) -> Vec<Dispatch> {
+        let cx = KernelCx { class: DeviceClass::Cpu, op, name: "t", attrs, inputs, outputs };
+        let ds = lower(&cx).unwrap_or_else(|e| panic!("{op}: {e}"));
         valid(&ds);
         ds
     }

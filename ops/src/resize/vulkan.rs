@@ -1,9 +1,10 @@
 //! Vulkan kernels of the resize family (ops: ops/src/resize/cpu.rs): Resize in nearest
 //! mode (any 4-byte dtype), linear and cubic modes (float32), with antialiasing.
 //!
-//! One invocation per output element, or per 4 neighbouring ones along the last axis (one vec4
-//! store) where that axis is a multiple of 4 and aligned. Along each resized axis, the source
-//! coordinate of output index j is affine in j; the kernel evaluates it in exact integer
+//! `resize.wgsl`: one invocation per output element, or per 4 neighbouring ones along the last
+//! axis (one vec4 store) where that axis is a multiple of 4 and aligned; each axis's map and
+//! filter width are params, the mode and its options overrides. Along each resized axis, the
+//! source coordinate of output index j is affine in j; the kernel evaluates it in exact integer
 //! arithmetic, as `t = p * j + r` over `q`: the nearest source index is `floor(t / q)` clamped
 //! to the input, and interpolation weights come from the remainder. (p, q, r) are not worked
 //! out from the coordinate-transformation formulas a second time: they are fitted to what the
@@ -13,11 +14,13 @@
 //! tf_crop_and_resize's extrapolated positions are a range of output indices per axis, also
 //! read off the probe.
 
-use crate::no_kernel;
-use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, f32_lit, header};
-use crate::{Tensor, TensorDesc, cpu};
+use crate::vulkan::{
+    Binding, DeviceClass, Dispatch, Grid, KernelCx, NoKernel, Spec, Wgsl, f32_lit,
+};
+use crate::{Tensor, TensorDesc, cpu, no_kernel, wgsl};
 use ingot_schema::{AttrValue, Attrs, DType};
-use std::fmt::Write;
+
+static RESIZE: Wgsl = wgsl!("resize/resize.wgsl");
 
 /// How far (in input pixels) a fitted interpolation coordinate may be from the CPU's.
 const TOLERANCE: f64 = 1e-5;
@@ -463,7 +466,11 @@ fn numerator(v: f64) -> i64 {
     0
 }
 
-/// The WGSL of the resize. Where the output's last axis is a multiple of 4 and aligned, an
+/// The most axes `resize.wgsl` takes (after merging identity axes and leaving out those of
+/// one element).
+const MAX_AXES: usize = 3;
+
+/// The dispatch of the resize. Where the output's last axis is a multiple of 4 and aligned, an
 /// invocation writes 4 neighbouring outputs along it as one vec4.
 fn kernel(
     cx: &KernelCx,
@@ -472,208 +479,139 @@ fn kernel(
     extrapolation: f32,
     n: u64,
 ) -> Result<Vec<Dispatch>, NoKernel> {
-    let last = axes.len() - 1;
-    let lanes: u64 =
-        if axes[last].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() { 4 } else { 1 };
-    let grid = Grid::new(n / lanes, 64)?;
-    let ty = if filter.is_some() { "f32" } else { "u32" };
-    let y_ty =
-        if lanes == 4 { if filter.is_some() { "vec4<f32>" } else { "vec4<u32>" } } else { ty };
-    let bindings = vec![Binding::input("x", 0, ty), Binding::output("y", 0, y_ty)];
-    let mut s = header(&bindings);
-    let _ = writeln!(
-        s,
-        "\n{} {{\n    let o = {};\n    if (o >= {}u) {{ return; }}",
-        grid.entry(),
-        grid.index(),
-        n / lanes
-    );
-    // Output digits; the last axis's, per lane.
-    let mut place = 1;
-    for (d, a) in axes.iter().enumerate().rev() {
-        let size = if d == last { a.n_out / lanes } else { a.n_out };
-        let mut digit = if place == 1 { "o".to_string() } else { format!("(o / {place}u)") };
-        if d > 0 {
-            digit = format!("{digit} % {size}u");
-        }
-        if d == last && lanes == 4 {
-            let _ = writeln!(s, "    let q = {digit};");
-            for c in 0..4 {
-                let _ = writeln!(s, "    let j{d}l{c} = 4u * q + {c}u;");
-            }
-        } else {
-            let _ = writeln!(s, "    let j{d} = {digit};");
-        }
-        place *= size;
+    // Innermost first; an axis of one element reads index 0 whatever its map.
+    let mut inner_first: Vec<&Axis> =
+        axes.iter().rev().filter(|a| a.n_in > 1 || a.n_out > 1).collect();
+    let one = Axis { n_in: 1, n_out: 1, stride: 1, scale: 1.0, map: Map::Identity };
+    if inner_first.is_empty() {
+        inner_first.push(&one);
     }
-    let name = |d: usize, lane: u64| {
-        if d == last && lanes == 4 { format!("{d}l{lane}") } else { d.to_string() }
-    };
-    // The axes before the last, then the last one per lane: the offset of the fixed part
-    // (identity and nearest axes) and the taps of the interpolated ones.
-    let mut fixed = vec!["offsets.x".to_string()];
-    let mut interp = Vec::new();
-    for (d, a) in axes[..last].iter().enumerate() {
-        s += &axis_code(a, &name(d, 0), filter, &mut fixed, &mut interp);
+    if inner_first.len() > MAX_AXES {
+        return Err(no_kernel!("Resize over {} axes", inner_first.len()));
     }
-    let _ = writeln!(s, "    let base = {};", fixed.join(" + "));
-    let fill = match filter {
-        Some(_) => f32_lit(extrapolation),
-        // Nearest moves bits: only float32 extrapolates (see `lower`).
-        None => format!("{}u", extrapolation.to_bits()),
-    };
-    let mut values = Vec::new();
-    for c in 0..lanes {
-        let (mut fixed, mut interp) = (vec!["base".to_string()], interp.clone());
-        s += &axis_code(&axes[last], &name(last, c), filter, &mut fixed, &mut interp);
-        let loads = interp.iter().map(|(_, taps)| taps).product::<usize>();
-        if loads > MAX_TAPS {
-            return Err(no_kernel!("Resize reading {loads} taps per output"));
-        }
-        let value = nest(&interp, 0, &fixed.join(" + "));
-        let inside: Vec<String> = axes
-            .iter()
-            .enumerate()
-            .filter_map(|(d, a)| a.inside().map(|(lo, hi)| (name(d, c), lo, hi)))
-            .map(|(j, lo, hi)| format!("j{j} >= {lo}u && j{j} < {hi}u"))
-            .collect();
-        // Every read is clamped into the input, so extrapolated outputs may read too.
-        values.push(match inside.is_empty() {
-            true => value,
-            false => format!("select({fill}, {value}, {})", inside.join(" && ")),
-        });
+    let lanes =
+        if inner_first[0].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() { 4u32 } else { 1 };
+    let count = n / u64::from(lanes);
+    // Per axis: n_out, n_in, p, q, r, taps, s, lo, hi; unused axes are one element.
+    let mut words: Vec<[u32; 9]> = Vec::new();
+    for a in &inner_first {
+        let (p, q, r) = match a.map {
+            Map::Identity => (1, 1, 0),
+            Map::First => (0, 1, 0),
+            Map::Affine { affine, .. } => (affine.p, affine.q, affine.r),
+        };
+        let (taps, s) = match (filter, &a.map) {
+            (Some(f), Map::Affine { .. }) => (f.taps(a.scale) as u32, f.s(a.scale) as f32),
+            _ => (1, 1.0),
+        };
+        let (lo, hi) = a.inside().unwrap_or((0, a.n_out));
+        let int = |v: i64| i32::try_from(v).map(|v| v as u32);
+        let (p, q, r) = match (int(p), int(q), int(r)) {
+            (Ok(p), Ok(q), Ok(r)) => (p, q, r),
+            _ => return Err(no_kernel!("Resize: a source-coordinate map past i32")),
+        };
+        words.push([
+            a.n_out as u32,
+            a.n_in as u32,
+            p,
+            q,
+            r,
+            taps,
+            s.to_bits(),
+            lo as u32,
+            hi as u32,
+        ]);
     }
-    let value = match lanes {
-        4 => format!("{y_ty}({})", values.join(", ")),
-        _ => values.join(""),
-    };
-    let _ = writeln!(s, "    y[offsets.y + o] = {value};\n}}");
-    let mode = match filter {
-        None => "nearest",
-        Some(Filter { cubic: None, .. }) => "linear",
-        Some(_) => "cubic",
-    };
-    Ok(vec![Dispatch {
-        label: format!("resize_{mode}_{n}{}", if lanes == 4 { "_v4" } else { "" }),
-        wgsl: s,
-        groups: grid.groups,
-        bindings,
-        ..Default::default()
-    }])
-}
-
-/// The statements for one axis, named `n` (output index `j{n}`): a nearest or identity axis
-/// adds its offset to `fixed`, an interpolated one its taps (`a{n}_k`, weights `w{n}_k`) to
-/// `interp`.
-fn axis_code(
-    a: &Axis,
-    n: &str,
-    filter: Option<Filter>,
-    fixed: &mut Vec<String>,
-    interp: &mut Vec<(String, usize)>,
-) -> String {
-    let mut s = String::new();
-    let at = |i: &str| {
-        if a.stride == 1 { i.to_string() } else { format!("{i} * {}u", a.stride) }
-    };
-    let Affine { p, q, r } = match &a.map {
-        Map::Identity => {
-            fixed.push(at(&format!("j{n}")));
-            return s;
-        }
-        Map::First => return s,
-        Map::Affine { affine, .. } => *affine,
-    };
-    let mut t = format!("i32(j{n})");
-    if p != 1 {
-        t = format!("{t} * {p}i");
+    let loads: u32 = words.iter().map(|w| w[5]).product();
+    if loads as usize > MAX_TAPS {
+        return Err(no_kernel!("Resize reading {loads} taps per output"));
     }
-    if r != 0 {
-        t = format!("{t} {} {}i", if r < 0 { "-" } else { "+" }, r.unsigned_abs());
+    let axes_used = words.len();
+    words.resize(MAX_AXES, [1, 1, 0, 1, 0, 1, 1f32.to_bits(), 0, 1]);
+    let mut params = vec![count as u32, extrapolation.to_bits()];
+    for field in 0..9 {
+        params.extend(words.iter().map(|w| w[field]));
     }
-    // floor(t / q), also for negative t where some j gives one.
-    let t_min = r + p.min(0) * (a.n_out as i64 - 1);
-    let floor = match q {
-        1 => format!("t{n}"),
-        _ if t_min >= 0 => format!("t{n} / {q}i"),
-        _ => format!("select(-(({}i - t{n}) / {q}i), t{n} / {q}i, t{n} >= 0i)", q - 1),
+    let (ty, code) = match filter {
+        None => ("u32", 0u32),
+        Some(Filter { cubic: None, .. }) => ("f32", 1),
+        Some(_) => ("f32", 2),
     };
-    let _ = writeln!(s, "    let t{n} = {t};\n    let f{n} = {floor};");
-    let top = a.n_in - 1;
-    let clamp = |f: &str| format!("u32(clamp({f}, 0i, {top}i))");
-    let Some(filter) = filter else {
-        fixed.push(at(&clamp(&format!("f{n}"))));
-        return s;
-    };
-    // Tap k is input index ceil(c) - taps / 2 + k = c{n} + k, at e{n} + (k - taps / 2) * q
-    // over q from c (e: ceil(c) - c in q-ths, without forming ceil(c) * q).
-    let taps = filter.taps(a.scale);
-    let half = (taps / 2) as i64;
-    let _ = writeln!(
-        s,
-        "    let m{n} = t{n} - f{n} * {q}i;\n    let e{n} = select(0i, {q}i - m{n}, m{n} > 0i);\n    let c{n} = f{n} + select(0i, 1i, m{n} > 0i) - {half}i;"
-    );
-    let sc = filter.s(a.scale);
-    let kernel = |u: &str| match filter.cubic {
-        None => format!("max(0.0, 1.0 - {u})"),
-        Some(ca) => {
-            let ca = f32_lit(ca);
+    let y_ty = if lanes == 4 { vec4(ty) } else { ty };
+    let mut spec = Spec::new(&RESIZE).alias("T", ty).alias("Y", y_ty);
+    if lanes == 4 {
+        spec = spec.hook("store", "fn store(o: u32, v: vec4<T>) {\n    y[p.y + o] = v;\n}");
+    }
+    if let Some(f) = filter {
+        spec = spec
+            .set("CUBIC_A", f.cubic.unwrap_or(-0.75))
+            .set("NORMALISE", f.antialias || f.exclude_outside)
+            .set("EXCLUDE_OUTSIDE", f.exclude_outside);
+    }
+    let mode = ["nearest", "linear", "cubic"][code as usize];
+    let mut label = format!("resize_{mode}_{n}{}", if lanes == 4 { "_v4" } else { "" });
+    if cx.class == DeviceClass::Cpu {
+        // The geometry as literals: every division by it folds.
+        let vector = |field: usize, ty: &str, lit: &dyn Fn(u32) -> String| {
+            let v: Vec<String> = words.iter().map(|w| lit(w[field])).collect();
+            format!("vec3<{ty}>({})", v.join(", "))
+        };
+        let (u, i) = (|w: u32| format!("{w}u"), |w: u32| format!("{}i", w as i32));
+        let f = |w: u32| f32_lit(f32::from_bits(w));
+        let fields = [
+            vector(0, "u32", &u),
+            vector(1, "u32", &u),
+            vector(2, "i32", &i),
+            vector(3, "i32", &i),
+            vector(4, "i32", &i),
+            vector(5, "u32", &u),
+            vector(6, "f32", &f),
+            vector(7, "u32", &u),
+            vector(8, "u32", &u),
+        ];
+        spec = spec.hook(
+            "geometry",
             format!(
-                "select(select(0.0, (({ca} * {u} - 5.0 * {ca}) * {u} + 8.0 * {ca}) * {u} - 4.0 * {ca}, {u} < 2.0), (({ca} + 2.0) * {u} - ({ca} + 3.0)) * {u} * {u} + 1.0, {u} <= 1.0)"
-            )
-        }
-    };
-    let normalise = filter.antialias || filter.exclude_outside;
-    for k in 0..taps as i64 {
-        let mut d = format!("f32(e{n} + {}i) / {}", (k - half) * q, f32_lit(q as f32));
-        if sc != 1.0 {
-            d = format!("{} * {d}", f32_lit(sc as f32));
-        }
-        let decl = if normalise { "var" } else { "let" };
-        let _ = writeln!(
-            s,
-            "    let u{n}_{k} = abs({d});\n    {decl} w{n}_{k} = {};",
-            kernel(&format!("u{n}_{k}"))
+                "fn geometry() -> Geometry {{\n    return Geometry({});\n}}",
+                fields.join(", ")
+            ),
         );
-        if filter.exclude_outside {
-            let _ = writeln!(
-                s,
-                "    if (c{n} + {k}i < 0i || c{n} + {k}i > {top}i) {{ w{n}_{k} = 0.0; }}"
-            );
-        }
-        let _ = writeln!(s, "    let a{n}_{k} = {};", at(&clamp(&format!("c{n} + {k}i"))));
-    }
-    if normalise {
-        let sum: Vec<String> = (0..taps).map(|k| format!("w{n}_{k}")).collect();
-        let _ = writeln!(
-            s,
-            "    let sum{n} = {};\n    let n{n} = select(sum{n}, 1.0, sum{n} == 0.0);",
-            sum.join(" + ")
-        );
-        for k in 0..taps {
-            let _ = writeln!(s, "    w{n}_{k} /= n{n};");
+        let sizes: Vec<String> = inner_first.iter().rev().map(|a| a.n_out.to_string()).collect();
+        label = format!("resize_{mode}_{}{}", sizes.join("x"), if lanes == 4 { "_v4" } else { "" });
+    } else {
+        // The fast division takes the output's index apart and floors every t >= 0 (< 2^31,
+        // as the fit keeps it).
+        let dividers = [words[0][0] / lanes, words[1][0]];
+        let fast = count < 1 << 31
+            && dividers[..axes_used - 1].iter().all(|&d| d < 1 << 24)
+            && words.iter().all(|w| w[3] < 1 << 24);
+        if fast {
+            spec = spec.divmod();
         }
     }
-    interp.push((n.to_string(), taps));
-    s
+    let bindings = vec![Binding::input("x", 0, ty), Binding::output("y", 0, y_ty)];
+    let grid = Grid::new(count, WG)?;
+    spec.set("WG", WG)
+        .set("AXES", axes_used as u32)
+        .set("LANES", lanes)
+        .set("FILTER", code)
+        .set("CROP", axes.iter().any(|a| a.inside().is_some()))
+        .dispatch(label, grid.groups, bindings, params)
+        .map(|d| vec![d])
 }
 
-/// `Σ_k w{n}_k * (...)` over the interpolated axes from `level` on, the input read at `at`
-/// plus one tap per axis.
-fn nest(interp: &[(String, usize)], level: usize, at: &str) -> String {
-    let Some((n, taps)) = interp.get(level) else {
-        return format!("x[{at}]");
-    };
-    let terms: Vec<String> = (0..*taps)
-        .map(|k| format!("w{n}_{k} * {}", nest(interp, level + 1, &format!("{at} + a{n}_{k}"))))
-        .collect();
-    format!("({})", terms.join(" + "))
+fn vec4(ty: &str) -> &'static str {
+    if ty == "f32" { "vec4<f32>" } else { "vec4<u32>" }
 }
+
+/// The workgroup size.
+const WG: u32 = 64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vulkan::{DeviceClass, Operand, compile};
+    use crate::reduce::vulkan::tests::{specialised, valid};
+    use crate::vulkan::{DeviceClass, Operand};
 
     /// Canonical Resize attributes (as ops/src/resize/mod.rs writes them).
     fn attrs(mode: &str, coord: &str, nearest: &str, scales: &[f64], sizes: &[usize]) -> Attrs {
@@ -691,13 +629,25 @@ mod tests {
             .with("roi", AttrValue::Floats([vec![0.0; rank], vec![1.0; rank]].concat()))
     }
 
+    /// The GPU class's dispatches; the CPU class's are checked alike (the same params, the
+    /// geometry as literals).
     fn run(a: &Attrs, x: &[usize], dtype: DType) -> Result<Vec<Dispatch>, NoKernel> {
+        run_for(DeviceClass::Cpu, a, x, dtype)?;
+        run_for(DeviceClass::Gpu, a, x, dtype)
+    }
+
+    fn run_for(
+        class: DeviceClass,
+        a: &Attrs,
+        x: &[usize],
+        dtype: DType,
+    ) -> Result<Vec<Dispatch>, NoKernel> {
         let y: Vec<usize> = a.ints("sizes").unwrap().iter().map(|&s| s as usize).collect();
         let xd = TensorDesc::new(dtype, x);
         let inputs = [Operand::arena(xd.clone(), 0)];
         let outputs = [Operand::arena(TensorDesc::new(dtype, y), xd.bytes() as u64)];
         let cx = KernelCx {
-            class: DeviceClass::Gpu,
+            class,
             op: "Resize",
             name: "r",
             attrs: a,
@@ -705,12 +655,18 @@ mod tests {
             outputs: &outputs,
         };
         let d = lower(&cx)?;
-        for d in &d {
-            if let Err(e) = compile(&d.wgsl, &[]) {
-                panic!("{}:\n{}\n{e}", d.label, d.wgsl);
-            }
-        }
+        valid(&d);
         Ok(d)
+    }
+
+    /// Param field `f` of the dispatch, one word per axis, innermost first: 0 n_out, 1 n_in,
+    /// 2 p, 3 q, 4 r, 5 taps, 6 s, 7 lo, 8 hi.
+    fn field(d: &Dispatch, f: usize) -> &[u32] {
+        &d.params[2 + 3 * f..5 + 3 * f]
+    }
+
+    fn override_of(d: &Dispatch, name: &str) -> Option<f64> {
+        d.overrides.iter().find(|o| o.0 == name).map(|o| o.1)
     }
 
     fn slice_affine(map: &Map) -> Affine {
@@ -739,6 +695,11 @@ mod tests {
     }
 
     #[test]
+    fn the_file_is_a_valid_module() {
+        crate::vulkan::compile(RESIZE.source, &[]).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
     fn ppocr_det_upsampling_is_an_integer_map() {
         // det's FPN: nearest, asymmetric, floor, scale 2: source index floor(j / 2).
         let a = attrs("nearest", "asymmetric", "floor", &[1.0, 1.0, 2.0, 2.0], &[1, 96, 56, 56]);
@@ -746,7 +707,11 @@ mod tests {
         assert_eq!(fitted(&a, &[1, 96, 28, 28], 1), Map::Identity);
         let d = run(&a, &[1, 96, 28, 28], DType::F32).unwrap();
         assert_eq!(d[0].bindings[0].ty, "u32");
-        assert!(d[0].wgsl.contains("let base = offsets.x + j0 * 784u"), "{}", d[0].wgsl);
+        // Innermost first: the columns and rows (p / q = 1 / 2), then the 96 channels as one
+        // identity axis; four columns per invocation.
+        assert_eq!((field(&d[0], 0), field(&d[0], 1)), (&[56, 56, 96][..], &[28, 28, 96][..]));
+        assert_eq!((field(&d[0], 2), field(&d[0], 3)), (&[1, 1, 1][..], &[2, 2, 1][..]));
+        assert_eq!((d[0].params[0], override_of(&d[0], "LANES")), (96 * 56 * 14, Some(4.0)));
     }
 
     #[test]
@@ -791,7 +756,10 @@ mod tests {
         );
         assert_eq!(slice_affine(&fitted(&a, &[1, 3, 4, 5], 2)), Affine { p: 2, q: 4, r: -1 });
         let d = run(&a, &[1, 3, 4, 5], DType::F32).unwrap();
-        assert_eq!(d[0].wgsl.matches("x[").count(), 4);
+        assert_eq!(field(&d[0], 5), [2, 2, 1], "two taps per resized axis");
+        insta::assert_snapshot!("bilinear", specialised(&d[0]));
+        let d = run_for(DeviceClass::Cpu, &a, &[1, 3, 4, 5], DType::F32).unwrap();
+        insta::assert_snapshot!("bilinear_cpu", specialised(&d[0]));
         for coord in ["align_corners", "asymmetric", "pytorch_half_pixel"] {
             for mode in ["linear", "cubic"] {
                 let a = attrs(mode, coord, "floor", &[1.0, 1.0, 0.6, 1.5], &[1, 2, 3, 6]);
@@ -806,11 +774,13 @@ mod tests {
         assert!(slice_affine(&fitted(&a, &[1, 61], 1)).q >= 1 << 16);
         // Antialiased shrinking widens the filter: 0.6 reads 4 (linear) or 8 (cubic) taps per
         // axis, 0.25 with cubic 16 per axis, 256 in all, too many.
-        for (mode, taps) in [("linear", 16), ("cubic", 64)] {
+        for (mode, taps) in [("linear", 4), ("cubic", 8)] {
             let aa = attrs(mode, "half_pixel", "floor", &[1.0, 1.0, 0.6, 0.6], &[1, 1, 3, 3])
                 .with("antialias", AttrValue::Int(1));
             let d = run(&aa, &[1, 1, 5, 5], DType::F32).unwrap();
-            assert_eq!(d[0].wgsl.matches("x[").count(), taps, "{}", d[0].wgsl);
+            assert_eq!(field(&d[0], 5), [taps, taps, 1]);
+            assert_eq!(field(&d[0], 6)[0], 0.6f32.to_bits(), "the kernel widened by 1 / 0.6");
+            assert_eq!(override_of(&d[0], "NORMALISE"), Some(1.0));
         }
         let aa = attrs("cubic", "half_pixel", "floor", &[1.0, 1.0, 0.25, 0.25], &[1, 1, 2, 2])
             .with("antialias", AttrValue::Int(1));
@@ -851,11 +821,12 @@ mod tests {
                 m => panic!("{m:?}"),
             }
         }
-        let bits = format!("{}u", 10f32.to_bits());
-        for (mode, fill) in [("linear", "f32(10.0)"), ("nearest", bits.as_str())] {
+        for mode in ["linear", "nearest"] {
             let a = a.clone().with("mode", AttrValue::Text(mode.into()));
             let d = run(&a, &[1, 1, 4, 4], DType::F32).unwrap();
-            assert!(d[0].wgsl.contains(fill), "{}", d[0].wgsl);
+            assert_eq!((d[0].params[1], override_of(&d[0], "CROP")), (10f32.to_bits(), Some(1.0)));
+            // Innermost first: columns inside [0, 1), rows [0, 2).
+            assert_eq!((field(&d[0], 7), field(&d[0], 8)), (&[0, 0, 0][..], &[1, 2, 1][..]));
         }
     }
 }
