@@ -9,7 +9,8 @@
 //!
 //! Expected failures: `tests/expected-failures/all.txt` for tests that fail the same way on
 //! every backend, and `{cpu,vulkan}.txt` for the ones that fail on one backend only; one
-//! `test_name  # reason` a line, the reason the full first line of the error. A listed test
+//! `test_name  # reason` a line, the reason the full first line of the error (and the line after
+//! it where it ends with ':'). A listed test
 //! that fails is fine; an unlisted failure or a listed test that passes fails the suite. Every
 //! test runs; the summary and the failures are printed at the end. On Vulkan a message of the validation layer fails the test, and no
 //! Vulkan device fails every test.
@@ -409,8 +410,7 @@ impl<'a> Report<'a> {
         let _ = write!(s, " ({seconds:.1} s)");
         let limit = if cap { MAX_LISTED } else { usize::MAX };
         for (name, error) in self.failed.iter().take(limit) {
-            let first_line = error.lines().next().unwrap_or("");
-            let _ = write!(s, "\n  FAILED {name}: {first_line}");
+            let _ = write!(s, "\n  FAILED {name}: {}", reason_of(error));
         }
         if self.failed.len() > limit {
             let _ = write!(s, "\n  ... and {} more", self.failed.len() - limit);
@@ -435,6 +435,22 @@ impl<'a> Report<'a> {
         }
         s
     }
+}
+
+/// The reason a failure is listed with: its error's first line, and the next one where a line
+/// ends with ':' (what it introduces: the nodes, the device), without '#'.
+fn reason_of(error: &str) -> String {
+    let mut reason = String::new();
+    for line in error.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !reason.is_empty() {
+            reason.push(' ');
+        }
+        reason.push_str(line);
+        if !line.ends_with(':') {
+            break;
+        }
+    }
+    reason.replace('#', "")
 }
 
 /// One list file: test name -> reason.
@@ -520,8 +536,8 @@ impl ExpectedFailures {
 
     /// Rewrites the lists from `results` of this backend (re-read under the lock, as other
     /// suites may have updated them): a failing test not listed goes into this backend's list
-    /// with the first line of its error (a reason already given is kept, unless it is a cut
-    /// one the new line completes); a passing test leaves this backend's list, and if it was in
+    /// with its error's reason ([`reason_of`]; a reason already given is kept, unless it is a
+    /// cut one the new reason completes); a passing test leaves this backend's list, and if it was in
     /// `all.txt`, moves to the other backends' lists; a test every backend's list has moves to
     /// `all.txt` when the reasons agree.
     fn update(&self, results: &[(String, Result<(), String>)]) -> Result<()> {
@@ -545,15 +561,18 @@ impl ExpectedFailures {
                     }
                 }
                 Err(e) => {
-                    let first = e.lines().next().unwrap_or("").replace('#', "");
+                    let first = reason_of(e);
                     let listed = all.0.get_mut(name).or_else(|| {
                         let own = lists.iter_mut().find(|(b, _)| !others(*b));
                         own.and_then(|(_, l)| l.0.get_mut(name))
                     });
                     match listed {
                         Some(reason) => {
-                            let cut = reason.strip_suffix("...");
-                            if cut.is_some_and(|c| first.starts_with(c)) {
+                            // A reason cut off, or ending where its next line began.
+                            let cut = reason
+                                .strip_suffix("...")
+                                .or_else(|| reason.ends_with(':').then_some(reason.as_str()));
+                            if cut.is_some_and(|c| first.starts_with(c) && first.len() > c.len()) {
                                 *reason = first;
                             }
                         }
