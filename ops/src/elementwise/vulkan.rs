@@ -1125,17 +1125,8 @@ mod tests {
             compile(&wgsl, &[]).unwrap_or_else(|e| panic!("{}: {e}", lib.path));
         }
         // And those are all the family's files.
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/elementwise");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".wgsl"))
-            .map(|n| format!("elementwise/{n}"))
-            .collect();
-        on_disk.sort();
-        let mut known: Vec<&str> = KERNELS.iter().chain(&LIBRARIES).map(|f| f.path).collect();
-        known.sort();
-        assert_eq!(on_disk, known);
+        let files: Vec<&Wgsl> = KERNELS.iter().chain(&LIBRARIES).copied().collect();
+        crate::vulkan::assert_all_files_listed("elementwise", &files);
     }
 
     #[test]

@@ -985,14 +985,16 @@ fn dispatch(
     if copy.len() >= 1 << 31 {
         return Err(no_kernel!("{} of {} elements", cx.op, copy.len()));
     }
-    let fill = copy.fill.clone();
-    let mut fill_word = 0u32;
+    // The fill value as a whole word: one element, or the element's bytes repeated.
+    let fill_word = u32::from_le_bytes(std::array::from_fn(|b| {
+        copy.fill.get(b % esize.min(4)).copied().unwrap_or(0)
+    }));
     // The plan in u32 words, or (`packed`, 1- and 2-byte elements that do not group into
     // words) in elements, four or two to an output word.
     let (plan, packed) = match esize {
         4 => (copy, None),
         8 => {
-            if copy.fills() && fill.get(..4) != fill.get(4..) {
+            if copy.fills() && copy.fill.get(..4) != copy.fill.get(4..) {
                 return Err(no_kernel!("{}: a fill value with differing words", cx.op));
             }
             (copy.in_words(2).simplify(), None)
@@ -1000,26 +1002,13 @@ fn dispatch(
         1 | 2 => {
             let k = (4 / esize) as i64;
             match copy.group(k) {
-                Some(words) => {
-                    fill_word = u32::from_le_bytes(std::array::from_fn(|b| {
-                        fill.get(b % esize).copied().unwrap_or(0)
-                    }));
-                    (words, None)
-                }
-                None if copy.contiguous() => {
-                    fill_word = u32::from_le_bytes(std::array::from_fn(|b| {
-                        fill.get(b % esize).copied().unwrap_or(0)
-                    }));
-                    (copy, Some(k as u32))
-                }
+                Some(words) => (words, None),
+                None if copy.contiguous() => (copy, Some(k as u32)),
                 None => return Err(no_kernel!("{} of {esize}-byte elements at strides", cx.op)),
             }
         }
         _ => return Err(no_kernel!("{} of {esize}-byte elements", cx.op)),
     };
-    if esize >= 4 && plan.fills() {
-        fill_word = u32::from_le_bytes(std::array::from_fn(|b| fill.get(b).copied().unwrap_or(0)));
-    }
     let vector = packed
         .is_none()
         .then(|| plan.group(4))
@@ -1177,7 +1166,8 @@ fn trilu(
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::reduce::vulkan::tests::{specialised, valid};
+    use crate::reduce::vulkan::tests::specialised;
+    use crate::vulkan::valid;
     use crate::vulkan::{DeviceClass, Operand, compile};
     use ingot_schema::Attrs;
 
@@ -1262,17 +1252,7 @@ mod tests {
                 panic!("{}:\n{e}", file.path);
             }
         }
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/movement");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".wgsl"))
-            .map(|n| format!("movement/{n}"))
-            .collect();
-        on_disk.sort();
-        let mut known: Vec<&str> = FILES.iter().map(|f| f.path).collect();
-        known.sort();
-        assert_eq!(on_disk, known, "every file is in FILES");
+        crate::vulkan::assert_all_files_listed("movement", &FILES);
     }
 
     #[test]

@@ -320,7 +320,8 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::reduce::vulkan::tests::{specialised, valid};
+    use crate::reduce::vulkan::tests::specialised;
+    use crate::vulkan::valid;
     use crate::vulkan::{Operand, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 

@@ -640,7 +640,8 @@ impl Reduction {
 pub(crate) mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{Operand, compile, lower_f32_all_classes, slots_used};
+    use crate::vulkan::valid;
+    use crate::vulkan::{Operand, compile, lower_f32_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
     fn cx_lower(
@@ -660,22 +661,6 @@ pub(crate) mod tests {
 
     fn f32s(shape: &[usize]) -> TensorDesc {
         TensorDesc::new(DType::F32, shape)
-    }
-
-    /// Compiles each dispatch's module and checks the dispatch against it, as the compiler
-    /// does: no more bindings than slots, exactly its params.
-    pub(crate) fn valid(d: &[Dispatch]) {
-        for d in d {
-            let c = match compile(&d.wgsl, &d.overrides) {
-                Ok(c) => c,
-                Err(e) => panic!("{}:\n{}\n{e}", d.label, d.wgsl),
-            };
-            assert!(d.bindings.len() <= c.slots as usize, "{}", d.label);
-            let unbound =
-                slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
-            assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
-            assert_eq!(d.params.len() as u32, c.push_words - c.slots, "{}", d.label);
-        }
     }
 
     /// A dispatch as its module is made: label, overrides, params and the specialised source.

@@ -610,7 +610,8 @@ const WG: u32 = 64;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reduce::vulkan::tests::{specialised, valid};
+    use crate::reduce::vulkan::tests::specialised;
+    use crate::vulkan::valid;
     use crate::vulkan::{DeviceClass, Operand};
 
     /// Canonical Resize attributes (as ops/src/resize/mod.rs writes them).

@@ -541,6 +541,41 @@ pub(crate) fn slots_used(spirv: &[u32]) -> Vec<u32> {
     slots
 }
 
+/// For family tests: compiles each dispatch's module with naga and checks the dispatch
+/// against it: it binds at most the slots the module declares and every slot its code
+/// touches, passes as many params as the push block holds, and asks for workgroup counts
+/// every device takes.
+#[cfg(test)]
+pub(crate) fn valid(dispatches: &[Dispatch]) {
+    for d in dispatches {
+        let c = match compile(&d.wgsl, &d.overrides) {
+            Ok(c) => c,
+            Err(e) => panic!("{}:\n{}\n{e}", d.label, d.wgsl),
+        };
+        assert!(d.bindings.len() <= c.slots as usize, "{}: bindings", d.label);
+        let unbound = slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
+        assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
+        assert_eq!(d.params.len(), (c.push_words - c.slots) as usize, "{}", d.label);
+        assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)), "{}", d.label);
+    }
+}
+
+/// For family tests: `files` are all the `.wgsl` files in `ops/src/<family>/`.
+#[cfg(test)]
+pub(crate) fn assert_all_files_listed(family: &str, files: &[&Wgsl]) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(family);
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".wgsl"))
+        .map(|n| format!("{family}/{n}"))
+        .collect();
+    on_disk.sort();
+    let mut known: Vec<&str> = files.iter().map(|f| f.path).collect();
+    known.sort();
+    assert_eq!(on_disk, known, "the {family} family's files");
+}
+
 /// For family tests: lowers `op` for both device classes with f32 operands laid out one after
 /// the other in the arena at 16-byte-aligned offsets plus `skew` bytes, compiles every kernel
 /// with naga and checks its workgroup counts, bindings and params; returns the CPU class's then
@@ -566,16 +601,7 @@ pub(crate) fn lower_f32_all_classes(
     for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
         let cx = KernelCx { class, op, name: "n", attrs, inputs: &inputs, outputs: &outputs };
         for d in lower(&cx).unwrap() {
-            let c = match compile(&d.wgsl, &d.overrides) {
-                Ok(c) => c,
-                Err(e) => panic!("{}:\n{e}\n{}", d.label, d.wgsl),
-            };
-            assert!(d.bindings.len() <= c.slots as usize, "{}: bindings", d.label);
-            let unbound =
-                slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
-            assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
-            assert_eq!(d.params.len(), (c.push_words - c.slots) as usize, "{}", d.label);
-            assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
+            valid(std::slice::from_ref(&d));
             all.push(d);
         }
     }
