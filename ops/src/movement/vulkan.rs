@@ -1073,6 +1073,10 @@ fn dispatch(
             Spec::new(&PAD).set("DIMS", dims.len() as u32).set("MODE", mode).set("PACK", pack);
         return launch(spec, label, count, &dividers, bindings, params);
     }
+    if dims.iter().any(|d| matches!(&d.src, Src::Index { comps, .. } if comps.is_empty())) {
+        // GatherND whose tuples have no components: every tuple picks the same slice.
+        return Err(no_kernel!("{} with index tuples of no components", cx.op));
+    }
     let index_dim = dims.iter().position(|d| d.src.reads_indices());
     let gather = index_dim.map(|k| (k, &dims[k].src));
     if let Some((_, Src::Index { comps, batch })) = gather
@@ -1404,6 +1408,14 @@ mod tests {
             &[f32s(&[5, 4], 256)],
         );
         add("gather nd", d);
+        // Tuples of no components are refused, not lowered.
+        let refused = try_lower(
+            "GatherND",
+            &attrs,
+            &[f32s(&[2, 3], 0), t(DType::I64, &[2, 0], 128)],
+            &[f32s(&[2, 2, 3], 256)],
+        );
+        assert!(refused.is_err());
         for upper in [1, 0] {
             let attrs =
                 Attrs::new().with("upper", AttrValue::Int(upper)).with("k", AttrValue::Int(-1));
