@@ -21,7 +21,7 @@ use ingot_runtime::{
 };
 use ingot_schema::container::Container;
 use ingot_schema::{DType, SectionKind, container, proto};
-use ingot_tests::model::OnnxModel;
+use ingot_tests::model::{OnnxModel, attr_int, attr_string};
 use ingot_tests::paths::scratch_dir;
 use ingot_tests::{Tolerance, allclose, compile};
 use prost::Message as _;
@@ -642,7 +642,6 @@ fn a_shared_weight_is_recorded_by_its_uploader() -> Result<()> {
 #[test]
 fn two_submodels_reading_one_weight_allocate_it_once() -> Result<()> {
     use ingot_runtime::ledger::planned_events_shared;
-    use ingot_tests::model::attr_int;
     let w = tensor(&[8], 16);
     let model = OnnxModel::new(OPSET)
         .input("x", DType::F32, &[4, 8])
@@ -717,5 +716,73 @@ fn sessions_created_on_several_threads_upload_each_weight_once() -> Result<()> {
     assert_eq!(weight_labels(&ledger, Action::Free), weight_labels(&ledger, Action::Allocate));
     assert_eq!(ledger.total().current, 0);
     assert_no_validation_messages();
+    Ok(())
+}
+
+/// Recurrent layers over sequences longer than one dispatch runs (`rnn.wgsl` runs them in
+/// chunks): the state carried between chunks in Y_h, or in Y when the layer has neither Y_h nor
+/// Y_c; rows of W and R that are not whole vectors; sequence lengths that end inside a chunk.
+#[test]
+fn long_recurrent_sequences_equal_the_cpu() -> Result<()> {
+    // Weights of a contracting recurrence (spectral radius about 1/2), so that rounding
+    // differences fade instead of growing over the steps.
+    let weights = |shape: &[usize], seed| {
+        let scale = 0.5 * (3.0 / shape[2] as f32).sqrt();
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(n, seed).iter().map(|v| v * scale).collect();
+        Tensor::from_vec(shape.to_vec(), &v).unwrap()
+    };
+    // A GRU of hidden 130 (scalar loads, the second pass over r ⊙ h) with Y and Y_h.
+    let (seq, batch, input, hidden) = (450, 2, 36, 130);
+    let gru = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[seq, batch, input])
+        .initializer("W", &weights(&[1, 3 * hidden, input], 11))
+        .initializer("R", &weights(&[1, 3 * hidden, hidden], 12))
+        .initializer("B", &tensor(&[1, 6 * hidden], 13))
+        .initializer("lens", &Tensor::from_vec(vec![batch], &[450i32, 300])?)
+        .node(
+            "gru",
+            "GRU",
+            &["x", "W", "R", "B", "lens"],
+            &["y", "y_h"],
+            vec![attr_int("hidden_size", hidden as i64)],
+        )
+        .output("y", DType::F32, &[seq, 1, batch, hidden])
+        .output("y_h", DType::F32, &[1, batch, hidden]);
+    // A bidirectional LSTM of hidden 132 with Y only, batch-major.
+    let (seq, batch, input, hidden) = (400, 2, 64, 132);
+    let lstm = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[batch, seq, input])
+        .initializer("W", &weights(&[2, 4 * hidden, input], 14))
+        .initializer("R", &weights(&[2, 4 * hidden, hidden], 15))
+        .initializer("lens", &Tensor::from_vec(vec![batch], &[350i64, 400])?)
+        .node(
+            "lstm",
+            "LSTM",
+            &["x", "W", "R", "", "lens"],
+            &["y"],
+            vec![
+                attr_int("hidden_size", hidden as i64),
+                attr_int("layout", 1),
+                attr_string("direction", "bidirectional"),
+            ],
+        )
+        .output("y", DType::F32, &[batch, seq, 2, hidden]);
+    let tolerance = Tolerance { rtol: 1e-4, atol: 1e-4 };
+    for (name, model, x) in [("long_gru", gru, [450, 2, 36]), ("long_lstm", lstm, [2, 400, 64])] {
+        let bundle = bundle(name, &model)?;
+        // Each class's kernel of the one step takes several dispatches.
+        let steps = &bundle.manifest().variants[0].steps;
+        let dispatches: Vec<usize> =
+            steps.iter().flat_map(|s| &s.vulkan).map(|e| e.dispatches.len()).collect();
+        assert!(!dispatches.is_empty() && dispatches.iter().all(|&n| n >= 2), "{dispatches:?}");
+        let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+        let x = tensor(&x, 16);
+        let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+        let want = run_cpu(&bundle, &[x]);
+        for (g, w) in got.iter().zip(&want) {
+            allclose(g, w, tolerance).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        }
+    }
     Ok(())
 }
