@@ -17,290 +17,23 @@
 //! direction starts at step `lens[b] - 1`), `Y` is zero past its end, and `Y_h`/`Y_c` hold the
 //! state after its last step (zero when `lens[b] == 0`).
 
+use crate::TensorDesc;
 use crate::cpu::gemm::{Layout, gemm};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
+use crate::rnn::layer::{Act, Cell, Layer, LayerError};
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cell {
-    Lstm { input_forget: bool },
-    Gru { linear_before_reset: bool },
-    Rnn,
-}
-
-impl Cell {
-    /// Gate blocks in W and R.
-    fn gates(self) -> usize {
-        match self {
-            Cell::Lstm { .. } => 4,
-            Cell::Gru { .. } => 3,
-            Cell::Rnn => 1,
-        }
-    }
-    /// Activation functions per direction.
-    fn acts(self) -> usize {
-        match self {
-            Cell::Lstm { .. } => 3,
-            Cell::Gru { .. } => 2,
-            Cell::Rnn => 1,
-        }
-    }
-}
-
-/// The activation functions ONNX allows in recurrent layers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Act {
-    Sigmoid,
-    Tanh,
-    Relu,
-    LeakyRelu(f32),
-    ThresholdedRelu(f32),
-    ScaledTanh(f32, f32),
-    HardSigmoid(f32, f32),
-    Elu(f32),
-    Softsign,
-    Softplus,
-    Affine(f32, f32),
-}
-
-impl Act {
-    fn new(name: &str, alpha: f32, beta: f32) -> Option<Act> {
-        Some(match name {
-            "Sigmoid" => Act::Sigmoid,
-            "Tanh" => Act::Tanh,
-            "Relu" => Act::Relu,
-            "LeakyRelu" => Act::LeakyRelu(alpha),
-            "ThresholdedRelu" => Act::ThresholdedRelu(alpha),
-            "ScaledTanh" => Act::ScaledTanh(alpha, beta),
-            "HardSigmoid" => Act::HardSigmoid(alpha, beta),
-            "Elu" => Act::Elu(alpha),
-            "Softsign" => Act::Softsign,
-            "Softplus" => Act::Softplus,
-            "Affine" => Act::Affine(alpha, beta),
-            _ => return None,
-        })
-    }
-
-    /// Applies the function in place (one match per call, not per element).
-    fn apply(self, xs: &mut [f32]) {
-        fn each(xs: &mut [f32], f: impl Fn(f32) -> f32) {
-            xs.iter_mut().for_each(|x| *x = f(*x));
-        }
-        match self {
-            Act::Sigmoid => each(xs, |x| 1.0 / (1.0 + (-x).exp())),
-            Act::Tanh => each(xs, f32::tanh),
-            Act::Relu => each(xs, |x| x.max(0.0)),
-            Act::LeakyRelu(a) => each(xs, |x| if x >= 0.0 { x } else { a * x }),
-            Act::ThresholdedRelu(a) => each(xs, |x| if x > a { x } else { 0.0 }),
-            Act::ScaledTanh(a, b) => each(xs, |x| a * (b * x).tanh()),
-            Act::HardSigmoid(a, b) => each(xs, |x| (a * x + b).clamp(0.0, 1.0)),
-            Act::Elu(a) => each(xs, |x| if x >= 0.0 { x } else { a * (x.exp() - 1.0) }),
-            Act::Softsign => each(xs, |x| x / (1.0 + x.abs())),
-            Act::Softplus => each(xs, |x| if x > 20.0 { x } else { x.exp().ln_1p() }),
-            Act::Affine(a, b) => each(xs, |x| a * x + b),
-        }
-    }
-}
-
-/// Static sizes of one layer.
-#[derive(Clone, Copy, Debug)]
-struct Dims {
-    seq: usize,
-    batch: usize,
-    input: usize,
-    hidden: usize,
-    dirs: usize,
-    /// `layout = 1`: batch-major `X`, `Y` and states.
-    batch_major: bool,
-}
-
-impl Dims {
-    /// Row of `X` (and of its projection) for step `t` of batch entry `b`.
-    fn x_row(&self, t: usize, b: usize) -> usize {
-        if self.batch_major { b * self.seq + t } else { t * self.batch + b }
-    }
-    /// Offset in `Y` of step `t`, direction `d`, batch entry `b`.
-    fn y_at(&self, t: usize, d: usize, b: usize) -> usize {
-        let i = if self.batch_major {
-            (b * self.seq + t) * self.dirs + d
-        } else {
-            (t * self.dirs + d) * self.batch + b
-        };
-        i * self.hidden
-    }
-    /// Offset in `initial_h`, `Y_h` (and the `c` states) of direction `d`, batch entry `b`.
-    fn state_at(&self, d: usize, b: usize) -> usize {
-        let i = if self.batch_major { b * self.dirs + d } else { d * self.batch + b };
-        i * self.hidden
-    }
-    fn x_shape(&self) -> Vec<usize> {
-        self.by_layout(self.seq, self.batch, &[self.input])
-    }
-    fn y_shape(&self) -> Vec<usize> {
-        let (s, d, b, h) = (self.seq, self.dirs, self.batch, self.hidden);
-        if self.batch_major { vec![b, s, d, h] } else { vec![s, d, b, h] }
-    }
-    fn state_shape(&self) -> Vec<usize> {
-        self.by_layout(self.dirs, self.batch, &[self.hidden])
-    }
-    /// `[outer, batch, rest..]`, or `[batch, outer, rest..]` when batch-major.
-    fn by_layout(&self, outer: usize, batch: usize, rest: &[usize]) -> Vec<usize> {
-        let mut s = if self.batch_major { vec![batch, outer] } else { vec![outer, batch] };
-        s.extend_from_slice(rest);
-        s
-    }
-}
-
-/// Where each optional input sits among the canonical inputs.
-#[derive(Clone, Copy, Debug, Default)]
-struct Slots {
-    bias: Option<usize>,
-    lens: Option<usize>,
-    h0: Option<usize>,
-    c0: Option<usize>,
-    peep: Option<usize>,
-}
-
-struct Rnn {
-    cell: Cell,
-    dims: Dims,
-    /// `direction = reverse`: the only direction runs backwards.
-    reverse: bool,
-    /// Per direction, the activations `[f, g, h]` (unused slots repeat `f`).
-    acts: Vec<[Act; 3]>,
-    clip: f32,
-    slots: Slots,
-}
-
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
-    let a = cx.attrs;
-    let flag = |name: &str| a.int(name).map(|v| v != 0);
-    let cell = match cx.op {
-        "LSTM" => Cell::Lstm { input_forget: flag("input_forget")? },
-        "GRU" => Cell::Gru { linear_before_reset: flag("linear_before_reset")? },
-        "RNN" => Cell::Rnn,
-        op => return Err(KernelError::UnknownOp(op.to_string())),
-    };
-    let lstm = matches!(cell, Cell::Lstm { .. });
-
-    // The present optional inputs follow X, W, R in ONNX order.
-    let mut next = 3;
-    let mut slot = |present: bool| {
-        present.then(|| {
-            next += 1;
-            next - 1
-        })
-    };
-    let slots = Slots {
-        bias: slot(flag("has_bias")?),
-        lens: slot(flag("has_sequence_lens")?),
-        h0: slot(flag("has_initial_h")?),
-        c0: slot(lstm && flag("has_initial_c")?),
-        peep: slot(lstm && flag("has_peepholes")?),
-    };
-    let max_outputs = if lstm { 3 } else { 2 };
-    if cx.inputs.len() != next || !(1..=max_outputs).contains(&cx.outputs.len()) {
-        return Err(invalid!(
-            "{} takes {next} inputs (by its has_* flags) and 1 to {max_outputs} outputs, got {} and {}",
-            cx.op,
-            cx.inputs.len(),
-            cx.outputs.len()
-        ));
+    let inputs: Vec<&TensorDesc> = cx.inputs.iter().collect();
+    let outputs: Vec<&TensorDesc> = cx.outputs.iter().collect();
+    match Layer::new(cx.op, cx.attrs, &inputs, &outputs) {
+        Ok(layer) => Ok(Box::new(layer)),
+        Err(LayerError::UnknownOp) => Err(KernelError::UnknownOp(cx.op.to_string())),
+        Err(LayerError::DType(dtype)) => Err(cx.dtype_error(dtype)),
+        Err(LayerError::Invalid(why)) => Err(KernelError::Invalid(why)),
     }
-
-    let (dirs, reverse) = match a.text("direction")? {
-        "forward" => (1, false),
-        "reverse" => (1, true),
-        "bidirectional" => (2, false),
-        d => return Err(invalid!("{}: unknown direction '{d}'", cx.op)),
-    };
-    let hidden = usize::try_from(a.int("hidden_size")?)
-        .ok()
-        .filter(|&h| h > 0)
-        .ok_or_else(|| invalid!("{}: hidden_size must be positive", cx.op))?;
-    let batch_major = match a.int("layout")? {
-        0 => false,
-        1 => true,
-        l => return Err(invalid!("{}: layout {l} is not 0 or 1", cx.op)),
-    };
-    let clip = a.float("clip")?;
-    if clip.is_nan() || clip <= 0.0 {
-        return Err(invalid!("{}: clip must be positive, got {clip}", cx.op));
-    }
-
-    let names: Vec<&str> = a.text("activations")?.split(',').collect();
-    let (alphas, betas) = (a.floats("activation_alpha")?, a.floats("activation_beta")?);
-    let per_dir = cell.acts();
-    if names.len() != per_dir * dirs || alphas.len() != names.len() || betas.len() != names.len() {
-        return Err(invalid!(
-            "{}: expected {} activations with as many alphas and betas, got {}, {} and {}",
-            cx.op,
-            per_dir * dirs,
-            names.len(),
-            alphas.len(),
-            betas.len()
-        ));
-    }
-    let mut funcs = Vec::with_capacity(names.len());
-    for ((name, &alpha), &beta) in names.iter().zip(alphas).zip(betas) {
-        funcs.push(
-            Act::new(name, alpha as f32, beta as f32)
-                .ok_or_else(|| invalid!("{}: unknown activation '{name}'", cx.op))?,
-        );
-    }
-    let acts = funcs
-        .chunks_exact(per_dir)
-        .map(|f| [f[0], f[per_dir.min(2) - 1], f[per_dir - 1]])
-        .collect();
-
-    let x = &cx.inputs[0];
-    if x.shape.len() != 3 {
-        return Err(invalid!("{}: X must have rank 3, got {:?}", cx.op, x.shape));
-    }
-    let (seq, batch) =
-        if batch_major { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
-    let dims = Dims { seq, batch, input: x.shape[2], hidden, dirs, batch_major };
-    let gh = cell
-        .gates()
-        .checked_mul(hidden)
-        .ok_or_else(|| invalid!("hidden_size {hidden} is too large"))?;
-    let expect = |i: Option<usize>, what: &str, shape: &[usize]| -> Result<(), KernelError> {
-        let Some(i) = i else { return Ok(()) };
-        let d = &cx.inputs[i];
-        let dtype_ok = match what {
-            "sequence_lens" => matches!(d.dtype, DType::I32 | DType::I64),
-            _ => d.dtype == DType::F32,
-        };
-        if !dtype_ok {
-            return Err(cx.dtype_error(d.dtype));
-        }
-        if d.shape != shape {
-            return Err(invalid!("{}: {what} must have shape {shape:?}, got {:?}", cx.op, d.shape));
-        }
-        Ok(())
-    };
-    expect(Some(0), "X", &dims.x_shape())?;
-    expect(Some(1), "W", &[dirs, gh, dims.input])?;
-    expect(Some(2), "R", &[dirs, gh, hidden])?;
-    expect(slots.bias, "B", &[dirs, 2 * gh])?;
-    expect(slots.lens, "sequence_lens", &[batch])?;
-    expect(slots.h0, "initial_h", &dims.state_shape())?;
-    expect(slots.c0, "initial_c", &dims.state_shape())?;
-    expect(slots.peep, "P", &[dirs, 3 * hidden])?;
-    for (i, o) in cx.outputs.iter().enumerate() {
-        let want = if i == 0 { dims.y_shape() } else { dims.state_shape() };
-        if o.dtype != DType::F32 || o.shape != want {
-            return Err(invalid!(
-                "{}: output {i} must be f32 {want:?}, is declared {} {:?}",
-                cx.op,
-                o.dtype,
-                o.shape
-            ));
-        }
-    }
-    Ok(Box::new(Rnn { cell, dims, reverse, acts, clip, slots }))
 }
 
 /// `c = a · bᵀ` for row-major `a` (m×k) and `b` (n×k), into the first `n` columns of the rows
@@ -378,7 +111,7 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<(), KernelError> {
     Ok(())
 }
 
-impl Kernel for Rnn {
+impl Kernel for Layer {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let d = self.dims;
         if d.batch == 0 {
@@ -514,7 +247,7 @@ impl DirState<'_> {
     }
 }
 
-impl Rnn {
+impl Layer {
     /// Sequence lengths per batch entry, checked against `seq_length`.
     fn lens(&self, inputs: &[TensorRef]) -> Result<Vec<usize>, KernelError> {
         let d = self.dims;

@@ -12,6 +12,7 @@
 //! - outputs: as in the model (`Y`, `Y_h`, `Y_c`); the kernel computes every one it is given.
 
 pub(crate) mod cpu;
+mod layer;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 

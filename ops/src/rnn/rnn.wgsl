@@ -45,8 +45,8 @@ override R_VEC: bool = true;
 override WG: u32 = 64u;
 override UNITS: u32 = 1u;
 // Floats of hidden state in workgroup memory (hidden, rounded up to a multiple of 4), and of
-// GRU's r ⊙ h (4 where unused). Scalars: invocations store their own units, and a store into a
-// vector's component may write the whole vector.
+// GRU's r ⊙ h (4 where unused). Floats, not vectors: each invocation stores its own units, and
+// no two should store into components of one vector.
 override STATE: u32 = 64u;
 override RESET_STATE: u32 = 4u;
 override HAS_BIAS: bool = false;

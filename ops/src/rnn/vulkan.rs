@@ -3,6 +3,8 @@
 //! layer configuration. This file checks a layer against what the kernel takes, counts the steps
 //! one dispatch may run and specialises the file.
 
+use super::layer::{Act, Cell, Layer, LayerError};
+use crate::TensorDesc;
 use crate::elementwise::vulkan::unary_expr;
 use crate::no_kernel;
 use crate::vulkan::{Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, Spec, Wgsl, f32_lit};
@@ -18,96 +20,40 @@ const MAX_WORKGROUP: usize = 128;
 /// Workgroup memory every Vulkan device has.
 const WORKGROUP_BYTES: usize = 16384;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cell {
-    Lstm { input_forget: bool },
-    Gru { linear_before_reset: bool },
-    Rnn,
-}
-
-impl Cell {
-    /// Gate blocks in W and R.
-    fn gates(self) -> usize {
-        match self {
-            Cell::Lstm { .. } => 4,
-            Cell::Gru { .. } => 3,
-            Cell::Rnn => 1,
-        }
-    }
-
-    /// Activation functions per direction.
-    fn acts(self) -> usize {
-        match self {
-            Cell::Lstm { .. } => 3,
-            Cell::Gru { .. } => 2,
-            Cell::Rnn => 1,
-        }
-    }
-
-    /// GRU that needs `r ⊙ h` of every unit before its candidate (a second dot product).
-    fn reset_first(self) -> bool {
-        self == Cell::Gru { linear_before_reset: false }
-    }
-}
-
-/// Where each optional input sits among the canonical inputs.
-#[derive(Clone, Copy, Debug, Default)]
-struct Slots {
-    bias: Option<usize>,
-    lens: Option<usize>,
-    h0: Option<usize>,
-    c0: Option<usize>,
-    peep: Option<usize>,
-}
-
-/// One layer as its kernel sees it.
-struct Layer {
-    cell: Cell,
-    seq: usize,
-    batch: usize,
-    input: usize,
-    hidden: usize,
-    dirs: usize,
-    /// `layout = 1`: `X`, `Y` and the states are batch-major.
-    batch_major: bool,
-    /// `direction = reverse`.
-    reverse: bool,
-    clip: Option<f32>,
-    /// Per direction, the activations (f, g, h as the cell has them) as WGSL expressions of `v`.
-    acts: Vec<Vec<String>>,
-    slots: Slots,
-    /// `sequence_lens` is int64 (read as pairs of u32).
+/// A layer as its kernel takes it.
+struct Recurrence {
+    layer: Layer,
+    /// `sequence_lens` is int64 (read as pairs of words).
     lens_i64: bool,
-    /// How many of `Y`, `Y_h`, `Y_c` the step has.
-    outputs: usize,
-    /// Vector loads of X, W, R (their rows are whole 16-byte vectors).
+    /// Vector loads of X, W, R (their rows are whole aligned 16-byte vectors).
     vec4: [bool; 3],
 }
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    let layer = Layer::new(cx)?;
-    if layer.batch == 0 {
+    let k = Recurrence::new(cx)?;
+    let d = k.layer.dims;
+    if d.batch == 0 {
         return Ok(Vec::new()); // every output is empty
     }
-    let steps = layer.steps_per_dispatch()?.min(layer.seq);
-    let chunks = layer.seq.div_ceil(steps).max(1);
-    let groups = layer.batch * layer.dirs;
+    let steps = k.steps_per_dispatch()?.min(d.seq);
+    let chunks = d.seq.div_ceil(steps).max(1);
+    let groups = d.batch * d.dirs;
     if groups + chunks - 1 > MAX_GROUPS as usize {
         return Err(no_kernel!(
             "{} with {groups} (batch entry, direction) pairs and {chunks} chunks",
             cx.op
         ));
     }
-    let spec = layer.spec();
-    let (bindings, params) = (layer.bindings(), layer.params(steps));
+    let spec = k.spec()?;
+    let (bindings, params) = (k.bindings(), k.params(steps));
     let label = format!(
         "{}_s{}_b{}_i{}_h{}_d{}",
         cx.op.to_lowercase(),
-        layer.seq,
-        layer.batch,
-        layer.input,
-        layer.hidden,
-        layer.dirs
+        d.seq,
+        d.batch,
+        d.input,
+        d.hidden,
+        d.dirs
     );
     (0..chunks)
         .map(|k| {
@@ -117,214 +63,73 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .collect()
 }
 
-impl Layer {
-    fn new(cx: &KernelCx) -> Result<Layer, NoKernel> {
-        let a = cx.attrs;
-        let int = |name: &str| a.int(name).map_err(|e| no_kernel!("{e}"));
-        let flag = |name: &str| int(name).map(|v| v != 0);
-        let cell = match cx.op {
-            "LSTM" => Cell::Lstm { input_forget: flag("input_forget")? },
-            "GRU" => Cell::Gru { linear_before_reset: flag("linear_before_reset")? },
-            "RNN" => Cell::Rnn,
-            op => return Err(no_kernel!("{op} is not a recurrent layer")),
-        };
-        let lstm = matches!(cell, Cell::Lstm { .. });
-
-        // The present optional inputs follow X, W, R in ONNX order.
-        let mut next = 3;
-        let mut slot = |present: bool| {
-            present.then(|| {
-                next += 1;
-                next - 1
-            })
-        };
-        let slots = Slots {
-            bias: slot(flag("has_bias")?),
-            lens: slot(flag("has_sequence_lens")?),
-            h0: slot(flag("has_initial_h")?),
-            c0: slot(lstm && flag("has_initial_c")?),
-            peep: slot(lstm && flag("has_peepholes")?),
-        };
-        let max_outputs = if lstm { 3 } else { 2 };
-        if cx.inputs.len() != next || !(1..=max_outputs).contains(&cx.outputs.len()) {
-            return Err(no_kernel!(
-                "{} with {} inputs and {} outputs",
-                cx.op,
-                cx.inputs.len(),
-                cx.outputs.len()
-            ));
-        }
+impl Recurrence {
+    fn new(cx: &KernelCx) -> Result<Recurrence, NoKernel> {
+        let inputs: Vec<&TensorDesc> = cx.inputs.iter().map(|o| &o.desc).collect();
+        let outputs: Vec<&TensorDesc> = cx.outputs.iter().map(|o| &o.desc).collect();
+        let layer = Layer::new(cx.op, cx.attrs, &inputs, &outputs).map_err(|e| match e {
+            LayerError::UnknownOp => no_kernel!("{} is not a recurrent layer", cx.op),
+            LayerError::DType(dtype) => cx.dtype(dtype),
+            LayerError::Invalid(why) => NoKernel(why),
+        })?;
         if cx.in_place().is_some() {
             return Err(no_kernel!("{} in place", cx.op));
         }
-        let inputs = cx.inputs.iter().enumerate();
-        let dtypes = inputs.map(|(i, o)| (o, Some(i) == slots.lens));
-        for (o, lens) in dtypes.chain(cx.outputs.iter().map(|o| (o, false))) {
-            let ok = match lens {
-                true => matches!(o.desc.dtype, DType::I32 | DType::I64),
-                false => o.desc.dtype == DType::F32,
-            };
-            if !ok {
-                return Err(cx.dtype(o.desc.dtype));
-            }
+        let d = layer.dims;
+        if d.seq == 0 || d.input == 0 {
+            return Err(no_kernel!("{} of empty X {:?}", cx.op, inputs[0].shape));
         }
-        let lens_i64 = slots.lens.is_some_and(|i| cx.inputs[i].desc.dtype == DType::I64);
-
-        let (dirs, reverse) = match a.text("direction").map_err(|e| no_kernel!("{e}"))? {
-            "forward" => (1, false),
-            "reverse" => (1, true),
-            "bidirectional" => (2, false),
-            d => return Err(no_kernel!("{}: direction '{d}'", cx.op)),
-        };
-        let hidden = usize::try_from(int("hidden_size")?)
-            .ok()
-            .filter(|&h| h > 0)
-            .ok_or_else(|| no_kernel!("{}: hidden_size must be positive", cx.op))?;
-        let batch_major = match int("layout")? {
-            0 => false,
-            1 => true,
-            l => return Err(no_kernel!("{}: layout {l}", cx.op)),
-        };
-        let clip = a.float("clip").map_err(|e| no_kernel!("{e}"))?;
-        if clip.is_nan() || clip <= 0.0 {
-            return Err(no_kernel!("{}: clip {clip}", cx.op));
-        }
-
-        let names: Vec<&str> =
-            a.text("activations").map_err(|e| no_kernel!("{e}"))?.split(',').collect();
-        let floats = |name| a.floats(name).map_err(|e| no_kernel!("{e}"));
-        let (alphas, betas) = (floats("activation_alpha")?, floats("activation_beta")?);
-        let per_dir = cell.acts();
-        if names.len() != per_dir * dirs
-            || alphas.len() != names.len()
-            || betas.len() != names.len()
-        {
+        let lens_i64 = layer.slots.lens.is_some_and(|i| inputs[i].dtype == DType::I64);
+        let vec4 = [
+            d.input.is_multiple_of(4) && cx.inputs[0].aligned16(),
+            d.input.is_multiple_of(4) && cx.inputs[1].aligned16(),
+            d.hidden.is_multiple_of(4) && cx.inputs[2].aligned16(),
+        ];
+        let k = Recurrence { layer, lens_i64, vec4 };
+        if k.workgroup_bytes() > WORKGROUP_BYTES {
             return Err(no_kernel!(
-                "{}: {} activations, {} alphas and {} betas",
+                "{} of hidden_size {} needs more workgroup memory than devices have",
                 cx.op,
-                names.len(),
-                alphas.len(),
-                betas.len()
+                d.hidden
             ));
         }
-        let acts = names
-            .iter()
-            .zip(alphas.iter().zip(betas))
-            .map(|(name, (&alpha, &beta))| activation(name, alpha as f32, beta as f32))
-            .collect::<Result<Vec<_>, _>>()?
-            .chunks_exact(per_dir)
-            .map(<[String]>::to_vec)
-            .collect();
-
-        let x = &cx.inputs[0].desc.shape;
-        let [s0, s1, input] = x[..] else {
-            return Err(no_kernel!("{}: X of shape {x:?}", cx.op));
-        };
-        let (seq, batch) = if batch_major { (s1, s0) } else { (s0, s1) };
-        let layer = Layer {
-            cell,
-            seq,
-            batch,
-            input,
-            hidden,
-            dirs,
-            batch_major,
-            reverse,
-            clip: (clip < f32::MAX).then_some(clip),
-            acts,
-            slots,
-            lens_i64,
-            outputs: cx.outputs.len(),
-            vec4: [
-                input.is_multiple_of(4) && cx.inputs[0].aligned16(),
-                input.is_multiple_of(4) && cx.inputs[1].aligned16(),
-                hidden.is_multiple_of(4) && cx.inputs[2].aligned16(),
-            ],
-        };
-        layer.check_shapes(cx)?;
-        if seq == 0 || input == 0 {
-            return Err(no_kernel!("{} of empty X {x:?}", cx.op));
-        }
-        if layer.workgroup_bytes() > WORKGROUP_BYTES {
-            return Err(no_kernel!(
-                "{} of hidden_size {hidden} needs more workgroup memory than devices have",
-                cx.op
-            ));
-        }
-        Ok(layer)
+        Ok(k)
     }
 
-    /// Fails unless every operand has the shape the attributes and X give it.
-    fn check_shapes(&self, cx: &KernelCx) -> Result<(), NoKernel> {
-        let (d, b, h) = (self.dirs, self.batch, self.hidden);
-        let gh = self.cell.gates() * h;
-        let by_layout = |outer: usize, rest: usize| match self.batch_major {
-            true => vec![b, outer, rest],
-            false => vec![outer, b, rest],
-        };
-        let state = by_layout(d, h);
-        let mut want = vec![
-            (0, by_layout(self.seq, self.input)),
-            (1, vec![d, gh, self.input]),
-            (2, vec![d, gh, h]),
-        ];
-        let s = self.slots;
-        let optional = [
-            (s.bias, vec![d, 2 * gh]),
-            (s.lens, vec![b]),
-            (s.h0, state.clone()),
-            (s.c0, state.clone()),
-            (s.peep, vec![d, 3 * h]),
-        ];
-        want.extend(optional.into_iter().filter_map(|(i, w)| Some((i?, w))));
-        let y = match self.batch_major {
-            true => vec![b, self.seq, d, h],
-            false => vec![self.seq, d, b, h],
-        };
-        let operands = want
-            .iter()
-            .map(|(i, w)| (&cx.inputs[*i], w))
-            .chain(cx.outputs.iter().zip([&y, &state, &state]));
-        for (o, w) in operands {
-            if &o.desc.shape != w {
-                return Err(no_kernel!(
-                    "{}: an operand of shape {:?} where {w:?} was expected",
-                    cx.op,
-                    o.desc.shape
-                ));
-            }
-        }
-        Ok(())
+    /// GRU that needs `r ⊙ h` of every unit before its candidate (a second dot product).
+    fn reset_first(&self) -> bool {
+        self.layer.cell == Cell::Gru { linear_before_reset: false }
     }
 
     fn workgroup_size(&self) -> usize {
-        self.hidden.min(MAX_WORKGROUP).next_multiple_of(8)
+        self.layer.dims.hidden.min(MAX_WORKGROUP).next_multiple_of(8)
     }
 
     /// Hidden units per invocation.
     fn units(&self) -> usize {
-        self.hidden.div_ceil(self.workgroup_size())
+        self.layer.dims.hidden.div_ceil(self.workgroup_size())
     }
 
     /// The state (and GRU's r ⊙ h), each rounded up to whole vectors of 4 floats.
     fn workgroup_bytes(&self) -> usize {
-        4 * self.hidden.next_multiple_of(4) * if self.cell.reset_first() { 2 } else { 1 }
+        4 * self.layer.dims.hidden.next_multiple_of(4) * if self.reset_first() { 2 } else { 1 }
     }
 
     /// The most steps one dispatch may run within [`LOOP_BUDGET`]: per step, the step loop, two
     /// loops over the units, and for each unit the dot products' loops: one turn per 4 floats,
     /// then one per float left.
     fn steps_per_dispatch(&self) -> Result<usize, NoKernel> {
+        let d = self.layer.dims;
         let turns = |n: usize| n / 4 + n % 4;
         let units = self.units();
-        let second = if self.cell.reset_first() { turns(self.hidden) } else { 0 };
-        let per_step = 1 + units * (2 + turns(self.input) + turns(self.hidden) + second);
+        let second = if self.reset_first() { turns(d.hidden) } else { 0 };
+        let per_step = 1 + units * (2 + turns(d.input) + turns(d.hidden) + second);
         let fixed = 2 * units + 16;
         match LOOP_BUDGET.saturating_sub(fixed) / per_step {
             0 => Err(no_kernel!(
                 "one step of input {} and hidden {} exceeds the loop limit of one invocation",
-                self.input,
-                self.hidden
+                d.input,
+                d.hidden
             )),
             n => Ok(n),
         }
@@ -333,7 +138,7 @@ impl Layer {
     /// Every slot up to the last one the layer uses, in `rnn.wgsl`'s order; an absent input's
     /// slot holds X again (never read).
     fn bindings(&self) -> Vec<Binding> {
-        let s = self.slots;
+        let s = self.layer.slots;
         let optional =
             [("bias", s.bias), ("lens", s.lens), ("h0", s.h0), ("c0", s.c0), ("peep", s.peep)];
         let mut b = vec![
@@ -342,7 +147,8 @@ impl Layer {
             Binding::input("r", 2, vec_type(self.vec4[2])),
             Binding::output("y", 0, "f32"),
         ];
-        let last = match self.outputs {
+        let outputs = self.layer.outputs;
+        let last = match outputs {
             1 => optional.iter().rposition(|(_, slot)| slot.is_some()).map_or(0, |k| k + 1),
             _ => optional.len(),
         };
@@ -350,28 +156,29 @@ impl Layer {
             let lens = slot.is_some() && slot == s.lens;
             b.push(Binding::input(name, slot.unwrap_or(0), if lens { "u32" } else { "f32" }));
         }
-        for (k, name) in ["yh", "yc"].iter().enumerate().take(self.outputs - 1) {
+        for (k, name) in ["yh", "yc"].iter().enumerate().take(outputs - 1) {
             b.push(Binding::output(name, k + 1, "f32"));
         }
         b
     }
 
     /// `rnn.wgsl` specialised for the layer.
-    fn spec(&self) -> Spec {
-        let (cell, input_forget, linear_before_reset) = match self.cell {
+    fn spec(&self) -> Result<Spec, NoKernel> {
+        let l = &self.layer;
+        let (cell, input_forget, linear_before_reset) = match l.cell {
             Cell::Lstm { input_forget } => (0, input_forget, false),
             Cell::Gru { linear_before_reset } => (1, false, linear_before_reset),
             Cell::Rnn => (2, false, false),
         };
-        let state = self.hidden.next_multiple_of(4);
-        let s = self.slots;
+        let state = l.dims.hidden.next_multiple_of(4) as u32;
+        let s = l.slots;
         let mut spec = Spec::new(&RNN)
             .alias("XT", vec_type(self.vec4[0]))
             .alias("WT", vec_type(self.vec4[1]))
             .alias("RT", vec_type(self.vec4[2]))
             .alias("Units", format!("array<f32, {}>", self.units()))
             .set("CELL", cell)
-            .set("GATES", self.cell.gates() as u32)
+            .set("GATES", l.cell.gates() as u32)
             .set("INPUT_FORGET", input_forget)
             .set("LINEAR_BEFORE_RESET", linear_before_reset)
             .set("X_VEC", self.vec4[0])
@@ -379,46 +186,40 @@ impl Layer {
             .set("R_VEC", self.vec4[2])
             .set("WG", self.workgroup_size() as u32)
             .set("UNITS", self.units() as u32)
-            .set("STATE", state as u32)
-            .set("RESET_STATE", if self.cell.reset_first() { state as u32 } else { 4 })
+            .set("STATE", state)
+            .set("RESET_STATE", if self.reset_first() { state } else { 4 })
             .set("HAS_BIAS", s.bias.is_some())
             .set("HAS_LENS", s.lens.is_some())
             .set("LENS_I64", self.lens_i64)
             .set("HAS_H0", s.h0.is_some())
             .set("HAS_C0", s.c0.is_some())
             .set("HAS_PEEP", s.peep.is_some())
-            .set("OUTPUTS", self.outputs as u32)
-            .set("BATCH_MAJOR", self.batch_major)
-            .set("REVERSE", self.reverse)
-            .set("CLIP", self.clip.is_some());
-        for (k, name) in ["act_f", "act_g", "act_h"].into_iter().enumerate().take(self.cell.acts())
-        {
-            spec = spec.hook(name, self.activation_hook(name, k));
+            .set("OUTPUTS", l.outputs as u32)
+            .set("BATCH_MAJOR", l.dims.batch_major)
+            .set("REVERSE", l.reverse)
+            .set("CLIP", l.clip < f32::MAX);
+        for (k, name) in ["act_f", "act_g", "act_h"].into_iter().enumerate().take(l.cell.acts()) {
+            let per_dir: Vec<String> =
+                l.acts.iter().map(|a| a[k].wgsl("v")).collect::<Result<_, _>>()?;
+            let body = match &per_dir[..] {
+                [fw, bw] if fw != bw => {
+                    format!("    if (d == 0u) {{\n        return {fw};\n    }}\n    return {bw};")
+                }
+                [one, ..] => format!("    return {one};"),
+                [] => unreachable!("one or two directions"),
+            };
+            spec = spec.hook(name, format!("fn {name}(d: u32, v: f32) -> f32 {{\n{body}\n}}\n"));
         }
-        spec
-    }
-
-    /// Hook `name`: activation `k` of the cell, per direction.
-    fn activation_hook(&self, name: &'static str, k: usize) -> String {
-        let body = match &self.acts[..] {
-            [fw, bw] if fw[k] != bw[k] => {
-                format!(
-                    "    if (d == 0u) {{\n        return {};\n    }}\n    return {};",
-                    fw[k], bw[k]
-                )
-            }
-            [one, ..] => format!("    return {};", one[k]),
-            [] => unreachable!("one or two directions"),
-        };
-        format!("fn {name}(d: u32, v: f32) -> f32 {{\n{body}\n}}\n")
+        Ok(spec)
     }
 
     /// The push-constant params after the offsets: seq, batch, input, hidden, dirs, steps per
     /// dispatch, clip.
     fn params(&self, steps: usize) -> Vec<u32> {
-        let sizes = [self.seq, self.batch, self.input, self.hidden, self.dirs, steps];
+        let d = self.layer.dims;
+        let sizes = [d.seq, d.batch, d.input, d.hidden, d.dirs, steps];
         let mut params: Vec<u32> = sizes.iter().map(|&v| v as u32).collect();
-        params.push(self.clip.unwrap_or(f32::MAX).to_bits());
+        params.push(self.layer.clip.to_bits());
         params
     }
 }
@@ -427,22 +228,28 @@ fn vec_type(vec4: bool) -> &'static str {
     if vec4 { "vec4<f32>" } else { "f32" }
 }
 
-/// The WGSL expression of an ONNX recurrent activation of `v` (names and parameters as
-/// `ops/src/rnn/mod.rs` canonicalises them; formulas as ops/src/rnn/cpu.rs).
-fn activation(name: &str, alpha: f32, beta: f32) -> Result<String, NoKernel> {
-    let (a, b) = (f32_lit(alpha), f32_lit(beta));
-    let unary = |op: &str, x: &str| unary_expr(op, x).ok_or_else(|| no_kernel!("{op}"));
-    Ok(match name {
-        "Sigmoid" | "Tanh" | "Softsign" | "Softplus" => unary(name, "v")?,
-        "Relu" => "max(v, 0.0)".into(),
-        "LeakyRelu" => format!("select({a} * v, v, v >= 0.0)"),
-        "ThresholdedRelu" => format!("select(0.0, v, v > {a})"),
-        "ScaledTanh" => format!("{a} * ({})", unary("Tanh", &format!("({b} * v)"))?),
-        "HardSigmoid" => format!("clamp({a} * v + {b}, 0.0, 1.0)"),
-        "Elu" => format!("select({a} * (exp(v) - 1.0), v, v >= 0.0)"),
-        "Affine" => format!("{a} * v + {b}"),
-        _ => return Err(no_kernel!("activation {name}")),
-    })
+impl Act {
+    /// The WGSL expression of the function of `v` (formulas as [`Act::apply`]).
+    fn wgsl(self, v: &str) -> Result<String, NoKernel> {
+        let unary = |op: &str, x: &str| unary_expr(op, x).ok_or_else(|| no_kernel!("{op}"));
+        Ok(match self {
+            Act::Sigmoid => unary("Sigmoid", v)?,
+            Act::Tanh => unary("Tanh", v)?,
+            Act::Softsign => unary("Softsign", v)?,
+            Act::Softplus => unary("Softplus", v)?,
+            Act::Relu => format!("max({v}, 0.0)"),
+            Act::LeakyRelu(a) => format!("select({} * {v}, {v}, {v} >= 0.0)", f32_lit(a)),
+            Act::ThresholdedRelu(a) => format!("select(0.0, {v}, {v} > {})", f32_lit(a)),
+            Act::ScaledTanh(a, b) => {
+                format!("{} * ({})", f32_lit(a), unary("Tanh", &format!("({} * {v})", f32_lit(b)))?)
+            }
+            Act::HardSigmoid(a, b) => {
+                format!("clamp({} * {v} + {}, 0.0, 1.0)", f32_lit(a), f32_lit(b))
+            }
+            Act::Elu(a) => format!("select({} * (exp({v}) - 1.0), {v}, {v} >= 0.0)", f32_lit(a)),
+            Act::Affine(a, b) => format!("{} * {v} + {}", f32_lit(a), f32_lit(b)),
+        })
+    }
 }
 
 #[cfg(test)]
