@@ -13,7 +13,8 @@
 //! it where it ends with ':'). A listed test
 //! that fails is fine; an unlisted failure or a listed test that passes fails the suite. Every
 //! test runs; the summary and the failures are printed at the end. On Vulkan a message of the validation layer fails the test, and no
-//! Vulkan device fails every test.
+//! Vulkan device fails every test. The unfiltered node suite on Vulkan also checks the registry:
+//! an op that promises Vulkan kernels (no `cpu_only`) must get one in some node test.
 //!
 //! Environment:
 //! - `INGOT_TEST_FILTER=substring[,substring..]`: run only tests whose name contains one of
@@ -37,6 +38,13 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Ops whose registry entry promises Vulkan kernels (no `cpu_only`) although the node tests
+/// give none of their steps one, each with why.
+const VULKAN_UNEXERCISED: &[(&str, &str)] = &[(
+    "Einsum",
+    "the node tests run it on double; tests/tests/vulkan.rs (einsum_equals_the_cpu) runs float",
+)];
 
 const SUITES: [&str; 5] = ["node", "pytorch-converted", "pytorch-operator", "light", "simple"];
 /// ONNX's runner defaults (onnx/backend/test/case/node and loader: rtol 1e-3, atol 1e-7).
@@ -153,17 +161,23 @@ fn suite(suite: &str, backend: Backend) {
 
     let start = Instant::now();
     let mut results = Vec::new();
+    // Per op of the steps the tests compiled: whether one of them got a Vulkan kernel.
+    let mut kernels = BTreeMap::<String, bool>::new();
     for (name, test_dir) in test_dirs(&dir) {
         if filter.as_ref().is_some_and(|f| !f.split(',').any(|part| name.contains(part))) {
             continue;
         }
-        let outcome = match catch_panic(|| run_test(&test_dir, backend)) {
+        let mut steps = Vec::new();
+        let outcome = match catch_panic(|| run_test(&test_dir, backend, &mut steps)) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("{e:#}")),
             Err(panic) => Err(panic),
         }
         // Paths inside the test dir read better (and list better) without the dir.
         .map_err(|e| e.replace(&format!("{}/", test_dir.display()), ""));
+        for (op, vulkan) in steps {
+            *kernels.entry(op).or_default() |= vulkan;
+        }
         if filter.is_some() {
             match (&outcome, expected.reason(&name)) {
                 (Ok(()), None) => println!("PASS {name}"),
@@ -177,12 +191,19 @@ fn suite(suite: &str, backend: Backend) {
 
     let title = format!("{suite} on {backend:?}");
     let report = Report::new(&title, backend.expected_failures(), &results, &expected);
-    let summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
+    let mut summary = report.render(filter.is_none(), start.elapsed().as_secs_f64());
+    let claims = match (backend, suite, &filter) {
+        (Backend::Vulkan, "node", None) => vulkan_claims(&kernels),
+        _ => Ok(()),
+    };
+    if let Err(e) = &claims {
+        summary.push_str(e);
+    }
     if update {
         println!("{summary}");
         expected.update(&results).unwrap_or_else(|e| panic!("{e:#}"));
         println!("updated {} from this run", backend.expected_failures());
-    } else if report.ok() {
+    } else if report.ok() && claims.is_ok() {
         println!("{summary}");
     } else {
         panic!("{summary}");
@@ -254,9 +275,41 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
         .collect())
 }
 
+/// Checks the registry's Vulkan claims against what the node tests compiled (`kernels`: per op,
+/// whether one of its steps got a Vulkan kernel): an op without `cpu_only` that some test
+/// compiled must have had a kernel at least once, unless [`VULKAN_UNEXERCISED`] says why
+/// not; and every entry there must still be needed.
+fn vulkan_claims(kernels: &BTreeMap<String, bool>) -> Result<(), String> {
+    let claims = |op: &str| ingot_ops::lookup(op).is_some_and(|o| o.vulkan().is_ok());
+    let listed = |op: &str| VULKAN_UNEXERCISED.iter().any(|(o, _)| *o == op);
+    let unbacked: Vec<&str> = kernels
+        .iter()
+        .filter(|&(op, &kernel)| !kernel && claims(op) && !listed(op))
+        .map(|(op, _)| op.as_str())
+        .collect();
+    let stale: Vec<&str> = VULKAN_UNEXERCISED
+        .iter()
+        .map(|(op, _)| *op)
+        .filter(|op| kernels.get(*op).is_none_or(|&k| k) || !claims(op))
+        .collect();
+    let mut e = String::new();
+    if !unbacked.is_empty() {
+        let _ = writeln!(
+            e,
+            "\nops that promise Vulkan kernels (no cpu_only) but got none in any node test: \
+             {unbacked:?}; mark them cpu_only(why), or list them in VULKAN_UNEXERCISED with why"
+        );
+    }
+    if !stale.is_empty() {
+        let _ = writeln!(e, "\nVULKAN_UNEXERCISED entries no longer needed: {stale:?}");
+    }
+    if e.is_empty() { Ok(()) } else { Err(e) }
+}
+
 /// Compiles a test's model and checks every data set (compiling once per data set when
-/// operand inputs are bound, since their values are part of the compiled graph).
-fn run_test(dir: &Path, backend: Backend) -> Result<()> {
+/// operand inputs are bound, since their values are part of the compiled graph). Adds the op
+/// of every step compiled to `steps`, with whether it got a Vulkan kernel.
+fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Result<()> {
     let tolerance = tolerance(dir)?;
     let model = dir.join("model.onnx");
     let inputs_info = runtime_inputs(&model)?;
@@ -290,6 +343,9 @@ fn run_test(dir: &Path, backend: Backend) -> Result<()> {
             anyhow!("compile: {}", e.to_string().replace(&prefix, ""))
         })?;
         let seen = ingot_runtime::vulkan::validation_messages().len();
+        let opened = ingot_runtime::Bundle::from_bytes(&bundle)?;
+        let variants = opened.manifest().variants.iter();
+        steps.extend(variants.flat_map(|v| &v.steps).map(|s| (s.op.clone(), !s.vulkan.is_empty())));
         let mut session = match backend {
             Backend::Cpu => session(&bundle)?,
             Backend::Vulkan => session_on(&bundle, vulkan())?,

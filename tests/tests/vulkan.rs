@@ -786,3 +786,51 @@ fn long_recurrent_sequences_equal_the_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// Einsum in float32, in the forms of ONNX's node tests (which use double, which the Vulkan
+/// kernels do not take): a batched diagonal, a batched product, an inner product to a scalar,
+/// a sum and a transpose.
+#[test]
+fn einsum_equals_the_cpu() -> Result<()> {
+    // (equation, input shapes, output shape)
+    type Form<'a> = (&'a str, &'a [&'a [usize]], &'a [usize]);
+    let forms: [Form; 5] = [
+        ("...ii ->...i", &[&[3, 5, 5]], &[3, 5]),
+        ("bij, bjk -> bik", &[&[5, 2, 3], &[5, 3, 4]], &[5, 2, 4]),
+        ("i,i", &[&[5], &[5]], &[]),
+        ("ij->i", &[&[3, 4]], &[3]),
+        ("ij->ji", &[&[3, 4]], &[4, 3]),
+    ];
+    let mut model = OnnxModel::new(OPSET);
+    let mut inputs = Vec::new();
+    for (k, (equation, shapes, out)) in forms.iter().enumerate() {
+        let names: Vec<String> = (0..shapes.len()).map(|i| format!("x{k}_{i}")).collect();
+        for (name, shape) in names.iter().zip(shapes.iter()) {
+            model = model.input(name, DType::F32, shape);
+            inputs.push(tensor(shape, 20 + inputs.len() as u64));
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let y = format!("y{k}");
+        model = model
+            .node(
+                &format!("einsum{k}"),
+                "Einsum",
+                &names,
+                &[&y],
+                vec![attr_string("equation", equation)],
+            )
+            .output(&y, DType::F32, out);
+    }
+    let bundle = bundle("einsum", &model)?;
+    // Every step runs on Vulkan.
+    let steps = &bundle.manifest().variants[0].steps;
+    assert!(steps.iter().all(|s| s.op == "Einsum" && !s.vulkan.is_empty()), "{steps:?}");
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let got = run_vulkan(&mut exe, &bundle, &inputs);
+    let want = run_cpu(&bundle, &inputs);
+    let tolerance = Tolerance { rtol: 1e-5, atol: 1e-6 };
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        allclose(g, w, tolerance).map_err(|e| anyhow::anyhow!("{}: {e}", forms[k].0))?;
+    }
+    Ok(())
+}
