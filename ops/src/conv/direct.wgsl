@@ -105,15 +105,10 @@ fn y_vector(o: vec4<f32>) -> YT {
     return YT(o.x);
 }
 
-// a / d for a < 2^24: an f32 quotient (within 2 of the true one on any device) corrected twice.
-// CPU-type devices divide integers by a run-time value lane by lane.
-fn divide(a: u32, d: u32) -> u32 {
-    var q = i32(f32(a) / f32(d));
-    var r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    return u32(q);
+// (n / d, n % d); conv/vulkan.rs puts vulkan/divmod.wgsl's in its place (CPU-type devices
+// divide integers by a run-time value lane by lane).
+fn divmod(n: u32, d: u32) -> vec2<u32> {
+    return vec2<u32>(n / d, n % d);
 }
 
 @compute @workgroup_size(WG)
@@ -124,15 +119,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     // i = (((ng * row_blocks + mb) * od + oz) * y_blocks + yb) * x_blocks + xb, where
     // ng = n * groups + g.
-    var t = divide(i, p.x_blocks);
-    let xb = i - t * p.x_blocks;
-    var u = divide(t, p.y_blocks);
-    let yb = t - u * p.y_blocks;
-    t = divide(u, p.od);
-    let oz = u - t * p.od;
-    let ng = divide(t, p.row_blocks);
-    let mb = t - ng * p.row_blocks;
-    let g = ng - divide(ng, p.groups) * p.groups;
+    let xq = divmod(i, p.x_blocks);
+    let xb = xq.y;
+    let yq = divmod(xq.x, p.y_blocks);
+    let yb = yq.y;
+    let zq = divmod(yq.x, p.od);
+    let oz = zq.y;
+    let mq = divmod(zq.x, p.row_blocks);
+    let mb = mq.y;
+    let ng = mq.x;
+    let g = divmod(ng, p.groups).y;
     let ox0 = xb * 4u * VECS;
     let oy0 = yb * YS;
     // The block's output channels over all groups (past the group's last: the last again)

@@ -73,15 +73,10 @@ fn y_vector(o: vec4<f32>) -> YT {
     return YT(o.x);
 }
 
-// a / d for a < 2^24: an f32 quotient (within 2 of the true one on any device) corrected twice.
-// CPU-type devices divide integers by a run-time value lane by lane.
-fn divide(a: u32, d: u32) -> u32 {
-    var q = i32(f32(a) / f32(d));
-    var r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    return u32(q);
+// (n / d, n % d); conv/vulkan.rs puts vulkan/divmod.wgsl's in its place (CPU-type devices
+// divide integers by a run-time value lane by lane).
+fn divmod(n: u32, d: u32) -> vec2<u32> {
+    return vec2<u32>(n / d, n % d);
 }
 
 // Element i of X as a scalar (XT is f32 whenever this is read) and vector i (XT is a vector).
@@ -119,10 +114,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     // i = (n * row_blocks + mb) * blocks + pb
-    let t = divide(i, p.blocks);
-    let pb = i - t * p.blocks;
-    let n = divide(t, p.row_blocks);
-    let mb = t - n * p.row_blocks;
+    let bq = divmod(i, p.blocks);
+    let pb = bq.y;
+    let mq = divmod(bq.x, p.row_blocks);
+    let n = mq.x;
+    let mb = mq.y;
     let p0 = pb * 4u * VECS;
     // X's elements per channel, and where the image starts.
     let plane = select(p.pixels, p.pixels / 4u, X_VEC);

@@ -112,15 +112,10 @@ fn y_vector(o: vec4<f32>) -> YT {
     return YT(o.x);
 }
 
-// a / d for a < 2^24: an f32 quotient (within 2 of the true one on any device) corrected twice.
-// CPU-type devices divide integers by a run-time value lane by lane.
-fn divide(a: u32, d: u32) -> u32 {
-    var q = i32(f32(a) / f32(d));
-    var r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    r = i32(a) - q * i32(d);
-    q += select(0, 1, r >= i32(d)) - select(0, 1, r < 0);
-    return u32(q);
+// (n / d, n % d); conv/vulkan.rs puts vulkan/divmod.wgsl's in its place (CPU-type devices
+// divide integers by a run-time value lane by lane).
+fn divmod(n: u32, d: u32) -> vec2<u32> {
+    return vec2<u32>(n / d, n % d);
 }
 
 // Element i of X and of W as scalars (XT, WT are f32 whenever these are read).
@@ -147,15 +142,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     // i = (((ng * row_blocks + mb) * od + oz) * y_blocks + yb) * x_blocks + xb, where
     // ng = n * groups + g.
-    var t = divide(i, p.x_blocks);
-    let xb = i - t * p.x_blocks;
-    var u = divide(t, p.y_blocks);
-    let yb = t - u * p.y_blocks;
-    t = divide(u, p.od);
-    let oz = u - t * p.od;
-    let ng = divide(t, p.row_blocks);
-    let mb = t - ng * p.row_blocks;
-    let g = ng - divide(ng, p.groups) * p.groups;
+    let xq = divmod(i, p.x_blocks);
+    let xb = xq.y;
+    let yq = divmod(xq.x, p.y_blocks);
+    let yb = yq.y;
+    let zq = divmod(yq.x, p.od);
+    let oz = zq.y;
+    let mq = divmod(zq.x, p.row_blocks);
+    let mb = mq.y;
+    let ng = mq.x;
+    let g = divmod(ng, p.groups).y;
     let ox0 = xb * 4u * VECS;
     let oy0 = yb * YS;
     // The block's output channels within the group (past the last: the last again) start at
@@ -204,8 +200,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if (!PLANAR && tz < 0) {
             continue;
         }
-        let iz = select(divide(u32(tz), p.sd), 0u, PLANAR);
-        if (!PLANAR && (iz * p.sd != u32(tz) || iz >= p.id)) {
+        let izq = divmod(u32(tz), p.sd);
+        let iz = select(izq.x, 0u, PLANAR);
+        if (!PLANAR && (izq.y != 0u || iz >= p.id)) {
             continue;
         }
         // Weights: [C, M / group, kd, kh, kw], C counted over all groups.

@@ -269,7 +269,8 @@ impl Geo {
         post: &PostOps,
         y_vec: bool,
     ) -> Result<Spec, NoKernel> {
-        let spec = self.spec(file, post)?.alias("YT", vec_type(y_vec)).set("Y_VEC", y_vec);
+        // Their index splits stay within divmod.wgsl's bounds (see MAX_INVOCATIONS).
+        let spec = self.spec(file, post)?.divmod().alias("YT", vec_type(y_vec)).set("Y_VEC", y_vec);
         Ok(if y_vec { spec.hook("y_vector", Y_VECTOR) } else { spec })
     }
 }
@@ -352,8 +353,8 @@ const MAX_UNROLL: u32 = 32;
 const WORKGROUP: u32 = 64;
 const MIN_WORKGROUP: u32 = 8;
 
-/// The register-blocked kernels split their invocation index with an f32 division, exact
-/// below this.
+/// The register-blocked kernels split their invocation index with `vulkan/divmod.wgsl`, which
+/// needs divisors below 2^24: fewer invocations than this keep every divisor there.
 const MAX_INVOCATIONS: u64 = 1 << 24;
 
 /// The grid of a register-blocked kernel: `invocations` threads, in small workgroups when
