@@ -21,7 +21,7 @@ use ingot_runtime::{
 };
 use ingot_schema::container::Container;
 use ingot_schema::{DType, SectionKind, container, proto};
-use ingot_tests::model::{OnnxModel, attr_int, attr_string};
+use ingot_tests::model::{OnnxModel, attr_int, attr_ints, attr_string};
 use ingot_tests::paths::scratch_dir;
 use ingot_tests::{Tolerance, allclose, compile};
 use prost::Message as _;
@@ -833,4 +833,29 @@ fn einsum_equals_the_cpu() -> Result<()> {
         allclose(g, w, tolerance).map_err(|e| anyhow::anyhow!("{}: {e}", forms[k].0))?;
     }
     Ok(())
+}
+
+/// A conv of one channel with long windows (an audio front end's STFT: 258 windows of 256
+/// taps at stride 128, then a Relu), which runs as one matrix product read through strides.
+#[test]
+fn long_window_conv_equals_the_cpu() -> Result<()> {
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[2, 1, 832])
+        .initializer("w", &tensor(&[258, 1, 256], 30))
+        .initializer("b", &tensor(&[258], 31))
+        .node(
+            "stft",
+            "Conv",
+            &["x", "w", "b"],
+            &["s"],
+            vec![attr_ints("kernel_shape", &[256]), attr_ints("strides", &[128])],
+        )
+        .node("relu", "Relu", &["s"], &["y"], vec![])
+        .output("y", DType::F32, &[2, 258, 5]);
+    let bundle = bundle("long_window", &model)?;
+    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let x = tensor(&[2, 1, 832], 32);
+    let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+    let want = run_cpu(&bundle, &[x]);
+    allclose(&got[0], &want[0], Tolerance { rtol: 1e-4, atol: 1e-5 }).map_err(anyhow::Error::msg)
 }

@@ -40,6 +40,7 @@
 //! stored, which also makes running over the residual of a leading `Add` safe: nothing else
 //! reads the output.
 
+use crate::matmul::vulkan::strided_conv;
 use crate::no_kernel;
 use crate::vulkan::post::PostOps;
 use crate::vulkan::{
@@ -90,6 +91,9 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let gpu = cx.class == DeviceClass::Gpu;
     let d = if transposed {
         Some(transposed_kernel(cx, &geo, &post)?)
+    } else if geo.long_window() {
+        let sizes = [geo.batch, geo.cout, geo.kernel[2], geo.output[2], geo.input[2], geo.strides[2]];
+        Some(strided_conv(cx, &post, sizes.map(|v| v as usize), geo.bias)?)
     } else if geo.cin == 1 {
         direct(cx, &geo, &post, DEPTHWISE)?
     } else if gpu {
@@ -220,6 +224,25 @@ impl Geo {
 
     fn out_plane(&self) -> u32 {
         self.output.iter().product()
+    }
+
+    /// One input channel, one dimension, a window longer than a register block unrolls, no
+    /// padding or dilation: one matrix product read through strides (the window positions are
+    /// columns of B), which the register-blocked kernels cannot unroll and the tiles mostly
+    /// pad.
+    fn long_window(&self) -> bool {
+        let [.., width] = self.input;
+        let [.., k] = self.kernel;
+        let [.., stride] = self.strides;
+        self.groups == 1
+            && self.cin == 1
+            && self.input[..2] == [1, 1]
+            && self.kernel[..2] == [1, 1]
+            && k > MAX_UNROLL
+            && self.dilations == [1; DIMS]
+            && self.pads == [0; DIMS]
+            // No end padding either: every window lies inside the input.
+            && self.output[2] == (width - k) / stride + 1
     }
 
     /// A 1x1 conv with stride 1 and no padding in one group: a plain GEMM.
@@ -985,6 +1008,29 @@ mod tests {
         let [cpu, _] = c.check();
         assert!(cpu[0].groups[1] > 1, "{:?}", cpu[0].groups);
         assert_covers(&cpu[0]);
+    }
+
+    /// An STFT as a conv (one channel, 256-tap windows at stride 128): one matrix product
+    /// through strides, X never copied; end padding (a last window past the input) keeps it
+    /// off.
+    #[test]
+    fn long_windows_are_one_strided_product() {
+        let mut c = Case::conv(&[2, 1, 832], &[258, 1, 256], &[2, 258, 5]);
+        c.strides = vec![128];
+        c.bias = true;
+        for d in c.check() {
+            assert_eq!(d.len(), 1);
+            assert!(d[0].label.starts_with("conv_rb"), "{}", d[0].label);
+            // m, n, k, batches, inner batches, A's and B's batch strides, A's strides of i and
+            // k, B's of k and j: X read at 1 along the window and 128 along its positions.
+            assert_eq!(d[0].params[..13], [258, 5, 256, 2, 2, 0, 0, 0, 832, 256, 1, 1, 128]);
+        }
+        let mut padded = Case::conv(&[1, 1, 832], &[258, 1, 256], &[1, 258, 6]);
+        padded.strides = vec![128];
+        padded.pads = vec![0, 64];
+        for d in padded.check() {
+            assert!(!d[0].label.starts_with("conv_rb"), "{}", d[0].label);
+        }
     }
 
     #[test]

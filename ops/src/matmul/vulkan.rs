@@ -128,6 +128,44 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .collect()
 }
 
+/// A Conv that is one matrix product read through strides (conv/vulkan.rs picks them: one
+/// input channel, one dimension, no padding or dilation, a long window; an audio front end's
+/// STFT is 258 windows of 256 taps at a few positions): `Y[n, m, p] = B[m] + Σ_k W[m, k]
+/// X[n, p·stride + k]`, W read as A and X as B with strides 1 along k and `stride` along p, so
+/// nothing is copied. `sizes` are the batch, output channels, taps, positions, the input's
+/// width and the stride.
+pub(crate) fn strided_conv(
+    cx: &KernelCx,
+    post: &PostOps,
+    [batch, m, k, positions, width, stride]: [usize; 6],
+    bias: bool,
+) -> Result<Dispatch, NoKernel> {
+    if cx.inputs[..2].iter().any(|o| o.desc.bytes() as u64 > MAX_BINDING_BYTES) {
+        return Err(no_kernel!("{} {}: an operand over one binding", cx.op, cx.name));
+    }
+    let p = Problem {
+        batch: if batch > 1 { vec![(batch, 0, width)] } else { Vec::new() },
+        m,
+        n: positions,
+        k,
+        a_input: 1,
+        b_input: 0,
+        a: (k, 1),
+        b: (1, stride),
+        alpha: 1.0,
+        c: bias.then_some((1.0, 1, 0)),
+        ldy: positions,
+        y0: 0,
+        c0: 0,
+        flags: 0,
+    }
+    .one_row();
+    match cx.class == DeviceClass::Gpu && p.m >= 16 && p.n >= 16 && p.k >= 16 {
+        true => tiled(cx, &p, post, None),
+        false => register_blocked(cx, &p, post, None),
+    }
+}
+
 /// One (possibly batched) matrix product: its sizes and strides, pushed as params.
 #[derive(Clone, Debug)]
 struct Problem {
