@@ -680,7 +680,7 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
 mod tests {
     use super::*;
     use crate::TensorDesc;
-    use crate::vulkan::{Operand, Slot, compile, lower_f32_all_classes};
+    use crate::vulkan::{Operand, Slot, compile, lower_f32_all_classes, valid};
     use ingot_schema::{AttrValue, Attrs, DType};
     use std::fmt::Write as _;
 
@@ -785,16 +785,10 @@ mod tests {
         }
     }
 
-    /// Compiles `d`'s module and checks that it takes the dispatch's bindings and params, and
-    /// that its grid is within the limits.
+    /// Checks `d` against its compiled module ([`valid`]), which is at most 64 KiB.
     fn check_dispatch(d: &Dispatch) {
-        let module = match compile(&d.wgsl, &d.overrides) {
-            Ok(m) => m,
-            Err(e) => panic!("{} does not compile: {e}\n{}", d.label, d.wgsl),
-        };
-        assert!(d.bindings.len() <= module.slots as usize, "{}", d.label);
-        assert_eq!(d.params.len() as u32 + module.slots, module.push_words, "{}", d.label);
-        assert!(d.groups.iter().all(|&g| (1..=MAX_GROUPS).contains(&g)));
+        valid(std::slice::from_ref(d));
+        let module = compile(&d.wgsl, &d.overrides).unwrap();
         assert!(module.spirv.len() * 4 <= 64 << 10, "{}: over 64 KiB", d.label);
     }
 
