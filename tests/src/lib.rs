@@ -66,9 +66,17 @@ pub fn kernel_class() -> ingot_runtime::KernelClass {
     ingot_runtime::KernelClass::parse(&name).unwrap_or_else(|e| panic!("INGOT_KERNEL_CLASS: {e}"))
 }
 
-/// Fails with the validation layer's messages if it sent any since `seen` were counted.
+/// How many validation messages this thread has had so far, for [`check_validation`]. Per
+/// thread: the suites of one test binary run in parallel, and another's message must not fail
+/// this one.
+pub fn validation_seen() -> usize {
+    ingot_runtime::vulkan::validation_messages_of_this_thread().len()
+}
+
+/// Fails with the validation layer's messages if it sent this thread any since `seen`
+/// ([`validation_seen`]) were counted.
 pub fn check_validation(seen: usize) -> Result<()> {
-    let messages = ingot_runtime::vulkan::validation_messages();
+    let messages = ingot_runtime::vulkan::validation_messages_of_this_thread();
     match messages.get(seen..) {
         Some(new) if !new.is_empty() => bail!("Vulkan validation: {}", new.join("\n")),
         _ => Ok(()),

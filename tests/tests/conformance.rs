@@ -31,7 +31,8 @@ use ingot_compiler::CompileOptions;
 use ingot_tests::data::{numbered_files, read_pb};
 use ingot_tests::paths::{generated, repo_root};
 use ingot_tests::{
-    Tolerance, allclose, catch_panic, check_validation, run, session, session_on, vulkan,
+    Tolerance, allclose, catch_panic, check_validation, run, session, session_on,
+    validation_seen, vulkan,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -342,7 +343,7 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
             let prefix = format!("{}: ", model.display());
             anyhow!("compile: {}", e.to_string().replace(&prefix, ""))
         })?;
-        let seen = ingot_runtime::vulkan::validation_messages().len();
+        let seen = validation_seen();
         let opened = ingot_runtime::Bundle::from_bytes(&bundle)?;
         let variants = opened.manifest().variants.iter();
         steps.extend(variants.flat_map(|v| &v.steps).map(|s| (s.op.clone(), !s.vulkan.is_empty())));

@@ -13,7 +13,7 @@ use ingot_schema::DType;
 use ingot_tests::cli::{expect_clean_failure, expect_success, ingot};
 use ingot_tests::model::{OnnxModel, attr_int};
 use ingot_tests::paths::scratch_dir;
-use ingot_tests::{Tolerance, check_validation, compile};
+use ingot_tests::{Tolerance, check_validation, compile, validation_seen};
 use std::sync::Arc;
 
 const OPSET: i64 = 17;
@@ -104,7 +104,7 @@ fn vulkan_bytes_held(ledger: &Ledger) -> u64 {
 
 #[test]
 fn an_op_without_a_vulkan_kernel_splits_the_graph_vulkan_cpu_vulkan() -> Result<()> {
-    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let seen = validation_seen();
     let bundle = bundle("split", &split_model())?;
     let v = &bundle.manifest().variants[0];
     ensure!(v.submodels.len() == 3, "want 3 submodels: {:?}", v.submodels);
@@ -141,7 +141,7 @@ fn the_plan_text_shows_submodels_and_boundary_tensors() -> Result<()> {
 /// before it failed is freed by the time the session is ready.
 #[test]
 fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
-    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let seen = validation_seen();
     let bundle = bundle("inject_prepare", &split_model())?;
     let want = cpu_outputs(&bundle)?;
     for stage in
@@ -183,7 +183,7 @@ fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
 /// The CPU failing first, with Vulkan after it in the list.
 #[test]
 fn a_cpu_failure_falls_over_to_vulkan() -> Result<()> {
-    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let seen = validation_seen();
     let bundle = bundle("inject_cpu", &vulkan_model())?;
     let want = cpu_outputs(&bundle)?;
     for stage in [Stage::Pipelines, Stage::Arena] {
@@ -205,7 +205,7 @@ fn a_cpu_failure_falls_over_to_vulkan() -> Result<()> {
 
 #[test]
 fn a_failure_while_running_fails_over_to_the_next_device() -> Result<()> {
-    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let seen = validation_seen();
     let bundle = bundle("inject_run", &split_model())?;
     let want = cpu_outputs(&bundle)?;
     let faults = Faults::default();
@@ -235,7 +235,7 @@ fn a_failure_while_running_fails_over_to_the_next_device() -> Result<()> {
 
 #[test]
 fn without_failover_a_run_failure_is_an_error_and_the_session_stays_usable() -> Result<()> {
-    let seen = ingot_runtime::vulkan::validation_messages().len();
+    let seen = validation_seen();
     let bundle = bundle("no_failover", &split_model())?;
     let want = cpu_outputs(&bundle)?;
     let faults = Faults::default();

@@ -10,7 +10,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use ingot_runtime::ledger::{Action, planned_events, planned_peak};
-use ingot_runtime::vulkan::{VulkanOptions, validation_messages};
+use ingot_runtime::vulkan::VulkanOptions;
 use ingot_runtime::{
     Bundle, Device, Faults, Ledger, MemoryKind, Session, SessionOptions, Stage, Tensor,
 };
@@ -18,7 +18,8 @@ use ingot_schema::proto::AllocationKind;
 use ingot_tests::data::read_npy;
 use ingot_tests::paths::generated;
 use ingot_tests::{
-    Tolerance, check_validation, compare, compile, run, session, session_on, vulkan,
+    Tolerance, check_validation, compare, compile, run, session, session_on, validation_seen,
+    vulkan,
 };
 use std::sync::Arc;
 
@@ -144,7 +145,7 @@ fn check_fault(case: &Case, stage: Option<Stage>) -> Result<()> {
     let model_path = generated(&format!("models/{}", case.model))?;
     let dir = generated(&format!("references/{}", case.case))?;
     let bundle = Arc::new(Bundle::from_bytes(&compile(&model_path, &case.inputs)?)?);
-    let seen = validation_messages().len();
+    let seen = validation_seen();
     let faults = Faults::default();
     if let Some(stage) = stage {
         faults.inject("vulkan", stage);
@@ -253,7 +254,7 @@ fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
     let model_path = generated(&format!("models/{}", case.model))?;
     let dir = generated(&format!("references/{}", case.case))?;
     let bundle = compile(&model_path, &case.inputs)?;
-    let seen = validation_messages().len();
+    let seen = validation_seen();
     let mut session = match backend {
         Backend::Cpu => session(&bundle)?,
         Backend::Vulkan => session_on(&bundle, vulkan())?,

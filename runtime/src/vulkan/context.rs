@@ -9,6 +9,7 @@ use super::{DeviceChoice, DeviceInfo, VulkanError};
 use ash::vk;
 use ingot_schema::proto::DeviceClass;
 use std::ffi::{CStr, c_void};
+use std::thread::ThreadId;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// The Vulkan version Ingot's kernels need (SPIR-V 1.3).
@@ -43,10 +44,15 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-static MESSAGES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Each message with the thread it was reported on: the layer calls back on the thread of the
+/// Vulkan call it checks.
+static MESSAGES: Mutex<Vec<(ThreadId, String)>> = Mutex::new(Vec::new());
 
-pub fn validation_messages() -> Vec<String> {
-    lock(&MESSAGES).clone()
+pub fn validation_messages(this_thread_only: bool) -> Vec<String> {
+    let here = std::thread::current().id();
+    let messages = lock(&MESSAGES);
+    let mine = messages.iter().filter(|(t, _)| !this_thread_only || *t == here);
+    mine.map(|(_, m)| m.clone()).collect()
 }
 
 /// The debug messenger's callback: stores the message. Must not panic (it is called from C).
@@ -65,7 +71,7 @@ unsafe extern "system" fn on_message(
     } else {
         "warning"
     };
-    lock(&MESSAGES).push(format!("{level}: {text}"));
+    lock(&MESSAGES).push((std::thread::current().id(), format!("{level}: {text}")));
     vk::FALSE
 }
 

@@ -93,5 +93,12 @@ pub fn devices() -> Result<Vec<DeviceInfo>, VulkanError> {
 /// Every warning and error the validation layer reported in this process, oldest first
 /// (empty unless `INGOT_VULKAN_VALIDATION` is `1` or `sync`).
 pub fn validation_messages() -> Vec<String> {
-    context::validation_messages()
+    context::validation_messages(false)
+}
+
+/// The [`validation_messages`] reported on this thread: those of its own Vulkan calls (the
+/// layer calls back on the calling thread), apart from those of other threads running at the
+/// same time.
+pub fn validation_messages_of_this_thread() -> Vec<String> {
+    context::validation_messages(true)
 }
