@@ -7,7 +7,8 @@
 //!   `HardSigmoid`: `alpha`, `beta`; `Gelu`: `approximate` (`none` or `tanh`);
 //!   `IsInf`: `detect_negative`, `detect_positive`; `Mod`: `fmod`; `BitShift`: `direction`
 //!   (`LEFT` or `RIGHT`).
-//! - `Clip`: `min` and `max` (float or int; ±inf when unbounded); one input.
+//! - `Clip`: `min` and `max` (float or int; ±inf when unbounded); one input, or with
+//!   `min_input`/`max_input` set, the bounds computed at run time after it (one value each).
 //! - `Cast`: `to` (ONNX type code), which must be the output's type. `CastLike` casts its first
 //!   input to the output's type (the compiler lowers it to `Cast`).
 //!
@@ -43,8 +44,9 @@ const NOT_IN_PLACE: &[&str] = &["Pow", "Max", "Min", "Sum", "Mean", "Where"];
 
 /// Whether `op` runs in place ([`Kernel::run_in_place`]) over any of its inputs: every op of
 /// this family built on the `Map` and `Binary` kernels.
-pub(super) fn in_place(op: &str, _: &Attrs, _: usize) -> bool {
-    !NOT_IN_PLACE.contains(&op)
+pub(super) fn in_place(op: &str, _: &Attrs, k: usize) -> bool {
+    // Clip's bounds computed at run time (inputs 1, 2) are single values, read first.
+    !NOT_IN_PLACE.contains(&op) && !(op == "Clip" && k > 0)
 }
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
@@ -431,18 +433,78 @@ fn bound(attrs: &Attrs, name: &str) -> Result<Wide, KernelError> {
 }
 
 fn clip(cx: &OpCx) -> Prepared {
-    cx.expect_arity(1..=1, 1)?;
+    // Bounds computed at run time follow x, min first (ops/src/elementwise/mod.rs).
+    let flag = |name: &str| cx.attrs.int(name).is_ok_and(|v| v != 0);
+    let (min_input, max_input) = (flag("min_input"), flag("max_input"));
+    let n_in = 1 + usize::from(min_input) + usize::from(max_input);
+    cx.expect_arity(n_in..=n_in, 1)?;
     let dt = cx.inputs[0].dtype;
     let len = same_shape(cx, dt)?;
+    if let Some(b) = cx.inputs[1..].iter().find(|b| b.dtype != dt || b.elements() != 1) {
+        return Err(invalid!("Clip bounds are one {dt} value, got {} {:?}", b.dtype, b.shape));
+    }
     let (lo, hi) = (bound(cx.attrs, "min")?, bound(cx.attrs, "max")?);
     numeric!(dt, cx, |T| {
         let (lo, hi) = (T::from_wide(lo), T::from_wide(hi));
-        // NaN passes through; with min > max everything becomes max, as ONNX says.
-        Ok(map(len, move |x: T| {
-            let x = if x < lo { lo } else { x };
-            if x > hi { hi } else { x }
-        }))
+        if n_in == 1 {
+            return Ok(map(len, move |x: T| clip_to(x, lo, hi)));
+        }
+        let lo = if min_input { Bound::Input(1) } else { Bound::Fixed(lo) };
+        let hi = if max_input { Bound::Input(n_in - 1) } else { Bound::Fixed(hi) };
+        Ok(Box::new(ClipAtRunTime { len, lo, hi }))
     })
+}
+
+/// NaN passes through; with min > max everything becomes max, as ONNX says.
+fn clip_to<T: PartialOrd>(x: T, lo: T, hi: T) -> T {
+    let x = if x < lo { lo } else { x };
+    if x > hi { hi } else { x }
+}
+
+/// A bound of Clip: its attribute, or the one element of an input.
+#[derive(Clone, Copy)]
+enum Bound<T> {
+    Fixed(T),
+    Input(usize),
+}
+
+/// Clip with a bound computed at run time, read before the elements are.
+struct ClipAtRunTime<T> {
+    len: usize,
+    lo: Bound<T>,
+    hi: Bound<T>,
+}
+
+impl<T: Scalar> ClipAtRunTime<T> {
+    fn bounds(&self, inputs: &[TensorRef]) -> Result<(T, T), KernelError> {
+        let value = |b: Bound<T>| match b {
+            Bound::Fixed(v) => Ok(v),
+            Bound::Input(i) => input::<T>(inputs, i)?
+                .first()
+                .copied()
+                .ok_or_else(|| invalid!("Clip's bound (input {i}) is empty")),
+        };
+        Ok((value(self.lo)?, value(self.hi)?))
+    }
+}
+
+impl<T: Scalar> Kernel for ClipAtRunTime<T> {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let (lo, hi) = self.bounds(inputs)?;
+        let f = move |x: T| clip_to(x, lo, hi);
+        Map { len: self.len, f, _t: PhantomData }.run(inputs, outputs)
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let (lo, hi) = self.bounds(inputs)?;
+        let f = move |x: T| clip_to(x, lo, hi);
+        Map { len: self.len, f, _t: PhantomData }.run_in_place(aliased, inputs, outputs)
+    }
 }
 
 fn cast(cx: &OpCx) -> Prepared {

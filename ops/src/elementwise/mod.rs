@@ -139,13 +139,31 @@ fn text(v: &str, name: &str, allowed: &[&str]) -> OpResult<AttrValue> {
 /// Bounds become the attributes `min` and `max` (±inf when absent). From opset 11 they are
 /// optional inputs, which must be constant; integer inputs keep integer bounds, exactly.
 fn lower_clip(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
-    let int = !cx.input(0)?.dtype.is_float();
+    let x = cx.input(0)?.clone();
+    let int = !x.dtype.is_float();
+    // A bound computed at run time (a spectrogram's floor, max(x) - 80 dB) stays an input.
+    let at_run_time = |i: usize| {
+        cx.opset >= 11 && cx.has_input(i) && cx.consts.get(i).copied().flatten().is_none()
+    };
     let bound = |i: usize, name: &str, unbounded: f64| -> OpResult<AttrValue> {
         if cx.opset < 11 {
             let v = node.attrs.float_or(name, unbounded as f32)?;
             return Ok(AttrValue::Float(f64::from(v)));
         }
         let many = |n: usize| op_err!("{name} must be one value, got {n}");
+        if at_run_time(i) {
+            let b = cx.input(i)?;
+            if b.dtype != x.dtype || b.elements() != 1 {
+                return Err(op_err!(
+                    "{name} must be one {} value, got {} {:?}",
+                    x.dtype,
+                    b.dtype,
+                    b.shape
+                ));
+            }
+            // Unused: the input is read instead.
+            return Ok(AttrValue::Float(unbounded));
+        }
         Ok(if int {
             match cx.const_ints(i, name)?.as_deref() {
                 None => AttrValue::Float(unbounded),
@@ -162,8 +180,16 @@ fn lower_clip(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     };
     let min = bound(1, "min", f64::NEG_INFINITY)?;
     let max = bound(2, "max", f64::INFINITY)?;
-    node.attrs = Attrs::new().with("min", min).with("max", max);
-    node.inputs.truncate(1);
+    let mut attrs = Attrs::new().with("min", min).with("max", max);
+    let mut inputs = vec![node.inputs[0]];
+    for (i, flag) in [(1, "min_input"), (2, "max_input")] {
+        if at_run_time(i) {
+            attrs = attrs.with(flag, AttrValue::Int(1));
+            inputs.push(node.inputs[i]);
+        }
+    }
+    node.attrs = attrs;
+    node.inputs = inputs;
     Ok(())
 }
 
@@ -416,9 +442,22 @@ mod tests {
         let mut n = node("Clip", 3, Attrs::new());
         lower(&mut n, 13, &[Some(&xi), None, Some(&si)], &[None, None, Some(&hi)]).unwrap();
         assert_eq!(n.attrs.get("max"), Some(&AttrValue::Int(i64::MAX - 1)));
-        // A bound computed at run time cannot be lowered.
+        // A bound computed at run time stays an input, flagged; the constant one is an
+        // attribute.
+        let mut n = node("Clip", 3, Attrs::new());
+        lower(&mut n, 13, &[Some(&x), Some(&s), Some(&s)], &[None, None, Some(&lo)]).unwrap();
+        assert_eq!(
+            n.attrs,
+            Attrs::new()
+                .with("min", AttrValue::Float(f64::NEG_INFINITY))
+                .with("max", AttrValue::Float(-1.5))
+                .with("min_input", AttrValue::Int(1))
+        );
+        assert_eq!(n.inputs, vec![Some(0), Some(1)]);
+        // It must be one value of x's type.
         let mut n = node("Clip", 2, Attrs::new());
-        assert!(lower(&mut n, 13, &[Some(&x), Some(&s)], &[None, None]).is_err());
+        let two = desc(DType::F32, &[2]);
+        assert!(lower(&mut n, 13, &[Some(&x), Some(&two)], &[None, None]).is_err());
     }
 
     #[test]

@@ -637,6 +637,9 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
 /// Clip to the `min` and `max` attributes (ints or floats, converted as the CPU does): the
 /// constants k0 and k1, or literals for 64-bit types (two words each).
 fn clip(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
+    if cx.inputs.len() > 1 {
+        return Err(no_kernel!("Clip with a bound computed at run time (the CPU runs it)"));
+    }
     let bound = |name: &str| match cx.attrs.get(name) {
         Some(&AttrValue::Int(v)) => Ok((v as f64, Some(v))),
         Some(&AttrValue::Float(v)) => Ok((v, None)),
