@@ -31,8 +31,8 @@ use ingot_compiler::CompileOptions;
 use ingot_tests::data::{numbered_files, read_pb};
 use ingot_tests::paths::{generated, repo_root};
 use ingot_tests::{
-    Tolerance, allclose, catch_panic, check_validation, run, session, session_on,
-    validation_seen, vulkan,
+    Tolerance, allclose, catch_panic, check_validation, run, session, session_on, validation_seen,
+    vulkan,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -92,7 +92,8 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let d = if transposed {
         Some(transposed_kernel(cx, &geo, &post)?)
     } else if geo.long_window() {
-        let sizes = [geo.batch, geo.cout, geo.kernel[2], geo.output[2], geo.input[2], geo.strides[2]];
+        let sizes =
+            [geo.batch, geo.cout, geo.kernel[2], geo.output[2], geo.input[2], geo.strides[2]];
         Some(strided_conv(cx, &post, sizes.map(|v| v as usize), geo.bias)?)
     } else if geo.cin == 1 {
         direct(cx, &geo, &post, DEPTHWISE)?

@@ -9,8 +9,8 @@ use super::{DeviceChoice, DeviceInfo, VulkanError};
 use ash::vk;
 use ingot_schema::proto::DeviceClass;
 use std::ffi::{CStr, c_void};
-use std::thread::ThreadId;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::ThreadId;
 
 /// The Vulkan version Ingot's kernels need (SPIR-V 1.3).
 const API_VERSION: u32 = vk::API_VERSION_1_1;
