@@ -46,7 +46,7 @@ const NOT_IN_PLACE: &[&str] = &["Pow", "Max", "Min", "Sum", "Mean", "Where"];
 /// this family built on the `Map` and `Binary` kernels.
 pub(super) fn in_place(op: &str, _: &Attrs, k: usize) -> bool {
     // Clip's bounds computed at run time (inputs 1, 2) are single values, read first.
-    !NOT_IN_PLACE.contains(&op) && !(op == "Clip" && k > 0)
+    !(NOT_IN_PLACE.contains(&op) || (op == "Clip" && k > 0))
 }
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
