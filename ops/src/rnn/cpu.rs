@@ -441,6 +441,7 @@ impl Layer {
 #[cfg(test)]
 mod tests {
     use crate::cpu::eval;
+    use crate::rnn::layer::{test_attrs as attrs, with_flags as on};
     use crate::tensor::{Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs, DType};
 
@@ -503,34 +504,6 @@ mod tests {
         Tensor::from_vec(shape.to_vec(), &v).unwrap()
     }
 
-    /// Canonical attributes with no optional input and default activations.
-    fn attrs(direction: &str, acts: &str, n_acts: usize) -> Attrs {
-        let mut a = Attrs::new();
-        for (k, v) in [
-            ("direction", AttrValue::Text(direction.into())),
-            ("hidden_size", AttrValue::Int(3)),
-            ("layout", AttrValue::Int(0)),
-            ("clip", AttrValue::Float(f32::MAX as f64)),
-            ("activations", AttrValue::Text(acts.into())),
-            ("activation_alpha", AttrValue::Floats(vec![0.0; n_acts])),
-            ("activation_beta", AttrValue::Floats(vec![0.0; n_acts])),
-            ("has_bias", AttrValue::Int(0)),
-            ("has_sequence_lens", AttrValue::Int(0)),
-            ("has_initial_h", AttrValue::Int(0)),
-            ("has_initial_c", AttrValue::Int(0)),
-            ("has_peepholes", AttrValue::Int(0)),
-            ("input_forget", AttrValue::Int(0)),
-            ("linear_before_reset", AttrValue::Int(0)),
-        ] {
-            a.set(k, v);
-        }
-        a
-    }
-
-    fn on(a: Attrs, flags: &[&str]) -> Attrs {
-        flags.iter().fold(a, |a, f| a.with(f, AttrValue::Int(1)))
-    }
-
     fn check(op: &str, attrs: &Attrs, inputs: &[Tensor], outs: &[&[usize]], want: &[&[f32]]) {
         let ins: Vec<&Tensor> = inputs.iter().collect();
         let descs: Vec<TensorDesc> =
@@ -548,7 +521,7 @@ mod tests {
     #[test]
     fn lstm_bidirectional_with_every_optional_input() {
         let a = on(
-            attrs("bidirectional", "Sigmoid,Tanh,Tanh,Sigmoid,Tanh,Tanh", 6),
+            attrs("bidirectional", 3, "Sigmoid,Tanh,Tanh,Sigmoid,Tanh,Tanh"),
             &["has_bias", "has_sequence_lens", "has_initial_h", "has_initial_c", "has_peepholes"],
         );
         let lens = Tensor::from_vec(vec![2], &[3i32, 2]).unwrap();
@@ -576,7 +549,7 @@ mod tests {
 
     #[test]
     fn lstm_batch_major_with_coupled_gates_and_clip() {
-        let a = attrs("forward", "Sigmoid,Tanh,Tanh", 3)
+        let a = attrs("forward", 3, "Sigmoid,Tanh,Tanh")
             .with("layout", AttrValue::Int(1))
             .with("input_forget", AttrValue::Int(1))
             .with("clip", AttrValue::Float(0.3));
@@ -596,7 +569,7 @@ mod tests {
     #[test]
     fn gru_reverse_with_short_sequences() {
         let a = on(
-            attrs("reverse", "Sigmoid,Tanh", 2),
+            attrs("reverse", 3, "Sigmoid,Tanh"),
             &["has_bias", "has_sequence_lens", "has_initial_h"],
         );
         let lens = Tensor::from_vec(vec![2], &[1i64, 3]).unwrap();
@@ -621,7 +594,7 @@ mod tests {
     #[test]
     fn gru_bidirectional_linear_before_reset_with_alpha_beta() {
         let a = on(
-            attrs("bidirectional", "Sigmoid,Tanh,HardSigmoid,LeakyRelu", 4),
+            attrs("bidirectional", 3, "Sigmoid,Tanh,HardSigmoid,LeakyRelu"),
             &["has_bias", "linear_before_reset"],
         )
         .with("activation_alpha", AttrValue::Floats(vec![0.0, 0.0, 0.3, 0.2]))
@@ -640,7 +613,7 @@ mod tests {
 
     #[test]
     fn rnn_relu_with_bias_and_initial_state() {
-        let a = on(attrs("forward", "Relu", 1), &["has_bias", "has_initial_h"]);
+        let a = on(attrs("forward", 3, "Relu"), &["has_bias", "has_initial_h"]);
         let inputs = [
             data(&[3, 2, 2], 0),
             data(&[1, 3, 2], 1),
@@ -664,7 +637,7 @@ mod tests {
     fn a_large_batch_runs_like_its_rows_alone() {
         // Batches above SMALL_M take the GEMM path for the recurrent product; each row must
         // match the dot-product path on that row alone (checked against onnxruntime above).
-        let a = on(attrs("forward", "Sigmoid,Tanh", 2), &["has_bias"]);
+        let a = on(attrs("forward", 3, "Sigmoid,Tanh"), &["has_bias"]);
         let (seq, batch) = (3, 6);
         let x = data(&[seq, batch, 2], 0);
         let (w, r, b) = (data(&[1, 9, 2], 1), data(&[1, 9, 3], 2), data(&[1, 18], 3));
@@ -688,7 +661,7 @@ mod tests {
 
     #[test]
     fn bad_lengths_and_shapes_are_errors() {
-        let a = on(attrs("forward", "Tanh", 1), &["has_sequence_lens"]);
+        let a = on(attrs("forward", 3, "Tanh"), &["has_sequence_lens"]);
         let lens = Tensor::from_vec(vec![2], &[4i32, 1]).unwrap();
         let inputs = [data(&[3, 2, 2], 0), data(&[1, 3, 2], 1), data(&[1, 3, 3], 2), lens];
         let ins: Vec<&Tensor> = inputs.iter().collect();

@@ -319,3 +319,37 @@ impl Layer {
         Ok(Layer { cell, dims, reverse, acts, clip, slots, outputs: outputs.len() })
     }
 }
+
+/// For the backends' tests: canonical attributes of a layer with no optional input, `hidden`
+/// units and the activations `acts` (every direction's, comma-separated, no alpha or beta).
+#[cfg(test)]
+pub(crate) fn test_attrs(direction: &str, hidden: usize, acts: &str) -> Attrs {
+    use ingot_schema::AttrValue;
+    let n = acts.split(',').count();
+    let mut a = Attrs::new();
+    for (k, v) in [
+        ("direction", AttrValue::Text(direction.into())),
+        ("hidden_size", AttrValue::Int(hidden as i64)),
+        ("layout", AttrValue::Int(0)),
+        ("clip", AttrValue::Float(f32::MAX as f64)),
+        ("activations", AttrValue::Text(acts.into())),
+        ("activation_alpha", AttrValue::Floats(vec![0.0; n])),
+        ("activation_beta", AttrValue::Floats(vec![0.0; n])),
+        ("has_bias", AttrValue::Int(0)),
+        ("has_sequence_lens", AttrValue::Int(0)),
+        ("has_initial_h", AttrValue::Int(0)),
+        ("has_initial_c", AttrValue::Int(0)),
+        ("has_peepholes", AttrValue::Int(0)),
+        ("input_forget", AttrValue::Int(0)),
+        ("linear_before_reset", AttrValue::Int(0)),
+    ] {
+        a.set(k, v);
+    }
+    a
+}
+
+/// `a` with the flags set to 1.
+#[cfg(test)]
+pub(crate) fn with_flags(a: Attrs, flags: &[&str]) -> Attrs {
+    flags.iter().fold(a, |a, f| a.with(f, ingot_schema::AttrValue::Int(1)))
+}

@@ -257,37 +257,9 @@ mod tests {
     use super::*;
     use crate::TensorDesc;
     use crate::matmul::vulkan::tests::specialised;
+    use crate::rnn::layer::{test_attrs as attrs, with_flags as on};
     use crate::vulkan::{DeviceClass, Operand, Slot, lower_f32_all_classes, valid};
     use ingot_schema::{AttrValue, Attrs};
-
-    /// Canonical attributes with no optional input and `acts` for every direction.
-    fn attrs(direction: &str, hidden: usize, acts: &str) -> Attrs {
-        let n = acts.split(',').count();
-        let mut a = Attrs::new();
-        for (k, v) in [
-            ("direction", AttrValue::Text(direction.into())),
-            ("hidden_size", AttrValue::Int(hidden as i64)),
-            ("layout", AttrValue::Int(0)),
-            ("clip", AttrValue::Float(f32::MAX as f64)),
-            ("activations", AttrValue::Text(acts.into())),
-            ("activation_alpha", AttrValue::Floats(vec![0.0; n])),
-            ("activation_beta", AttrValue::Floats(vec![0.0; n])),
-            ("has_bias", AttrValue::Int(0)),
-            ("has_sequence_lens", AttrValue::Int(0)),
-            ("has_initial_h", AttrValue::Int(0)),
-            ("has_initial_c", AttrValue::Int(0)),
-            ("has_peepholes", AttrValue::Int(0)),
-            ("input_forget", AttrValue::Int(0)),
-            ("linear_before_reset", AttrValue::Int(0)),
-        ] {
-            a.set(k, v);
-        }
-        a
-    }
-
-    fn on(a: Attrs, flags: &[&str]) -> Attrs {
-        flags.iter().fold(a, |a, f| a.with(f, AttrValue::Int(1)))
-    }
 
     /// Shapes of a layer of `dirs` directions (layout 0): X, W, R, then B, initial_h,
     /// initial_c, P as `optional` asks (no sequence_lens), and the first `outputs` outputs.
