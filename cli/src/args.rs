@@ -37,14 +37,14 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
 pub struct SessionArgs {
     /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
     #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
-    devices: Vec<String>,
+    pub devices: Vec<String>,
     /// Threads for the CPU backend (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
     /// Which Vulkan kernels run: auto (the device's class), cpu (the CPU-type kernels) or
     /// gpu (the GPU kernels, on any device: how lavapipe runs them in tests).
     #[arg(long, default_value = "auto")]
-    kernel_class: String,
+    pub kernel_class: String,
     /// The variant to run (default: the first).
     #[arg(long)]
     pub variant: Option<String>,

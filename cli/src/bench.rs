@@ -1,12 +1,13 @@
-//! `ingot bench BUNDLE [--devices D] [--iterations N] [--profile] [--json]`: load time, first
-//! run, run-time distribution, device memory from the ledger beside the plan's prediction, peak
-//! RSS; with `--profile`, where the time goes, per step and per op.
+//! `ingot bench BUNDLE [--devices D] [--warmup N] [--iterations N] [--profile] [--json]`: load
+//! time, first run, run-time distribution, device memory from the ledger beside the plan's
+//! prediction, peak RSS; with `--profile`, where the time goes, per step and per op. The JSON
+//! form is documented in README.md ("`ingot bench --json`") and versioned by `schema_version`.
 
 use anyhow::{Context, Result};
 use ingot_runtime::{Bundle, Ledger, MemoryKind, Session, StepProfile, Tensor, TensorDesc};
-use ingot_schema::DType;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,9 +18,15 @@ pub struct Args {
     bundle: PathBuf,
     #[command(flatten)]
     session: crate::args::SessionArgs,
-    /// Timed runs after the first.
-    #[arg(long, default_value_t = 20)]
-    iterations: usize,
+    /// Runs before the timed ones (at least 1: the first run, reported on its own, prepares
+    /// what a device builds lazily).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    warmup: u64,
+    /// Timed runs after the warm-up (at least 1).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iterations: u64,
+    #[command(flatten)]
+    random: crate::random::RandomArgs,
     /// After the timed runs, as many profiled runs: each step's median time, sorted by time
     /// and summed per op (Vulkan: device timestamps, steps run one after another; CPU: wall
     /// time per step).
@@ -28,6 +35,41 @@ pub struct Args {
     /// One JSON object instead of text (with --profile, every step in the variant's order).
     #[arg(long)]
     json: bool,
+    /// Write the report to FILE instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// The version of the `--json` report's layout: bumped when a field changes meaning or goes.
+const BENCH_JSON_VERSION: u32 = 1;
+
+/// The distribution of the timed runs, in milliseconds.
+struct Stats {
+    min: f64,
+    mean: f64,
+    median: f64,
+    p90: f64,
+    max: f64,
+    stddev: f64,
+}
+
+impl Stats {
+    /// Of at least one time.
+    fn of(mut times: Vec<f64>) -> Stats {
+        times.sort_by(f64::total_cmp);
+        let n = times.len() as f64;
+        let quantile = |q: f64| times[((n - 1.0) * q).round() as usize];
+        let mean = times.iter().sum::<f64>() / n;
+        let var = times.iter().map(|t| (t - mean) * (t - mean)).sum::<f64>() / n;
+        Stats {
+            min: times[0],
+            mean,
+            median: quantile(0.5),
+            p90: quantile(0.9),
+            max: times[times.len() - 1],
+            stddev: var.sqrt(),
+        }
+    }
 }
 
 pub fn main(args: Args) -> Result<()> {
@@ -42,24 +84,23 @@ pub fn main(args: Args) -> Result<()> {
     let mut session = crate::args::open_session(&bundle, &args.session, true, &ledger)?;
     let load_ms = ms(start);
 
-    let inputs: Vec<Tensor> = session.inputs().iter().map(|i| seeded(&i.desc)).collect();
+    let descs: Vec<&TensorDesc> = session.inputs().iter().map(|i| &i.desc).collect();
+    let inputs = args.random.tensors(&descs)?;
     let start = Instant::now();
     session.run(&inputs)?;
     let first_run_ms = ms(start);
-    let mut times = Vec::with_capacity(args.iterations);
+    for _ in 1..args.warmup {
+        session.run(&inputs)?;
+    }
+    let mut times = Vec::with_capacity(args.iterations as usize);
     for _ in 0..args.iterations {
         let start = Instant::now();
         session.run(&inputs)?;
         times.push(ms(start));
     }
-    times.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        let k = ((times.len() as f64 - 1.0) * q).round() as usize;
-        times.get(k).copied().unwrap_or(first_run_ms)
-    };
-    let (median_ms, p90_ms) = (quantile(0.5), quantile(0.9));
+    let stats = Stats::of(times);
     let profile = match args.profile {
-        true => Some(profile(&mut session, &inputs, args.iterations.max(1))?),
+        true => Some(profile(&mut session, &inputs, args.iterations as usize)?),
         false => None,
     };
 
@@ -79,52 +120,76 @@ pub fn main(args: Args) -> Result<()> {
         .collect();
     let peak_rss_bytes = rss_bytes("VmHWM:");
 
+    let mut text = String::new();
     if args.json {
-        let report = json!({
+        let mut report = json!({
+            "schema_version": BENCH_JSON_VERSION,
             "bundle": args.bundle.display().to_string(),
             "variant": variant.name,
+            "devices": args.session.devices,
+            "kernel_class": args.session.kernel_class,
             "device": session.device(),
+            "threads": session.threads(),
+            "inputs": {
+                "seed": args.random.seed,
+                "float_range": [args.random.float_range.0, args.random.float_range.1],
+                "int_range": [args.random.int_range.0, args.random.int_range.1],
+            },
+            "warmup": args.warmup,
             "iterations": args.iterations,
             "load_ms": load_ms,
             "first_run_ms": first_run_ms,
-            "median_ms": median_ms,
-            "p90_ms": p90_ms,
+            "min_ms": stats.min,
+            "mean_ms": stats.mean,
+            "median_ms": stats.median,
+            "p90_ms": stats.p90,
+            "max_ms": stats.max,
+            "stddev_ms": stats.stddev,
             "ledger_peak_bytes": ledger_peak_bytes,
             "ledger_peak_by_kind": by_kind,
             "planned_peak_bytes": planned_peak_bytes,
             "peak_rss_bytes": peak_rss_bytes,
             "baseline_rss_bytes": baseline_rss_bytes,
         });
-        let mut report = report;
         if let Some(p) = &profile {
             report["profile"] = p.json();
         }
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        text = crate::report::json_text(&report)?;
     } else {
-        println!("bundle    {} (variant {})", args.bundle.display(), variant.name);
-        println!("device    {}", session.device());
-        println!("load      {load_ms:.1} ms");
-        println!("first run {first_run_ms:.1} ms");
-        println!(
-            "run       median {median_ms:.2} ms, p90 {p90_ms:.2} ms ({} runs)",
-            args.iterations
-        );
-        println!("device memory peak {ledger_peak_bytes} bytes (planned {planned_peak_bytes})");
+        let t = &mut text;
+        writeln!(t, "bundle    {} (variant {})", args.bundle.display(), variant.name)?;
+        writeln!(t, "device    {} ({} CPU threads)", session.device(), session.threads())?;
+        writeln!(t, "load      {load_ms:.1} ms")?;
+        writeln!(t, "first run {first_run_ms:.1} ms")?;
+        writeln!(
+            t,
+            "run       median {:.2} ms, p90 {:.2} ms, min {:.2}, mean {:.2}, max {:.2}, stddev \
+             {:.2} ({} runs after {} warm-up)",
+            stats.median,
+            stats.p90,
+            stats.min,
+            stats.mean,
+            stats.max,
+            stats.stddev,
+            args.iterations,
+            args.warmup
+        )?;
+        writeln!(t, "device memory peak {ledger_peak_bytes} bytes (planned {planned_peak_bytes})")?;
         for k in MemoryKind::ALL {
             let peak = ledger.usage(k).peak;
             if peak > 0 {
-                println!("  {k:<8} {peak}");
+                writeln!(t, "  {k:<8} {peak}")?;
             }
         }
         match (peak_rss_bytes, baseline_rss_bytes) {
-            (Some(b), Some(base)) => println!("peak RSS  {b} bytes ({base} before the bundle)"),
-            _ => println!("peak RSS  unknown on this platform"),
+            (Some(b), Some(base)) => writeln!(t, "peak RSS  {b} bytes ({base} before the bundle)")?,
+            _ => writeln!(t, "peak RSS  unknown on this platform")?,
         }
         if let Some(p) = &profile {
-            print!("{}", p.text(median_ms));
+            t.push_str(&p.text(stats.median));
         }
     }
-    Ok(())
+    crate::report::emit(&text, args.output.as_deref())
 }
 
 /// Each step of `runs` profiled runs, with its median time.
@@ -241,25 +306,6 @@ impl Profile {
 
 fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
-}
-
-/// A deterministic input: floats uniform in [0, 1) from a fixed seed, other types zero.
-fn seeded(desc: &TensorDesc) -> Tensor {
-    if desc.dtype != DType::F32 {
-        return Tensor::zeros(desc.clone());
-    }
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    let values: Vec<f32> = (0..desc.elements())
-        .map(|_| {
-            // xorshift64*: plenty for a benchmark input.
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-            bits as f32 / (1u64 << 24) as f32
-        })
-        .collect();
-    Tensor::from_vec(desc.shape.clone(), &values).unwrap_or_else(|_| Tensor::zeros(desc.clone()))
 }
 
 /// A resident-set figure of this process (Linux: `VmRSS:` now, `VmHWM:` its peak), if the

@@ -3,6 +3,8 @@
 
 use anyhow::{Context, Result, bail};
 use ingot_compiler::{CompileOptions, VariantSource, compile_variants_to};
+use serde_json::json;
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -29,6 +31,9 @@ pub struct Args {
     /// Run the independent plan verifier (always on in debug builds).
     #[arg(long)]
     verify: bool,
+    /// Print the summary as JSON (bundle, bytes, weights, kernels, each variant's plan).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn main(args: Args) -> Result<()> {
@@ -83,19 +88,23 @@ pub fn main(args: Args) -> Result<()> {
     let bytes = std::fs::metadata(&args.output)
         .with_context(|| format!("cannot read {}", args.output.display()))?
         .len();
-    println!(
-        "compiled {} -> {} ({} bytes) in {:.1} ms",
-        sources.iter().map(|s| s.model.display().to_string()).collect::<Vec<_>>().join(", "),
-        args.output.display(),
-        bytes,
-        start.elapsed().as_secs_f64() * 1e3
-    );
+    let millis = start.elapsed().as_secs_f64() * 1e3;
+    let models: Vec<String> = sources.iter().map(|s| s.model.display().to_string()).collect();
     let unique: u64 = m.weights.iter().map(|w| w.length).sum();
-    println!(
+    let mut text = String::new();
+    let mut variants = Vec::new();
+    writeln!(
+        text,
+        "compiled {} -> {} ({bytes} bytes) in {millis:.1} ms",
+        models.join(", "),
+        args.output.display()
+    )?;
+    writeln!(
+        text,
         "weights: {} entries, {unique} bytes; {} unique Vulkan kernels",
         m.weights.len(),
         m.kernels.len()
-    );
+    )?;
     for v in &m.variants {
         let p = v.plan.clone().unwrap_or_default();
         let on_cpu: Vec<_> = v
@@ -108,7 +117,8 @@ pub fn main(args: Args) -> Result<()> {
                 Some((steps, culprit))
             })
             .collect();
-        println!(
+        writeln!(
+            text,
             "variant {}: {} steps, {} submodels ({} need the CPU); arena {} bytes (lower bound \
              {}, ratio {:.4}, naive {}), boundary {} bytes; {} over {}",
             v.name,
@@ -126,13 +136,45 @@ pub fn main(args: Args) -> Result<()> {
             p.boundary_bytes,
             p.strategy,
             p.schedule
-        );
+        )?;
         for (steps, s) in &on_cpu {
-            println!(
+            writeln!(
+                text,
                 "  steps {}..{} on the CPU: '{}' ({}) has no Vulkan kernel: {}",
                 steps.start, steps.end, s.name, s.op, s.no_vulkan_kernel
-            );
+            )?;
         }
+        let cpu_steps: Vec<serde_json::Value> = on_cpu
+            .iter()
+            .map(|(steps, s)| {
+                json!({"steps": [steps.start, steps.end], "name": s.name, "op": s.op,
+                       "reason": s.no_vulkan_kernel})
+            })
+            .collect();
+        variants.push(json!({
+            "name": v.name,
+            "steps": v.steps.len(),
+            "submodels": v.submodels.len(),
+            "arena_bytes": p.arena_bytes,
+            "lower_bound_bytes": p.lower_bound_bytes,
+            "naive_bytes": p.naive_bytes,
+            "boundary_bytes": p.boundary_bytes,
+            "strategy": p.strategy,
+            "schedule": p.schedule,
+            "need_the_cpu": cpu_steps,
+        }));
     }
-    Ok(())
+    if args.json {
+        text = crate::report::json_text(&json!({
+            "models": models,
+            "bundle": args.output.display().to_string(),
+            "bundle_bytes": bytes,
+            "compile_ms": millis,
+            "weight_entries": m.weights.len(),
+            "weight_bytes": unique,
+            "kernels": m.kernels.len(),
+            "variants": variants,
+        }))?;
+    }
+    crate::report::emit(&text, None)
 }

@@ -1,4 +1,4 @@
-//! `ingot inspect BUNDLE [--kernels] [--json]`
+//! `ingot inspect BUNDLE [--kernels] [--json] [-o FILE]`
 
 use crate::args::shape_text;
 use anyhow::{Context, Result};
@@ -20,20 +20,23 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Write the report to FILE instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 pub fn main(args: Args) -> Result<()> {
     let bundle = Bundle::open(&args.bundle)
         .with_context(|| format!("cannot open {}", args.bundle.display()))?;
     let report = if args.kernels { kernels(&bundle) } else { describe(&bundle) };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    let text = if args.json {
+        crate::report::json_text(&report)?
     } else if args.kernels {
-        print!("{}", kernels_text(&report));
+        kernels_text(&report)
     } else {
-        print!("{}", text(&report));
-    }
-    Ok(())
+        text(&report)
+    };
+    crate::report::emit(&text, args.output.as_deref())
 }
 
 /// Everything inspect reports, as JSON (the text form is rendered from it).

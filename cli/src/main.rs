@@ -10,6 +10,8 @@ mod compile;
 mod inspect;
 mod npy;
 mod plan;
+mod random;
+mod report;
 mod run;
 
 /// Ingot: an ahead-of-time compiler for on-device inference. ONNX in, memory-planned bundle
@@ -23,15 +25,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Compile an ONNX model into a bundle.
+    /// Compile ONNX models into one bundle.
     Compile(compile::Args),
-    /// Run a bundle on .npy inputs and write its outputs as .npy files.
+    /// Run a bundle on .npy/.npz or random inputs; save, print or check its outputs.
     Run(run::Args),
-    /// Describe a bundle: format, inputs and outputs, ops, memory, sections.
+    /// Describe a bundle: format, inputs and outputs, ops, memory, sections, kernels.
     Inspect(inspect::Args),
-    /// Print the memory plan of a model or bundle (text or JSON).
+    /// Print the memory plan of a model or bundle (text, JSON or SVG).
     Plan(plan::Args),
-    /// Measure a bundle: load, first run, run times, device memory against the plan, RSS.
+    /// Measure a bundle: load, first run, run-time distribution, device memory against the
+    /// plan, RSS, and with --profile the time per step and per op.
     Bench(bench::Args),
 }
 
@@ -46,6 +49,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output has gone (`| head`): nothing left to say, as for `cat`.
+        Err(e) if report::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // One paragraph: the outermost context, then each cause.
             eprintln!("error: {e}");

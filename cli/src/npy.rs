@@ -4,46 +4,52 @@ use anyhow::{Context, Result, bail};
 use ingot_runtime::Tensor;
 use ingot_schema::DType;
 use npyz::WriterBuilder;
+use std::io::Read;
 use std::path::Path;
-
-fn dtype_of(descr: &str) -> Option<DType> {
-    // Single-byte types are written with '|', multi-byte little-endian ones with '<'.
-    Some(match descr {
-        "<f4" => DType::F32,
-        "<f2" => DType::F16,
-        "<f8" => DType::F64,
-        "|i1" => DType::I8,
-        "|u1" => DType::U8,
-        "<i2" => DType::I16,
-        "<u2" => DType::U16,
-        "<i4" => DType::I32,
-        "<u4" => DType::U32,
-        "<i8" => DType::I64,
-        "<u8" => DType::U64,
-        "|b1" => DType::Bool,
-        _ => return None,
-    })
-}
 
 /// Reads a C-ordered, little-endian `.npy` file.
 pub fn read(path: &Path) -> Result<Tensor> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = npyz::NpyFile::new(&bytes[..])
-        .with_context(|| format!("{} is not a valid .npy file", path.display()))?;
+    parse(&bytes).with_context(|| format!("{} is not a usable .npy file", path.display()))
+}
+
+/// The arrays of a `.npz` archive (numpy's `savez`, compressed or not), by name, in the
+/// archive's order.
+pub fn read_archive(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut archive = zip::ZipArchive::new(std::io::BufReader::new(file))
+        .with_context(|| format!("{} is not a .npz (zip) archive", path.display()))?;
+    let mut arrays = Vec::with_capacity(archive.len());
+    for k in 0..archive.len() {
+        let mut member = archive.by_index(k)?;
+        let name = member.name()?.to_string();
+        let mut bytes = Vec::with_capacity(member.size() as usize);
+        member
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("{}: cannot read {name}", path.display()))?;
+        let tensor = parse(&bytes)
+            .with_context(|| format!("{}: {name} is not a usable .npy array", path.display()))?;
+        arrays.push((name.strip_suffix(".npy").unwrap_or(&name).to_string(), tensor));
+    }
+    Ok(arrays)
+}
+
+fn parse(bytes: &[u8]) -> Result<Tensor> {
+    let file = npyz::NpyFile::new(bytes).context("no .npy header")?;
     if file.order() != npyz::Order::C {
-        bail!("{}: Fortran-ordered arrays are not supported; save it C-ordered", path.display());
+        bail!("Fortran-ordered arrays are not supported; save it C-ordered (np.ascontiguousarray)");
     }
     let descr = match file.dtype() {
         npyz::DType::Plain(ts) => ts.to_string(),
-        other => bail!("{}: unsupported dtype {}", path.display(), other.descr()),
+        other => bail!("unsupported dtype {}", other.descr()),
     };
-    let dtype = dtype_of(&descr)
-        .with_context(|| format!("{}: unsupported element type {descr}", path.display()))?;
+    let dtype = DType::from_numpy_descr(&descr)
+        .with_context(|| format!("unsupported element type {descr}"))?;
     let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
     macro_rules! typed {
         ($t:ty) => {{
-            let data: Vec<$t> =
-                file.into_vec().with_context(|| format!("{}: bad data", path.display()))?;
+            let data: Vec<$t> = file.into_vec().context("bad data")?;
             Tensor::from_vec(shape, &data)?
         }};
     }
@@ -60,8 +66,7 @@ pub fn read(path: &Path) -> Result<Tensor> {
         DType::I64 => typed!(i64),
         DType::U64 => typed!(u64),
         DType::Bool => {
-            let data: Vec<bool> =
-                file.into_vec().with_context(|| format!("{}: bad data", path.display()))?;
+            let data: Vec<bool> = file.into_vec().context("bad data")?;
             Tensor::from_bools(shape, &data)?
         }
     })
@@ -99,4 +104,39 @@ pub fn write(path: &Path, t: &Tensor) -> Result<()> {
         DType::Bool => typed!(bool, t.bytes().iter().map(|&b| b != 0)),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn npz_archives_read_stored_and_deflated_members() {
+        let dir = std::env::temp_dir().join(format!("ingot-npz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = Tensor::from_vec(vec![2, 2], &[1.0f32, -2.0, 3.5, 0.25]).unwrap();
+        let b = Tensor::from_vec(vec![3], &[7i64, 8, 9]).unwrap();
+        let (pa, pb) = (dir.join("a.npy"), dir.join("b.npy"));
+        write(&pa, &a).unwrap();
+        write(&pb, &b).unwrap();
+        let npz = dir.join("both.npz");
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&npz).unwrap());
+        let stored = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        let deflated = stored.compression_method(zip::CompressionMethod::Deflated);
+        zip.start_file("x.npy", stored).unwrap();
+        zip.write_all(&std::fs::read(&pa).unwrap()).unwrap();
+        zip.start_file("ids.npy", deflated).unwrap();
+        zip.write_all(&std::fs::read(&pb).unwrap()).unwrap();
+        zip.finish().unwrap();
+
+        let arrays = read_archive(&npz).unwrap();
+        let names: Vec<&str> = arrays.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x", "ids"]);
+        assert_eq!(arrays[0].1.as_slice::<f32>().unwrap(), a.as_slice::<f32>().unwrap());
+        assert_eq!(arrays[1].1.as_slice::<i64>().unwrap(), [7, 8, 9]);
+        assert!(read_archive(&pa).is_err(), "a .npy file is not an archive");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

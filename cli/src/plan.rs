@@ -1,4 +1,4 @@
-//! `ingot plan MODEL.onnx|BUNDLE.ingot [--variant V] [--format text|json|svg]`
+//! `ingot plan MODEL.onnx|BUNDLE.ingot [--variant V] [--format text|json|svg] [-o FILE]`
 
 use anyhow::{Context, Result, bail};
 use ingot_compiler::plan::render;
@@ -10,8 +10,11 @@ use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Format {
+    /// One line per step and per tensor: what `ingot plan` output under review looks like.
     Text,
+    /// Everything the text says, with a `schema_version`, for tools.
     Json,
+    /// The arena over time (tensors as boxes) beside the weights, on one byte scale.
     Svg,
 }
 
@@ -22,8 +25,15 @@ pub struct Args {
     /// Which variant of a bundle (default: the first).
     #[arg(long)]
     variant: Option<String>,
+    /// The output format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
+    /// The same as --format json.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
+    /// Write the plan to FILE instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
     /// Print what each planning mechanism saves (an ONNX model only): naive bytes, the lower
     /// bound with nothing shared, with views, with in-place writes and with reordering, the
     /// arena, and the planning time.
@@ -35,6 +45,9 @@ pub struct Args {
 }
 
 fn is_bundle(path: &Path) -> Result<bool> {
+    if path.is_dir() {
+        bail!("{} is a directory, not an ONNX model or a bundle", path.display());
+    }
     let mut magic = [0u8; 8];
     let mut f =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -67,12 +80,13 @@ pub fn main(args: Args) -> Result<()> {
         let name = args.variant.as_deref().unwrap_or("main");
         bundle::variant(&c.variant(name), &[])
     };
-    match args.format {
-        Format::Text => print!("{}", render::text(&variant)),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&render::json(&variant))?),
-        Format::Svg => print!("{}", render::svg(&variant)),
-    }
-    Ok(())
+    let format = if args.json { Format::Json } else { args.format };
+    let text = match format {
+        Format::Text => render::text(&variant),
+        Format::Json => crate::report::json_text(&render::json(&variant))?,
+        Format::Svg => render::svg(&variant),
+    };
+    crate::report::emit(&text, args.output.as_deref())
 }
 
 fn print_stats(args: &Args) -> Result<()> {
@@ -84,7 +98,10 @@ fn print_stats(args: &Args) -> Result<()> {
     let c = compile_graph(&args.input, &options)
         .with_context(|| format!("cannot compile {}", args.input.display()))?;
     let s = ingot_compiler::plan::stats(&c.graph, ingot_compiler::plan::Target::cpu());
-    println!("{}", ingot_compiler::plan::Stats::header());
-    println!("{}", s.row(&args.input.display().to_string()));
-    Ok(())
+    let text = format!(
+        "{}\n{}\n",
+        ingot_compiler::plan::Stats::header(),
+        s.row(&args.input.display().to_string())
+    );
+    crate::report::emit(&text, args.output.as_deref())
 }

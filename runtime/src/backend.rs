@@ -157,6 +157,8 @@ pub enum SessionError {
     Prepare { index: usize, name: String, op: String, cause: KernelError },
     #[error("step {index} '{name}' ({op}) failed: {cause}")]
     Step { index: usize, name: String, op: String, cause: KernelError },
+    #[error("invalid input data: step {index} '{name}' ({op}): {cause}")]
+    Data { index: usize, name: String, op: String, cause: KernelError },
     #[error("expected {expected} inputs ({names}), got {got}")]
     InputCount { expected: usize, got: usize, names: String },
     #[error("input '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]

@@ -21,6 +21,8 @@ pub const MAX_PUSH_WORDS: u32 = 32;
 pub enum BundleError {
     #[error("cannot read bundle {path}: {cause}")]
     Io { path: PathBuf, cause: std::io::Error },
+    #[error("{0} is a directory, not a bundle file")]
+    Directory(PathBuf),
     #[error(transparent)]
     Container(#[from] ContainerError),
     #[error("bundle manifest does not decode: {0}")]
@@ -74,6 +76,10 @@ impl Bundle {
     pub fn open(path: impl AsRef<Path>) -> Result<Bundle, BundleError> {
         let path = path.as_ref();
         let io = |cause| BundleError::Io { path: path.to_path_buf(), cause };
+        if path.is_dir() {
+            // Mapping a directory fails with ENODEV ("No such device"), which misleads.
+            return Err(BundleError::Directory(path.to_path_buf()));
+        }
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only and private to this process. A bundle file must not
         // be truncated or rewritten while it is open (the same contract as every mmap-based

@@ -213,11 +213,12 @@ impl CpuExecutable {
         for step in &self.steps {
             let start = times.is_some().then(std::time::Instant::now);
             let index = step.index;
-            let fail = |cause| SessionError::Step {
-                index,
-                name: step.name.clone(),
-                op: step.op.clone(),
-                cause,
+            let fail = |cause| {
+                let (name, op) = (step.name.clone(), step.op.clone());
+                match cause {
+                    KernelError::Data(_) => SessionError::Data { index, name, op, cause },
+                    cause => SessionError::Step { index, name, op, cause },
+                }
             };
             let aliasing =
                 || SessionError::Aliasing { index, name: step.name.clone(), op: step.op.clone() };

@@ -274,7 +274,10 @@ impl Fallback {
             };
             let error = match run(exe.as_mut()) {
                 Ok(done) => return Ok(done),
-                Err(e) if !self.devices.failover => return Err(e),
+                // Bad input data fails on every device alike: the caller hears of it.
+                Err(e) if !self.devices.failover || matches!(e, SessionError::Data { .. }) => {
+                    return Err(e);
+                }
                 Err(e) => e,
             };
             let at = *at;

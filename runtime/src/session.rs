@@ -140,6 +140,7 @@ pub struct Session {
     boundary_bytes: usize,
     boundary_entry: Option<Entry>,
     arena_bytes: usize,
+    threads: usize,
     ledger: Ledger,
 }
 
@@ -261,6 +262,7 @@ impl Session {
             boundary_bytes: boundary_bytes as usize,
             boundary_entry,
             arena_bytes,
+            threads,
             ledger,
         })
     }
@@ -276,6 +278,11 @@ impl Session {
     /// Bytes of the activation arenas of the variant's submodels.
     pub fn arena_bytes(&self) -> usize {
         self.arena_bytes
+    }
+
+    /// The CPU backend's thread count (the option, or one per core).
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Where each submodel runs, and every device skipped with the stage and the reason.

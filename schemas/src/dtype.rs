@@ -64,6 +64,51 @@ impl DType {
         }
     }
 
+    /// numpy's name of the type (`float32`, `int64`, `bool`...), for hints and the Python package.
+    pub const fn numpy_name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::F64 => "float64",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
+            DType::I16 => "int16",
+            DType::U16 => "uint16",
+            DType::I32 => "int32",
+            DType::U32 => "uint32",
+            DType::I64 => "int64",
+            DType::U64 => "uint64",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// The little-endian numpy type string (`.npy` header `descr`): `<f4`, `|u1`...
+    /// Single-byte types are written with `|` (no byte order), the others with `<`.
+    pub const fn numpy_descr(self) -> &'static str {
+        match self {
+            DType::F32 => "<f4",
+            DType::F16 => "<f2",
+            DType::F64 => "<f8",
+            DType::I8 => "|i1",
+            DType::U8 => "|u1",
+            DType::I16 => "<i2",
+            DType::U16 => "<u2",
+            DType::I32 => "<i4",
+            DType::U32 => "<u4",
+            DType::I64 => "<i8",
+            DType::U64 => "<u8",
+            DType::Bool => "|b1",
+        }
+    }
+
+    /// The type of a numpy type string, if Ingot supports it (`=` is native order, which
+    /// every target Ingot runs on has little-endian).
+    pub fn from_numpy_descr(descr: &str) -> Option<DType> {
+        let (order, kind) = descr.split_at_checked(1)?;
+        let little = matches!(order, "<" | "|" | "=");
+        DType::ALL.into_iter().find(|d| little && d.numpy_descr()[1..] == *kind)
+    }
+
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::F64)
     }
@@ -135,5 +180,16 @@ mod tests {
         assert_eq!(DType::from_onnx_code(7), Some(DType::I64));
         assert_eq!(DType::from_onnx_code(9), Some(DType::Bool));
         assert_eq!(DType::from_onnx_code(8), None, "ONNX STRING is not a tensor type we run");
+    }
+
+    #[test]
+    fn numpy_type_strings_round_trip() {
+        for dt in DType::ALL {
+            assert_eq!(DType::from_numpy_descr(dt.numpy_descr()), Some(dt));
+        }
+        assert_eq!(DType::from_numpy_descr("=f4"), Some(DType::F32));
+        assert_eq!(DType::from_numpy_descr(">f4"), None, "big-endian data is refused");
+        assert_eq!(DType::from_numpy_descr("<c8"), None);
+        assert_eq!(DType::from_numpy_descr(""), None);
     }
 }

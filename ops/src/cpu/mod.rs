@@ -25,6 +25,10 @@ pub enum KernelError {
     Tensor(#[from] TensorError),
     #[error("{0}")]
     Invalid(String),
+    /// The input data is outside what the op defines (an index out of range): no other
+    /// device would do better, so the error goes to the caller, not to the failover.
+    #[error("{0}")]
+    Data(String),
     #[error("element type {dtype} is not supported by {op} on the CPU")]
     DType { op: String, dtype: DType },
 }

@@ -295,7 +295,7 @@ pub(crate) fn wrap_index(i: i64, n: usize) -> Result<usize, KernelError> {
     if (0..n_i).contains(&j) {
         Ok(j as usize)
     } else {
-        Err(invalid!("index {i} is out of range for a dimension of {n}"))
+        Err(KernelError::Data(format!("index {i} is out of range for a dimension of {n}")))
     }
 }
 

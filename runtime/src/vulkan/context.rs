@@ -324,8 +324,21 @@ fn choose(devices: Vec<Physical>, choice: &DeviceChoice) -> Result<Physical, Vul
         }
     };
     let Some(found) = found else {
+        let wanted = match choice {
+            DeviceChoice::Best => "no usable Vulkan device".to_string(),
+            DeviceChoice::CpuType => "no usable CPU-type Vulkan device (vulkan:cpu)".to_string(),
+            DeviceChoice::Index(i) => match devices.len() {
+                0 => format!("no Vulkan device {i} (vulkan:{i}): there are none"),
+                1 => format!("no Vulkan device {i} (vulkan:{i}): only vulkan:0 exists"),
+                n => {
+                    format!("no Vulkan device {i} (vulkan:{i}): vulkan:0 to vulkan:{} exist", n - 1)
+                }
+            },
+        };
+        let n = devices.len();
+        let s = if n == 1 { "" } else { "s" };
         return Err(VulkanError::Device(format!(
-            "no usable device for {choice:?}; the loader reports: {}",
+            "{wanted}; the loader reports {n} device{s}: {}",
             list()
         )));
     };
