@@ -4,7 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-${CARGO_TARGET_DIR:-target}/models}"
-py="${CARGO_TARGET_DIR:-target}/venv/bin/python"
+# Any Python with pip does (pip download and zipfile only): the test venv, the bench venv or
+# the system's, so that every tool script works on a fresh clone.
+target="${CARGO_TARGET_DIR:-target}"
+py=python3
+for candidate in "$target/venv/bin/python" "$target/bench-venv/bin/python"; do
+    if [[ -x "$candidate" ]]; then
+        py="$candidate"
+        break
+    fi
+done
 wheel=rapidocr_onnxruntime-1.4.4-py3-none-any.whl
 
 # name sha256 (computed once from the files in the 1.4.4 wheel)
@@ -29,6 +38,10 @@ fi
 mkdir -p "$dir"
 if ! sha_ok "$dir/$wheel" "$wheel_sha256"; then
     echo "fetch_models: downloading rapidocr-onnxruntime==1.4.4"
+    "$py" -m pip --version >/dev/null 2>&1 || {
+        echo "fetch_models: $py has no pip; install python3-pip or run tools/setup.sh" >&2
+        exit 1
+    }
     rm -f "$dir/$wheel"
     "$py" -m pip download --quiet --disable-pip-version-check --no-deps \
         -d "$dir" rapidocr-onnxruntime==1.4.4

@@ -36,8 +36,8 @@ pub struct Args {
     output: Option<PathBuf>,
     /// Print what each planning mechanism saves (an ONNX model only): naive bytes, the lower
     /// bound with nothing shared, with views, with in-place writes and with reordering, the
-    /// arena, and the planning time.
-    #[arg(long)]
+    /// arena, and the planning time. A text table only.
+    #[arg(long, conflicts_with_all = ["format", "json"])]
     stats: bool,
     /// As for `ingot compile`, when the input is an ONNX model.
     #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = crate::args::parse_input_shape)]

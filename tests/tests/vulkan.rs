@@ -355,7 +355,12 @@ fn an_unknown_device_index_is_an_error() {
     let options = VulkanOptions { device: DeviceChoice::Index(1000), ..VulkanOptions::default() };
     let ledger = Ledger::new();
     match prepare(bundle, &options, &ledger) {
-        Err(VulkanError::Device(message)) => assert!(message.contains("1000"), "{message}"),
+        // It names the index, the devices there are and how to name them.
+        Err(VulkanError::Device(message)) => {
+            assert!(message.contains("no Vulkan device 1000 (vulkan:1000)"), "{message}");
+            assert!(message.contains("vulkan:0"), "{message}");
+            assert!(message.contains("the loader reports"), "{message}");
+        }
         other => panic!("expected a device error, got {other:?}"),
     }
     assert!(ledger.events().is_empty());

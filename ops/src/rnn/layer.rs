@@ -165,7 +165,8 @@ pub(crate) struct Layer {
     /// `f32::MAX` for no clipping.
     pub clip: f32,
     pub slots: Slots,
-    /// How many of `Y`, `Y_h`, `Y_c` the step has.
+    /// How many of `Y`, `Y_h`, `Y_c` the step has (the Vulkan kernel binds that many).
+    #[cfg_attr(not(feature = "wgsl"), allow(dead_code))]
     pub outputs: usize,
 }
 
