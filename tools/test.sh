@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 # System packages the tests need, installed when missing (CI machines start bare):
 # the Vulkan loader, Mesa's lavapipe (a Vulkan device on the CPU, where there is no GPU) and
-# the Khronos validation layer (a validation message fails a test).
-apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers)
+# the Khronos validation layer (a validation message fails a test); librsvg2-bin's
+# rsvg-convert renders the plan's SVG in tests/tests/plan_svg.rs.
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers librsvg2-bin)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

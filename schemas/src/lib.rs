@@ -21,16 +21,21 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/ingot.bundle.v1.rs"));
 
     impl Step {
+        /// The post-ops fused into this step, in the order they run (empty when none):
+        /// `["Add", "Relu"]`.
+        pub fn post_ops(&self) -> Vec<&str> {
+            self.attributes
+                .iter()
+                .find_map(|a| match (&a.name[..], &a.value) {
+                    ("post_ops", Some(attribute::Value::Text(t))) => Some(t),
+                    _ => None,
+                })
+                .map_or_else(Vec::new, |t| t.split(',').filter(|s| !s.is_empty()).collect())
+        }
+
         /// The op with its fused post-ops, as plans and profiles show it: `Conv+Add+Relu`.
         pub fn op_label(&self) -> String {
-            let post = self.attributes.iter().find_map(|a| match (&a.name[..], &a.value) {
-                ("post_ops", Some(attribute::Value::Text(t))) if !t.is_empty() => Some(t),
-                _ => None,
-            });
-            match post {
-                Some(ops) => format!("{}+{}", self.op, ops.replace(',', "+")),
-                None => self.op.clone(),
-            }
+            std::iter::once(self.op.as_str()).chain(self.post_ops()).collect::<Vec<_>>().join("+")
         }
     }
 }
