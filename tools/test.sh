@@ -88,4 +88,9 @@ done
 step "C API example (capi/run_example.sh)"
 bash capi/run_example.sh vulkan,cpu "$target/capi/out"
 cargo build --quiet -p ingot-capi --no-default-features
+
+# The Python package: the wheel built by maturin (dev profile, reusing the build above),
+# installed into the test venv, tested with pytest against ONNX Runtime.
+step "Python package (python/test.sh)"
+bash python/test.sh
 step "done"

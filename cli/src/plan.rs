@@ -4,8 +4,6 @@ use anyhow::{Context, Result, bail};
 use ingot_compiler::plan::render;
 use ingot_compiler::{CompileOptions, bundle, compile_graph};
 use ingot_runtime::Bundle;
-use ingot_schema::container::MAGIC;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -45,13 +43,7 @@ pub struct Args {
 }
 
 fn is_bundle(path: &Path) -> Result<bool> {
-    if path.is_dir() {
-        bail!("{} is a directory, not an ONNX model or a bundle", path.display());
-    }
-    let mut magic = [0u8; 8];
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    Ok(f.read_exact(&mut magic).is_ok() && magic == MAGIC)
+    Ok(ingot_runtime::bundle::is_bundle_file(path)?)
 }
 
 pub fn main(args: Args) -> Result<()> {

@@ -33,6 +33,19 @@ pub enum BundleError {
     UnknownVariant { name: String, known: String },
 }
 
+/// Whether the file at `path` starts with a bundle's magic bytes: how tools that take a model
+/// or a bundle tell them apart. A directory is an error, not "no".
+pub fn is_bundle_file(path: &Path) -> Result<bool, BundleError> {
+    use std::io::Read;
+    if path.is_dir() {
+        return Err(BundleError::Directory(path.to_path_buf()));
+    }
+    let mut file = std::fs::File::open(path)
+        .map_err(|cause| BundleError::Io { path: path.to_path_buf(), cause })?;
+    let mut magic = [0u8; 8];
+    Ok(file.read_exact(&mut magic).is_ok() && magic == ingot_schema::container::MAGIC)
+}
+
 fn invalid(msg: impl Into<String>) -> BundleError {
     BundleError::Invalid(msg.into())
 }
