@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # System packages the tests need, installed when missing (CI machines start bare):
 # the Vulkan loader, Mesa's lavapipe (a Vulkan device on the CPU, where there is no GPU) and
 # the Khronos validation layer (a validation message fails a test); librsvg2-bin's
-# rsvg-convert renders the plan's SVG in tests/tests/plan_svg.rs.
-apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers librsvg2-bin)
+# rsvg-convert renders the plan's SVG in tests/tests/plan_svg.rs; spirv-tools' spirv-val checks
+# every kernel module the op-family tests compile (INGOT_SPIRV_VAL below).
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers librsvg2-bin spirv-tools)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -29,6 +30,9 @@ export CARGO_INCREMENTAL=0
 # Every Vulkan test runs under the validation layer; the runtime refuses to start without it
 # when this is set, and the tests fail (never skip) when no Vulkan device appears.
 export INGOT_VULKAN_VALIDATION=1
+# The op-family tests run Khronos' spirv-val on every module they compile (naga validates the
+# WGSL, not the SPIR-V it writes); they fail if spirv-val is missing when this is set.
+export INGOT_SPIRV_VAL=1
 
 step "test data (tools/setup.sh)"
 bash tools/setup.sh

@@ -47,6 +47,16 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan::main(args),
         Command::Bench(args) => bench::main(args),
     };
+    // With INGOT_VULKAN_VALIDATION set, what the validation layer reported fails the command:
+    // a driver that forgives invalid usage (lavapipe) would otherwise hide it.
+    let messages = ingot_runtime::vulkan::validation_messages();
+    if !messages.is_empty() {
+        for m in &messages {
+            eprintln!("vulkan validation {m}");
+        }
+        eprintln!("error: the Vulkan validation layer reported {} messages", messages.len());
+        return ExitCode::FAILURE;
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of our output has gone (`| head`): nothing left to say, as for `cat`.

@@ -541,6 +541,37 @@ pub(crate) fn slots_used(spirv: &[u32]) -> Vec<u32> {
     slots
 }
 
+/// For family tests, where `INGOT_SPIRV_VAL` is set (tools/test.sh sets it and installs
+/// spirv-tools): Khronos' `spirv-val` on a module, for Vulkan 1.1. naga's own validator checks
+/// the WGSL, not the SPIR-V it writes, and lavapipe runs some invalid modules without a word.
+#[cfg(test)]
+fn spirv_val(spirv: &[u32]) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    if std::env::var_os("INGOT_SPIRV_VAL").is_none() {
+        return Ok(());
+    }
+    let mut child = Command::new("spirv-val")
+        .args(["--target-env", "vulkan1.1", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("INGOT_SPIRV_VAL is set but spirv-val does not run (apt install spirv-tools)");
+    let bytes: Vec<u8> = spirv.iter().flat_map(|w| w.to_le_bytes()).collect();
+    child.stdin.take().unwrap().write_all(&bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
 /// For family tests: compiles each dispatch's module with naga and checks the dispatch
 /// against it: it binds at most the slots the module declares and every slot its code
 /// touches, passes as many params as the push block holds, and asks for workgroup counts
@@ -552,6 +583,9 @@ pub(crate) fn valid(dispatches: &[Dispatch]) {
             Ok(c) => c,
             Err(e) => panic!("{}:\n{}\n{e}", d.label, d.wgsl),
         };
+        if let Err(e) = spirv_val(&c.spirv) {
+            panic!("{}: invalid SPIR-V:\n{e}\n{}", d.label, d.wgsl);
+        }
         assert!(d.bindings.len() <= c.slots as usize, "{}: bindings", d.label);
         let unbound = slots_used(&c.spirv).into_iter().find(|&s| s as usize >= d.bindings.len());
         assert_eq!(unbound, None, "{}: reads a slot it does not bind", d.label);
