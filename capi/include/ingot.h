@@ -67,7 +67,10 @@ typedef enum IngotStatus {
     /* Running failed on every device the list allowed. */
     INGOT_RUN = 4,
     /* A bug in Ingot, caught at the boundary. */
-    INGOT_INTERNAL = 5
+    INGOT_INTERNAL = 5,
+    /* The input data is invalid for the model (an index out of range for a Gather, say):
+     * no device would run it, so none was tried after the first; the session stays usable. */
+    INGOT_DATA = 6
 } IngotStatus;
 
 /* Element types, numbered like ONNX's TensorProto.DataType. */

@@ -8,7 +8,7 @@
 // header asks of the caller. Nothing else in this crate is unsafe.
 #![allow(unsafe_code)]
 
-use ingot_runtime::{Bundle, IoInfo, Session, SessionOptions, Tensor, TensorDesc};
+use ingot_runtime::{Bundle, IoInfo, Session, SessionError, SessionOptions, Tensor, TensorDesc};
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::fmt::Display;
@@ -32,6 +32,8 @@ pub enum IngotStatus {
     Run = 4,
     /// A panic inside Ingot, caught at the boundary (a bug).
     Internal = 5,
+    /// The input data is invalid for the model ([`SessionError::Data`]).
+    Data = 6,
 }
 
 /// An open bundle (`IngotBundle`). Sessions share it, so it may be freed before them.
@@ -329,8 +331,7 @@ pub unsafe extern "C" fn ingot_session_new(
                 text(variant, "variant")?,
             )
         };
-        let session_error =
-            |e: ingot_runtime::SessionError| Error::from_chain(IngotStatus::Session, &e);
+        let session_error = |e: SessionError| Error::from_chain(IngotStatus::Session, &e);
         let mut options = match devices {
             Some(list) => SessionOptions::on(list).map_err(session_error)?,
             None => SessionOptions::default(),
@@ -527,8 +528,13 @@ pub unsafe extern "C" fn ingot_session_run(
                 Tensor::from_bytes(io.desc.clone(), bytes).map_err(invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let results =
-            session.session.run(&tensors).map_err(|e| Error::from_chain(IngotStatus::Run, &e))?;
+        let results = session.session.run(&tensors).map_err(|e| {
+            let status = match e {
+                SessionError::Data { .. } => IngotStatus::Data,
+                _ => IngotStatus::Run,
+            };
+            Error::from_chain(status, &e)
+        })?;
         for (result, (&ptr, &len)) in results.iter().zip(outputs.iter().zip(output_bytes)) {
             if len > 0 {
                 // SAFETY: non-null (checked above), and the header asks for `len` writable
@@ -991,6 +997,46 @@ mod tests {
     }
 
     /// What the header's thread rules rest on.
+    /// An index out of range in the input data is INGOT_DATA, named with its step, and the
+    /// session runs valid data afterwards.
+    #[test]
+    fn invalid_data_is_its_own_status() {
+        let dir = ingot_tests::paths::scratch_dir("capi/data");
+        let model = dir.join("gather.onnx");
+        let table = Tensor::from_vec(vec![4, 2], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        ingot_tests::model::OnnxModel::new(17)
+            .input("ids", DType::I64, &[2])
+            .initializer("table", &table.unwrap())
+            .node("pick", "Gather", &["table", "ids"], &["picked"], vec![])
+            .output("picked", DType::F32, &[2, 2])
+            .write(&model)
+            .unwrap();
+        let bytes = ingot_compiler::compile_file(&model, &Default::default()).unwrap();
+        let (status, bundle) = open_memory(&bytes);
+        assert_eq!(status, IngotStatus::Ok, "{}", last_error());
+        let mut session = null_mut();
+        // SAFETY: a live bundle, a NUL-terminated device list, a writable out-parameter.
+        let status = unsafe { ingot_session_new(bundle, c"cpu".as_ptr(), null(), &mut session) };
+        assert_eq!(status, IngotStatus::Ok, "{}", last_error());
+        let run_ids = |ids: [i64; 2], picked: &mut [f32; 4]| {
+            let inputs = [ids.as_ptr().cast::<c_void>()];
+            let outputs = [picked.as_mut_ptr().cast::<c_void>()];
+            // SAFETY: one input of 16 readable bytes, one output of 16 writable bytes.
+            unsafe { ingot_session_run(session, inputs.as_ptr(), &16, 1, outputs.as_ptr(), &16, 1) }
+        };
+        let mut picked = [0.0f32; 4];
+        assert_error(run_ids([1, 7], &mut picked), IngotStatus::Data, "index 7 is out of range");
+        assert!(last_error().contains("'pick' (Gather)"), "{}", last_error());
+        assert_eq!(picked, [0.0; 4], "outputs are untouched on failure");
+        assert_eq!(run_ids([3, 0], &mut picked), IngotStatus::Ok, "{}", last_error());
+        assert_eq!(picked, [7.0, 8.0, 1.0, 2.0]);
+        // SAFETY: each freed once, the session first.
+        unsafe {
+            ingot_session_free(session);
+            ingot_bundle_free(bundle);
+        }
+    }
+
     #[test]
     fn bundles_may_be_shared_between_threads() {
         fn send_sync<T: Send + Sync>() {}
@@ -1021,6 +1067,7 @@ mod tests {
             ("INGOT_SESSION", IngotStatus::Session),
             ("INGOT_RUN", IngotStatus::Run),
             ("INGOT_INTERNAL", IngotStatus::Internal),
+            ("INGOT_DATA", IngotStatus::Data),
         ];
         for (name, status) in statuses {
             assert_eq!(constant(name), status as i32, "{name}");
