@@ -23,6 +23,7 @@ mod pool;
 mod reduce;
 mod resize;
 mod rnn;
+mod rotary;
 
 pub use ingot_schema::DType;
 pub use node::{Constant, Node, ValueId};

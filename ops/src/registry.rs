@@ -89,6 +89,7 @@ const FAMILIES: &[Family] = &[
     crate::reduce::FAMILY,
     crate::resize::FAMILY,
     crate::rnn::FAMILY,
+    crate::rotary::FAMILY,
 ];
 
 /// An op of the default ONNX domain as the registry knows it.

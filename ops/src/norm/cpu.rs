@@ -1,15 +1,19 @@
 //! Normalizations, float32: BatchNormalization (inference), InstanceNormalization,
-//! GroupNormalization, LayerNormalization, LRN and MeanVarianceNormalization.
+//! GroupNormalization, LayerNormalization, RMSNormalization, LRN and
+//! MeanVarianceNormalization.
 //!
-//! Canonical attributes: `epsilon` (all but LRN and MVN); LayerNormalization `axis`
+//! Canonical attributes: `epsilon` (all but LRN and MVN); Layer and RMSNormalization `axis`
 //! (non-negative); GroupNormalization `num_groups`; LRN `size`, `alpha`, `beta`, `bias`;
 //! MeanVarianceNormalization `axes` (non-negative). Inputs are all present: BatchNormalization
-//! has 5, Instance/GroupNormalization 3, LayerNormalization 2 or 3 (no bias).
+//! has 5, Instance/GroupNormalization 3, LayerNormalization 2 or 3 (no bias),
+//! RMSNormalization 2.
 //!
-//! Instance, Group and Layer normalization share one kernel: the input is a sequence of
+//! Instance, Group, Layer and RMS normalization share one kernel: the input is a sequence of
 //! contiguous rows (one per instance, group or leading index), each normalized on its own,
-//! followed by an affine map per channel or per element. Means and variances accumulate in
-//! f64, which keeps long rows accurate at no measurable cost next to the memory traffic.
+//! followed by an affine map per channel or per element. RMSNormalization is the row kernel
+//! uncentred: the mean taken as 0, so the variance is the mean square. Means and variances
+//! accumulate in f64, which keeps long rows accurate at no measurable cost next to the memory
+//! traffic.
 
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, tensor_mut};
 use crate::invalid;
@@ -22,6 +26,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "BatchNormalization" => (5..=5, 1),
         "InstanceNormalization" | "GroupNormalization" => (3..=3, 1),
         "LayerNormalization" => (2..=3, cx.outputs.len().clamp(1, 3)),
+        "RMSNormalization" => (2..=2, 1),
         _ => (1..=1, 1),
     };
     cx.expect_arity(n_in, n_out)?;
@@ -58,6 +63,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
                 rows: n * groups,
                 len: c.checked_div(groups).unwrap_or(0) * spatial,
                 epsilon: cx.attrs.float("epsilon")?,
+                centered: true,
                 affine: Affine::PerChannel {
                     groups,
                     spatial,
@@ -66,7 +72,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
                 },
             })
         }
-        "LayerNormalization" => layer_norm(cx)?,
+        "LayerNormalization" | "RMSNormalization" => layer_norm(cx)?,
         "LRN" => {
             let (_, c, spatial) = channels(cx)?;
             let size = usize::try_from(cx.attrs.int("size")?)
@@ -119,10 +125,13 @@ fn expect_len(d: &TensorDesc, len: usize, what: &str) -> Result<(), KernelError>
     }
 }
 
-/// Mean and (biased) variance.
-fn moments(x: &[f32]) -> (f32, f32) {
+/// Mean and (biased) variance; uncentred (RMSNormalization), 0 and the mean square.
+fn moments(x: &[f32], centered: bool) -> (f32, f32) {
     let n = x.len().max(1) as f64;
-    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let mean = match centered {
+        true => x.iter().map(|&v| f64::from(v)).sum::<f64>() / n,
+        false => 0.0,
+    };
     let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
     (mean as f32, var as f32)
 }
@@ -212,6 +221,8 @@ struct RowNorm {
     rows: usize,
     len: usize,
     epsilon: f32,
+    /// Whether the mean is subtracted (all but RMSNormalization).
+    centered: bool,
     affine: Affine,
 }
 
@@ -260,7 +271,7 @@ impl Kernel for RowNorm {
             .collect::<Result<Vec<_>, _>>()?;
         let rows = x.chunks_exact(self.len.max(1)).zip(y.chunks_exact_mut(self.len.max(1)));
         for (r, (xs, ys)) in rows.enumerate() {
-            let (mean, var) = moments(xs);
+            let (mean, var) = moments(xs, self.centered);
             let inv_std = 1.0 / (var + self.epsilon).sqrt();
             // LayerNormalization's optional Mean and InvStdDev outputs, in that order.
             for (out, v) in stats.iter_mut().zip([mean, inv_std]) {
@@ -293,20 +304,22 @@ impl Kernel for RowNorm {
     }
 }
 
-/// LayerNormalization: rows are the indices before `axis`; scale and bias broadcast to the
-/// normalized shape; the optional Mean and InvStdDev outputs have one value per row.
+/// Layer and RMSNormalization: rows are the indices before `axis`; scale and bias broadcast
+/// to the normalized shape; LayerNormalization's optional Mean and InvStdDev outputs have
+/// one value per row.
 fn layer_norm(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let x = &cx.inputs[0].shape;
     let axis = usize::try_from(cx.attrs.int("axis")?)
         .ok()
         .filter(|&a| a < x.len())
-        .ok_or_else(|| invalid!("LayerNormalization axis is out of range for rank {}", x.len()))?;
+        .ok_or_else(|| invalid!("{} axis is out of range for rank {}", cx.op, x.len()))?;
     let row_shape = x[axis..].to_vec();
     let rows: usize = x[..axis].iter().product();
     for (i, d) in cx.inputs.iter().enumerate().skip(1) {
         if broadcast_strides(&d.shape, &row_shape).is_none() {
             return Err(invalid!(
-                "input {i} of shape {:?} does not broadcast to {row_shape:?}",
+                "{} input {i} of shape {:?} does not broadcast to {row_shape:?}",
+                cx.op,
                 d.shape
             ));
         }
@@ -318,6 +331,7 @@ fn layer_norm(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         rows,
         len: row_shape.iter().product(),
         epsilon: cx.attrs.float("epsilon")?,
+        centered: cx.op == "LayerNormalization",
         affine: Affine::PerElement {
             scale: cx.inputs[1].shape.clone(),
             bias: cx.inputs.get(2).map(|d| d.shape.clone()),
@@ -422,6 +436,7 @@ mod tests {
     //! r = xl.reshape(2, 6); m = r.mean(axis=1, keepdims=True); v = r.var(axis=1, keepdims=True)
     //! inv = 1 / np.sqrt(v + 1e-5)
     //! p("layer", ((r - m) * inv).reshape(2, 2, 3) * sl + bl); p("mean", m); p("inv", inv)
+    //! p("rms", xl / np.sqrt((xl ** 2).mean(axis=(1, 2), keepdims=True) + 1e-5) * sl)
     //! alpha, beta, bias = 0.5, 0.75, 1.0
     //! for nsize in (3, 2):
     //!     sq = np.zeros_like(x)
@@ -568,6 +583,26 @@ mod tests {
     }
 
     #[test]
+    fn rms_norm_is_uncentred() {
+        let x = t(&[2, 2, 3], &X);
+        let s = t(&[3], &[1.0, 2.0, 3.0]);
+        let attrs = eps(1e-5).with("axis", AttrValue::Int(1));
+        let y = run("RMSNormalization", attrs.clone(), &[&x, &s], &[&[2, 2, 3]]);
+        close(
+            &y[0],
+            &[
+                0.29925224, -1.197009, 3.5910268, 1.7955135, 1.7955135, -0.8977567, 1.627351, 0.0,
+                -2.4410267, 0.40683776, 2.0341887, -3.6615396,
+            ],
+        );
+        // No bias input and no statistics outputs.
+        let out = [TensorDesc::new(DType::F32, vec![2, 2, 3])];
+        assert!(eval("RMSNormalization", &attrs, &[&x, &s, &s], &out).is_err());
+        let two = [out[0].clone(), TensorDesc::new(DType::F32, vec![2, 1, 1])];
+        assert!(eval("RMSNormalization", &attrs, &[&x, &s], &two).is_err());
+    }
+
+    #[test]
     fn lrn_odd_and_even_windows() {
         let x = t(&[1, 4, 3], &X);
         let attrs = |size| {
@@ -663,5 +698,7 @@ mod tests {
         let ln = eps(1e-5).with("axis", AttrValue::Int(1));
         let s4 = t(&[4], &[1.0; 4]);
         assert!(eval("LayerNormalization", &ln, &[&x, &s4], &out).is_err());
+        let err = eval("RMSNormalization", &ln, &[&x, &s4], &out).unwrap_err();
+        assert!(err.to_string().contains("RMSNormalization input 1 of shape [4]"), "{err}");
     }
 }

@@ -1,11 +1,13 @@
 //! Normalizations: BatchNormalization (inference only), InstanceNormalization,
-//! GroupNormalization, LayerNormalization, LRN and MeanVarianceNormalization. Attribute
-//! defaults and shape rules; the kernels are in `ops/src/norm/cpu.rs`.
+//! GroupNormalization, LayerNormalization, RMSNormalization, LRN and
+//! MeanVarianceNormalization. Attribute defaults and shape rules; the kernels are in
+//! `ops/src/norm/cpu.rs`.
 //!
-//! Canonical attributes are exactly what the kernels read: `epsilon`; LayerNormalization's
-//! `axis` (non-negative); GroupNormalization's `num_groups`; LRN's `size`, `alpha`, `beta`,
-//! `bias`; MeanVarianceNormalization's `axes` (non-negative, sorted). Attributes that do not
-//! change inference results (`momentum`, `stash_type`) are dropped.
+//! Canonical attributes are exactly what the kernels read: `epsilon`; Layer and
+//! RMSNormalization's `axis` (non-negative); GroupNormalization's `num_groups`; LRN's `size`,
+//! `alpha`, `beta`, `bias`; MeanVarianceNormalization's `axes` (non-negative, sorted).
+//! Attributes that do not change inference results (`momentum`, `stash_type`: the kernels
+//! take float32 and keep statistics in float32 or better) are dropped.
 
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
@@ -30,6 +32,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("InstanceNormalization", lower_epsilon, per_channel),
     OpDef::new("GroupNormalization", lower_group_norm, infer_group_norm),
     OpDef::new("LayerNormalization", lower_layer_norm, infer_layer_norm),
+    OpDef::new("RMSNormalization", lower_rms_norm, infer_layer_norm),
     OpDef::new("LRN", lower_lrn, infer_same),
     OpDef::new("MeanVarianceNormalization", lower_mvn, infer_same),
 ];
@@ -116,21 +119,41 @@ fn infer_group_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorD
 }
 
 fn lower_layer_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
-    let rank = cx.input(0)?.shape.len();
-    if !cx.has_input(1) {
-        return Err(op_err!("LayerNormalization needs its Scale input"));
-    }
-    let axis = normalize_axis(node.attrs.int_or("axis", -1)?, rank)?;
-    node.attrs =
-        Attrs::new().with("axis", AttrValue::Int(axis as i64)).with("epsilon", epsilon(node)?);
+    lower_axis_norm(node, cx)?;
     if node.inputs.get(2).is_some_and(Option::is_none) {
         node.inputs.truncate(2);
     }
     Ok(())
 }
 
-/// Y like X; the optional Mean and InvStdDev keep X's leading dimensions up to `axis` and
-/// are 1 from there (float32: the kernels compute the statistics in float).
+/// RMSNormalization (opset 23) is LayerNormalization without the mean and the bias: the
+/// same canonical `axis` and `epsilon`, inputs X and scale, Y alone.
+fn lower_rms_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    if node.inputs.len() != 2 || node.outputs.len() != 1 {
+        return Err(op_err!(
+            "RMSNormalization takes X and scale and gives Y, got {} inputs and {} outputs",
+            node.inputs.len(),
+            node.outputs.len()
+        ));
+    }
+    lower_axis_norm(node, cx)
+}
+
+/// Layer and RMSNormalization's canonical attributes; both need their scale.
+fn lower_axis_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let rank = cx.input(0)?.shape.len();
+    if !cx.has_input(1) {
+        return Err(op_err!("{} needs its scale input", node.op));
+    }
+    let axis = normalize_axis(node.attrs.int_or("axis", -1)?, rank)?;
+    node.attrs =
+        Attrs::new().with("axis", AttrValue::Int(axis as i64)).with("epsilon", epsilon(node)?);
+    Ok(())
+}
+
+/// Y like X (Layer and RMSNormalization); LayerNormalization's optional Mean and InvStdDev
+/// keep X's leading dimensions up to `axis` and are 1 from there (float32: the kernels
+/// compute the statistics in float).
 fn infer_layer_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let x = inputs.first().ok_or_else(|| op_err!("X is required"))?;
     let axis = usize::try_from(node.attrs.int("axis")?)
@@ -138,12 +161,14 @@ fn infer_layer_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorD
         .filter(|&a| a < x.shape.len())
         .ok_or_else(|| op_err!("axis is out of range for rank {}", x.shape.len()))?;
     let normalized = &x.shape[axis..];
-    for p in &inputs[1..] {
+    for (p, name) in inputs[1..].iter().zip(["scale", "B"]) {
         let fits = p.shape.len() <= normalized.len()
             && p.shape.iter().rev().zip(normalized.iter().rev()).all(|(&d, &n)| d == 1 || d == n);
         if !fits {
             return Err(op_err!(
-                "Scale/B of shape {:?} does not broadcast to the normalized shape {normalized:?}",
+                "{} {name} of shape {:?} does not broadcast to the normalized shape \
+                 {normalized:?}",
+                node.op,
                 p.shape
             ));
         }
@@ -256,6 +281,30 @@ mod tests {
         assert_eq!(run(&mut n, 17, &[&[2, 5, 8], &[5, 8]]).unwrap().len(), 1);
         let mut bad = node("LayerNormalization", 2, 1, Attrs::new());
         assert!(run(&mut bad, 17, &[&[2, 5, 8], &[5]]).is_err());
+    }
+
+    #[test]
+    fn rms_norm_is_layer_norm_without_bias_or_statistics() {
+        let mut n =
+            node("RMSNormalization", 2, 1, Attrs::new().with("stash_type", AttrValue::Int(1)));
+        let out = run(&mut n, 23, &[&[2, 5, 8], &[8]]).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].shape, [2, 5, 8]);
+        assert_eq!(
+            n.attrs,
+            Attrs::new()
+                .with("axis", AttrValue::Int(2))
+                .with("epsilon", AttrValue::Float(f64::from(1e-5f32)))
+        );
+        let mut n = node("RMSNormalization", 2, 1, Attrs::new().with("axis", AttrValue::Int(-2)));
+        assert_eq!(run(&mut n, 23, &[&[2, 5, 8], &[5, 1]]).unwrap().len(), 1);
+        let mut bad = node("RMSNormalization", 2, 1, Attrs::new().with("axis", AttrValue::Int(1)));
+        let err = run(&mut bad, 23, &[&[2, 5, 8], &[8, 8]]).unwrap_err();
+        assert!(err.0.contains("RMSNormalization scale of shape [8, 8]"), "{err}");
+        let mut three = node("RMSNormalization", 3, 1, Attrs::new());
+        assert!(run(&mut three, 23, &[&[2, 5, 8], &[8], &[8]]).is_err());
+        let mut stats = node("RMSNormalization", 2, 2, Attrs::new());
+        assert!(run(&mut stats, 23, &[&[2, 5, 8], &[8]]).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
-// Instance, Group, Layer and MeanVariance normalization: the input is walked as rows (the
+// Instance, Group, Layer, RMS and MeanVariance normalization: the input is walked as rows (the
 // indices the statistics are per) of elements (the indices they are over); each row's mean and
 // variance are computed in two passes (the mean, then the mean square deviation from it), then
-// every element is normalized and mapped.
+// every element is normalized and mapped. RMS skips the first pass: its mean is 0.
 //
 // Short rows take one invocation each; long rows (LONG) one workgroup each, whose invocations
 // take every WG-th element and add their partial sums in workgroup memory.
@@ -49,6 +49,8 @@ override WG: u32 = 8u;
 override LONG: bool = false;
 // MeanVarianceNormalization's 1 / (sqrt(var) + 1e-9) instead of 1 / sqrt(var + epsilon).
 override MVN: bool = false;
+// RMSNormalization: uncentred, the mean taken as 0 (the variance is then the mean square).
+override RMS: bool = false;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -115,18 +117,22 @@ fn main(
 
     var part = 0.0;
     var e = e_start;
-    for (var o = o_start; o < p.outer; o++) {
-        let xo = p.x + base + o * p.x_os;
-        for (; e < p.inner; e += step) {
-            part += x[xo + e * p.x_is];
+    var total: f32;
+    var mean = 0.0;
+    if (!RMS) {
+        for (var o = o_start; o < p.outer; o++) {
+            let xo = p.x + base + o * p.x_os;
+            for (; e < p.inner; e += step) {
+                part += x[xo + e * p.x_is];
+            }
+            e -= p.inner;
         }
-        e -= p.inner;
+        total = part;
+        if (LONG) {
+            total = workgroup_sum(lid, part);
+        }
+        mean = total / f32(len);
     }
-    var total = part;
-    if (LONG) {
-        total = workgroup_sum(lid, part);
-    }
-    let mean = total / f32(len);
 
     part = 0.0;
     e = e_start;

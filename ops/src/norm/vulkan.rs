@@ -1,14 +1,16 @@
 //! Vulkan kernels of the norm family (ops: ops/src/norm/cpu.rs): BatchNormalization
 //! (inference), InstanceNormalization, GroupNormalization, LayerNormalization (with its
-//! optional Mean and InvStdDev outputs), LRN and MeanVarianceNormalization, float32.
+//! optional Mean and InvStdDev outputs), RMSNormalization, LRN and MeanVarianceNormalization,
+//! float32.
 //!
-//! Instance, Group, Layer and MeanVariance normalization are one row kernel (`rows.wgsl`): the
-//! input is walked as rows (the indices the statistics are per) of elements (the indices they
-//! are over), each row's mean and variance computed in two passes (mean, then the mean square
-//! deviation from it), then every element normalized and mapped (hooks). Short rows take one
-//! invocation each; long rows one workgroup each, the partial sums of its invocations added in
-//! workgroup memory. BatchNormalization and LRN (`batch_norm.wgsl`, `lrn.wgsl`) are one
-//! invocation per element, on a grid of (plane, channel, batch).
+//! Instance, Group, Layer, RMS and MeanVariance normalization are one row kernel
+//! (`rows.wgsl`): the input is walked as rows (the indices the statistics are per) of elements
+//! (the indices they are over), each row's mean and variance computed in two passes (mean,
+//! then the mean square deviation from it; RMS: no mean, override `RMS`), then every element
+//! normalized and mapped (hooks). Short rows take one invocation each; long rows one workgroup
+//! each, the partial sums of its invocations added in workgroup memory. BatchNormalization and
+//! LRN (`batch_norm.wgsl`, `lrn.wgsl`) are one invocation per element, on a grid of (plane,
+//! channel, batch).
 
 use crate::no_kernel;
 use crate::vulkan::{
@@ -24,8 +26,9 @@ static ROWS: Wgsl = wgsl!("norm/rows.wgsl");
 #[cfg(test)]
 pub(crate) static FILES: [&Wgsl; 3] = [&BATCH_NORM, &LRN, &ROWS];
 
-/// `rows.wgsl`'s hooks: Instance/GroupNormalization's per-channel factors, LayerNormalization's
-/// per-element scale (and bias), its statistics outputs.
+/// `rows.wgsl`'s hooks: Instance/GroupNormalization's per-channel factors, Layer and
+/// RMSNormalization's per-element scale (and LayerNormalization's bias), its statistics
+/// outputs.
 const CHANNEL_FACTORS: &str = "fn run_factors(inv: f32, s: u32, sb: u32) -> vec2<f32> {
     return vec2<f32>(inv * scale[p.scale + s], bias[p.bias + sb]);
 }";
@@ -56,6 +59,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         "BatchNormalization" => inputs == 5 && out == 1,
         "InstanceNormalization" | "GroupNormalization" => inputs == 3 && out == 1,
         "LayerNormalization" => (2..=3).contains(&inputs) && (1..=3).contains(&out),
+        "RMSNormalization" => inputs == 2 && out == 1,
         _ => inputs == 1 && out == 1,
     };
     if !arity || cx.outputs[0].desc.shape != x.shape {
@@ -197,7 +201,7 @@ enum Affine {
     None,
     /// Instance/GroupNormalization: scale and bias per channel (or per group), one run each.
     PerChannel,
-    /// LayerNormalization: scale (and bias) broadcast over the row.
+    /// Layer and RMSNormalization: scale (and bias) broadcast over the row.
     PerElement { bias: bool },
 }
 
@@ -216,6 +220,8 @@ struct RowNorm {
     s_row: usize,
     /// Added to the variance before its square root (None: MVN's `sqrt(var) + 1e-9`).
     epsilon: Option<f32>,
+    /// Whether the mean is subtracted (all but RMSNormalization).
+    centered: bool,
     affine: Affine,
 }
 
@@ -265,15 +271,16 @@ impl RowNorm {
                     groups,
                     s_row: if per_group { 1 } else { per_row },
                     epsilon: Some(float("epsilon")?),
+                    centered: true,
                     affine: Affine::PerChannel,
                 }
             }
-            "LayerNormalization" => {
+            "LayerNormalization" | "RMSNormalization" => {
                 let axis = cx.attrs.int("axis").map_err(|e| no_kernel!("{e}"))?;
                 let axis = usize::try_from(axis)
                     .ok()
                     .filter(|&a| a < shape.len())
-                    .ok_or_else(|| no_kernel!("LayerNormalization axis {axis}"))?;
+                    .ok_or_else(|| no_kernel!("{} axis {axis}", cx.op))?;
                 let row = &shape[axis..];
                 let rows: usize = shape[..axis].iter().product();
                 // A parameter's strides: its own on the row's dims it has, 0 elsewhere.
@@ -284,7 +291,7 @@ impl RowNorm {
                     let pad = row
                         .len()
                         .checked_sub(p.len())
-                        .ok_or_else(|| no_kernel!("LayerNormalization input {i} of {p:?}"))?;
+                        .ok_or_else(|| no_kernel!("{} input {i} of {p:?}", cx.op))?;
                     let ps = strides(p);
                     row.iter()
                         .enumerate()
@@ -292,13 +299,13 @@ impl RowNorm {
                             Some(j) if p[j] == size => Ok(ps[j]),
                             Some(j) if p[j] == 1 => Ok(0),
                             None => Ok(0),
-                            Some(_) => Err(no_kernel!("LayerNormalization input {i} of {p:?}")),
+                            Some(_) => Err(no_kernel!("{} input {i} of {p:?}", cx.op)),
                         })
                         .collect()
                 };
                 for o in &cx.outputs[1..] {
                     if o.desc.elements() != rows {
-                        return Err(no_kernel!("LayerNormalization statistics {:?}", o.desc.shape));
+                        return Err(no_kernel!("{} statistics {:?}", cx.op, o.desc.shape));
                     }
                 }
                 let (xs, ss, bs) = (strides(row), param(1)?, param(2)?);
@@ -314,6 +321,7 @@ impl RowNorm {
                     groups: 1,
                     s_row: 0,
                     epsilon: Some(float("epsilon")?),
+                    centered: cx.op == "LayerNormalization",
                     affine: Affine::PerElement { bias: cx.inputs.len() == 3 },
                 }
             }
@@ -353,6 +361,7 @@ impl RowNorm {
                     groups: 1,
                     s_row: 0,
                     epsilon: None,
+                    centered: true,
                     affine: Affine::None,
                 }
             }
@@ -405,7 +414,8 @@ const ROW_GROUP: u32 = 64;
 fn row_norm(cx: &KernelCx, rn: &RowNorm) -> Result<Vec<Dispatch>, NoKernel> {
     let mut bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
     let stats = cx.outputs.len() - 1;
-    let mut spec = Spec::new(&ROWS).set("MVN", matches!(rn.affine, Affine::None));
+    let mut spec =
+        Spec::new(&ROWS).set("MVN", matches!(rn.affine, Affine::None)).set("RMS", !rn.centered);
     match rn.affine {
         Affine::None => {}
         Affine::PerChannel => {
@@ -634,6 +644,26 @@ mod tests {
             ]
         );
         assert_eq!(set(&d[0], "LONG"), 1.0, "3000 elements");
+    }
+
+    #[test]
+    fn rms_norm_is_layer_norm_uncentred() {
+        let rms = eps().with("axis", AttrValue::Int(1));
+        // Rows [3, 5] of scale [3, 5]: contiguous, one run.
+        let d = lower_all("RMSNormalization", &rms, &[&[2, 3, 5], &[3, 5]], &[&[2, 3, 5]]);
+        assert_eq!(d[0].label, "rmsnormalization_2x15");
+        let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["x", "y", "scale"]);
+        assert_eq!((set(&d[0], "RMS"), set(&d[0], "MVN")), (1.0, 0.0));
+        insta::assert_snapshot!("rms_norm_cpu", specialised(&d[0], &ROWS));
+        // Long rows (a workgroup each, on both classes) with a broadcast scale.
+        let d = lower_all("RMSNormalization", &rms, &[&[4, 2, 1024], &[1, 1024]], &[&[4, 2, 1024]]);
+        for d in &d {
+            assert_eq!((set(d, "LONG"), set(d, "RMS")), (1.0, 1.0), "{}", d.label);
+            assert_eq!(d.params[4..12], [2, 1024, 0, 0, 1024, 1, 1, 0]);
+        }
+        let layer = lower_all("LayerNormalization", &rms, &[&[2, 3, 5], &[3, 5]], &[&[2, 3, 5]]);
+        assert_eq!(set(&layer[0], "RMS"), 0.0);
     }
 
     #[test]
