@@ -96,15 +96,9 @@ impl Kernel for Rotary {
 #[cfg(test)]
 mod tests {
     use crate::cpu::{KernelError, eval};
+    use crate::rotary::geometry::canonical as attrs;
     use crate::tensor::{Tensor, TensorDesc};
-    use ingot_schema::{AttrValue, Attrs, DType};
-
-    fn attrs(interleaved: bool, heads: usize, rot: usize) -> Attrs {
-        Attrs::new()
-            .with("interleaved", AttrValue::Int(i64::from(interleaved)))
-            .with("num_heads", AttrValue::Int(heads as i64))
-            .with("rotary_embedding_dim", AttrValue::Int(rot as i64))
-    }
+    use ingot_schema::DType;
 
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u32) -> Vec<f32> {

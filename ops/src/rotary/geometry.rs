@@ -102,28 +102,35 @@ impl Geometry {
     }
 }
 
+/// For the family's tests: canonical attributes.
+#[cfg(test)]
+pub(super) fn canonical(interleaved: bool, heads: usize, rot: usize) -> Attrs {
+    use ingot_schema::AttrValue;
+    Attrs::new()
+        .with("interleaved", AttrValue::Int(i64::from(interleaved)))
+        .with("num_heads", AttrValue::Int(heads as i64))
+        .with("rotary_embedding_dim", AttrValue::Int(rot as i64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_schema::AttrValue;
 
-    fn attrs(heads: i64, rot: i64, interleaved: i64) -> Attrs {
-        Attrs::new()
-            .with("interleaved", AttrValue::Int(interleaved))
-            .with("num_heads", AttrValue::Int(heads))
-            .with("rotary_embedding_dim", AttrValue::Int(rot))
+    fn attrs(heads: usize, rot: usize, interleaved: bool) -> Attrs {
+        canonical(interleaved, heads, rot)
     }
 
     #[test]
     fn tokens_of_rows_in_both_layouts() {
         // [2, 3, 4, 8]: rows (b, h, s), s fastest.
-        let g = Geometry::new(&attrs(3, 8, 0), &[&[2, 3, 4, 8], &[2, 4, 4], &[2, 4, 4]]).unwrap();
+        let g =
+            Geometry::new(&attrs(3, 8, false), &[&[2, 3, 4, 8], &[2, 4, 4], &[2, 4, 4]]).unwrap();
         let tokens: Vec<usize> = (0..24).map(|r| g.token(r)).collect();
         let heads_major: Vec<usize> =
             (0..2).flat_map(|b| (0..3).flat_map(move |_| (0..4).map(move |s| b * 4 + s))).collect();
         assert_eq!(tokens, heads_major);
         // [2, 4, 24] with 3 heads: rows (b, s, h), h fastest.
-        let g = Geometry::new(&attrs(3, 8, 0), &[&[2, 4, 24], &[2, 4, 4], &[2, 4, 4]]).unwrap();
+        let g = Geometry::new(&attrs(3, 8, false), &[&[2, 4, 24], &[2, 4, 4], &[2, 4, 4]]).unwrap();
         assert!(g.seq_major);
         let tokens: Vec<usize> = (0..24).map(|r| g.token(r)).collect();
         let seq_major: Vec<usize> = (0..8).flat_map(|t| [t; 3]).collect();
@@ -133,7 +140,7 @@ mod tests {
     #[test]
     fn shapes_must_agree() {
         let ok = |a: &Attrs, s: &[&[usize]]| Geometry::new(a, s);
-        let a = attrs(4, 4, 1);
+        let a = attrs(4, 4, true);
         let g = ok(&a, &[&[2, 4, 3, 8], &[50, 2], &[50, 2], &[2, 3]]).unwrap();
         assert_eq!((g.rot, g.positions, g.interleaved), (4, Some(50), true));
         let err = ok(&a, &[&[2, 4, 3, 8], &[50, 4], &[50, 4], &[2, 3]]).unwrap_err();
@@ -142,10 +149,16 @@ mod tests {
         assert!(err.contains("position_ids"), "{err}");
         let err = ok(&a, &[&[2, 4, 3, 8], &[2, 3, 2], &[2, 3, 3]]).unwrap_err();
         assert!(err.contains("sin_cache"), "{err}");
-        assert!(ok(&attrs(4, 5, 0), &[&[2, 4, 3, 8], &[2, 3, 2], &[2, 3, 2]]).is_err(), "odd");
-        assert!(ok(&attrs(4, 10, 0), &[&[2, 4, 3, 8], &[2, 3, 5], &[2, 3, 5]]).is_err(), "wide");
-        assert!(ok(&attrs(3, 4, 0), &[&[2, 4, 3, 8], &[2, 3, 2], &[2, 3, 2]]).is_err(), "heads");
-        assert!(ok(&attrs(5, 4, 0), &[&[2, 3, 32], &[2, 3, 2], &[2, 3, 2]]).is_err(), "hidden");
-        assert!(ok(&attrs(4, 4, 0), &[&[2, 3], &[2, 3, 2], &[2, 3, 2]]).is_err(), "rank");
+        assert!(ok(&attrs(4, 5, false), &[&[2, 4, 3, 8], &[2, 3, 2], &[2, 3, 2]]).is_err(), "odd");
+        assert!(
+            ok(&attrs(4, 10, false), &[&[2, 4, 3, 8], &[2, 3, 5], &[2, 3, 5]]).is_err(),
+            "wide"
+        );
+        assert!(
+            ok(&attrs(3, 4, false), &[&[2, 4, 3, 8], &[2, 3, 2], &[2, 3, 2]]).is_err(),
+            "heads"
+        );
+        assert!(ok(&attrs(5, 4, false), &[&[2, 3, 32], &[2, 3, 2], &[2, 3, 2]]).is_err(), "hidden");
+        assert!(ok(&attrs(4, 4, false), &[&[2, 3], &[2, 3, 2], &[2, 3, 2]]).is_err(), "rank");
     }
 }

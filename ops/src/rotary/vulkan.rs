@@ -103,15 +103,9 @@ mod tests {
     use super::*;
     use crate::TensorDesc;
     use crate::matmul::vulkan::tests::specialised;
+    use crate::rotary::geometry::canonical as attrs;
     use crate::vulkan::{DeviceClass, Operand, Slot, compile, valid};
-    use ingot_schema::{AttrValue, Attrs};
-
-    fn attrs(interleaved: bool, heads: usize, rot: usize) -> Attrs {
-        Attrs::new()
-            .with("interleaved", AttrValue::Int(i64::from(interleaved)))
-            .with("num_heads", AttrValue::Int(heads as i64))
-            .with("rotary_embedding_dim", AttrValue::Int(rot as i64))
-    }
+    use ingot_schema::Attrs;
 
     /// Lowers for both device classes with operands one after the other in the arena (the
     /// fourth, position_ids, int64) and checks every dispatch against its compiled module.
