@@ -14,6 +14,7 @@ pub mod tensor;
 #[cfg(feature = "wgsl")]
 pub mod vulkan;
 
+mod attention;
 mod conv;
 mod elementwise;
 mod matmul;

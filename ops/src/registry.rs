@@ -80,6 +80,7 @@ pub(crate) fn never(_: &str, _: &Attrs, _: usize) -> bool {
 }
 
 const FAMILIES: &[Family] = &[
+    crate::attention::FAMILY,
     crate::elementwise::FAMILY,
     crate::conv::FAMILY,
     crate::pool::FAMILY,
