@@ -25,6 +25,7 @@ mod reduce;
 mod resize;
 mod rnn;
 mod rotary;
+mod topk;
 
 pub use ingot_schema::DType;
 pub use node::{Constant, Node, ValueId};

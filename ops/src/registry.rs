@@ -91,6 +91,7 @@ const FAMILIES: &[Family] = &[
     crate::resize::FAMILY,
     crate::rnn::FAMILY,
     crate::rotary::FAMILY,
+    crate::topk::FAMILY,
 ];
 
 /// An op of the default ONNX domain as the registry knows it.

@@ -1,0 +1,239 @@
+//! TopK on every numeric element type. The order is a total one, so that every backend and
+//! thread count gives the same answer: NaN above every number, equal values by index (the
+//! lower first, as ONNX says). Output is always sorted, which `sorted = 0` allows.
+
+use crate::cpu::{Kernel, KernelError, OpCx, tensor_mut};
+use crate::invalid;
+use crate::lower::checked_product;
+use crate::movement::cpu::by_numeric;
+use crate::tensor::{Element, TensorMut, TensorRef};
+use ingot_schema::DType;
+use rayon::prelude::*;
+use std::cmp::Ordering;
+
+pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    if cx.op != "TopK" {
+        return Err(KernelError::UnknownOp(cx.op.to_string()));
+    }
+    cx.expect_arity(1..=1, 2)?;
+    let x = &cx.inputs[0];
+    if x.dtype == DType::Bool {
+        return Err(cx.dtype_error(x.dtype));
+    }
+    let shape = super::output_shape(cx.attrs, &x.shape).map_err(|e| invalid!("TopK: {e}"))?;
+    let (values, indices) = (&cx.outputs[0], &cx.outputs[1]);
+    if values.dtype != x.dtype || indices.dtype != DType::I64 {
+        return Err(invalid!(
+            "TopK of {} gives {} values and int64 indices, got {} and {}",
+            x.dtype,
+            x.dtype,
+            values.dtype,
+            indices.dtype
+        ));
+    }
+    if values.shape != shape || indices.shape != shape {
+        return Err(invalid!(
+            "TopK declares outputs {:?} and {:?}, expected {shape:?}",
+            values.shape,
+            indices.shape
+        ));
+    }
+    // `output_shape` checked the axis against the rank.
+    let axis = cx.attrs.int("axis")? as usize;
+    let dims = |d: &[usize]| checked_product(d).ok_or_else(|| invalid!("TopK: {d:?} overflows"));
+    Ok(Box::new(TopK {
+        n: x.shape[axis],
+        inner: dims(&x.shape[axis + 1..])?,
+        k: shape[axis],
+        len: dims(&x.shape)?,
+        out_len: dims(&shape)?,
+        largest: cx.attrs.int("largest")? != 0,
+        dtype: x.dtype,
+    }))
+}
+
+/// X seen as [outer, n, inner], the lanes of n elements being what TopK selects from.
+struct TopK {
+    n: usize,
+    inner: usize,
+    k: usize,
+    /// X's and each output's element counts.
+    len: usize,
+    out_len: usize,
+    largest: bool,
+    dtype: DType,
+}
+
+impl Kernel for TopK {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let x = inputs.first().ok_or_else(|| invalid!("TopK's input is missing"))?;
+        let [values, indices] = outputs else {
+            return Err(invalid!("TopK writes 2 outputs, got {}", outputs.len()));
+        };
+        if x.dtype != self.dtype {
+            return Err(invalid!("TopK was prepared for {}, got {}", self.dtype, x.dtype));
+        }
+        let (len, out_len) = (self.len, self.out_len);
+        let indices = tensor_mut::<i64>(indices, out_len)?;
+        by_numeric!(self.dtype, T => {
+            let x = x.as_slice::<T>()?;
+            if x.len() != len {
+                return Err(invalid!("TopK's input has {} elements, expected {len}", x.len()));
+            }
+            self.select(x, tensor_mut::<T>(values, out_len)?, indices);
+            Ok(())
+        })
+    }
+}
+
+impl TopK {
+    /// Writes each lane's first k elements in the order, and their indices, one block of
+    /// `outer` at a time.
+    fn select<T: Rank>(&self, x: &[T], values: &mut [T], indices: &mut [i64]) {
+        let (n, k, inner) = (self.n, self.k, self.inner);
+        // Also k = 0: nothing to select (and no k - 1 below).
+        if values.is_empty() {
+            return;
+        }
+        let blocks = x.par_chunks(n * inner).zip(values.par_chunks_mut(k * inner));
+        blocks.zip(indices.par_chunks_mut(k * inner)).for_each(|((x, values), indices)| {
+            let (mut lane, mut order) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for i in 0..inner {
+                lane.clear();
+                lane.extend(x[i..].iter().step_by(inner).copied());
+                order.clear();
+                order.extend(0..n);
+                // With the index as tie-break the order is total: an unstable selection and
+                // sort give the stable answer.
+                let before = |&a: &usize, &b: &usize| {
+                    let by_value =
+                        if self.largest { lane[b].rank(lane[a]) } else { lane[a].rank(lane[b]) };
+                    by_value.then(a.cmp(&b))
+                };
+                if k < n {
+                    order.select_nth_unstable_by(k - 1, before);
+                }
+                order[..k].sort_unstable_by(before);
+                for (j, &at) in order[..k].iter().enumerate() {
+                    values[j * inner + i] = lane[at];
+                    indices[j * inner + i] = at as i64;
+                }
+            }
+        });
+    }
+}
+
+/// The order TopK ranks by: numbers as usual, NaN above every number (and equal to NaN).
+trait Rank: Element {
+    fn rank(self, other: Self) -> Ordering;
+}
+
+macro_rules! rank_int {
+    ($($t:ty),*) => {$(
+        impl Rank for $t {
+            fn rank(self, other: Self) -> Ordering {
+                self.cmp(&other)
+            }
+        }
+    )*};
+}
+rank_int!(i8, u8, i16, u16, i32, u32, i64, u64);
+
+macro_rules! rank_float {
+    ($($t:ty),*) => {$(
+        impl Rank for $t {
+            fn rank(self, other: Self) -> Ordering {
+                self.partial_cmp(&other).unwrap_or_else(|| self.is_nan().cmp(&other.is_nan()))
+            }
+        }
+    )*};
+}
+rank_float!(f32, f64, half::f16);
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::eval;
+    use crate::tensor::{Element, Tensor, TensorDesc};
+    use ingot_schema::{AttrValue, Attrs, DType};
+
+    fn attrs(k: i64, axis: i64, largest: bool) -> Attrs {
+        Attrs::new()
+            .with("k", AttrValue::Int(k))
+            .with("axis", AttrValue::Int(axis))
+            .with("largest", AttrValue::Int(largest.into()))
+            .with("sorted", AttrValue::Int(1))
+    }
+
+    /// Values and indices of TopK over `x` of `shape`, canonical attributes.
+    fn top<T: Element>(x: &[T], shape: &[usize], a: &Attrs) -> (Vec<T>, Vec<i64>) {
+        let mut out = shape.to_vec();
+        let axis = a.int("axis").unwrap() as usize;
+        out[axis] = a.int("k").unwrap() as usize;
+        let outs = [TensorDesc::new(T::DTYPE, out.clone()), TensorDesc::new(DType::I64, out)];
+        let x = Tensor::from_vec(shape.to_vec(), x).unwrap();
+        let got = eval("TopK", a, &[&x], &outs).unwrap();
+        (got[0].to_vec().unwrap(), got[1].to_vec().unwrap())
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_index() {
+        let x = [1i32, 3, 2, 3, 1, 3];
+        assert_eq!(top(&x, &[6], &attrs(4, 0, true)), (vec![3, 3, 3, 2], vec![1, 3, 5, 2]));
+        assert_eq!(top(&x, &[6], &attrs(3, 0, false)), (vec![1, 1, 2], vec![0, 4, 2]));
+        // -0 and +0 are equal: by index.
+        let z = [0.0f32, -0.0, 0.0];
+        assert_eq!(top(&z, &[3], &attrs(3, 0, true)).1, [0, 1, 2]);
+    }
+
+    #[test]
+    fn nan_is_above_every_number() {
+        let nan = f32::NAN;
+        let x = [1.0, nan, f32::INFINITY, -2.0, nan];
+        let (v, i) = top(&x, &[5], &attrs(3, 0, true));
+        assert!(v[0].is_nan() && v[1].is_nan() && v[2] == f32::INFINITY, "{v:?}");
+        assert_eq!(i, [1, 4, 2]);
+        let (v, i) = top(&x, &[5], &attrs(5, 0, false));
+        assert_eq!((&v[..3], &i[..]), (&[-2.0, 1.0, f32::INFINITY][..], &[3, 0, 2, 1, 4][..]));
+        let h = [half::f16::NAN, half::f16::ONE, half::f16::ZERO];
+        assert_eq!(top(&h, &[3], &attrs(2, 0, false)).1, [2, 1]);
+    }
+
+    /// Axis 0 of [3, 2] (the lowered form of axis -2): lanes are strided.
+    #[test]
+    fn an_outer_axis_reads_strided_lanes() {
+        let x = [5.0f64, 0.0, 1.0, 7.0, 3.0, 2.0];
+        let (v, i) = top(&x, &[3, 2], &attrs(2, 0, true));
+        assert_eq!((v, i), (vec![5.0, 7.0, 3.0, 2.0], vec![0, 1, 2, 2]));
+    }
+
+    #[test]
+    fn smallest_full_dim_and_empty() {
+        let x = [u64::MAX, 4, 9, 0, 4, 1];
+        assert_eq!(
+            top(&x, &[2, 3], &attrs(3, 1, false)),
+            (vec![4, 9, u64::MAX, 0, 1, 4], vec![1, 2, 0, 0, 2, 1])
+        );
+        assert_eq!(top(&x, &[2, 3], &attrs(1, 1, true)), (vec![u64::MAX, 4], vec![0, 1]));
+        assert_eq!(top(&x, &[2, 3], &attrs(0, 1, true)), (vec![], vec![]));
+        let i8s = [-1i8, 5, -7];
+        assert_eq!(top(&i8s, &[3], &attrs(2, 0, false)), (vec![-7, -1], vec![2, 0]));
+    }
+
+    #[test]
+    fn bad_steps_are_refused() {
+        let x = Tensor::from_vec(vec![2, 3], &[0f32; 6]).unwrap();
+        let out = |s: &[usize]| {
+            [TensorDesc::new(DType::F32, s.to_vec()), TensorDesc::new(DType::I64, s.to_vec())]
+        };
+        let err = eval("TopK", &attrs(4, 1, true), &[&x], &out(&[2, 4])).unwrap_err();
+        assert!(err.to_string().contains("K must be 0 to 3"), "{err}");
+        let err = eval("TopK", &attrs(1, 2, true), &[&x], &out(&[2, 1])).unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
+        let err = eval("TopK", &attrs(2, 1, true), &[&x], &out(&[2, 3])).unwrap_err();
+        assert!(err.to_string().contains("expected [2, 2]"), "{err}");
+        let b = Tensor::from_bools(vec![2], &[true, false]).unwrap();
+        let bools = [TensorDesc::new(DType::Bool, [1]), TensorDesc::new(DType::I64, [1])];
+        let err = eval("TopK", &attrs(1, 0, true), &[&b], &bools).unwrap_err();
+        assert!(err.to_string().contains("not supported by TopK"), "{err}");
+    }
+}
