@@ -48,15 +48,18 @@ sha=$(git rev-parse --verify "$base_rev^{commit}") || die "no revision $base_rev
 # The binary of each side: the base's is built once per commit.
 bin_of() { if [[ $1 == base ]]; then echo "$out/ingot-${sha:0:12}"; else echo "$out/ingot-head"; fi; }
 
-# The base in a worktree, sharing the target dir's dependencies (the workspace's own crates
-# build apart, as their paths differ); then the working tree.
+# The base in a worktree with a target dir of its own: cargo names a workspace crate's build
+# by its path relative to the workspace, so in a shared target dir the base's build could
+# pass for the working tree's, and the head binary would be the base's. Then the working
+# tree.
 build_binaries() {
     if [[ ! -x "$(bin_of base)" ]]; then
         log "building ingot at ${sha:0:12}"
         rm -rf "$out/src" && git worktree prune
         git worktree add --detach --quiet "$out/src" "$sha"
-        cargo build --quiet --bin ingot --manifest-path "$out/src/Cargo.toml" --target-dir "$target"
-        cp "$target/debug/ingot" "$(bin_of base)"
+        cargo build --quiet --bin ingot --manifest-path "$out/src/Cargo.toml" \
+            --target-dir "$out/base-target"
+        cp "$out/base-target/debug/ingot" "$(bin_of base)"
         git worktree remove --force "$out/src"
     fi
     log "building ingot from the working tree"

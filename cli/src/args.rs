@@ -38,9 +38,17 @@ pub struct SessionArgs {
     /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
     #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     pub devices: Vec<String>,
-    /// Threads for the CPU backend (default: one per core).
+    /// Threads for the CPU backend (default: one per physical core).
     #[arg(long)]
     threads: Option<usize>,
+    /// The CPU backend's idle threads spin a while for work between steps before they park
+    /// (the default).
+    #[arg(long, overrides_with = "no_spin")]
+    spin: bool,
+    /// The CPU backend's idle threads park at once: slower steps, cores left to the rest of
+    /// the machine.
+    #[arg(long, overrides_with = "spin")]
+    no_spin: bool,
     /// Which Vulkan kernels run: auto (the device's class), cpu (the CPU-type kernels) or
     /// gpu (the GPU kernels, on any device: how lavapipe runs them in tests).
     #[arg(long, default_value = "auto")]
@@ -66,6 +74,7 @@ pub fn open_session(
         devices,
         failover,
         threads: args.threads,
+        spin: !args.no_spin,
         kernel_class: KernelClass::parse(&args.kernel_class)?,
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()

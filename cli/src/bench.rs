@@ -130,6 +130,7 @@ pub fn main(args: Args) -> Result<()> {
             "kernel_class": args.session.kernel_class,
             "device": session.device(),
             "threads": session.threads(),
+            "spin": session.spin(),
             "inputs": {
                 "seed": args.random.seed,
                 "float_range": [args.random.float_range.0, args.random.float_range.1],

@@ -251,9 +251,11 @@ class Session:
     Args:
         bundle: the bundle's bytes, or the path of a bundle file.
         devices: ``"vulkan,cpu"`` or ``["vulkan", "cpu"]``.
-        threads: threads for the CPU backend (default: one per core).
+        threads: threads for the CPU backend (default: one per physical core).
         variant: the variant to run (default: the bundle's first).
         failover: move a submodel whose run fails to the next device and run it again.
+        spin: the CPU backend's idle threads spin a while for work between steps before
+            they park; ``False`` parks them at once (slower steps, cores left to others).
 
     Raises:
         IngotError: unknown device name, a bundle that does not open or validate, no such
@@ -267,11 +269,14 @@ class Session:
         threads: Optional[int] = None,
         variant: Optional[str] = None,
         failover: bool = True,
+        spin: bool = True,
     ) -> None:
         if isinstance(devices, str):
             devices = devices.split(",")
         names = None if devices is None else list(devices)
-        self._native = _native.Session(_bundle_arg(bundle), names, threads, variant, failover)
+        self._native = _native.Session(
+            _bundle_arg(bundle), names, threads, variant, failover, spin
+        )
         self._inputs = [_info(i) for i in self._native.inputs]
         self._outputs = [_info(o) for o in self._native.outputs]
 

@@ -168,7 +168,7 @@ impl PySession {
     /// Opens `bundle` (bytes or a path) and prepares `variant` (default: the first) with each
     /// submodel on the first of `devices` that works (default: vulkan, then cpu).
     #[new]
-    #[pyo3(signature = (bundle, devices=None, threads=None, variant=None, failover=true))]
+    #[pyo3(signature = (bundle, devices=None, threads=None, variant=None, failover=true, spin=true))]
     fn new(
         py: Python<'_>,
         bundle: Source<'_>,
@@ -176,6 +176,7 @@ impl PySession {
         threads: Option<usize>,
         variant: Option<String>,
         failover: bool,
+        spin: bool,
     ) -> PyResult<PySession> {
         // Every name is checked before the bundle is read or any device tried.
         let devices = match devices {
@@ -190,7 +191,8 @@ impl PySession {
             return Err(py_err(anyhow!("threads must be at least 1")));
         }
         let bundle = Arc::new(open_bundle(&bundle).map_err(py_err)?);
-        let options = SessionOptions { variant, devices, failover, threads, ..Default::default() };
+        let options =
+            SessionOptions { variant, devices, failover, threads, spin, ..Default::default() };
         let session = py
             .detach(|| Session::new(bundle, options).map_err(anyhow::Error::from))
             .map_err(py_err)?;

@@ -11,7 +11,7 @@ use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{TensorDesc, TensorMut, TensorRef};
-use ingot_ops::cpu::parallel::with_threads_awake;
+use ingot_ops::cpu::parallel::{Awake, with_threads_awake};
 use ingot_ops::cpu::{Kernel, KernelError, OpCx};
 use ingot_schema::Attrs;
 use ingot_schema::proto::storage::Kind;
@@ -47,13 +47,60 @@ struct Step {
     in_place: Option<usize>,
 }
 
+/// The CPU backend's threads: a session's, shared by its CPU submodels (they run one at a
+/// time).
+pub struct CpuThreads {
+    pool: rayon::ThreadPool,
+    /// Idle threads spin a while for work during a run ([`with_threads_awake`]).
+    spin: bool,
+}
+
+impl CpuThreads {
+    pub fn start(threads: usize, spin: bool) -> Result<CpuThreads, SessionError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ingot-cpu-{i}"))
+            .build()
+            .map_err(|e| SessionError::Threads { threads, reason: e.to_string() })?;
+        Ok(CpuThreads { pool, spin })
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce(Option<&Awake>) -> R + Send) -> R {
+        self.pool.install(|| with_threads_awake(self.spin, f))
+    }
+}
+
+/// The CPU backend's default thread count: the machine's physical cores, or the CPUs this
+/// process may use where they are fewer (affinity, a container's quota). A second hardware
+/// thread on a core shares its vector units, so compute-bound kernels gain little from it,
+/// and a pool larger than the free cores stalls on descheduled workers.
+pub fn default_threads() -> usize {
+    let allowed = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    physical_cores().map_or(allowed, |cores| cores.clamp(1, allowed))
+}
+
+/// Distinct (package, core) pairs among the online CPUs, where the OS says (Linux, Android).
+fn physical_cores() -> Option<usize> {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    let mut cores = std::collections::BTreeSet::new();
+    for range in online.trim().split(',') {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        for cpu in first.parse::<usize>().ok()?..=last.parse::<usize>().ok()? {
+            let topology = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+            let read = |file: &str| std::fs::read_to_string(format!("{topology}/{file}")).ok();
+            cores.insert((read("physical_package_id")?, read("core_id")?));
+        }
+    }
+    Some(cores.len())
+}
+
 /// A submodel prepared for the CPU.
 pub struct CpuExecutable {
     bundle: Arc<Bundle>,
     faults: Faults,
     /// The threads kernels split their work over: the session's, shared by its CPU
     /// submodels.
-    pool: Arc<rayon::ThreadPool>,
+    threads: Arc<CpuThreads>,
     steps: Vec<Step>,
     // u64 words keep arena offsets (multiples of the plan's alignment) aligned for every type.
     arena: Vec<u64>,
@@ -74,14 +121,14 @@ impl Drop for CpuExecutable {
 
 impl CpuExecutable {
     /// Prepares every step's kernel and allocates the arena of submodel `submodel` of variant
-    /// `variant`, to run on `pool`.
+    /// `variant`, to run on `threads`.
     pub fn new(
         bundle: Arc<Bundle>,
         variant: usize,
         submodel: usize,
         ledger: &Ledger,
         faults: &Faults,
-        pool: Arc<rayon::ThreadPool>,
+        threads: Arc<CpuThreads>,
     ) -> Result<CpuExecutable, Failure> {
         let v = &bundle.manifest().variants[variant];
         let sub = &v.submodels[submodel];
@@ -173,7 +220,7 @@ impl CpuExecutable {
             arena_bytes: arena_bytes as usize,
             bundle,
             faults: faults.clone(),
-            pool,
+            threads,
         };
         // After the allocation, so that a test sees it freed.
         faults.check("cpu", Stage::Arena).map_err(Failure::at(Stage::Arena))?;
@@ -184,8 +231,8 @@ impl CpuExecutable {
 impl Executable for CpuExecutable {
     fn run(&mut self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), SessionError> {
         self.faults.check("cpu", Stage::Run)?;
-        let pool = Arc::clone(&self.pool);
-        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs, None)))
+        let threads = Arc::clone(&self.threads);
+        threads.run(|awake| self.run_steps(inputs, outputs, awake, None))
     }
 
     fn run_profiled(
@@ -194,23 +241,28 @@ impl Executable for CpuExecutable {
         outputs: &mut [TensorMut],
     ) -> Result<Vec<StepTime>, SessionError> {
         self.faults.check("cpu", Stage::Run)?;
-        let pool = Arc::clone(&self.pool);
+        let threads = Arc::clone(&self.threads);
         let mut times = Vec::with_capacity(self.steps.len());
-        pool.install(|| with_threads_awake(|| self.run_steps(inputs, outputs, Some(&mut times))))?;
+        threads.run(|awake| self.run_steps(inputs, outputs, awake, Some(&mut times)))?;
         Ok(times)
     }
 }
 
 impl CpuExecutable {
-    /// Runs every step; with `times`, pushes each step's wall time.
+    /// Runs every step, telling `awake` (the idle threads) as each starts; with `times`,
+    /// pushes each step's wall time.
     fn run_steps(
         &mut self,
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
+        awake: Option<&Awake>,
         mut times: Option<&mut Vec<StepTime>>,
     ) -> Result<(), SessionError> {
         let arena = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.arena)[..self.arena_bytes];
         for step in &self.steps {
+            if let Some(awake) = awake {
+                awake.step();
+            }
             let start = times.is_some().then(std::time::Instant::now);
             let index = step.index;
             let fail = |cause| {

@@ -15,7 +15,7 @@
 
 use crate::backend::{Device, Executable, Failure, Faults, SessionError, Stage, StepTime};
 use crate::bundle::Bundle;
-use crate::cpu::CpuExecutable;
+use crate::cpu::{CpuExecutable, CpuThreads};
 use crate::ledger::Ledger;
 use crate::tensor::{TensorMut, TensorRef};
 use std::collections::BTreeMap;
@@ -90,11 +90,12 @@ impl fmt::Display for Placement {
 pub(crate) struct Devices {
     pub list: Vec<Device>,
     pub failover: bool,
-    /// Threads for the CPU backend.
+    /// Threads for the CPU backend, and whether its idle threads spin during a run.
     pub threads: usize,
-    /// The CPU backend's pool of `threads` threads, started by the first CPU submodel and
-    /// shared by all of them (they run one at a time).
-    cpu_pool: OnceLock<Arc<rayon::ThreadPool>>,
+    pub spin: bool,
+    /// The CPU backend's `threads` threads, started by the first CPU submodel and shared by
+    /// all of them.
+    cpu_threads: OnceLock<Arc<CpuThreads>>,
     pub faults: Faults,
     pub ledger: Ledger,
     /// Devices (by position in `list`) that failed for every submodel, and how.
@@ -105,7 +106,7 @@ impl Devices {
     pub fn new(
         list: Vec<Device>,
         failover: bool,
-        threads: usize,
+        (threads, spin): (usize, bool),
         faults: Faults,
         ledger: Ledger,
     ) -> Devices {
@@ -113,23 +114,20 @@ impl Devices {
             list,
             failover,
             threads,
-            cpu_pool: OnceLock::new(),
+            spin,
+            cpu_threads: OnceLock::new(),
             faults,
             ledger,
             dead: Mutex::default(),
         }
     }
 
-    fn cpu_pool(&self) -> Result<Arc<rayon::ThreadPool>, SessionError> {
-        if let Some(pool) = self.cpu_pool.get() {
-            return Ok(Arc::clone(pool));
+    fn cpu_threads(&self) -> Result<Arc<CpuThreads>, SessionError> {
+        if let Some(threads) = self.cpu_threads.get() {
+            return Ok(Arc::clone(threads));
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(self.threads)
-            .thread_name(|i| format!("ingot-cpu-{i}"))
-            .build()
-            .map_err(|e| SessionError::Threads { threads: self.threads, reason: e.to_string() })?;
-        Ok(Arc::clone(self.cpu_pool.get_or_init(|| Arc::new(pool))))
+        let threads = CpuThreads::start(self.threads, self.spin)?;
+        Ok(Arc::clone(self.cpu_threads.get_or_init(|| Arc::new(threads))))
     }
 }
 
@@ -227,14 +225,14 @@ impl Fallback {
                 error: SessionError::Unavailable(name.clone()),
             }),
             Device::Cpu => {
-                let pool = self.devices.cpu_pool().map_err(Failure::at(Stage::Device))?;
+                let threads = self.devices.cpu_threads().map_err(Failure::at(Stage::Device))?;
                 let exe = CpuExecutable::new(
                     Arc::clone(bundle),
                     variant,
                     submodel,
                     &ledger.on("cpu"),
                     faults,
-                    pool,
+                    threads,
                 )?;
                 Ok((Box::new(exe), "cpu".into()))
             }

@@ -46,10 +46,14 @@ pub struct SessionOptions {
     pub failover: bool,
     /// Where device memory is recorded; a fresh ledger when `None`.
     pub ledger: Option<Ledger>,
-    /// Threads the CPU backend may use; `None` means one per core. While a CPU submodel runs,
-    /// the threads not running its steps spin waiting for work (as ONNX Runtime's do); they
-    /// sleep between runs.
+    /// Threads the CPU backend may use; `None` means one per physical core, or fewer where
+    /// this process may use fewer CPUs ([`crate::cpu::default_threads`]).
     pub threads: Option<usize>,
+    /// While a CPU submodel runs, its idle threads spin a while for work before they park
+    /// (on by default, as ONNX Runtime's do: waking a sleeping thread costs tens of µs a
+    /// step). Off, they park at once: for an app whose other threads need the cores more, or
+    /// a machine busy with other work (where it is also the faster setting).
+    pub spin: bool,
     /// Failures to inject, for tests (inert without the `fault-injection` feature).
     pub faults: Faults,
     /// Which Vulkan kernels run, on every Vulkan device of the list (default: each device's
@@ -65,6 +69,7 @@ impl Default for SessionOptions {
             failover: true,
             ledger: None,
             threads: None,
+            spin: true,
             faults: Faults::default(),
             kernel_class: KernelClass::Auto,
         }
@@ -141,6 +146,7 @@ pub struct Session {
     boundary_entry: Option<Entry>,
     arena_bytes: usize,
     threads: usize,
+    spin: bool,
     ledger: Ledger,
 }
 
@@ -193,13 +199,11 @@ impl Session {
         let arena_bytes = plan.map_or(0, |p| p.arena_bytes as usize);
         let boundary_bytes = plan.map_or(0, |p| p.boundary_bytes);
         let ledger = options.ledger.unwrap_or_default();
-        let threads = options.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        });
+        let threads = options.threads.unwrap_or_else(crate::cpu::default_threads);
         let devices = Arc::new(Devices::new(
             with_kernel_class(options.devices, options.kernel_class),
             options.failover,
-            threads,
+            (threads, options.spin),
             options.faults,
             ledger.clone(),
         ));
@@ -263,6 +267,7 @@ impl Session {
             boundary_entry,
             arena_bytes,
             threads,
+            spin: options.spin,
             ledger,
         })
     }
@@ -280,9 +285,14 @@ impl Session {
         self.arena_bytes
     }
 
-    /// The CPU backend's thread count (the option, or one per core).
+    /// The CPU backend's thread count (the option, or one per physical core).
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Whether the CPU backend's idle threads spin a while for work during a run.
+    pub fn spin(&self) -> bool {
+        self.spin
     }
 
     /// Where each submodel runs, and every device skipped with the stage and the reason.

@@ -227,6 +227,7 @@ fn bench_json_reports_its_settings_and_distribution() {
         &"cpu",
         &"--threads",
         &"1",
+        &"--no-spin",
         &"--warmup",
         &"2",
         &"--iterations",
@@ -244,7 +245,7 @@ fn bench_json_reports_its_settings_and_distribution() {
     assert_eq!(r["devices"], serde_json::json!(["cpu"]));
     assert_eq!(r["device"], "cpu");
     assert_eq!((&r["threads"], &r["warmup"], &r["iterations"]), (&1.into(), &2.into(), &5.into()));
-    assert_eq!(r["kernel_class"], "auto");
+    assert_eq!((&r["kernel_class"], &r["spin"]), (&"auto".into(), &false.into()));
     assert_eq!(r["inputs"]["int_range"], serde_json::json!([0, 3]));
     let ms = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {r}"));
     assert!(ms("min_ms") <= ms("median_ms") && ms("median_ms") <= ms("p90_ms"));

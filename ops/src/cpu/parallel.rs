@@ -10,8 +10,10 @@ use ndarray::{ArrayViewMut2, Axis};
 use rayon::Yield;
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread::LocalKey;
+use std::time::{Duration, Instant};
 
 thread_local! {
     /// This thread's scratch buffers, a stack: a buffer grows to the largest need at its depth
@@ -52,41 +54,138 @@ pub fn with_scratch<T: Scratch, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) ->
     result
 }
 
-/// Runs `f` on the current pool with its other threads awake: each spins, taking work the
-/// moment it appears, until `f` returns. An idle rayon thread sleeps after some 20 µs and
-/// takes 20-30 µs to wake (2-vCPU VM), which a run of small ops paid at nearly every op: a
-/// shufflenet on 2 threads ran at one thread's speed in a third of its runs. ONNX Runtime's
-/// pool spins between ops the same way; the threads go back to sleep when the run is over.
-pub fn with_threads_awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+/// How long an idle pool thread keeps looking for work before it parks: longer than the gap
+/// between one step's parallel loops, shorter than the time slice a descheduled worker waits
+/// for. A thread woken from sleep takes 20-30 µs to start (2-vCPU VM), which a run of small
+/// ops paid at nearly every op when idle threads slept at once.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// How often a parked thread looks for work all the same. A kernel may share out work long
+/// after its step began (a recurrent cell's loop over time steps): the parked threads miss
+/// rayon's own wake-up, and would otherwise leave that work to the others until the next step.
+const PARKED_POLL: Duration = Duration::from_millis(1);
+
+/// The pool's idle threads during one run (see [`with_threads_awake`]).
+#[derive(Default)]
+pub struct Awake {
+    done: AtomicBool,
+    /// Counts the steps started; a parked thread wakes when it moves.
+    steps: AtomicU64,
+    parked: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+impl Awake {
+    /// Marks the start of a step: parked threads spin again, since it may share out work.
+    pub fn step(&self) {
+        self.steps.fetch_add(1, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.wake.notify_all();
+        }
+    }
+
+    fn finish(&self) {
+        self.done.store(true, Ordering::SeqCst);
+        let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.wake.notify_all();
+    }
+
+    /// Thread `thread`'s part in a run whose steps run on thread `runner`, with `helpers`
+    /// other threads taking work. A helper runs what it can steal, and after [`SPIN`] without
+    /// any it parks until the next step starts or the run ends. The pool's other threads sit
+    /// the run out, as does the runner here (it would wait for itself).
+    fn keep_awake(&self, thread: usize, runner: Option<usize>, helpers: usize) {
+        let Some(rank) = helper_rank(thread, runner) else { return };
+        if rank >= helpers {
+            return self.sit_out();
+        }
+        let mut seen = self.steps.load(Ordering::SeqCst);
+        let mut idle_since = Instant::now();
+        while !self.done.load(Ordering::Acquire) {
+            if rayon::yield_now() == Some(Yield::Executed) {
+                idle_since = Instant::now();
+                continue;
+            }
+            let now = self.steps.load(Ordering::Acquire);
+            if now != seen {
+                (seen, idle_since) = (now, Instant::now());
+            }
+            if idle_since.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                // Still idle when it wakes without a new step: it polls once, parks again.
+                self.park(seen);
+            }
+        }
+    }
+
+    /// Sleeps until a step after `seen` starts, the run ends, or [`PARKED_POLL`] passes.
+    fn park(&self, seen: u64) {
+        let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // Counted before the step count is read again: `step` then either sees this thread
+        // parked and wakes it, or moved the count first, and this thread does not sleep.
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        let sleeping = |_: &mut ()| {
+            !self.done.load(Ordering::SeqCst) && self.steps.load(Ordering::SeqCst) == seen
+        };
+        let waited = self.wake.wait_timeout_while(guard, PARKED_POLL, sleeping);
+        drop(waited.unwrap_or_else(PoisonError::into_inner));
+        self.parked.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Sleeps until the run ends, holding no work: it only ever steals.
+    fn sit_out(&self) {
+        let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let running = |_: &mut ()| !self.done.load(Ordering::SeqCst);
+        drop(self.wake.wait_while(guard, running).unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// `thread`'s place among the pool's threads other than `runner`; `None` for the runner.
+fn helper_rank(thread: usize, runner: Option<usize>) -> Option<usize> {
+    match runner {
+        Some(r) if r == thread => None,
+        Some(r) if r < thread => Some(thread - 1),
+        _ => Some(thread),
+    }
+}
+
+/// Runs `f` on the current pool. With `spin`, as many of its other threads as there are
+/// other CPUs this process may use stay awake while `f` runs: each takes work the moment it
+/// appears, spins a while when there is none ([`SPIN`]), then parks until `f` marks the next
+/// step ([`Awake::step`]). ONNX Runtime's pool spins between ops the same way. The rest of
+/// the pool sits the run out: with more threads than cores, every thread the OS
+/// descheduled while it held a piece of work stalled the step it belonged to, and spinners
+/// took the cores the workers needed (PP-OCR rec on 2 cores: 5.8 ms at 2 threads, 190 ms at
+/// 8). Without `spin`, idle threads sleep at once (rayon's own policy) and `f` gets `None`.
+pub fn with_threads_awake<R: Send>(spin: bool, f: impl FnOnce(Option<&Awake>) -> R + Send) -> R {
+    if !spin {
+        return f(None);
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    run_awake(cpus - 1, f)
+}
+
+/// [`with_threads_awake`] with `helpers` threads beside the one running `f`.
+fn run_awake<R: Send>(helpers: usize, f: impl FnOnce(Option<&Awake>) -> R + Send) -> R {
     let runner = rayon::current_thread_index();
-    let done = AtomicBool::new(false);
+    let awake = Awake::default();
     rayon::scope(|s| {
-        // One spinner per thread: a broadcast job is never stolen, so none finds another.
-        s.spawn_broadcast(|_, thread| keep_awake(&done, thread.index(), runner));
-        // Set however `f` ends, or the spinners would never let the scope end.
-        let _finished = Finished(&done);
-        f()
+        // One job per thread: a broadcast job is never stolen, so none finds another.
+        s.spawn_broadcast(|_, thread| awake.keep_awake(thread.index(), runner, helpers));
+        // Ends the run for the helpers however `f` ends, or they would never let the scope end.
+        let _finished = Finished(&awake);
+        f(Some(&awake))
     })
 }
 
-/// Thread `thread`'s spin in [`with_threads_awake`]; none on the thread running `f`, which
-/// would then wait for itself.
-fn keep_awake(done: &AtomicBool, thread: usize, runner: Option<usize>) {
-    if Some(thread) == runner {
-        return;
-    }
-    while !done.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(Yield::Executed) {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-struct Finished<'a>(&'a AtomicBool);
+struct Finished<'a>(&'a Awake);
 
 impl Drop for Finished<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
+        self.0.finish();
     }
 }
 
@@ -162,32 +261,93 @@ mod tests {
         assert!(failed.is_err());
     }
 
+    /// Which threads of a pool of `threads` took part in a run, with `helpers` beside the
+    /// runner, of a loop that shares out 64 blocks of 1 ms; checks the result.
+    fn threads_taking_part(threads: usize, helpers: usize) -> usize {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut c = Array2::<f32>::zeros((2, 64));
+        let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
+        pool.install(|| {
+            run_awake(helpers, |awake| {
+                awake.expect("spinning").step();
+                column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
+                    ran_on.lock().unwrap().insert(rayon::current_thread_index());
+                    std::thread::sleep(Duration::from_millis(1));
+                    block.fill(cols.start as f32);
+                    Ok(())
+                })
+            })
+        })
+        .unwrap();
+        assert!(c.rows().into_iter().all(|r| r.iter().copied().eq((0..64).map(|j| j as f32))));
+        ran_on.into_inner().unwrap().len()
+    }
+
     #[test]
     fn awake_threads_take_the_work_and_let_the_run_end() {
         for threads in 1..=3 {
+            // Every thread took a share.
+            assert_eq!(threads_taking_part(threads, threads - 1), threads);
+            // A panic ends the run too: it reaches the caller instead of hanging the pool.
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            let mut c = Array2::<f32>::zeros((2, 64));
-            let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
-            pool.install(|| {
-                with_threads_awake(|| {
-                    column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
-                        ran_on.lock().unwrap().insert(rayon::current_thread_index());
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                        block.fill(cols.start as f32);
-                        Ok(())
-                    })
-                })
-            })
-            .unwrap();
-            assert!(c.rows().into_iter().all(|r| r.iter().copied().eq((0..64).map(|j| j as f32))));
-            // Every thread took a share of 64 blocks of 1 ms.
-            assert_eq!(ran_on.lock().unwrap().len(), threads);
-            // A panic ends the spinning too: it reaches the caller instead of hanging the pool.
             let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                pool.install(|| with_threads_awake(|| panic!("a kernel bug")))
+                pool.install(|| with_threads_awake(true, |_| panic!("a kernel bug")))
             }));
             assert!(panicked.is_err());
         }
+    }
+
+    #[test]
+    fn threads_beyond_the_cpus_sit_the_run_out() {
+        // A pool of 4 on one helper's worth of CPUs: the runner and one helper do the work,
+        // and the two others, asleep, still let the run end.
+        assert_eq!(threads_taking_part(4, 1), 2);
+        assert_eq!(threads_taking_part(4, 0), 1);
+        assert_eq!([0, 1, 2].map(|t| helper_rank(t, Some(1))), [Some(0), None, Some(1)]);
+        assert_eq!(helper_rank(2, None), Some(2));
+    }
+
+    #[test]
+    fn parked_threads_wake_for_the_next_step_or_poll_for_work() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let mut c = Array2::<f32>::zeros((1, 64));
+        // Which threads took part in a loop that shares out 64 blocks of 1 ms.
+        let mut share_out = || {
+            let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
+            column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
+                ran_on.lock().unwrap().insert(rayon::current_thread_index());
+                std::thread::sleep(Duration::from_millis(1));
+                block.fill(cols.start as f32);
+                Ok(())
+            })
+            .unwrap();
+            ran_on.into_inner().unwrap().len()
+        };
+        let (polled, woken) = pool.install(|| {
+            run_awake(2, |awake| {
+                let awake = awake.expect("spinning");
+                // With nothing shared out, the two idle threads park (however slowly a
+                // loaded machine schedules them).
+                let all_parked = || {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while awake.parked.load(Ordering::SeqCst) < 2 {
+                        assert!(Instant::now() < deadline, "idle threads never parked");
+                        std::thread::sleep(SPIN);
+                    }
+                };
+                awake.step();
+                all_parked();
+                // Work shared out within the step: the parked threads find it by polling.
+                let polled = share_out();
+                all_parked();
+                // The next step wakes them at once.
+                awake.step();
+                (polled, share_out())
+            })
+        });
+        assert_eq!((polled, woken), (3, 3));
+        // Without spinning there is nothing to wake: the pool's own sleep policy applies.
+        pool.install(|| with_threads_awake(false, |awake| assert!(awake.is_none())));
     }
 
     #[test]
