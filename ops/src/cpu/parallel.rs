@@ -11,7 +11,7 @@ use rayon::Yield;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
@@ -164,7 +164,11 @@ pub fn with_threads_awake<R: Send>(spin: bool, f: impl FnOnce(Option<&Awake>) ->
     if !spin {
         return f(None);
     }
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    // Read once: on Linux it reads the affinity mask and cgroup files.
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
     run_awake(cpus - 1, f)
 }
 
