@@ -5,7 +5,8 @@
 #
 #   bash capi/run_example.sh [DEVICES [OUT_DIR [--from-memory]]]
 #
-# DEVICES defaults to vulkan,cpu; OUT_DIR to target/capi/out. Run from anywhere.
+# DEVICES defaults to vulkan,cpu (a Vulkan GPU, else the CPU; vulkan:cpu,cpu runs on lavapipe,
+# which `vulkan` passes over); OUT_DIR to target/capi/out. Run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"

@@ -81,10 +81,13 @@ fi
 # Each writes results/<model>.<contender>.<round>.json. ingot on a device it cannot open yet
 # is reported as n/a (with the reason), not as a failure: the Vulkan backend is in progress.
 run_ingot() { # model device round
-    local m=$1 dev=$2 r=$3 res="$out/results/$1.ingot-$2.$3.json" err
+    local m=$1 dev=$2 r=$3 res="$out/results/$1.ingot-$2.$3.json" err devices=$2
+    # On Vulkan, ingot runs where the peers do: lavapipe (IREE targets llvmpipe), named,
+    # since `vulkan` picks GPUs only and never a CPU-type device.
+    [[ $dev == vulkan ]] && devices=vulkan:cpu
     $has_bench || return 0
     err=$(mktemp)
-    if "$ingot" bench "$out/$m.ingot" --devices "$dev" --iterations "$iterations" --json \
+    if "$ingot" bench "$out/$m.ingot" --devices "$devices" --iterations "$iterations" --json \
         >"$res.part" 2>"$err"; then
         mv "$res.part" "$res"
     else

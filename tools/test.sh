@@ -75,7 +75,7 @@ cargo run --quiet -p build-step
     -o "$out/cnn.ingot"
 "$target/debug/ingot" compile "$target/models/ch_PP-OCRv4_rec_infer.onnx" \
     --input-shape x=1x3x48x320 -o "$out/rec.ingot"
-cargo run --quiet -p embed -- "$out/cnn.ingot" --from-memory
+cargo run --quiet -p embed -- "$out/cnn.ingot" --from-memory --devices vulkan:cpu,cpu
 cargo test --quiet -p ingot-runtime --no-default-features --lib
 # The default device list in a CPU-only build: Vulkan skipped with a notice.
 cargo run --quiet -p embed --no-default-features -- "$out/cnn.ingot"
@@ -88,9 +88,10 @@ for b in cnn rec; do
 done
 
 # The C API: libingot built, capi/examples/run_bundle.c compiled against capi/include/ingot.h
-# and the static library, run on the PP-OCR classifier (Vulkan, then the CPU).
+# and the static library, run on the PP-OCR classifier (Vulkan on lavapipe, named since
+# `vulkan` picks GPUs only, then the CPU).
 step "C API example (capi/run_example.sh)"
-bash capi/run_example.sh vulkan,cpu "$target/capi/out"
+bash capi/run_example.sh vulkan:cpu,cpu "$target/capi/out"
 cargo build --quiet -p ingot-capi --no-default-features
 
 # The Python package: the wheel built by maturin (dev profile, reusing the build above),

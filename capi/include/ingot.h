@@ -135,10 +135,12 @@ void ingot_bundle_free(IngotBundle *bundle);
 
 /* Makes a session of the bundle's variant `variant` (NULL: the first variant; a
  * single-model bundle has one, "main") on the devices `devices` names, tried in order per
- * submodel: a comma-separated list of "cpu", "vulkan" (the best Vulkan device),
- * "vulkan:N" (by index), "vulkan:cpu" (a CPU-type Vulkan device). NULL means the default
- * list, "vulkan,cpu". A device that cannot run a submodel is skipped (the placement report
- * says why); INGOT_SESSION when no device of the list can. */
+ * submodel: a comma-separated list of "cpu", "vulkan" (the best Vulkan GPU: discrete,
+ * integrated, then virtual; never a CPU-type device), "vulkan:N" (by index, any type),
+ * "vulkan:cpu" (a CPU-type Vulkan device such as lavapipe, used only where named: Ingot's
+ * CPU backend is faster). NULL means the default list, "vulkan,cpu", which runs on the CPU
+ * where the only Vulkan devices are CPU-type. A device that cannot run a submodel is skipped
+ * (the placement report says why); INGOT_SESSION when no device of the list can. */
 IngotStatus ingot_session_new(const IngotBundle *bundle, const char *devices,
                               const char *variant, IngotSession **out);
 

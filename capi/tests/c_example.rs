@@ -1,6 +1,7 @@
 //! The C example (capi/examples/run_bundle.c, built and run by capi/run_example.sh on the
 //! PP-OCR direction classifier) gives the Rust API's outputs: bit for bit on the CPU, within
-//! a tolerance on `vulkan,cpu`, with the same placement report.
+//! a tolerance on `vulkan:cpu,cpu` (Vulkan on lavapipe, named: `vulkan` picks GPUs only), with
+//! the same placement report.
 //!
 //! Data: `target/models/` and `target/references/`, made by `bash tools/setup.sh`. Needs a C
 //! compiler (`cc`).
@@ -39,7 +40,7 @@ fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
 
 /// Runs the C example on `devices` into its own directory; returns its stdout and output 0.
 fn run_c_example(devices: &str, from_memory: bool) -> (String, PathBuf) {
-    let out = target_dir().join(format!("capi/out-{}", devices.replace(',', "-")));
+    let out = target_dir().join(format!("capi/out-{}", devices.replace([',', ':'], "-")));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("run_example.sh");
     let mut command = Command::new("bash");
     command.arg(&script).arg(devices).arg(&out);
@@ -59,7 +60,7 @@ fn run_c_example(devices: &str, from_memory: bool) -> (String, PathBuf) {
 
 #[test]
 fn c_example_matches_the_rust_api() {
-    for (devices, from_memory, tolerance) in [("cpu", false, 0.0), ("vulkan,cpu", true, 1e-5)] {
+    for (devices, from_memory, tolerance) in [("cpu", false, 0.0), ("vulkan:cpu,cpu", true, 1e-5)] {
         let (stdout, c_output) = run_c_example(devices, from_memory);
         print!("== run_example.sh {devices}\n{stdout}");
 

@@ -35,7 +35,9 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
 /// Where and how `run` and `bench` run a bundle.
 #[derive(clap::Args)]
 pub struct SessionArgs {
-    /// Devices to try for each submodel, in order: vulkan, vulkan:N, vulkan:cpu, cpu.
+    /// Devices to try for each submodel, in order: vulkan (the best GPU: discrete,
+    /// integrated, virtual; never a CPU-type device), vulkan:N (by index), vulkan:cpu (a
+    /// CPU-type device such as lavapipe, used only where named), cpu.
     #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Threads for the CPU backend (default: one per physical core).

@@ -245,8 +245,11 @@ class Session:
 
     Each submodel is prepared on the first device of ``devices`` that works (names: ``vulkan``,
     ``vulkan:N``, ``vulkan:cpu``, ``cpu``; default ``vulkan,cpu``); :attr:`placement` says where
-    each runs and what was skipped why. A submodel whose run fails moves to the next device
-    unless ``failover=False``.
+    each runs and what was skipped why. ``vulkan`` is the best Vulkan GPU (discrete,
+    integrated, then virtual), never a CPU-type device such as lavapipe, which runs only where
+    named (``vulkan:cpu`` or ``vulkan:N``): where it is the only Vulkan device, the default
+    list runs on the CPU. A submodel whose run fails moves to the next device unless
+    ``failover=False``.
 
     Args:
         bundle: the bundle's bytes, or the path of a bundle file.

@@ -39,12 +39,18 @@ impl KernelClass {
 /// Which physical device to use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum DeviceChoice {
-    /// The most capable usable device: discrete > integrated > virtual > cpu.
+    /// `vulkan`: the most capable usable hardware device, discrete > integrated > virtual
+    /// GPU. Never a CPU-type device (lavapipe, SwiftShader): Ingot's CPU backend runs models
+    /// several times faster in a fraction of the memory, so where the loader reports only
+    /// CPU-type devices this choice fails, saying so, and a device list goes on to its next
+    /// device (`cpu` in the default `vulkan,cpu`). Such a device is used only where named:
+    /// [`CpuType`](DeviceChoice::CpuType) or [`Index`](DeviceChoice::Index).
     #[default]
     Best,
-    /// The device at this index of [`devices`].
+    /// `vulkan:N`: the device at this index of the loader's list (`vulkan::devices`),
+    /// whatever its type.
     Index(usize),
-    /// The first usable device of type CPU (lavapipe, SwiftShader).
+    /// `vulkan:cpu`: the first usable device of type CPU (lavapipe, SwiftShader).
     CpuType,
 }
 
@@ -76,9 +82,9 @@ impl Device {
     /// The device names [`Device::parse`] knows.
     pub const NAMES: &'static str = "cpu, vulkan, vulkan:N, vulkan:cpu";
 
-    /// A device by name: `cpu`; `vulkan` (the best Vulkan device: discrete, integrated,
-    /// virtual, then CPU-type), `vulkan:N` (by index), `vulkan:cpu` (a CPU-type device such
-    /// as lavapipe).
+    /// A device by name: `cpu`; `vulkan` (the best Vulkan GPU: discrete, integrated, then
+    /// virtual; never a CPU-type device), `vulkan:N` (by index, any type), `vulkan:cpu` (a
+    /// CPU-type device such as lavapipe, used only where named).
     pub fn parse(name: &str) -> Result<Device, SessionError> {
         #[cfg(feature = "vulkan")]
         {
@@ -118,8 +124,9 @@ impl Device {
         names.split(',').map(str::trim).filter(|n| !n.is_empty()).map(Device::parse).collect()
     }
 
-    /// The list a session tries when told nothing: Vulkan, then the CPU (the CPU alone in a
-    /// build without the Vulkan backend).
+    /// The list a session tries when told nothing: a Vulkan GPU, then the CPU (the CPU alone
+    /// in a build without the Vulkan backend, or on a machine whose only Vulkan devices are
+    /// CPU-type).
     pub fn default_list() -> Vec<Device> {
         vec![
             #[cfg(feature = "vulkan")]

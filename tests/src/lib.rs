@@ -47,13 +47,14 @@ pub fn session_on(bundle: &[u8], device: Device) -> Result<Session> {
     Session::new(Arc::new(bundle), options).context("create session")
 }
 
-/// The Vulkan device the tests use: the best one the loader offers. The test command installs
-/// lavapipe and exports `INGOT_VULKAN_VALIDATION=1`, so every Vulkan test runs under the
-/// Khronos validation layer; no device is a failure, never a skip. `INGOT_KERNEL_CLASS=gpu`
-/// (or `cpu`) runs that class of kernels whatever the device's own class: how the GPU kernels
-/// are tested on lavapipe, a CPU-type device.
+/// The Vulkan device the tests use: the CPU-type one, lavapipe, named (`vulkan:cpu`), since
+/// `vulkan` never picks a CPU-type device. The test command installs lavapipe and exports
+/// `INGOT_VULKAN_VALIDATION=1`, so every Vulkan test runs under the Khronos validation layer;
+/// no device is a failure, never a skip. `INGOT_KERNEL_CLASS=gpu` (or `cpu`) runs that class
+/// of kernels whatever the device's own class: how the GPU kernels are tested on lavapipe.
 pub fn vulkan() -> Device {
     Device::Vulkan(ingot_runtime::vulkan::VulkanOptions {
+        device: ingot_runtime::vulkan::DeviceChoice::CpuType,
         kernel_class: kernel_class(),
         ..Default::default()
     })

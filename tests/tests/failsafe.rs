@@ -3,12 +3,15 @@
 //! and no Vulkan loader at all. Every run is compared with the all-CPU run, and the ledger
 //! must show that a device that failed gave back everything it had allocated.
 //!
-//! Vulkan runs under the validation layer on lavapipe (tools/test.sh); no Vulkan device is a
-//! failure, not a skip.
+//! Vulkan runs under the validation layer on lavapipe (tools/test.sh), named `vulkan:cpu`:
+//! `vulkan` never picks a CPU-type device, so the default list `vulkan,cpu` runs on the CPU
+//! there (tested below). No Vulkan device is a failure, not a skip.
 
 use anyhow::{Context, Result, ensure};
 use ingot_runtime::ledger::Action;
-use ingot_runtime::{Bundle, Faults, Ledger, Session, SessionError, SessionOptions, Stage, Tensor};
+use ingot_runtime::{
+    Bundle, Device, Faults, Ledger, Session, SessionError, SessionOptions, Stage, Tensor,
+};
 use ingot_schema::DType;
 use ingot_tests::cli::{expect_clean_failure, expect_success, ingot};
 use ingot_tests::model::{OnnxModel, attr_int};
@@ -108,7 +111,7 @@ fn an_op_without_a_vulkan_kernel_splits_the_graph_vulkan_cpu_vulkan() -> Result<
     let bundle = bundle("split", &split_model())?;
     let v = &bundle.manifest().variants[0];
     ensure!(v.submodels.len() == 3, "want 3 submodels: {:?}", v.submodels);
-    let (mut session, _) = open(&bundle, "vulkan,cpu", true, Faults::default())?;
+    let (mut session, _) = open(&bundle, "vulkan:cpu,cpu", true, Faults::default())?;
     let placement = session.placement();
     let devices: Vec<&str> = placement.0.iter().map(|p| p.device.as_str()).collect();
     ensure!(
@@ -149,7 +152,7 @@ fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
     {
         let faults = Faults::default();
         faults.inject("vulkan", stage);
-        let (mut session, ledger) = open(&bundle, "vulkan,cpu", true, faults)?;
+        let (mut session, ledger) = open(&bundle, "vulkan:cpu,cpu", true, faults)?;
         let placement = session.placement();
         ensure!(
             placement.0.iter().all(|p| p.device == "cpu"),
@@ -158,7 +161,7 @@ fn every_injected_preparation_failure_falls_back_to_the_cpu() -> Result<()> {
         for k in [0, 2] {
             let skip = &placement.0[k].skipped;
             ensure!(
-                skip.iter().any(|s| s.stage == stage && s.device == "vulkan"),
+                skip.iter().any(|s| s.stage == stage && s.device == "vulkan:cpu"),
                 "{stage:?}: submodel {k} should name the stage:\n{placement}"
             );
         }
@@ -189,7 +192,7 @@ fn a_cpu_failure_falls_over_to_vulkan() -> Result<()> {
     for stage in [Stage::Pipelines, Stage::Arena] {
         let faults = Faults::default();
         faults.inject("cpu", stage);
-        let (mut session, ledger) = open(&bundle, "cpu,vulkan", true, faults)?;
+        let (mut session, ledger) = open(&bundle, "cpu,vulkan:cpu", true, faults)?;
         let placement = session.placement();
         ensure!(
             placement.0[0].device.starts_with("vulkan")
@@ -210,7 +213,7 @@ fn a_failure_while_running_fails_over_to_the_next_device() -> Result<()> {
     let want = cpu_outputs(&bundle)?;
     let faults = Faults::default();
     faults.inject("vulkan", Stage::Run);
-    let (mut session, ledger) = open(&bundle, "vulkan,cpu", true, faults)?;
+    let (mut session, ledger) = open(&bundle, "vulkan:cpu,cpu", true, faults)?;
     let got = session.run(&[input()])?;
     let placement = session.placement();
     // The first submodel met the fault, moved to the CPU and ran again from its inputs.
@@ -225,7 +228,7 @@ fn a_failure_while_running_fails_over_to_the_next_device() -> Result<()> {
     ensure!(placement.0[2].device.starts_with("vulkan"), "{placement}");
     close(&got[0], &want[0])?;
     // Submodel 0's Vulkan memory went with it: what Vulkan holds now is submodel 2's alone.
-    let (_whole, alone) = open(&bundle, "vulkan,cpu", true, Faults::default())?;
+    let (_whole, alone) = open(&bundle, "vulkan:cpu,cpu", true, Faults::default())?;
     let (held, all) = (vulkan_bytes_held(&ledger), vulkan_bytes_held(&alone));
     ensure!(held > 0 && held < all, "{held} bytes held, {all} with submodel 0");
     let again = session.run(&[input()])?;
@@ -240,7 +243,7 @@ fn without_failover_a_run_failure_is_an_error_and_the_session_stays_usable() -> 
     let want = cpu_outputs(&bundle)?;
     let faults = Faults::default();
     faults.inject("vulkan", Stage::Run);
-    let (mut session, _) = open(&bundle, "vulkan,cpu", false, faults)?;
+    let (mut session, _) = open(&bundle, "vulkan:cpu,cpu", false, faults)?;
     match session.run(&[input()]) {
         Err(e @ SessionError::Vulkan(_)) => {
             ensure!(e.to_string().contains("lost"), "{e}")
@@ -256,7 +259,7 @@ fn without_failover_a_run_failure_is_an_error_and_the_session_stays_usable() -> 
 #[test]
 fn a_submodel_no_device_can_run_is_a_clear_error() -> Result<()> {
     let bundle = bundle("vulkan_only", &split_model())?;
-    let e = match open(&bundle, "vulkan", true, Faults::default()) {
+    let e = match open(&bundle, "vulkan:cpu", true, Faults::default()) {
         Err(e) => e.to_string(),
         Ok(_) => anyhow::bail!("a Vulkan-only session cannot run the f64 casts"),
     };
@@ -267,6 +270,71 @@ fn a_submodel_no_device_can_run_is_a_clear_error() -> Result<()> {
     };
     ensure!(e.contains("tpu") && e.contains("vulkan:cpu"), "{e}");
     Ok(())
+}
+
+/// The default list, `vulkan,cpu`, never runs on a CPU-type Vulkan device: where lavapipe is
+/// the only Vulkan device (CI), every submodel runs on the CPU, and the placement report says
+/// once, as a notice, why `vulkan` was skipped, naming the device and how to ask for it; Vulkan
+/// allocates nothing. Where there is a GPU, `vulkan` takes it instead.
+#[test]
+fn the_default_list_leaves_a_cpu_type_vulkan_device_to_the_cpu_backend() -> Result<()> {
+    let seen = validation_seen();
+    let listed =
+        ingot_runtime::vulkan::devices().context("Vulkan devices (a Vulkan device is required)")?;
+    let cpu_types: Vec<_> = listed.iter().filter(|d| d.kind == "cpu").collect();
+    ensure!(!cpu_types.is_empty(), "no CPU-type Vulkan device (lavapipe is required): {listed:?}");
+    let gpu = listed.iter().any(|d| matches!(d.kind, "discrete" | "integrated" | "virtual"));
+    let bundle = bundle("default_list", &split_model())?;
+    let ledger = Ledger::new();
+    let options = SessionOptions { ledger: Some(ledger.clone()), ..SessionOptions::default() };
+    let names: Vec<String> = options.devices.iter().map(Device::name).collect();
+    ensure!(names == ["vulkan", "cpu"], "the default list is {names:?}");
+    let mut session = Session::new(Arc::clone(&bundle), options)?;
+    let placement = session.placement();
+    if gpu {
+        let on_cpu_type = |device: &str| {
+            cpu_types.iter().any(|d| device == format!("vulkan:{} ({})", d.index, d.name))
+        };
+        ensure!(
+            placement.0[0].device.starts_with("vulkan:") && !on_cpu_type(&placement.0[0].device),
+            "a GPU is listed ({listed:?}):\n{placement}"
+        );
+    } else {
+        let only = match cpu_types.len() {
+            1 => "only a CPU-type device",
+            _ => "only CPU-type devices",
+        };
+        let reason = format!("Vulkan device: no usable Vulkan GPU, {only} ({}", cpu_types[0]);
+        for p in &placement.0 {
+            let skip = &p.skipped;
+            ensure!(
+                p.device == "cpu"
+                    && skip.len() == 1
+                    && skip[0].device == "vulkan"
+                    && skip[0].stage == Stage::Device
+                    && skip[0].reason.starts_with(&reason)
+                    && skip[0].reason.contains("name vulkan:cpu to use"),
+                "submodel {} should run on the CPU, skipping vulkan for its CPU-type device:\n\
+                 {placement}",
+                p.index
+            );
+        }
+        let text = placement.to_string();
+        ensure!(
+            text.starts_with(&format!("notice: vulkan: device creation failed: {reason}"))
+                && text.lines().filter(|l| l.starts_with("notice:")).count() == 1
+                && !text.contains("  skipped"),
+            "{text}"
+        );
+        ensure!(
+            ledger.events().iter().all(|e| !e.device.starts_with("vulkan")),
+            "Vulkan allocated: {:?}",
+            ledger.events()
+        );
+    }
+    let got = session.run(&[input()])?;
+    close(&got[0], &cpu_outputs(&bundle)?[0])?;
+    check_validation(seen)
 }
 
 /// A machine without the Vulkan loader (`INGOT_VULKAN_LOADER` names a library that does not
@@ -329,7 +397,7 @@ fn bench_profile_reports_every_step_on_its_device() -> Result<()> {
     expect_success("compile", &compiled)?;
     let bench = |json: bool| -> Result<String> {
         let mut args = vec![path.as_os_str(), "--iterations".as_ref(), "2".as_ref()];
-        args.extend(["--profile", "--devices", "vulkan,cpu"].map(std::ffi::OsStr::new));
+        args.extend(["--profile", "--devices", "vulkan:cpu,cpu"].map(std::ffi::OsStr::new));
         if json {
             args.push("--json".as_ref());
         }

@@ -10,7 +10,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use ingot_runtime::ledger::{Action, planned_events, planned_peak};
-use ingot_runtime::vulkan::VulkanOptions;
+use ingot_runtime::vulkan::{DeviceChoice, VulkanOptions};
 use ingot_runtime::{
     Bundle, Device, Faults, Ledger, MemoryKind, Session, SessionOptions, Stage, Tensor,
 };
@@ -107,7 +107,7 @@ fn cls_vulkan_staged() {
     check_model(CLS, Backend::VulkanStaged);
 }
 
-/// Every model on `vulkan,cpu`: healthy, and with Vulkan failing at each preparation stage
+/// Every model on `vulkan:cpu,cpu` (lavapipe, named): healthy, and with Vulkan failing at each preparation stage
 /// and once while running. The outputs match ONNX Runtime every time, the placement names
 /// the stage, and a device that failed at preparation holds no memory.
 #[test]
@@ -154,7 +154,7 @@ fn check_fault(case: &Case, stage: Option<Stage>) -> Result<()> {
     let options = SessionOptions {
         faults,
         ledger: Some(ledger.clone()),
-        ..SessionOptions::on("vulkan,cpu")?
+        ..SessionOptions::on("vulkan:cpu,cpu")?
     };
     let mut session = Session::new(bundle, options)?;
     let inputs = (0..case.inputs.len())
@@ -261,9 +261,9 @@ fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
         Backend::VulkanStaged => session_on(
             &bundle,
             Device::Vulkan(VulkanOptions {
+                device: DeviceChoice::CpuType,
                 force_staging: true,
                 kernel_class: ingot_tests::kernel_class(),
-                ..VulkanOptions::default()
             }),
         )?,
     };

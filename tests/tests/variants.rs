@@ -127,7 +127,7 @@ fn prefill_then_decode_matches_onnx_runtime_on_the_cpu() -> Result<()> {
 #[test]
 fn prefill_then_decode_matches_onnx_runtime_on_vulkan() -> Result<()> {
     let seen = ingot_runtime::vulkan::validation_messages().len();
-    prefill_then_decode("vulkan")?;
+    prefill_then_decode("vulkan:cpu")?;
     check_validation(seen)
 }
 
@@ -240,7 +240,7 @@ fn two_sessions_on_one_device_upload_each_weight_once() -> Result<()> {
         let options = SessionOptions {
             variant: Some(variant.into()),
             ledger: Some(ledger.clone()),
-            ..SessionOptions::on("vulkan")?
+            ..SessionOptions::on("vulkan:cpu")?
         };
         Ok(Session::new(Arc::clone(&bundle), options)?)
     };

@@ -1,7 +1,7 @@
-//! The Vulkan backend on this machine's Vulkan device (Mesa's lavapipe where there is no GPU),
-//! driven directly through `VulkanExecutable`: outputs equal the CPU backend's, device memory
-//! follows the plan's allocation schedule event by event, and the validation layer stays
-//! silent.
+//! The Vulkan backend on this machine's CPU-type Vulkan device (Mesa's lavapipe), named
+//! (`vulkan:cpu`, [`DeviceChoice::CpuType`]) since `vulkan` never picks one, driven directly
+//! through `VulkanExecutable`: outputs equal the CPU backend's, device memory follows the
+//! plan's allocation schedule event by event, and the validation layer stays silent.
 //!
 //! These tests fail, never skip, when no Vulkan device is found, and they must run under the
 //! Khronos validation layer: run them with `INGOT_VULKAN_VALIDATION=1` (tools/test.sh exports
@@ -93,6 +93,11 @@ fn prepare(
     })
 }
 
+/// The options these tests run with: the CPU-type device (lavapipe), named.
+fn cpu_type() -> VulkanOptions {
+    VulkanOptions { device: DeviceChoice::CpuType, ..VulkanOptions::default() }
+}
+
 fn vulkan(bundle: &Arc<Bundle>, options: &VulkanOptions, ledger: &Ledger) -> VulkanExecutable {
     require_validation();
     let exe = prepare(Arc::clone(bundle), options, ledger)
@@ -177,7 +182,7 @@ fn relu_equals_the_cpu() -> Result<()> {
         .node("relu", "Relu", &["x"], &["y"], vec![])
         .output("y", DType::F32, &[2, 3, 5]);
     let bundle = bundle("relu", &model)?;
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let x = tensor(&[2, 3, 5], 1);
     let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
     let want = run_cpu(&bundle, &[x]);
@@ -189,7 +194,7 @@ fn relu_equals_the_cpu() -> Result<()> {
 fn dependent_dispatches_equal_the_cpu() -> Result<()> {
     let shape = [3, 7, 11];
     let bundle = bundle("diamond", &diamond(&shape))?;
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let x = tensor(&shape, 2);
     let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
     assert_eq!(got, run_cpu(&bundle, &[x]));
@@ -271,7 +276,7 @@ fn one_tensor_of_over_4m_floats() -> Result<()> {
     let dispatches = &bundle.manifest().variants[0].steps[0].vulkan[0].dispatches;
     let groups: Vec<_> = dispatches.iter().map(|d| &d.groups).collect();
     assert!(groups.len() > 1 || groups[0][1] > 1, "groups {groups:?}");
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let x = tensor(&shape, 3);
     let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
     assert_eq!(got, run_cpu(&bundle, &[x]));
@@ -290,7 +295,7 @@ fn weights_equal_the_cpu_and_memory_follows_the_plan() -> Result<()> {
     let tolerance = Tolerance { rtol: 1e-6, atol: 1e-6 };
     for force_staging in [false, true] {
         let ledger = Ledger::new();
-        let options = VulkanOptions { force_staging, ..VulkanOptions::default() };
+        let options = VulkanOptions { force_staging, ..cpu_type() };
         let mut exe = vulkan(&bundle, &options, &ledger);
         // A device whose memory the host cannot write stages every upload even unforced.
         let staged = force_staging || ledger.usage(MemoryKind::Staging).peak > 0;
@@ -318,7 +323,7 @@ fn weights_equal_the_cpu_and_memory_follows_the_plan() -> Result<()> {
 fn twenty_runs_give_identical_outputs_and_allocate_nothing() -> Result<()> {
     let bundle = bundle("repeat", &with_weights())?;
     let ledger = Ledger::new();
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    let mut exe = vulkan(&bundle, &cpu_type(), &ledger);
     let x = tensor(&[2, 250], 5);
     let loaded = ledger.events();
     let first = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
@@ -335,8 +340,8 @@ fn twenty_runs_give_identical_outputs_and_allocate_nothing() -> Result<()> {
 fn executables_share_the_device_and_free_it_last() -> Result<()> {
     let bundle = bundle("shared", &diamond(&[5]))?;
     let ledger = Ledger::new();
-    let a = vulkan(&bundle, &VulkanOptions::default(), &ledger);
-    let mut b = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    let a = vulkan(&bundle, &cpu_type(), &ledger);
+    let mut b = vulkan(&bundle, &cpu_type(), &ledger);
     assert_eq!(a.device(), b.device());
     drop(a);
     let x = tensor(&[5], 7);
@@ -367,6 +372,36 @@ fn an_unknown_device_index_is_an_error() {
     assert_no_validation_messages();
 }
 
+/// `vulkan` ([`DeviceChoice::Best`]) takes a GPU, never a CPU-type device: where lavapipe is
+/// the only device (CI), it is an error that names the device and how to ask for it, and
+/// allocates nothing.
+#[test]
+fn the_best_device_is_never_cpu_type() {
+    require_validation();
+    let listed = devices().expect("Vulkan devices (a Vulkan device is required)");
+    let cpu_types: Vec<_> = listed.iter().filter(|d| d.kind == "cpu").collect();
+    assert!(!cpu_types.is_empty(), "no CPU-type Vulkan device (lavapipe is required): {listed:?}");
+    let gpu = listed.iter().any(|d| matches!(d.kind, "discrete" | "integrated" | "virtual"));
+    let bundle = bundle("best", &diamond(&[4])).unwrap();
+    let ledger = Ledger::new();
+    let best = VulkanOptions { device: DeviceChoice::Best, ..VulkanOptions::default() };
+    match prepare(bundle, &best, &ledger) {
+        Ok(exe) if gpu => assert_ne!(exe.device().kind, "cpu", "{}", exe.device()),
+        Err(VulkanError::Device(message)) if !gpu => {
+            let only = match cpu_types.len() {
+                1 => "only a CPU-type device",
+                _ => "only CPU-type devices",
+            };
+            let head = format!("no usable Vulkan GPU, {only} ({}", cpu_types[0]);
+            assert!(message.starts_with(&head), "{message}");
+            assert!(message.contains("name vulkan:cpu to use"), "{message}");
+            assert!(ledger.events().is_empty());
+        }
+        other => panic!("devices {listed:?}: unexpected {other:?}"),
+    }
+    assert_no_validation_messages();
+}
+
 /// A step whose Vulkan entries were removed: the executable names it, and allocates nothing.
 #[test]
 fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
@@ -378,7 +413,7 @@ fn a_step_without_a_kernel_is_unsupported() -> Result<()> {
     let (name, op) = (step.name.clone(), step.op.clone());
     let bundle = Arc::new(with_manifest(&bytes, &manifest)?);
     let ledger = Ledger::new();
-    match prepare(bundle, &VulkanOptions::default(), &ledger) {
+    match prepare(bundle, &cpu_type(), &ledger) {
         Err(e @ VulkanError::Unsupported { index: 2, .. }) => {
             let message = e.to_string();
             assert!(message.contains(&name) && message.contains(&op), "{message}");
@@ -417,7 +452,7 @@ fn empty_tensors_are_skipped() -> Result<()> {
         .output("z", DType::F32, &[2, 3]);
     let bundle = bundle("empty", &model)?;
     let ledger = Ledger::new();
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &ledger);
+    let mut exe = vulkan(&bundle, &cpu_type(), &ledger);
     assert_eq!(events(&ledger), planned_events(plan(&bundle), false));
     let inputs = [tensor(&[0, 3], 8), tensor(&[2, 3], 9)];
     let got = run_vulkan(&mut exe, &bundle, &inputs);
@@ -455,7 +490,7 @@ fn without_a_driver() {
     assert!(matches!(e, VulkanError::Instance(_)), "{e}");
     let bundle = bundle("no_driver", &diamond(&[4])).unwrap();
     let ledger = Ledger::new();
-    let e = prepare(bundle, &VulkanOptions::default(), &ledger).unwrap_err();
+    let e = prepare(bundle, &cpu_type(), &ledger).unwrap_err();
     assert!(matches!(e, VulkanError::Instance(_)), "{e}");
     assert!(ledger.events().is_empty());
 }
@@ -503,7 +538,7 @@ fn views_of_inputs_and_outputs_equal_the_cpu() -> Result<()> {
         v.tensors.iter().any(|t| t.storage.as_ref().and_then(|s| s.kind.as_ref()) == Some(&crop)),
         "the crop should be a view 12 bytes into x: {v:?}"
     );
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let x = tensor(&[4, 3], 10);
     let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
     assert_eq!(got, run_cpu(&bundle, &[x]));
@@ -529,7 +564,7 @@ fn a_failed_load_frees_what_it_allocated() -> Result<()> {
     let bundle = Arc::new(with_manifest(&bytes, &manifest)?);
     require_validation();
     let ledger = Ledger::new();
-    match prepare(bundle, &VulkanOptions::default(), &ledger) {
+    match prepare(bundle, &cpu_type(), &ledger) {
         Err(VulkanError::Limits { .. } | VulkanError::Allocation { .. }) => {}
         other => panic!("expected the IO buffer to fail, got {other:?}"),
     }
@@ -545,7 +580,7 @@ fn a_failed_load_frees_what_it_allocated() -> Result<()> {
 fn vulkan_session(bundle: &Arc<Bundle>, force_staging: bool, ledger: &Ledger) -> Session {
     require_validation();
     let options = SessionOptions {
-        devices: vec![Device::Vulkan(VulkanOptions { force_staging, ..VulkanOptions::default() })],
+        devices: vec![Device::Vulkan(VulkanOptions { force_staging, ..cpu_type() })],
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()
     };
@@ -674,7 +709,7 @@ fn two_submodels_reading_one_weight_allocate_it_once() -> Result<()> {
     require_validation();
     let ledger = Ledger::new();
     let options =
-        SessionOptions { ledger: Some(ledger.clone()), ..SessionOptions::on("vulkan,cpu")? };
+        SessionOptions { ledger: Some(ledger.clone()), ..SessionOptions::on("vulkan:cpu,cpu")? };
     let mut session = Session::new(Arc::clone(&bundle), options)?;
     let placement = session.placement();
     let on_vulkan: Vec<bool> = placement.0.iter().map(|p| p.device.starts_with("vulkan")).collect();
@@ -781,7 +816,7 @@ fn long_recurrent_sequences_equal_the_cpu() -> Result<()> {
         let dispatches: Vec<usize> =
             steps.iter().flat_map(|s| &s.vulkan).map(|e| e.dispatches.len()).collect();
         assert!(!dispatches.is_empty() && dispatches.iter().all(|&n| n >= 2), "{dispatches:?}");
-        let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+        let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
         let x = tensor(&x, 16);
         let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
         let want = run_cpu(&bundle, &[x]);
@@ -830,7 +865,7 @@ fn einsum_equals_the_cpu() -> Result<()> {
     // Every step runs on Vulkan.
     let steps = &bundle.manifest().variants[0].steps;
     assert!(steps.iter().all(|s| s.op == "Einsum" && !s.vulkan.is_empty()), "{steps:?}");
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let got = run_vulkan(&mut exe, &bundle, &inputs);
     let want = run_cpu(&bundle, &inputs);
     let tolerance = Tolerance { rtol: 1e-5, atol: 1e-6 };
@@ -858,7 +893,7 @@ fn long_window_conv_equals_the_cpu() -> Result<()> {
         .node("relu", "Relu", &["s"], &["y"], vec![])
         .output("y", DType::F32, &[2, 258, 5]);
     let bundle = bundle("long_window", &model)?;
-    let mut exe = vulkan(&bundle, &VulkanOptions::default(), &Ledger::new());
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
     let x = tensor(&[2, 1, 832], 32);
     let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
     let want = run_cpu(&bundle, &[x]);

@@ -4,6 +4,9 @@
 //! and a digest of the bytes).
 //!
 //! `cargo run -p embed -- BUNDLE [--from-memory] [--devices vulkan,cpu]`
+//!
+//! The default list, `vulkan,cpu`, takes a Vulkan GPU, else the CPU; a CPU-type Vulkan device
+//! such as lavapipe runs only where named (`--devices vulkan:cpu,cpu`).
 
 use ingot_runtime::{Bundle, DType, Session, SessionOptions, Tensor};
 use std::process::ExitCode;

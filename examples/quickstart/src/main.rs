@@ -38,7 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = compile_file(&model, &options)?;
     println!("== bundle: {} bytes", bytes.len());
 
-    // Run it on Vulkan where a submodel can, else the CPU.
+    // Run it on a Vulkan GPU where a submodel can, else the CPU (a CPU-type Vulkan device
+    // such as lavapipe only where named: `SessionOptions::on("vulkan:cpu,cpu")`).
     let mut session =
         Session::new(Arc::new(Bundle::from_bytes(&bytes)?), SessionOptions::default())?;
     print!("{}", session.placement());

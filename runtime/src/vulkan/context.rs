@@ -3,7 +3,7 @@
 //! executables), freed when the last of them drops.
 
 use super::executable::{Resident, WeightKey};
-use super::layout::rank;
+use super::layout::{Unpicked, pick};
 use super::memory::Residency;
 use super::{DeviceChoice, DeviceInfo, VulkanError};
 use ash::vk;
@@ -298,9 +298,12 @@ impl Instance {
     }
 }
 
-/// The physical device `choice` names among `devices`.
+/// The physical device `choice` names among `devices`. `vulkan` ([`DeviceChoice::Best`])
+/// picks a GPU only; where the loader reports CPU-type devices alone, its error says so and
+/// how to name one.
 fn choose(devices: Vec<Physical>, choice: &DeviceChoice) -> Result<Physical, VulkanError> {
-    let list = || {
+    let n = devices.len();
+    let reported = || {
         let names: Vec<String> = devices
             .iter()
             .map(|p| match p.unusable() {
@@ -308,39 +311,51 @@ fn choose(devices: Vec<Physical>, choice: &DeviceChoice) -> Result<Physical, Vul
                 None => p.info.to_string(),
             })
             .collect();
-        if names.is_empty() { "none".into() } else { names.join(", ") }
-    };
-    let found = match choice {
-        // The first of the best rank: `max_by_key` would keep the last.
-        DeviceChoice::Best => devices
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.unusable().is_none())
-            .min_by_key(|(i, p)| (std::cmp::Reverse(rank(p.info.kind)), *i))
-            .map(|(i, _)| i),
-        DeviceChoice::Index(i) => (*i < devices.len()).then_some(*i),
-        DeviceChoice::CpuType => {
-            devices.iter().position(|p| p.info.kind == "cpu" && p.unusable().is_none())
-        }
-    };
-    let Some(found) = found else {
-        let wanted = match choice {
-            DeviceChoice::Best => "no usable Vulkan device".to_string(),
-            DeviceChoice::CpuType => "no usable CPU-type Vulkan device (vulkan:cpu)".to_string(),
-            DeviceChoice::Index(i) => match devices.len() {
-                0 => format!("no Vulkan device {i} (vulkan:{i}): there are none"),
-                1 => format!("no Vulkan device {i} (vulkan:{i}): only vulkan:0 exists"),
-                n => {
-                    format!("no Vulkan device {i} (vulkan:{i}): vulkan:0 to vulkan:{} exist", n - 1)
-                }
-            },
-        };
-        let n = devices.len();
+        let list = if names.is_empty() { "none".into() } else { names.join(", ") };
         let s = if n == 1 { "" } else { "s" };
-        return Err(VulkanError::Device(format!(
-            "{wanted}; the loader reports {n} device{s}: {}",
-            list()
-        )));
+        format!("the loader reports {n} device{s}: {list}")
+    };
+    let kinds: Vec<(&str, bool)> =
+        devices.iter().map(|p| (p.info.kind, p.unusable().is_none())).collect();
+    let found = match pick(&kinds, choice) {
+        Ok(found) => found,
+        Err(Unpicked::CpuTypeOnly(cpus)) => {
+            let names: Vec<String> = cpus.iter().map(|&i| devices[i].info.to_string()).collect();
+            let (only, which) = match cpus.len() {
+                1 => ("a CPU-type device", "it"),
+                _ => ("CPU-type devices", "the first"),
+            };
+            let mut message = format!(
+                "no usable Vulkan GPU, only {only} ({}), which `vulkan` passes over for \
+                 Ingot's CPU backend; name vulkan:cpu to use {which}",
+                names.join(", ")
+            );
+            // The others, unusable, and why.
+            if cpus.len() < n {
+                message = format!("{message}; {}", reported());
+            }
+            return Err(VulkanError::Device(message));
+        }
+        Err(Unpicked::None) => {
+            let wanted = match choice {
+                DeviceChoice::Best if n == 0 => "no usable Vulkan device".to_string(),
+                DeviceChoice::Best => {
+                    "no usable Vulkan GPU (discrete, integrated or virtual)".to_string()
+                }
+                DeviceChoice::CpuType => {
+                    "no usable CPU-type Vulkan device (vulkan:cpu)".to_string()
+                }
+                DeviceChoice::Index(i) => match n {
+                    0 => format!("no Vulkan device {i} (vulkan:{i}): there are none"),
+                    1 => format!("no Vulkan device {i} (vulkan:{i}): only vulkan:0 exists"),
+                    n => format!(
+                        "no Vulkan device {i} (vulkan:{i}): vulkan:0 to vulkan:{} exist",
+                        n - 1
+                    ),
+                },
+            };
+            return Err(VulkanError::Device(format!("{wanted}; {}", reported())));
+        }
     };
     let chosen = devices.into_iter().nth(found);
     match chosen {

@@ -1,6 +1,7 @@
-//! The arithmetic of the backend, free of Vulkan calls: device ranking, the IO buffer's layout,
+//! The arithmetic of the backend, free of Vulkan calls: device choice, the IO buffer's layout,
 //! descriptor ranges and push-constant words, and where barriers go.
 
+use crate::backend::DeviceChoice;
 use std::ops::Range;
 
 /// Graph inputs and outputs start at multiples of this in the IO buffer (the compiler's
@@ -8,14 +9,50 @@ use std::ops::Range;
 pub const IO_ALIGN: u64 = 16;
 
 /// How much `DeviceChoice::Best` prefers a device type (`VkPhysicalDeviceType` as our kind
-/// names): discrete > integrated > virtual > cpu > anything else.
+/// names): discrete > integrated > virtual, the hardware devices it picks among; 0 for the
+/// kinds it never picks. A CPU-type device (lavapipe, SwiftShader) runs Ingot's models several
+/// times slower and in several times the memory of Ingot's own CPU backend, so it is used only
+/// where the list names it (`vulkan:cpu`, `vulkan:N`); an "other" device only by index.
 pub fn rank(kind: &str) -> u8 {
     match kind {
-        "discrete" => 4,
-        "integrated" => 3,
-        "virtual" => 2,
-        "cpu" => 1,
+        "discrete" => 3,
+        "integrated" => 2,
+        "virtual" => 1,
         _ => 0,
+    }
+}
+
+/// Why [`pick`] found no device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unpicked {
+    /// No device fits the choice.
+    None,
+    /// `DeviceChoice::Best` found no usable hardware device, only the usable CPU-type devices
+    /// at these indices (which it never picks).
+    CpuTypeOnly(Vec<usize>),
+}
+
+/// The index `choice` picks among `devices` (each one's kind name and whether Ingot can use
+/// it, in enumeration order): for `Best` the first usable device of the highest [`rank`]
+/// above 0, for `CpuType` the first usable CPU-type device, for `Index` that index whether
+/// usable or not (the caller says why not).
+pub fn pick(devices: &[(&str, bool)], choice: &DeviceChoice) -> Result<usize, Unpicked> {
+    let usable = |kind: fn(&str) -> bool| {
+        devices.iter().enumerate().filter(move |(_, (k, usable))| *usable && kind(k))
+    };
+    match choice {
+        // The first of the best rank: `max_by_key` would keep the last.
+        DeviceChoice::Best => usable(|k| rank(k) > 0)
+            .min_by_key(|(i, (k, _))| (std::cmp::Reverse(rank(k)), *i))
+            .map(|(i, _)| i)
+            .ok_or_else(|| {
+                let cpus: Vec<usize> = usable(|k| k == "cpu").map(|(i, _)| i).collect();
+                if cpus.is_empty() { Unpicked::None } else { Unpicked::CpuTypeOnly(cpus) }
+            }),
+        DeviceChoice::Index(i) => (*i < devices.len()).then_some(*i).ok_or(Unpicked::None),
+        DeviceChoice::CpuType => {
+            usable(|k| k == "cpu").map(|(i, _)| i).next().ok_or(Unpicked::None)
+        }
     }
 }
 
@@ -92,10 +129,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn devices_rank_discrete_first_and_unknown_last() {
-        let mut kinds = ["cpu", "other", "integrated", "discrete", "virtual"];
+    fn devices_rank_discrete_first_and_cpu_type_not_at_all() {
+        let mut kinds = ["integrated", "discrete", "virtual"];
         kinds.sort_by_key(|k| std::cmp::Reverse(rank(k)));
-        assert_eq!(kinds, ["discrete", "integrated", "virtual", "cpu", "other"]);
+        assert_eq!(kinds, ["discrete", "integrated", "virtual"]);
+        assert!(kinds.iter().all(|k| rank(k) > 0));
+        assert_eq!((rank("cpu"), rank("other")), (0, 0));
+    }
+
+    #[test]
+    fn the_best_device_is_a_usable_gpu_never_a_cpu_type_one() {
+        let best = |devices: &[(&str, bool)]| pick(devices, &DeviceChoice::Best);
+        // Discrete over integrated over virtual, whatever the order; the first of a rank.
+        let gpus =
+            [("virtual", true), ("integrated", true), ("discrete", true), ("discrete", true)];
+        assert_eq!(best(&gpus), Ok(2));
+        assert_eq!(best(&[("cpu", true), ("integrated", true), ("virtual", true)]), Ok(1));
+        // An unusable device is passed over.
+        assert_eq!(best(&[("discrete", false), ("cpu", true), ("virtual", true)]), Ok(2));
+        // CPU-type devices alone: none is picked, and the usable ones are named.
+        let cpus = [("cpu", true), ("discrete", false), ("cpu", false), ("cpu", true)];
+        assert_eq!(best(&cpus), Err(Unpicked::CpuTypeOnly(vec![0, 3])));
+        assert_eq!(best(&[("cpu", true)]), Err(Unpicked::CpuTypeOnly(vec![0])));
+        // No device, no usable one, or only kinds `vulkan` never picks.
+        assert_eq!(best(&[]), Err(Unpicked::None));
+        assert_eq!(best(&[("cpu", false), ("discrete", false)]), Err(Unpicked::None));
+        assert_eq!(best(&[("other", true)]), Err(Unpicked::None));
+    }
+
+    #[test]
+    fn cpu_type_devices_are_picked_by_name() {
+        let devices = [("discrete", true), ("cpu", false), ("cpu", true), ("integrated", true)];
+        assert_eq!(pick(&devices, &DeviceChoice::CpuType), Ok(2));
+        assert_eq!(pick(&devices[..2], &DeviceChoice::CpuType), Err(Unpicked::None));
+        // By index, usable or not (the caller says why not), and only where one exists.
+        assert_eq!(pick(&devices, &DeviceChoice::Index(2)), Ok(2));
+        assert_eq!(pick(&devices, &DeviceChoice::Index(1)), Ok(1));
+        assert_eq!(pick(&devices, &DeviceChoice::Index(4)), Err(Unpicked::None));
     }
 
     #[test]
