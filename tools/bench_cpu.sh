@@ -8,8 +8,13 @@
 # Target (issue 7): time ratio <= 1.5 and memory ratio < 1 on every row; the last column says
 # which rows meet it. Nothing is asserted: this is a benchmark, not a test.
 #
+# Oversubscription and contention (issue 22): `--threads 2,4,8` past the cores, and `--busy N`
+# keeps N busy-looping processes running beside both peers the whole time (`--busy 2 --threads
+# 2` on 2 cores: is ingot/ORT at 2 threads any worse than without them?). `--no-spin` passes
+# ingot's option of that name (idle threads sleep at once instead of spinning a while).
+#
 # Usage: tools/bench_cpu.sh [--iterations N] [--models det,rec,cls,resnet50,shufflenet]
-#                           [--threads 1,2] [--no-build]
+#                           [--threads 1,2] [--busy N] [--no-spin] [--no-build]
 # Each measurement is its own process, on a seeded random input; raw JSON lands in
 # target/bench/cpu/.
 set -euo pipefail
@@ -20,13 +25,16 @@ venv="$target/bench-venv"
 py="$venv/bin/python"
 cores=$(nproc)
 
-iterations=30 models=det,rec,cls,resnet50,shufflenet threads="1,$cores" build=true
+iterations=30 models=det,rec,cls,resnet50,shufflenet threads="1,$cores" build=true busy=0
+spin=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --iterations) iterations="$2"; shift 2 ;;
         --models) models="$2"; shift 2 ;;
         --threads) threads="$2"; shift 2 ;;
         --no-build) build=false; shift ;;
+        --busy) busy="$2"; shift 2 ;;
+        --no-spin) spin=(--no-spin); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench_cpu: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -67,10 +75,18 @@ for m in "${model_keys[@]}"; do
         || die "ingot compile of ${file[$m]} failed"
 done
 
+busy_pids=()
+stop_busy() { [[ ${#busy_pids[@]} -eq 0 ]] || kill "${busy_pids[@]}" 2>/dev/null || true; }
+trap stop_busy EXIT
+for ((i = 0; i < busy; i++)); do
+    (while :; do :; done) &
+    busy_pids+=($!)
+done
+((busy == 0)) || log "$busy busy processes beside every measurement"
 for m in "${model_keys[@]}"; do
     for t in "${thread_counts[@]}"; do
         log "$m, $t thread(s)"
-        "$ingot" bench "$out/$m.ingot" --devices cpu --threads "$t" \
+        "$ingot" bench "$out/$m.ingot" --devices cpu --threads "$t" ${spin[@]+"${spin[@]}"} \
             --iterations "$iterations" --json >"$out/$m.ingot.$t.json" \
             || die "ingot bench failed on $m"
         "$py" tools/bench_peers.py "${file[$m]}" --input-shape "${input[$m]}" --peer ort \
@@ -79,6 +95,8 @@ for m in "${model_keys[@]}"; do
             || die "ONNX Runtime failed on $m (log $out/$m.ort.$t.log)"
     done
 done
+stop_busy
+((busy == 0)) || echo "with $busy busy processes beside each measurement${spin[*]:+, ingot ${spin[*]}}"
 
 "$py" - "$out" "$models" "$threads" <<'PY'
 import json, sys

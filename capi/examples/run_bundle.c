@@ -148,6 +148,14 @@ static void print_info(const char *kind, const IngotTensorInfo *info) {
     printf("] (%zu bytes, %zu per element)\n", info->bytes, ingot_dtype_size(info->dtype));
 }
 
+/* Ingot's log records, to stderr (an Android app would call __android_log_write here). The
+ * placement they report is also printed below, from ingot_session_placement. */
+static void log_to_stderr(int32_t level, const char *message, void *user) {
+    static const char *const names[] = {"?", "error", "warning", "info", "debug", "trace"};
+    fprintf(stderr, "%s: %s: %s\n", (const char *)user,
+            names[level >= 1 && level <= 5 ? level : 0], message);
+}
+
 /* Prints what failed and the library's message, and jumps to the cleanup. */
 #define CHECK(call, what)                                                            \
     do {                                                                             \
@@ -191,6 +199,7 @@ int main(int argc, char **argv) {
     size_t *input_bytes = NULL, *output_bytes = NULL;
 
     printf("ingot %s\n", ingot_version());
+    CHECK(ingot_set_log_callback(log_to_stderr, "run_bundle"), "log callback");
     if (from_memory) {
         /* E.g. an asset or an embedded array; the library copies it, so it is freed at once. */
         size_t len = 0;

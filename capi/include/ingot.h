@@ -117,6 +117,30 @@ const char *ingot_last_error(void);
 /* Bytes per element of an IngotDType; 0 for a code Ingot does not know. */
 size_t ingot_dtype_size(int32_t dtype);
 
+/* ---- Logging ---------------------------------------------------------------------------- */
+
+/* Levels of a log record. */
+typedef enum IngotLogLevel {
+    INGOT_LOG_ERROR = 1,
+    INGOT_LOG_WARNING = 2,
+    INGOT_LOG_INFO = 3,
+    INGOT_LOG_DEBUG = 4,
+    INGOT_LOG_TRACE = 5
+} IngotLogLevel;
+
+/* Receives one log record: its level (an IngotLogLevel), the message (valid during the
+ * call only) and the `user` pointer given with the callback. It is called on the thread of
+ * the ingot_ call that made the record, before that call returns, so it may run on any
+ * thread that uses Ingot; it may call ingot_set_log_callback, no other ingot_ function. */
+typedef void (*IngotLogCallback)(int32_t level, const char *message, void *user);
+
+/* Sends Ingot's log records to `callback` (Android: __android_log_write; iOS: os_log): where
+ * each submodel of a new session runs and why a device was skipped (INGOT_LOG_INFO), a
+ * device that failed during a run (INGOT_LOG_WARNING). Every level is delivered; filter in
+ * the callback. NULL stops them; none are sent until a callback is set (Ingot never prints).
+ * INGOT_INVALID_ARGUMENT where the process already has another Rust `log` logger. */
+IngotStatus ingot_set_log_callback(IngotLogCallback callback, void *user);
+
 /* ---- Bundles ---------------------------------------------------------------------------- */
 
 /* Opens the bundle file at `path`. The file is mapped, not read: weights are used in place,

@@ -628,6 +628,77 @@ pub unsafe extern "C" fn ingot_string_free(string: *mut c_char) {
     }
 }
 
+/// A function that receives Ingot's log records (`IngotLogCallback`): the level (1 error,
+/// 2 warning, 3 info, 4 debug, 5 trace), the message, and the caller's `user` pointer.
+pub type IngotLogCallback = Option<unsafe extern "C" fn(i32, *const c_char, *mut c_void)>;
+
+/// The callback and its `user` pointer, as `ingot_set_log_callback` last set them.
+#[derive(Clone, Copy)]
+struct LogTarget {
+    callback: unsafe extern "C" fn(i32, *const c_char, *mut c_void),
+    user: *mut c_void,
+}
+
+// SAFETY: the header makes the caller answer for `user` on any thread that calls into Ingot
+// (records are delivered on the thread of the call that made them); Ingot never reads it.
+unsafe impl Send for LogTarget {}
+// SAFETY: as for Send: Ingot only hands the pointer back to the caller's callback.
+unsafe impl Sync for LogTarget {}
+
+static LOG_TARGET: std::sync::RwLock<Option<LogTarget>> = std::sync::RwLock::new(None);
+
+/// The `log` logger the C API installs: each record to the callback, if one is set.
+struct ToCallback;
+
+impl log::Log for ToCallback {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        LOG_TARGET.read().is_ok_and(|t| t.is_some())
+    }
+
+    fn log(&self, record: &log::Record) {
+        // Copied out so that the callback may itself set another one without a deadlock.
+        let target = *LOG_TARGET.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = target {
+            let message = c_string(&record.args().to_string());
+            // SAFETY: the header's contract for the callback: callable with a level, a
+            // NUL-terminated message valid during the call, and the caller's `user`.
+            unsafe { (t.callback)(record.level() as i32, message.as_ptr(), t.user) };
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Sends Ingot's log records (where each submodel runs, why a device was skipped, a device
+/// that failed during a run) to `callback` with `user`; NULL stops them. Fails where the
+/// process already has another `log` logger (a Rust host that set its own).
+///
+/// # Safety
+/// `callback` is NULL or a function that may be called as the header describes, on any
+/// thread that calls into Ingot, until another call replaces it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ingot_set_log_callback(
+    callback: IngotLogCallback,
+    user: *mut c_void,
+) -> IngotStatus {
+    static INSTALLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    guard(|| {
+        let installed = *INSTALLED.get_or_init(|| {
+            let ours = log::set_logger(&ToCallback).is_ok();
+            if ours {
+                log::set_max_level(log::LevelFilter::Trace);
+            }
+            ours
+        });
+        if !installed {
+            return Err(invalid("this process already has a log logger (log::set_logger)"));
+        }
+        let target = callback.map(|callback| LogTarget { callback, user });
+        *LOG_TARGET.write().unwrap_or_else(std::sync::PoisonError::into_inner) = target;
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1043,6 +1114,43 @@ mod tests {
         send_sync::<Bundle>();
     }
 
+    /// Records the log callback received, with the `user` pointer it came with.
+    static RECORDS: std::sync::Mutex<Vec<(i32, String, usize)>> = std::sync::Mutex::new(Vec::new());
+
+    unsafe extern "C" fn record(level: i32, message: *const c_char, user: *mut c_void) {
+        // SAFETY: Ingot passes a NUL-terminated message, valid during the call.
+        let message = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
+        RECORDS.lock().unwrap().push((level, message, user as usize));
+    }
+
+    /// The records that mention `needle` (other tests make sessions at the same time).
+    fn records_about(needle: &str) -> Vec<(i32, String, usize)> {
+        RECORDS.lock().unwrap().iter().filter(|r| r.1.contains(needle)).cloned().collect()
+    }
+
+    #[test]
+    fn the_log_callback_gets_the_placement_until_it_is_unset() {
+        let user = 0x1e55_usize as *mut c_void;
+        // SAFETY: `record` may be called from any thread until it is replaced.
+        assert_eq!(unsafe { ingot_set_log_callback(Some(record), user) }, IngotStatus::Ok);
+        // A device name no other test uses: the skip mentions it.
+        let first = session(c"vulkan:98,cpu");
+        // SAFETY: a live session, freed once.
+        unsafe { ingot_session_free(first) };
+        let skips = records_about("vulkan:98");
+        assert!(!skips.is_empty(), "no record names the skipped device");
+        assert!(
+            skips.iter().all(|r| r.0 == log::Level::Info as i32 && r.2 == user as usize),
+            "{skips:?}"
+        );
+        // SAFETY: NULL stops the records.
+        assert_eq!(unsafe { ingot_set_log_callback(None, null_mut()) }, IngotStatus::Ok);
+        let second = session(c"vulkan:97,cpu");
+        // SAFETY: a live session, freed once.
+        unsafe { ingot_session_free(second) };
+        assert_eq!(records_about("vulkan:97"), []);
+    }
+
     /// The header is written by hand: its enums and functions must be this file's.
     #[test]
     fn header_matches_the_library() {
@@ -1071,6 +1179,16 @@ mod tests {
         ];
         for (name, status) in statuses {
             assert_eq!(constant(name), status as i32, "{name}");
+        }
+        let levels = [
+            ("INGOT_LOG_ERROR", log::Level::Error),
+            ("INGOT_LOG_WARNING", log::Level::Warn),
+            ("INGOT_LOG_INFO", log::Level::Info),
+            ("INGOT_LOG_DEBUG", log::Level::Debug),
+            ("INGOT_LOG_TRACE", log::Level::Trace),
+        ];
+        for (name, level) in levels {
+            assert_eq!(constant(name), level as i32, "{name}");
         }
         // The functions declared in the header's code (comments dropped) against the ones
         // this file exports.

@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod compile;
 mod inspect;
+mod logger;
 mod npy;
 mod plan;
 mod random;
@@ -21,6 +22,13 @@ mod run;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More messages on stderr: -v says where each submodel runs and why a device was
+    /// skipped, -vv and -vvv add detail.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -40,6 +48,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logger::init(cli.verbose, cli.quiet);
     let result: Result<()> = match cli.command {
         Command::Compile(args) => compile::main(args),
         Command::Run(args) => run::main(args),

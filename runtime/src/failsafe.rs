@@ -279,14 +279,17 @@ impl Fallback {
                 Err(e) => e,
             };
             let at = *at;
-            self.placement.skipped.push(Skip {
+            let skip = Skip {
                 device: self.devices.list[at].name(),
                 stage: Stage::Run,
                 reason: error.to_string(),
-            });
+            };
+            log::warn!("submodel {}: {skip}; moving it to the next device", self.placement.index);
+            self.placement.skipped.push(skip);
             // Frees what the failed device held, then prepares the next one; its inputs are
             // intact, so running it again gives the answer the failed run would have.
             self.prepare_from(at + 1)?;
+            log::warn!("submodel {} now runs on {}", self.placement.index, self.placement.device);
         }
     }
 }

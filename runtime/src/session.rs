@@ -257,7 +257,7 @@ impl Session {
         boundary.resize(boundary_bytes.div_ceil(8) as usize, 0);
         let boundary_entry = (boundary_bytes > 0)
             .then(|| ledger.allocate(MemoryKind::Boundary, boundary_bytes, "boundary"));
-        Ok(Session {
+        let session = Session {
             inputs,
             outputs,
             parts,
@@ -269,7 +269,13 @@ impl Session {
             threads,
             spin: options.spin,
             ledger,
-        })
+        };
+        // Where each submodel runs and every device skipped, one record a line: the app's
+        // logger decides where it goes (the CLI's `-v`, the C API's callback).
+        for line in session.placement().to_string().lines() {
+            log::info!("{line}");
+        }
+        Ok(session)
     }
 
     pub fn inputs(&self) -> &[IoInfo] {
