@@ -1,7 +1,7 @@
 //! The C example (capi/examples/run_bundle.c, built and run by capi/run_example.sh on the
 //! PP-OCR direction classifier) gives the Rust API's outputs: bit for bit on the CPU, within
 //! a tolerance on `vulkan:cpu,cpu` (Vulkan on lavapipe, named: `vulkan` picks GPUs only), with
-//! the same placement report.
+//! the same placement report, which also reaches its log callback.
 //!
 //! Data: `target/models/` and `target/references/`, made by `bash tools/setup.sh`. Needs a C
 //! compiler (`cc`).
@@ -38,8 +38,9 @@ fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
     data
 }
 
-/// Runs the C example on `devices` into its own directory; returns its stdout and output 0.
-fn run_c_example(devices: &str, from_memory: bool) -> (String, PathBuf) {
+/// Runs the C example on `devices` into its own directory; returns its stdout, its stderr
+/// and output 0.
+fn run_c_example(devices: &str, from_memory: bool) -> (String, String, PathBuf) {
     let out = target_dir().join(format!("capi/out-{}", devices.replace([',', ':'], "-")));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("run_example.sh");
     let mut command = Command::new("bash");
@@ -50,24 +51,26 @@ fn run_c_example(devices: &str, from_memory: bool) -> (String, PathBuf) {
     let _ = std::fs::remove_file(out.join("output_0.npy"));
     let result = command.output().expect("bash runs");
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
-    assert!(
-        result.status.success(),
-        "run_example.sh {devices} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    (stdout, out.join("output_0.npy"))
+    let stderr = String::from_utf8_lossy(&result.stderr).into_owned();
+    assert!(result.status.success(), "run_example.sh {devices} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr, out.join("output_0.npy"))
 }
 
 #[test]
 fn c_example_matches_the_rust_api() {
     for (devices, from_memory, tolerance) in [("cpu", false, 0.0), ("vulkan:cpu,cpu", true, 1e-5)] {
-        let (stdout, c_output) = run_c_example(devices, from_memory);
+        let (stdout, stderr, c_output) = run_c_example(devices, from_memory);
         print!("== run_example.sh {devices}\n{stdout}");
 
         let bundle = Arc::new(Bundle::open(target_dir().join("capi/cls.ingot")).unwrap());
         let mut session = Session::new(bundle, SessionOptions::on(devices).unwrap()).unwrap();
         let placement = session.placement().to_string();
         assert!(stdout.contains(&placement), "the C example's placement differs:\n{placement}");
+        // The same lines reached its log callback, one record each.
+        for line in placement.lines() {
+            let record = format!("run_bundle: info: {line}\n");
+            assert!(stderr.contains(&record), "no log record '{record}' in:\n{stderr}");
+        }
         let desc = session.inputs()[0].desc.clone();
         let x = read_npy(&target_dir().join(INPUT), &desc);
         let expected = session.run(&[Tensor::from_bytes(desc, &x).unwrap()]).unwrap();

@@ -79,6 +79,14 @@ pub(crate) fn never(_: &str, _: &Attrs, _: usize) -> bool {
     false
 }
 
+/// The Vulkan entry of a family whose ops are all `cpu_only`: the registry never asks it.
+#[cfg(feature = "wgsl")]
+pub(crate) fn no_vulkan(
+    cx: &crate::vulkan::KernelCx,
+) -> Result<Vec<crate::vulkan::Dispatch>, crate::vulkan::NoKernel> {
+    Err(crate::vulkan::NoKernel(format!("{} has no Vulkan kernel", cx.op)))
+}
+
 const FAMILIES: &[Family] = &[
     crate::attention::FAMILY,
     crate::elementwise::FAMILY,

@@ -30,6 +30,8 @@ pub(crate) const FAMILY: Family = Family {
 use crate::Node;
 use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, op_err};
+#[cfg(feature = "wgsl")]
+use crate::registry::no_vulkan;
 use crate::registry::{Family, OpDef, never};
 use geometry::Geometry;
 use ingot_schema::{AttrValue, Attrs, DType};
@@ -37,14 +39,6 @@ use ingot_schema::{AttrValue, Attrs, DType};
 pub const OPS: &[OpDef] = &[OpDef::new("Attention", lower, infer).cpu_only(
     "Attention has no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own",
 )];
-
-/// The registry never asks: the op is `cpu_only`.
-#[cfg(feature = "wgsl")]
-fn no_vulkan(
-    cx: &crate::vulkan::KernelCx,
-) -> Result<Vec<crate::vulkan::Dispatch>, crate::vulkan::NoKernel> {
-    Err(crate::vulkan::NoKernel(format!("{} has no Vulkan kernel", cx.op)))
-}
 
 /// ONNX's numbers for the element types softmax_precision may name.
 const PRECISIONS: &[(i64, DType)] = &[(1, DType::F32), (10, DType::F16), (11, DType::F64)];

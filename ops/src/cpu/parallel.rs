@@ -265,26 +265,32 @@ mod tests {
         assert!(failed.is_err());
     }
 
-    /// Which threads of a pool of `threads` took part in a run, with `helpers` beside the
-    /// runner, of a loop that shares out 64 blocks of 1 ms; checks the result.
-    fn threads_taking_part(threads: usize, helpers: usize) -> usize {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    /// How many threads took part in a loop that shares out 64 blocks of 1 ms; checks the
+    /// result.
+    fn share_out() -> usize {
         let mut c = Array2::<f32>::zeros((2, 64));
         let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
-        pool.install(|| {
-            run_awake(helpers, |awake| {
-                awake.expect("spinning").step();
-                column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
-                    ran_on.lock().unwrap().insert(rayon::current_thread_index());
-                    std::thread::sleep(Duration::from_millis(1));
-                    block.fill(cols.start as f32);
-                    Ok(())
-                })
-            })
+        column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
+            ran_on.lock().unwrap().insert(rayon::current_thread_index());
+            std::thread::sleep(Duration::from_millis(1));
+            block.fill(cols.start as f32);
+            Ok(())
         })
         .unwrap();
         assert!(c.rows().into_iter().all(|r| r.iter().copied().eq((0..64).map(|j| j as f32))));
         ran_on.into_inner().unwrap().len()
+    }
+
+    /// How many threads of a pool of `threads` took part in such a loop in a run with
+    /// `helpers` beside the runner.
+    fn threads_taking_part(threads: usize, helpers: usize) -> usize {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            run_awake(helpers, |awake| {
+                awake.expect("spinning").step();
+                share_out()
+            })
+        })
     }
 
     #[test]
@@ -314,19 +320,6 @@ mod tests {
     #[test]
     fn parked_threads_wake_for_the_next_step_or_poll_for_work() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-        let mut c = Array2::<f32>::zeros((1, 64));
-        // Which threads took part in a loop that shares out 64 blocks of 1 ms.
-        let mut share_out = || {
-            let ran_on = std::sync::Mutex::new(std::collections::BTreeSet::new());
-            column_blocks(c.view_mut(), (1, 1), &|cols, mut block| {
-                ran_on.lock().unwrap().insert(rayon::current_thread_index());
-                std::thread::sleep(Duration::from_millis(1));
-                block.fill(cols.start as f32);
-                Ok(())
-            })
-            .unwrap();
-            ran_on.into_inner().unwrap().len()
-        };
         let (polled, woken) = pool.install(|| {
             run_awake(2, |awake| {
                 let awake = awake.expect("spinning");

@@ -22,20 +22,14 @@ pub(crate) const FAMILY: Family = Family {
 use crate::Node;
 use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
+#[cfg(feature = "wgsl")]
+use crate::registry::no_vulkan;
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs, DType};
 
 pub const OPS: &[OpDef] = &[OpDef::new("TopK", lower, infer).cpu_only(
     "TopK has no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own",
 )];
-
-/// The registry never asks: the op is `cpu_only`.
-#[cfg(feature = "wgsl")]
-fn no_vulkan(
-    cx: &crate::vulkan::KernelCx,
-) -> Result<Vec<crate::vulkan::Dispatch>, crate::vulkan::NoKernel> {
-    Err(crate::vulkan::NoKernel(format!("{} has no Vulkan kernel", cx.op)))
-}
 
 fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let shape = &cx.input(0)?.shape;
