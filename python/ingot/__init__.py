@@ -317,6 +317,11 @@ class Session:
         """The CPU backend's thread count."""
         return self._native.threads
 
+    @property
+    def spin(self) -> bool:
+        """Whether the CPU backend's idle threads spin a while for work during a run."""
+        return self._native.spin
+
     def run(self, inputs: Mapping[str, Any]) -> Dict[str, np.ndarray]:
         """Runs the variant on ``{input name: array}`` and returns ``{output name: array}``.
 

@@ -227,6 +227,12 @@ impl PySession {
         self.lock().threads()
     }
 
+    /// Whether the CPU backend's idle threads spin a while for work during a run.
+    #[getter]
+    fn spin(&self) -> bool {
+        self.lock().spin()
+    }
+
     /// Where each submodel runs and what was skipped why: (the runtime's report as text,
     /// one tuple per submodel).
     #[getter]

@@ -89,9 +89,10 @@ def test_session_from_a_path_runs_the_same_bits(
 ) -> None:
     path = ingot.compile(model, input_shapes={"x": SHAPE}, output=tmp_path / "cls.ingot")
     from_path = ingot.Session(path, devices=["cpu"], threads=1)
-    from_bytes = ingot.Session(bytearray(bundle), devices="cpu", threads=2)
+    from_bytes = ingot.Session(bytearray(bundle), devices="cpu", threads=2, spin=False)
     assert (from_path.threads, from_bytes.threads) == (1, 2)
-    # The CPU backend's results do not depend on the thread count.
+    assert (from_path.spin, from_bytes.spin) == (True, False)
+    # The CPU backend's results depend on neither the thread count nor how idle threads wait.
     a, b = from_path.run({"x": x})[OUTPUT], from_bytes.run({"x": x})[OUTPUT]
     assert a.tobytes() == b.tobytes()
     # A non-contiguous array of the right shape is taken as its values.
