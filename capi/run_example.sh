@@ -3,7 +3,9 @@
 # and runs it on the PP-OCR direction classifier with the reference input, writing
 # OUT_DIR/output_0.npy. Needs the model and references (bash tools/setup.sh) and a C compiler.
 #
-#   bash capi/run_example.sh [DEVICES [OUT_DIR [--from-memory]]]
+#   bash capi/run_example.sh [DEVICES [OUT_DIR [RUN_BUNDLE_OPTIONS...]]]
+#
+# RUN_BUNDLE_OPTIONS go to the example: --from-memory or --from-fd, --threads N.
 #
 # DEVICES defaults to vulkan,cpu (a Vulkan GPU, else the CPU; vulkan:cpu,cpu runs on lavapipe,
 # which `vulkan` passes over); OUT_DIR to target/capi/out. Run from anywhere.
@@ -28,4 +30,4 @@ mkdir -p "$target/capi" "$out"
 cc -std=c11 -Wall -Wextra -Werror -O2 -I capi/include capi/examples/run_bundle.c \
     "$target/debug/libingot.a" -ldl -lgcc_s -lutil -lrt -lpthread -lm -lc \
     -o "$target/capi/run_bundle"
-"$target/capi/run_bundle" --devices "$devices" ${3:-} "$target/capi/cls.ingot" "$out" "$input"
+"$target/capi/run_bundle" --devices "$devices" "${@:3}" "$target/capi/cls.ingot" "$out" "$input"

@@ -1,19 +1,31 @@
 /*
  * run_bundle: runs a compiled Ingot bundle through the C API (include/ingot.h).
  *
- *   run_bundle [--devices LIST] [--variant NAME] [--from-memory] BUNDLE OUT_DIR INPUT.npy...
+ *   run_bundle [--devices LIST] [--variant NAME] [--threads N] [--from-memory | --from-fd]
+ *              BUNDLE OUT_DIR INPUT.npy...
  *
- * Opens the bundle (mapped, or read into memory first with --from-memory), makes a session
- * on LIST (default: the library's, vulkan,cpu), prints the placement report and the inputs
- * and outputs, reads input i from the i-th .npy file (little-endian, C order, the dtype and
- * shape the bundle declares), runs, and writes output i to OUT_DIR/output_<i>.npy.
+ * Opens the bundle (mapped; read into memory first with --from-memory; through an open file
+ * descriptor, as an Android app opens an asset, with --from-fd), makes a session with options
+ * (devices LIST, default the library's vulkan,cpu; N CPU threads, default one per core),
+ * prints the placement report and the inputs and outputs, reads input i from the i-th .npy
+ * file (little-endian, C order, the dtype and shape the bundle declares), runs twice in place
+ * (ingot_session_run_into: once on this thread, once on a worker thread, as an app's
+ * inference thread would), checks both runs agree, and writes output i to
+ * OUT_DIR/output_<i>.npy.
  * capi/run_example.sh builds it and runs it on a PP-OCR model.
  */
+/* open, fstat, close and pthreads beside -std=c11. */
+#define _POSIX_C_SOURCE 200809L
+
 #include "ingot.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The .npy type string of each IngotDType. */
 static const struct {
@@ -156,6 +168,25 @@ static void log_to_stderr(int32_t level, const char *message, void *user) {
             names[level >= 1 && level <= 5 ? level : 0], message);
 }
 
+/* One run in place, as a thread body: the session may run on any thread, one call at a time. */
+typedef struct {
+    IngotSession *session;
+    void **inputs, **outputs;
+    size_t *input_bytes, *output_bytes, n_inputs, n_outputs;
+    IngotStatus status;
+    char error[512];
+} Run;
+
+static void *run_into(void *arg) {
+    Run *run = arg;
+    run->status = ingot_session_run_into(run->session, (const void *const *)run->inputs,
+                                         run->input_bytes, run->n_inputs, run->outputs,
+                                         run->output_bytes, run->n_outputs);
+    /* ingot_last_error is per thread: keep this thread's message. */
+    snprintf(run->error, sizeof run->error, "%s", ingot_last_error());
+    return NULL;
+}
+
 /* Prints what failed and the library's message, and jumps to the cleanup. */
 #define CHECK(call, what)                                                            \
     do {                                                                             \
@@ -167,14 +198,19 @@ static void log_to_stderr(int32_t level, const char *message, void *user) {
 
 int main(int argc, char **argv) {
     const char *devices = NULL, *variant = NULL, *bundle_path = NULL, *out_dir = NULL;
-    int from_memory = 0, first_input = argc, status = 1;
+    int from_memory = 0, from_fd = 0, first_input = argc, status = 1;
+    size_t threads = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
             devices = argv[++i];
         } else if (strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
             variant = argv[++i];
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            threads = strtoul(argv[++i], NULL, 10);
         } else if (strcmp(argv[i], "--from-memory") == 0) {
             from_memory = 1;
+        } else if (strcmp(argv[i], "--from-fd") == 0) {
+            from_fd = 1;
         } else if (!bundle_path) {
             bundle_path = argv[i];
         } else if (!out_dir) {
@@ -185,17 +221,18 @@ int main(int argc, char **argv) {
         }
     }
     if (!bundle_path || !out_dir) {
-        fprintf(stderr, "usage: run_bundle [--devices LIST] [--variant NAME] [--from-memory] "
-                        "BUNDLE OUT_DIR INPUT.npy...\n");
+        fprintf(stderr, "usage: run_bundle [--devices LIST] [--variant NAME] [--threads N] "
+                        "[--from-memory | --from-fd] BUNDLE OUT_DIR INPUT.npy...\n");
         return 2;
     }
 
     IngotBundle *bundle = NULL;
+    IngotSessionOptions *options = NULL;
     IngotSession *session = NULL;
     char *text = NULL;
     size_t n_inputs = 0, n_outputs = 0, n_submodels = 0;
     IngotTensorInfo *inputs = NULL, *outputs = NULL;
-    void **input_data = NULL, **output_data = NULL;
+    void **input_data = NULL, **output_data = NULL, **worker_data = NULL;
     size_t *input_bytes = NULL, *output_bytes = NULL;
 
     printf("ingot %s\n", ingot_version());
@@ -208,10 +245,29 @@ int main(int argc, char **argv) {
         IngotStatus opened = ingot_bundle_from_memory(bytes, len, &bundle);
         free(bytes);
         CHECK(opened, bundle_path);
+    } else if (from_fd) {
+        /* An Android app gets (fd, offset, length) from AAsset_openFileDescriptor64; here the
+         * bundle is the whole file. Ingot keeps its own duplicate, so ours is closed at once. */
+        int fd = open(bundle_path, O_RDONLY);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            fprintf(stderr, "run_bundle: cannot open %s\n", bundle_path);
+            if (fd >= 0) close(fd);
+            goto done;
+        }
+        IngotStatus opened = ingot_bundle_open_fd(fd, 0, (uint64_t)st.st_size, &bundle);
+        close(fd);
+        CHECK(opened, bundle_path);
     } else {
         CHECK(ingot_bundle_open(bundle_path, &bundle), bundle_path);
     }
-    CHECK(ingot_session_new(bundle, devices, variant, &session), "session");
+    CHECK(ingot_session_options_new(&options), "options");
+    CHECK(ingot_session_options_set_devices(options, devices), "devices");
+    CHECK(ingot_session_options_set_variant(options, variant), "variant");
+    CHECK(ingot_session_options_set_threads(options, threads), "threads");
+    CHECK(ingot_session_new_with_options(bundle, options, &session), "session");
+    ingot_session_options_free(options);
+    options = NULL;
     ingot_bundle_free(bundle); /* the session keeps what it needs */
     bundle = NULL;
 
@@ -239,8 +295,11 @@ int main(int argc, char **argv) {
     input_bytes = calloc(n_inputs + 1, sizeof *input_bytes);
     outputs = calloc(n_outputs + 1, sizeof *outputs);
     output_data = calloc(n_outputs + 1, sizeof *output_data);
+    worker_data = calloc(n_outputs + 1, sizeof *worker_data);
     output_bytes = calloc(n_outputs + 1, sizeof *output_bytes);
-    if (!inputs || !input_data || !input_bytes || !outputs || !output_data || !output_bytes) goto done;
+    if (!inputs || !input_data || !input_bytes || !outputs || !output_data || !worker_data ||
+        !output_bytes)
+        goto done;
     for (size_t i = 0; i < n_inputs; i++) {
         CHECK(ingot_session_input_info(session, i, &inputs[i]), "input info");
         print_info("input", &inputs[i]);
@@ -251,14 +310,39 @@ int main(int argc, char **argv) {
     for (size_t j = 0; j < n_outputs; j++) {
         CHECK(ingot_session_output_info(session, j, &outputs[j]), "output info");
         print_info("output", &outputs[j]);
+        /* malloc's alignment suits every element type, as run_into needs. */
         output_data[j] = malloc(outputs[j].bytes ? outputs[j].bytes : 1);
+        worker_data[j] = malloc(outputs[j].bytes ? outputs[j].bytes : 1);
         output_bytes[j] = outputs[j].bytes;
-        if (!output_data[j]) goto done;
+        if (!output_data[j] || !worker_data[j]) goto done;
     }
 
-    CHECK(ingot_session_run(session, (const void *const *)input_data, input_bytes, n_inputs,
-                            output_data, output_bytes, n_outputs),
-          "run");
+    /* Once here, once on a worker thread; the session is used by one thread at a time. */
+    Run here = {session, input_data, output_data, input_bytes, output_bytes, n_inputs, n_outputs,
+                INGOT_OK, ""};
+    Run worker = here;
+    worker.outputs = worker_data;
+    pthread_t thread;
+    run_into(&here);
+    if (here.status != INGOT_OK) {
+        fprintf(stderr, "run_bundle: run: %s\n", here.error);
+        goto done;
+    }
+    if (pthread_create(&thread, NULL, run_into, &worker) != 0 || pthread_join(thread, NULL) != 0) {
+        fprintf(stderr, "run_bundle: cannot run a worker thread\n");
+        goto done;
+    }
+    if (worker.status != INGOT_OK) {
+        fprintf(stderr, "run_bundle: run on a worker thread: %s\n", worker.error);
+        goto done;
+    }
+    for (size_t j = 0; j < n_outputs; j++) {
+        if (memcmp(output_data[j], worker_data[j], output_bytes[j]) != 0) {
+            fprintf(stderr, "run_bundle: output %zu differs between the two runs\n", j);
+            goto done;
+        }
+    }
+    printf("ran twice in place (this thread, then a worker): the outputs agree\n");
     for (size_t j = 0; j < n_outputs; j++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/output_%zu.npy", out_dir, j);
@@ -273,6 +357,8 @@ int main(int argc, char **argv) {
 done:
     for (size_t i = 0; input_data && i < n_inputs; i++) free(input_data[i]);
     for (size_t j = 0; output_data && j < n_outputs; j++) free(output_data[j]);
+    for (size_t j = 0; worker_data && j < n_outputs; j++) free(worker_data[j]);
+    free(worker_data);
     free(inputs);
     free(input_data);
     free(input_bytes);
@@ -281,6 +367,7 @@ done:
     free(output_bytes);
     ingot_string_free(text);
     ingot_session_free(session);
+    ingot_session_options_free(options);
     ingot_bundle_free(bundle);
     return status;
 }

@@ -38,8 +38,9 @@
  * - Panics: no Rust panic crosses this boundary; an internal error (a bug in Ingot, please
  *   report it) is INGOT_INTERNAL. This holds for the library as built by Cargo (panic=unwind).
  * - Threads: a bundle may be shared between threads (ingot_session_new from several threads
- *   at once). A session must stay on the thread that made it. Messages from
- *   ingot_last_error() are per thread.
+ *   at once). A session, and an options handle, may be used from any thread, one call at a
+ *   time: a session made on one thread may run on another (a worker), but two threads must
+ *   not call into the same session at once. Messages from ingot_last_error() are per thread.
  * - Tensors are dense, row-major, little-endian; booleans are one byte (0 or 1) per element.
  */
 #ifndef INGOT_H
@@ -148,9 +149,26 @@ IngotStatus ingot_set_log_callback(IngotLogCallback callback, void *user);
  * INGOT_BUNDLE if it cannot be read or is not valid. */
 IngotStatus ingot_bundle_open(const char *path, IngotBundle **out);
 
+/* Opens the bundle stored in the `length` bytes at `offset` of the open file `fd`: a bundle
+ * inside a larger file, such as an Android asset stored uncompressed in the APK
+ * (AAsset_openFileDescriptor64 gives fd, offset and length). Where `offset` is a multiple of
+ * 64 the range is mapped, as ingot_bundle_open maps a file; elsewhere (an APK's assets are
+ * aligned to 4 bytes unless it was zipaligned to more) it is read into memory once, and an
+ * info record says so. Ingot duplicates `fd`: close yours whenever you like; its file
+ * position is not moved. INGOT_BUNDLE where the range lies past the end of the file or holds
+ * no valid bundle; INGOT_INVALID_ARGUMENT for a negative fd (and on non-Unix systems). */
+IngotStatus ingot_bundle_open_fd(int32_t fd, uint64_t offset, uint64_t length, IngotBundle **out);
+
 /* Opens a bundle from `len` bytes at `data` (an asset, an embedded array). The bytes are
  * copied once, so `data` may be freed as soon as this returns. */
 IngotStatus ingot_bundle_from_memory(const void *data, size_t len, IngotBundle **out);
+
+/* Opens a bundle from `len` bytes at `data` without copying them: weights are used where
+ * they lie. Lifetime rule: the bytes must stay allocated and unchanged until the bundle AND
+ * every session made from it are freed (a session keeps using them after
+ * ingot_bundle_free). `data` must start at a multiple of 64 bytes (aligned_alloc(64, ...),
+ * posix_memalign, an array declared _Alignas(64)); else INGOT_BUNDLE, with nothing kept. */
+IngotStatus ingot_bundle_from_borrowed_memory(const void *data, size_t len, IngotBundle **out);
 
 /* Frees a bundle. Sessions made from it stay valid (they share it). NULL is a no-op. */
 void ingot_bundle_free(IngotBundle *bundle);
@@ -167,6 +185,40 @@ void ingot_bundle_free(IngotBundle *bundle);
  * (the placement report says why); INGOT_SESSION when no device of the list can. */
 IngotStatus ingot_session_new(const IngotBundle *bundle, const char *devices,
                               const char *variant, IngotSession **out);
+
+/* Options for ingot_session_new_with_options: an opaque handle with one setter per option,
+ * each returning INGOT_INVALID_ARGUMENT for a NULL handle. */
+typedef struct IngotSessionOptions IngotSessionOptions;
+
+/* Makes options with the defaults: the default device list ("vulkan,cpu"), the bundle's first
+ * variant, one CPU thread per physical core, spinning on. */
+IngotStatus ingot_session_options_new(IngotSessionOptions **out);
+
+/* Frees options. Sessions made with them are not affected. NULL is a no-op. */
+void ingot_session_options_free(IngotSessionOptions *options);
+
+/* The devices to try for each submodel, in order, named as for ingot_session_new; NULL: the
+ * default list. An unknown name is INGOT_SESSION, and the list stays as it was. */
+IngotStatus ingot_session_options_set_devices(IngotSessionOptions *options, const char *devices);
+
+/* The variant to run; NULL: the bundle's first. An unknown name fails in
+ * ingot_session_new_with_options (INGOT_SESSION). */
+IngotStatus ingot_session_options_set_variant(IngotSessionOptions *options, const char *variant);
+
+/* The threads the CPU backend runs a submodel on, the calling thread included; 0 (the
+ * default): one per physical core, fewer where the process may use fewer CPUs. */
+IngotStatus ingot_session_options_set_threads(IngotSessionOptions *options, size_t threads);
+
+/* Nonzero (the default): while a CPU submodel runs, idle threads spin a while for work before
+ * they sleep (fastest on an otherwise idle device). 0: they sleep at once (kinder to an app's
+ * other threads, and faster on a busy device). */
+IngotStatus ingot_session_options_set_spin(IngotSessionOptions *options, int32_t spin);
+
+/* Makes a session of `bundle` with `options` (NULL: the defaults). `options` may be changed or
+ * freed afterwards. Errors as for ingot_session_new. */
+IngotStatus ingot_session_new_with_options(const IngotBundle *bundle,
+                                           const IngotSessionOptions *options,
+                                           IngotSession **out);
 
 /* Frees a session and its device memory. NULL is a no-op. */
 void ingot_session_free(IngotSession *session);
@@ -194,6 +246,18 @@ IngotStatus ingot_session_run(IngotSession *session,
                               size_t input_count,
                               void *const *outputs, const size_t *output_bytes,
                               size_t output_count);
+
+/* Runs the session as ingot_session_run does, on the same arguments, but in place: the inputs
+ * are read and the outputs written where they lie, with no copy and no tensor memory
+ * allocated per run (the call for a per-frame loop). In addition to ingot_session_run's
+ * rules: each buffer must be aligned to its element size (malloc's is), and no output may
+ * overlap an input or another output (both checked: INGOT_INVALID_ARGUMENT). When the run
+ * fails, output buffers may hold part of a result. */
+IngotStatus ingot_session_run_into(IngotSession *session,
+                                   const void *const *inputs, const size_t *input_bytes,
+                                   size_t input_count,
+                                   void *const *outputs, const size_t *output_bytes,
+                                   size_t output_count);
 
 /* The placement report, as `ingot run` prints it: one line per submodel with the device it
  * runs on, and every device skipped with the stage and the reason. It can change after a

@@ -1,7 +1,9 @@
 //! The C example (capi/examples/run_bundle.c, built and run by capi/run_example.sh on the
 //! PP-OCR direction classifier) gives the Rust API's outputs: bit for bit on the CPU, within
 //! a tolerance on `vulkan:cpu,cpu` (Vulkan on lavapipe, named: `vulkan` picks GPUs only), with
-//! the same placement report, which also reaches its log callback.
+//! the same placement report, which also reaches its log callback. The example opens the
+//! bundle three ways (mapped, by file descriptor, copied from memory), sets session options
+//! and runs in place on two threads in turn.
 //!
 //! Data: `target/models/` and `target/references/`, made by `bash tools/setup.sh`. Needs a C
 //! compiler (`cc`).
@@ -38,16 +40,14 @@ fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
     data
 }
 
-/// Runs the C example on `devices` into its own directory; returns its stdout, its stderr
-/// and output 0.
-fn run_c_example(devices: &str, from_memory: bool) -> (String, String, PathBuf) {
-    let out = target_dir().join(format!("capi/out-{}", devices.replace([',', ':'], "-")));
+/// Runs the C example on `devices` with `options` into its own directory; returns its stdout,
+/// its stderr and output 0.
+fn run_c_example(devices: &str, options: &[&str]) -> (String, String, PathBuf) {
+    let name = format!("{devices}{}", options.join(""));
+    let out = target_dir().join(format!("capi/out-{}", name.replace([',', ':', ' '], "-")));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("run_example.sh");
     let mut command = Command::new("bash");
-    command.arg(&script).arg(devices).arg(&out);
-    if from_memory {
-        command.arg("--from-memory");
-    }
+    command.arg(&script).arg(devices).arg(&out).args(options);
     let _ = std::fs::remove_file(out.join("output_0.npy"));
     let result = command.output().expect("bash runs");
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
@@ -58,9 +58,16 @@ fn run_c_example(devices: &str, from_memory: bool) -> (String, String, PathBuf) 
 
 #[test]
 fn c_example_matches_the_rust_api() {
-    for (devices, from_memory, tolerance) in [("cpu", false, 0.0), ("vulkan:cpu,cpu", true, 1e-5)] {
-        let (stdout, stderr, c_output) = run_c_example(devices, from_memory);
-        print!("== run_example.sh {devices}\n{stdout}");
+    // Mapped, through a file descriptor on one thread, and copied into memory on lavapipe.
+    let cases: [(&str, &[&str], f32); 3] = [
+        ("cpu", &[], 0.0),
+        ("cpu", &["--from-fd", "--threads", "1"], 0.0),
+        ("vulkan:cpu,cpu", &["--from-memory"], 1e-5),
+    ];
+    for (devices, options, tolerance) in cases {
+        let (stdout, stderr, c_output) = run_c_example(devices, options);
+        print!("== run_example.sh {devices} {options:?}\n{stdout}");
+        assert!(stdout.contains("ran twice in place"), "{stdout}");
 
         let bundle = Arc::new(Bundle::open(target_dir().join("capi/cls.ingot")).unwrap());
         let mut session = Session::new(bundle, SessionOptions::on(devices).unwrap()).unwrap();

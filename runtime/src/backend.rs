@@ -166,15 +166,31 @@ pub enum SessionError {
     Step { index: usize, name: String, op: String, cause: KernelError },
     #[error("invalid input data: step {index} '{name}' ({op}): {cause}")]
     Data { index: usize, name: String, op: String, cause: KernelError },
-    #[error("expected {expected} inputs ({names}), got {got}")]
-    InputCount { expected: usize, got: usize, names: String },
-    #[error("input '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]
-    InputMismatch {
+    /// `side` is "input" or "output".
+    #[error("expected {expected} {side}s ({names}), got {got}")]
+    IoCount { side: &'static str, expected: usize, got: usize, names: String },
+    #[error("{side} '{name}' should be {expected_dtype} {expected:?}, got {got_dtype} {got:?}")]
+    IoMismatch {
+        side: &'static str,
         name: String,
         expected_dtype: ingot_schema::DType,
         expected: Vec<usize>,
         got_dtype: ingot_schema::DType,
         got: Vec<usize>,
+    },
+    #[error(
+        "{side} '{name}' is not aligned to {align} bytes, the size of its elements: \
+         run_into reads and writes the caller's buffers in place"
+    )]
+    Misaligned { side: &'static str, name: String, align: usize },
+    #[error("{side} '{name}' ({dtype} {shape:?}) needs {expected} bytes, got {got}")]
+    IoBytes {
+        side: &'static str,
+        name: String,
+        dtype: ingot_schema::DType,
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
     },
     #[error("cannot allocate the {bytes}-byte activation arena")]
     ArenaAllocation { bytes: u64 },

@@ -29,6 +29,15 @@ pub enum BundleError {
     Manifest(prost::DecodeError),
     #[error("bundle manifest is invalid: {0}")]
     Invalid(String),
+    #[error("cannot read bundle: {0}")]
+    Read(std::io::Error),
+    #[error("the bundle's range {offset}..{end} lies past the end of the {file_len}-byte file")]
+    Range { offset: u64, end: u64, file_len: u64 },
+    #[error(
+        "bundle bytes at {address:#x} are not aligned to {align} bytes (weights are read in \
+         place); copy them (Bundle::from_bytes) or align the buffer"
+    )]
+    Misaligned { address: usize, align: u64 },
     #[error("bundle has no variant '{name}'; it has: {known}")]
     UnknownVariant { name: String, known: String },
 }
@@ -52,6 +61,7 @@ fn invalid(msg: impl Into<String>) -> BundleError {
 
 enum Bytes {
     Mapped(memmap2::Mmap),
+    Borrowed(&'static [u8]),
     // u64 words keep the copy 8-aligned, like a mapping.
     Owned { words: Vec<u64>, len: usize },
 }
@@ -60,6 +70,7 @@ impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped(m) => m,
+            Bytes::Borrowed(b) => b,
             Bytes::Owned { words, len } => &bytemuck::cast_slice(words)[..*len],
         }
     }
@@ -108,6 +119,51 @@ impl Bundle {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
         Self::from_storage(Bytes::Owned { words, len: bytes.len() })
+    }
+
+    /// Validates a bundle in memory that lives as long as the process (an `include_bytes!`
+    /// in an aligned wrapper, a buffer the app keeps) and uses it in place, without a copy.
+    /// The bytes must start at a multiple of [`WEIGHT_ALIGN`]: weights are read where they lie.
+    pub fn from_static(bytes: &'static [u8]) -> Result<Bundle, BundleError> {
+        let address = bytes.as_ptr() as usize;
+        if !address.is_multiple_of(WEIGHT_ALIGN as usize) {
+            return Err(BundleError::Misaligned { address, align: WEIGHT_ALIGN });
+        }
+        Self::from_storage(Bytes::Borrowed(bytes))
+    }
+
+    /// Opens the bundle in the `len` bytes at `offset` of `file`: a bundle packed inside a
+    /// larger file, such as an Android asset (`AAsset_openFileDescriptor` gives the file, the
+    /// offset and the length). The range is mapped where `offset` is a multiple of
+    /// [`WEIGHT_ALIGN`] (weights are then used in place, as [`Bundle::open`] does); elsewhere
+    /// it is read into memory once, since weights must lie aligned. `file` may be closed
+    /// afterwards; its position is left alone.
+    pub fn open_range(file: &std::fs::File, offset: u64, len: u64) -> Result<Bundle, BundleError> {
+        let file_len = file.metadata().map_err(BundleError::Read)?.len();
+        if offset.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(BundleError::Range { offset, end: offset.saturating_add(len), file_len });
+        }
+        let len = usize::try_from(len).map_err(|_| {
+            BundleError::Read(std::io::Error::other("the bundle exceeds the address space"))
+        })?;
+        if len > 0 && offset.is_multiple_of(WEIGHT_ALIGN) {
+            // SAFETY: as in `open`: a read-only private mapping of a range checked to lie
+            // inside the file, which must not change while the bundle is open.
+            #[allow(unsafe_code)]
+            let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map(file) }
+                .map_err(BundleError::Read)?;
+            return Self::from_storage(Bytes::Mapped(map));
+        }
+        if len > 0 {
+            log::info!(
+                "the bundle at offset {offset} is not {WEIGHT_ALIGN}-byte aligned: reading its \
+                 {len} bytes into memory instead of mapping them"
+            );
+        }
+        let mut words = vec![0u64; len.div_ceil(8)];
+        read_at(file, &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len], offset)
+            .map_err(BundleError::Read)?;
+        Self::from_storage(Bytes::Owned { words, len })
     }
 
     fn from_storage(bytes: Bytes) -> Result<Bundle, BundleError> {
@@ -188,6 +244,25 @@ impl Bundle {
         let k = &self.manifest.kernels[index];
         let start = self.kernels.start + k.offset as usize;
         &self.bytes.as_slice()[start..start + k.length as usize]
+    }
+}
+
+/// Fills `buf` from `file` at `offset` without moving the file's position (which a caller's
+/// duplicate of the descriptor shares).
+fn read_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    return std::os::unix::fs::FileExt::read_exact_at(file, buf, offset);
+    #[cfg(windows)]
+    {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            match std::os::windows::fs::FileExt::seek_read(file, &mut buf[done..], at)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => done += n,
+            }
+        }
+        Ok(())
     }
 }
 

@@ -9,6 +9,7 @@ use crate::carve::Carved;
 use crate::failsafe::{Devices, Fallback, Placement};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
+use ingot_schema::DType;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
 use std::sync::Arc;
@@ -149,6 +150,13 @@ pub struct Session {
     spin: bool,
     ledger: Ledger,
 }
+
+// An app may make a session on one thread and run it on another (one call at a time): the C
+// API promises it.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Session>();
+};
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -360,42 +368,103 @@ impl Session {
         Ok((outputs, profile))
     }
 
+    /// Runs the variant on `inputs` and writes its outputs into `outputs`, the caller's
+    /// buffers, in place: no tensor is allocated or copied on the host (an app's per-frame
+    /// call). Each buffer must match its tensor's dtype, shape and byte length and be aligned
+    /// to its element size. When the run fails, `outputs` may hold part of a result.
+    pub fn run_into(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), SessionError> {
+        check_views("input", &self.inputs, inputs.iter().map(|t| (t.dtype, t.shape, t.bytes)))?;
+        let views = outputs.iter().map(|t| (t.dtype, t.shape, &*t.bytes));
+        check_views("output", &self.outputs, views)?;
+        for (side, list, pointers) in [
+            ("input", &self.inputs, inputs.iter().map(|t| t.bytes.as_ptr()).collect::<Vec<_>>()),
+            ("output", &self.outputs, outputs.iter().map(|t| t.bytes.as_ptr()).collect()),
+        ] {
+            for (info, pointer) in list.iter().zip(pointers) {
+                let align = info.desc.dtype.size();
+                if !(pointer as usize).is_multiple_of(align) {
+                    return Err(SessionError::Misaligned { side, name: info.name.clone(), align });
+                }
+            }
+        }
+        self.run_views(inputs, outputs, None)
+    }
+
     fn run_timed(
         &mut self,
         inputs: &[Tensor],
-        mut times: Option<&mut Vec<StepTime>>,
+        times: Option<&mut Vec<StepTime>>,
     ) -> Result<Vec<Tensor>, SessionError> {
-        self.check_inputs(inputs)?;
+        check_views(
+            "input",
+            &self.inputs,
+            inputs.iter().map(|t| (t.dtype(), t.shape(), t.bytes())),
+        )?;
         let mut outputs = self.outputs.iter().map(zeroed_output).collect::<Result<Vec<_>, _>>()?;
-        let boundary =
-            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
-        for (k, part) in self.parts.iter_mut().enumerate() {
-            run_part(k, part, inputs, &mut outputs, boundary, times.as_deref_mut())?;
-        }
+        let ins: Vec<TensorRef> = inputs.iter().map(Tensor::view).collect();
+        let mut outs: Vec<TensorMut> = outputs.iter_mut().map(Tensor::view_mut).collect();
+        self.run_views(&ins, &mut outs, times)?;
         Ok(outputs)
     }
 
-    fn check_inputs(&self, inputs: &[Tensor]) -> Result<(), SessionError> {
-        if inputs.len() != self.inputs.len() {
-            return Err(SessionError::InputCount {
-                expected: self.inputs.len(),
-                got: inputs.len(),
-                names: self.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
-            });
-        }
-        for (info, t) in self.inputs.iter().zip(inputs) {
-            if t.desc() != &info.desc {
-                return Err(SessionError::InputMismatch {
-                    name: info.name.clone(),
-                    expected_dtype: info.desc.dtype,
-                    expected: info.desc.shape.clone(),
-                    got_dtype: t.dtype(),
-                    got: t.shape().to_vec(),
-                });
-            }
+    /// Runs every submodel on checked inputs and outputs.
+    fn run_views(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        mut times: Option<&mut Vec<StepTime>>,
+    ) -> Result<(), SessionError> {
+        let boundary =
+            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
+        for (k, part) in self.parts.iter_mut().enumerate() {
+            run_part(k, part, inputs, outputs, boundary, times.as_deref_mut())?;
         }
         Ok(())
     }
+}
+
+/// Checks that the caller passes one tensor per entry of `list`, each with its dtype, shape
+/// and byte length; `side` is "input" or "output".
+fn check_views<'a>(
+    side: &'static str,
+    list: &[IoInfo],
+    given: impl ExactSizeIterator<Item = (DType, &'a [usize], &'a [u8])>,
+) -> Result<(), SessionError> {
+    if given.len() != list.len() {
+        return Err(SessionError::IoCount {
+            side,
+            expected: list.len(),
+            got: given.len(),
+            names: list.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
+        });
+    }
+    for (info, (dtype, shape, bytes)) in list.iter().zip(given) {
+        if dtype != info.desc.dtype || shape != info.desc.shape {
+            return Err(SessionError::IoMismatch {
+                side,
+                name: info.name.clone(),
+                expected_dtype: info.desc.dtype,
+                expected: info.desc.shape.clone(),
+                got_dtype: dtype,
+                got: shape.to_vec(),
+            });
+        }
+        if bytes.len() != info.desc.bytes() {
+            return Err(SessionError::IoBytes {
+                side,
+                name: info.name.clone(),
+                dtype,
+                shape: shape.to_vec(),
+                expected: info.desc.bytes(),
+                got: bytes.len(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Errors if memory for output `info` cannot be had. `Tensor::zeros` aborts the process when
@@ -418,8 +487,8 @@ fn zeroed_output(info: &IoInfo) -> Result<Tensor, SessionError> {
 fn run_part(
     k: usize,
     part: &mut Part,
-    inputs: &[Tensor],
-    outputs: &mut [Tensor],
+    inputs: &[TensorRef],
+    outputs: &mut [TensorMut],
     boundary: &mut [u8],
     times: Option<&mut Vec<StepTime>>,
 ) -> Result<(), SessionError> {
@@ -429,9 +498,9 @@ fn run_part(
     let (mut written, mut read): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
     for (j, t) in outputs.iter_mut().enumerate() {
         if writes_output(j) {
-            written.push((j, Some(t.bytes_mut())));
+            written.push((j, Some(&mut *t.bytes)));
         } else {
-            read.push((j, t.bytes()));
+            read.push((j, &*t.bytes));
         }
     }
     let boundary_writes = part.outputs.iter().filter_map(|(h, _)| match h {
@@ -444,7 +513,7 @@ fn run_part(
         .iter()
         .map(|(home, desc)| {
             let bytes = match home {
-                Home::Input(i) => inputs.get(*i).map(Tensor::bytes),
+                Home::Input(i) => inputs.get(*i).map(|t| t.bytes),
                 Home::Output(j) => read.iter().find(|(o, _)| o == j).map(|(_, b)| *b),
                 Home::Boundary(r) => carved.read(r),
             }?;
