@@ -1,12 +1,13 @@
 /*
  * run_bundle: runs a compiled Ingot bundle through the C API (include/ingot.h).
  *
- *   run_bundle [--devices LIST] [--variant NAME] [--threads N] [--from-memory | --from-fd]
- *              BUNDLE OUT_DIR INPUT.npy...
+ *   run_bundle [--devices LIST] [--variant NAME] [--threads N] [--pipeline-cache FILE]
+ *              [--from-memory | --from-fd] BUNDLE OUT_DIR INPUT.npy...
  *
  * Opens the bundle (mapped; read into memory first with --from-memory; through an open file
  * descriptor, as an Android app opens an asset, with --from-fd), makes a session with options
- * (devices LIST, default the library's vulkan,cpu; N CPU threads, default one per core),
+ * (devices LIST, default the library's vulkan,cpu; N CPU threads, default one per core;
+ * Vulkan pipelines kept in FILE between runs),
  * prints the placement report and the inputs and outputs, reads input i from the i-th .npy
  * file (little-endian, C order, the dtype and shape the bundle declares), runs twice in place
  * (ingot_session_run_into: once on this thread, once on a worker thread, as an app's
@@ -198,6 +199,7 @@ static void *run_into(void *arg) {
 
 int main(int argc, char **argv) {
     const char *devices = NULL, *variant = NULL, *bundle_path = NULL, *out_dir = NULL;
+    const char *pipeline_cache = NULL;
     int from_memory = 0, from_fd = 0, first_input = argc, status = 1;
     size_t threads = 0;
     for (int i = 1; i < argc; i++) {
@@ -205,6 +207,8 @@ int main(int argc, char **argv) {
             devices = argv[++i];
         } else if (strcmp(argv[i], "--variant") == 0 && i + 1 < argc) {
             variant = argv[++i];
+        } else if (strcmp(argv[i], "--pipeline-cache") == 0 && i + 1 < argc) {
+            pipeline_cache = argv[++i];
         } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             threads = strtoul(argv[++i], NULL, 10);
         } else if (strcmp(argv[i], "--from-memory") == 0) {
@@ -222,7 +226,8 @@ int main(int argc, char **argv) {
     }
     if (!bundle_path || !out_dir) {
         fprintf(stderr, "usage: run_bundle [--devices LIST] [--variant NAME] [--threads N] "
-                        "[--from-memory | --from-fd] BUNDLE OUT_DIR INPUT.npy...\n");
+                        "[--pipeline-cache FILE] [--from-memory | --from-fd] BUNDLE OUT_DIR "
+                        "INPUT.npy...\n");
         return 2;
     }
 
@@ -265,6 +270,7 @@ int main(int argc, char **argv) {
     CHECK(ingot_session_options_set_devices(options, devices), "devices");
     CHECK(ingot_session_options_set_variant(options, variant), "variant");
     CHECK(ingot_session_options_set_threads(options, threads), "threads");
+    CHECK(ingot_session_options_set_pipeline_cache(options, pipeline_cache), "pipeline cache");
     CHECK(ingot_session_new_with_options(bundle, options, &session), "session");
     ingot_session_options_free(options);
     options = NULL;

@@ -214,6 +214,15 @@ IngotStatus ingot_session_options_set_threads(IngotSessionOptions *options, size
  * other threads, and faster on a busy device). */
 IngotStatus ingot_session_options_set_spin(IngotSessionOptions *options, int32_t spin);
 
+/* A file that keeps the Vulkan pipelines compiled for the device between runs of the app
+ * (a path in its cache directory; NULL, the default: none). Read before a submodel's
+ * pipelines are made and written after where it changed, so a later start skips compiling
+ * kernels. Best effort: a missing, unreadable or foreign file (another device or driver
+ * version) is ignored and replaced, a failed write is a warning record; neither fails the
+ * session. Use one file per device. */
+IngotStatus ingot_session_options_set_pipeline_cache(IngotSessionOptions *options,
+                                                     const char *path);
+
 /* Makes a session of `bundle` with `options` (NULL: the defaults). `options` may be changed or
  * freed afterwards. Errors as for ingot_session_new. */
 IngotStatus ingot_session_new_with_options(const IngotBundle *bundle,

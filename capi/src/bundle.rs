@@ -26,16 +26,8 @@ pub unsafe extern "C" fn ingot_bundle_open(
     guard(|| {
         // SAFETY: the header asks for a writable `out` or NULL.
         let out = unsafe { out_ptr(out, "out") }?;
-        if path.is_null() {
-            return Err(invalid("path is NULL"));
-        }
-        // SAFETY: non-null, so a NUL-terminated string by the header's contract.
-        let path = unsafe { CStr::from_ptr(path) };
-        // Unix paths are bytes; elsewhere they must be UTF-8.
-        #[cfg(unix)]
-        let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes());
-        #[cfg(not(unix))]
-        let path = path.to_str().map_err(|_| invalid("path is not UTF-8"))?;
+        // SAFETY: the header asks for a NUL-terminated `path` or NULL.
+        let path = unsafe { path_arg(path) }?.ok_or_else(|| invalid("path is NULL"))?;
         new_bundle(out, Bundle::open(path))
     })
 }

@@ -163,6 +163,23 @@ unsafe fn text<'a>(ptr: *const c_char, what: &str) -> Result<Option<&'a str>, Er
     bytes.to_str().map(Some).map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
+/// A file path, or `None` for NULL: bytes on Unix, UTF-8 elsewhere.
+///
+/// # Safety
+/// As [`text`].
+unsafe fn path_arg(ptr: *const c_char) -> Result<Option<std::path::PathBuf>, Error> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null, so NUL-terminated and live by this function's contract.
+    let bytes = unsafe { CStr::from_ptr(ptr) };
+    #[cfg(unix)]
+    let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes.to_bytes());
+    #[cfg(not(unix))]
+    let path = bytes.to_str().map_err(|_| invalid("path is not UTF-8"))?;
+    Ok(Some(path.into()))
+}
+
 /// `len` elements at `ptr`; NULL is allowed only when `len` is 0.
 ///
 /// # Safety

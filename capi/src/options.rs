@@ -130,3 +130,22 @@ pub unsafe extern "C" fn ingot_session_options_set_spin(
         })
     }
 }
+
+/// A file that keeps compiled Vulkan pipelines between runs of the app (in its cache
+/// directory); NULL: none.
+///
+/// # Safety
+/// `options` is NULL or a live options handle; `path` is NULL or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ingot_session_options_set_pipeline_cache(
+    options: *mut IngotSessionOptions,
+    path: *const c_char,
+) -> IngotStatus {
+    // SAFETY: the header asks for a live handle and a NUL-terminated string or NULL.
+    unsafe {
+        set(options, |o| {
+            o.pipeline_cache = path_arg(path)?;
+            Ok(())
+        })
+    }
+}

@@ -615,6 +615,13 @@ fn options_reach_the_session() {
         assert_eq!(ingot_session_options_set_threads(options, 3), IngotStatus::Ok);
         assert_eq!(ingot_session_options_set_spin(options, 0), IngotStatus::Ok);
         assert_eq!(ingot_session_options_set_variant(options, c"main".as_ptr()), IngotStatus::Ok);
+        let cache = c"/tmp/ingot-pipelines.bin";
+        let status = ingot_session_options_set_pipeline_cache(options, cache.as_ptr());
+        assert_eq!(status, IngotStatus::Ok);
+        assert_eq!(
+            (*options).0.pipeline_cache.as_deref(),
+            Some("/tmp/ingot-pipelines.bin".as_ref())
+        );
         let status = ingot_session_new_with_options(bundle, options, &mut session);
         assert_eq!(status, IngotStatus::Ok, "{}", last_error());
         let made = &(*session).session;

@@ -43,7 +43,7 @@ fn read_npy(path: &Path, desc: &TensorDesc) -> Vec<u8> {
 /// Runs the C example on `devices` with `options` into its own directory; returns its stdout,
 /// its stderr and output 0.
 fn run_c_example(devices: &str, options: &[&str]) -> (String, String, PathBuf) {
-    let name = format!("{devices}{}", options.join(""));
+    let name = format!("{devices}{}", options.first().copied().unwrap_or(""));
     let out = target_dir().join(format!("capi/out-{}", name.replace([',', ':', ' '], "-")));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("run_example.sh");
     let mut command = Command::new("bash");
@@ -58,14 +58,21 @@ fn run_c_example(devices: &str, options: &[&str]) -> (String, String, PathBuf) {
 
 #[test]
 fn c_example_matches_the_rust_api() {
-    // Mapped, through a file descriptor on one thread, and copied into memory on lavapipe.
+    // Mapped, through a file descriptor on one thread, and copied into memory on lavapipe
+    // with a pipeline cache file.
+    let cache = target_dir().join("capi/pipelines.bin");
+    let _ = std::fs::remove_file(&cache);
+    let cache_arg = cache.to_str().expect("a UTF-8 target path");
     let cases: [(&str, &[&str], f32); 3] = [
         ("cpu", &[], 0.0),
         ("cpu", &["--from-fd", "--threads", "1"], 0.0),
-        ("vulkan:cpu,cpu", &["--from-memory"], 1e-5),
+        ("vulkan:cpu,cpu", &["--from-memory", "--pipeline-cache", cache_arg], 1e-5),
     ];
     for (devices, options, tolerance) in cases {
         let (stdout, stderr, c_output) = run_c_example(devices, options);
+        if options.contains(&cache_arg) {
+            assert!(cache.is_file(), "no pipeline cache at {}", cache.display());
+        }
         print!("== run_example.sh {devices} {options:?}\n{stdout}");
         assert!(stdout.contains("ran twice in place"), "{stdout}");
 

@@ -58,6 +58,10 @@ pub struct SessionArgs {
     /// The variant to run (default: the first).
     #[arg(long)]
     pub variant: Option<String>,
+    /// A file that keeps compiled Vulkan pipelines between runs: read before pipelines are
+    /// made, written after where it changed (a foreign or broken file is replaced).
+    #[arg(long, value_name = "FILE")]
+    pub pipeline_cache: Option<std::path::PathBuf>,
 }
 
 /// Opens a session whose submodels each run on the first device of `args.devices` that
@@ -78,6 +82,7 @@ pub fn open_session(
         threads: args.threads,
         spin: !args.no_spin,
         kernel_class: KernelClass::parse(&args.kernel_class)?,
+        pipeline_cache: args.pipeline_cache.clone(),
         ledger: Some(ledger.clone()),
         ..SessionOptions::default()
     };

@@ -64,6 +64,11 @@ pub struct VulkanOptions {
     ///
     /// [`SessionOptions::kernel_class`]: crate::SessionOptions::kernel_class
     pub kernel_class: KernelClass,
+    /// A file that keeps the device's compiled pipelines between runs of the app
+    /// ([`SessionOptions::pipeline_cache`]).
+    ///
+    /// [`SessionOptions::pipeline_cache`]: crate::SessionOptions::pipeline_cache
+    pub pipeline_cache: Option<std::path::PathBuf>,
 }
 
 /// Where a session runs.

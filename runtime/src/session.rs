@@ -12,26 +12,34 @@ use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
 use ingot_schema::DType;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// `devices` with every Vulkan device running `class`'s kernels (`Auto` leaves each device's
-/// own options as they are).
-fn with_kernel_class(devices: Vec<Device>, class: KernelClass) -> Vec<Device> {
-    if class == KernelClass::Auto {
-        return devices;
-    }
+/// `devices` with the session's Vulkan options on every Vulkan device: `class`'s kernels
+/// (`Auto` leaves each device's own class) and the pipeline cache file, where set.
+fn with_vulkan_options(
+    devices: Vec<Device>,
+    class: KernelClass,
+    pipeline_cache: Option<PathBuf>,
+) -> Vec<Device> {
     #[cfg(feature = "vulkan")]
     let devices = devices
         .into_iter()
         .map(|d| match d {
-            Device::Vulkan(v) => {
-                Device::Vulkan(crate::vulkan::VulkanOptions { kernel_class: class, ..v })
+            Device::Vulkan(mut v) => {
+                if class != KernelClass::Auto {
+                    v.kernel_class = class;
+                }
+                if pipeline_cache.is_some() {
+                    v.pipeline_cache.clone_from(&pipeline_cache);
+                }
+                Device::Vulkan(v)
             }
             d => d,
         })
         .collect();
     #[cfg(not(feature = "vulkan"))]
-    let _ = class;
+    let _ = (class, pipeline_cache);
     devices
 }
 
@@ -60,6 +68,12 @@ pub struct SessionOptions {
     /// Which Vulkan kernels run, on every Vulkan device of the list (default: each device's
     /// own class).
     pub kernel_class: KernelClass,
+    /// A file that keeps compiled Vulkan pipelines between runs of the app (an app's cache
+    /// directory), so that a later start skips compiling kernels for the device: read before
+    /// a submodel's pipelines are made, written after where it changed. Best effort: a
+    /// missing, unreadable or foreign file (another device or driver) is ignored and
+    /// replaced, with a log record. One file per device; none by default.
+    pub pipeline_cache: Option<PathBuf>,
 }
 
 impl Default for SessionOptions {
@@ -73,6 +87,7 @@ impl Default for SessionOptions {
             spin: true,
             faults: Faults::default(),
             kernel_class: KernelClass::Auto,
+            pipeline_cache: None,
         }
     }
 }
@@ -209,7 +224,7 @@ impl Session {
         let ledger = options.ledger.unwrap_or_default();
         let threads = options.threads.unwrap_or_else(crate::cpu::default_threads);
         let devices = Arc::new(Devices::new(
-            with_kernel_class(options.devices, options.kernel_class),
+            with_vulkan_options(options.devices, options.kernel_class, options.pipeline_cache),
             options.failover,
             (threads, options.spin),
             options.faults,

@@ -112,6 +112,23 @@ fn run_makes_saves_prints_and_checks_outputs() {
         &first,
     ]);
     assert_eq!(again.matches(": ok").count(), 2, "{again}");
+    // On lavapipe (named), with a pipeline cache file: it is written, the outputs still match.
+    let cache = dir.join("pipelines.bin");
+    let _ = std::fs::remove_file(&cache);
+    let vulkan = succeeds(&[
+        &"run",
+        &bundle,
+        &"--inputs",
+        &npz,
+        &"--expected",
+        &first,
+        &"--devices",
+        &"vulkan:cpu",
+        &"--pipeline-cache",
+        &cache,
+    ]);
+    assert_eq!(vulkan.matches(": ok").count(), 2, "{vulkan}");
+    assert!(cache.is_file(), "run --pipeline-cache wrote no {}", cache.display());
     let json = succeeds(&[&"run", &bundle, &"--inputs", &npz, &"--expected", &first, &"--json"]);
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     for output in json["outputs"].as_array().unwrap() {

@@ -264,6 +264,7 @@ fn check_case(case: &Case, backend: Backend) -> Result<Vec<String>> {
                 device: DeviceChoice::CpuType,
                 force_staging: true,
                 kernel_class: ingot_tests::kernel_class(),
+                ..VulkanOptions::default()
             }),
         )?,
     };

@@ -899,3 +899,43 @@ fn long_window_conv_equals_the_cpu() -> Result<()> {
     let want = run_cpu(&bundle, &[x]);
     allclose(&got[0], &want[0], Tolerance { rtol: 1e-4, atol: 1e-5 }).map_err(anyhow::Error::msg)
 }
+
+/// A pipeline cache file: the first executable writes it (starting with the device's header:
+/// size 32, version 1, vendor, device, cache UUID), later ones read it; a file of another
+/// device or driver, or one that is not a cache at all, is ignored and replaced. The outputs
+/// never change and the validation layer stays silent.
+#[test]
+fn a_pipeline_cache_file_is_written_reused_and_replaced_when_foreign() -> Result<()> {
+    let bundle = bundle("pipeline_cache", &with_weights())?;
+    let path = scratch_dir("vulkan/pipeline_cache").join("pipelines.bin");
+    let _ = std::fs::remove_file(&path);
+    let options = VulkanOptions { pipeline_cache: Some(path.clone()), ..cpu_type() };
+    let x = tensor(&[2, 250], 3);
+    let want = run_cpu(&bundle, std::slice::from_ref(&x));
+    let run = || {
+        let mut exe = vulkan(&bundle, &options, &Ledger::new());
+        let got = run_vulkan(&mut exe, &bundle, std::slice::from_ref(&x));
+        allclose(&got[0], &want[0], Tolerance { rtol: 1e-6, atol: 1e-6 }).unwrap();
+    };
+    run();
+    let written = std::fs::read(&path).context("the first executable writes the cache")?;
+    let word =
+        |bytes: &[u8], i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+    assert!(written.len() >= 32, "{} bytes", written.len());
+    assert_eq!((word(&written, 0), word(&written, 1)), (32, 1), "header size and version");
+    let header = written[..32].to_vec();
+    println!("pipeline cache: {} bytes", written.len());
+    run();
+    assert_eq!(std::fs::read(&path)?[..32], header, "read back, still this device's");
+
+    let mut foreign = written.clone();
+    foreign[16] ^= 0xff; // another driver build: its cache UUID differs
+    for (what, bytes) in [("another driver's", foreign), ("not a cache", b"junk".repeat(40))] {
+        std::fs::write(&path, &bytes)?;
+        run();
+        let now = std::fs::read(&path)?;
+        assert_eq!(now[..32], header, "{what}: replaced by this device's cache");
+    }
+    assert_no_validation_messages();
+    Ok(())
+}

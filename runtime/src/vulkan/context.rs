@@ -389,6 +389,8 @@ pub struct Context {
     pub timestamp_bits: u32,
     queue: Mutex<vk::Queue>,
     pub pipeline_cache: vk::PipelineCache,
+    /// The header this device's and driver's pipeline cache data starts with.
+    pub cache_header: [u8; 32],
     /// By binding count.
     layouts: Mutex<Vec<((u32, u32), Layout)>>,
     /// The weights resident on this device, by (bundle, weight index): every executable of one
@@ -457,6 +459,9 @@ impl Context {
             )
         };
         let limits = props2.properties.limits;
+        let p = &props2.properties;
+        let cache_header =
+            super::pipeline_cache::header(p.vendor_id, p.device_id, p.pipeline_cache_uuid);
         let max_allocation = maintenance3.max_memory_allocation_size;
         // Integer and double widths kernels may use, where the device has them.
         let features = vk::PhysicalDeviceFeatures::default()
@@ -501,6 +506,7 @@ impl Context {
             timestamp_bits: physical.timestamp_bits,
             queue: Mutex::new(queue),
             pipeline_cache,
+            cache_header,
             layouts: Mutex::new(Vec::new()),
             resident: Residency::default(),
             _instance: instance,

@@ -4,6 +4,7 @@
 use super::context::Context;
 use super::layout::{Hazards, Region, descriptor_range, io_layout};
 use super::memory::{Buffer, Placement};
+use super::pipeline_cache::FileCache;
 use super::{DeviceInfo, KernelClass, VulkanError, VulkanOptions};
 use crate::backend::{Failure, Faults, Stage, StepTime};
 use crate::bundle::{Bundle, tensor_desc};
@@ -457,7 +458,17 @@ impl VulkanExecutable {
         };
         // From here on, dropping `exe` on an error frees whatever was made.
         exe.create_sync().map_err(fail(Stage::Device))?;
-        let pipelines = exe.create_pipelines(&bundle, &bound).map_err(fail(Stage::Pipelines))?;
+        // With a cache file, pipelines come from (and go back to) it; else from the device's
+        // in-memory cache, which every executable on it shares.
+        let file_cache =
+            options.pipeline_cache.as_deref().and_then(|p| FileCache::open(&exe.cx, p));
+        let cache = file_cache.as_ref().map_or(exe.cx.pipeline_cache, |f| f.cache);
+        let pipelines = exe.create_pipelines(&bundle, &bound, cache);
+        if let (Some(file), Ok(_)) = (&file_cache, &pipelines) {
+            file.save();
+        }
+        drop(file_cache);
+        let pipelines = pipelines.map_err(fail(Stage::Pipelines))?;
         faults.check("vulkan", Stage::Pipelines).map_err(Failure::at(Stage::Pipelines))?;
         exe.allocate(&bundle, &places.schedule, options.force_staging)?;
         exe.record(&bound, &pipelines).map_err(fail(Stage::Pipelines))?;
@@ -531,11 +542,13 @@ impl VulkanExecutable {
         Ok(())
     }
 
-    /// One compute pipeline per kernel the dispatches use, by kernel index.
+    /// One compute pipeline per kernel the dispatches use, by kernel index, made through
+    /// `cache`.
     fn create_pipelines(
         &mut self,
         bundle: &Bundle,
         bound: &[Bound],
+        cache: vk::PipelineCache,
     ) -> Result<BTreeMap<usize, (vk::Pipeline, vk::PipelineLayout)>, VulkanError> {
         let kernels = &bundle.manifest().kernels;
         let mut out = BTreeMap::new();
@@ -578,7 +591,7 @@ impl VulkanExecutable {
             // SAFETY: the module and layout are live; the module may be destroyed once the
             // pipeline exists. A failed create returns null handles or pipelines to destroy.
             let created = unsafe {
-                let created = device.create_compute_pipelines(self.cx.pipeline_cache, &info, None);
+                let created = device.create_compute_pipelines(cache, &info, None);
                 device.destroy_shader_module(module, None);
                 created
             };

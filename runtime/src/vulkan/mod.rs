@@ -9,6 +9,8 @@
 //!   [`Ledger`](crate::ledger::Ledger).
 //! - [`executable`]: a variant made ready to run: pipelines, weights uploaded and arena and IO
 //!   buffer allocated in the plan's order, descriptor sets, and the command buffer.
+//! - [`pipeline_cache`]: a pipeline cache kept in a file between runs
+//!   ([`VulkanOptions::pipeline_cache`]).
 //! - [`layout`]: the arithmetic (IO layout, descriptor ranges, barriers), unit-tested.
 //!
 //! The libvulkan loader is opened at run time: without it, or without a usable device, every
@@ -19,6 +21,7 @@ mod context;
 mod executable;
 mod layout;
 mod memory;
+mod pipeline_cache;
 
 pub use executable::VulkanExecutable;
 
