@@ -60,7 +60,8 @@ typedef enum IngotStatus {
      * or a wrong byte length, a string that is not UTF-8. */
     INGOT_INVALID_ARGUMENT = 1,
     /* The bundle cannot be read, or is not a valid bundle (corrupt, truncated, another
-     * format version). */
+     * format version). Opening checks everything but the weights, each of which is checked
+     * when a session first needs it: so ingot_session_new* may return this too. */
     INGOT_BUNDLE = 2,
     /* The session cannot be made: an unknown device name or variant, an empty device list,
      * no device in the list can run a submodel. */

@@ -101,7 +101,13 @@ pub unsafe extern "C" fn ingot_session_new_with_options(
 }
 
 fn session_error(e: SessionError) -> Error {
-    Error::from_chain(IngotStatus::Session, &e)
+    let status = match e {
+        SessionError::Bundle(ingot_runtime::BundleError::CorruptWeight { .. }) => {
+            IngotStatus::Bundle
+        }
+        _ => IngotStatus::Session,
+    };
+    Error::from_chain(status, &e)
 }
 
 /// A session handle of `bundle` made with `options`.

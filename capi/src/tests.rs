@@ -288,9 +288,12 @@ fn bad_devices_and_variants_are_session_errors() {
 #[test]
 fn corrupt_bundles_are_bundle_errors() {
     let good = bundle_bytes();
+    let section = |name: &str| {
+        let opened = Bundle::from_bytes(good).unwrap();
+        opened.sections().find(|s| s.0 == name).unwrap().1
+    };
     let mut flipped = good.to_vec();
-    let last = flipped.len() - 1;
-    flipped[last] ^= 0x40;
+    flipped[section("manifest").start + 3] ^= 0x40;
     let cases: [(&[u8], &str); 4] = [
         (&good[..good.len() / 2], "truncated"),
         (&flipped, "checksum mismatch"),
@@ -302,6 +305,20 @@ fn corrupt_bundles_are_bundle_errors() {
         assert_error(status, IngotStatus::Bundle, needle);
         assert!(bundle.is_null());
     }
+    // A corrupt weight: found before its first use, when a session is made.
+    let mut weight = good.to_vec();
+    weight[section("weights").start + 3] ^= 0x40;
+    let (status, bundle) = open_memory(&weight);
+    assert_eq!(status, IngotStatus::Ok, "weights are checked at first use");
+    let mut session = null_mut();
+    // SAFETY: a live bundle, a device list, a writable out-parameter; the bundle freed once.
+    let status = unsafe {
+        let status = ingot_session_new(bundle, c"cpu".as_ptr(), null(), &mut session);
+        ingot_bundle_free(bundle);
+        status
+    };
+    assert_error(status, IngotStatus::Bundle, "bundle weight 0 (bytes 0..");
+    assert!(session.is_null());
     let mut bundle = null_mut();
     // SAFETY: a NUL-terminated path and a writable out-parameter.
     let status = unsafe { ingot_bundle_open(c"/nonexistent/model.ingot".as_ptr(), &mut bundle) };

@@ -31,6 +31,11 @@ pub struct Args {
     /// Run the independent plan verifier (always on in debug builds).
     #[arg(long)]
     verify: bool,
+    /// The devices the bundle is for. `cpu` alone leaves the Vulkan kernels out (a smaller
+    /// bundle for an app that only runs the CPU backend; a runtime then skips Vulkan for it);
+    /// any Vulkan name (vulkan, vulkan:N, vulkan:cpu) includes them.
+    #[arg(long, default_value = "vulkan,cpu", value_delimiter = ',')]
+    devices: Vec<String>,
     /// Print the summary as JSON (bundle, bytes, weights, kernels, each variant's plan).
     #[arg(long)]
     json: bool,
@@ -77,10 +82,17 @@ pub fn main(args: Args) -> Result<()> {
     if args.model.is_some() && !args.variants.is_empty() {
         bail!("give either MODEL or --variant NAME=MODEL, not both");
     }
+    let mut cpu_only = true;
+    for name in &args.devices {
+        let device =
+            ingot_runtime::Device::parse(name).with_context(|| format!("--devices {name}"))?;
+        cpu_only &= matches!(device, ingot_runtime::Device::Cpu);
+    }
     let options = CompileOptions {
         input_shapes: shared,
         constant_inputs,
         verify: args.verify,
+        cpu_only,
         ..CompileOptions::default()
     };
     let m = compile_variants_to(&sources, &options, &args.output)
@@ -99,16 +111,16 @@ pub fn main(args: Args) -> Result<()> {
         models.join(", "),
         args.output.display()
     )?;
-    writeln!(
-        text,
-        "weights: {} entries, {unique} bytes; {} unique Vulkan kernels",
-        m.weights.len(),
-        m.kernels.len()
-    )?;
+    let kernels = match m.cpu_only {
+        true => "no Vulkan kernels (compiled for the CPU only)".to_string(),
+        false => format!("{} unique Vulkan kernels", m.kernels.len()),
+    };
+    writeln!(text, "weights: {} entries, {unique} bytes; {kernels}", m.weights.len())?;
     for v in &m.variants {
         let p = v.plan.clone().unwrap_or_default();
-        let on_cpu: Vec<_> = v
-            .submodels
+        // Where every step is the CPU's by request, none needs listing.
+        let listed = if m.cpu_only { &[][..] } else { &v.submodels[..] };
+        let on_cpu: Vec<_> = listed
             .iter()
             .filter_map(|sub| {
                 let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
@@ -119,12 +131,15 @@ pub fn main(args: Args) -> Result<()> {
             .collect();
         writeln!(
             text,
-            "variant {}: {} steps, {} submodels ({} need the CPU); arena {} bytes (lower bound \
-             {}, ratio {:.4}, naive {}), boundary {} bytes; {} over {}",
+            "variant {}: {} steps, {} submodels ({}); arena {} bytes (lower bound {}, ratio \
+             {:.4}, naive {}), boundary {} bytes; {} over {}",
             v.name,
             v.steps.len(),
             v.submodels.len(),
-            on_cpu.len(),
+            match m.cpu_only {
+                true => "all for the CPU".to_string(),
+                false => format!("{} need the CPU", on_cpu.len()),
+            },
             p.arena_bytes,
             p.lower_bound_bytes,
             if p.lower_bound_bytes == 0 {
@@ -173,6 +188,7 @@ pub fn main(args: Args) -> Result<()> {
             "weight_entries": m.weights.len(),
             "weight_bytes": unique,
             "kernels": m.kernels.len(),
+            "cpu_only": m.cpu_only,
             "variants": variants,
         }))?;
     }

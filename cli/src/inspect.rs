@@ -28,6 +28,10 @@ pub struct Args {
 pub fn main(args: Args) -> Result<()> {
     let bundle = Bundle::open(&args.bundle)
         .with_context(|| format!("cannot open {}", args.bundle.display()))?;
+    // Opening leaves weights to be checked at first use; inspecting a bundle checks them all.
+    for index in 0..bundle.manifest().weights.len() {
+        bundle.weight(index).with_context(|| format!("{} is corrupt", args.bundle.display()))?;
+    }
     let report = if args.kernels { kernels(&bundle) } else { describe(&bundle) };
     let text = if args.json {
         crate::report::json_text(&report)?

@@ -29,10 +29,15 @@ pub enum WriteError {
 
 /// Serialises the variants into one bundle, with every weight once in the bank and `kernels`
 /// (the variants' modules, [`KernelSet::compile`]) dispatched by every step that has them.
-/// Deterministic: the bytes depend only on the graphs, plans and lowered steps.
-pub fn write(variants: &[CompiledVariant], kernels: &KernelSet) -> Result<Vec<u8>, WriteError> {
+/// Deterministic: the bytes depend only on the graphs, plans and lowered steps. A `cpu_only`
+/// bundle says so in its manifest and has no kernels section.
+pub fn write(
+    variants: &[CompiledVariant],
+    kernels: &KernelSet,
+    cpu_only: bool,
+) -> Result<Vec<u8>, WriteError> {
     let mut out = std::io::Cursor::new(Vec::new());
-    write_to(variants, kernels, &mut out)?;
+    write_to(variants, kernels, cpu_only, &mut out)?;
     Ok(out.into_inner())
 }
 
@@ -42,11 +47,13 @@ pub fn write(variants: &[CompiledVariant], kernels: &KernelSet) -> Result<Vec<u8
 pub fn write_to<W: std::io::Write + std::io::Seek>(
     variants: &[CompiledVariant],
     kernels: &KernelSet,
+    cpu_only: bool,
     out: &mut W,
 ) -> Result<proto::Manifest, WriteError> {
     let mut bank = Bank::default();
     let mut manifest = proto::Manifest {
         producer: format!("ingot-compiler {}", env!("CARGO_PKG_VERSION")),
+        cpu_only,
         ..Default::default()
     };
     for (k, v) in variants.iter().enumerate() {
@@ -70,19 +77,16 @@ pub fn write_to<W: std::io::Write + std::io::Seek>(
     manifest.kernels = kernels.kernels.clone();
     let manifest_bytes = manifest.encode_to_vec();
     let mut weights = |w: &mut dyn std::io::Write| bank.write_section(w);
-    container::write_to(
-        out,
-        &mut [
-            Source::Bytes(SectionKind::Manifest, &manifest_bytes),
-            Source::Bytes(SectionKind::Kernels, &kernels.section),
-            Source::Stream {
-                kind: SectionKind::Weights,
-                len: bank.section_len(),
-                write: &mut weights,
-            },
-        ],
-    )
-    .map_err(WriteError::Io)?;
+    let mut sections = vec![Source::Bytes(SectionKind::Manifest, &manifest_bytes)];
+    if !cpu_only {
+        sections.push(Source::Bytes(SectionKind::Kernels, &kernels.section));
+    }
+    sections.push(Source::Stream {
+        kind: SectionKind::Weights,
+        len: bank.section_len(),
+        write: &mut weights,
+    });
+    container::write_to(out, &mut sections).map_err(WriteError::Io)?;
     Ok(manifest)
 }
 

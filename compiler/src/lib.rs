@@ -28,6 +28,10 @@ pub struct CompileOptions {
     pub verify: bool,
     /// Which planning mechanisms may share memory (all by default).
     pub sharing: Sharing,
+    /// Leave the Vulkan kernels out (`ingot compile --devices cpu`): every step is planned
+    /// for the CPU backend alone and the bundle has no kernels section; a runtime skips
+    /// Vulkan for it, saying why.
+    pub cpu_only: bool,
 }
 
 /// The planner's memory-sharing mechanisms, each of which can be turned off (to measure what
@@ -119,7 +123,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
         views: options.sharing.views,
         reorder: options.sharing.reorder,
     };
-    let (plan, lowered) = plan_graph(&graph, target);
+    let (plan, lowered) = plan_graph(&graph, target, !options.cpu_only);
     if options.verify || cfg!(debug_assertions) {
         plan::verify(&graph, &plan).map_err(CompileError::Plan)?;
     }
@@ -130,9 +134,17 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
 /// stages, each computed once. The cut starts from [`kernels::capability`] (which nodes have
 /// a Vulkan kernel at all); a step that has none only once planned (written over an input, a
 /// view at an offset its kernel cannot read) moves to the CPU and the graph is planned again,
-/// which only ever moves steps to the CPU, so it ends.
-pub fn plan_graph(graph: &ir::Graph, target: plan::Target) -> (plan::Plan, kernels::Lowered) {
-    let mut no_vulkan = kernels::capability(graph);
+/// which only ever moves steps to the CPU, so it ends. Without `vulkan`, every step is the
+/// CPU's.
+pub fn plan_graph(
+    graph: &ir::Graph,
+    target: plan::Target,
+    vulkan: bool,
+) -> (plan::Plan, kernels::Lowered) {
+    let mut no_vulkan = match vulkan {
+        true => kernels::capability(graph),
+        false => vec![Some("compiled for the CPU only".to_string()); graph.nodes.len()],
+    };
     loop {
         let parts = partition::Partition::new(graph, &no_vulkan);
         let plan = plan::plan_parts(graph, &parts, target);
@@ -151,7 +163,7 @@ pub fn compile_file(model: &Path, options: &CompileOptions) -> Result<Vec<u8>, C
     let c = compile_graph(model, options)?;
     let variants = [c.variant("main")];
     let kernels = kernels::KernelSet::compile(&variants)?;
-    Ok(bundle::write(&variants, &kernels)?)
+    Ok(bundle::write(&variants, &kernels, options.cpu_only)?)
 }
 
 /// Compiles several graphs into one bundle: variant `name` from `model` with its input
@@ -215,7 +227,7 @@ fn compile_variants_into<W: std::io::Write + std::io::Seek>(
     let variants: Vec<bundle::CompiledVariant> =
         variants.iter().zip(&compiled).map(|(v, c)| c.variant(&v.name)).collect();
     let kernels = kernels::KernelSet::compile(&variants)?;
-    Ok(bundle::write_to(&variants, &kernels, out)?)
+    Ok(bundle::write_to(&variants, &kernels, options.cpu_only, out)?)
 }
 
 /// The plan of the model at `model` as deterministic text: what `ingot plan` prints, and what

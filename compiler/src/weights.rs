@@ -41,6 +41,8 @@ impl Bank {
     /// The entry holding `c`'s content, added (and its bytes written) the first time.
     pub fn add(&mut self, c: &Const) -> u32 {
         let hash = content_hash(c);
+        // While its pages are in: the runtime checks each weight against it before first use.
+        let crc32 = crc32fast::hash(c.bytes());
         c.release_pages();
         if let Some(&index) = self.by_hash.get(&hash) {
             return index;
@@ -55,6 +57,7 @@ impl Bank {
             offset,
             length,
             content_hash: hash.to_vec(),
+            crc32,
         });
         self.sources.push(c.clone());
         self.by_hash.insert(hash, index);

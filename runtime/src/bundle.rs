@@ -11,6 +11,7 @@ use ingot_schema::{Attrs, DType};
 use prost::Message;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use ingot_schema::container::WEIGHT_ALIGN;
 
@@ -38,6 +39,10 @@ pub enum BundleError {
          place); copy them (Bundle::from_bytes) or align the buffer"
     )]
     Misaligned { address: usize, align: u64 },
+    #[error(
+        "bundle weight {index} (bytes {start}..{end} of the weights section) is corrupt: checksum mismatch"
+    )]
+    CorruptWeight { index: usize, start: u64, end: u64 },
     #[error("bundle has no variant '{name}'; it has: {known}")]
     UnknownVariant { name: String, known: String },
 }
@@ -83,6 +88,10 @@ pub struct Bundle {
     manifest: proto::Manifest,
     weights: Range<usize>,
     kernels: Range<usize>,
+    /// Per weight, whether its bytes matched its CRC: checked at first use (format 2.1 on),
+    /// so that opening reads no weight page. Older bundles have the whole weights section
+    /// checked at open, and start all true.
+    checked: Vec<AtomicBool>,
 }
 
 impl std::fmt::Debug for Bundle {
@@ -168,14 +177,19 @@ impl Bundle {
 
     fn from_storage(bytes: Bytes) -> Result<Bundle, BundleError> {
         let file = bytes.as_slice();
-        let container = Container::parse(file)?;
+        let container = Container::parse_checking(file, |kind| kind != SectionKind::Weights)?;
         let manifest_range = container.require(SectionKind::Manifest)?.range.clone();
         let manifest =
             proto::Manifest::decode(&file[manifest_range]).map_err(BundleError::Manifest)?;
         let section = |kind| container.section(kind).map_or(0..0, |s| s.range.clone());
         let (weights, kernels) = (section(SectionKind::Weights), section(SectionKind::Kernels));
         validate(&manifest, weights.len() as u64, &file[kernels.clone()])?;
-        Ok(Bundle { bytes, container, manifest, weights, kernels })
+        let per_weight = container.minor >= 1;
+        if !per_weight {
+            container.verify(file, SectionKind::Weights)?;
+        }
+        let checked = manifest.weights.iter().map(|_| AtomicBool::new(!per_weight)).collect();
+        Ok(Bundle { bytes, container, manifest, weights, kernels, checked })
     }
 
     pub fn manifest(&self) -> &proto::Manifest {
@@ -213,7 +227,6 @@ impl Bundle {
         })
     }
 
-    /// The bytes of weight bank entry `index` (validated at open).
     /// Lets the OS drop the resident pages of weight `index` of a mapped bundle (a device that
     /// uploaded it no longer reads them); the next read faults them in from the file again.
     /// Nothing to do for a bundle in memory.
@@ -232,7 +245,24 @@ impl Bundle {
         };
     }
 
-    pub fn weight_bytes(&self, index: usize) -> &[u8] {
+    /// The bytes of weight bank entry `index`, checked against its CRC the first time: a
+    /// corrupt weight is refused before anything uses it. The executables call this while
+    /// they prepare, then read through [`Bundle::weight_bytes`].
+    pub fn weight(&self, index: usize) -> Result<&[u8], BundleError> {
+        let bytes = self.weight_bytes(index);
+        if !self.checked[index].load(Ordering::Acquire) {
+            let w = &self.manifest.weights[index];
+            if crc32fast::hash(bytes) != w.crc32 {
+                let (start, end) = (w.offset, w.offset + w.length);
+                return Err(BundleError::CorruptWeight { index, start, end });
+            }
+            self.checked[index].store(true, Ordering::Release);
+        }
+        Ok(bytes)
+    }
+
+    /// The bytes of weight `index` without the check: for a weight [`Bundle::weight`] passed.
+    pub(crate) fn weight_bytes(&self, index: usize) -> &[u8] {
         let w = &self.manifest.weights[index];
         let start = self.weights.start + w.offset as usize;
         &self.bytes.as_slice()[start..start + w.length as usize]

@@ -173,6 +173,13 @@ impl CpuExecutable {
             };
             let attrs = Attrs::from_proto(&s.attributes).map_err(|e| prepare_error(e.into()))?;
             let inputs: Vec<Operand> = s.inputs.iter().map(|&t| operand(t)).collect();
+            // Each weight checked against its CRC before its first use (the CPU reads
+            // weights where they lie in the bundle).
+            for input in &inputs {
+                if let Place::Weight(w) = input.place {
+                    bundle.weight(w).map_err(|e| Failure::at(Stage::Weights)(e.into()))?;
+                }
+            }
             let outputs: Vec<Operand> = s.outputs.iter().map(|&t| operand(t)).collect();
             let in_descs: Vec<TensorDesc> = inputs.iter().map(|o| o.desc.clone()).collect();
             let out_descs: Vec<TensorDesc> = outputs.iter().map(|o| o.desc.clone()).collect();

@@ -193,6 +193,8 @@ impl Fallback {
                     self.current = Some((at, exe));
                     return Ok(());
                 }
+                // A corrupt bundle is no device's fault: no other device would fare better.
+                Err(Failure { error: e @ SessionError::Bundle(_), .. }) => return Err(e),
                 Err(failure) => {
                     let skip = Skip {
                         device: device.name(),
@@ -238,6 +240,16 @@ impl Fallback {
             }
             #[cfg(feature = "vulkan")]
             Device::Vulkan(options) => {
+                if bundle.manifest().cpu_only {
+                    return Err(Failure {
+                        stage: Stage::Kernels,
+                        error: SessionError::NoKernel(
+                            "the bundle was compiled for the CPU only (ingot compile --devices \
+                             cpu): it has no Vulkan kernels"
+                                .into(),
+                        ),
+                    });
+                }
                 let v = &bundle.manifest().variants[variant];
                 vulkan_kernels(v, &v.submodels[submodel]).map_err(|reason| Failure {
                     stage: Stage::Kernels,

@@ -18,8 +18,10 @@ use std::ops::Range;
 pub const MAGIC: [u8; 8] = *b"INGOTBND";
 /// Bumped when an old runtime would misread a new bundle. Runtimes refuse other majors.
 pub const FORMAT_MAJOR: u16 = 2;
-/// Bumped for additions an old runtime may ignore.
-pub const FORMAT_MINOR: u16 = 0;
+/// Bumped for additions an old runtime may ignore. 1: each weight carries its own CRC-32 in
+/// the manifest, so a runtime may check weights one by one before their first use instead of
+/// the whole weights section at open.
+pub const FORMAT_MINOR: u16 = 1;
 pub const SECTION_ALIGN: u64 = 64 * 1024;
 /// Weight offsets in the weights section are multiples of this, so typed views need no copy.
 pub const WEIGHT_ALIGN: u64 = 64;
@@ -96,6 +98,22 @@ pub enum ContainerError {
 pub struct Section {
     pub kind: SectionKind,
     pub range: Range<usize>,
+    /// The CRC-32 the table records for the section's bytes.
+    pub crc32: u32,
+}
+
+impl Section {
+    /// Checks the section's bytes of `file` (the file it was parsed from) against its CRC.
+    fn verify(&self, file: &[u8]) -> Result<(), ContainerError> {
+        if crc32fast::hash(&file[self.range.clone()]) == self.crc32 {
+            return Ok(());
+        }
+        Err(ContainerError::SectionChecksum {
+            kind: self.kind.name(),
+            offset: self.range.start as u64,
+            end: self.range.end as u64,
+        })
+    }
 }
 
 /// The parsed, validated layout of a bundle file. Holds ranges, not bytes.
@@ -121,6 +139,15 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 impl Container {
     /// Validates the header, the section table and every section's bounds and checksum.
     pub fn parse(file: &[u8]) -> Result<Container, ContainerError> {
+        Self::parse_checking(file, |_| true)
+    }
+
+    /// As [`Container::parse`], but checks the checksum of only the sections `check` picks;
+    /// [`Container::verify`] checks another later (or the caller checks its parts itself).
+    pub fn parse_checking(
+        file: &[u8],
+        check: impl Fn(SectionKind) -> bool,
+    ) -> Result<Container, ContainerError> {
         if file.len() < HEADER_LEN {
             return Err(ContainerError::TooShort { len: file.len() });
         }
@@ -184,17 +211,22 @@ impl Container {
                     });
                 }
             }
-            let range = offset as usize..(offset + length) as usize;
-            if crc32fast::hash(&file[range.clone()]) != le_u32(file, e + 24) {
-                return Err(ContainerError::SectionChecksum {
-                    kind: kind.name(),
-                    offset,
-                    end: offset + length,
-                });
+            let section = Section {
+                kind,
+                range: offset as usize..(offset + length) as usize,
+                crc32: le_u32(file, e + 24),
+            };
+            if check(kind) {
+                section.verify(file)?;
             }
-            sections.push(Section { kind, range });
+            sections.push(section);
         }
         Ok(Container { major, minor, sections })
+    }
+
+    /// Checks the checksum of section `kind`, where the bundle has one.
+    pub fn verify(&self, file: &[u8], kind: SectionKind) -> Result<(), ContainerError> {
+        self.section(kind).map_or(Ok(()), |s| s.verify(file))
     }
 
     pub fn section(&self, kind: SectionKind) -> Option<&Section> {

@@ -7,7 +7,7 @@
 use anyhow::Result;
 use ingot_runtime::{Bundle, Tensor};
 use ingot_schema::DType;
-use ingot_schema::container::{Container, FORMAT_MAJOR, FORMAT_MINOR};
+use ingot_schema::container::{Container, FORMAT_MAJOR, FORMAT_MINOR, SectionKind};
 use ingot_tests::cli::{expect_clean_failure, expect_success, ingot};
 use ingot_tests::data::write_npy;
 use ingot_tests::model::OnnxModel;
@@ -72,6 +72,26 @@ fn compile_fails(dir: &Path, model: &Path, mentions: &[&str]) {
     let out = dir.join("out.ingot");
     cli_error("ingot compile", &[&"compile", &model, &"-o", &out], mentions);
     assert!(!out.exists(), "ingot compile failed but left {}", out.display());
+}
+
+/// Opening `bytes` as a bundle works (weights are checked at first use, not at open), but
+/// making a session of it fails, on every device list, by the library and by `ingot run`;
+/// `ingot inspect`, which checks every weight, fails too.
+fn use_fails(dir: &Path, what: &str, bytes: &[u8], mentions: &[&str]) {
+    let bundle = std::sync::Arc::new(Bundle::from_bytes(bytes).unwrap_or_else(|e| {
+        panic!("{what}: the bundle should open (weights are checked at first use): {e}")
+    }));
+    for devices in ["cpu", "vulkan:cpu,cpu"] {
+        let what = format!("{what}, a session on {devices}");
+        let options = ingot_runtime::SessionOptions::on(devices).unwrap();
+        lib_error(&what, || ingot_runtime::Session::new(bundle.clone(), options), mentions);
+    }
+    let path = dir.join("bad.ingot");
+    std::fs::write(&path, bytes).unwrap();
+    cli_error(&format!("ingot inspect ({what})"), &[&"inspect", &path], mentions);
+    let run =
+        [&"run" as &dyn AsRef<std::ffi::OsStr>, &path, &"--random-inputs", &"--devices", &"cpu"];
+    cli_error(&format!("ingot run ({what})"), &run, mentions);
 }
 
 /// Opening `bytes` as a bundle fails, by the library and by `ingot inspect`.
@@ -194,18 +214,47 @@ fn one_flipped_byte_in_each_section() {
     let container = Container::parse(&bundle).unwrap();
     let mut places = vec![("header".to_string(), 20, ""), ("section table".to_string(), 72, "")];
     for s in &container.sections {
-        if !s.range.is_empty() {
+        if !s.range.is_empty() && s.kind != SectionKind::Weights {
             let at = s.range.start + s.range.len() / 2;
             places.push((format!("{} section", s.kind.name()), at, s.kind.name()));
         }
     }
-    assert!(places.len() >= 4, "expected manifest and weights sections: {container:?}");
+    assert!(places.len() >= 3, "expected a manifest section: {container:?}");
     for (what, at, mention) in places {
         let mut bad = bundle.clone();
         bad[at] ^= 0x10;
         let mentions: &[&str] = if mention.is_empty() { &[] } else { &[mention] };
         open_fails(&dir, &format!("byte {at} flipped ({what})"), &bad, mentions);
     }
+    // A weight's byte: refused before the weight is used, by its own checksum.
+    let weights = container.section(SectionKind::Weights).expect("a weights section");
+    let at = weights.range.start + 5;
+    let mut bad = bundle.clone();
+    bad[at] ^= 0x10;
+    use_fails(&dir, &format!("byte {at} flipped (weight 0)"), &bad, &["weight 0", "corrupt"]);
+}
+
+/// A bundle of format 2.0, before weights had checksums of their own: its whole weights
+/// section is checked at open, as then.
+#[test]
+fn a_format_2_0_bundle_has_its_weights_checked_at_open() {
+    let dir = scratch_dir("bad_input/format_2_0");
+    let (_, bundle) = base_bundle(&dir);
+    let mut old = bundle.clone();
+    old[10..12].copy_from_slice(&0u16.to_le_bytes());
+    let crc = crc32fast::hash(&old[0..60]);
+    old[60..64].copy_from_slice(&crc.to_le_bytes());
+    let opened = Bundle::from_bytes(&old).expect("a valid 2.0 bundle opens");
+    assert_eq!(opened.format_version(), (FORMAT_MAJOR, 0));
+    let weights =
+        Container::parse(&old).unwrap().section(SectionKind::Weights).unwrap().range.clone();
+    old[weights.start + 5] ^= 0x10;
+    open_fails(
+        &dir,
+        "a 2.0 bundle with a flipped weight byte",
+        &old,
+        &["weights section", "corrupt"],
+    );
 }
 
 #[test]

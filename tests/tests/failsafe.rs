@@ -437,3 +437,38 @@ fn bench_profile_reports_every_step_on_its_device() -> Result<()> {
     }
     Ok(())
 }
+
+/// `CompileOptions::cpu_only` (`ingot compile --devices cpu`): the split model's bundle has no
+/// kernels section and one CPU submodel; a list that starts with Vulkan skips it saying why
+/// and runs on the CPU, with the outputs of the full bundle on the CPU, bit for bit.
+#[test]
+fn a_cpu_only_bundle_skips_vulkan_saying_why() -> Result<()> {
+    use ingot_schema::container::{Container, SectionKind};
+    let path = scratch_dir("failsafe/cpu_only").join("model.onnx");
+    split_model().write(&path)?;
+    let options =
+        ingot_compiler::CompileOptions { cpu_only: true, verify: true, ..Default::default() };
+    let bytes = ingot_compiler::compile_file(&path, &options)?;
+    let container = Container::parse(&bytes)?;
+    ensure!(container.section(SectionKind::Kernels).is_none(), "{container:?}");
+    let cpu_only = Arc::new(Bundle::from_bytes(&bytes)?);
+    let m = cpu_only.manifest();
+    ensure!(m.cpu_only && m.kernels.is_empty());
+    ensure!(m.variants[0].submodels.len() == 1, "one submodel: nothing to cut around");
+    ensure!(m.variants[0].steps.iter().all(|s| s.vulkan.is_empty()));
+
+    let (mut session, _) = open(&cpu_only, "vulkan:cpu,cpu", true, Faults::default())?;
+    let placement = session.placement();
+    let skip = &placement.0[0].skipped;
+    ensure!(placement.0[0].device == "cpu" && skip.len() == 1, "{placement}");
+    ensure!(skip[0].stage == Stage::Kernels, "{placement}");
+    ensure!(skip[0].reason.contains("compiled for the CPU only"), "{placement}");
+    let full = bundle("cpu_only_full", &split_model())?;
+    ensure!(
+        session.run(&[input()])? == cpu_outputs(&full)?,
+        "the CPU-only bundle's outputs differ"
+    );
+    // Deterministic, like every bundle.
+    ensure!(ingot_compiler::compile_file(&path, &options)? == bytes);
+    Ok(())
+}

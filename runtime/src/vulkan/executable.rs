@@ -674,6 +674,8 @@ impl VulkanExecutable {
             };
             let held = match slot {
                 Slot::Weight(w) => {
+                    // Checked against its CRC just before its upload, not at open.
+                    bundle.weight(w as usize).map_err(|e| Failure::at(Stage::Weights)(e.into()))?;
                     let key = (Arc::as_ptr(bundle) as usize, w);
                     let upload = || self.upload(bundle, w, bytes, force_staging);
                     self.cx.resident.get_or_make(key, upload).map(Held::Shared)
