@@ -96,6 +96,9 @@ cargo build --quiet -p ingot-capi --no-default-features
 
 # The Python package: the wheel built by maturin (dev profile, reusing the build above),
 # installed into the test venv, tested with pytest against ONNX Runtime.
+step "aarch64 under qemu-user (tools/test_aarch64.sh)"
+bash tools/test_aarch64.sh
+
 step "Python package (python/test.sh)"
 bash python/test.sh
 step "done"

@@ -246,7 +246,9 @@ float_with_tiles!(f64: Avx512 => 8 x 8 x 2, Avx2 => 6 x 4 x 2, Neon => 6 x 2 x 4
 /// `multiversion` targets of [`packed_on`], so the tile and the code agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tile {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
     #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     Neon,
