@@ -43,13 +43,8 @@ pub unsafe extern "C" fn ingot_bundle_from_memory(
     out: *mut *mut IngotBundle,
 ) -> IngotStatus {
     guard(|| {
-        // SAFETY: the header asks for a writable `out` or NULL.
-        let out = unsafe { out_ptr(out, "out") }?;
-        if data.is_null() {
-            return Err(invalid("data is NULL"));
-        }
-        // SAFETY: the header asks for `len` readable bytes at a non-null `data`.
-        let bytes = unsafe { slice(data.cast::<u8>(), len, "data") }?;
+        // SAFETY: the header asks for a writable `out` and `len` readable bytes at `data`.
+        let (out, bytes) = unsafe { (out_ptr(out, "out")?, memory(data, len)?) };
         new_bundle(out, Bundle::from_bytes(bytes))
     })
 }
@@ -109,17 +104,25 @@ pub unsafe extern "C" fn ingot_bundle_from_borrowed_memory(
     out: *mut *mut IngotBundle,
 ) -> IngotStatus {
     guard(|| {
-        // SAFETY: the header asks for a writable `out` or NULL.
-        let out = unsafe { out_ptr(out, "out") }?;
-        if data.is_null() {
-            return Err(invalid("data is NULL"));
-        }
-        // SAFETY: the header asks for `len` readable bytes at a non-null `data`, live and
-        // unchanged until the bundle and its sessions are freed: as long as anything reads
-        // them, which is what `'static` stands for here.
-        let bytes: &'static [u8] = unsafe { slice(data.cast::<u8>(), len, "data") }?;
+        // SAFETY: the header asks for a writable `out` and `len` readable bytes at `data`,
+        // live and unchanged until the bundle and its sessions are freed: as long as anything
+        // reads them, which is what `'static` stands for here.
+        let (out, bytes) = unsafe { (out_ptr(out, "out")?, memory::<'static>(data, len)?) };
         new_bundle(out, Bundle::from_static(bytes))
     })
+}
+
+/// The `len` bytes at `data`, which may not be NULL (even for 0 bytes: a bundle is never
+/// empty, and NULL is more likely a caller's mistake).
+///
+/// # Safety
+/// `data` is NULL or readable for `len` bytes, unchanged during `'a`.
+unsafe fn memory<'a>(data: *const c_void, len: usize) -> Result<&'a [u8], Error> {
+    if data.is_null() {
+        return Err(invalid("data is NULL"));
+    }
+    // SAFETY: non-null, so readable for `len` bytes by this function's contract.
+    unsafe { slice(data.cast::<u8>(), len, "data") }
 }
 
 /// Frees a bundle; NULL is a no-op. Sessions made from it stay valid.

@@ -271,42 +271,29 @@ pub unsafe extern "C" fn ingot_session_run(
     output_count: usize,
 ) -> IngotStatus {
     guard(|| {
-        // SAFETY: the header asks for a live `session` and arrays of the given counts, or
-        // NULL.
-        let (session, inputs, input_bytes, outputs, output_bytes) = unsafe {
-            (
-                get_mut(session, "session")?,
-                slice(inputs, input_count, "inputs")?,
-                slice(input_bytes, input_count, "input_bytes")?,
-                slice(outputs, output_count, "outputs")?,
-                slice(output_bytes, output_count, "output_bytes")?,
+        // SAFETY: forwarded from this function's contract.
+        let (session, ins, outs) = unsafe {
+            run_arguments(
+                session,
+                (inputs, input_bytes, input_count),
+                (outputs, output_bytes, output_count),
             )
-        };
-        check_buffers("input", &session.inputs, input_count, input_bytes)?;
-        check_buffers("output", &session.outputs, output_count, output_bytes)?;
-        for (io, (ptr, &len)) in session.outputs.iter().zip(outputs.iter().zip(output_bytes)) {
-            if ptr.is_null() && len > 0 {
-                let name = io.name.to_string_lossy();
-                return Err(invalid(format!("output '{name}' is NULL")));
-            }
-        }
-        let tensors = session
-            .inputs
-            .iter()
-            .zip(inputs.iter().zip(input_bytes))
-            .map(|(io, (&ptr, &len))| {
-                let what = format!("input '{}'", io.name.to_string_lossy());
-                // SAFETY: the header asks for `len` readable bytes at each input pointer.
-                let bytes = unsafe { slice(ptr.cast::<u8>(), len, &what) }?;
+        }?;
+        let tensors = (session.inputs.iter().zip(&ins))
+            .map(|(io, b)| {
+                // SAFETY: the header asks for `len` readable bytes at each input pointer
+                // (non-null where len > 0, checked by `run_arguments`).
+                let bytes = unsafe { slice(b.ptr, b.len, "input") }?;
                 Tensor::from_bytes(io.desc.clone(), bytes).map_err(invalid)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let results = session.session.run(&tensors).map_err(run_error)?;
-        for (result, (&ptr, &len)) in results.iter().zip(outputs.iter().zip(output_bytes)) {
-            if len > 0 {
-                // SAFETY: non-null (checked above), and the header asks for `len` writable
-                // bytes there that no other live reference covers (the inputs were copied).
-                let buffer = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) };
+        for (result, b) in results.iter().zip(&outs) {
+            if b.len > 0 {
+                // SAFETY: non-null (checked by `run_arguments`), and the header asks for `len`
+                // writable bytes there that no other live reference covers (the inputs were
+                // copied).
+                let buffer = unsafe { std::slice::from_raw_parts_mut(b.ptr.cast_mut(), b.len) };
                 buffer.copy_from_slice(result.bytes());
             }
         }
@@ -345,27 +332,14 @@ pub unsafe extern "C" fn ingot_session_run_into(
     output_count: usize,
 ) -> IngotStatus {
     guard(|| {
-        // SAFETY: the header asks for a live `session` and arrays of the given counts, or
-        // NULL.
-        let (session, input_ptrs, input_bytes, output_ptrs, output_bytes) = unsafe {
-            (
-                get_mut(session, "session")?,
-                slice(inputs, input_count, "inputs")?,
-                slice(input_bytes, input_count, "input_bytes")?,
-                slice(outputs, output_count, "outputs")?,
-                slice(output_bytes, output_count, "output_bytes")?,
+        // SAFETY: forwarded from this function's contract.
+        let (session, ins, outs) = unsafe {
+            run_arguments(
+                session,
+                (inputs, input_bytes, input_count),
+                (outputs, output_bytes, output_count),
             )
-        };
-        check_buffers("input", &session.inputs, input_count, input_bytes)?;
-        check_buffers("output", &session.outputs, output_count, output_bytes)?;
-        let ins =
-            buffers(&session.inputs, input_ptrs.iter().map(|p| p.cast()), input_bytes, "input")?;
-        let outs = buffers(
-            &session.outputs,
-            output_ptrs.iter().map(|p| p.cast_const().cast()),
-            output_bytes,
-            "output",
-        )?;
+        }?;
         // Rust may not hold a writable view of bytes that another view also covers.
         for (j, out) in outs.iter().enumerate() {
             if ins.iter().chain(&outs[..j]).any(|b| b.overlaps(out)) {
@@ -378,8 +352,8 @@ pub unsafe extern "C" fn ingot_session_run_into(
         let ins: Vec<TensorRef> = (session.inputs.iter().zip(ins))
             .map(|(io, b)| {
                 // SAFETY: the header asks for `len` readable bytes at each input pointer
-                // (non-null where len > 0, checked by `buffers`), not written during the call:
-                // no output overlaps it (checked above).
+                // (non-null where len > 0, checked by `run_arguments`), not written during the
+                // call: no output overlaps it (checked above).
                 let bytes = unsafe { slice(b.ptr, b.len, "input") }?;
                 Ok(TensorRef { dtype: io.desc.dtype, shape: &io.desc.shape, bytes })
             })
@@ -389,8 +363,8 @@ pub unsafe extern "C" fn ingot_session_run_into(
                 let bytes: &mut [u8] = if b.len == 0 {
                     &mut []
                 } else {
-                    // SAFETY: non-null (checked by `buffers`), writable for `len` bytes by the
-                    // header's contract, and overlapping no other view (checked above).
+                    // SAFETY: non-null (checked by `run_arguments`), writable for `len` bytes by
+                    // the header's contract, and overlapping no other view (checked above).
                     unsafe { std::slice::from_raw_parts_mut(b.ptr.cast_mut(), b.len) }
                 };
                 TensorMut { dtype: io.desc.dtype, shape: &io.desc.shape, bytes }
@@ -413,23 +387,53 @@ impl Buffer {
     }
 }
 
-/// The caller's buffers of one side; a NULL buffer is an error unless it is empty.
-fn buffers(
-    list: &[Io],
-    pointers: impl Iterator<Item = *const u8>,
-    bytes: &[usize],
-    side: &str,
-) -> Result<Vec<Buffer>, Error> {
-    list.iter()
-        .zip(pointers.zip(bytes))
-        .map(|(io, (ptr, &len))| {
-            if ptr.is_null() && len > 0 {
-                let name = io.name.to_string_lossy();
-                return Err(invalid(format!("{side} '{name}' is NULL")));
-            }
-            Ok(Buffer { ptr, len })
-        })
-        .collect()
+/// An array of buffer pointers, their byte lengths, and the count, as the run calls take them.
+type Buffers<P> = (*const P, *const usize, usize);
+
+/// The arguments of a run: the session, and the caller's input and output buffers, checked
+/// for count and byte length; a NULL buffer is an error unless it is empty.
+///
+/// # Safety
+/// `session` is NULL or live and used by no other thread; each array is NULL or holds its
+/// count of entries.
+unsafe fn run_arguments<'a>(
+    session: *mut IngotSession,
+    inputs: Buffers<*const c_void>,
+    outputs: Buffers<*mut c_void>,
+) -> Result<(&'a mut IngotSession, Vec<Buffer>, Vec<Buffer>), Error> {
+    // SAFETY: forwarded from this function's contract.
+    let (session, input_ptrs, input_bytes, output_ptrs, output_bytes) = unsafe {
+        (
+            get_mut(session, "session")?,
+            slice(inputs.0, inputs.2, "inputs")?,
+            slice(inputs.1, inputs.2, "input_bytes")?,
+            slice(outputs.0, outputs.2, "outputs")?,
+            slice(outputs.1, outputs.2, "output_bytes")?,
+        )
+    };
+    check_buffers("input", &session.inputs, inputs.2, input_bytes)?;
+    check_buffers("output", &session.outputs, outputs.2, output_bytes)?;
+    let side = |list: &[Io], pointers: Vec<*const u8>, bytes: &[usize], side: &str| {
+        list.iter()
+            .zip(pointers.into_iter().zip(bytes))
+            .map(|(io, (ptr, &len))| {
+                if ptr.is_null() && len > 0 {
+                    let name = io.name.to_string_lossy();
+                    return Err(invalid(format!("{side} '{name}' is NULL")));
+                }
+                Ok(Buffer { ptr, len })
+            })
+            .collect::<Result<Vec<_>, Error>>()
+    };
+    let ins =
+        side(&session.inputs, input_ptrs.iter().map(|p| p.cast()).collect(), input_bytes, "input")?;
+    let outs = side(
+        &session.outputs,
+        output_ptrs.iter().map(|p| p.cast_const().cast()).collect(),
+        output_bytes,
+        "output",
+    )?;
+    Ok((session, ins, outs))
 }
 
 /// # Safety
