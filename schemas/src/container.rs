@@ -458,8 +458,8 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "bundle format 7.0 is not supported by this runtime, which reads format \
-                 {FORMAT_MAJOR}.x"
+                "bundle format 7.{FORMAT_MINOR} is not supported by this runtime, which reads \
+                 format {FORMAT_MAJOR}.x"
             )
         );
     }
