@@ -8,12 +8,12 @@
 
 use super::geometry::Geometry;
 use crate::cpu::gemm::{Layout, gemm};
+use crate::cpu::parallel::try_for_each_chunk_pair;
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, tensor_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use half::f16;
 use ingot_schema::DType;
-use rayon::prelude::*;
 use std::borrow::Cow;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
@@ -103,9 +103,6 @@ enum Mask<'a> {
     Bool(&'a [u8]),
 }
 
-/// What one (batch, query head) pair produces: Y's rows and the qk_matmul_output rows.
-type Block = (Vec<f32>, Vec<f32>);
-
 impl Kernel for Attention {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let g = &self.g;
@@ -181,22 +178,23 @@ impl Kernel for Attention {
         let pk = present(past.as_ref().map(|p| &*p.0), &k, g.head);
         let pv = present(past.as_ref().map(|p| &*p.1), &v, g.v_head);
 
-        let blocks = (0..g.batch * g.q_heads)
-            .into_par_iter()
-            .map(|bh| self.block(bh, &q, &pk, &pv, mask.as_ref(), nonpad))
-            .collect::<Result<Vec<Block>, KernelError>>()?;
+        // One task per (batch, query head): its rows of Y, and of qk_matmul_output where
+        // that is asked for.
+        let heads = g.batch * g.q_heads;
+        let rows_len = g.q_seq * g.v_head;
+        let qk_len = if outputs.len() == 4 { g.q_seq * g.total() } else { 0 };
+        let (mut rows, mut qk) = (vec![0f32; heads * rows_len], vec![0f32; heads * qk_len]);
+        try_for_each_chunk_pair((&mut rows, &mut qk), (rows_len, qk_len), &|bh, y, qk| {
+            self.block(bh, (&q, &pk, &pv), mask.as_ref(), nonpad, (y, qk))
+        })?;
 
         let mut y = vec![0f32; numel(g.y_shape())];
-        for (bh, (rows, _)) in blocks.iter().enumerate() {
+        for (bh, rows) in rows.chunks_exact(rows_len.max(1)).enumerate() {
             let (at, stride) = g.row(g.q_heads, g.q_seq, g.v_head, bh / g.q_heads, bh % g.q_heads);
             for (i, row) in rows.chunks_exact(g.v_head.max(1)).enumerate() {
                 y[at + i * stride..][..g.v_head].copy_from_slice(row);
             }
         }
-        let qk: Vec<f32> = match outputs.len() {
-            4 => blocks.iter().flat_map(|(_, qk)| qk.iter().copied()).collect(),
-            _ => Vec::new(),
-        };
         for (o, values) in outputs.iter_mut().zip([&y, &pk, &pv, &qk]) {
             if self.half {
                 let out = tensor_mut::<f16>(o, values.len())?;
@@ -210,16 +208,16 @@ impl Kernel for Attention {
 }
 
 impl Attention {
-    /// Y's rows [S, v_head] and the scores the mode asks for [S, T] of one (batch, head).
+    /// Writes Y's rows [S, v_head] of one (batch, head) into `y`, and the scores the mode
+    /// asks for [S, T] into `qk` unless it is empty.
     fn block(
         &self,
         bh: usize,
-        q: &[f32],
-        pk: &[f32],
-        pv: &[f32],
+        (q, pk, pv): (&[f32], &[f32], &[f32]),
         mask: Option<&Mask>,
         nonpad: Option<&[i64]>,
-    ) -> Result<Block, KernelError> {
+        (y, qk): (&mut [f32], &mut [f32]),
+    ) -> Result<(), KernelError> {
         let g = &self.g;
         let (b, h) = (bh / g.q_heads, bh % g.q_heads);
         let (s, t, d, dv) = (g.q_seq, g.total(), g.head, g.v_head);
@@ -248,7 +246,10 @@ impl Attention {
         if let Some(c) = self.softcap {
             scores.iter_mut().for_each(|x| *x = (*x / c).tanh() * c);
         }
-        let mut qk_out = if self.mode == 3 { Vec::new() } else { scores.clone() };
+        let wants_qk = !qk.is_empty();
+        if wants_qk && self.mode != 3 {
+            qk.copy_from_slice(&scores);
+        }
         // The query block's frontier: keys before it in the cache, or per batch entry the
         // valid keys less the queries when nonpad_kv_seqlen says where the keys end.
         let offset = match nonpad {
@@ -289,8 +290,8 @@ impl Attention {
             }
             let row = &mut scores[i * t..(i + 1) * t];
             row.iter_mut().zip(&bias).for_each(|(x, &bj)| *x += bj);
-            if self.mode == 2 {
-                qk_out[i * t..(i + 1) * t].copy_from_slice(row);
+            if wants_qk && self.mode == 2 {
+                qk[i * t..(i + 1) * t].copy_from_slice(row);
             }
             let p = &mut probs[i * t..(i + 1) * t];
             // A row whose bias masks every key has no attendable key: zeros, whatever its
@@ -304,10 +305,9 @@ impl Attention {
                 }
             }
         }
-        if self.mode == 3 {
-            qk_out = probs.clone();
+        if wants_qk && self.mode == 3 {
+            qk.copy_from_slice(&probs);
         }
-        let mut y = vec![0f32; s * dv];
         let v_h = &pv[kvh * t * dv..][..t * dv];
         gemm(
             1.0,
@@ -316,10 +316,9 @@ impl Attention {
             v_h,
             Layout::row_major(t, dv),
             0.0,
-            &mut y,
+            y,
             Layout::row_major(s, dv),
-        )?;
-        Ok((y, qk_out))
+        )
     }
 }
 

@@ -22,7 +22,7 @@
 //! so the step can run over the residual's bytes.
 
 use crate::cpu::gemm::{COLUMN_UNIT, Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
-use crate::cpu::parallel::{column_blocks, with_scratch};
+use crate::cpu::parallel::{column_blocks, for_each_chunk, try_for_each_chunk, with_scratch};
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, output_mut};
 use crate::invalid;
@@ -30,7 +30,6 @@ use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 use multiversion::target::match_target;
 use ndarray::{ArrayViewMut2, Axis};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Floats of im2col/col2im scratch per chunk: large enough for the GEMM to reach full speed on a
@@ -294,9 +293,9 @@ impl Channels {
         // In parallel, whole planes per task.
         let plane = plane.max(1);
         let planes = (INIT_TASK_FLOATS / plane).max(1);
-        y.par_chunks_mut(planes * plane)
-            .enumerate()
-            .try_for_each(|(t, yt)| self.start_planes(yt, t * planes * plane, bias, plane, post))
+        try_for_each_chunk(y, planes * plane, &|t, yt| {
+            self.start_planes(yt, t * planes * plane, bias, plane, post)
+        })
     }
 
     /// [`Self::init_output`] on whole planes `yt`, the output's elements from `at`.
@@ -588,14 +587,14 @@ impl Conv {
         // In parallel, whole panels per task: the chunks of output rows that column blocks
         // hand out are too few on small images to keep every thread busy.
         let per_task = (IM2COL_TASK_FLOATS / panel_len.max(1)).max(1);
-        let task = |(t, chunk): (usize, &mut [f32])| {
+        let task = |t: usize, chunk: &mut [f32]| {
             for (p, panel) in chunk.chunks_exact_mut(panel_len).enumerate() {
                 let j = (t * per_task + p) * nr;
                 let columns = first + j..first + width.min(j + nr);
                 im2col_panel(&self.win, taps, self.ch.cin, xg, columns, panel);
             }
         };
-        (panels.par_chunks_mut(per_task * panel_len.max(1))).enumerate().for_each(task);
+        for_each_chunk(panels, per_task * panel_len.max(1), &task);
     }
 }
 
@@ -903,7 +902,7 @@ impl Conv {
         // One block of the output per (image, group), in parallel; pointwise and im2col
         // blocks split again into chunks of columns.
         let block = cout * out_plane;
-        y.par_chunks_mut(block).enumerate().try_for_each(|(ng, yg)| {
+        try_for_each_chunk(y, block, &|ng, yg| {
             let g = ng % groups;
             let xg = &x[ng * cin * in_plane..][..cin * in_plane];
             let wg = &w[g * wg_len..][..wg_len];
@@ -958,7 +957,7 @@ impl Conv {
         let (in_plane, out_plane, taps) = self.win.sizes();
         let block = (cout * out_plane).max(1);
         let per_task = (DEPTHWISE_TASK_FLOATS / block).max(1);
-        let task = |(t, yt): (usize, &mut [f32])| {
+        let task = |t: usize, yt: &mut [f32]| {
             // A block of zeros past the padded plane for a short flat plane to read into.
             with_scratch(padded.len() + FLAT_BLOCK, |scratch| {
                 // The scratch is shared with other kernels: its padding must be zeroed (once:
@@ -982,7 +981,7 @@ impl Conv {
                 })
             })
         };
-        y.par_chunks_mut(per_task * block).enumerate().try_for_each(task)
+        try_for_each_chunk(y, per_task * block, &task)
     }
 }
 

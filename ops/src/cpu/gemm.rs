@@ -193,13 +193,14 @@ pub trait Float:
     /// `self * a + b`, rounded once.
     fn fused(self, a: Self, b: Self) -> Self;
 
-    /// The product on this thread, with the tile that suits this CPU.
-    fn product_here(
-        alpha: Self,
-        a: ArrayView2<Self>,
-        b: OperandB<Self>,
-        start: Start<Self>,
+    /// The blocked product with `tile`'s shape ([`packed_tile`]). Inlined into each version
+    /// of [`packed_on`], where `tile` is that version's constant: each holds one tile's code.
+    fn tiled(
+        tile: Tile,
+        fused: bool,
+        ab: Operands<Self>,
         c: ArrayViewMut2<Self>,
+        scratch: Buffers<Self>,
     );
 
     /// The columns of that tile: the width of B's packed panels.
@@ -218,15 +219,10 @@ macro_rules! float_with_tiles {
                 self.mul_add(a, b)
             }
 
-            fn product_here(
-                alpha: $t,
-                a: ArrayView2<$t>,
-                b: OperandB<$t>,
-                start: Start<$t>,
-                c: ArrayViewMut2<$t>,
-            ) {
-                match Tile::for_this_cpu() {
-                    $(Tile::$tile => packed::<$t, $mr, $w, $nv>(alpha, a, b, start, c),)*
+            #[inline(always)]
+            fn tiled(tile: Tile, fused: bool, ab: Operands<$t>, c: ArrayViewMut2<$t>, scratch: Buffers<$t>) {
+                match tile {
+                    $(Tile::$tile => packed_tile::<$t, $mr, $w, $nv>(fused, ab, c, scratch),)*
                 }
             }
 
@@ -242,10 +238,15 @@ macro_rules! float_with_tiles {
 float_with_tiles!(f32: Avx512 => 8 x 16 x 2, Avx2 => 6 x 8 x 2, Neon => 6 x 4 x 4, Baseline => 4 x 4 x 2);
 float_with_tiles!(f64: Avx512 => 8 x 8 x 2, Avx2 => 6 x 4 x 2, Neon => 6 x 2 x 4, Baseline => 4 x 2 x 2);
 
-/// The register files the microkernel's tile is shaped for; the same features as the
-/// `multiversion` targets of [`packed_on`], so the tile and the code agree.
+/// What a product `C = alpha·A·B + start` reads: `(alpha, A, B, start)`.
+pub(crate) type Operands<'a, 'b, 'c, T> = (T, ArrayView2<'a, T>, OperandB<'b, T>, Start<'c, T>);
+
+/// A product's scratch: a row-major copy of A's block, and B's packed panels.
+pub(crate) type Buffers<'a, 'b, T> = (&'a mut [T], &'b mut [T]);
+
+/// The register files the microkernel's tile is shaped for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tile {
+pub(crate) enum Tile {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -256,22 +257,20 @@ enum Tile {
 }
 
 impl Tile {
+    /// The tile of the [`packed_on`] version this CPU runs: the same targets, so the same
+    /// choice, and B's panels are packed to the width that version reads.
+    #[multiversion(targets(
+        "x86_64+avx512f+avx512vl+avx2+fma+avx",
+        "x86_64+avx2+fma+avx",
+        "aarch64+neon"
+    ))]
     fn for_this_cpu() -> Tile {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx512f") && has!("avx512vl") && has!("avx2") && has!("fma") {
-                return Tile::Avx512;
-            }
-            if has!("avx2") && has!("fma") {
-                return Tile::Avx2;
-            }
+        match_target! {
+            "x86_64+avx512f+avx512vl+avx2+fma+avx" => Tile::Avx512,
+            "x86_64+avx2+fma+avx" => Tile::Avx2,
+            "aarch64+neon" => Tile::Neon,
+            _ => Tile::Baseline,
         }
-        #[cfg(target_arch = "aarch64")]
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            return Tile::Neon;
-        }
-        Tile::Baseline
     }
 }
 
@@ -532,7 +531,7 @@ fn split<T: Float>(
         _ => (Axis(0), m, 1),
     };
     if pieces < 2 || work < PARALLEL_WORK || units < 2 {
-        T::product_here(alpha, a, b, start, c);
+        packed(alpha, a, b, start, c);
         return;
     }
     // Uneven thread counts get proportional shares: 3 threads cut at a third.
@@ -549,10 +548,10 @@ fn split<T: Float>(
     rayon::join(move || split(alpha, a1, b1, s1, c1, p1), move || split(alpha, a2, b2, s2, c2, p2));
 }
 
-/// The blocked product with an `MR x (W·NV)` tile (`NV` vectors of `W` lanes per row), its
-/// buffers taken from this thread's scratch: B's packed panels, a row-major copy of A's block
-/// where A's rows are not contiguous, and one of C where C's are not.
-fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
+/// The blocked product with this CPU's tile ([`Float::tiled`]), its buffers taken from this
+/// thread's scratch: B's packed panels, a row-major copy of A's block where A's rows are not
+/// contiguous, and one of C where C's are not.
+fn packed<T: Float>(
     alpha: T,
     a: ArrayView2<T>,
     b: OperandB<T>,
@@ -561,7 +560,7 @@ fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
 ) {
     let (m, n) = c.dim();
     let k = a.ncols();
-    let nr = W * NV;
+    let nr = T::panel_width();
     let kc = k.min(KC);
     let b_len = match b {
         OperandB::Matrix(_) => n.min(NC / nr * nr).div_ceil(nr) * nr * kc,
@@ -572,12 +571,12 @@ fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
     with_scratch(b_len, |pb: &mut [T]| {
         with_scratch(a_len, |pa: &mut [T]| {
             if n <= 1 || c.strides()[1] == 1 {
-                return packed_on::<T, MR, W, NV>(alpha, a, b, start, c, pa, pb);
+                return packed_on::<T>((alpha, a, b, start), c, (pa, pb));
             }
             with_scratch(m * n, |pc: &mut [T]| {
                 let mut copy = ArrayViewMut2::from_shape((m, n), pc).expect("m x n floats");
                 copy.assign(&c);
-                packed_on::<T, MR, W, NV>(alpha, a, b, start, copy.view_mut(), pa, pb);
+                packed_on::<T>((alpha, a, b, start), copy.view_mut(), (pa, pb));
                 c.assign(&copy);
             })
         })
@@ -587,26 +586,34 @@ fn packed<T: Float, const MR: usize, const W: usize, const NV: usize>(
 /// The rows of A one MC block holds, plus a panel's worth past it for a partial last panel.
 const A_ROWS: usize = MC + 8;
 
+/// The blocked product, compiled for the wider vector units too; each version runs its own
+/// tile, the one [`Tile::for_this_cpu`] names when that version runs.
 #[multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
     "aarch64+neon"
 ))]
-fn packed_on<T: Float, const MR: usize, const W: usize, const NV: usize>(
-    alpha: T,
-    a: ArrayView2<T>,
-    b: OperandB<T>,
-    start: Start<T>,
-    mut c: ArrayViewMut2<T>,
-    pa: &mut [T],
-    pb: &mut [T],
-) {
-    // One rounding per multiply-add where the CPU has the instruction.
-    let fused = match_target! {
-        "x86_64+fma" => true,
-        "aarch64+neon" => true,
-        _ => false,
+fn packed_on<T: Float>(ab: Operands<T>, c: ArrayViewMut2<T>, scratch: Buffers<T>) {
+    // One rounding per multiply-add where the CPU has the instruction; the tile that suits
+    // this version's registers (what `Tile::for_this_cpu` names when it runs).
+    let (fused, tile) = match_target! {
+        "x86_64+avx512f+avx512vl+avx2+fma+avx" => (true, Tile::Avx512),
+        "x86_64+avx2+fma+avx" => (true, Tile::Avx2),
+        "aarch64+neon" => (true, Tile::Neon),
+        _ => (false, Tile::Baseline),
     };
+    T::tiled(tile, fused, ab, c, scratch);
+}
+
+/// The blocked product with an `MR x (W·NV)` tile (`NV` vectors of `W` lanes per row); C's
+/// rows are contiguous. Inlined into the [`packed_on`] version that runs it.
+#[inline(always)]
+fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    fused: bool,
+    (alpha, a, b, start): Operands<T>,
+    mut c: ArrayViewMut2<T>,
+    (pa, pb): Buffers<T>,
+) {
     let (m, n) = c.dim();
     let k = a.ncols();
     let nr = W * NV;
@@ -972,12 +979,20 @@ mod tests {
         // a narrower tile sums), KC, MC and NC; A and B are also read transposed,
         // C has a row stride wider than its rows, and a bias may start each row.
         // B is also given as panels, of each tile's width.
-        type Product = fn(f32, ArrayView2<f32>, OperandB<f32>, Start<f32>, ArrayViewMut2<f32>);
-        let tiles: [(Product, usize); 4] = [
-            (packed::<f32, 8, 16, 2>, 32),
-            (packed::<f32, 6, 8, 2>, 16),
-            (packed::<f32, 6, 4, 4>, 16),
-            (packed::<f32, 4, 4, 2>, 8),
+        // Each tile in its own scratch (as `packed` gives it, rows of C contiguous).
+        fn product(
+            tile: Tile,
+        ) -> impl Fn(f32, ArrayView2<f32>, OperandB<f32>, Start<f32>, ArrayViewMut2<f32>) {
+            move |alpha, a, b, start, c| {
+                let (mut pa, mut pb) = (vec![0.0; MC * KC], vec![0.0; NC * KC]);
+                f32::tiled(tile, false, (alpha, a, b, start), c, (&mut pa, &mut pb));
+            }
+        }
+        let tiles = [
+            (product(Tile::Avx512), 32),
+            (product(Tile::Avx2), 16),
+            (product(Tile::Neon), 16),
+            (product(Tile::Baseline), 8),
         ];
         let value = |i: usize| ((i * 7 + 3) % 9) as f32 - 4.0;
         for (m, k, n) in [
@@ -1012,7 +1027,8 @@ mod tests {
                     assert_eq!(at(&got), None, "{m}x{k}x{n} {la:?} {lb:?} {start:?}");
                     let av = ArrayView2::from_shape(la.shape().unwrap(), &a).unwrap();
                     let bv = ArrayView2::from_shape(lb.shape().unwrap(), &b).unwrap();
-                    for (t, &(tile, nr)) in tiles.iter().enumerate() {
+                    for (t, (tile, nr)) in tiles.iter().enumerate() {
+                        let nr = *nr;
                         let mut got = c.clone();
                         tile(alpha, av, OperandB::Matrix(bv), start, view(lc, &mut got));
                         assert_eq!(at(&got), None, "tile {t}: {m}x{k}x{n} {la:?} {lb:?}");

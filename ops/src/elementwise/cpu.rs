@@ -20,13 +20,13 @@
 //! Element semantics (wrapping integers, casts, NaN) are in `elementwise/scalar.rs`; the
 //! broadcasting plan is in `elementwise/broadcast.rs`.
 
+use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use broadcast::Broadcast;
 use half::f16;
 use ingot_schema::{AttrValue, Attrs, DType};
-use rayon::prelude::*;
 use scalar::{Float, Num, Scalar, Wide};
 use std::marker::PhantomData;
 
@@ -153,6 +153,15 @@ fn output_bits<'a, T: bytemuck::Pod>(
 
 // ---- kernels ----
 
+/// Whether an op's kernel over elements of `T` is compiled for that op, its function inlined
+/// into vectorised loops: for f32, what models compute in. Over any other type an op's kernel
+/// is the one of its type signature, calling the op's function per element through a
+/// pointer: those types carry shape arithmetic, masks and indices, small tensors, and compiled
+/// per op and type (400 kernels) they made 1.5 MB of an app binary.
+const fn compiled_per_op<T: Element>() -> bool {
+    matches!(T::DTYPE, DType::F32)
+}
+
 /// `y = f(x)`, element by element.
 struct Map<A, O, F> {
     len: usize,
@@ -164,24 +173,21 @@ fn map<A: Element, O: Element>(
     len: usize,
     f: impl Fn(A) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
-    Box::new(Map { len, f, _t: PhantomData })
+    if compiled_per_op::<A>() {
+        Box::new(Map { len, f, _t: PhantomData })
+    } else {
+        let f: Box<dyn Fn(A) -> O + Send + Sync> = Box::new(f);
+        Box::new(Map { len, f, _t: PhantomData })
+    }
 }
 
 impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let x = input::<A>(inputs, 0)?;
         let y = output::<O>(outputs)?;
-        if x.len() != self.len || y.len() != self.len {
-            return Err(invalid!(
-                "prepared for {} elements, got {} -> {}",
-                self.len,
-                x.len(),
-                y.len()
-            ));
-        }
-        let tasks = y.par_chunks_mut(MAP_TASK).zip(x.par_chunks(MAP_TASK));
-        tasks.for_each(|(y, x)| {
-            for (y, &x) in y.iter_mut().zip(x) {
+        check_len(self.len, x.len(), y.len())?;
+        for_each_chunk(y, MAP_TASK, &|t, y| {
+            for (y, &x) in y.iter_mut().zip(&x[t * MAP_TASK..]) {
                 *y = (self.f)(x);
             }
         });
@@ -198,17 +204,24 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
             return Err(invalid!("cannot run in place over input {aliased}"));
         }
         let y = output::<O>(outputs)?;
-        if y.len() != self.len {
-            return Err(invalid!("prepared for {} elements, got {}", self.len, y.len()));
-        }
+        check_len(self.len, y.len(), y.len())?;
         // The output holds the input's bits: read each element as the input type.
-        y.par_chunks_mut(MAP_TASK).for_each(|y| {
+        for_each_chunk(y, MAP_TASK, &|_, y| {
             for y in y.iter_mut() {
                 *y = (self.f)(bytemuck::cast(*y));
             }
         });
         Ok(())
     }
+}
+
+/// Errors unless a map's input and output have the `len` elements it was prepared for. Not
+/// generic: every map shares it.
+fn check_len(len: usize, x: usize, y: usize) -> Result<(), KernelError> {
+    if x != len || y != len {
+        return Err(invalid!("prepared for {len} elements, got {x} -> {y}"));
+    }
+    Ok(())
 }
 
 /// `y = f(a, b)` with `a` and `b` broadcast.
@@ -222,7 +235,12 @@ fn binary_kernel<A: Element, B: Element, O: Element>(
     bc: Broadcast<2>,
     f: impl Fn(A, B) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
-    Box::new(Binary { bc, f, _t: PhantomData })
+    if compiled_per_op::<A>() {
+        Box::new(Binary { bc, f, _t: PhantomData })
+    } else {
+        let f: Box<dyn Fn(A, B) -> O + Send + Sync> = Box::new(f);
+        Box::new(Binary { bc, f, _t: PhantomData })
+    }
 }
 
 impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
@@ -250,22 +268,24 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
             0 if size_of::<A>() == size_of::<O>() => {
                 let b = input::<B>(inputs, 1)?;
                 self.bc.check([y.len(), b.len()], y.len())?;
-                self.bc.for_each(|[_, rb], ry| match &b[rb] {
-                    &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
-                    b => {
-                        (y[ry].iter_mut().zip(b)).for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b))
+                for ([_, rb], ry) in self.bc.blocks() {
+                    match &b[rb] {
+                        &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
+                        b => (y[ry].iter_mut().zip(b))
+                            .for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b)),
                     }
-                });
+                }
             }
             1 if size_of::<B>() == size_of::<O>() => {
                 let a = input::<A>(inputs, 0)?;
                 self.bc.check([a.len(), y.len()], y.len())?;
-                self.bc.for_each(|[ra, _], ry| match &a[ra] {
-                    &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
-                    a => {
-                        (y[ry].iter_mut().zip(a)).for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y)))
+                for ([ra, _], ry) in self.bc.blocks() {
+                    match &a[ra] {
+                        &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
+                        a => (y[ry].iter_mut().zip(a))
+                            .for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y))),
                     }
-                });
+                }
             }
             _ => return Err(invalid!("cannot run in place over input {aliased}")),
         }
@@ -282,7 +302,7 @@ fn zip_broadcast<A: Copy, B: Copy, O: Copy>(
     y: &mut [O],
     f: &impl Fn(A, B) -> O,
 ) {
-    bc.for_each(|[ra, rb], ry| {
+    for ([ra, rb], ry) in bc.blocks() {
         let y = &mut y[ry];
         match (&a[ra], &b[rb]) {
             (&[a], &[b]) => y.fill(f(a, b)),
@@ -294,7 +314,7 @@ fn zip_broadcast<A: Copy, B: Copy, O: Copy>(
                 }
             }
         }
-    });
+    }
 }
 
 // ---- unary ----
@@ -518,12 +538,111 @@ fn cast(cx: &OpCx) -> Prepared {
         }
     }
     let len = same_shape(cx, dst)?;
+    if src == DType::F32 {
+        return match dst {
+            DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
+            _ => any_type!(dst, cx, |B| Ok(map(len, |x: f32| B::from_wide(x.to_wide())))),
+        };
+    }
     // Bool is stored as 0/1 bytes, so as a source it converts like u8.
-    any_type!(src, cx, |A| if dst == DType::Bool {
-        Ok(map(len, |x: A| x.to_wide().is_nonzero() as u8))
-    } else {
-        any_type!(dst, cx, |B| Ok(map(len, |x: A| B::from_wide(x.to_wide()))))
-    })
+    let widen = any_type!(src, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?;
+    let narrow = match dst {
+        DType::Bool => (1, narrow_bool as Narrow),
+        _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), narrow::<B> as Narrow)))?,
+    };
+    Ok(Box::new(Cast { len, sizes: (widen.0, narrow.0), widen: widen.1, narrow: narrow.1 }))
+}
+
+type Widen = fn(&[u8], &mut [Wide]);
+type Narrow = fn(&[Wide], &mut [u8]);
+
+/// `Cast` from a type other than f32 ([`compiled_per_op`]): through [`Wide`], as every
+/// conversion of [`Scalar`] goes, a block at a time, so it is compiled once per source type
+/// and once per destination type instead of once per pair.
+struct Cast {
+    len: usize,
+    /// Bytes per element of the source and of the destination.
+    sizes: (usize, usize),
+    widen: Widen,
+    narrow: Narrow,
+}
+
+/// Elements a cast converts per block, through a buffer on the stack.
+const CAST_BLOCK: usize = 256;
+
+/// Reads each `T` of `x`, packed bytes, as a [`Wide`].
+fn widen<T: Scalar>(x: &[u8], w: &mut [Wide]) {
+    for (x, w) in x.chunks_exact(size_of::<T>()).zip(w) {
+        *w = bytemuck::pod_read_unaligned::<T>(x).to_wide();
+    }
+}
+
+/// Writes each value of `w` into `y` as a `T`, packed bytes.
+fn narrow<T: Scalar>(w: &[Wide], y: &mut [u8]) {
+    for (&w, y) in w.iter().zip(y.chunks_exact_mut(size_of::<T>())) {
+        y.copy_from_slice(bytemuck::bytes_of(&T::from_wide(w)));
+    }
+}
+
+/// ONNX's cast to bool, as 0/1 bytes.
+fn narrow_bool(w: &[Wide], y: &mut [u8]) {
+    for (w, y) in w.iter().zip(y) {
+        *y = w.is_nonzero() as u8;
+    }
+}
+
+impl Cast {
+    fn check(&self, x: usize, y: usize) -> Result<(), KernelError> {
+        let (sa, sb) = self.sizes;
+        check_len(self.len, x / sa, y / sb)?;
+        match (x % sa, y % sb) {
+            (0, 0) => Ok(()),
+            _ => Err(invalid!("a cast's tensors hold {x} and {y} bytes")),
+        }
+    }
+}
+
+impl Kernel for Cast {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let x = inputs.first().ok_or_else(|| invalid!("input 0 is missing"))?.bytes;
+        let y = &mut *outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?.bytes;
+        self.check(x.len(), y.len())?;
+        let (sa, sb) = self.sizes;
+        for_each_chunk(y, MAP_TASK * sb, &|t, y| {
+            let x = &x[t * MAP_TASK * sa..];
+            let mut w = [Wide::I(0); CAST_BLOCK];
+            for (x, y) in x.chunks(CAST_BLOCK * sa).zip(y.chunks_mut(CAST_BLOCK * sb)) {
+                let w = &mut w[..y.len() / sb];
+                (self.widen)(x, w);
+                (self.narrow)(w, y);
+            }
+        });
+        Ok(())
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        _inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let s = self.sizes.0;
+        if aliased != 0 || s != self.sizes.1 {
+            return Err(invalid!("cannot run in place over input {aliased}"));
+        }
+        let y = &mut *outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?.bytes;
+        self.check(y.len(), y.len())?;
+        // Each block is read whole before it is written.
+        for_each_chunk(y, MAP_TASK * s, &|_, y| {
+            let mut w = [Wide::I(0); CAST_BLOCK];
+            for y in y.chunks_mut(CAST_BLOCK * s) {
+                let w = &mut w[..y.len() / s];
+                (self.widen)(y, w);
+                (self.narrow)(w, y);
+            }
+        });
+        Ok(())
+    }
 }
 
 // ---- binary ----
@@ -605,32 +724,36 @@ fn compare<T: Scalar>(op: &str, bc: Broadcast<2>) -> Prepared {
 }
 
 /// `Pow`: the result has the base's type; computed in f64 (exact for integer results that
-/// fit), with `x * x` for the common square.
-struct Pow<T, E> {
+/// fit), with `x * x` for the common square. The exponents are read as f64 first, so the
+/// kernel is compiled per base type, not per pair of types.
+struct Pow<T> {
     bc: Broadcast<2>,
-    _t: PhantomData<fn(T, E) -> T>,
+    exponents: fn(&TensorRef) -> Result<Vec<f64>, KernelError>,
+    _t: PhantomData<fn(T) -> T>,
 }
 
 fn pow(cx: &OpCx, bc: Broadcast<2>, base: DType, exp: DType) -> Prepared {
-    // ONNX's base types; the exponent may be any numeric type.
-    with_type!(base, cx, |T| numeric!(exp, cx, |E| Ok(Box::new(Pow::<T, E> {
-        bc,
-        _t: PhantomData
-    }))), [F32 => f32, F64 => f64, F16 => f16, I32 => i32, I64 => i64])
+    fn as_f64<E: Scalar>(t: &TensorRef) -> Result<Vec<f64>, KernelError> {
+        Ok(t.as_slice::<E>()?.iter().map(|e| e.to_wide().to_f64()).collect())
+    }
+    // The exponent may be any numeric type.
+    let exponents = numeric!(exp, cx, |E| Ok(as_f64::<E> as fn(&TensorRef) -> _))?;
+    // ONNX's base types.
+    with_type!(base, cx, |T| Ok(Box::new(Pow::<T> { bc, exponents, _t: PhantomData })),
+        [F32 => f32, F64 => f64, F16 => f16, I32 => i32, I64 => i64])
 }
 
-impl<T: Num, E: Scalar> Kernel for Pow<T, E> {
+impl<T: Num> Kernel for Pow<T> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let (a, b) = (input::<T>(inputs, 0)?, input::<E>(inputs, 1)?);
+        let a = input::<T>(inputs, 0)?;
+        let b = (self.exponents)(inputs.get(1).ok_or_else(|| invalid!("input 1 is missing"))?)?;
         let y = output::<T>(outputs)?;
         self.bc.check([a.len(), b.len()], y.len())?;
-        if let &[e] = b
-            && e.to_wide().to_f64() == 2.0
-        {
-            zip_broadcast(&self.bc, a, b, y, &|x: T, _| x.mul(x));
+        if b == [2.0] {
+            zip_broadcast(&self.bc, a, &b, y, &|x: T, _| x.mul(x));
         } else {
-            zip_broadcast(&self.bc, a, b, y, &|x: T, e: E| {
-                T::from_wide(Wide::F(x.to_wide().to_f64().powf(e.to_wide().to_f64())))
+            zip_broadcast(&self.bc, a, &b, y, &|x: T, e: f64| {
+                T::from_wide(Wide::F(x.to_wide().to_f64().powf(e)))
             });
         }
         Ok(())
@@ -680,7 +803,12 @@ fn variadic(cx: &OpCx) -> Prepared {
         mean: bool,
         f: impl Fn(T, T) -> T + Send + Sync + 'static,
     ) -> Prepared {
-        Ok(Box::new(Variadic { head, rest, f, mean, _t: PhantomData }))
+        if compiled_per_op::<T>() {
+            Ok(Box::new(Variadic { head, rest, f, mean, _t: PhantomData }))
+        } else {
+            let f: Box<dyn Fn(T, T) -> T + Send + Sync> = Box::new(f);
+            Ok(Box::new(Variadic { head, rest, f, mean, _t: PhantomData }))
+        }
     }
     let mean = cx.op == "Mean";
     numeric!(dt, cx, |T| match cx.op {
@@ -697,10 +825,12 @@ impl<T: Num, F: Fn(T, T) -> T + Send + Sync> Kernel for Variadic<T, F> {
         let skip = match (&self.head, &xs[..]) {
             (Head::Copy(bc), [a, ..]) => {
                 bc.check([a.len()], y.len())?;
-                bc.for_each(|[ra], ry| match &a[ra] {
-                    &[v] => y[ry].fill(v),
-                    a => y[ry].copy_from_slice(a),
-                });
+                for ([ra], ry) in bc.blocks() {
+                    match &a[ra] {
+                        &[v] => y[ry].fill(v),
+                        a => y[ry].copy_from_slice(a),
+                    }
+                }
                 1
             }
             (Head::Zip(bc), [a, b, ..]) => {
@@ -719,13 +849,13 @@ impl<T: Num, F: Fn(T, T) -> T + Send + Sync> Kernel for Variadic<T, F> {
         }
         for (bc, x) in self.rest.iter().zip(&xs[skip..]) {
             bc.check([x.len()], y.len())?;
-            bc.for_each(|[rx], ry| {
+            for ([rx], ry) in bc.blocks() {
                 let y = &mut y[ry];
                 match &x[rx] {
                     &[v] => y.iter_mut().for_each(|y| *y = (self.f)(*y, v)),
                     x => y.iter_mut().zip(x).for_each(|(y, &x)| *y = (self.f)(*y, x)),
                 }
-            });
+            }
         }
         if self.mean {
             let n = T::from_wide(Wide::U(xs.len() as u64));
@@ -768,7 +898,7 @@ impl<T: bytemuck::Pod + Send + Sync> Kernel for Where<T> {
         let (a, b) = (input_bits::<T>(inputs, 1)?, input_bits::<T>(inputs, 2)?);
         let y = output_bits::<T>(outputs)?;
         self.bc.check([c.len(), a.len(), b.len()], y.len())?;
-        self.bc.for_each(|[rc, ra, rb], ry| {
+        for ([rc, ra, rb], ry) in self.bc.blocks() {
             let (c, a, b, y) = (&c[rc], &a[ra], &b[rb], &mut y[ry]);
             if c.len() == y.len() && a.len() == y.len() && b.len() == y.len() {
                 for (((y, &c), &a), &b) in y.iter_mut().zip(c).zip(a).zip(b) {
@@ -781,7 +911,7 @@ impl<T: bytemuck::Pod + Send + Sync> Kernel for Where<T> {
                     *y = if c[i * sc] != 0 { a[i * sa] } else { b[i * sb] };
                 }
             }
-        });
+        }
         Ok(())
     }
 }

@@ -10,13 +10,12 @@
 //! Indices visits each window whole instead, to know where its maximum came from.
 
 use crate::conv::cpu::{DIMS, Window, fold_strided, span};
-use crate::cpu::parallel::with_scratch;
+use crate::cpu::parallel::{for_each_chunk, with_scratch};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::cpu::{input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use ingot_schema::DType;
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Input floats a pooling task takes on (whole planes): enough to be worth handing to another
@@ -295,8 +294,8 @@ impl Pool {
         let t_len = if matches!(self.reduce, Reduce::Lp(_)) { ip } else { 0 };
         // Planes in parallel, a few at a time; each task's scratch from its thread's.
         let per_task = (PLANE_TASK_FLOATS / ip).max(1);
-        let tasks = x.par_chunks(ip * per_task).zip(y.par_chunks_mut(op * per_task));
-        tasks.for_each(|(xs, ys)| {
+        for_each_chunk(y, op * per_task, &|t, ys| {
+            let xs = &x[t * ip * per_task..];
             with_scratch(h_len + v_len + t_len, |s: &mut [f32]| {
                 s.fill(0.0);
                 let (h, rest) = s.split_at_mut(h_len);

@@ -4,11 +4,11 @@
 //! ONNX's reference products in its order.
 
 use super::geometry::Geometry;
+use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
-use rayon::prelude::*;
 
 /// About this many elements of X per parallel task.
 const TASK: usize = 1 << 15;
@@ -74,8 +74,9 @@ impl Kernel for Rotary {
         // Whole rows per task, in parallel; each row is computed alone, so results do not
         // depend on how rows are shared out.
         let per_task = (TASK / g.head).max(1);
-        let tasks = y.par_chunks_mut(per_task * g.head).zip(x.par_chunks(per_task * g.head));
-        tasks.enumerate().for_each(|(task, (ys, xs))| {
+        let task_len = per_task * g.head;
+        for_each_chunk(y, task_len, &|task, ys| {
+            let xs = &x[task * task_len..];
             let rows_of = ys.chunks_exact_mut(g.head).zip(xs.chunks_exact(g.head));
             for (j, (yr, xr)) in rows_of.enumerate() {
                 let at = rows[g.token(task * per_task + j)] * half;

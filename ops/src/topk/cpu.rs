@@ -2,14 +2,13 @@
 //! thread count gives the same answer: NaN above every number, equal values by index (the
 //! lower first, as ONNX says). Output is always sorted, which `sorted = 0` allows.
 
+use crate::cpu::parallel::try_for_each_chunk_pair;
 use crate::cpu::{Kernel, KernelError, OpCx, tensor_mut};
 use crate::invalid;
 use crate::lower::checked_product;
 use crate::movement::cpu::by_numeric;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use ingot_schema::DType;
-use rayon::prelude::*;
-use std::cmp::Ordering;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if cx.op != "TopK" {
@@ -80,75 +79,114 @@ impl Kernel for TopK {
             if x.len() != len {
                 return Err(invalid!("TopK's input has {} elements, expected {len}", x.len()));
             }
-            self.select(x, tensor_mut::<T>(values, out_len)?, indices);
+            self.select(x, tensor_mut::<T>(values, out_len)?, indices)
+        })
+    }
+}
+
+/// Input elements a TopK task ranks (whole blocks): enough to be worth another thread.
+const TASK_ELEMENTS: usize = 1 << 14;
+
+impl TopK {
+    /// Writes each lane's first k elements in the order, and their indices, one block of
+    /// `outer` at a time.
+    fn select<T: Rank>(
+        &self,
+        x: &[T],
+        values: &mut [T],
+        indices: &mut [i64],
+    ) -> Result<(), KernelError> {
+        let (n, k, inner) = (self.n, self.k, self.inner);
+        // Also k = 0: nothing to select (and no k - 1 below).
+        if values.is_empty() {
+            return Ok(());
+        }
+        // Whole blocks per task, enough of them to be worth another thread.
+        let per_task = (TASK_ELEMENTS / (n * inner).max(1)).max(1);
+        let out = k * inner;
+        let chunks = (per_task * out, per_task * out);
+        try_for_each_chunk_pair((values, indices), chunks, &|t, values, indices| {
+            let mut order: Vec<(u64, usize)> = Vec::with_capacity(n);
+            let blocks = values.chunks_exact_mut(out).zip(indices.chunks_exact_mut(out));
+            for (j, (values, indices)) in blocks.enumerate() {
+                let x = &x[(t * per_task + j) * n * inner..][..n * inner];
+                for i in 0..inner {
+                    // Ascending (key, index): the largest first by the inverted key; ties go
+                    // to the lower index either way.
+                    let flip = if self.largest { u64::MAX } else { 0 };
+                    order.clear();
+                    order.extend(x[i..].iter().step_by(inner).map(|v| v.key() ^ flip).zip(0..n));
+                    if k < n {
+                        order.select_nth_unstable(k - 1);
+                    }
+                    order[..k].sort_unstable();
+                    for (j, &(_, at)) in order[..k].iter().enumerate() {
+                        values[j * inner + i] = x[at * inner + i];
+                        indices[j * inner + i] = at as i64;
+                    }
+                }
+            }
             Ok(())
         })
     }
 }
 
-impl TopK {
-    /// Writes each lane's first k elements in the order, and their indices, one block of
-    /// `outer` at a time.
-    fn select<T: Rank>(&self, x: &[T], values: &mut [T], indices: &mut [i64]) {
-        let (n, k, inner) = (self.n, self.k, self.inner);
-        // Also k = 0: nothing to select (and no k - 1 below).
-        if values.is_empty() {
-            return;
-        }
-        let blocks = x.par_chunks(n * inner).zip(values.par_chunks_mut(k * inner));
-        blocks.zip(indices.par_chunks_mut(k * inner)).for_each(|((x, values), indices)| {
-            let (mut lane, mut order) = (Vec::with_capacity(n), Vec::with_capacity(n));
-            for i in 0..inner {
-                lane.clear();
-                lane.extend(x[i..].iter().step_by(inner).copied());
-                order.clear();
-                order.extend(0..n);
-                // With the index as tie-break the order is total: an unstable selection and
-                // sort give the stable answer.
-                let before = |&a: &usize, &b: &usize| {
-                    let by_value =
-                        if self.largest { lane[b].rank(lane[a]) } else { lane[a].rank(lane[b]) };
-                    by_value.then(a.cmp(&b))
-                };
-                if k < n {
-                    order.select_nth_unstable_by(k - 1, before);
-                }
-                order[..k].sort_unstable_by(before);
-                for (j, &at) in order[..k].iter().enumerate() {
-                    values[j * inner + i] = lane[at];
-                    indices[j * inner + i] = at as i64;
-                }
+/// The order TopK ranks by as a key whose unsigned order is it: numbers as usual, NaN above
+/// every number (and equal to NaN), -0 equal to 0. Lanes sort as (key, index) pairs, one
+/// sort for every element type.
+trait Rank: Element {
+    fn key(self) -> u64;
+}
+
+macro_rules! rank_signed {
+    ($($t:ty),*) => {$(
+        impl Rank for $t {
+            fn key(self) -> u64 {
+                (self as i64 as u64) ^ (1 << 63)
             }
-        });
+        }
+    )*};
+}
+rank_signed!(i8, i16, i32, i64);
+
+macro_rules! rank_unsigned {
+    ($($t:ty),*) => {$(
+        impl Rank for $t {
+            fn key(self) -> u64 {
+                self as u64
+            }
+        }
+    )*};
+}
+rank_unsigned!(u8, u16, u32, u64);
+
+/// A float's key through f64 (exact from f16 and f32): the sign bit flips the order of the
+/// magnitudes below it.
+fn float_key(x: f64) -> u64 {
+    if x.is_nan() {
+        return u64::MAX;
+    }
+    let bits = (x + 0.0).to_bits(); // -0 + 0 is +0
+    if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
+}
+
+impl Rank for f32 {
+    fn key(self) -> u64 {
+        float_key(self.into())
     }
 }
 
-/// The order TopK ranks by: numbers as usual, NaN above every number (and equal to NaN).
-trait Rank: Element {
-    fn rank(self, other: Self) -> Ordering;
+impl Rank for f64 {
+    fn key(self) -> u64 {
+        float_key(self)
+    }
 }
 
-macro_rules! rank_int {
-    ($($t:ty),*) => {$(
-        impl Rank for $t {
-            fn rank(self, other: Self) -> Ordering {
-                self.cmp(&other)
-            }
-        }
-    )*};
+impl Rank for half::f16 {
+    fn key(self) -> u64 {
+        float_key(self.to_f64())
+    }
 }
-rank_int!(i8, u8, i16, u16, i32, u32, i64, u64);
-
-macro_rules! rank_float {
-    ($($t:ty),*) => {$(
-        impl Rank for $t {
-            fn rank(self, other: Self) -> Ordering {
-                self.partial_cmp(&other).unwrap_or_else(|| self.is_nan().cmp(&other.is_nan()))
-            }
-        }
-    )*};
-}
-rank_float!(f32, f64, half::f16);
 
 #[cfg(test)]
 mod tests {
@@ -183,6 +221,21 @@ mod tests {
         // -0 and +0 are equal: by index.
         let z = [0.0f32, -0.0, 0.0];
         assert_eq!(top(&z, &[3], &attrs(3, 0, true)).1, [0, 1, 2]);
+    }
+
+    #[test]
+    fn keys_keep_the_order_of_values() {
+        use super::Rank;
+        let increasing = |keys: Vec<u64>| keys.windows(2).all(|w| w[0] < w[1]);
+        assert!(increasing([i8::MIN, -1, 0, 1, i8::MAX].map(Rank::key).to_vec()));
+        assert!(increasing([i64::MIN, -1, 0, 1, i64::MAX].map(Rank::key).to_vec()));
+        assert!(increasing([0, 1, u64::MAX - 1, u64::MAX].map(Rank::key).to_vec()));
+        let (tiny, inf) = (f32::from_bits(1), f32::INFINITY);
+        assert!(increasing(
+            [-inf, -1.0, -tiny, 0.0, tiny, 1.0, inf, f32::NAN].map(Rank::key).to_vec()
+        ));
+        assert_eq!((-0.0f32).key(), 0.0f32.key());
+        assert_eq!((-f64::NAN).key(), f64::NAN.key());
     }
 
     #[test]

@@ -82,35 +82,50 @@ impl<const K: usize> Broadcast<K> {
         Ok(())
     }
 
-    /// Calls `f(input ranges, output range)` for every block, in output order. An input range
-    /// has the block's length, or length 1 when that input repeats along the block.
-    pub fn for_each(&self, mut f: impl FnMut([Range<usize>; K], Range<usize>)) {
-        if self.total == 0 {
-            return;
+    /// The blocks in output order: `(input ranges, output range)`. An input range has the
+    /// block's length, or length 1 when that input repeats along the block.
+    pub fn blocks(&self) -> Blocks<'_, K> {
+        Blocks { plan: self, idx: vec![0; self.outer.len()], off: [0; K], out: 0 }
+    }
+}
+
+/// The walk over a [`Broadcast`] plan's blocks: an odometer over the outer dimensions.
+pub(super) struct Blocks<'a, const K: usize> {
+    plan: &'a Broadcast<K>,
+    idx: Vec<usize>,
+    /// Each input's offset, and the output's, at the next block.
+    off: [usize; K],
+    out: usize,
+}
+
+impl<const K: usize> Iterator for Blocks<'_, K> {
+    type Item = ([Range<usize>; K], Range<usize>);
+
+    /// Not inlined: the walk is compiled once per arity instead of into every op and type's
+    /// kernel (it was 1.2 MB of an app binary), and a block's loop dwarfs the call.
+    #[inline(never)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let plan = self.plan;
+        if self.out >= plan.total {
+            return None;
         }
-        let mut idx = vec![0usize; self.outer.len()];
-        let mut off = [0usize; K];
-        let mut out = 0;
-        loop {
-            f(std::array::from_fn(|k| off[k]..off[k] + self.lens[k]), out..out + self.block);
-            out += self.block;
-            // Advance the odometer over the outer dimensions, innermost first.
-            let mut d = self.outer.len();
-            loop {
-                if d == 0 {
-                    return;
-                }
-                d -= 1;
-                let (n, st) = &self.outer[d];
-                idx[d] += 1;
-                if idx[d] < *n {
-                    off.iter_mut().zip(st).for_each(|(o, s)| *o += s);
-                    break;
-                }
-                idx[d] = 0;
-                off.iter_mut().zip(st).for_each(|(o, s)| *o -= s * (n - 1));
+        let off = self.off;
+        let item = (
+            std::array::from_fn(|k| off[k]..off[k] + plan.lens[k]),
+            self.out..self.out + plan.block,
+        );
+        self.out += plan.block;
+        // Advance the odometer, innermost dimension first.
+        for (d, (n, st)) in plan.outer.iter().enumerate().rev() {
+            self.idx[d] += 1;
+            if self.idx[d] < *n {
+                self.off.iter_mut().zip(st).for_each(|(o, s)| *o += s);
+                break;
             }
+            self.idx[d] = 0;
+            self.off.iter_mut().zip(st).for_each(|(o, s)| *o -= s * (n - 1));
         }
+        Some(item)
     }
 }
 
@@ -121,7 +136,7 @@ mod tests {
     /// Every (input offsets, output offset) the plan visits, element by element.
     fn visits<const K: usize>(bc: &Broadcast<K>) -> Vec<([usize; K], usize)> {
         let mut v = Vec::new();
-        bc.for_each(|ins, out| {
+        for (ins, out) in bc.blocks() {
             for (j, o) in out.enumerate() {
                 let at = std::array::from_fn(|k| {
                     let r = &ins[k];
@@ -129,7 +144,7 @@ mod tests {
                 });
                 v.push((at, o));
             }
-        });
+        }
         v
     }
 

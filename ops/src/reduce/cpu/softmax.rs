@@ -2,10 +2,10 @@
 //! `axis` on, as before opset 13).
 
 use super::{Lanes, axis_attr, check_lens, check_output};
+use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
-use rayon::prelude::*;
 
 /// Floats a Softmax task takes on (whole blocks): enough to be worth another thread.
 const TASK_FLOATS: usize = 1 << 14;
@@ -97,8 +97,8 @@ impl Kernel for Softmax {
         // `inner` lanes.
         let block = l.n * l.inner;
         let per_task = (TASK_FLOATS / block.max(1)).max(1);
-        let tasks = x.par_chunks(block * per_task).zip(y.par_chunks_mut(block * per_task));
-        tasks.for_each(|(xs, ys)| {
+        for_each_chunk(y, block * per_task, &|t, ys| {
+            let xs = &x[t * block * per_task..];
             let mut m = Vec::with_capacity(l.inner);
             let mut s = vec![0f32; l.inner];
             let mut idx = vec![0i64; l.inner];
