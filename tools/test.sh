@@ -87,6 +87,11 @@ for b in cnn rec; do
         diff -u "$out/$b.cpu.txt" -
 done
 
+# What the runtime adds to an app binary (examples/embed, release, stripped); the last line is
+# the figure to watch: `runtime adds N bytes stripped (vulkan)`.
+step "runtime size (tools/size.sh)"
+bash tools/size.sh
+
 # The C API: libingot built, capi/examples/run_bundle.c compiled against capi/include/ingot.h
 # and the static library, run on the PP-OCR classifier (Vulkan on lavapipe, named since
 # `vulkan` picks GPUs only, then the CPU).

@@ -16,8 +16,10 @@ pub struct OpDef {
     pub name: &'static str,
     /// Makes the node canonical for `cx.opset`: explicit attributes, constant operands moved
     /// into attributes, no omitted inputs left.
+    #[cfg(feature = "lower")]
     pub lower: fn(&mut Node, &LowerCx) -> OpResult<()>,
     /// Output types of a canonical node from its input types.
+    #[cfg(feature = "lower")]
     pub infer: fn(&Node, &[&TensorDesc]) -> OpResult<Vec<TensorDesc>>,
     /// Whether the op is always answered at compile time from static types (Shape, Size):
     /// it never runs, so it has no kernel.
@@ -37,12 +39,25 @@ impl std::fmt::Debug for OpDef {
 }
 
 impl OpDef {
+    /// Without the `lower` feature (the runtime's build) the compile-time half is left out:
+    /// the registry's tables then hold no pointer to it, so an app does not link it.
     pub const fn new(
         name: &'static str,
         lower: fn(&mut Node, &LowerCx) -> OpResult<()>,
         infer: fn(&Node, &[&TensorDesc]) -> OpResult<Vec<TensorDesc>>,
     ) -> OpDef {
-        OpDef { name, lower, infer, folded: false, view: false, cpu_only: None }
+        #[cfg(not(feature = "lower"))]
+        let _ = (lower, infer);
+        OpDef {
+            name,
+            #[cfg(feature = "lower")]
+            lower,
+            #[cfg(feature = "lower")]
+            infer,
+            folded: false,
+            view: false,
+            cpu_only: None,
+        }
     }
 
     /// Marks an op that is always folded at compile time.

@@ -205,14 +205,20 @@ pub trait Float:
 
     /// The columns of that tile: the width of B's packed panels.
     fn panel_width() -> usize;
+
+    /// Whether products of this type run code compiled for the wider vector units too (f32),
+    /// or the baseline's alone (f64: no deployed model computes in it, and its versions were
+    /// 60 KB of every app binary).
+    const VERSIONED: bool;
 }
 
 /// A `Float` impl whose tiles (`MR` rows, `NV` vectors of `W` lanes) are listed once: the
 /// product runs with them and B's panels are packed to their width.
 macro_rules! float_with_tiles {
-    ($t:ty: $($tile:ident => $mr:literal x $w:literal x $nv:literal),* $(,)?) => {
+    ($t:ty, versioned: $versioned:literal, $($tile:ident => $mr:literal x $w:literal x $nv:literal),* $(,)?) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
+            const VERSIONED: bool = $versioned;
 
             #[inline(always)]
             fn fused(self, a: Self, b: Self) -> Self {
@@ -227,7 +233,8 @@ macro_rules! float_with_tiles {
             }
 
             fn panel_width() -> usize {
-                match Tile::for_this_cpu() {
+                let tile = if $versioned { Tile::for_this_cpu() } else { Tile::Baseline };
+                match tile {
                     $(Tile::$tile => $w * $nv,)*
                 }
             }
@@ -235,8 +242,11 @@ macro_rules! float_with_tiles {
     };
 }
 
-float_with_tiles!(f32: Avx512 => 8 x 16 x 2, Avx2 => 6 x 8 x 2, Neon => 6 x 4 x 4, Baseline => 4 x 4 x 2);
-float_with_tiles!(f64: Avx512 => 8 x 8 x 2, Avx2 => 6 x 4 x 2, Neon => 6 x 2 x 4, Baseline => 4 x 2 x 2);
+float_with_tiles!(f32, versioned: true,
+    Avx512 => 8 x 16 x 2, Avx2 => 6 x 8 x 2, Neon => 6 x 4 x 4, Baseline => 4 x 4 x 2);
+// f64 runs the baseline tile alone; the others are listed for a complete `Tile` match.
+float_with_tiles!(f64, versioned: false,
+    Avx512 => 4 x 2 x 2, Avx2 => 4 x 2 x 2, Neon => 4 x 2 x 2, Baseline => 4 x 2 x 2);
 
 /// What a product `C = alpha·A·B + start` reads: `(alpha, A, B, start)`.
 pub(crate) type Operands<'a, 'b, 'c, T> = (T, ArrayView2<'a, T>, OperandB<'b, T>, Start<'c, T>);
@@ -412,7 +422,11 @@ fn vector_product<T: Float>(
     let n = out.len();
     let units = n / VECTOR_UNIT;
     if pieces < 2 || units < 2 || mat.len() < VECTOR_PARALLEL_WORK {
-        vector_on(alpha, (x, mat), (start, step), out);
+        if T::VERSIONED {
+            vector_on(alpha, (x, mat), (start, step), out);
+        } else {
+            vector_body(false, alpha, (x, mat), (start, step), out);
+        }
         return;
     }
     let (p1, p2) = (pieces / 2, pieces - pieces / 2);
@@ -429,6 +443,7 @@ fn vector_product<T: Float>(
 /// Outputs a row-wise vector product sums at a time, in a buffer that stays in L1.
 const ROW_BLOCK: usize = 256;
 
+/// [`vector_body`] compiled for the wider vector units too, for f32 ([`Float::VERSIONED`]).
 #[multiversion(targets(
     "x86_64+avx512f+avx512vl+avx2+fma+avx",
     "x86_64+avx2+fma+avx",
@@ -436,15 +451,27 @@ const ROW_BLOCK: usize = 256;
 ))]
 fn vector_on<T: Float>(
     alpha: T,
-    (x, mat): (ArrayView1<T>, ArrayView2<T>),
-    (start, step): (Start<T>, usize),
-    mut out: ArrayViewMut1<T>,
+    operands: (ArrayView1<T>, ArrayView2<T>),
+    start: (Start<T>, usize),
+    out: ArrayViewMut1<T>,
 ) {
     let fused = match_target! {
         "x86_64+fma" => true,
         "aarch64+neon" => true,
         _ => false,
     };
+    vector_body(fused, alpha, operands, start, out);
+}
+
+/// The vector product's loops, inlined where they run.
+#[inline(always)]
+fn vector_body<T: Float>(
+    fused: bool,
+    alpha: T,
+    (x, mat): (ArrayView1<T>, ArrayView2<T>),
+    (start, step): (Start<T>, usize),
+    mut out: ArrayViewMut1<T>,
+) {
     let mad = |a: T, b: T, sum: T| if fused { a.fused(b, sum) } else { a * b + sum };
     let finish = |j: usize, o: &mut T, sum: T| *o = start.finish(alpha * sum, *o, j * step);
     let columns_contiguous = mat.ncols() == 0 || mat.column(0).as_slice().is_some();
@@ -571,12 +598,12 @@ fn packed<T: Float>(
     with_scratch(b_len, |pb: &mut [T]| {
         with_scratch(a_len, |pa: &mut [T]| {
             if n <= 1 || c.strides()[1] == 1 {
-                return packed_on::<T>((alpha, a, b, start), c, (pa, pb));
+                return packed_here::<T>((alpha, a, b, start), c, (pa, pb));
             }
             with_scratch(m * n, |pc: &mut [T]| {
                 let mut copy = ArrayViewMut2::from_shape((m, n), pc).expect("m x n floats");
                 copy.assign(&c);
-                packed_on::<T>((alpha, a, b, start), copy.view_mut(), (pa, pb));
+                packed_here::<T>((alpha, a, b, start), copy.view_mut(), (pa, pb));
                 c.assign(&copy);
             })
         })
@@ -585,6 +612,18 @@ fn packed<T: Float>(
 
 /// The rows of A one MC block holds, plus a panel's worth past it for a partial last panel.
 const A_ROWS: usize = MC + 8;
+
+/// The blocked product in the version this CPU runs, or in the baseline code for a type not
+/// [`Float::VERSIONED`]. Not inlined: `packed` calls it twice, and the baseline product
+/// would be inlined at both.
+#[inline(never)]
+fn packed_here<T: Float>(ab: Operands<T>, c: ArrayViewMut2<T>, scratch: Buffers<T>) {
+    if T::VERSIONED {
+        packed_on(ab, c, scratch);
+    } else {
+        T::tiled(Tile::Baseline, false, ab, c, scratch);
+    }
+}
 
 /// The blocked product, compiled for the wider vector units too; each version runs its own
 /// tile, the one [`Tile::for_this_cpu`] names when that version runs.

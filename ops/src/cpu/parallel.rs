@@ -366,6 +366,41 @@ mod tests {
         assert!(failed.is_err());
     }
 
+    #[test]
+    fn chunks_cover_every_element_once_in_fixed_places() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        pool.install(|| {
+            // 10 elements in chunks of 4: 4, 4 and 2, each told its index.
+            let mut y = [0u16; 10];
+            for_each_chunk(&mut y, 4, &|t, chunk| {
+                assert_eq!(chunk.len(), if t == 2 { 2 } else { 4 });
+                for (j, v) in chunk.iter_mut().enumerate() {
+                    *v += (t * 4 + j) as u16 + 1;
+                }
+            });
+            assert_eq!(y, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+            // Two buffers, chunk t of each to task t; the shorter one's later tasks get
+            // nothing.
+            let (mut a, mut b) = ([0f32; 6], [0i64; 2]);
+            let pair = try_for_each_chunk_pair((&mut a, &mut b), (2, 1), &|t, a, b| {
+                a.fill(t as f32);
+                assert_eq!(b.len(), usize::from(t < 2));
+                b.fill(t as i64 + 7);
+                Ok(())
+            });
+            assert!(pair.is_ok());
+            assert_eq!((a, b), ([0.0, 0.0, 1.0, 1.0, 2.0, 2.0], [7, 8]));
+            // The first failing task in task order is the result, whichever ends first.
+            let failed = try_for_each_chunk(&mut [0u8; 64], 1, &|t, _| match t {
+                5 | 50 => Err(crate::invalid!("task {t}")),
+                _ => Ok(()),
+            });
+            assert!(failed.unwrap_err().to_string().contains("task 5"));
+            // Nothing to do: no task runs.
+            for_each_chunk(&mut [0f64; 0], 8, &|_, _| panic!("a task for no elements"));
+        });
+    }
+
     /// How many threads took part in a loop that shares out 64 blocks of 1 ms; checks the
     /// result.
     fn share_out() -> usize {

@@ -153,44 +153,63 @@ fn output_bits<'a, T: bytemuck::Pod>(
 
 // ---- kernels ----
 
-/// Whether an op's kernel over elements of `T` is compiled for that op, its function inlined
-/// into vectorised loops: for f32, what models compute in. Over any other type an op's kernel
-/// is the one of its type signature, calling the op's function per element through a
-/// pointer: those types carry shape arithmetic, masks and indices, small tensors, and compiled
-/// per op and type (400 kernels) they made 1.5 MB of an app binary.
+/// Whether an op's loops over elements of `T` are compiled for that op, its function inlined
+/// into vectorised loops: for f32, what models compute in. Over any other type an op shares
+/// its type signature's loops, which call the op's function per element through a pointer:
+/// those types carry shape arithmetic, masks and indices, small tensors, and compiled per op
+/// and type (400 kernels) they made 1.5 MB of an app binary.
 const fn compiled_per_op<T: Element>() -> bool {
     matches!(T::DTYPE, DType::F32)
 }
 
+/// A unary function's loops over a block of elements: all an op compiles of its own. The
+/// kernel around them (checks, chunks, threads) is compiled once per pair of types.
+trait MapLoops<A, O>: Send + Sync {
+    /// `y[i] = f(x[i])`.
+    fn map(&self, x: &[A], y: &mut [O]);
+    /// `y[i] = f(y[i] read as an A)`; the types have one size.
+    fn map_in_place(&self, y: &mut [O]);
+}
+
+impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> MapLoops<A, O> for F {
+    fn map(&self, x: &[A], y: &mut [O]) {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = self(x);
+        }
+    }
+
+    fn map_in_place(&self, y: &mut [O]) {
+        for y in y.iter_mut() {
+            *y = self(bytemuck::cast(*y));
+        }
+    }
+}
+
 /// `y = f(x)`, element by element.
-struct Map<A, O, F> {
+struct Map<A, O> {
     len: usize,
-    f: F,
-    _t: PhantomData<fn(A) -> O>,
+    f: Box<dyn MapLoops<A, O>>,
 }
 
 fn map<A: Element, O: Element>(
     len: usize,
     f: impl Fn(A) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
-    if compiled_per_op::<A>() {
-        Box::new(Map { len, f, _t: PhantomData })
+    let f: Box<dyn MapLoops<A, O>> = if compiled_per_op::<A>() {
+        Box::new(f)
     } else {
         let f: Box<dyn Fn(A) -> O + Send + Sync> = Box::new(f);
-        Box::new(Map { len, f, _t: PhantomData })
-    }
+        Box::new(f)
+    };
+    Box::new(Map { len, f })
 }
 
-impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F> {
+impl<A: Element, O: Element> Kernel for Map<A, O> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let x = input::<A>(inputs, 0)?;
         let y = output::<O>(outputs)?;
         check_len(self.len, x.len(), y.len())?;
-        for_each_chunk(y, MAP_TASK, &|t, y| {
-            for (y, &x) in y.iter_mut().zip(&x[t * MAP_TASK..]) {
-                *y = (self.f)(x);
-            }
-        });
+        for_each_chunk(y, MAP_TASK, &|t, y| self.f.map(&x[t * MAP_TASK..], y));
         Ok(())
     }
 
@@ -206,11 +225,7 @@ impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> Kernel for Map<A, O, F
         let y = output::<O>(outputs)?;
         check_len(self.len, y.len(), y.len())?;
         // The output holds the input's bits: read each element as the input type.
-        for_each_chunk(y, MAP_TASK, &|_, y| {
-            for y in y.iter_mut() {
-                *y = (self.f)(bytemuck::cast(*y));
-            }
-        });
+        for_each_chunk(y, MAP_TASK, &|_, y| self.f.map_in_place(y));
         Ok(())
     }
 }
@@ -224,33 +239,70 @@ fn check_len(len: usize, x: usize, y: usize) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// A binary function's loops over a block, each operand the block's length or one element
+/// that repeats (see [`Broadcast::blocks`]): all an op compiles of its own.
+trait ZipLoops<A, B, O>: Send + Sync {
+    /// `y[i] = f(a[i], b[i])`.
+    fn zip(&self, a: &[A], b: &[B], y: &mut [O]);
+    /// `y[i] = f(y[i] read as an A, b[i])`; A and O have one size.
+    fn zip_over_a(&self, y: &mut [O], b: &[B]);
+    /// `y[i] = f(a[i], y[i] read as a B)`; B and O have one size.
+    fn zip_over_b(&self, a: &[A], y: &mut [O]);
+}
+
+impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> ZipLoops<A, B, O> for F {
+    fn zip(&self, a: &[A], b: &[B], y: &mut [O]) {
+        zip_block(a, b, y, self);
+    }
+
+    fn zip_over_a(&self, y: &mut [O], b: &[B]) {
+        match b {
+            &[b] => y.iter_mut().for_each(|y| *y = self(bytemuck::cast(*y), b)),
+            b => (y.iter_mut().zip(b)).for_each(|(y, &b)| *y = self(bytemuck::cast(*y), b)),
+        }
+    }
+
+    fn zip_over_b(&self, a: &[A], y: &mut [O]) {
+        match a {
+            &[a] => y.iter_mut().for_each(|y| *y = self(a, bytemuck::cast(*y))),
+            a => (y.iter_mut().zip(a)).for_each(|(y, &a)| *y = self(a, bytemuck::cast(*y))),
+        }
+    }
+}
+
 /// `y = f(a, b)` with `a` and `b` broadcast.
-struct Binary<A, B, O, F> {
+struct Binary<A, B, O> {
     bc: Broadcast<2>,
-    f: F,
-    _t: PhantomData<fn(A, B) -> O>,
+    f: Box<dyn ZipLoops<A, B, O>>,
 }
 
 fn binary_kernel<A: Element, B: Element, O: Element>(
     bc: Broadcast<2>,
     f: impl Fn(A, B) -> O + Send + Sync + 'static,
 ) -> Box<dyn Kernel> {
+    Box::new(Binary { bc, f: zip_loops(f) })
+}
+
+/// `f`'s loops: its own ([`compiled_per_op`]), or its type signature's calling it.
+fn zip_loops<A: Element, B: Element, O: Element>(
+    f: impl Fn(A, B) -> O + Send + Sync + 'static,
+) -> Box<dyn ZipLoops<A, B, O>> {
     if compiled_per_op::<A>() {
-        Box::new(Binary { bc, f, _t: PhantomData })
+        Box::new(f)
     } else {
         let f: Box<dyn Fn(A, B) -> O + Send + Sync> = Box::new(f);
-        Box::new(Binary { bc, f, _t: PhantomData })
+        Box::new(f)
     }
 }
 
-impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
-    for Binary<A, B, O, F>
-{
+impl<A: Element, B: Element, O: Element> Kernel for Binary<A, B, O> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let (a, b) = (input::<A>(inputs, 0)?, input::<B>(inputs, 1)?);
         let y = output::<O>(outputs)?;
         self.bc.check([a.len(), b.len()], y.len())?;
-        zip_broadcast(&self.bc, a, b, y, &self.f);
+        for ([ra, rb], ry) in self.bc.blocks() {
+            self.f.zip(&a[ra], &b[rb], &mut y[ry]);
+        }
         Ok(())
     }
 
@@ -263,28 +315,19 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
         outputs: &mut [TensorMut],
     ) -> Result<(), KernelError> {
         let y = output::<O>(outputs)?;
-        let f = &self.f;
         match aliased {
             0 if size_of::<A>() == size_of::<O>() => {
                 let b = input::<B>(inputs, 1)?;
                 self.bc.check([y.len(), b.len()], y.len())?;
                 for ([_, rb], ry) in self.bc.blocks() {
-                    match &b[rb] {
-                        &[b] => y[ry].iter_mut().for_each(|y| *y = f(bytemuck::cast(*y), b)),
-                        b => (y[ry].iter_mut().zip(b))
-                            .for_each(|(y, &b)| *y = f(bytemuck::cast(*y), b)),
-                    }
+                    self.f.zip_over_a(&mut y[ry], &b[rb]);
                 }
             }
             1 if size_of::<B>() == size_of::<O>() => {
                 let a = input::<A>(inputs, 0)?;
                 self.bc.check([a.len(), y.len()], y.len())?;
                 for ([ra, _], ry) in self.bc.blocks() {
-                    match &a[ra] {
-                        &[a] => y[ry].iter_mut().for_each(|y| *y = f(a, bytemuck::cast(*y))),
-                        a => (y[ry].iter_mut().zip(a))
-                            .for_each(|(y, &a)| *y = f(a, bytemuck::cast(*y))),
-                    }
+                    self.f.zip_over_b(&a[ra], &mut y[ry]);
                 }
             }
             _ => return Err(invalid!("cannot run in place over input {aliased}")),
@@ -293,9 +336,9 @@ impl<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Send + Sync> Kernel
     }
 }
 
-/// `y = f(a, b)` over a checked plan; the block loops are what the compiler vectorises.
+/// `y = f(a, b)` over a checked plan.
 #[inline(always)]
-fn zip_broadcast<A: Copy, B: Copy, O: Copy>(
+fn zip_broadcast<A: Element, B: Copy, O: Copy>(
     bc: &Broadcast<2>,
     a: &[A],
     b: &[B],
@@ -303,15 +346,29 @@ fn zip_broadcast<A: Copy, B: Copy, O: Copy>(
     f: &impl Fn(A, B) -> O,
 ) {
     for ([ra, rb], ry) in bc.blocks() {
-        let y = &mut y[ry];
-        match (&a[ra], &b[rb]) {
-            (&[a], &[b]) => y.fill(f(a, b)),
-            (&[a], b) => y.iter_mut().zip(b).for_each(|(y, &b)| *y = f(a, b)),
-            (a, &[b]) => y.iter_mut().zip(a).for_each(|(y, &a)| *y = f(a, b)),
-            (a, b) => {
-                for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
-                    *y = f(a, b);
-                }
+        zip_block(&a[ra], &b[rb], &mut y[ry], f);
+    }
+}
+
+/// `y = f(a, b)` over one block, each operand the block's length or one repeated element: a
+/// loop the compiler vectorises per case where `f` is inlined ([`compiled_per_op`]), else one
+/// loop for all.
+#[inline(always)]
+fn zip_block<A: Element, B: Copy, O: Copy>(a: &[A], b: &[B], y: &mut [O], f: &impl Fn(A, B) -> O) {
+    if !compiled_per_op::<A>() {
+        let (sa, sb) = (step(a), step(b));
+        for (i, y) in y.iter_mut().enumerate() {
+            *y = f(a[i * sa], b[i * sb]);
+        }
+        return;
+    }
+    match (a, b) {
+        (&[a], &[b]) => y.fill(f(a, b)),
+        (&[a], b) => y.iter_mut().zip(b).for_each(|(y, &b)| *y = f(a, b)),
+        (a, &[b]) => y.iter_mut().zip(a).for_each(|(y, &a)| *y = f(a, b)),
+        (a, b) => {
+            for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+                *y = f(a, b);
             }
         }
     }
@@ -365,8 +422,13 @@ impl<F: Float> Sink<F> for Direct {
 struct ViaF32(usize);
 impl Sink<f32> for ViaF32 {
     fn build(self, f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Box<dyn Kernel> {
-        map(self.0, move |x: f16| f16::from_f32(f(x.to_f32())))
+        via_f32(self.0, Box::new(f))
     }
+}
+
+/// The one f16 map kernel of every float function, called through a pointer.
+fn via_f32(len: usize, f: Box<dyn Fn(f32) -> f32 + Send + Sync>) -> Box<dyn Kernel> {
+    map(len, move |x: f16| f16::from_f32(f(x.to_f32())))
 }
 
 fn float_unary<F: Float>(op: &str, attrs: &Attrs, sink: impl Sink<F>) -> Prepared {
@@ -506,13 +568,18 @@ impl<T: Scalar> ClipAtRunTime<T> {
         };
         Ok((value(self.lo)?, value(self.hi)?))
     }
+
+    /// This run's clip as a map kernel, made as [`map`] makes it (a small allocation per
+    /// run, for a rare form of the op).
+    fn map(&self, inputs: &[TensorRef]) -> Result<Box<dyn Kernel>, KernelError> {
+        let (lo, hi) = self.bounds(inputs)?;
+        Ok(map(self.len, move |x: T| clip_to(x, lo, hi)))
+    }
 }
 
 impl<T: Scalar> Kernel for ClipAtRunTime<T> {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let (lo, hi) = self.bounds(inputs)?;
-        let f = move |x: T| clip_to(x, lo, hi);
-        Map { len: self.len, f, _t: PhantomData }.run(inputs, outputs)
+        self.map(inputs)?.run(inputs, outputs)
     }
 
     fn run_in_place(
@@ -521,9 +588,7 @@ impl<T: Scalar> Kernel for ClipAtRunTime<T> {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<(), KernelError> {
-        let (lo, hi) = self.bounds(inputs)?;
-        let f = move |x: T| clip_to(x, lo, hi);
-        Map { len: self.len, f, _t: PhantomData }.run_in_place(aliased, inputs, outputs)
+        self.map(inputs)?.run_in_place(aliased, inputs, outputs)
     }
 }
 

@@ -565,4 +565,45 @@ fn in_place_runs_equal_ordinary_runs() {
     }
     let want = bin("Sub", &channel, &x, &shape);
     assert_eq!(run_in_place("Sub", &Attrs::new(), &[&channel, &x], 1), want);
+    // Other types take the kernels that call the op through a pointer: the same, in place.
+    let x = t(&[2, 3, 2], &[-3i32, -1, 0, 5, 1, 2, -2, 4, 3, -5, 1, -4]);
+    let channel = t(&[3, 1], &[10i32, 20, 30]);
+    for op in ["Add", "Sub", "Mul", "Div", "Mod"] {
+        let attrs = Attrs::new().with("fmod", int(0));
+        let want = run(op, &attrs, &[&x, &channel], DType::I32, &shape);
+        assert_eq!(run_in_place(op, &attrs, &[&x, &channel], 0), want, "{op}");
+        let want = run(op, &attrs, &[&channel, &x], DType::I32, &shape);
+        assert_eq!(run_in_place(op, &attrs, &[&channel, &x], 1), want, "{op} over input 1");
+    }
+    assert_eq!(
+        run_in_place("Neg", &Attrs::new(), &[&x], 0),
+        run("Neg", &Attrs::new(), &[&x], DType::I32, &shape)
+    );
+}
+
+#[test]
+fn casts_between_types_of_one_size_run_in_place() {
+    let cases = [
+        (t(&[5], &[-2i32, -1, 0, 7, 1 << 30]), DType::F32),
+        (t(&[3], &[1.5f64, -0.0, 1e300]), DType::I64),
+        (bools(&[4], &[0, 1, 1, 0]), DType::U8),
+        (t(&[4], &[0u8, 1, 2, 255]), DType::Bool),
+        (t(&[3], &[-1i16, 0, 300]), DType::F16),
+    ];
+    for (x, dt) in cases {
+        let want = cast_to(&x, dt);
+        let attrs = Attrs::new().with("to", int(dt.onnx_code() as i64));
+        let kernel = prepare(&OpCx {
+            op: "Cast",
+            attrs: &attrs,
+            inputs: std::slice::from_ref(x.desc()),
+            outputs: std::slice::from_ref(want.desc()),
+        })
+        .unwrap();
+        let mut buffer = x.clone();
+        let mut view = buffer.view_mut();
+        view.dtype = dt;
+        kernel.run_in_place(0, &[], &mut [view]).unwrap();
+        assert_eq!(buffer.bytes(), want.bytes(), "{} -> {dt}", x.dtype());
+    }
 }
