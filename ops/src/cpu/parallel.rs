@@ -210,28 +210,52 @@ impl<F: Fn(usize, [&mut [u8]; 2]) -> Result<(), KernelError> + Sync> Task for F 
 /// Every loop over chunks of memory goes through here, so rayon's join machinery is compiled
 /// once, not once per kernel closure (it was 4.7 MB of a 9.9 MB app binary). Runs tasks
 /// `tasks`, each with its slice of both buffers (`task_bytes` each, the last shorter or
-/// empty), splitting them in halves over the pool: chunks never move with the thread count.
+/// empty), halving the range over the pool as rayon's own parallel iterators do: while
+/// `splits` lasts (one per thread to begin with, halved at each level), and again when the
+/// other half was stolen; then the tasks of a piece run in order. Chunks never move with the
+/// thread count, only which thread runs them does.
 fn run_tasks(
     tasks: Range<usize>,
     [a, b]: [&mut [u8]; 2],
     task_bytes: [usize; 2],
     task: &dyn Task,
+    splits: usize,
 ) -> Result<(), KernelError> {
-    if tasks.len() <= 1 {
-        return match tasks.len() {
-            1 => task.run(tasks.start, [a, b]),
-            _ => Ok(()),
-        };
+    if tasks.len() <= 1 || splits == 0 {
+        let (mut a, mut b) = (a, b);
+        for t in tasks {
+            let (a_t, a_rest) = a.split_at_mut(task_bytes[0].min(a.len()));
+            let (b_t, b_rest) = b.split_at_mut(task_bytes[1].min(b.len()));
+            task.run(t, [a_t, b_t])?;
+            (a, b) = (a_rest, b_rest);
+        }
+        return Ok(());
     }
     let half = tasks.len() / 2;
     let mid = tasks.start + half;
     let (a1, a2) = a.split_at_mut((half * task_bytes[0]).min(a.len()));
     let (b1, b2) = b.split_at_mut((half * task_bytes[1]).min(b.len()));
-    let (first, second) = rayon::join(
-        || run_tasks(tasks.start..mid, [a1, b1], task_bytes, task),
-        || run_tasks(mid..tasks.end, [a2, b2], task_bytes, task),
+    let (first, second) = rayon::join_context(
+        |_| run_tasks(tasks.start..mid, [a1, b1], task_bytes, task, splits / 2),
+        |cx| {
+            let splits = match cx.migrated() {
+                true => (splits / 2).max(rayon::current_num_threads()),
+                false => splits / 2,
+            };
+            run_tasks(mid..tasks.end, [a2, b2], task_bytes, task, splits)
+        },
     );
     first.and(second)
+}
+
+/// Runs every task of a loop over the pool ([`run_tasks`]).
+fn run_all(
+    tasks: usize,
+    bufs: [&mut [u8]; 2],
+    task_bytes: [usize; 2],
+    task: &dyn Task,
+) -> Result<(), KernelError> {
+    run_tasks(0..tasks, bufs, task_bytes, task, rayon::current_num_threads())
 }
 
 /// A task of a loop over chunks of `T`s: `run(its index, its chunk)`.
@@ -269,12 +293,9 @@ fn chunks_of<T: Pod>(y: &mut [T], chunk: usize, f: &dyn ChunkTask<T>) -> Result<
     let chunk = chunk.max(1);
     let tasks = y.len().div_ceil(chunk);
     let bytes = bytemuck::cast_slice_mut(y);
-    run_tasks(
-        0..tasks,
-        [bytes, &mut []],
-        [chunk * size_of::<T>(), 0],
-        &|t, [c, _]: [&mut [u8]; 2]| f.run(t, bytemuck::cast_slice_mut(c)),
-    )
+    run_all(tasks, [bytes, &mut []], [chunk * size_of::<T>(), 0], &|t, [c, _]: [&mut [u8]; 2]| {
+        f.run(t, bytemuck::cast_slice_mut(c))
+    })
 }
 
 /// [`try_for_each_chunk`] over two buffers cut into the same number of chunks: task `t`
@@ -289,7 +310,7 @@ pub fn try_for_each_chunk_pair<A: Pod, B: Pod>(
     let tasks = a.len().div_ceil(chunks.0).max(b.len().div_ceil(chunks.1));
     let task_bytes = [chunks.0 * size_of::<A>(), chunks.1 * size_of::<B>()];
     let bytes = [bytemuck::cast_slice_mut(a), bytemuck::cast_slice_mut(b)];
-    run_tasks(0..tasks, bytes, task_bytes, &|t, [a, b]: [&mut [u8]; 2]| {
+    run_all(tasks, bytes, task_bytes, &|t, [a, b]: [&mut [u8]; 2]| {
         f(t, bytemuck::cast_slice_mut(a), bytemuck::cast_slice_mut(b))
     })
 }
