@@ -615,7 +615,8 @@ fn cast(cx: &OpCx) -> Prepared {
         DType::Bool => (1, narrow_bool as Narrow),
         _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), narrow::<B> as Narrow)))?,
     };
-    Ok(Box::new(Cast { len, sizes: (widen.0, narrow.0), widen: widen.1, narrow: narrow.1 }))
+    let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
+    Ok(Box::new(Cast { len, dtypes, sizes, widen: widen.1, narrow: narrow.1 }))
 }
 
 type Widen = fn(&[u8], &mut [Wide]);
@@ -626,7 +627,8 @@ type Narrow = fn(&[Wide], &mut [u8]);
 /// and once per destination type instead of once per pair.
 struct Cast {
     len: usize,
-    /// Bytes per element of the source and of the destination.
+    /// The source and destination types, and their bytes per element.
+    dtypes: (DType, DType),
     sizes: (usize, usize),
     widen: Widen,
     narrow: Narrow,
@@ -657,31 +659,50 @@ fn narrow_bool(w: &[Wide], y: &mut [u8]) {
 }
 
 impl Cast {
-    fn check(&self, x: usize, y: usize) -> Result<(), KernelError> {
+    /// Errors unless run-time tensors have the types and sizes prepared for.
+    fn check(
+        &self,
+        (x, x_bytes): (DType, usize),
+        (y, y_bytes): (DType, usize),
+    ) -> Result<(), KernelError> {
+        let (from, to) = self.dtypes;
+        if (x, y) != (from, to) {
+            return Err(invalid!("prepared to cast {from} to {to}, got {x} to {y}"));
+        }
+        if (x_bytes, y_bytes) != (self.len * self.sizes.0, self.len * self.sizes.1) {
+            return Err(invalid!(
+                "prepared for {} elements, got {x_bytes} bytes of {x} -> {y_bytes} of {y}",
+                self.len
+            ));
+        }
+        Ok(())
+    }
+
+    /// Converts the packed elements of `x` into `y` a block at a time (`x` is `y` itself when
+    /// `x` is `None`: each block is read whole before it is written).
+    fn convert(&self, x: Option<&[u8]>, y: &mut [u8]) {
         let (sa, sb) = self.sizes;
-        check_len(self.len, x / sa, y / sb)?;
-        match (x % sa, y % sb) {
-            (0, 0) => Ok(()),
-            _ => Err(invalid!("a cast's tensors hold {x} and {y} bytes")),
+        let mut w = [Wide::I(0); CAST_BLOCK];
+        for (i, y) in y.chunks_mut(CAST_BLOCK * sb).enumerate() {
+            let w = &mut w[..y.len() / sb];
+            match x {
+                Some(x) => (self.widen)(&x[i * CAST_BLOCK * sa..], w),
+                None => (self.widen)(y, w),
+            }
+            (self.narrow)(w, y);
         }
     }
 }
 
 impl Kernel for Cast {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let x = inputs.first().ok_or_else(|| invalid!("input 0 is missing"))?.bytes;
-        let y = &mut *outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?.bytes;
-        self.check(x.len(), y.len())?;
+        let x = input_bits::<u8>(inputs, 0)?;
+        let x_dtype = inputs[0].dtype;
+        let y_dtype = outputs.first().map_or(self.dtypes.1, |y| y.dtype);
+        let y = output_bits::<u8>(outputs)?;
+        self.check((x_dtype, x.len()), (y_dtype, y.len()))?;
         let (sa, sb) = self.sizes;
-        for_each_chunk(y, MAP_TASK * sb, &|t, y| {
-            let x = &x[t * MAP_TASK * sa..];
-            let mut w = [Wide::I(0); CAST_BLOCK];
-            for (x, y) in x.chunks(CAST_BLOCK * sa).zip(y.chunks_mut(CAST_BLOCK * sb)) {
-                let w = &mut w[..y.len() / sb];
-                (self.widen)(x, w);
-                (self.narrow)(w, y);
-            }
-        });
+        for_each_chunk(y, MAP_TASK * sb, &|t, y| self.convert(Some(&x[t * MAP_TASK * sa..]), y));
         Ok(())
     }
 
@@ -695,17 +716,11 @@ impl Kernel for Cast {
         if aliased != 0 || s != self.sizes.1 {
             return Err(invalid!("cannot run in place over input {aliased}"));
         }
-        let y = &mut *outputs.first_mut().ok_or_else(|| invalid!("the output is missing"))?.bytes;
-        self.check(y.len(), y.len())?;
-        // Each block is read whole before it is written.
-        for_each_chunk(y, MAP_TASK * s, &|_, y| {
-            let mut w = [Wide::I(0); CAST_BLOCK];
-            for y in y.chunks_mut(CAST_BLOCK * s) {
-                let w = &mut w[..y.len() / s];
-                (self.widen)(y, w);
-                (self.narrow)(w, y);
-            }
-        });
+        let y_dtype = outputs.first().map_or(self.dtypes.1, |y| y.dtype);
+        let y = output_bits::<u8>(outputs)?;
+        // The output holds the input's bytes.
+        self.check((self.dtypes.0, y.len()), (y_dtype, y.len()))?;
+        for_each_chunk(y, MAP_TASK * s, &|_, y| self.convert(None, y));
         Ok(())
     }
 }

@@ -582,6 +582,28 @@ fn in_place_runs_equal_ordinary_runs() {
 }
 
 #[test]
+fn a_cast_refuses_tensors_of_other_types_or_sizes() {
+    let x = t(&[4], &[1i32, 2, 3, 4]);
+    let attrs = Attrs::new().with("to", int(DType::F64.onnx_code() as i64));
+    let out = TensorDesc::new(DType::F64, vec![4]);
+    let cx = OpCx {
+        op: "Cast",
+        attrs: &attrs,
+        inputs: std::slice::from_ref(x.desc()),
+        outputs: std::slice::from_ref(&out),
+    };
+    let kernel = prepare(&cx).unwrap();
+    let mut y = Tensor::zeros(out.clone());
+    assert!(kernel.run(&[x.view()], &mut [y.view_mut()]).is_ok());
+    // An f32 input of the same bytes, then too few elements: errors, not garbage.
+    let wrong_type = t(&[4], &[1f32, 2.0, 3.0, 4.0]);
+    let err = kernel.run(&[wrong_type.view()], &mut [y.view_mut()]).unwrap_err();
+    assert!(err.to_string().contains("prepared to cast i32 to f64"), "{err}");
+    let short = t(&[3], &[1i32, 2, 3]);
+    assert!(kernel.run(&[short.view()], &mut [y.view_mut()]).is_err());
+}
+
+#[test]
 fn casts_between_types_of_one_size_run_in_place() {
     let cases = [
         (t(&[5], &[-2i32, -1, 0, 7, 1 << 30]), DType::F32),
