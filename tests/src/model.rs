@@ -154,3 +154,11 @@ pub fn attr_tensor(name: &str, v: &Tensor) -> AttributeProto {
         ..attr(name, AttributeType::TENSOR)
     }
 }
+
+/// A subgraph attribute (an `If` branch): `body`'s graph; its opset is the outer model's.
+pub fn attr_graph(name: &str, body: &OnnxModel) -> AttributeProto {
+    AttributeProto {
+        g: protobuf::MessageField::some(body.graph.clone()),
+        ..attr(name, AttributeType::GRAPH)
+    }
+}

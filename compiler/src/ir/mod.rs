@@ -30,6 +30,23 @@ pub struct Graph {
     pub outputs: Vec<ValueId>,
     /// Opset version of the default ONNX domain.
     pub opset: i64,
+    /// The subgraphs of control-flow nodes; such a node's graph attribute (an `If`'s
+    /// `then_branch`) holds its body's index here. The passes inline them, so none is left
+    /// once `passes::run_all` returns.
+    pub bodies: Vec<Body>,
+}
+
+/// A subgraph of a control-flow node. Its nodes read values of the enclosing graphs
+/// directly (ONNX scopes names lexically); the node lists those outer values among its own
+/// inputs, so that ordering and dead-code elimination see them. Its values, constants
+/// included, live in the graph's value table.
+#[derive(Clone, Debug, Default)]
+pub struct Body {
+    /// The body's own inputs (a `Loop` or `Scan` body's); an `If` branch has none.
+    pub inputs: Vec<ValueId>,
+    /// In a valid execution order.
+    pub nodes: Vec<Node>,
+    pub outputs: Vec<ValueId>,
 }
 
 impl Graph {

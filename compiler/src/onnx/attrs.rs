@@ -12,7 +12,8 @@ use onnx_protobuf::{AttributeProto, NodeProto};
 /// Converts a node's attributes. A TENSOR attribute `NAME` (ConstantOfShape's `value`)
 /// becomes `NAME` = its elements (see [`tensor_value`]) and `NAME.dtype` = its ONNX element
 /// type code.
-/// STRINGS (e.g. LSTM's `activations`) become one Text joined with ','.
+/// STRINGS (e.g. LSTM's `activations`) become one Text joined with ','. GRAPH attributes are
+/// left to the importer (see `Importer::node`).
 pub(super) fn convert(protos: &[AttributeProto]) -> Result<Attrs, String> {
     let mut attrs = Attrs::new();
     for a in protos {
@@ -55,11 +56,10 @@ pub(super) fn convert(protos: &[AttributeProto]) -> Result<Attrs, String> {
                 attrs.set(&format!("{name}.dtype"), AttrValue::Int(i64::from(t.data_type)));
                 tensor_value(&value).ok_or_else(|| format!("attribute '{name}': not numeric"))?
             }
-            AttributeType::GRAPH | AttributeType::GRAPHS => {
-                return Err(format!(
-                    "attribute '{name}' is a subgraph; control flow (If, Loop, Scan) is not \
-                     supported"
-                ));
+            // The importer makes it a body of the graph and sets this name to its index.
+            AttributeType::GRAPH => continue,
+            AttributeType::GRAPHS => {
+                return Err(format!("attribute '{name}' is a list of subgraphs, not supported"));
             }
             other => {
                 return Err(format!(

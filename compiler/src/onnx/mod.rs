@@ -17,6 +17,7 @@
 use crate::ir::{Const, Graph, Node, ValueId};
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::Attrs;
+use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use onnx_protobuf::{tensor_shape_proto::dimension, type_proto};
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -131,6 +132,8 @@ fn import(
         ext: ExternalData::new(base_dir),
         graph: Graph::default(),
         names: HashMap::new(),
+        taken: HashSet::new(),
+        used: HashSet::new(),
     }
     .run(&proto, supported)
 }
@@ -210,7 +213,13 @@ struct Importer<'a> {
     options: &'a ImportOptions,
     ext: ExternalData,
     graph: Graph,
+    /// The names in scope: the main graph's, and inside a subgraph its own and its parents'.
     names: HashMap<String, ValueId>,
+    /// Every name the model uses anywhere, so that names made up for unnamed values never
+    /// collide with one.
+    taken: HashSet<String>,
+    /// The names of the graph's values so far (two subgraphs may each define a name).
+    used: HashSet<String>,
 }
 
 impl Importer<'_> {
@@ -232,80 +241,10 @@ impl Importer<'_> {
         })?;
         let opsets = self.opsets(proto)?;
         self.check_ops(g, &opsets, supported)?;
-        if let Some(s) = g.sparse_initializer.first() {
-            let name = s.values.as_ref().map_or("", |v| v.name.as_str());
-            return Err(self.tensor_err(name, "sparse initializers are not supported".into()));
-        }
-
-        // Every name the model uses, so that names made up for unnamed values never collide.
-        let mut taken: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
-        taken.extend(g.input.iter().chain(&g.output).map(|v| v.name.as_str()));
-        taken.extend(
-            g.node.iter().flat_map(|n| n.input.iter().chain(&n.output)).map(String::as_str),
-        );
-
-        for t in &g.initializer {
-            if t.name.is_empty() {
-                return Err(self.graph_err("an initializer has no name".into()));
-            }
-            let value =
-                tensor::to_const(t, &mut self.ext).map_err(|m| self.tensor_err(&t.name, m))?;
-            let id = self.graph.add_constant(t.name.clone(), value);
-            self.define(&t.name, id, || "an initializer".into())?;
-        }
+        collect_names(g, &mut self.taken);
+        self.initializers(g)?;
         self.add_inputs(g)?;
-
-        // First define every node's outputs (nodes may come in any order), then resolve inputs.
-        let mut made = HashSet::new();
-        let mut fresh = |i: usize, n: &NodeProto, slot: usize| {
-            let base = if n.name.is_empty() {
-                format!("{}#{i}:{slot}", n.op_type)
-            } else {
-                format!("{}:{slot}", n.name)
-            };
-            let mut name = base.clone();
-            let mut k = 1;
-            while taken.contains(name.as_str()) || made.contains(&name) {
-                name = format!("{base}_{k}");
-                k += 1;
-            }
-            made.insert(name.clone());
-            name
-        };
-        let mut pending = Vec::new();
-        for (i, n) in g.node.iter().enumerate() {
-            if is_constant_node(n) {
-                let value = attrs::constant_value(n, &mut self.ext)
-                    .map_err(|m| self.graph_err(format!("{}: {m}", node_label(i, n))))?;
-                let name = match n.output.first() {
-                    Some(o) if !o.is_empty() => o.clone(),
-                    _ => fresh(i, n, 0),
-                };
-                let id = self.graph.add_constant(name.clone(), value);
-                self.define(&name, id, || node_label(i, n))?;
-                continue;
-            }
-            let mut outputs = Vec::with_capacity(n.output.len());
-            for (slot, o) in n.output.iter().enumerate() {
-                // An omitted optional output still gets a value, so every output slot exists.
-                let id = if o.is_empty() {
-                    self.graph.add_value(fresh(i, n, slot), None)
-                } else {
-                    let id = self.graph.add_value(o.clone(), None);
-                    self.define(o, id, || node_label(i, n))?;
-                    id
-                };
-                outputs.push(id);
-            }
-            pending.push((i, outputs));
-        }
-        let mut nodes = Vec::with_capacity(pending.len());
-        let mut origin = Vec::with_capacity(pending.len());
-        for (i, outputs) in pending {
-            nodes.push(self.node(i, &g.node[i], outputs)?);
-            origin.push(i);
-        }
-        self.graph.nodes = self.order(nodes, &origin, g)?;
+        self.graph.nodes = self.nodes(g)?;
 
         for o in &g.output {
             let id = *self.names.get(&o.name).ok_or_else(|| {
@@ -345,7 +284,7 @@ impl Importer<'_> {
         Ok(opsets)
     }
 
-    /// One error listing every node whose op is not supported.
+    /// One error listing every node whose op is not supported, subgraphs included.
     fn check_ops(
         &self,
         g: &GraphProto,
@@ -354,29 +293,148 @@ impl Importer<'_> {
     ) -> Result<(), ImportError> {
         let mut ops: Vec<String> = Vec::new();
         let mut nodes = Vec::new();
-        for (i, n) in g.node.iter().enumerate() {
-            let domain = normalize_domain(&n.domain);
-            if is_constant_node(n) || supported(domain, &n.op_type) {
-                continue;
-            }
-            let who = if n.name.is_empty() {
-                format!("unnamed node #{i}")
-            } else {
-                format!("node '{}'", n.name)
-            };
-            let shown = if domain.is_empty() { "ai.onnx" } else { domain };
-            let opset =
-                opsets.get(domain).map_or("no opset imported".into(), |v| format!("opset {v}"));
-            nodes.push(format!("{who} ({}, domain {shown}, {opset})", n.op_type));
-            if !ops.contains(&n.op_type) {
-                ops.push(n.op_type.clone());
-            }
-        }
+        unsupported_nodes(g, "", opsets, supported, &mut ops, &mut nodes);
         if nodes.is_empty() {
             Ok(())
         } else {
             Err(ImportError::Unsupported { model: self.model.into(), ops, nodes })
         }
+    }
+
+    /// A new value of the graph, named `name` unless another value has that name already (a
+    /// name defined in two subgraphs), in which case the name gets a suffix.
+    fn add_value(&mut self, name: String, ty: Option<TensorDesc>) -> ValueId {
+        let name = if self.used.contains(&name) { self.fresh(&name) } else { name };
+        self.used.insert(name.clone());
+        self.graph.add_value(name, ty)
+    }
+
+    fn add_constant(&mut self, name: String, value: Const) -> ValueId {
+        let id = self.add_value(name, Some(value.desc().clone()));
+        self.graph.values[id].constant = Some(value);
+        id
+    }
+
+    /// `base`, or `base_1`, `base_2`, ...: the first that neither the model nor the graph uses.
+    fn fresh(&self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut k = 1;
+        while self.taken.contains(&name) || self.used.contains(&name) {
+            name = format!("{base}_{k}");
+            k += 1;
+        }
+        name
+    }
+
+    /// `g`'s initializers, as constants in scope.
+    fn initializers(&mut self, g: &GraphProto) -> Result<(), ImportError> {
+        if let Some(s) = g.sparse_initializer.first() {
+            let name = s.values.as_ref().map_or("", |v| v.name.as_str());
+            return Err(self.tensor_err(name, "sparse initializers are not supported".into()));
+        }
+        for t in &g.initializer {
+            if t.name.is_empty() {
+                return Err(self.graph_err("an initializer has no name".into()));
+            }
+            let value =
+                tensor::to_const(t, &mut self.ext).map_err(|m| self.tensor_err(&t.name, m))?;
+            let id = self.add_constant(t.name.clone(), value);
+            self.define(&t.name, id, || "an initializer".into())?;
+        }
+        Ok(())
+    }
+
+    /// `g`'s nodes in execution order, after its `Constant` nodes became constants. Every
+    /// output is defined before any input is resolved: nodes may come in any order.
+    fn nodes(&mut self, g: &GraphProto) -> Result<Vec<Node>, ImportError> {
+        let unnamed = |i: usize, n: &NodeProto, slot: usize| {
+            if n.name.is_empty() {
+                format!("{}#{i}:{slot}", n.op_type)
+            } else {
+                format!("{}:{slot}", n.name)
+            }
+        };
+        let mut pending = Vec::new();
+        for (i, n) in g.node.iter().enumerate() {
+            if is_constant_node(n) {
+                let value = attrs::constant_value(n, &mut self.ext)
+                    .map_err(|m| self.graph_err(format!("{}: {m}", node_label(i, n))))?;
+                match n.output.first() {
+                    Some(o) if !o.is_empty() => {
+                        let id = self.add_constant(o.clone(), value);
+                        self.define(o, id, || node_label(i, n))?;
+                    }
+                    _ => {
+                        let name = self.fresh(&unnamed(i, n, 0));
+                        self.add_constant(name, value);
+                    }
+                }
+                continue;
+            }
+            let mut outputs = Vec::with_capacity(n.output.len());
+            for (slot, o) in n.output.iter().enumerate() {
+                // An omitted optional output still gets a value, so every output slot exists.
+                let id = if o.is_empty() {
+                    let name = self.fresh(&unnamed(i, n, slot));
+                    self.add_value(name, None)
+                } else {
+                    let id = self.add_value(o.clone(), None);
+                    self.define(o, id, || node_label(i, n))?;
+                    id
+                };
+                outputs.push(id);
+            }
+            pending.push((i, outputs));
+        }
+        let mut nodes = Vec::with_capacity(pending.len());
+        let mut origin = Vec::with_capacity(pending.len());
+        for (i, outputs) in pending {
+            nodes.push(self.node(i, &g.node[i], outputs)?);
+            origin.push(i);
+        }
+        self.order(nodes, &origin, g)
+    }
+
+    /// Imports subgraph `g` (the graph attribute `attr` of `owner`) into [`Graph::bodies`]
+    /// and returns its index. Its names are in scope only inside it.
+    fn body(&mut self, owner: &str, attr: &str, g: &GraphProto) -> Result<usize, ImportError> {
+        let outer = self.names.clone();
+        self.initializers(g)?;
+        let mut inputs = Vec::with_capacity(g.input.len());
+        for vi in &g.input {
+            // A body input's type may leave dims open: the values bound to it give them.
+            let ty = match input_type(vi) {
+                Ok((dtype, Some(dims))) => dims
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Fixed(v) => Some(*v),
+                        Dim::Symbolic(_) => None,
+                    })
+                    .collect::<Option<Vec<usize>>>()
+                    .map(|shape| TensorDesc::new(dtype, shape)),
+                _ => None,
+            };
+            let id = self.add_value(vi.name.clone(), ty);
+            self.define(&vi.name, id, || format!("an input of {attr} of {owner}"))?;
+            inputs.push(id);
+        }
+        let nodes = self.nodes(g)?;
+        let outputs = g
+            .output
+            .iter()
+            .map(|o| {
+                self.names.get(&o.name).copied().ok_or_else(|| {
+                    self.graph_err(format!(
+                        "output '{}' of {attr} of {owner} is not produced by any node, \
+                         initializer or input",
+                        o.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.names = outer;
+        self.graph.bodies.push(crate::ir::Body { inputs, nodes, outputs });
+        Ok(self.graph.bodies.len() - 1)
     }
 
     /// Binds `name` to `id`; `by` describes the definition for the duplicate error.
@@ -493,7 +551,7 @@ impl Importer<'_> {
                     self.shape_err(format!("input '{name}' of shape {shape:?} is too large"))
                 );
             }
-            let id = self.graph.add_value(name, Some(TensorDesc::new(dtype, shape)));
+            let id = self.add_value(name.into(), Some(TensorDesc::new(dtype, shape)));
             self.define(name, id, || "a graph input".into())?;
             self.graph.inputs.push(id);
         }
@@ -526,12 +584,17 @@ impl Importer<'_> {
                 dims.map_or("without a shape".into(), fmt_dims)
             )));
         }
-        let id = self.graph.add_constant(name, Const::owned(value.clone()));
+        let id = self.add_constant(name.into(), Const::owned(value.clone()));
         self.define(name, id, || "a graph input bound to a constant".into())
     }
 
-    fn node(&self, i: usize, n: &NodeProto, outputs: Vec<ValueId>) -> Result<Node, ImportError> {
-        let inputs = n
+    fn node(
+        &mut self,
+        i: usize,
+        n: &NodeProto,
+        outputs: Vec<ValueId>,
+    ) -> Result<Node, ImportError> {
+        let mut inputs = n
             .input
             .iter()
             .map(|name| {
@@ -546,8 +609,26 @@ impl Importer<'_> {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let attrs: Attrs = attrs::convert(&n.attribute)
+        // A subgraph attribute becomes its body's index in `Graph::bodies`; the outer values
+        // its nodes read join the node's inputs, after the model's own.
+        let first_inner = self.graph.values.len();
+        let mut bodies = Vec::new();
+        for a in n.attribute.iter().filter(|a| a.type_.enum_value() == Ok(AttributeType::GRAPH)) {
+            let g = a.g.as_ref().ok_or_else(|| {
+                self.graph_err(format!("{}: attribute '{}' has no graph", node_label(i, n), a.name))
+            })?;
+            bodies.push((a.name.as_str(), self.body(&node_label(i, n), &a.name, g)?));
+        }
+        let mut attrs: Attrs = attrs::convert(&n.attribute)
             .map_err(|m| self.graph_err(format!("{}: {m}", node_label(i, n))))?;
+        let mut captured = std::collections::BTreeSet::new();
+        for &(name, b) in &bodies {
+            attrs.set(name, ingot_schema::AttrValue::Int(b as i64));
+            let body = &self.graph.bodies[b];
+            let read = body.nodes.iter().flat_map(Node::present_inputs);
+            captured.extend(read.chain(body.outputs.iter().copied()).filter(|&v| v < first_inner));
+        }
+        inputs.extend(captured.into_iter().map(Some));
         Ok(Node {
             name: n.name.clone(),
             op: n.op_type.clone(),
@@ -594,6 +675,60 @@ impl Importer<'_> {
         })?;
         let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
         Ok(sorted.into_iter().filter_map(|ix| slots[ix.index()].take()).collect())
+    }
+}
+
+/// Control-flow ops that the passes expand into the graph (`passes/control.rs`) rather
+/// than an op family running them.
+const EXPANDED: &[&str] = &["If", "Loop", "Scan"];
+
+/// Appends to `nodes` a line for each node of `g` and its subgraphs whose op is not
+/// supported, and each such op to `ops` once; `within` says which subgraph `g` is.
+fn unsupported_nodes(
+    g: &GraphProto,
+    within: &str,
+    opsets: &HashMap<&str, i64>,
+    supported: Support,
+    ops: &mut Vec<String>,
+    nodes: &mut Vec<String>,
+) {
+    for (i, n) in g.node.iter().enumerate() {
+        let domain = normalize_domain(&n.domain);
+        let who = if n.name.is_empty() {
+            format!("unnamed node #{i}")
+        } else {
+            format!("node '{}'", n.name)
+        };
+        let expanded = domain.is_empty() && EXPANDED.contains(&n.op_type.as_str());
+        if is_constant_node(n) || expanded || supported(domain, &n.op_type) {
+            for a in &n.attribute {
+                if let Some(sub) = a.g.as_ref() {
+                    let within = format!(" in {} of {who}{within}", a.name);
+                    unsupported_nodes(sub, &within, opsets, supported, ops, nodes);
+                }
+            }
+            continue;
+        }
+        let shown = if domain.is_empty() { "ai.onnx" } else { domain };
+        let opset = opsets.get(domain).map_or("no opset imported".into(), |v| format!("opset {v}"));
+        nodes.push(format!("{who} ({}, domain {shown}, {opset}){within}", n.op_type));
+        if !ops.contains(&n.op_type) {
+            ops.push(n.op_type.clone());
+        }
+    }
+}
+
+/// Every value name `g` and its subgraphs use.
+fn collect_names(g: &GraphProto, names: &mut HashSet<String>) {
+    names.extend(g.initializer.iter().map(|t| t.name.clone()));
+    names.extend(g.input.iter().chain(&g.output).map(|v| v.name.clone()));
+    for n in &g.node {
+        names.extend(n.input.iter().chain(&n.output).cloned());
+        for a in &n.attribute {
+            for sub in a.g.as_ref().into_iter().chain(&a.graphs) {
+                collect_names(sub, names);
+            }
+        }
     }
 }
 

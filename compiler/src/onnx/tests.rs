@@ -733,3 +733,61 @@ fn large_chain_imports_fast_and_in_order() {
     assert_eq!(g.nodes[0].name, "n0");
     assert_eq!(g.nodes[n - 1].name, format!("n{}", n - 1));
 }
+
+// ---- subgraphs ----
+
+/// An `If` over `c` whose branches both define `t` (allowed: each is its own scope) from the
+/// outer `x` and `k`; the then branch also reads the outer initializer `w`.
+fn if_graph() -> GraphProto {
+    let branch = |op: &str, inputs: &[&str]| GraphProto {
+        node: vec![node(op, &format!("{op}_b"), inputs, &["t"])],
+        output: vec![out("t")],
+        ..Default::default()
+    };
+    let mut if_node = node("If", "if", &["c"], &["y"]);
+    let mut then = attr("then_branch", AttributeType::GRAPH);
+    then.g = MessageField::some(branch("Add", &["x", "w"]));
+    let mut other = attr("else_branch", AttributeType::GRAPH);
+    other.g = MessageField::some(branch("Neg", &["k"]));
+    if_node.attribute = vec![then, other];
+    GraphProto {
+        initializer: vec![raw_f32("w", &[3], &[1.0, 2.0, 3.0])],
+        input: vec![vi("x", DataType::FLOAT, Some(&[D::V(3)])), vi("c", DataType::BOOL, Some(&[]))],
+        node: vec![node("Relu", "relu", &["x"], &["k"]), if_node],
+        output: vec![out("y")],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn an_if_keeps_its_branches_as_bodies_and_reads_what_they_capture() {
+    let g = import_ok(&model(17, if_graph()));
+    let id = |name: &str| g.values.iter().position(|v| v.name == name).unwrap();
+    let if_node = g.nodes.iter().find(|n| n.op == "If").unwrap();
+    // The condition, then every outer value a branch reads, in id order.
+    let mut captured = vec![id("w"), id("x"), id("k")];
+    captured.sort();
+    let expected: Vec<Option<ValueId>> =
+        std::iter::once(id("c")).chain(captured).map(Some).collect();
+    assert_eq!(if_node.inputs, expected);
+    let body = |attr: &str| &g.bodies[if_node.attrs.int(attr).unwrap() as usize];
+    let (then, other) = (body("then_branch"), body("else_branch"));
+    assert_eq!(then.nodes[0].op, "Add");
+    assert_eq!(other.nodes[0].op, "Neg");
+    // Each branch's `t` is a value of its own, the second renamed.
+    assert_eq!(g.values[then.outputs[0]].name, "t");
+    assert_eq!(g.values[other.outputs[0]].name, "t_1");
+    // Relu comes before the If that reads its output.
+    assert_eq!(g.nodes.iter().map(|n| n.op.as_str()).collect::<Vec<_>>(), ["Relu", "If"]);
+}
+
+#[test]
+fn a_branch_cannot_read_what_only_the_other_branch_defines() {
+    let mut graph = if_graph();
+    let other = graph.node[1].attribute[1].g.as_mut().unwrap();
+    other.node[0].input = vec!["t_then_only".into()];
+    let then = graph.node[1].attribute[0].g.as_mut().unwrap();
+    then.node.insert(0, node("Relu", "r_then", &["x"], &["t_then_only"]));
+    let msg = import_err(&model(17, graph), &ImportOptions::default());
+    assert!(msg.contains("node 'Neg_b' (Neg) reads 't_then_only'"), "{msg}");
+}

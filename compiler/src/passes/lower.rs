@@ -3,18 +3,30 @@
 //! inferred (`ops::*::infer`), and if every input is constant it is evaluated with the
 //! runtime's CPU kernels and replaced by its constant outputs. Shape and Size are answered
 //! from static types. This is what turns dynamic-shape plumbing into a static graph.
+//! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
+//! folded by then if it can be, and the nodes that replace it are walked next.
 
-use super::PassError;
+use super::{PassError, control};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
 use ingot_ops::{Tensor, TensorDesc, cpu};
 
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    let mut folded = vec![false; g.nodes.len()];
-    for (i, done) in folded.iter_mut().enumerate() {
+    let mut folded = Vec::with_capacity(g.nodes.len());
+    let mut selects = control::Selects::default();
+    let mut i = 0;
+    while i < g.nodes.len() {
+        if control::is_control_flow(&g.nodes[i]) {
+            // Its place now holds what computes its outputs, walked next.
+            control::expand(g, i, &mut selects)?;
+            continue;
+        }
         let node = &mut g.nodes[i];
-        let at = |e: OpError, node: &Node| PassError::Node { node: node.label(), message: e.0 };
+        let at = |e: OpError, node: &Node| PassError::Node {
+            node: node.label(),
+            message: selects.explain(node, e.0),
+        };
         let def = ingot_ops::lookup(&node.op)
             .ok_or_else(|| at(OpError(format!("op {} is not supported", node.op)), node))?;
         let values = &g.values;
@@ -52,6 +64,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             .map(|&v| values[v].ty.as_ref())
             .collect::<Option<_>>()
             .ok_or_else(|| at(OpError("an input's type is unknown".into()), node))?;
+        selects.check(node, &in_types)?;
         let out_types = (def.def.infer)(node, &in_types).map_err(|e| at(e, node))?;
         if out_types.len() != node.outputs.len() {
             return Err(at(
@@ -107,15 +120,17 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         for (&o, ty) in outputs.iter().zip(out_types) {
             g.values[o].ty = Some(ty);
         }
+        folded.push(constants.is_some());
         if let Some(constants) = constants {
             for (&o, t) in outputs.iter().zip(constants) {
                 g.values[o].constant = Some(Const::owned(t));
             }
-            *done = true;
         }
+        i += 1;
     }
     let mut f = folded.iter();
     g.nodes.retain(|_| !*f.next().unwrap_or(&false));
+    g.bodies.clear(); // every one was expanded
     Ok(())
 }
 

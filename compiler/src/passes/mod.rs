@@ -3,6 +3,7 @@
 
 use crate::ir::{self, Graph};
 
+mod control;
 mod dce;
 mod fuse;
 mod lower;

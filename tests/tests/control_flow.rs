@@ -1,0 +1,388 @@
+//! Control flow: `If` nodes, as PyTorch exports write them.
+//!
+//! - A condition that folds at compile time (a test on an input's shape) inlines the branch
+//!   it picks: the bundle holds no trace of the other.
+//! - A condition known only at run time computes both branches and picks each output; both
+//!   backends give the taken branch's values for either condition.
+//! - Branches read values of the graph around them, nest, and are checked like any graph.
+//!
+//! Expected values are the branches' arithmetic done here on the inputs (exact in f32).
+
+use anyhow::{Context, Result, ensure};
+use ingot_compiler::{CompileOptions, compile_graph};
+use ingot_runtime::{Device, Tensor};
+use ingot_schema::DType;
+use ingot_tests::model::{OnnxModel, attr_graph, attr_int, attr_ints};
+use ingot_tests::paths::scratch_dir;
+use ingot_tests::{check_validation, compile, run, session_on, validation_seen, vulkan};
+use std::path::{Path, PathBuf};
+
+const X: [f32; 6] = [-1.5, 0.0, 2.0, 3.25, -4.0, 5.5];
+
+fn x() -> Tensor {
+    Tensor::from_vec(vec![2, 3], &X).expect("6 values for [2, 3]")
+}
+
+/// A branch giving `y` [2, 3] from `node` over outer values.
+fn branch(op: &str, inputs: &[&str]) -> OnnxModel {
+    OnnxModel::new(17).node(&format!("{op}_in_branch"), op, inputs, &["y_branch"], vec![]).output(
+        "y_branch",
+        DType::F32,
+        &[2, 3],
+    )
+}
+
+/// x f32 [2, 3]; r = Relu(x), read only inside the branches; the condition is `cond_of`'s
+/// nodes; then: y = r * two, else: y = r + one.
+fn if_model(cond: impl FnOnce(OnnxModel) -> OnnxModel) -> OnnxModel {
+    let two = Tensor::from_vec(vec![], &[2.0f32]).expect("scalar");
+    let one = Tensor::from_vec(vec![], &[1.0f32]).expect("scalar");
+    let m = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .initializer("two", &two)
+        .initializer("one", &one)
+        .node("relu", "Relu", &["x"], &["r"], vec![]);
+    cond(m)
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Mul", &["r", "two"])),
+                attr_graph("else_branch", &branch("Add", &["r", "one"])),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3])
+}
+
+/// cond = (dim 1 of x's shape == `width`): folds once shapes are known.
+fn shape_test(width: i64) -> impl FnOnce(OnnxModel) -> OnnxModel {
+    move |m| {
+        let one = Tensor::from_vec(vec![], &[1i64]).expect("scalar");
+        let width = Tensor::from_vec(vec![], &[width]).expect("scalar");
+        m.initializer("dim_index", &one)
+            .initializer("width", &width)
+            .node("shape", "Shape", &["x"], &["shape"], vec![])
+            .node("dim", "Gather", &["shape", "dim_index"], &["dim"], vec![])
+            .node("test", "Equal", &["dim", "width"], &["cond"], vec![])
+    }
+}
+
+fn then_values() -> Vec<f32> {
+    X.iter().map(|v| v.max(0.0) * 2.0).collect()
+}
+
+fn else_values() -> Vec<f32> {
+    X.iter().map(|v| v.max(0.0) + 1.0).collect()
+}
+
+fn write(model: &OnnxModel, name: &str) -> Result<PathBuf> {
+    let path = scratch_dir(&format!("control_flow_{name}")).join("model.onnx");
+    model.write(&path)?;
+    Ok(path)
+}
+
+/// The ops of the compiled graph, in order.
+fn compiled_ops(path: &Path) -> Result<Vec<String>> {
+    let c = compile_graph(path, &CompileOptions::default())?;
+    Ok(c.graph.nodes.iter().map(|n| n.op.clone()).collect())
+}
+
+/// Runs `inputs` on the CPU and on Vulkan (lavapipe, under the validation layer) and checks
+/// that both give `expected` exactly.
+fn runs_give(bundle: &[u8], inputs: &[Tensor], expected: &[f32]) -> Result<()> {
+    runs_give_all(bundle, inputs, &[expected.to_vec()])
+}
+
+/// [`runs_give`] for every output: output `k` is `expected[k]`.
+fn runs_give_all(bundle: &[u8], inputs: &[Tensor], expected: &[Vec<f32>]) -> Result<()> {
+    for device in [Device::Cpu, vulkan()] {
+        let name = format!("{device:?}");
+        let seen = validation_seen();
+        let mut session = session_on(bundle, device)?;
+        let outputs = run(&mut session, inputs).with_context(|| name.clone())?;
+        check_validation(seen)?;
+        for (k, (output, expected)) in outputs.iter().zip(expected).enumerate() {
+            let got = output.to_vec::<f32>()?;
+            ensure!(got == *expected, "{name}, output {k}: got {got:?}, expected {expected:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn an_if_on_a_shape_test_is_inlined_and_the_other_branch_dropped() -> Result<()> {
+    for (width, expected, kept, dropped) in
+        [(3, then_values(), "Mul", "Add"), (4, else_values(), "Add", "Mul")]
+    {
+        let path = write(&if_model(shape_test(width)), &format!("shape_{width}"))?;
+        let ops = compiled_ops(&path)?;
+        ensure!(
+            ops.iter().any(|op| op == kept)
+                && !ops.iter().any(|op| op == dropped || op == "Where" || op == "If"),
+            "width {width}: compiled ops {ops:?} should hold {kept} and no {dropped}, Where, If"
+        );
+        runs_give(&compile(&path, &[])?, &[x()], &expected)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn an_if_decided_at_run_time_gives_the_taken_branch() -> Result<()> {
+    let model = if_model(|m| m.input("cond", DType::Bool, &[]));
+    let bundle = compile(&write(&model, "run_time")?, &[])?;
+    for (cond, expected) in [(true, then_values()), (false, else_values())] {
+        let cond = Tensor::from_bools(Vec::<usize>::new(), &[cond])?;
+        runs_give(&bundle, &[x(), cond], &expected)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn ifs_nest() -> Result<()> {
+    // then: (if inner (folds to false): r * two, else: r + one); else: r * two.
+    let no = Tensor::from_bools(Vec::<usize>::new(), &[false])?;
+    let inner = OnnxModel::new(17)
+        .initializer("inner_cond", &no)
+        .node(
+            "inner_if",
+            "If",
+            &["inner_cond"],
+            &["y_inner"],
+            vec![
+                attr_graph("then_branch", &branch("Mul", &["r", "two"])),
+                attr_graph("else_branch", &branch("Add", &["r", "one"])),
+            ],
+        )
+        .output("y_inner", DType::F32, &[2, 3]);
+    let two = Tensor::from_vec(vec![], &[2.0f32])?;
+    let one = Tensor::from_vec(vec![], &[1.0f32])?;
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .initializer("two", &two)
+        .initializer("one", &one)
+        .node("relu", "Relu", &["x"], &["r"], vec![])
+        .node(
+            "outer_if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &inner),
+                attr_graph("else_branch", &branch("Mul", &["r", "two"])),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let bundle = compile(&write(&model, "nested")?, &[])?;
+    for (cond, expected) in [(true, else_values()), (false, then_values())] {
+        let cond = Tensor::from_bools(Vec::<usize>::new(), &[cond])?;
+        runs_give(&bundle, &[x(), cond], &expected)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_time_if_whose_branches_differ_in_shape_names_the_node() -> Result<()> {
+    let shape = Tensor::from_vec(vec![2], &[3i64, 2])?;
+    let reshaped = OnnxModel::new(17)
+        .initializer("new_shape", &shape)
+        .node("reshape", "Reshape", &["r", "new_shape"], &["y_branch"], vec![])
+        .output("y_branch", DType::F32, &[3, 2]);
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .node("relu", "Relu", &["x"], &["r"], vec![])
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Relu", &["r"])),
+                attr_graph("else_branch", &reshaped),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let err = compile(&write(&model, "shapes_differ")?, &[]).unwrap_err();
+    let message = format!("{err:#}");
+    for part in ["'if' (If)", "run time", "[2, 3]", "[3, 2]", "--constant-input"] {
+        ensure!(message.contains(part), "message lacks {part:?}: {message}");
+    }
+    Ok(())
+}
+
+#[test]
+fn an_unsupported_op_inside_a_branch_is_named_with_its_branch() -> Result<()> {
+    let odd = OnnxModel::new(17).node("odd", "NoSuchOp", &["r"], &["y_branch"], vec![]).output(
+        "y_branch",
+        DType::F32,
+        &[2, 3],
+    );
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .node("relu", "Relu", &["x"], &["r"], vec![])
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Relu", &["r"])),
+                attr_graph("else_branch", &odd),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let err = compile(&write(&model, "unsupported")?, &[]).unwrap_err();
+    let message = format!("{err:#}");
+    ensure!(
+        message.contains(
+            "node 'odd' (NoSuchOp, domain ai.onnx, opset 17) in else_branch of node 'if'"
+        ),
+        "{message}"
+    );
+    Ok(())
+}
+
+/// acc = x; each iteration i: acc = acc * 2 + i, and -acc is its scan output. The trip count
+/// is `trip_count`; the body's condition is `i < 3` when `stop_early`, else passed through.
+fn loop_model(trip_count: Option<i64>, stop_early: bool) -> OnnxModel {
+    let mut body = OnnxModel::new(17)
+        .input("i", DType::I64, &[])
+        .input("c_in", DType::Bool, &[])
+        .input("acc", DType::F32, &[3])
+        .node("to_float", "Cast", &["i"], &["i_f"], vec![attr_int("to", 1)])
+        .node("double", "Mul", &["acc", "two"], &["doubled"], vec![])
+        .node("add_i", "Add", &["doubled", "i_f"], &["acc_out"], vec![])
+        .node("negate", "Neg", &["acc_out"], &["y"], vec![]);
+    body = if stop_early {
+        body.node("test", "Less", &["i", "three"], &["c_out"], vec![])
+    } else {
+        body.node("pass", "Identity", &["c_in"], &["c_out"], vec![])
+    };
+    let body = body.output("c_out", DType::Bool, &[]).output("acc_out", DType::F32, &[3]).output(
+        "y",
+        DType::F32,
+        &[3],
+    );
+    let mut m = OnnxModel::new(17)
+        .input("x", DType::F32, &[3])
+        .initializer("two", &Tensor::from_vec(vec![], &[2.0f32]).expect("scalar"))
+        .initializer("three", &Tensor::from_vec(vec![], &[3i64]).expect("scalar"))
+        .initializer("yes", &Tensor::from_bools(Vec::<usize>::new(), &[true]).expect("scalar"));
+    m = match trip_count {
+        Some(n) => m.initializer("m", &Tensor::from_vec(vec![], &[n]).expect("scalar")),
+        None => m.input("m", DType::I64, &[]),
+    };
+    m.node("loop", "Loop", &["m", "yes", "x"], &["final", "ys"], vec![attr_graph("body", &body)])
+        .output("final", DType::F32, &[3])
+        .output("ys", DType::F32, &[4, 3])
+}
+
+#[test]
+fn a_loop_with_a_known_trip_count_or_condition_is_unrolled() -> Result<()> {
+    let x = [0.5f32, -1.0, 2.0];
+    let mut acc = x.to_vec();
+    let mut ys = Vec::new();
+    for i in 0..4 {
+        acc = acc.iter().map(|a| a * 2.0 + i as f32).collect();
+        ys.extend(acc.iter().map(|a| -a));
+    }
+    // Four iterations either way: the trip count, or the condition turning false after i = 3.
+    for (name, model) in
+        [("count", loop_model(Some(4), false)), ("cond", loop_model(Some(10), true))]
+    {
+        let path = write(&model, &format!("loop_{name}"))?;
+        ensure!(!compiled_ops(&path)?.iter().any(|op| op == "Loop"), "{name}: a Loop is left");
+        let input = Tensor::from_vec(vec![3], &x)?;
+        runs_give_all(&compile(&path, &[])?, &[input], &[acc.clone(), ys.clone()])
+            .with_context(|| name)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_loop_whose_trip_count_is_known_only_at_run_time_names_the_node() -> Result<()> {
+    let err = compile(&write(&loop_model(None, false), "loop_run_time")?, &[]).unwrap_err();
+    let message = format!("{err:#}");
+    for part in ["'loop' (Loop)", "trip count (input 0) is computed at run time"] {
+        ensure!(message.contains(part), "message lacks {part:?}: {message}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() -> Result<()> {
+    // s = s + row over the rows of xs taken last to first; y = s * row, stacked on axis 1.
+    let body = OnnxModel::new(17)
+        .input("s", DType::F32, &[2])
+        .input("row", DType::F32, &[2])
+        .node("sum", "Add", &["s", "row"], &["s_out"], vec![])
+        .node("product", "Mul", &["s_out", "row"], &["y"], vec![])
+        .output("s_out", DType::F32, &[2])
+        .output("y", DType::F32, &[2]);
+    let model = OnnxModel::new(17)
+        .input("s0", DType::F32, &[2])
+        .input("xs", DType::F32, &[3, 2])
+        .node(
+            "scan",
+            "Scan",
+            &["s0", "xs"],
+            &["s_final", "ys"],
+            vec![
+                attr_graph("body", &body),
+                attr_int("num_scan_inputs", 1),
+                attr_ints("scan_input_directions", &[1]),
+                attr_ints("scan_output_axes", &[1]),
+            ],
+        )
+        .output("s_final", DType::F32, &[2])
+        .output("ys", DType::F32, &[2, 3]);
+    let s0 = [1.0f32, -2.0];
+    let xs = [0.5f32, 1.5, -3.0, 2.0, 4.0, -0.25];
+    let mut s = s0.to_vec();
+    let mut ys = [0.0f32; 6];
+    for t in 0..3 {
+        let row = &xs[(2 - t) * 2..(3 - t) * 2];
+        for j in 0..2 {
+            s[j] += row[j];
+            ys[j * 3 + t] = s[j] * row[j];
+        }
+    }
+    let inputs = [Tensor::from_vec(vec![2], &s0)?, Tensor::from_vec(vec![3, 2], &xs)?];
+    let bundle = compile(&write(&model, "scan")?, &[])?;
+    runs_give_all(&bundle, &inputs, &[s, ys.to_vec()])
+}
+
+#[test]
+fn an_error_in_a_branch_of_a_run_time_if_says_why_the_branch_was_compiled() -> Result<()> {
+    // The else branch reshapes [2, 3] to [4, 2]: an error whichever branch the data takes.
+    let shape = Tensor::from_vec(vec![2], &[4i64, 2])?;
+    let bad = OnnxModel::new(17)
+        .initializer("bad_shape", &shape)
+        .node("bad_reshape", "Reshape", &["r", "bad_shape"], &["y_branch"], vec![])
+        .output("y_branch", DType::F32, &[4, 2]);
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .node("relu", "Relu", &["x"], &["r"], vec![])
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Relu", &["r"])),
+                attr_graph("else_branch", &bad),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let err = compile(&write(&model, "bad_branch")?, &[]).unwrap_err();
+    let message = format!("{err:#}");
+    for part in ["'bad_reshape' (Reshape)", "in a branch of 'if' (If)", "--constant-input"] {
+        ensure!(message.contains(part), "message lacks {part:?}: {message}");
+    }
+    Ok(())
+}
