@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Fetches the PP-OCR models from the rapidocr-onnxruntime wheel on PyPI and checks their
-# sha256. Usage: tools/fetch_models.sh [DIR]   (default target/models)
+# Fetches the real models the tests run from PyPI wheels that ship them, and checks their
+# sha256: PP-OCR (rapidocr-onnxruntime) and silero-vad (its v6 voice activity detector, whose
+# graph branches with `If` on the sample rate and on shapes).
+# Usage: tools/fetch_models.sh [DIR]   (default target/models)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-${CARGO_TARGET_DIR:-target}/models}"
@@ -14,55 +16,63 @@ for candidate in "$target/venv/bin/python" "$target/bench-venv/bin/python"; do
         break
     fi
 done
-wheel=rapidocr_onnxruntime-1.4.4-py3-none-any.whl
-
-# name sha256 (computed once from the files in the 1.4.4 wheel)
-models=(
-    "ch_PP-OCRv4_det_infer.onnx d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"
-    "ch_PP-OCRv4_rec_infer.onnx 48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"
-    "ch_ppocr_mobile_v2.0_cls_infer.onnx e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"
-)
-wheel_sha256=971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf
 
 sha_ok() { [[ -f "$1" ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$2" ]]; }
 
-all_ok=true
-for entry in "${models[@]}"; do
-    read -r name sha <<<"$entry"
-    sha_ok "$dir/$name" "$sha" || all_ok=false
-done
-if $all_ok; then
-    exit 0
-fi
+# fetch WHEEL_SPEC WHEEL_FILE WHEEL_SHA256 MEMBER_DIR "NAME SHA256"...: extracts each model
+# NAME from MEMBER_DIR/NAME in the wheel, downloading the wheel only when a model is missing.
+fetch() {
+    local spec=$1 wheel=$2 wheel_sha=$3 member_dir=$4
+    shift 4
+    local all_ok=true entry name sha
+    for entry in "$@"; do
+        read -r name sha <<<"$entry"
+        sha_ok "$dir/$name" "$sha" || all_ok=false
+    done
+    $all_ok && return 0
 
-mkdir -p "$dir"
-if ! sha_ok "$dir/$wheel" "$wheel_sha256"; then
-    echo "fetch_models: downloading rapidocr-onnxruntime==1.4.4"
-    "$py" -m pip --version >/dev/null 2>&1 || {
-        echo "fetch_models: $py has no pip; install python3-pip or run tools/setup.sh" >&2
-        exit 1
-    }
-    rm -f "$dir/$wheel"
-    "$py" -m pip download --quiet --disable-pip-version-check --no-deps \
-        -d "$dir" rapidocr-onnxruntime==1.4.4
-    sha_ok "$dir/$wheel" "$wheel_sha256" || {
-        echo "fetch_models: $dir/$wheel does not have the expected sha256" >&2
-        exit 1
-    }
-fi
-for entry in "${models[@]}"; do
-    read -r name sha <<<"$entry"
-    sha_ok "$dir/$name" "$sha" && continue
-    "$py" - "$dir/$wheel" "rapidocr_onnxruntime/models/$name" "$dir/$name" <<'PY'
+    mkdir -p "$dir"
+    if ! sha_ok "$dir/$wheel" "$wheel_sha"; then
+        echo "fetch_models: downloading $spec"
+        "$py" -m pip --version >/dev/null 2>&1 || {
+            echo "fetch_models: $py has no pip; install python3-pip or run tools/setup.sh" >&2
+            exit 1
+        }
+        rm -f "$dir/$wheel"
+        "$py" -m pip download --quiet --disable-pip-version-check --no-deps -d "$dir" "$spec"
+        sha_ok "$dir/$wheel" "$wheel_sha" || {
+            echo "fetch_models: $dir/$wheel does not have the expected sha256" >&2
+            exit 1
+        }
+    fi
+    for entry in "$@"; do
+        read -r name sha <<<"$entry"
+        sha_ok "$dir/$name" "$sha" && continue
+        "$py" - "$dir/$wheel" "$member_dir/$name" "$dir/$name" <<'PY'
 import sys, zipfile
 wheel, member, dest = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z, open(dest + ".part", "wb") as f:
     f.write(z.read(member))
 PY
-    mv "$dir/$name.part" "$dir/$name"
-    sha_ok "$dir/$name" "$sha" || {
-        echo "fetch_models: $dir/$name does not have the expected sha256" >&2
-        exit 1
-    }
-    echo "fetch_models: extracted $name"
-done
+        mv "$dir/$name.part" "$dir/$name"
+        sha_ok "$dir/$name" "$sha" || {
+            echo "fetch_models: $dir/$name does not have the expected sha256" >&2
+            exit 1
+        }
+        echo "fetch_models: extracted $name"
+    done
+}
+
+# name sha256 (computed once from the files in each wheel)
+fetch rapidocr-onnxruntime==1.4.4 rapidocr_onnxruntime-1.4.4-py3-none-any.whl \
+    971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf \
+    rapidocr_onnxruntime/models \
+    "ch_PP-OCRv4_det_infer.onnx d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9" \
+    "ch_PP-OCRv4_rec_infer.onnx 48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b" \
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"
+
+fetch silero-vad==6.2.3 silero_vad-6.2.3-py3-none-any.whl \
+    7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8 \
+    silero_vad/data \
+    "silero_vad.onnx 1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3" \
+    "silero_vad_half.onnx 1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares everything the integration tests read, all of it under the target dir:
 #   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
-#   models/        the PP-OCR models, from the rapidocr-onnxruntime wheel, sha256-checked
-#   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt
+#   models/        real models from PyPI wheels (PP-OCR, silero-vad), sha256-checked
+#   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
+#                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
 #   decoder/       a small transformer as prefill + decode graphs, and ONNX Runtime's outputs
 # Idempotent: each step skips work already done, so a second run takes a few seconds.
@@ -31,5 +32,6 @@ fi
 
 bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_references.py --models "$target/models" --out "$target/references"
+"$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"
 "$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"
 "$py" tools/make_decoder.py --out "$target/decoder"

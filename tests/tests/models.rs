@@ -1,0 +1,106 @@
+//! Real models beyond PP-OCR, each compiled with its case's input shapes and constant inputs,
+//! run on the CPU and on Vulkan (lavapipe, under the validation layer), and compared with ONNX
+//! Runtime's outputs. Prints the worst element of every output.
+//!
+//! Data: `target/models/` (tools/fetch_models.sh) and `target/references/models/`
+//! (manifest.txt, `<case>/{inputs,constants,outputs}/<name>.npy`), made by `bash
+//! tools/setup.sh`; tools/make_model_references.py says what each case covers and how its
+//! inputs were made.
+
+use anyhow::{Context, Result, bail};
+use ingot_compiler::CompileOptions;
+use ingot_runtime::{Device, Tensor};
+use ingot_tests::data::read_npy;
+use ingot_tests::paths::generated;
+use ingot_tests::{Tolerance, check_validation, compare, run, session_on, validation_seen, vulkan};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const TOLERANCE: Tolerance = Tolerance::new(1e-4, 1e-5);
+
+/// The arrays of `dir`, by file stem; an absent directory has none.
+fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(out) };
+    for entry in entries {
+        let path = entry?.path();
+        if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
+            out.insert(stem.to_string(), read_npy(&path)?);
+        }
+    }
+    Ok(out)
+}
+
+fn check_case(case: &str, model: &str) -> Result<()> {
+    let dir = generated(&format!("references/models/{case}"))?;
+    let inputs = arrays(&dir.join("inputs"))?;
+    let constants = arrays(&dir.join("constants"))?;
+    let expected = arrays(&dir.join("outputs"))?;
+    let options = CompileOptions {
+        input_shapes: inputs.iter().map(|(n, t)| (n.clone(), t.shape().to_vec())).collect(),
+        constant_inputs: constants.into_iter().collect(),
+        verify: true,
+        ..CompileOptions::default()
+    };
+    let model_path = generated(&format!("models/{model}"))?;
+    let bundle = ingot_compiler::compile_file(&model_path, &options)
+        .with_context(|| format!("compile {model}"))?;
+
+    let mut failures = Vec::new();
+    for (backend, device) in [("cpu", Device::Cpu), ("vulkan:cpu", vulkan())] {
+        let seen = validation_seen();
+        let mut session = session_on(&bundle, device)?;
+        let feed = session
+            .inputs()
+            .iter()
+            .map(|i| inputs.get(&i.name).cloned().with_context(|| format!("no input {}", i.name)))
+            .collect::<Result<Vec<_>>>()?;
+        let names: Vec<String> = session.outputs().iter().map(|o| o.name.clone()).collect();
+        let outputs = run(&mut session, &feed).context(backend)?;
+        check_validation(seen)?;
+        for (name, got) in names.iter().zip(&outputs) {
+            let want = expected.get(name).with_context(|| format!("no reference for {name}"))?;
+            match compare(got, want, TOLERANCE) {
+                Ok(c) => {
+                    println!("{case} on {backend}: {name}: {c}");
+                    if !c.passed() {
+                        failures.push(format!("{backend}: {name}: {c}"));
+                    }
+                }
+                Err(e) => failures.push(format!("{backend}: {name}: {e}")),
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{case}:\n  {}", failures.join("\n  "));
+    }
+    Ok(())
+}
+
+/// Every case of the manifest: `case=DIR model=FILE.onnx` a line.
+#[test]
+fn real_models_match_onnx_runtime_on_the_cpu_and_vulkan() -> Result<()> {
+    let manifest = generated("references/models/manifest.txt")?;
+    let text = std::fs::read_to_string(&manifest)?;
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                .with_context(|| format!("{}: line without {key}: {line}", manifest.display()))
+        };
+        let (case, model) = (field("case")?, field("model")?);
+        cases += 1;
+        if let Err(e) = check_case(case, model) {
+            failures.push(format!("{e:#}"));
+        }
+    }
+    if cases == 0 {
+        bail!("{} lists no case", manifest.display());
+    }
+    if !failures.is_empty() {
+        bail!("{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
+    }
+    Ok(())
+}

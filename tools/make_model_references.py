@@ -1,0 +1,112 @@
+"""Writes reference cases of real models beyond PP-OCR for the Rust test `models`.
+
+Each case is a model from target/models (tools/fetch_models.sh) with inputs made here and ONNX
+Runtime's outputs, under OUT/<case>/:
+
+    inputs/<name>.npy      the runtime inputs (their shapes are the ones compiled)
+    constants/<name>.npy   inputs bound at compile time (`ingot compile --constant-input`)
+    outputs/<name>.npy     ONNX Runtime's outputs
+
+OUT/manifest.txt lists the cases, one a line: `case=DIR model=FILE.onnx`.
+
+Cases, each with the capability it covers:
+- silero_vad 16 kHz and 8 kHz: an audio model whose 25 `If` nodes branch on the sample
+  rate input (bound as a constant, so they fold) and on shapes; the state comes from a first
+  chunk, as when the model streams.
+- silero_vad_half: the same detector exported without the rate input; its `If`s test shapes.
+
+The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
+as in make_references.py. Skips all work when the manifest was written by this same script for
+the same models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+def speech_like(rng: np.random.Generator, samples: int, rate: int) -> np.ndarray:
+    """A voiced sound (a pitch with harmonics under a syllable envelope) over noise, [1, N]."""
+    t = np.arange(samples) / rate
+    pitch = rng.uniform(110, 220)
+    voiced = sum(np.sin(2 * np.pi * pitch * k * t + rng.uniform(0, 6)) / k for k in range(1, 8))
+    envelope = 0.5 - 0.5 * np.cos(2 * np.pi * t / t[-1])
+    x = 0.3 * voiced * envelope + rng.normal(0, 0.01, samples)
+    return x[None].astype(np.float32)
+
+
+def silero(model: str, rate: int | None, seed: int):
+    """Inputs for two chunks of a stream: the second is the case, its state the first's."""
+
+    def case(sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        samples = 512 if rate in (None, 16000) else 256
+        constants = {} if rate is None else {"sr": np.array(rate, np.int64)}
+        state = np.zeros((2, 1, 128), np.float32)
+        first = {"input": speech_like(rng, samples, rate or 16000), "state": state}
+        _, state = sess.run(None, {**first, **constants})
+        inputs = {"input": speech_like(rng, samples, rate or 16000), "state": state}
+        return inputs, constants
+
+    return model, case
+
+
+CASES = {
+    "silero_vad_16k": silero("silero_vad.onnx", 16000, 1),
+    "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
+    "silero_vad_half": silero("silero_vad_half.onnx", None, 3),
+}
+
+
+def cache_key(models: Path) -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(ort.__version__.encode() + np.__version__.encode())
+    for name in sorted({model for model, _ in CASES.values()}):
+        h.update((models / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=Path("target/models"))
+    ap.add_argument("--out", type=Path, default=Path("target/references/models"))
+    args = ap.parse_args()
+
+    key = cache_key(args.models)
+    manifest = args.out / "manifest.txt"
+    header = f"# written by tools/make_model_references.py, key {key}"
+    if manifest.exists() and manifest.read_text().startswith(header + "\n"):
+        return
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    lines = [header]
+    for name, (model, make) in CASES.items():
+        sess = ort.InferenceSession(str(args.models / model), so, providers=["CPUExecutionProvider"])
+        inputs, constants = make(sess)
+        outputs = sess.run(None, {**inputs, **constants})
+        for sub, arrays in [
+            ("inputs", inputs),
+            ("constants", constants),
+            ("outputs", {o.name: y for o, y in zip(sess.get_outputs(), outputs)}),
+        ]:
+            d = args.out / name / sub
+            d.mkdir(parents=True, exist_ok=True)
+            for old in d.glob("*.npy"):
+                old.unlink()
+            for array_name, array in arrays.items():
+                np.save(d / f"{array_name}.npy", array)
+        lines.append(f"case={name} model={model}")
+        print(f"make_model_references: {name} -> {[y.shape for y in outputs]}")
+    # Written last: its presence with the right key means everything above is complete.
+    manifest.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
