@@ -3,7 +3,8 @@
 //! Data: `target/onnx-tests/<suite>/<test>/{model.onnx, test_data_set_*/}`, made by
 //! `bash tools/setup.sh` (tools/gen_onnx_tests.py). Each test compiles `model.onnx`, runs every
 //! data set and compares each output with ONNX's expected one using ONNX's own runner rule
-//! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`). Inputs that
+//! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`); an output the
+//! test gives in bfloat16, which Ingot returns as f32, is rounded to bfloat16 first. Inputs that
 //! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]) are
 //! bound at compile time from the data set, as `ingot compile --constant-input` does.
 //!
@@ -331,6 +332,10 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
                 .collect()
         };
         let (inputs, wants) = (read("input")?, read("output")?);
+        let bf16_outputs = numbered_files(&data_set, "output", "pb")
+            .iter()
+            .map(|p| declared_bf16(p))
+            .collect::<Result<Vec<_>>>()?;
         let mut options = CompileOptions { verify: true, ..CompileOptions::default() };
         let mut runtime = Vec::new();
         for (k, t) in inputs.into_iter().enumerate() {
@@ -361,10 +366,35 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
         }
         for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
             let name = session.outputs().get(i).map_or("?", |o| o.name.as_str());
+            let g = if bf16_outputs[i] { &rounded_to_bf16(g)? } else { g };
             allclose(g, w, tolerance).map_err(|e| anyhow!("{set}: output {i} '{name}': {e}"))?;
         }
     }
     Ok(())
+}
+
+/// Whether the serialized TensorProto at `path` is bfloat16, which Ingot reads, computes and
+/// returns as f32.
+fn declared_bf16(path: &Path) -> Result<bool> {
+    use protobuf::Message;
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
+    let t = onnx_protobuf::TensorProto::parse_from_bytes(&bytes)?;
+    Ok(t.data_type == onnx_protobuf::tensor_proto::DataType::BFLOAT16 as i32)
+}
+
+/// An f32 output rounded to bfloat16 (ties to even), as a caller storing a bfloat16 output
+/// does: how it is compared with a reference the test gives in bfloat16.
+fn rounded_to_bf16(t: &ingot_runtime::Tensor) -> Result<ingot_runtime::Tensor> {
+    let round = |x: f32| {
+        let b = x.to_bits();
+        if x.is_nan() {
+            x
+        } else {
+            f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000)
+        }
+    };
+    let values: Vec<f32> = t.to_vec::<f32>()?.into_iter().map(round).collect();
+    Ok(ingot_runtime::Tensor::from_vec(t.shape().to_vec(), &values)?)
 }
 
 /// The test's tolerance: `data.json`'s `rtol`/`atol` where given (the light models have one),

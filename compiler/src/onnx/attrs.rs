@@ -53,7 +53,9 @@ pub(super) fn convert(protos: &[AttributeProto]) -> Result<Attrs, String> {
                 // Tensor attributes are small; external data is not looked up for them.
                 let value = tensor::to_const(t, &mut ExternalData::new(None))
                     .map_err(|m| format!("attribute '{name}': {m}"))?;
-                attrs.set(&format!("{name}.dtype"), AttrValue::Int(i64::from(t.data_type)));
+                // The type it was read as (a bfloat16 tensor is widened to float).
+                let dtype = value.desc().dtype.onnx_code();
+                attrs.set(&format!("{name}.dtype"), AttrValue::Int(i64::from(dtype)));
                 tensor_value(&value).ok_or_else(|| format!("attribute '{name}': not numeric"))?
             }
             // The importer makes it a body of the graph and sets this name to its index.

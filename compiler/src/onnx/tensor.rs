@@ -19,15 +19,29 @@ pub(super) fn onnx_type_name(code: i32) -> String {
     }
 }
 
+/// ONNX's bfloat16. Ingot carries it as f32, which holds every bfloat16 exactly (a bfloat16
+/// is the high half of an f32): bfloat16 tensors are widened as they are read, inputs and
+/// outputs declared bfloat16 are f32 in the bundle, and a cast to bfloat16 rounds to its
+/// precision (`Cast` attribute `bfloat16`). Arithmetic then runs at f32 precision.
+pub(crate) const BFLOAT16: i32 = DataType::BFLOAT16 as i32;
+
 /// The element type for an ONNX type code; unsupported types give a message.
 pub(super) fn dtype(code: i32) -> Result<DType, String> {
+    if code == BFLOAT16 {
+        return Ok(DType::F32);
+    }
     DType::from_onnx_code(code).ok_or_else(|| {
         format!(
             "element type {} is not supported (Ingot runs float, float16, double, bool and \
-             8- to 64-bit integers)",
+             8- to 64-bit integers, and bfloat16 as float)",
             onnx_type_name(code)
         )
     })
+}
+
+/// bfloat16 bit patterns as the f32 values they are.
+fn widen_bf16(bits: impl Iterator<Item = u16>) -> Vec<f32> {
+    bits.map(|b| f32::from_bits(u32::from(b) << 16)).collect()
 }
 
 /// Size in bytes of a tensor, `None` if its non-zero dims multiply past `isize::MAX` bytes
@@ -60,6 +74,16 @@ pub(super) fn to_const(t: &TensorProto, ext: &mut ExternalData) -> Result<Const,
         return Err("segmented tensors are not supported".into());
     }
     match t.data_location.enum_value() {
+        Ok(DataLocation::EXTERNAL) if t.data_type == BFLOAT16 => {
+            // Read as the 16-bit patterns the file holds, then widened (owned, not mapped).
+            let bits =
+                ext.load(TensorDesc::new(DType::U16, desc.shape.clone()), &t.external_data)?;
+            let bits = bits.bytes().chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            let values = widen_bf16(bits);
+            Tensor::from_bytes(desc, bytemuck::cast_slice(&values))
+                .map(Const::owned)
+                .map_err(|e| e.to_string())
+        }
         Ok(DataLocation::EXTERNAL) => ext.load(desc, &t.external_data),
         Ok(DataLocation::DEFAULT) => decode_inline(t, desc).map(Const::owned),
         Err(code) => Err(format!("unknown data_location {code}")),
@@ -69,6 +93,23 @@ pub(super) fn to_const(t: &TensorProto, ext: &mut ExternalData) -> Result<Const,
 /// Decodes data stored in the proto itself: `raw_data` if present, else the typed field
 /// that ONNX assigns to the element type.
 pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor, String> {
+    if t.data_type == BFLOAT16 {
+        // Two bytes each in raw_data, the low 16 bits of each int32_data value otherwise.
+        let values = if t.raw_data.is_empty() {
+            count_check(&desc, "int32_data", t.int32_data.len())?;
+            widen_bf16(t.int32_data.iter().map(|&v| v as u16))
+        } else {
+            if t.raw_data.len() != 2 * desc.elements() {
+                return Err(format!(
+                    "raw_data holds {} bytes; the bfloat16 tensor needs {}",
+                    t.raw_data.len(),
+                    2 * desc.elements()
+                ));
+            }
+            widen_bf16(t.raw_data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])))
+        };
+        return Tensor::from_bytes(desc, bytemuck::cast_slice(&values)).map_err(|e| e.to_string());
+    }
     if !t.raw_data.is_empty() {
         let need = desc.bytes();
         return Tensor::from_bytes(desc, &t.raw_data).map_err(|_| {

@@ -791,3 +791,31 @@ fn a_branch_cannot_read_what_only_the_other_branch_defines() {
     let msg = import_err(&model(17, graph), &ImportOptions::default());
     assert!(msg.contains("node 'Neg_b' (Neg) reads 't_then_only'"), "{msg}");
 }
+
+// ---- bfloat16 ----
+
+#[test]
+fn bfloat16_is_read_as_float() {
+    // 1.0 = 0x3F80, -2.5 = 0xC020, 0.5 = 0x3F00 (the high halves of their f32 bits).
+    let raw = TensorProto {
+        raw_data: vec![0x80, 0x3F, 0x20, 0xC0],
+        ..tp("raw", DataType::BFLOAT16, &[2])
+    };
+    let mut typed = tp("typed", DataType::BFLOAT16, &[1]);
+    typed.int32_data = vec![0x3F00];
+    let graph = GraphProto {
+        output: vec![out("raw"), out("typed"), out("x")],
+        initializer: vec![raw, typed],
+        input: vec![vi("x", DataType::BFLOAT16, Some(&[D::V(2)]))],
+        ..Default::default()
+    };
+    let g = import_ok(&model(17, graph));
+    assert_eq!(constant(&g, "raw").as_slice::<f32>().unwrap(), &[1.0, -2.5]);
+    assert_eq!(constant(&g, "typed").as_slice::<f32>().unwrap(), &[0.5]);
+    let x = g.values.iter().find(|v| v.name == "x").unwrap();
+    assert_eq!(x.ty, Some(TensorDesc::new(DType::F32, vec![2])));
+
+    let short = TensorProto { raw_data: vec![0x80, 0x3F], ..tp("short", DataType::BFLOAT16, &[2]) };
+    let msg = import_err(&initializers(vec![short]), &ImportOptions::default());
+    assert!(msg.contains("'short'") && msg.contains("needs 4"), "{msg}");
+}

@@ -603,6 +603,12 @@ fn cast(cx: &OpCx) -> Prepared {
         }
     }
     let len = same_shape(cx, dst)?;
+    if cx.attrs.int_or("bfloat16", 0)? != 0 {
+        if (src, dst) != (DType::F32, DType::F32) {
+            return Err(invalid!("a cast to bfloat16 takes and gives float, not {src} -> {dst}"));
+        }
+        return Ok(map(len, round_to_bf16));
+    }
     if src == DType::F32 {
         return match dst {
             DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
@@ -617,6 +623,17 @@ fn cast(cx: &OpCx) -> Prepared {
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
     Ok(Box::new(Cast { len, dtypes, sizes, widen: widen.1, narrow: narrow.1 }))
+}
+
+/// `x` rounded to the nearest bfloat16 (ties to even), as an f32: what a cast to bfloat16
+/// keeps. NaN stays NaN; a value past bfloat16's largest rounds to infinity.
+pub(crate) fn round_to_bf16(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+    f32::from_bits(rounded)
 }
 
 type Widen = fn(&[u8], &mut [Wide]);

@@ -10,6 +10,13 @@ fn is_inf(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) == 0x7f800000u;
 }
 
+// A cast to bfloat16, which Ingot carries as f32: rounded to its 8 significant bits, ties to
+// even, as cpu.rs's `round_to_bf16` (NaN stays NaN; past the largest bfloat16, infinity).
+fn round_bf16(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    return select(bitcast<f32>((b + 0x7fffu + ((b >> 16u) & 1u)) & 0xffff0000u), v, is_nan(v));
+}
+
 // Max and Min as on the CPU: a NaN operand gives NaN.
 fn max_nan(a: f32, b: f32) -> f32 {
     return select(b, a, a > b || is_nan(a));

@@ -193,8 +193,6 @@ fn lower_clip(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     Ok(())
 }
 
-/// `Cast` keeps `to` (`saturate` only matters for float8, which Ingot has not); `CastLike`
-/// becomes a `Cast` to its second input's type.
 /// A Sum of two is an Add, which the fusion pass folds into the op before it (the residual of
 /// a conv, as Caffe2-converted ResNets write it).
 fn lower_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
@@ -205,15 +203,26 @@ fn lower_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     Ok(())
 }
 
+/// ONNX's type code of bfloat16, which the importer reads as f32.
+const BFLOAT16: i64 = 16;
+
+/// `Cast` keeps `to` (`saturate` only matters for float8, which Ingot has not); `CastLike`
+/// becomes a `Cast` to its second input's type. A cast to bfloat16 is a cast to f32 with
+/// `bfloat16 = 1`: the value rounded to bfloat16's precision (Ingot carries bfloat16 in f32).
 fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let to = if node.op == "CastLike" {
         i64::from(cx.input(1)?.dtype.onnx_code())
     } else {
         node.attrs.int("to")?
     };
-    dtype_of(to)?;
+    node.attrs = if to == BFLOAT16 {
+        let f32_code = i64::from(DType::F32.onnx_code());
+        Attrs::new().with("to", AttrValue::Int(f32_code)).with("bfloat16", AttrValue::Int(1))
+    } else {
+        dtype_of(to)?;
+        Attrs::new().with("to", AttrValue::Int(to))
+    };
     node.op = "Cast".into();
-    node.attrs = Attrs::new().with("to", AttrValue::Int(to));
     node.inputs.truncate(1);
     Ok(())
 }
@@ -473,6 +482,14 @@ mod tests {
 
         let mut n = node("Cast", 1, Attrs::new().with("to", AttrValue::Int(8)));
         assert!(lower(&mut n, 13, &[Some(&x)], &[None]).is_err(), "STRING is not a type we run");
+
+        // To bfloat16: to f32, rounded.
+        let mut n = node("Cast", 1, Attrs::new().with("to", AttrValue::Int(16)));
+        lower(&mut n, 13, &[Some(&x)], &[None]).unwrap();
+        let rounded =
+            Attrs::new().with("to", AttrValue::Int(1)).with("bfloat16", AttrValue::Int(1));
+        assert_eq!(n.attrs, rounded);
+        assert_eq!(infer(&n, &[&x]).unwrap(), vec![desc(DType::F32, &[2, 3])]);
     }
 
     #[test]

@@ -407,6 +407,12 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
         }
         "Cast" => {
             arity(1)?;
+            if cx.attrs.int_or("bfloat16", 0).unwrap_or(1) != 0 {
+                return match (a, out) {
+                    (Ty::F32, Ty::F32) => Ok(Body::float("round_bf16(a0)")),
+                    _ => Err(refuse()),
+                };
+            }
             cast(a, out)
         }
         "Not" | "And" | "Or" | "Xor" => {
@@ -1299,6 +1305,12 @@ mod tests {
                 lower_ok("Cast", &attrs, &[t(from, &[6], 0)], t(to, &[6], 64));
             }
         }
+        // A cast to bfloat16 (carried as f32) rounds; only from f32.
+        let bf16 = Attrs::new()
+            .with("to", AttrValue::Int(DType::F32.onnx_code().into()))
+            .with("bfloat16", AttrValue::Int(1));
+        lower_ok("Cast", &bf16, &[f32s(&[6], 0)], f32s(&[6], 64));
+        refused("Cast", &bf16, &[t(DType::I32, &[6], 0)], f32s(&[6], 64));
         // Pow takes integer exponents, not integer bases.
         for e in [DType::I32, DType::I64] {
             let inputs = [f32s(&[4], 0), t(e, &[1], 64)];

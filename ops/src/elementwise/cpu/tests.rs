@@ -458,6 +458,24 @@ fn cast_edge_cases() {
 }
 
 #[test]
+fn a_cast_to_bfloat16_rounds_to_its_precision_ties_to_even() {
+    // bfloat16 keeps 8 significant bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 (ties go
+    // to the even 1), 1 + 3 * 2^-8 halfway between 1 + 2^-7 and 1 + 2^-6 (to the even
+    // 1 + 2^-6); f32::MAX is past the largest bfloat16 (0x7F7F...) and rounds to infinity.
+    let x =
+        t(&[7], &[1.0f32, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5e-3, f32::MAX, -0.0, f32::NAN]);
+    let attrs =
+        Attrs::new().with("to", int(DType::F32.onnx_code() as i64)).with("bfloat16", int(1));
+    let y = run("Cast", &attrs, &[&x], DType::F32, &[7]).to_vec::<f32>().unwrap();
+    // -2.5e-3 is 0xBB23D70A: the low half 0xD70A is past halfway, so it rounds up to 0xBB24.
+    let want = [1.0, 1.0, 1.0 + 4.0 / 256.0, f32::from_bits(0xBB24_0000), f32::INFINITY, -0.0];
+    assert_eq!(y[..6], want);
+    assert!(y[5].is_sign_negative() && y[6].is_nan());
+    // From anything but float, it is refused.
+    assert!(try_run("Cast", &attrs, &[&t(&[1], &[1i32])], DType::F32, &[1]).is_err());
+}
+
+#[test]
 fn prepare_rejects_bad_shapes_and_types() {
     let none = Attrs::new();
     let a = t(&[2, 3], &[0.0f32; 6]);
