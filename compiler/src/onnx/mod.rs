@@ -610,7 +610,22 @@ impl Importer<'_> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         // A subgraph attribute becomes its body's index in `Graph::bodies`; the outer values
-        // its nodes read join the node's inputs, after the model's own.
+        // its nodes read join the node's inputs, after the model's own. The passes trust those
+        // indices and keep state in `ingot.*` attributes, so a model may set neither.
+        let control = n.domain.is_empty() && EXPANDED.contains(&n.op_type.as_str());
+        for a in &n.attribute {
+            let graph = a.type_.enum_value() == Ok(AttributeType::GRAPH);
+            let names_body = matches!(a.name.as_str(), "then_branch" | "else_branch" | "body");
+            let problem = if a.name.starts_with("ingot.") {
+                "has a name Ingot reserves"
+            } else if control && names_body && !graph {
+                "is not a subgraph"
+            } else {
+                continue;
+            };
+            let label = node_label(i, n);
+            return Err(self.graph_err(format!("{label}: attribute '{}' {problem}", a.name)));
+        }
         let first_inner = self.graph.values.len();
         let mut bodies = Vec::new();
         for a in n.attribute.iter().filter(|a| a.type_.enum_value() == Ok(AttributeType::GRAPH)) {

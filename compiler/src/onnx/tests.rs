@@ -231,7 +231,7 @@ fn raw_data_scalars_and_empty_tensors() {
 fn bad_tensors_name_the_tensor() {
     let cases: Vec<(TensorProto, &str)> = vec![
         (tp("names", DataType::STRING, &[1]), "STRING"),
-        (tp("bf", DataType::BFLOAT16, &[1]), "BFLOAT16"),
+        (tp("bf", DataType::BFLOAT16, &[1]), "neither raw_data nor int32_data"),
         (tp("f8", DataType::FLOAT8E4M3FN, &[1]), "FLOAT8E4M3FN"),
         (tp("c", DataType::COMPLEX64, &[1]), "COMPLEX64"),
         (tp("nodata", DataType::FLOAT, &[2]), "no data"),
@@ -818,4 +818,18 @@ fn bfloat16_is_read_as_float() {
     let short = TensorProto { raw_data: vec![0x80, 0x3F], ..tp("short", DataType::BFLOAT16, &[2]) };
     let msg = import_err(&initializers(vec![short]), &ImportOptions::default());
     assert!(msg.contains("'short'") && msg.contains("needs 4"), "{msg}");
+}
+
+#[test]
+fn a_branch_given_as_a_number_or_a_reserved_attribute_is_refused() {
+    let mut graph = if_graph();
+    graph.node[1].attribute[1] = AttributeProto { i: 0, ..attr("else_branch", AttributeType::INT) };
+    let msg = import_err(&model(17, graph), &ImportOptions::default());
+    assert!(msg.contains("node 'if' (If): attribute 'else_branch' is not a subgraph"), "{msg}");
+
+    let mut graph = if_graph();
+    graph.node[0].attribute =
+        vec![AttributeProto { i: 9, ..attr("ingot.partials", AttributeType::INT) }];
+    let msg = import_err(&model(17, graph), &ImportOptions::default());
+    assert!(msg.contains("attribute 'ingot.partials' has a name Ingot reserves"), "{msg}");
 }

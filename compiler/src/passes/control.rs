@@ -281,8 +281,14 @@ fn expand_loop(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
     let int_attr = |attr: &str| node.attrs.int_or(attr, 0).map_err(|e| e.to_string());
     let done = usize::try_from(int_attr("ingot.iteration")?).map_err(|e| e.to_string())?;
     let partials = usize::try_from(int_attr("ingot.partials")?).map_err(|e| e.to_string())?;
-    let partial: Vec<ValueId> =
-        node.inputs[node.inputs.len() - partials..].iter().flatten().copied().collect();
+    let own = 2 + carried;
+    let captured_end = node
+        .inputs
+        .len()
+        .checked_sub(partials)
+        .filter(|&end| end >= own)
+        .ok_or("has fewer inputs than its iterations so far left")?;
+    let partial: Vec<ValueId> = node.inputs[captured_end..].iter().flatten().copied().collect();
 
     let trip_count = match own_input(node, 0) {
         None => None,
@@ -350,8 +356,7 @@ fn expand_loop(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         [iteration, cond_in].into_iter().chain(carried_now.iter().copied()).collect();
     let (mut expanded, outputs) = instantiate(g, b, &bound, &tag);
 
-    let own = 2 + carried;
-    let captured = &node.inputs[own..node.inputs.len() - partials];
+    let captured = &node.inputs[own..captured_end];
     let mut rest = node.clone();
     rest.inputs = [own_input(node, 0), Some(outputs[0])]
         .into_iter()
