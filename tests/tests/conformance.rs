@@ -43,10 +43,7 @@ use std::time::Instant;
 
 /// Ops whose registry entry promises Vulkan kernels (no `cpu_only`) although the node tests
 /// give none of their steps one, each with why.
-const VULKAN_UNEXERCISED: &[(&str, &str)] = &[(
-    "Einsum",
-    "the node tests run it on double; tests/tests/vulkan.rs (einsum_equals_the_cpu) runs float",
-)];
+const VULKAN_UNEXERCISED: &[(&str, &str)] = &[];
 
 const SUITES: [&str; 5] = ["node", "pytorch-converted", "pytorch-operator", "light", "simple"];
 /// ONNX's runner defaults (onnx/backend/test/case/node and loader: rtol 1e-3, atol 1e-7).

@@ -25,7 +25,7 @@ use ingot_runtime::{Bundle, IoInfo, Session, SessionOptions, Tensor, TensorDesc}
 use ingot_schema::container::{self, Container};
 use ingot_schema::proto::{self, Manifest, attribute::Value, storage::Kind};
 use ingot_schema::{DType, SectionKind};
-use ingot_tests::model::{OnnxModel, attr_float, attr_int, attr_ints, attr_string};
+use ingot_tests::model::{OnnxModel, attr_float, attr_graph, attr_int, attr_ints, attr_string};
 use ingot_tests::paths::scratch_dir;
 use ingot_tests::{catch_panic, compile};
 use onnx_protobuf::attribute_proto::AttributeType;
@@ -544,6 +544,71 @@ fn recurrent_lstm() -> OnnxModel {
         .output("y_c", DType::F32, &[1, 2, 3])
 }
 
+/// An `If` decided at run time around a `Loop` with a constant trip count, then a `Scan`:
+/// what the control-flow expansion and the importer's subgraph handling read.
+fn control_flow() -> OnnxModel {
+    let rng = &mut Rng::new(8);
+    let branch = |op: &str| {
+        OnnxModel::new(OPSET).node(&format!("{op}_b"), op, &["x"], &["t"], vec![]).output(
+            "t",
+            DType::F32,
+            &[2, 3],
+        )
+    };
+    let loop_body = OnnxModel::new(OPSET)
+        .input("i", DType::I64, &[])
+        .input("c", DType::Bool, &[])
+        .input("acc", DType::F32, &[2, 3])
+        .node("step", "Add", &["acc", "w"], &["acc_out"], vec![])
+        .node("keep", "Identity", &["c"], &["c_out"], vec![])
+        .node("scanned", "Neg", &["acc_out"], &["acc_scan"], vec![])
+        .output("c_out", DType::Bool, &[])
+        .output("acc_out", DType::F32, &[2, 3])
+        .output("acc_scan", DType::F32, &[2, 3]);
+    let scan_body = OnnxModel::new(OPSET)
+        .input("s", DType::F32, &[3])
+        .input("row", DType::F32, &[3])
+        .node("sum", "Add", &["s", "row"], &["s_out"], vec![])
+        .node("scaled", "Mul", &["s_out", "row"], &["s_scan"], vec![])
+        .output("s_out", DType::F32, &[3])
+        .output("s_scan", DType::F32, &[3]);
+    let yes = Tensor::from_bools(Vec::<usize>::new(), &[true]).expect("one bool");
+    OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .initializer("w", &f32s(&[2, 3], rng))
+        .initializer("s0", &f32s(&[3], rng))
+        .initializer("trips", &i64s(&[], &[3]))
+        .initializer("yes", &yes)
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Relu")),
+                attr_graph("else_branch", &branch("Neg")),
+            ],
+        )
+        .node(
+            "loop",
+            "Loop",
+            &["trips", "yes", "y"],
+            &["z", "zs"],
+            vec![attr_graph("body", &loop_body)],
+        )
+        .node(
+            "scan",
+            "Scan",
+            &["s0", "z"],
+            &["s_final", "ss"],
+            vec![attr_graph("body", &scan_body), attr_int("num_scan_inputs", 1)],
+        )
+        .output("zs", DType::F32, &[3, 2, 3])
+        .output("s_final", DType::F32, &[3])
+        .output("ss", DType::F32, &[2, 3])
+}
+
 fn models() -> Vec<(&'static str, OnnxModel)> {
     vec![
         ("conv_net", conv_net()),
@@ -554,6 +619,7 @@ fn models() -> Vec<(&'static str, OnnxModel)> {
         ("indexing", indexing()),
         ("norms_and_reductions", norms_and_reductions()),
         ("recurrent_lstm", recurrent_lstm()),
+        ("control_flow", control_flow()),
     ]
 }
 

@@ -45,6 +45,9 @@ pub(super) fn infer_transpose(node: &Node, inputs: &[&TensorDesc]) -> OpResult<V
 
 pub(super) fn lower_concat(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let rank = cx.input(0)?.shape.len();
+    if rank == 0 {
+        return Err(op_err!("Concat needs inputs of rank 1 or more, got a scalar"));
+    }
     let axis = normalize_axis(node.attrs.int("axis")?, rank)?;
     node.attrs.set("axis", AttrValue::Int(axis as i64));
     Ok(())
@@ -52,6 +55,9 @@ pub(super) fn lower_concat(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 
 pub(super) fn infer_concat(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let first = arg(inputs, 0)?;
+    if first.shape.is_empty() {
+        return Err(op_err!("Concat needs inputs of rank 1 or more, got a scalar"));
+    }
     let axis = axis_attr(node, first.shape.len())?;
     let mut shape = first.shape.clone();
     shape[axis] = 0;
@@ -71,6 +77,9 @@ pub(super) fn infer_concat(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<
 
 pub(super) fn lower_split(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let x = cx.input(0)?;
+    if x.shape.is_empty() {
+        return Err(op_err!("Split needs an input of rank 1 or more, got a scalar"));
+    }
     let axis = normalize_axis(node.attrs.int_or("axis", 0)?, x.shape.len())?;
     let dim = x.shape[axis];
     let n = node.outputs.len();
@@ -109,7 +118,7 @@ pub(super) fn infer_split(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<T
     let x = arg(inputs, 0)?;
     let axis = axis_attr(node, x.shape.len())?;
     let split = usizes(node, "split")?;
-    if checked_sum(&split) != Some(x.shape[axis]) {
+    if checked_sum(&split) != x.shape.get(axis).copied() {
         return Err(op_err!("split {split:?} does not cut {:?}", x.shape));
     }
     Ok(split
