@@ -16,18 +16,20 @@ Cases, each with the capability it covers:
 - silero_vad_half: the same detector exported without the rate input; its `If`s test shapes.
 
 The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
-as in make_references.py. Skips all work when the manifest was written by this same script for
+as in make_references.py, whose helpers this script shares. Skips all work when the manifest was written by this same script for
 the same models.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+# The manifest header, freshness check and reference session of PP-OCR's references.
+from make_references import manifest_header, reference_session, up_to_date
 
 
 def speech_like(rng: np.random.Generator, samples: int, rate: int) -> np.ndarray:
@@ -63,32 +65,21 @@ CASES = {
 }
 
 
-def cache_key(models: Path) -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(ort.__version__.encode() + np.__version__.encode())
-    for name in sorted({model for model, _ in CASES.values()}):
-        h.update((models / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("target/models"))
     ap.add_argument("--out", type=Path, default=Path("target/references/models"))
     args = ap.parse_args()
 
-    key = cache_key(args.models)
     manifest = args.out / "manifest.txt"
-    header = f"# written by tools/make_model_references.py, key {key}"
-    if manifest.exists() and manifest.read_text().startswith(header + "\n"):
+    names = {model for model, _ in CASES.values()}
+    header = manifest_header(Path(__file__), args.models, names)
+    if up_to_date(manifest, header):
         return
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
     lines = [header]
     for name, (model, make) in CASES.items():
-        sess = ort.InferenceSession(str(args.models / model), so, providers=["CPUExecutionProvider"])
+        sess = reference_session(args.models / model)
         inputs, constants = make(sess)
         outputs = sess.run(None, {**inputs, **constants})
         for sub, arrays in [

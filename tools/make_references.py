@@ -75,12 +75,26 @@ def dims(shape) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def cache_key(models: Path) -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
+def manifest_header(script: Path, models: Path, names: set[str]) -> str:
+    """The first line of a manifest `script` writes: a key over the script, the ONNX Runtime
+    and numpy versions and the models, so that a manifest with it is up to date."""
+    h = hashlib.sha256(script.read_bytes())
     h.update(ort.__version__.encode() + np.__version__.encode())
-    for name in sorted({c[0] for c in CASES}):
+    for name in sorted(names):
         h.update((models / name).read_bytes())
-    return h.hexdigest()[:16]
+    return f"# written by tools/{script.name}, key {h.hexdigest()[:16]}"
+
+
+def up_to_date(manifest: Path, header: str) -> bool:
+    return manifest.exists() and manifest.read_text().startswith(header + "\n")
+
+
+def reference_session(model: Path) -> ort.InferenceSession:
+    """ONNX Runtime's CPU provider, unoptimised, one thread: the reference (see above)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
@@ -89,20 +103,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("target/references"))
     args = ap.parse_args()
 
-    key = cache_key(args.models)
     manifest = args.out / "manifest.txt"
-    header = f"# written by tools/make_references.py, key {key}"
-    if manifest.exists() and manifest.read_text().startswith(header + "\n"):
+    header = manifest_header(Path(__file__), args.models, {c[0] for c in CASES})
+    if up_to_date(manifest, header):
         return
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
     lines = [header]
     for model, (h, w), kind, seed in CASES:
-        sess = ort.InferenceSession(
-            str(args.models / model), so, providers=["CPUExecutionProvider"]
-        )
+        sess = reference_session(args.models / model)
         (inp,) = sess.get_inputs()
         x = preprocess(text_image(np.random.default_rng(seed), h, w), kind)
         outputs = sess.run(None, {inp.name: x})

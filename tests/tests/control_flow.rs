@@ -8,7 +8,7 @@
 //!
 //! Expected values are the branches' arithmetic done here on the inputs (exact in f32).
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use ingot_compiler::{CompileOptions, compile_graph};
 use ingot_runtime::{Device, Tensor};
 use ingot_schema::DType;
@@ -183,69 +183,6 @@ fn ifs_nest() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn a_run_time_if_whose_branches_differ_in_shape_names_the_node() -> Result<()> {
-    let shape = Tensor::from_vec(vec![2], &[3i64, 2])?;
-    let reshaped = OnnxModel::new(17)
-        .initializer("new_shape", &shape)
-        .node("reshape", "Reshape", &["r", "new_shape"], &["y_branch"], vec![])
-        .output("y_branch", DType::F32, &[3, 2]);
-    let model = OnnxModel::new(17)
-        .input("x", DType::F32, &[2, 3])
-        .input("cond", DType::Bool, &[])
-        .node("relu", "Relu", &["x"], &["r"], vec![])
-        .node(
-            "if",
-            "If",
-            &["cond"],
-            &["y"],
-            vec![
-                attr_graph("then_branch", &branch("Relu", &["r"])),
-                attr_graph("else_branch", &reshaped),
-            ],
-        )
-        .output("y", DType::F32, &[2, 3]);
-    let err = compile(&write(&model, "shapes_differ")?, &[]).unwrap_err();
-    let message = format!("{err:#}");
-    for part in ["'if' (If)", "run time", "[2, 3]", "[3, 2]", "--constant-input"] {
-        ensure!(message.contains(part), "message lacks {part:?}: {message}");
-    }
-    Ok(())
-}
-
-#[test]
-fn an_unsupported_op_inside_a_branch_is_named_with_its_branch() -> Result<()> {
-    let odd = OnnxModel::new(17).node("odd", "NoSuchOp", &["r"], &["y_branch"], vec![]).output(
-        "y_branch",
-        DType::F32,
-        &[2, 3],
-    );
-    let model = OnnxModel::new(17)
-        .input("x", DType::F32, &[2, 3])
-        .input("cond", DType::Bool, &[])
-        .node("relu", "Relu", &["x"], &["r"], vec![])
-        .node(
-            "if",
-            "If",
-            &["cond"],
-            &["y"],
-            vec![
-                attr_graph("then_branch", &branch("Relu", &["r"])),
-                attr_graph("else_branch", &odd),
-            ],
-        )
-        .output("y", DType::F32, &[2, 3]);
-    let err = compile(&write(&model, "unsupported")?, &[]).unwrap_err();
-    let message = format!("{err:#}");
-    ensure!(
-        message.contains(
-            "node 'odd' (NoSuchOp, domain ai.onnx, opset 17) in else_branch of node 'if'"
-        ),
-        "{message}"
-    );
-    Ok(())
-}
-
 /// acc = x; each iteration i: acc = acc * 2 + i, and -acc is its scan output. The trip count
 /// is `trip_count`; the body's condition is `i < 3` when `stop_early`, else passed through.
 fn loop_model(trip_count: Option<i64>, stop_early: bool) -> OnnxModel {
@@ -305,12 +242,8 @@ fn a_loop_with_a_known_trip_count_or_condition_is_unrolled() -> Result<()> {
 
 #[test]
 fn a_loop_whose_trip_count_is_known_only_at_run_time_names_the_node() -> Result<()> {
-    let err = compile(&write(&loop_model(None, false), "loop_run_time")?, &[]).unwrap_err();
-    let message = format!("{err:#}");
-    for part in ["'loop' (Loop)", "trip count (input 0) is computed at run time"] {
-        ensure!(message.contains(part), "message lacks {part:?}: {message}");
-    }
-    Ok(())
+    let parts = ["'loop' (Loop)", "trip count (input 0) is computed at run time"];
+    compile_fails(&loop_model(None, false), "loop_run_time", &parts)
 }
 
 #[test]
@@ -356,15 +289,10 @@ fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() ->
     runs_give_all(&bundle, &inputs, &[s, ys.to_vec()])
 }
 
-#[test]
-fn an_error_in_a_branch_of_a_run_time_if_says_why_the_branch_was_compiled() -> Result<()> {
-    // The else branch reshapes [2, 3] to [4, 2]: an error whichever branch the data takes.
-    let shape = Tensor::from_vec(vec![2], &[4i64, 2])?;
-    let bad = OnnxModel::new(17)
-        .initializer("bad_shape", &shape)
-        .node("bad_reshape", "Reshape", &["r", "bad_shape"], &["y_branch"], vec![])
-        .output("y_branch", DType::F32, &[4, 2]);
-    let model = OnnxModel::new(17)
+/// x f32 [2, 3], r = Relu(x); if (cond, a run-time input) then Relu(r) else `other`, whose
+/// output `y_branch` reads `r`.
+fn run_time_if(other: OnnxModel) -> OnnxModel {
+    OnnxModel::new(17)
         .input("x", DType::F32, &[2, 3])
         .input("cond", DType::Bool, &[])
         .node("relu", "Relu", &["x"], &["r"], vec![])
@@ -375,14 +303,54 @@ fn an_error_in_a_branch_of_a_run_time_if_says_why_the_branch_was_compiled() -> R
             &["y"],
             vec![
                 attr_graph("then_branch", &branch("Relu", &["r"])),
-                attr_graph("else_branch", &bad),
+                attr_graph("else_branch", &other),
             ],
         )
-        .output("y", DType::F32, &[2, 3]);
-    let err = compile(&write(&model, "bad_branch")?, &[]).unwrap_err();
+        .output("y", DType::F32, &[2, 3])
+}
+
+/// Compiling `model` fails with a message that holds each of `parts`.
+fn compile_fails(model: &OnnxModel, name: &str, parts: &[&str]) -> Result<()> {
+    let Err(err) = compile(&write(model, name)?, &[]) else {
+        bail!("{name}: compiled");
+    };
     let message = format!("{err:#}");
-    for part in ["'bad_reshape' (Reshape)", "in a branch of 'if' (If)", "--constant-input"] {
-        ensure!(message.contains(part), "message lacks {part:?}: {message}");
+    for part in parts {
+        ensure!(message.contains(part), "{name}: message lacks {part:?}: {message}");
     }
     Ok(())
+}
+
+#[test]
+fn a_run_time_if_whose_branches_differ_in_shape_names_the_node() -> Result<()> {
+    let shape = Tensor::from_vec(vec![2], &[3i64, 2])?;
+    let reshaped = OnnxModel::new(17)
+        .initializer("new_shape", &shape)
+        .node("reshape", "Reshape", &["r", "new_shape"], &["y_branch"], vec![])
+        .output("y_branch", DType::F32, &[3, 2]);
+    let parts = ["'if' (If)", "run time", "[2, 3]", "[3, 2]", "--constant-input"];
+    compile_fails(&run_time_if(reshaped), "shapes_differ", &parts)
+}
+
+#[test]
+fn an_error_in_a_branch_of_a_run_time_if_says_why_the_branch_was_compiled() -> Result<()> {
+    // The else branch reshapes [2, 3] to [4, 2]: an error whichever branch the data takes.
+    let shape = Tensor::from_vec(vec![2], &[4i64, 2])?;
+    let bad = OnnxModel::new(17)
+        .initializer("bad_shape", &shape)
+        .node("bad_reshape", "Reshape", &["r", "bad_shape"], &["y_branch"], vec![])
+        .output("y_branch", DType::F32, &[4, 2]);
+    let parts = ["'bad_reshape' (Reshape)", "in a branch of 'if' (If)", "--constant-input"];
+    compile_fails(&run_time_if(bad), "bad_branch", &parts)
+}
+
+#[test]
+fn an_unsupported_op_inside_a_branch_is_named_with_its_branch() -> Result<()> {
+    let odd = OnnxModel::new(17).node("odd", "NoSuchOp", &["r"], &["y_branch"], vec![]).output(
+        "y_branch",
+        DType::F32,
+        &[2, 3],
+    );
+    let part = "node 'odd' (NoSuchOp, domain ai.onnx, opset 17) in else_branch of node 'if'";
+    compile_fails(&run_time_if(odd), "unsupported", &[part])
 }
