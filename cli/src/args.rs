@@ -32,6 +32,19 @@ pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
     Ok((name.to_string(), std::path::PathBuf::from(path)))
 }
 
+/// The values of `--constant-input NAME=FILE.npy` arguments, read.
+pub fn read_constant_inputs(
+    list: &[(String, std::path::PathBuf)],
+) -> Result<Vec<(String, ingot_runtime::Tensor)>> {
+    list.iter()
+        .map(|(name, path)| {
+            let value =
+                crate::npy::read(path).with_context(|| format!("--constant-input {name}"))?;
+            Ok((name.clone(), value))
+        })
+        .collect()
+}
+
 /// Where and how `run` and `bench` run a bundle.
 #[derive(clap::Args)]
 pub struct SessionArgs {

@@ -43,13 +43,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> Result<()> {
     let start = Instant::now();
-    let mut constant_inputs = Vec::new();
-    for (name, path) in &args.constant_inputs {
-        constant_inputs.push((
-            name.clone(),
-            crate::npy::read(path).with_context(|| format!("--constant-input {name}"))?,
-        ));
-    }
+    let constant_inputs = crate::args::read_constant_inputs(&args.constant_inputs)?;
     let sources: Vec<VariantSource> = match &args.model {
         Some(model) => vec![VariantSource {
             name: "main".into(),

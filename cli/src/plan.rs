@@ -1,4 +1,5 @@
-//! `ingot plan MODEL.onnx|BUNDLE.ingot [--variant V] [--format text|json|svg] [-o FILE]`
+//! `ingot plan MODEL.onnx|BUNDLE.ingot [--variant V] [--format text|json|svg] [-o FILE]
+//! [--input-shape NAME=DIMS]... [--constant-input NAME=FILE.npy]...`
 
 use anyhow::{Context, Result, bail};
 use ingot_compiler::plan::render;
@@ -40,6 +41,19 @@ pub struct Args {
     /// As for `ingot compile`, when the input is an ONNX model.
     #[arg(long = "input-shape", value_name = "NAME=DIMS", value_parser = crate::args::parse_input_shape)]
     input_shapes: Vec<(String, Vec<usize>)>,
+    /// As for `ingot compile`, when the input is an ONNX model: the input becomes a constant,
+    /// and what depends on it folds (an `If` on it picks its branch).
+    #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
+    constant_inputs: Vec<(String, PathBuf)>,
+}
+
+/// How an ONNX model given to `plan` is compiled.
+fn compile_options(args: &Args) -> Result<CompileOptions> {
+    Ok(CompileOptions {
+        input_shapes: args.input_shapes.clone(),
+        constant_inputs: crate::args::read_constant_inputs(&args.constant_inputs)?,
+        ..CompileOptions::default()
+    })
 }
 
 fn is_bundle(path: &Path) -> Result<bool> {
@@ -51,9 +65,10 @@ pub fn main(args: Args) -> Result<()> {
         return print_stats(&args);
     }
     let variant = if is_bundle(&args.input)? {
-        if !args.input_shapes.is_empty() {
+        if !args.input_shapes.is_empty() || !args.constant_inputs.is_empty() {
             bail!(
-                "--input-shape applies to ONNX models; {} is a bundle with static shapes",
+                "--input-shape and --constant-input apply to ONNX models; {} is a bundle, \
+                 compiled with its shapes and constants",
                 args.input.display()
             );
         }
@@ -65,9 +80,7 @@ pub fn main(args: Args) -> Result<()> {
         };
         bundle.manifest().variants.get(index).cloned().context("the bundle has no variants")?
     } else {
-        let options =
-            CompileOptions { input_shapes: args.input_shapes, ..CompileOptions::default() };
-        let c = compile_graph(&args.input, &options)
+        let c = compile_graph(&args.input, &compile_options(&args)?)
             .with_context(|| format!("cannot compile {}", args.input.display()))?;
         let name = args.variant.as_deref().unwrap_or("main");
         bundle::variant(&c.variant(name), &[])
@@ -85,9 +98,7 @@ fn print_stats(args: &Args) -> Result<()> {
     if is_bundle(&args.input)? {
         bail!("--stats plans an ONNX model; {} is a bundle", args.input.display());
     }
-    let options =
-        CompileOptions { input_shapes: args.input_shapes.clone(), ..CompileOptions::default() };
-    let c = compile_graph(&args.input, &options)
+    let c = compile_graph(&args.input, &compile_options(args)?)
         .with_context(|| format!("cannot compile {}", args.input.display()))?;
     let s = ingot_compiler::plan::stats(&c.graph, ingot_compiler::plan::Target::cpu());
     let text = format!(

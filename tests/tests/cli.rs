@@ -329,3 +329,48 @@ fn a_reader_that_closes_the_pipe_ends_the_command_quietly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success() && stderr.is_empty(), "{}: {stderr}", output.status);
 }
+
+/// `plan` binds `--constant-input` as `compile` does: an `If` on the bound input keeps only
+/// its branch; without the binding both branches are planned, joined by a `Where`.
+#[test]
+fn plan_binds_constant_inputs_so_an_if_folds() {
+    use ingot_tests::model::attr_graph;
+    let dir = scratch_dir("cli/plan_constant_input");
+    let branch = |op: &str| {
+        OnnxModel::new(17).node(&format!("{op}_b"), op, &["x"], &["t"], vec![]).output(
+            "t",
+            DType::F32,
+            &[2],
+        )
+    };
+    let model = dir.join("if.onnx");
+    OnnxModel::new(17)
+        .input("x", DType::F32, &[2])
+        .input("flag", DType::Bool, &[])
+        .node(
+            "if",
+            "If",
+            &["flag"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &branch("Relu")),
+                attr_graph("else_branch", &branch("Neg")),
+            ],
+        )
+        .output("y", DType::F32, &[2])
+        .write(&model)
+        .unwrap();
+    let flag = dir.join("flag.npy");
+    write_npy(&flag, &Tensor::from_bools(Vec::<usize>::new(), &[true]).unwrap()).unwrap();
+    let bound = format!("flag={}", flag.display());
+
+    let folded = succeeds(&[&"plan", &model, &"--constant-input", &bound]);
+    assert!(
+        folded.contains("Relu") && !folded.contains("Neg") && !folded.contains("Where"),
+        "{folded}"
+    );
+    let both = succeeds(&[&"plan", &model]);
+    assert!(both.contains("Relu") && both.contains("Neg") && both.contains("Where"), "{both}");
+    let bundle = write_bundle(&dir);
+    fails(&[&"plan", &bundle, &"--constant-input", &bound], &["apply to ONNX models"]);
+}
