@@ -164,6 +164,9 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
                 first_allocation: allocations.start as u32,
                 allocation_count: allocations.len() as u32,
                 strategy: sub.strategy.to_string(),
+                guard: (sub.guard.iter())
+                    .map(|c| proto::Condition { tensor: index[c.value], holds: c.holds })
+                    .collect(),
             }
         })
         .collect();

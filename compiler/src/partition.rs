@@ -10,8 +10,12 @@
 //! ready nodes of the current kind before it switches, so a CPU-only op on a side branch
 //! does not split the Vulkan run around it. Views (the Reshape family) run no kernel and join
 //! whichever run is current.
+//!
+//! Nodes in a branch of a run-time `If` carry a guard ([`Graph::guards`]): a run holds nodes
+//! of one guard only, so that the runtime can skip it whole, and comes after the node that
+//! computes each condition it tests.
 
-use crate::ir::Graph;
+use crate::ir::{Condition, Graph, Guard};
 use std::collections::BTreeSet;
 
 /// The kind of device a submodel needs.
@@ -42,15 +46,19 @@ pub struct Partition {
     pub kinds: Vec<Kind>,
     /// Per node: why it has no Vulkan kernel (`None`: it has one).
     pub no_vulkan: Vec<Option<String>>,
+    /// Per submodel: the conditions it runs under (none: always).
+    pub guards: Vec<Guard>,
 }
 
 impl Partition {
-    /// Everything in one submodel that Vulkan can run.
+    /// Everything in one submodel that Vulkan can run, unguarded (a guarded node then runs
+    /// whether or not its branch is taken).
     pub fn single(g: &Graph) -> Partition {
         Partition {
             part: vec![0; g.nodes.len()],
             kinds: vec![Kind::Vulkan],
             no_vulkan: vec![None; g.nodes.len()],
+            guards: vec![Guard::new()],
         }
     }
 
@@ -65,8 +73,10 @@ impl Partition {
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
         let mut waiting = vec![0usize; g.nodes.len()];
         for (n, node) in g.nodes.iter().enumerate() {
+            // A guarded node waits for its conditions too: the runtime reads them first.
+            let conditions = g.guard(node).iter().map(|c| c.value);
             let deps: BTreeSet<usize> =
-                node.present_inputs().filter_map(|v| producers[v]).collect();
+                node.present_inputs().chain(conditions).filter_map(|v| producers[v]).collect();
             waiting[n] = deps.len();
             for d in deps {
                 consumers[d].push(n);
@@ -77,25 +87,36 @@ impl Partition {
             part: vec![0; g.nodes.len()],
             kinds: Vec::new(),
             no_vulkan: no_vulkan.to_vec(),
+            guards: Vec::new(),
         };
-        // The current run: its class (`Either` until a node decides it), why it needs the
-        // CPU (its first CPU-only node), and how many nodes it has.
+        // The current run: its class (`Either` until a node decides it), its guard, why it
+        // needs the CPU (its first CPU-only node), and how many nodes it has.
         let mut current = Class::Either;
+        let mut guard: &[Condition] = &[];
         let mut why = None;
         let mut len = 0;
         while let Some(&first_ready) = ready.first() {
-            let fits = |c: Class| current == Class::Either || c == Class::Either || c == current;
-            let n = match ready.iter().copied().find(|&n| fits(class(n))) {
+            let fits = |n: usize| {
+                let c = class(n);
+                let kind = current == Class::Either || c == Class::Either || c == current;
+                kind && g.guard(&g.nodes[n]) == guard
+            };
+            let n = match ready.iter().copied().find(|&n| fits(n)) {
                 Some(n) => n,
                 None => {
                     // Nothing more of this kind is ready: the run ends here.
-                    p.close(current, why.take());
+                    if len > 0 {
+                        p.close(current, why.take(), guard);
+                    }
                     current = Class::Either;
                     len = 0;
                     first_ready
                 }
             };
             ready.remove(&n);
+            if len == 0 {
+                guard = g.guard(&g.nodes[n]);
+            }
             if current == Class::Either {
                 current = class(n);
             }
@@ -112,16 +133,17 @@ impl Partition {
             }
         }
         if len > 0 {
-            p.close(current, why);
+            p.close(current, why, guard);
         }
         p
     }
 
-    fn close(&mut self, class: Class, why: Option<String>) {
+    fn close(&mut self, class: Class, why: Option<String>, guard: &[Condition]) {
         self.kinds.push(match (class, why) {
             (Class::Cpu, why) => Kind::Cpu { why: why.unwrap_or_default() },
             _ => Kind::Vulkan,
         });
+        self.guards.push(guard.to_vec());
     }
 }
 
@@ -194,6 +216,18 @@ mod tests {
         // A graph of views alone is one submodel.
         let g = graph(&[("Reshape", 0), ("Flatten", 1)]);
         assert_eq!(Partition::new(&g, &cpu_at(2, &[])).kinds, [Kind::Vulkan]);
+    }
+
+    #[test]
+    fn each_guard_is_a_run_of_its_own_after_its_condition() {
+        // v2 (n1) is the condition; n0 runs when it holds, n2 when not, n3 always (reads v1).
+        let mut g = graph(&[("Relu", 0), ("Relu", 0), ("Relu", 0), ("Relu", 1)]);
+        let when = |holds| vec![Condition { value: 2, holds }];
+        g.guards = [(1, when(true)), (3, when(false))].into();
+        let p = Partition::new(&g, &cpu_at(4, &[]));
+        // n0 comes first in the model, but waits for its condition.
+        assert_eq!(p.part, [1, 0, 2, 3]);
+        assert_eq!(p.guards, [vec![], when(true), when(false), vec![]]);
     }
 
     #[test]

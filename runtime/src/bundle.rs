@@ -551,13 +551,15 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
 }
 
 /// The submodels tile the steps in order; each lists, as inputs or outputs, every root of
-/// the caller's or the boundary buffer that its steps touch, and its allocations lie in the
-/// plan's list.
+/// the caller's or the boundary buffer that its steps touch, its allocations lie in the
+/// plan's list, and each condition it runs under is one bool the host holds when it starts.
 fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), String> {
     let kind = |t: u32| {
         v.tensors.get(t as usize).and_then(|t| t.storage.as_ref()).and_then(|s| s.kind.as_ref())
     };
     let mut next = 0u64;
+    // The roots earlier submodels wrote.
+    let mut written: Vec<u32> = Vec::new();
     for (k, sub) in v.submodels.iter().enumerate() {
         let at = |msg: String| format!("submodel {k}: {msg}");
         if u64::from(sub.first_step) != next || sub.step_count == 0 {
@@ -585,6 +587,32 @@ fn validate_submodels(v: &proto::Variant, plan: &proto::Plan) -> Result<(), Stri
                 }
             }
         }
+        for c in &sub.guard {
+            let Some(tensor) = v.tensors.get(c.tensor as usize) else {
+                return Err(at(format!(
+                    "its guard tests tensor {}, which does not exist",
+                    c.tensor
+                )));
+            };
+            let desc = tensor_desc(tensor);
+            let root = match kind(c.tensor) {
+                Some(Kind::View(view)) => view.of,
+                _ => c.tensor,
+            };
+            let readable = match kind(root) {
+                Some(Kind::Input(_)) => true,
+                Some(Kind::Output(_) | Kind::Boundary(_)) => written.contains(&root),
+                _ => false,
+            };
+            if desc.dtype != DType::Bool || desc.elements() != 1 || !readable {
+                return Err(at(format!(
+                    "its guard tests tensor {}, which is not one bool in a graph input or in a \
+                     graph output or boundary tensor an earlier submodel wrote",
+                    c.tensor
+                )));
+            }
+        }
+        written.extend(&sub.outputs);
         let steps = v
             .steps
             .get(sub.first_step as usize..next as usize)
@@ -834,6 +862,15 @@ mod tests {
             m.variants[0].tensors.push(t)
         });
         refused("submodels' 0", |m, _| m.variants[0].plan.as_mut().unwrap().arena_bytes = 16);
+        let guard = |tensor| vec![proto::Condition { tensor, holds: true }];
+        refused("tensor 7, which does not exist", |m, _| sub(m).guard = guard(7));
+        refused("tensor 0, which is not one bool", |m, _| sub(m).guard = guard(0));
+        // One bool, but the submodel's own output: nothing has written it when it starts.
+        refused("tensor 1, which is not one bool", |m, _| {
+            let y = &mut m.variants[0].tensors[1];
+            (y.dtype, y.shape) = (proto::DataType::Bool as i32, vec![1]);
+            sub(m).guard = guard(1);
+        });
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::failsafe::{Devices, Fallback, Placement};
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
 use ingot_schema::DType;
-use ingot_schema::proto::storage::Kind;
+use ingot_schema::proto::{self, Storage, storage::Kind};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -145,7 +145,29 @@ pub struct StepProfile {
     pub nanos: Option<u64>,
 }
 
+/// A condition a submodel runs under: byte `at` of a root the host holds is `holds`.
+#[derive(Clone, Debug)]
+struct Condition {
+    home: Home,
+    at: usize,
+    holds: bool,
+}
+
+impl Condition {
+    /// Whether it holds now. Validation made every byte a condition reads exist.
+    fn holds(&self, inputs: &[TensorRef], outputs: &[TensorMut], boundary: &[u8]) -> bool {
+        let byte = match &self.home {
+            Home::Input(i) => inputs.get(*i).and_then(|t| t.bytes.get(self.at)),
+            Home::Output(j) => outputs.get(*j).and_then(|t| t.bytes.get(self.at)),
+            Home::Boundary(r) => boundary.get(r.start + self.at),
+        };
+        byte.is_some_and(|&b| (b != 0) == self.holds)
+    }
+}
+
 struct Part {
+    /// The conditions it runs under (a branch of a run-time `If`); none: always.
+    guard: Vec<Condition>,
     executable: Fallback,
     inputs: Vec<(Home, TensorDesc)>,
     outputs: Vec<(Home, TensorDesc)>,
@@ -244,9 +266,18 @@ impl Session {
             };
             (home, desc)
         };
+        // A condition reads a root, or a view's bytes of one.
+        let condition = |c: &proto::Condition| {
+            let (root, at) = match variant.tensors[c.tensor as usize].storage.as_ref() {
+                Some(Storage { kind: Some(Kind::View(view)) }) => (view.of, view.byte_offset),
+                _ => (c.tensor, 0),
+            };
+            Condition { home: home(root).0, at: at as usize, holds: c.holds }
+        };
         let mut parts = Vec::with_capacity(variant.submodels.len());
         for (k, sub) in variant.submodels.iter().enumerate() {
             parts.push(Part {
+                guard: sub.guard.iter().map(condition).collect(),
                 inputs: sub.inputs.iter().map(|&t| home(t)).collect(),
                 outputs: sub.outputs.iter().map(|&t| home(t)).collect(),
                 executable: Fallback::new(Arc::clone(&bundle), index, k, Arc::clone(&devices))?,
@@ -356,7 +387,7 @@ impl Session {
     /// Runs as [`Session::run`] does and also returns how long each step took, in the
     /// variant's order. A Vulkan device times its steps with timestamps and runs them one
     /// after another (so the run may be a little slower than an unprofiled one); the CPU
-    /// times each step's wall time.
+    /// times each step's wall time. Steps of a branch not taken (a run-time `If`) are absent.
     pub fn profile(
         &mut self,
         inputs: &[Tensor],
@@ -436,7 +467,11 @@ impl Session {
         let boundary =
             &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
         for (k, part) in self.parts.iter_mut().enumerate() {
-            run_part(k, part, inputs, outputs, boundary, times.as_deref_mut())?;
+            // A branch not taken is skipped: the `Where` after it keeps nothing it would
+            // have written.
+            if part.guard.iter().all(|c| c.holds(inputs, outputs, boundary)) {
+                run_part(k, part, inputs, outputs, boundary, times.as_deref_mut())?;
+            }
         }
         Ok(())
     }

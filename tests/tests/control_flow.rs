@@ -2,8 +2,9 @@
 //!
 //! - A condition that folds at compile time (a test on an input's shape) inlines the branch
 //!   it picks: the bundle holds no trace of the other.
-//! - A condition known only at run time computes both branches and picks each output; both
-//!   backends give the taken branch's values for either condition.
+//! - A condition known only at run time compiles both branches into submodels of their own
+//!   that run only when taken, and picks each output; both backends give the taken branch's
+//!   values for either condition, and never run the other (one that would fail does not).
 //! - Branches read values of the graph around them, nest, and are checked like any graph.
 //!
 //! Expected values are the branches' arithmetic done here on the inputs (exact in f32).
@@ -135,6 +136,62 @@ fn an_if_decided_at_run_time_gives_the_taken_branch() -> Result<()> {
     for (cond, expected) in [(true, then_values()), (false, else_values())] {
         let cond = Tensor::from_bools(Vec::<usize>::new(), &[cond])?;
         runs_give(&bundle, &[x(), cond], &expected)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_time_if_runs_only_the_branch_taken() -> Result<()> {
+    // then: rows of x picked by `idx` (an index out of range fails a CPU run); else: Relu(x).
+    let gather = OnnxModel::new(17)
+        .node("pick_rows", "Gather", &["x", "idx"], &["y_branch"], vec![attr_int("axis", 0)])
+        .output("y_branch", DType::F32, &[2, 3]);
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("cond", DType::Bool, &[])
+        .input("idx", DType::I64, &[2])
+        .node(
+            "if",
+            "If",
+            &["cond"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &gather),
+                attr_graph("else_branch", &branch("Relu", &["x"])),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let path = write(&model, "taken_only")?;
+    let plan = ingot_compiler::plan_text(&path, &CompileOptions::default())?;
+    for line in ["runs when 'cond' is true", "runs when 'cond' is false"] {
+        ensure!(plan.matches(line).count() == 1, "the plan should hold {line:?} once:\n{plan}");
+    }
+    let bundle = compile(&path, &[])?;
+    let rows_swapped: Vec<f32> = [&X[3..], &X[..3]].concat();
+    let relu: Vec<f32> = X.iter().map(|v| v.max(0.0)).collect();
+    for (cond, idx, expected, ran, skipped) in [
+        (true, [1i64, 0], rows_swapped, "pick_rows", "Relu_in_branch"),
+        (false, [5, 7], relu, "Relu_in_branch", "pick_rows"),
+    ] {
+        let inputs = [
+            x(),
+            Tensor::from_bools(Vec::<usize>::new(), &[cond])?,
+            Tensor::from_vec(vec![2], &idx)?,
+        ];
+        for device in [Device::Cpu, vulkan()] {
+            let name = format!("{device:?}, cond {cond}");
+            let seen = validation_seen();
+            let mut session = session_on(&bundle, device)?;
+            let (outputs, profile) = session.profile(&inputs).with_context(|| name.clone())?;
+            check_validation(seen)?;
+            let got = outputs[0].to_vec::<f32>()?;
+            ensure!(got == expected, "{name}: got {got:?}, expected {expected:?}");
+            let steps: Vec<&str> = profile.iter().map(|s| s.name.as_str()).collect();
+            ensure!(
+                steps.contains(&ran) && !steps.contains(&skipped),
+                "{name}: the steps run {steps:?} should hold {ran} and not {skipped}"
+            );
+        }
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! that need graph structure (topological order, cycle detection) build a petgraph view.
 
 use ingot_ops::{Tensor, TensorDesc};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -34,6 +35,21 @@ pub struct Graph {
     /// `then_branch`) holds its body's index here. The passes inline them, so none is left
     /// once `passes::run_all` returns.
     pub bodies: Vec<Body>,
+    /// What a node in a branch of a run-time `If` runs under, by the node's outputs: every
+    /// condition must hold (outermost first). A node whose outputs are not here always runs.
+    /// Keyed by value, not node, so that it survives passes that move and merge nodes: a
+    /// node that absorbs a consumer takes over its outputs, and with them its guard.
+    pub guards: BTreeMap<ValueId, Guard>,
+}
+
+/// The conditions a guarded node runs under, outermost first; empty: always.
+pub type Guard = Vec<Condition>;
+
+/// A one-element bool `value` that must equal `holds` for a node to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Condition {
+    pub value: ValueId,
+    pub holds: bool,
 }
 
 /// A subgraph of a control-flow node. Its nodes read values of the enclosing graphs
@@ -78,6 +94,11 @@ impl Graph {
             }
         }
         p
+    }
+
+    /// The conditions `node` runs under (none: always).
+    pub fn guard(&self, node: &Node) -> &[Condition] {
+        node.outputs.first().and_then(|o| self.guards.get(o)).map_or(&[], Vec::as_slice)
     }
 
     /// For each value, how many node inputs and graph outputs read it.

@@ -4,10 +4,12 @@
 //!
 //! - `If` with a condition known at compile time (a flag, a test on shapes: what PyTorch's
 //!   exports branch on) inlines the branch it picks; the other is dropped. A condition known
-//!   only at run time computes both branches and picks each output with
-//!   `Where(cond, then, else)`, which needs the branches to give each output the same type
-//!   ([`Selects`] checks it once they are inferred). Both branches run, so one that would
-//!   fail when not taken (an index out of range) fails the run.
+//!   only at run time compiles both branches, their nodes guarded by it ([`Graph::guards`]):
+//!   the partition cuts each branch into submodels of their own, and the runtime runs only
+//!   those of the branch taken. Each output is then picked with `Where(cond, then, else)`,
+//!   which reads the untaken branch's stale bytes but keeps none of them; it needs the
+//!   branches to give each output the same type ([`Selects`] checks it once they are
+//!   inferred).
 //! - `Scan` (opset 9 on) is unrolled: one copy of the body per step, fed `Gather`ed slices,
 //!   its per-step outputs stacked with `Unsqueeze` + `Concat`.
 //! - `Loop` is unrolled one iteration at a time: the walk expands an iteration and puts a
@@ -17,7 +19,7 @@
 //!   yet run a body as a repeated submodel.
 
 use super::PassError;
-use crate::ir::{Body, Const, Graph, Node, ValueId};
+use crate::ir::{Body, Condition, Const, Graph, Node, ValueId};
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::collections::BTreeMap;
@@ -55,7 +57,7 @@ impl Selects {
         let (cond, then, other) = (inputs[0], inputs[1], inputs[2]);
         let message = if then != other {
             format!(
-                "its condition is known only at run time, so both branches are computed and \
+                "its condition is known only at run time, so both branches are compiled and \
                  each output picked from them, which needs both to give it one type; output \
                  {k} is {} {:?} in then_branch and {} {:?} in else_branch",
                 then.dtype, then.shape, other.dtype, other.shape
@@ -90,8 +92,9 @@ pub fn is_control_flow(node: &Node) -> bool {
 /// Replaces the control-flow node at `g.nodes[at]` by the nodes that compute its outputs.
 pub fn expand(g: &mut Graph, at: usize, selects: &mut Selects) -> Result<(), PassError> {
     let node = g.nodes[at].clone();
+    let outer = g.guard(&node).to_vec();
     let expanded = match node.op.as_str() {
-        "If" => expand_if(g, &node, selects),
+        "If" => expand_if(g, &node, &outer, selects),
         "Scan" => expand_scan(g, &node),
         _ => expand_loop(g, &node),
     }
@@ -99,7 +102,13 @@ pub fn expand(g: &mut Graph, at: usize, selects: &mut Selects) -> Result<(), Pas
         node: node.label(),
         message: selects.explain(&node, message),
     })?;
-    // What replaces a node in a run-time branch is in that branch too.
+    // What replaces a node in a run-time branch is in that branch too (a run-time `If`'s
+    // own branches have already been given a guard one condition deeper).
+    if !outer.is_empty() {
+        for o in expanded.iter().flat_map(|n| &n.outputs) {
+            g.guards.entry(*o).or_insert_with(|| outer.clone());
+        }
+    }
     if let Some(owner) = node.outputs.first().and_then(|o| selects.in_branch.get(o)).cloned() {
         for n in &expanded {
             selects.in_branch.extend(n.outputs.iter().map(|&o| (o, owner.clone())));
@@ -109,8 +118,13 @@ pub fn expand(g: &mut Graph, at: usize, selects: &mut Selects) -> Result<(), Pas
     Ok(())
 }
 
-/// The nodes that compute an `If`'s outputs.
-fn expand_if(g: &mut Graph, node: &Node, selects: &mut Selects) -> Result<Vec<Node>, String> {
+/// The nodes that compute an `If`'s outputs; `outer` is the guard the `If` runs under.
+fn expand_if(
+    g: &mut Graph,
+    node: &Node,
+    outer: &[Condition],
+    selects: &mut Selects,
+) -> Result<Vec<Node>, String> {
     let then = body_of(g, node, "then_branch")?;
     let other = body_of(g, node, "else_branch")?;
     let cond = own_input(node, 0).ok_or("has no condition (input 0)")?;
@@ -147,6 +161,13 @@ fn expand_if(g: &mut Graph, node: &Node, selects: &mut Selects) -> Result<Vec<No
             let b = std::mem::take(&mut g.bodies[other]);
             for n in a.nodes.iter().chain(&b.nodes) {
                 selects.in_branch.extend(n.outputs.iter().map(|&o| (o, node.label())));
+            }
+            for (nodes, holds) in [(&a.nodes, true), (&b.nodes, false)] {
+                let mut guard = outer.to_vec();
+                guard.push(Condition { value: cond, holds });
+                for o in nodes.iter().flat_map(|n| &n.outputs) {
+                    g.guards.insert(*o, guard.clone());
+                }
             }
             expanded.extend(a.nodes);
             expanded.extend(b.nodes);

@@ -14,7 +14,7 @@
 //! one reads lives in the variant's boundary buffer, planned like an arena over submodel
 //! indices. A submodel's inputs stay intact while it runs, so it can be run again elsewhere.
 
-use crate::ir::{Graph, ValueId};
+use crate::ir::{Graph, Guard, ValueId};
 use crate::partition::{Kind, Partition};
 use ingot_schema::Attrs;
 use std::ops::Range;
@@ -107,6 +107,9 @@ pub struct Plan {
 #[derive(Clone, Debug)]
 pub struct Submodel {
     pub kind: Kind,
+    /// The conditions it runs under (none: always), each a root the host can read before it
+    /// runs: a graph input, or a graph output or boundary tensor of an earlier submodel.
+    pub guard: Guard,
     /// Its nodes: positions in [`Plan::order`].
     pub positions: Range<usize>,
     /// The roots it reads but does not write (graph inputs, boundary tensors, graph outputs
@@ -252,6 +255,7 @@ fn plan_in(
         local.extend(own.into_iter().cloned());
         submodels.push(Submodel {
             kind: kind.clone(),
+            guard: parts.guards.get(s).cloned().unwrap_or_default(),
             positions: at..end,
             inputs: Vec::new(),
             outputs: Vec::new(),

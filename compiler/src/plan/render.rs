@@ -139,9 +139,18 @@ pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
                 v.steps.iter().find(|s| s.no_vulkan_kernel == why).map_or("?", |s| s.name.as_str());
             let _ = writeln!(out, "      no Vulkan kernel for '{step}': {why}");
         }
+        if !sub.guard.is_empty() {
+            let _ = writeln!(out, "      runs when {}", conditions(v, &sub.guard).join(" and "));
+        }
         let _ = writeln!(out, "      in:  {}", names(v, &sub.inputs).join(", "));
         let _ = writeln!(out, "      out: {}", names(v, &sub.outputs).join(", "));
     }
+}
+
+/// A submodel's guard as people read it: `'cond' is true`, one per condition.
+fn conditions(v: &proto::Variant, guard: &[proto::Condition]) -> Vec<String> {
+    let name = |t: u32| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
+    guard.iter().map(|c| format!("'{}' is {}", name(c.tensor), c.holds)).collect()
 }
 
 /// The plan as text: a summary, the steps, one line per tensor, the allocation schedule.
@@ -308,6 +317,7 @@ pub fn submodels_json(v: &proto::Variant) -> Vec<serde_json::Value> {
                 "strategy": sub.strategy,
                 "inputs": names(v, &sub.inputs),
                 "outputs": names(v, &sub.outputs),
+                "runs_when": conditions(v, &sub.guard),
                 "first_allocation": sub.first_allocation,
                 "allocation_count": sub.allocation_count,
             })

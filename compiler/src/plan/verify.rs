@@ -6,10 +6,13 @@
 //!   since. This is what makes in-place writes, shared views and in-place concats safe;
 //! - submodels cover the order in runs; an arena root is touched by one submodel only and fits
 //!   its arena; a boundary root is written by one submodel, and no two boundary roots whose
-//!   submodel spans meet share bytes.
+//!   submodel spans meet share bytes;
+//! - a guarded submodel holds the nodes of its guard only, and the host can read each of its
+//!   conditions when it starts: a graph input, or a graph output or boundary tensor written
+//!   before.
 
 use super::{Plan, Storage};
-use crate::ir::{Graph, ValueId};
+use crate::ir::{Condition, Graph, ValueId};
 
 /// Byte ranges of a root and which value's write each must hold.
 type Pieces = Vec<(u64, u64, ValueId)>;
@@ -77,6 +80,36 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
             _ => return Err(format!("submodel {k} overlaps another or leaves the order")),
         }
     }
+    for (k, sub) in plan.submodels.iter().enumerate() {
+        for &ni in &plan.order[sub.positions.clone()] {
+            if !plan.elided[ni] && g.guard(&g.nodes[ni]) != sub.guard.as_slice() {
+                return Err(format!(
+                    "submodel {k} holds {}, whose guard is not the submodel's",
+                    g.nodes[ni].label()
+                ));
+            }
+        }
+        for c in &sub.guard {
+            let (root, _, _) = place(c.value)?;
+            let host = matches!(
+                plan.storage[root],
+                Some(Storage::Input(_) | Storage::Output(_) | Storage::Boundary { .. })
+            );
+            if !host {
+                return Err(format!(
+                    "submodel {k} tests '{}', which the host cannot read",
+                    name(c.value)
+                ));
+            }
+        }
+    }
+    // Per position: the conditions read there, those of the submodel whose first step it is.
+    let mut tested: Vec<&[Condition]> = vec![&[]; plan.order.len()];
+    for sub in &plan.submodels {
+        if let Some(pos) = sub.positions.clone().find(|&p| !plan.elided[plan.order[p]]) {
+            tested[pos] = &sub.guard;
+        }
+    }
     let mut writers: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
     for (pos, &ni) in plan.order.iter().enumerate() {
         let node = &g.nodes[ni];
@@ -84,7 +117,7 @@ pub fn verify(g: &Graph, plan: &Plan) -> Result<(), String> {
             elided_expectations(g, ni, &place, &mut expect)?;
             continue;
         }
-        for v in node.present_inputs() {
+        for v in tested[pos].iter().map(|c| c.value).chain(node.present_inputs()) {
             let (root, start, end) = place(v)?;
             let expected: u64 = expect[v].iter().map(|&(s, e, _)| e - s).sum();
             if expected != end - start {
