@@ -122,8 +122,8 @@ fn an_elementwise_chain_runs_in_place() {
         .input("x", F32, &[1, 16, 8, 8])
         .initializer("w", &weight(&[16, 16, 3, 3], 5));
     let m = conv(m, "conv", "x", "w", "a")
-        .node("sigmoid", "Sigmoid", &["a"], &["s"], vec![])
-        .node("swish", "Mul", &["a", "s"], &["m"], vec![])
+        .node("tanh", "Tanh", &["a"], &["s"], vec![])
+        .node("gate", "Mul", &["a", "s"], &["m"], vec![])
         .node("neg", "Neg", &["m"], &["n"], vec![])
         .node("abs", "Abs", &["n"], &["b"], vec![])
         .node("sqrt", "Sqrt", &["b"], &["q"], vec![]);

@@ -875,6 +875,51 @@ fn einsum_equals_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// SiLU written as exporters write it, `x * Sigmoid(x)`: after a Conv and a MatMul it becomes
+/// their `Swish` post-op, alone one `Swish` step; every step runs on Vulkan and equals the
+/// CPU, which equals x · sigmoid(x) computed here.
+#[test]
+fn silu_fused_or_alone_equals_the_cpu() -> Result<()> {
+    let silu = |m: OnnxModel, x: &str, y: &str| {
+        let s = format!("{y}_sigmoid");
+        m.node(&s, "Sigmoid", &[x], &[&s], vec![]).node(y, "Mul", &[x, &s], &[y], vec![])
+    };
+    let mut model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[1, 3, 8, 8])
+        .input("a", DType::F32, &[6, 16])
+        .input("z", DType::F32, &[40])
+        .initializer("w", &tensor(&[4, 3, 3, 3], 40))
+        .initializer("b", &tensor(&[4], 41))
+        .initializer("w2", &tensor(&[16, 5], 42))
+        .node("conv", "Conv", &["x", "w", "b"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])])
+        .node("matmul", "MatMul", &["a", "w2"], &["m"], vec![]);
+    model = silu(silu(silu(model, "c", "y1"), "m", "y2"), "z", "y3");
+    let model = model
+        .output("y1", DType::F32, &[1, 4, 8, 8])
+        .output("y2", DType::F32, &[6, 5])
+        .output("y3", DType::F32, &[40]);
+    let bundle = bundle("silu", &model)?;
+    let steps = &bundle.manifest().variants[0].steps;
+    let ops: Vec<String> = steps.iter().map(|s| s.op_label()).collect();
+    assert_eq!(ops, ["Conv+Swish", "MatMul+Swish", "Swish"]);
+    assert!(steps.iter().all(|s| !s.vulkan.is_empty()), "every step has a Vulkan kernel");
+    // Where exp overflows: x / inf is -0, and x itself at the other end.
+    let mut zs = values(40, 45);
+    zs[..2].copy_from_slice(&[-200.0, 200.0]);
+    let z = Tensor::from_vec(vec![40], &zs)?;
+    let inputs = [tensor(&[1, 3, 8, 8], 43), tensor(&[6, 16], 44), z];
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
+    let got = run_vulkan(&mut exe, &bundle, &inputs);
+    let want = run_cpu(&bundle, &inputs);
+    let tolerance = Tolerance { rtol: 1e-5, atol: 1e-6 };
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        allclose(g, w, tolerance).map_err(|e| anyhow::anyhow!("output {k}: {e}"))?;
+    }
+    let direct: Vec<f32> = zs.iter().map(|&x| x * (1.0 / (1.0 + (-x).exp()))).collect();
+    let direct = Tensor::from_vec(vec![40], &direct)?;
+    allclose(&want[2], &direct, tolerance).map_err(anyhow::Error::msg)
+}
+
 /// A conv of one channel with long windows (an audio front end's STFT: 258 windows of 256
 /// taps at stride 128, then a Relu), which runs as one matrix product read through strides.
 #[test]

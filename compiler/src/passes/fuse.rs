@@ -1,14 +1,16 @@
 //! Fusion: fewer steps, each doing more of the work while its data is in cache.
 //!
-//! 1. **Decomposed HardSwish**: exporters write `x * Clip(x + 3, 0, 6) / 6` (also with `* 1/6`,
-//!    or as `x * (Clip(x + 3, 0, 6) / 6)`) and `x * HardSigmoid(x)` with alpha 1/6, beta 1/2;
-//!    each becomes one HardSwish node.
+//! 1. **Decomposed activations**: exporters write HardSwish as `x * Clip(x + 3, 0, 6) / 6`
+//!    (also with `* 1/6`, or as `x * (Clip(x + 3, 0, 6) / 6)`) and `x * HardSigmoid(x)` with
+//!    alpha 1/6, beta 1/2, each of which becomes one HardSwish node; and SiLU (YOLOv5/v8,
+//!    EfficientNet, LLaMA's MLP) as `x * Sigmoid(x)`, which becomes one Swish node (alpha 1).
 //! 2. **Affine folding**: a per-channel affine map after a Conv, ConvTranspose or Gemm with
 //!    constant weights (BatchNormalization, or Mul, Add, Sub or Div by a constant holding one
 //!    value per output channel, or one value) is folded into the weights and bias
 //!    ([`folded_weights`]), in f64 and rounded once to f32.
 //! 3. **Post-ops** (canonical form in `ops/conv.rs`): after a Conv, ConvTranspose, Gemm or
-//!    MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh) or
+//!    MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh,
+//!    Swish) or
 //!    an Add, Sub or Mul whose other operand has the output's shape (a residual) or is a
 //!    one-element constant is appended to the op's post-ops, chains included.
 //!
@@ -25,7 +27,7 @@ use ingot_schema::{AttrValue, Attrs, DType};
 use std::sync::Arc;
 
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
-    hard_swish(g);
+    whole_activations(g);
     // The rewritten patterns leave their inner nodes unread: drop them so that use counts
     // are exact for what follows.
     super::dce::run(g)?;
@@ -47,6 +49,7 @@ const ACTIVATION_ATTRS: &[(&str, &[&str])] = &[
     ("HardSigmoid", &["alpha", "beta"]),
     ("HardSwish", &[]),
     ("Tanh", &[]),
+    ("Swish", &["alpha"]),
 ];
 
 fn is_f32(g: &Graph, v: ValueId) -> bool {
@@ -65,7 +68,7 @@ fn near(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 * b.abs()
 }
 
-// ---- 1. HardSwish ----
+// ---- 1. Decomposed activations ----
 
 /// What pattern matching needs: who produces and how many read each value.
 struct Patterns<'g> {
@@ -140,25 +143,49 @@ impl Patterns<'_> {
                 Self::pairs(n)?.into_iter().find(|&(x, h)| self.hard_sigmoid_of(h) == Some(x))
             })?
             .0;
+        self.same_float(x, out)
+    }
+
+    /// The x if node `n` is `x * Sigmoid(x)` (SiLU), the sigmoid read once.
+    fn silu_input(&self, n: &Node) -> Option<ValueId> {
+        let [out] = n.outputs[..] else { return None };
+        (n.op == "Mul").then_some(())?;
+        let is_sigmoid_of = |s: ValueId, x: ValueId| {
+            let sigmoid = self.only_use(s, "Sigmoid")?;
+            (sigmoid.inputs[..] == [Some(x)]).then_some(())
+        };
+        let (x, _) = Self::pairs(n)?.into_iter().find(|&(x, s)| is_sigmoid_of(s, x).is_some())?;
+        self.same_float(x, out)
+    }
+
+    /// `x` if it is a float of `out`'s type.
+    fn same_float(&self, x: ValueId, out: ValueId) -> Option<ValueId> {
         let float = self.g.ty(x).is_some_and(|t| t.dtype.is_float());
         (float && self.g.ty(x) == self.g.ty(out)).then_some(x)
     }
 }
 
-/// Rewrites each decomposed HardSwish into one node, leaving its inner nodes unread.
-fn hard_swish(g: &mut Graph) {
-    let found: Vec<(usize, ValueId)> = {
+/// Rewrites each decomposed HardSwish and SiLU into one node, leaving its inner nodes unread.
+fn whole_activations(g: &mut Graph) {
+    let found: Vec<(usize, &str, Attrs, ValueId)> = {
         let g: &Graph = g;
         let p = Patterns { g, uses: g.use_counts(), producers: g.producers() };
+        let silu = || Attrs::new().with("alpha", AttrValue::Float(1.0));
         (g.nodes.iter().enumerate())
-            .filter_map(|(i, n)| Some((i, p.hard_swish_input(n)?)))
+            .filter_map(|(i, n)| {
+                let (op, attrs, x) = match p.hard_swish_input(n) {
+                    Some(x) => ("HardSwish", Attrs::new(), x),
+                    None => ("Swish", silu(), p.silu_input(n)?),
+                };
+                Some((i, op, attrs, x))
+            })
             .collect()
     };
-    for (i, x) in found {
+    for (i, op, attrs, x) in found {
         let n = &mut g.nodes[i];
-        n.op = "HardSwish".into();
+        n.op = op.into();
         n.inputs = vec![Some(x)];
-        n.attrs = Attrs::new();
+        n.attrs = attrs;
     }
 }
 

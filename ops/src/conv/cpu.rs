@@ -1468,6 +1468,7 @@ pub(crate) mod tests {
         ("HardSigmoid", &[0.2, 0.5]),
         ("HardSwish", &[]),
         ("Tanh", &[]),
+        ("Swish", &[0.75]),
         ("Sub", &[]),
         ("RSub", &[]),
         ("Mul", &[]),
@@ -1475,6 +1476,7 @@ pub(crate) mod tests {
         ("Add,Relu", &[]),
         ("HardSwish,Mul,Add", &[]),
         ("Add,Clip,Sub,Sigmoid", &[0.0, 6.0]),
+        ("Add,Swish", &[1.0]),
     ];
 
     /// Runs `op` with each chain of post-ops fused and compares with the op followed by the

@@ -10,7 +10,7 @@
 //!
 //! **Post-ops** (the `fuse` pass fills them; `lower` writes them empty): `post_ops` (text, op
 //! names separated by commas in the order they apply: the activations `Relu`, `LeakyRelu`,
-//! `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh` and the binary `Add`, `Sub`, `RSub`,
+//! `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh`, `Swish` and the binary `Add`, `Sub`, `RSub`,
 //! `Mul`; empty for none) and `post_params` (floats: the activations' parameters in order,
 //! Clip min and max, LeakyRelu alpha, HardSigmoid alpha and beta). Each binary post-op reads
 //! the next extra input after X, W and B; B is then always present. An extra input is f32 with

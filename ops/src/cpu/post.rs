@@ -4,10 +4,11 @@
 //!
 //! Canonical attributes, present on every node of those ops (empty when nothing is fused):
 //! - `post_ops` (text): op names separated by commas, in the order they apply. Activations:
-//!   `Relu`, `LeakyRelu`, `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh`. Binary ops
+//!   `Relu`, `LeakyRelu`, `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh`, `Swish`
+//!   (SiLU with alpha 1: what the fuse pass makes of `x * Sigmoid(x)`). Binary ops
 //!   with an operand R: `Add` (y + R), `Sub` (y - R), `RSub` (R - y), `Mul` (y · R).
 //! - `post_params` (floats): the activations' parameters, in order: `Clip` min, max;
-//!   `LeakyRelu` alpha; `HardSigmoid` alpha, beta.
+//!   `LeakyRelu` alpha; `HardSigmoid` alpha, beta; `Swish` alpha.
 //! - Each binary op reads the next extra input after the op's own inputs (Conv and
 //!   ConvTranspose: X, W, B; Gemm: A, B, C; MatMul: A, B); with extra inputs the bias (C) is
 //!   always present. R has the output's shape, or holds one element.
@@ -18,6 +19,7 @@
 //! R already in the output.
 
 use super::{KernelError, OpCx};
+use crate::elementwise::cpu::exp_f32;
 use crate::invalid;
 use crate::tensor::{Element, TensorRef};
 use ingot_schema::{Attrs, DType};
@@ -32,6 +34,7 @@ pub const ACTIVATIONS: &[(&str, usize)] = &[
     ("HardSigmoid", 2),
     ("HardSwish", 0),
     ("Tanh", 0),
+    ("Swish", 1),
 ];
 
 /// The binary post-ops; each reads one extra input.
@@ -67,6 +70,7 @@ enum Step {
     HardSigmoid(f32, f32),
     HardSwish,
     Tanh,
+    Swish(f32),
     /// A binary op and the extra input (counted from the first extra one) it reads.
     Binary(Binary, usize),
 }
@@ -111,6 +115,7 @@ impl PostOps {
                 "HardSigmoid" => Step::HardSigmoid(param()?, param()?),
                 "HardSwish" => Step::HardSwish,
                 "Tanh" => Step::Tanh,
+                "Swish" => Step::Swish(param()?),
                 "Add" => operand(Binary::Add),
                 "Sub" => operand(Binary::Sub),
                 "RSub" => operand(Binary::RSub),
@@ -246,13 +251,15 @@ fn apply_steps(
                     let x = if x < lo { lo } else { x };
                     if x > hi { hi } else { x }
                 }),
-                Step::Sigmoid => map(y, |x| one / (one + (-x).exp())),
+                // The elementwise kernels' exp: it vectorises, libm's does not.
+                Step::Sigmoid => map(y, |x| one / (one + exp_f32(-x))),
                 Step::HardSigmoid(alpha, beta) => map(y, |x| min(max(alpha * x + beta, zero), one)),
                 Step::HardSwish => {
                     let sixth = (1.0f64 / 6.0) as f32;
                     map(y, |x| x * min(max(x * sixth + 0.5, zero), one))
                 }
                 Step::Tanh => map(y, f32::tanh),
+                Step::Swish(alpha) => map(y, |x| x / (one + exp_f32(-(alpha * x)))),
                 Step::Binary(op, k) => {
                     let r = extras
                         .get(k)
@@ -341,7 +348,7 @@ pub(crate) mod tests {
             let desc = [y.desc().clone()];
             let none = Attrs::new();
             let out = match op {
-                "LeakyRelu" => eval(op, &param(none, "alpha"), &[&y], &desc),
+                "LeakyRelu" | "Swish" => eval(op, &param(none, "alpha"), &[&y], &desc),
                 "Clip" => {
                     let a = param(none, "min");
                     eval(op, &param(a, "max"), &[&y], &desc)

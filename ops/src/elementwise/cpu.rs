@@ -33,6 +33,8 @@ use std::marker::PhantomData;
 mod broadcast;
 mod scalar;
 
+pub(crate) use scalar::exp_f32;
+
 const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"];
 
 /// Elements a unary map hands to one task: enough to be worth another thread.
@@ -464,6 +466,11 @@ fn float_unary<F: Float>(op: &str, attrs: &Attrs, sink: impl Sink<F>) -> Prepare
         "HardSwish" => {
             let sixth = F::of(1.0 / 6.0);
             sink.build(move |x: F| x * (x * sixth + half).max(zero).min(one))
+        }
+        // x · sigmoid(αx), as one division: no NaN where exp overflows (x / inf is 0).
+        "Swish" => {
+            let alpha = attr("alpha")?;
+            sink.build(move |x: F| x / (one + (-(alpha * x)).exp()))
         }
         "HardSigmoid" => {
             let (alpha, beta) = (attr("alpha")?, attr("beta")?);

@@ -80,6 +80,11 @@ pub fn unary_expr(op: &str, x: &str) -> Option<String> {
     })
 }
 
+/// x · sigmoid(αx) as one division, as on the CPU (x / inf is 0 where exp overflows).
+pub fn swish(x: &str, alpha: &str) -> String {
+    format!("{x} / (1.0 + exp(-({alpha} * {x})))")
+}
+
 /// A polynomial in `z` by Horner's rule, coefficients from the constant term up.
 fn horner(z: &str, coefficients: &[f64]) -> String {
     let Some((&last, rest)) = coefficients.split_last() else {
@@ -623,6 +628,7 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
             let (alpha, beta) = (attr("alpha")?, attr("beta")?);
             format!("min(max({alpha} * {x} + {beta}, 0.0), 1.0)")
         }
+        "Swish" => swish(x, &attr("alpha")?),
         "Gelu" => match cx.attrs.text("approximate") {
             Ok("none") => format!(
                 "0.5 * {x} * (1.0 + {})",
@@ -1107,7 +1113,9 @@ mod tests {
         let f = |v: f64| AttrValue::Float(v);
         let int = |v: i64| AttrValue::Int(v);
         match op {
-            "LeakyRelu" | "Elu" | "Celu" | "ThresholdedRelu" => Attrs::new().with("alpha", f(0.5)),
+            "LeakyRelu" | "Elu" | "Celu" | "ThresholdedRelu" | "Swish" => {
+                Attrs::new().with("alpha", f(0.5))
+            }
             "Selu" => Attrs::new().with("alpha", f(1.6)).with("gamma", f(1.05)),
             "HardSigmoid" => Attrs::new().with("alpha", f(0.2)).with("beta", f(0.5)),
             "Gelu" => Attrs::new().with("approximate", AttrValue::Text("none".into())),

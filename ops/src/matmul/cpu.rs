@@ -544,6 +544,7 @@ mod tests {
         let params: &[f64] = match ops {
             o if o.contains("Clip") => &[-1.0, 40.0],
             o if o.contains("HardSigmoid") => &[0.1, 0.4],
+            o if o.split(',').any(|p| p == "Swish") => &[1.0],
             _ => &[],
         };
         let out = run(op, base, own, extras[0].shape());
@@ -579,7 +580,7 @@ mod tests {
         let g = gemm_attrs(1, 1, 0.5, 2.0);
         let (a, b, c) = (r(&[4, 3], 0.3), r(&[5, 4], 0.7), r(&[5], 0.9));
         let y = r(&[3, 5], 1.7);
-        for ops in ["Add,Relu", "HardSigmoid,Mul", "Add"] {
+        for ops in ["Add,Relu", "HardSigmoid,Mul", "Add", "Add,Swish"] {
             check_post("Gemm", &g, &[&a, &b, &c], &[&y, &one], ops);
         }
     }

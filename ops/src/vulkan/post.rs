@@ -7,7 +7,7 @@
 //! it at the element's index right before that element is stored, which is safe.
 
 use super::{Binding, KernelCx, NoKernel, f32_lit};
-use crate::elementwise::vulkan::unary_expr;
+use crate::elementwise::vulkan::{swish, unary_expr};
 use crate::no_kernel;
 use ingot_schema::DType;
 
@@ -48,6 +48,7 @@ impl PostOps {
                     let (alpha, beta) = (param()?, param()?);
                     Step::Map(format!("clamp({alpha} * pv + {beta}, 0.0, 1.0)"))
                 }
+                "Swish" => Step::Map(swish("pv", &param()?)),
                 "Add" | "Sub" | "RSub" | "Mul" => {
                     let k = post.operands;
                     let r = cx

@@ -306,8 +306,40 @@ fn decomposed_hard_swish_becomes_one_node() {
 }
 
 #[test]
+fn silu_becomes_one_swish_and_then_a_post_op() {
+    // Conv, then y * Sigmoid(y) in either order: one Conv with a Swish post-op.
+    for sigmoid_first in [false, true] {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 2, 4, 4]);
+        let w = b.constant("w", &[3, 2, 3, 3], &[], 1);
+        let y = b.node("Conv", &[x, w], conv_attrs(1, 1));
+        let s = b.op("Sigmoid", &[y]);
+        let z = if sigmoid_first { b.op("Mul", &[s, y]) } else { b.op("Mul", &[y, s]) };
+        let f = fused(&b.finish(&[z]), &["Conv"]);
+        assert_eq!(post_ops(the(&f, "Conv")), ("Swish", &[1.0][..]));
+    }
+    // Without a host it is one Swish node; a sigmoid read twice, or of another value, is not
+    // part of one.
+    let mut b = Builder::new();
+    let x = b.input("x", &[4]);
+    let s = b.op("Sigmoid", &[x]);
+    let y = b.op("Mul", &[x, s]);
+    fused(&b.finish(&[y]), &["Swish"]);
+    let mut b = Builder::new();
+    let x = b.input("x", &[4]);
+    let s = b.op("Sigmoid", &[x]);
+    let y = b.op("Mul", &[x, s]);
+    fused(&b.finish(&[y, s]), &["Sigmoid", "Mul"]);
+    let mut b = Builder::new();
+    let (x, other) = (b.input("x", &[4]), b.input("other", &[4]));
+    let s = b.op("Sigmoid", &[other]);
+    let y = b.op("Mul", &[x, s]);
+    fused(&b.finish(&[y]), &["Sigmoid", "Mul"]);
+}
+
+#[test]
 fn activations_become_post_ops_with_their_parameters() {
-    let cases: [(&str, Attrs, &[f64]); 7] = [
+    let cases: [(&str, Attrs, &[f64]); 8] = [
         ("Relu", Attrs::new(), &[]),
         ("LeakyRelu", Attrs::new().with("alpha", float(0.25)), &[0.25]),
         ("Sigmoid", Attrs::new(), &[]),
@@ -318,6 +350,7 @@ fn activations_become_post_ops_with_their_parameters() {
         ),
         ("HardSwish", Attrs::new(), &[]),
         ("Tanh", Attrs::new(), &[]),
+        ("Swish", Attrs::new().with("alpha", float(0.75)), &[0.75]),
         ("Clip", Attrs::new(), &[-0.5, 0.75]),
     ];
     for (op, attrs, params) in cases {

@@ -280,7 +280,7 @@ float!(f32: exp_f32, f64: f64::exp);
 /// e^x in f32 without a libm call, so that loops over it (Exp, Sigmoid, Elu...) vectorise;
 /// within 2 ulp of the exact value, with ±inf, NaN, overflow and underflow as libm gives them.
 #[inline(always)]
-pub(super) fn exp_f32(x: f32) -> f32 {
+pub(crate) fn exp_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 355.0 / 512.0; // few bits, so `n * LN2_HI` is exact
     const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 - LN2_HI
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding then subtracting it rounds
