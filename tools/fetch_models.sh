@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the real models the tests run from PyPI wheels that ship them, and checks their
-# sha256: PP-OCR (rapidocr-onnxruntime) and silero-vad (its v6 voice activity detector, whose
-# graph branches with `If` on the sample rate and on shapes).
+# sha256: PP-OCR (rapidocr-onnxruntime), silero-vad (its v6 voice activity detector, whose
+# graph branches with `If` on the sample rate and on shapes) and nudenet (a YOLOv8n detector
+# at 320: SiLU after every conv, C2f splits and concats, upsampling, a DFL head).
 # Usage: tools/fetch_models.sh [DIR]   (default target/models)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,3 +77,8 @@ fetch silero-vad==6.2.3 silero_vad-6.2.3-py3-none-any.whl \
     silero_vad/data \
     "silero_vad.onnx 1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3" \
     "silero_vad_half.onnx 1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769"
+
+fetch nudenet==3.4.2 nudenet-3.4.2-py3-none-any.whl \
+    5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331 \
+    nudenet \
+    "320n.onnx c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"

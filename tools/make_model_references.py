@@ -14,6 +14,9 @@ Cases, each with the capability it covers:
   rate input (bound as a constant, so they fold) and on shapes; the state comes from a first
   chunk, as when the model streams.
 - silero_vad_half: the same detector exported without the rate input; its `If`s test shapes.
+- yolov8n_320: nudenet's YOLOv8n detector on a 320x320 image: SiLU (`x * Sigmoid(x)`) after
+  every conv, which Ingot fuses into the conv, C2f splits and concats, nearest upsampling, the
+  DFL head's softmax and box decoding.
 
 The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
 as in make_references.py, whose helpers this script shares. Skips all work when the manifest was written by this same script for
@@ -58,10 +61,29 @@ def silero(model: str, rate: int | None, seed: int):
     return model, case
 
 
+def image(shape: tuple[int, ...], seed: int):
+    """A smooth image-like input in [0, 1]: blobs and gradients, no constant areas."""
+
+    def case(_sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        n, c, h, w = shape
+        y, x = np.mgrid[0:h, 0:w] / max(h, w)
+        planes = []
+        for _ in range(n * c):
+            fx, fy, phase = rng.uniform(2, 9), rng.uniform(2, 9), rng.uniform(0, 6)
+            blob = np.sin(fx * x * np.pi + phase) * np.cos(fy * y * np.pi)
+            planes.append(0.5 + 0.4 * blob + rng.normal(0, 0.03, (h, w)))
+        pixels = np.clip(np.stack(planes).reshape(shape), 0, 1).astype(np.float32)
+        return {"images": pixels}, {}
+
+    return case
+
+
 CASES = {
     "silero_vad_16k": silero("silero_vad.onnx", 16000, 1),
     "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
     "silero_vad_half": silero("silero_vad_half.onnx", None, 3),
+    "yolov8n_320": ("320n.onnx", image((1, 3, 320, 320), 4)),
 }
 
 

