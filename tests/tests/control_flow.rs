@@ -346,6 +346,64 @@ fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() ->
     runs_give_all(&bundle, &inputs, &[s, ys.to_vec()])
 }
 
+/// An opset-8 Scan over a batch of 2: `sequence_lens` (omitted, or the constant `lens`),
+/// s [2, 2] and xs [2, 3, 2] scanned last to first; s = s + row, y = s * row.
+fn batched_scan(lens: Option<&[i32]>) -> OnnxModel {
+    let body = OnnxModel::new(8)
+        .input("s", DType::F32, &[2])
+        .input("row", DType::F32, &[2])
+        .node("sum", "Add", &["s", "row"], &["s_out"], vec![])
+        .node("product", "Mul", &["s_out", "row"], &["y"], vec![])
+        .output("s_out", DType::F32, &[2])
+        .output("y", DType::F32, &[2]);
+    let mut m =
+        OnnxModel::new(8).input("s0", DType::F32, &[2, 2]).input("xs", DType::F32, &[2, 3, 2]);
+    if let Some(lens) = lens {
+        m = m.initializer("lens", &Tensor::from_vec(vec![2], lens).expect("two lengths"));
+    }
+    let lens_name = if lens.is_some() { "lens" } else { "" };
+    m.node(
+        "scan",
+        "Scan",
+        &[lens_name, "s0", "xs"],
+        &["s_final", "ys"],
+        vec![
+            attr_graph("body", &body),
+            attr_int("num_scan_inputs", 1),
+            attr_ints("directions", &[1]),
+        ],
+    )
+    .output("s_final", DType::F32, &[2, 2])
+    .output("ys", DType::F32, &[2, 3, 2])
+}
+
+#[test]
+fn an_opset_8_scan_runs_its_body_per_batch_element() -> Result<()> {
+    let s0 = [1.0f32, -2.0, 0.5, 4.0];
+    let xs = [0.5f32, 1.5, -3.0, 2.0, 4.0, -0.25, 1.0, 1.0, 2.0, -1.0, -0.5, 3.0];
+    let (mut finals, mut ys) = (Vec::new(), vec![0.0f32; 12]);
+    for e in 0..2 {
+        let mut s = s0[e * 2..e * 2 + 2].to_vec();
+        // Iteration i reads row 2 - i; its output is stacked at i (opset 8 reverses inputs).
+        for i in 0..3 {
+            for j in 0..2 {
+                let row = xs[e * 6 + (2 - i) * 2 + j];
+                s[j] += row;
+                ys[e * 6 + i * 2 + j] = s[j] * row;
+            }
+        }
+        finals.extend(s);
+    }
+    let inputs = [Tensor::from_vec(vec![2, 2], &s0)?, Tensor::from_vec(vec![2, 3, 2], &xs)?];
+    for (name, lens) in [("batched_scan", None), ("batched_scan_lens", Some(&[3, 3][..]))] {
+        let bundle = compile(&write(&batched_scan(lens), name)?, &[])?;
+        runs_give_all(&bundle, &inputs, &[finals.clone(), ys.clone()]).context(name)?;
+    }
+    // Sequences shorter than the scanned axis would need a ragged unroll.
+    let parts = ["'scan' (Scan)", "sequence_lens is not the constant 3"];
+    compile_fails(&batched_scan(Some(&[3, 2])), "batched_scan_short", &parts)
+}
+
 /// x f32 [2, 3], r = Relu(x); if (cond, a run-time input) then Relu(r) else `other`, whose
 /// output `y_branch` reads `r`.
 fn run_time_if(other: OnnxModel) -> OnnxModel {

@@ -10,8 +10,10 @@
 //!   which reads the untaken branch's stale bytes but keeps none of them; it needs the
 //!   branches to give each output the same type ([`Selects`] checks it once they are
 //!   inferred).
-//! - `Scan` (opset 9 on) is unrolled: one copy of the body per step, fed `Gather`ed slices,
-//!   its per-step outputs stacked with `Unsqueeze` + `Concat`.
+//! - `Scan` is unrolled: one copy of the body per step, fed `Gather`ed slices, its per-step
+//!   outputs stacked with `Unsqueeze` + `Concat`. An opset-8 `Scan` (a batch axis first, the
+//!   body run per batch element) becomes one `Scan` of the later form per batch element,
+//!   stacked back; its `sequence_lens` must be constant and span the whole scanned axis.
 //! - `Loop` is unrolled one iteration at a time: the walk expands an iteration and puts a
 //!   `Loop` for the rest after it, which it reaches once the iteration's condition has
 //!   folded; the trip count and every condition must be known at compile time.
@@ -20,6 +22,7 @@
 
 use super::PassError;
 use crate::ir::{Body, Condition, Const, Graph, Node, ValueId};
+use ingot_ops::Constant as _;
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::collections::BTreeMap;
@@ -187,19 +190,26 @@ fn expand_if(
     Ok(expanded)
 }
 
+/// Marks a `Scan` that [`expand_batched_scan`] made for one batch element of an opset-8 one:
+/// of the later form though the model's opset is 8 (the importer refuses `ingot.` attributes).
+const UNBATCHED: &str = "ingot.unbatched";
+
+/// How many of a `Scan` body's `body_inputs` inputs are scanned (`num_scan_inputs`).
+fn scanned_inputs(node: &Node, body_inputs: usize) -> Result<usize, String> {
+    usize::try_from(node.attrs.int("num_scan_inputs").map_err(|e| e.to_string())?)
+        .ok()
+        .filter(|&m| (1..=body_inputs).contains(&m))
+        .ok_or_else(|| "num_scan_inputs must be at least 1 and at most the body's inputs".into())
+}
+
 /// The nodes that compute a `Scan`'s outputs: its body once per step.
 fn expand_scan(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
-    if g.opset < 9 {
-        return Err("a Scan of opset 8 (batched, with sequence_lens) is not supported; convert \
-                    the model to opset 9 or later"
-            .into());
+    if g.opset < 9 && node.attrs.get(UNBATCHED).is_none() {
+        return expand_batched_scan(g, node);
     }
     let b = body_of(g, node, "body")?;
     let (body_inputs, body_outputs) = (g.bodies[b].inputs.len(), g.bodies[b].outputs.len());
-    let scanned = usize::try_from(node.attrs.int("num_scan_inputs").map_err(|e| e.to_string())?)
-        .ok()
-        .filter(|&m| (1..=body_inputs).contains(&m))
-        .ok_or("num_scan_inputs must be at least 1 and at most the body's inputs")?;
+    let scanned = scanned_inputs(node, body_inputs)?;
     let states = body_inputs - scanned;
     if body_outputs < states || node.outputs.len() != body_outputs {
         return Err(format!(
@@ -273,6 +283,108 @@ fn expand_scan(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         }
         let to = node.outputs[states + k];
         expanded.extend(stack(g, &format!("{name}:{}", states + k), &ys, out_axes[k], to));
+    }
+    Ok(expanded)
+}
+
+/// The nodes that compute an opset-8 `Scan`'s outputs. Its inputs after `sequence_lens` and
+/// its outputs have a batch axis first, and the body scans each batch element's slices along
+/// their next axis: each element becomes a `Scan` of the later form over its slices (expanded
+/// in turn), whose outputs are stacked back along axis 0.
+fn expand_batched_scan(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
+    let b = body_of(g, node, "body")?;
+    let (body_inputs, body_outputs) = (g.bodies[b].inputs.len(), g.bodies[b].outputs.len());
+    let scanned = scanned_inputs(node, body_inputs)?;
+    if node.outputs.len() != body_outputs {
+        return Err(format!(
+            "its body gives {body_outputs} outputs; the node has {}",
+            node.outputs.len()
+        ));
+    }
+    let inputs: Vec<ValueId> = (1..=body_inputs)
+        .map(|k| own_input(node, k).ok_or_else(|| format!("input {k} is missing")))
+        .collect::<Result<_, _>>()?;
+    let captured = &node.inputs[1 + body_inputs..];
+    // Every input has the batch axis; scanned ones the sequence axis after it.
+    let mut batch = None;
+    let mut steps = None;
+    for (k, &x) in inputs.iter().enumerate() {
+        let shape = &g.ty(x).ok_or("an input's type is unknown")?.shape;
+        let scanned_input = k >= body_inputs - scanned;
+        if shape.len() < 1 + usize::from(scanned_input) {
+            return Err(format!("input {} of rank {} has no batch axis", k + 1, shape.len()));
+        }
+        if *batch.get_or_insert(shape[0]) != shape[0] {
+            return Err(format!(
+                "its inputs have batch sizes {} and {}",
+                batch.unwrap_or(0),
+                shape[0]
+            ));
+        }
+        if scanned_input && *steps.get_or_insert(shape[1]) != shape[1] {
+            return Err(format!(
+                "its scanned inputs have {} and {} steps",
+                steps.unwrap_or(0),
+                shape[1]
+            ));
+        }
+    }
+    let (batch, steps) = (batch.unwrap_or(0), steps.unwrap_or(0));
+    if let Some(lens) = own_input(node, 0) {
+        let all_full = (g.constant(lens).and_then(|c| c.to_f64s()))
+            .is_some_and(|lens| lens.iter().all(|&n| n == steps as f64));
+        if !all_full {
+            return Err(format!(
+                "its sequence_lens is not the constant {steps} for every batch element; Ingot \
+                 unrolls an opset-8 Scan whose sequences all span the scanned axis"
+            ));
+        }
+    }
+    if batch == 0 || batch * steps > MAX_UNROLLED {
+        return Err(format!(
+            "scans {batch} batch elements of {steps} steps; Ingot unrolls a Scan of 1 to \
+             {MAX_UNROLLED} steps in all"
+        ));
+    }
+
+    let name = label(node);
+    let mut expanded = Vec::new();
+    let mut per_output: Vec<Vec<ValueId>> = vec![Vec::with_capacity(batch); body_outputs];
+    let mut element_attrs = attrs(&[
+        ("body", AttrValue::Int(b as i64)),
+        ("num_scan_inputs", AttrValue::Int(scanned as i64)),
+        (UNBATCHED, AttrValue::Int(1)),
+    ]);
+    if let Some(directions) = node.attrs.ints_opt("directions").map_err(|e| e.to_string())? {
+        element_attrs.set("scan_input_directions", AttrValue::Ints(directions.to_vec()));
+    }
+    for e in 0..batch {
+        let tag = format!("{name}#{e}");
+        let index = scalar_i64(g, format!("{tag}.index"), e as i64);
+        let axis = attrs(&[("axis", AttrValue::Int(0))]);
+        let mut element_inputs = Vec::with_capacity(body_inputs + captured.len());
+        for (k, &x) in inputs.iter().enumerate() {
+            let slice = g.add_value(format!("{tag}.in{k}"), None);
+            expanded.push(step(format!("{tag}.in{k}"), "Gather", &[x, index], slice, axis.clone()));
+            element_inputs.push(Some(slice));
+        }
+        element_inputs.extend(captured.iter().copied());
+        let outputs: Vec<ValueId> =
+            (0..body_outputs).map(|k| g.add_value(format!("{tag}.out{k}"), None)).collect();
+        for (k, &y) in outputs.iter().enumerate() {
+            per_output[k].push(y);
+        }
+        expanded.push(Node {
+            name: tag,
+            op: "Scan".into(),
+            domain: String::new(),
+            inputs: element_inputs,
+            outputs,
+            attrs: element_attrs.clone(),
+        });
+    }
+    for (k, ys) in per_output.iter().enumerate() {
+        expanded.extend(stack(g, &format!("{name}:{k}"), ys, 0, node.outputs[k]));
     }
     Ok(expanded)
 }
