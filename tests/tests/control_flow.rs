@@ -240,6 +240,72 @@ fn ifs_nest() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn run_time_ifs_nest_and_each_level_runs_only_its_branch() -> Result<()> {
+    // if outer: (if inner: r * two else: r + one) else: Neg(r), both conditions inputs.
+    let inner = OnnxModel::new(17)
+        .node(
+            "inner_if",
+            "If",
+            &["inner"],
+            &["y_inner"],
+            vec![
+                attr_graph("then_branch", &branch("Mul", &["r", "two"])),
+                attr_graph("else_branch", &branch("Add", &["r", "one"])),
+            ],
+        )
+        .output("y_inner", DType::F32, &[2, 3]);
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 3])
+        .input("outer", DType::Bool, &[])
+        .input("inner", DType::Bool, &[])
+        .initializer("two", &Tensor::from_vec(vec![], &[2.0f32])?)
+        .initializer("one", &Tensor::from_vec(vec![], &[1.0f32])?)
+        .node("relu", "Relu", &["x"], &["r"], vec![])
+        .node(
+            "outer_if",
+            "If",
+            &["outer"],
+            &["y"],
+            vec![
+                attr_graph("then_branch", &inner),
+                attr_graph("else_branch", &branch("Neg", &["r"])),
+            ],
+        )
+        .output("y", DType::F32, &[2, 3]);
+    let path = write(&model, "nested_run_time")?;
+    let plan = ingot_compiler::plan_text(&path, &CompileOptions::default())?;
+    let both = "runs when 'outer' is true and 'inner' is true";
+    ensure!(plan.contains(both), "the plan should hold {both:?}:\n{plan}");
+    let bundle = compile(&path, &[])?;
+    let negated: Vec<f32> = X.iter().map(|v| -v.max(0.0)).collect();
+    for (outer, inner, expected, ran) in [
+        (true, true, then_values(), "Mul_in_branch"),
+        (true, false, else_values(), "Add_in_branch"),
+        (false, true, negated.clone(), "Neg_in_branch"),
+        (false, false, negated, "Neg_in_branch"),
+    ] {
+        let flag = |b: bool| Tensor::from_bools(Vec::<usize>::new(), &[b]);
+        let inputs = [x(), flag(outer)?, flag(inner)?];
+        for device in [Device::Cpu, vulkan()] {
+            let name = format!("{device:?}, outer {outer}, inner {inner}");
+            let seen = validation_seen();
+            let mut session = session_on(&bundle, device)?;
+            let (outputs, profile) = session.profile(&inputs).with_context(|| name.clone())?;
+            check_validation(seen)?;
+            let got = outputs[0].to_vec::<f32>()?;
+            ensure!(got == expected, "{name}: got {got:?}, expected {expected:?}");
+            let branches: Vec<&str> = profile
+                .iter()
+                .map(|s| s.name.as_str())
+                .filter(|s| s.ends_with("_in_branch"))
+                .collect();
+            ensure!(branches == [ran], "{name}: branch steps run {branches:?}, expected [{ran}]");
+        }
+    }
+    Ok(())
+}
+
 /// acc = x; each iteration i: acc = acc * 2 + i, and -acc is its scan output. The trip count
 /// is `trip_count`; the body's condition is `i < 3` when `stop_early`, else passed through.
 fn loop_model(trip_count: Option<i64>, stop_early: bool) -> OnnxModel {
