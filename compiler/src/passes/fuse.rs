@@ -3,7 +3,9 @@
 //! 1. **Decomposed activations**: exporters write HardSwish as `x * Clip(x + 3, 0, 6) / 6`
 //!    (also with `* 1/6`, or as `x * (Clip(x + 3, 0, 6) / 6)`) and `x * HardSigmoid(x)` with
 //!    alpha 1/6, beta 1/2, each of which becomes one HardSwish node; and SiLU (YOLOv5/v8,
-//!    EfficientNet, LLaMA's MLP) as `x * Sigmoid(x)`, which becomes one Swish node (alpha 1).
+//!    EfficientNet, LLaMA's MLP) as `x * Sigmoid(x)`, which becomes one Swish node (alpha 1);
+//!    and exact GELU (BERT-family encoders) as `x * 0.5 * (1 + Erf(x / √2))` in the orders
+//!    PyTorch's `F.gelu` and Hugging Face's `gelu` export, which becomes one Gelu node.
 //! 2. **Affine folding**: a per-channel affine map after a Conv, ConvTranspose or Gemm with
 //!    constant weights (BatchNormalization, or Mul, Add, Sub or Div by a constant holding one
 //!    value per output channel, or one value) is folded into the weights and bias
@@ -158,6 +160,49 @@ impl Patterns<'_> {
         self.same_float(x, out)
     }
 
+    /// `v` if node `n` is `v * 0.5`.
+    fn half_of(&self, n: &Node) -> Option<ValueId> {
+        (n.op == "Mul").then_some(())?;
+        Self::pairs(n)?.into_iter().find(|&(_, k)| scalar(self.g, k) == Some(0.5)).map(|(v, _)| v)
+    }
+
+    /// The x of `e = 1 + Erf(x / √2)` (or of `x * (1/√2)`), e and its inner values read once.
+    fn one_plus_erf_of(&self, e: ValueId) -> Option<ValueId> {
+        let add = self.only_use(e, "Add")?;
+        let (erf, _) =
+            Self::pairs(add)?.into_iter().find(|&(_, k)| scalar(self.g, k) == Some(1.0))?;
+        let &[Some(scaled)] = &self.only_use(erf, "Erf")?.inputs[..] else {
+            return None;
+        };
+        let n = self.only_use(scaled, "Div").or_else(|| self.only_use(scaled, "Mul"))?;
+        let by = |k: f64| {
+            move |&(_, c): &(ValueId, ValueId)| scalar(self.g, c).is_some_and(|c| near(c, k))
+        };
+        let pairs = Self::pairs(n)?;
+        match n.op.as_str() {
+            "Div" => Some(pairs[0]).filter(by(std::f64::consts::SQRT_2)),
+            _ => pairs.into_iter().find(by(std::f64::consts::FRAC_1_SQRT_2)),
+        }
+        .map(|(x, _)| x)
+    }
+
+    /// The x if node `n` computes exact GELU in pieces: `(x * e) * 0.5`, `(x * 0.5) * e` or
+    /// `x * (e * 0.5)` with e = 1 + Erf(x / √2), each inner value read once.
+    fn gelu_input(&self, n: &Node) -> Option<ValueId> {
+        let [out] = n.outputs[..] else { return None };
+        (n.op == "Mul").then_some(())?;
+        let erf_of = |x: ValueId, e: ValueId| (self.one_plus_erf_of(e) == Some(x)).then_some(x);
+        let halved = |v: ValueId| self.only_use(v, "Mul").and_then(|m| self.half_of(m));
+        let x = (self.half_of(n).and_then(|p| self.only_use(p, "Mul")).and_then(Self::pairs))
+            .and_then(|pairs| pairs.into_iter().find_map(|(x, e)| erf_of(x, e)))
+            .or_else(|| {
+                Self::pairs(n)?.into_iter().find_map(|(a, b)| {
+                    halved(a).and_then(|x| erf_of(x, b)).or_else(|| erf_of(a, halved(b)?))
+                })
+            })?;
+        self.same_float(x, out)
+    }
+
     /// `x` if it is a float of `out`'s type.
     fn same_float(&self, x: ValueId, out: ValueId) -> Option<ValueId> {
         let float = self.g.ty(x).is_some_and(|t| t.dtype.is_float());
@@ -165,17 +210,22 @@ impl Patterns<'_> {
     }
 }
 
-/// Rewrites each decomposed HardSwish and SiLU into one node, leaving its inner nodes unread.
+/// Rewrites each decomposed HardSwish, SiLU and GELU into one node, leaving its inner nodes
+/// unread.
 fn whole_activations(g: &mut Graph) {
     let found: Vec<(usize, &str, Attrs, ValueId)> = {
         let g: &Graph = g;
         let p = Patterns { g, uses: g.use_counts(), producers: g.producers() };
         let silu = || Attrs::new().with("alpha", AttrValue::Float(1.0));
+        let gelu = || Attrs::new().with("approximate", AttrValue::Text("none".into()));
         (g.nodes.iter().enumerate())
             .filter_map(|(i, n)| {
-                let (op, attrs, x) = match p.hard_swish_input(n) {
-                    Some(x) => ("HardSwish", Attrs::new(), x),
-                    None => ("Swish", silu(), p.silu_input(n)?),
+                let (op, attrs, x) = if let Some(x) = p.hard_swish_input(n) {
+                    ("HardSwish", Attrs::new(), x)
+                } else if let Some(x) = p.silu_input(n) {
+                    ("Swish", silu(), x)
+                } else {
+                    ("Gelu", gelu(), p.gelu_input(n)?)
                 };
                 Some((i, op, attrs, x))
             })

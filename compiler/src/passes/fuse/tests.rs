@@ -337,6 +337,56 @@ fn silu_becomes_one_swish_and_then_a_post_op() {
     fused(&b.finish(&[y]), &["Sigmoid", "Mul"]);
 }
 
+/// Exact GELU in pieces, `form` 0: `(x * e) * 0.5` (PyTorch's F.gelu), 1: `(x * 0.5) * e`
+/// (Hugging Face's gelu), 2: `x * (0.5 * e)`, with e = `1 + Erf(x / √2)`, or with
+/// `x * (1/√2)` inside when `by_reciprocal`. `erf_also_output` makes Erf's output a graph
+/// output too.
+fn gelu_graph(form: usize, by_reciprocal: bool, erf_also_output: bool) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[2, 8]);
+    let half = b.constant("half", &[], &[0.5], 0);
+    let one = b.constant("one", &[], &[1.0], 0);
+    let scaled = if by_reciprocal {
+        let k = b.constant("k", &[], &[std::f32::consts::FRAC_1_SQRT_2], 0);
+        b.op("Mul", &[k, x])
+    } else {
+        let k = b.constant("k", &[], &[std::f32::consts::SQRT_2], 0);
+        b.op("Div", &[x, k])
+    };
+    let erf = b.op("Erf", &[scaled]);
+    let e = b.op("Add", &[erf, one]);
+    let y = match form {
+        0 => {
+            let p = b.op("Mul", &[x, e]);
+            b.op("Mul", &[p, half])
+        }
+        1 => {
+            let h = b.op("Mul", &[half, x]);
+            b.op("Mul", &[h, e])
+        }
+        _ => {
+            let h = b.op("Mul", &[half, e]);
+            b.op("Mul", &[x, h])
+        }
+    };
+    let outputs = if erf_also_output { vec![y, erf] } else { vec![y] };
+    b.finish(&outputs)
+}
+
+#[test]
+fn decomposed_gelu_becomes_one_node() {
+    for form in 0..3 {
+        for by_reciprocal in [false, true] {
+            let g = gelu_graph(form, by_reciprocal, false);
+            let f = fused(&g, &["Gelu"]);
+            assert_eq!(f.outputs, g.outputs, "form {form} keeps its output value");
+            assert_eq!(the(&f, "Gelu").attrs.text("approximate").unwrap(), "none");
+        }
+    }
+    // An inner value read elsewhere keeps the pattern apart.
+    fused(&gelu_graph(0, false, true), &["Div", "Erf", "Add", "Mul", "Mul"]);
+}
+
 #[test]
 fn activations_become_post_ops_with_their_parameters() {
     let cases: [(&str, Attrs, &[f64]); 8] = [
