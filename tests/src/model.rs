@@ -69,6 +69,19 @@ impl OnnxModel {
         self
     }
 
+    /// An `If` node `name` on `cond` giving `output`, with branches `then` and `other`.
+    pub fn if_node(
+        self,
+        name: &str,
+        cond: &str,
+        output: &str,
+        then: &OnnxModel,
+        other: &OnnxModel,
+    ) -> Self {
+        let branches = vec![attr_graph("then_branch", then), attr_graph("else_branch", other)];
+        self.node(name, "If", &[cond], &[output], branches)
+    }
+
     pub fn proto(&self) -> ModelProto {
         let mut model = ModelProto::new();
         model.ir_version = 8;

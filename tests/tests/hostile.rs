@@ -580,16 +580,7 @@ fn control_flow() -> OnnxModel {
         .initializer("s0", &f32s(&[3], rng))
         .initializer("trips", &i64s(&[], &[3]))
         .initializer("yes", &yes)
-        .node(
-            "if",
-            "If",
-            &["cond"],
-            &["y"],
-            vec![
-                attr_graph("then_branch", &branch("Relu")),
-                attr_graph("else_branch", &branch("Neg")),
-            ],
-        )
+        .if_node("if", "cond", "y", &branch("Relu"), &branch("Neg"))
         .node(
             "loop",
             "Loop",
