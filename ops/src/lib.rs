@@ -21,6 +21,7 @@ mod matmul;
 mod movement;
 mod norm;
 mod pool;
+mod quantize;
 mod reduce;
 mod resize;
 mod rnn;
@@ -29,5 +30,7 @@ mod topk;
 
 pub use ingot_schema::DType;
 pub use node::{Constant, Node, ValueId};
+#[cfg(feature = "lower")]
+pub use quantize::keeps_constant_narrow;
 pub use registry::{Op, OpDef, can_run_in_place, is_view, lookup, supported_ops};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};

@@ -114,6 +114,7 @@ const FAMILIES: &[Family] = &[
     crate::resize::FAMILY,
     crate::rnn::FAMILY,
     crate::rotary::FAMILY,
+    crate::quantize::FAMILY,
     crate::topk::FAMILY,
 ];
 

@@ -43,7 +43,7 @@ static PACK: Wgsl = wgsl!("elementwise/pack.wgsl");
 /// The libraries.
 static FLOAT: Wgsl = wgsl!("elementwise/float.wgsl");
 static WIDE: Wgsl = wgsl!("elementwise/wide.wgsl");
-static F16: Wgsl = wgsl!("elementwise/f16.wgsl");
+pub(crate) static F16: Wgsl = wgsl!("elementwise/f16.wgsl");
 static BYTES: Wgsl = wgsl!("elementwise/bytes.wgsl");
 
 /// The most inputs an op may have (the kernels' slots `x0`, `x1`, `x2`).

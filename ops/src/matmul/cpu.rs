@@ -17,7 +17,7 @@ use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
-mod product;
+pub(crate) mod product;
 use product::{Axis, Plan, Scalar};
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
@@ -201,7 +201,10 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// MatMul with numpy's rules: a 1-D operand is promoted to a matrix (a row for A, a column
 /// for B) and the added dimension is left out of the result; batch dimensions broadcast.
-fn matmul_axes(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<Axis>), KernelError> {
+pub(crate) fn matmul_axes(
+    a: &[usize],
+    b: &[usize],
+) -> Result<(Vec<usize>, Vec<Axis>), KernelError> {
     // (batch dims, (rows, cols)); a vector is a row when it is A, a column when it is B.
     fn split(s: &[usize], row: bool) -> Result<(&[usize], (usize, usize)), KernelError> {
         match s {

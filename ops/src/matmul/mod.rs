@@ -57,7 +57,13 @@ fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
     let [a, b] = inputs else {
         return Err(op_err!("MatMul takes 2 inputs, got {}", inputs.len()));
     };
-    let (sa, sb) = (a.shape.as_slice(), b.shape.as_slice());
+    let out = TensorDesc::new(dtype, matmul_shape(&a.shape, &b.shape)?);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
+}
+
+/// Numpy's matmul shape of `sa` times `sb` (MatMul, and the quantize family's integer products).
+pub(crate) fn matmul_shape(sa: &[usize], sb: &[usize]) -> OpResult<Vec<usize>> {
     if sa.is_empty() || sb.is_empty() {
         return Err(op_err!("MatMul operands must have a dimension, got {sa:?} and {sb:?}"));
     }
@@ -77,9 +83,7 @@ fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>
     if let [.., _, n] = sb {
         shape.push(*n);
     }
-    let out = TensorDesc::new(dtype, shape);
-    check_post_operands(node, operands, &out)?;
-    Ok(vec![out])
+    Ok(shape)
 }
 
 fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {

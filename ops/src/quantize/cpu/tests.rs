@@ -1,0 +1,209 @@
+use crate::cpu::eval;
+use crate::{Tensor, TensorDesc};
+use half::f16;
+use ingot_schema::{AttrValue, Attrs, DType};
+
+fn linear(axis: i64, block: i64, to: DType, precision: DType) -> Attrs {
+    Attrs::new()
+        .with("axis", AttrValue::Int(axis))
+        .with("block_size", AttrValue::Int(block))
+        .with("to", AttrValue::Int(i64::from(to.onnx_code())))
+        .with("precision", AttrValue::Int(i64::from(precision.onnx_code())))
+}
+
+fn t<T: crate::Element>(shape: &[usize], v: &[T]) -> Tensor {
+    Tensor::from_vec(shape.to_vec(), v).unwrap()
+}
+
+fn run(op: &str, attrs: &Attrs, inputs: &[&Tensor], out: &[TensorDesc]) -> Vec<Tensor> {
+    eval(op, attrs, inputs, out).unwrap()
+}
+
+#[test]
+fn dequantize_per_tensor_axis_and_block() {
+    // ONNX's example: (x - 128) * 2.
+    let a = linear(0, 0, DType::F32, DType::F32);
+    let x = t(&[4], &[0u8, 3, 128, 255]);
+    let y = run(
+        "DequantizeLinear",
+        &a,
+        &[&x, &t(&[], &[2f32]), &t(&[], &[128u8])],
+        &[TensorDesc::new(DType::F32, [4])],
+    );
+    assert_eq!(y[0].to_vec::<f32>().unwrap(), [-256.0, -250.0, 0.0, 254.0]);
+    // Per axis 1 of [2, 3, 2], int8 with zero points.
+    let x = t(&[2, 3, 2], &[-128i8, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 127]);
+    let s = t(&[3], &[1f32, 0.5, 0.25]);
+    let z = t(&[3], &[0i8, 2, -4]);
+    let a = linear(1, 0, DType::F32, DType::F32);
+    let y = run("DequantizeLinear", &a, &[&x, &s, &z], &[TensorDesc::new(DType::F32, [2, 3, 2])]);
+    assert_eq!(
+        y[0].to_vec::<f32>().unwrap(),
+        [-128.0, 0.0, -0.5, 0.0, 1.75, 2.0, 5.0, 6.0, 2.5, 3.0, 3.25, 32.75]
+    );
+    // Blocks of 2 along the last axis of [2, 3] (the last block short), f16 scales into f16.
+    let a = linear(1, 2, DType::F16, DType::F32);
+    let x = t(&[2, 3], &[10u16, 20, 30, 40, 50, 60]);
+    let s = t(&[2, 2], &[1.0, 0.5, 2.0, 0.25].map(f16::from_f32));
+    let y = run("DequantizeLinear", &a, &[&x, &s], &[TensorDesc::new(DType::F16, [2, 3])]);
+    let want = [10.0, 20.0, 15.0, 80.0, 100.0, 15.0].map(f16::from_f32);
+    assert_eq!(y[0].to_vec::<f16>().unwrap(), want);
+}
+
+#[test]
+fn quantize_rounds_half_to_even_and_saturates() {
+    // ONNX's example: x / 2 + 128, 1.5 rounding to 2, saturated.
+    let a = linear(0, 0, DType::U8, DType::F32);
+    let x = t(&[6], &[0f32, 2.0, 3.0, 1000.0, -254.0, -1000.0]);
+    let y = run(
+        "QuantizeLinear",
+        &a,
+        &[&x, &t(&[], &[2f32]), &t(&[], &[128u8])],
+        &[TensorDesc::new(DType::U8, [6])],
+    );
+    assert_eq!(y[0].to_vec::<u8>().unwrap(), [128, 129, 130, 255, 1, 0]);
+    // int8 per axis 0, no zero point; 2.5 and -2.5 go to the even neighbours.
+    let a = linear(0, 0, DType::I8, DType::F32);
+    let x = t(&[2, 3], &[2.5f32, -2.5, 3.5, 1000.0, -1000.0, 0.75]);
+    let s = t(&[2], &[1f32, 0.5]);
+    let y = run("QuantizeLinear", &a, &[&x, &s], &[TensorDesc::new(DType::I8, [2, 3])]);
+    assert_eq!(y[0].to_vec::<i8>().unwrap(), [2, -2, 4, 127, -128, 2]);
+}
+
+#[test]
+fn quantize_in_float16_rounds_the_quotient_first() {
+    // 1.5009765625 / 1.0 in f16 is itself, which rounds to 2; the f16 quotient of 2049 / 2048
+    // is 1.0 (f16 has 10 bits), which rounds to 1 where f32's 1.00049 would too: pick a case
+    // where they differ, 2.5 + 2^-11, an f32 value whose f16 rounding is 2.5 (then even: 2).
+    let x = t(&[1], &[f16::from_f32(2.5)]);
+    let s = t(&[], &[f16::from_f32(1.0)]);
+    let a = linear(0, 0, DType::U8, DType::F16);
+    let y = run("QuantizeLinear", &a, &[&x, &s], &[TensorDesc::new(DType::U8, [1])]);
+    assert_eq!(y[0].to_vec::<u8>().unwrap(), [2]);
+    let x = t(&[1], &[2.5f32 + 1.0 / 2048.0]);
+    for (precision, want) in [(DType::F32, 3u8), (DType::F16, 2)] {
+        let a = linear(0, 0, DType::U8, precision);
+        let y =
+            run("QuantizeLinear", &a, &[&x, &t(&[], &[1f32])], &[TensorDesc::new(DType::U8, [1])]);
+        assert_eq!(y[0].to_vec::<u8>().unwrap(), [want], "{precision}");
+    }
+}
+
+#[test]
+fn dynamic_quantize_maps_zero_exactly() {
+    // ONNX's example.
+    let x = t(&[6], &[0f32, 2.0, -3.0, -2.5, 1.34, 0.5]);
+    let out = [
+        TensorDesc::new(DType::U8, [6]),
+        TensorDesc::new(DType::F32, []),
+        TensorDesc::new(DType::U8, []),
+    ];
+    let y = run("DynamicQuantizeLinear", &Attrs::new(), &[&x], &out);
+    assert_eq!(y[0].to_vec::<u8>().unwrap(), [153, 255, 0, 26, 221, 179]);
+    assert_eq!(y[1].to_vec::<f32>().unwrap(), [5.0f32 / 255.0]);
+    assert_eq!(y[2].to_vec::<u8>().unwrap(), [153]);
+    // All zeros: scale 1/255, zero point 0.
+    let y = run("DynamicQuantizeLinear", &Attrs::new(), &[&t(&[6], &[0f32; 6])], &out);
+    assert_eq!((y[0].to_vec::<u8>().unwrap(), y[2].to_vec::<u8>().unwrap()), (vec![0; 6], vec![0]));
+}
+
+fn integer(a_zero: bool, b_zero: bool) -> Attrs {
+    Attrs::new()
+        .with("a_zero_point", AttrValue::Int(i64::from(a_zero)))
+        .with("b_zero_point", AttrValue::Int(i64::from(b_zero)))
+}
+
+/// Deterministic bytes.
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn integer_products_are_exact_past_float32s_integers() {
+    // A all 255 minus 0, B all -128 minus 127: every product is -65025, and a contraction of
+    // 1000 sums to -65,025,000, far past 2^24 where float32 stops holding every integer.
+    let (m, k, n) = (3, 1000, 5);
+    let a = t(&[m, k], &vec![255u8; m * k]);
+    let b = t(&[k, n], &vec![-128i8; k * n]);
+    let out = [TensorDesc::new(DType::I32, [m, n])];
+    let y = run(
+        "MatMulInteger",
+        &integer(true, true),
+        &[&a, &b, &t(&[], &[0u8]), &t(&[], &[127i8])],
+        &out,
+    );
+    assert_eq!(y[0].to_vec::<i32>().unwrap(), vec![-65_025_000; m * n]);
+    // Random operands, B batched [2, k, n] with a zero point per column of each matrix.
+    let (av, bv) = (bytes(m * k, 1), bytes(2 * k * n, 2));
+    let bi: Vec<i8> = bv.iter().map(|&v| v as i8).collect();
+    let zb: Vec<i8> = (0..2 * n).map(|j| j as i8 * 7 - 30).collect();
+    let a = t(&[m, k], &av);
+    let b = t(&[2, k, n], &bi);
+    let (za, zbt) = (t(&[1], &[100u8]), t(&[2, 1, n], &zb));
+    let out = [TensorDesc::new(DType::I32, [2, m, n])];
+    let y = run("MatMulInteger", &integer(true, true), &[&a, &b, &za, &zbt], &out);
+    let mut want = vec![0i64; 2 * m * n];
+    for g in 0..2 {
+        for i in 0..m {
+            for j in 0..n {
+                want[(g * m + i) * n + j] = (0..k)
+                    .map(|p| {
+                        (i64::from(av[i * k + p]) - 100)
+                            * (i64::from(bi[(g * k + p) * n + j]) - i64::from(zb[g * n + j]))
+                    })
+                    .sum();
+            }
+        }
+    }
+    let got: Vec<i64> = y[0].to_vec::<i32>().unwrap().into_iter().map(i64::from).collect();
+    assert_eq!(got, want);
+    // Without zero points.
+    let y = run("MatMulInteger", &integer(false, false), &[&a, &b], &out);
+    let plain: i64 = (0..k).map(|p| i64::from(av[p]) * i64::from(bi[p * n])).sum();
+    assert_eq!(i64::from(y[0].to_vec::<i32>().unwrap()[0]), plain);
+}
+
+#[test]
+fn qlinear_matmul_requantizes_as_the_reference() {
+    // ONNX's test_qlinearmatmul_2D_uint8_float32.
+    let a = t(&[2, 4], &[208u8, 236, 0, 238, 3, 214, 255, 29]);
+    let b = t(&[4, 3], &[152u8, 51, 244, 60, 26, 255, 0, 127, 246, 127, 254, 247]);
+    let s = |v: f32| t(&[], &[v]);
+    let z = |v: u8| t(&[], &[v]);
+    let inputs = [&a, &s(0.0066), &z(113), &b, &s(0.00705), &z(114), &s(0.0107), &z(118)];
+    let y = run("QLinearMatMul", &Attrs::new(), &inputs, &[TensorDesc::new(DType::U8, [2, 3])]);
+    assert_eq!(y[0].to_vec::<u8>().unwrap(), [168, 115, 255, 1, 66, 151]);
+}
+
+#[test]
+fn misfit_steps_are_errors_not_panics() {
+    let a = linear(1, 0, DType::F32, DType::F32);
+    let x = t(&[2, 3], &[0u8; 6]);
+    let bad = eval(
+        "DequantizeLinear",
+        &a,
+        &[&x, &t(&[2], &[1f32, 2.0])],
+        &[TensorDesc::new(DType::F32, [2, 3])],
+    );
+    assert!(bad.is_err());
+    let bad = eval(
+        "DequantizeLinear",
+        &a,
+        &[&x, &t(&[], &[1f32])],
+        &[TensorDesc::new(DType::F32, [3, 2])],
+    );
+    assert!(bad.is_err());
+    let bad = eval(
+        "MatMulInteger",
+        &integer(false, false),
+        &[&x, &x],
+        &[TensorDesc::new(DType::I32, [2, 3])],
+    );
+    assert!(bad.is_err());
+}
