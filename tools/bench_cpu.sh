@@ -13,6 +13,13 @@
 # 2` on 2 cores: is ingot/ORT at 2 threads any worse than without them?). `--no-spin` passes
 # ingot's option of that name (idle threads sleep at once instead of spinning a while).
 #
+# Models beyond PP-OCR (issue 22): the onnx wheel's ResNet-50 and ShuffleNet, nudenet's
+# YOLOv8n detector at 320 (`yolov8n`), the decoder fixture's prefill graph (`decoder`, float)
+# and its quantized forms from tools/make_quantized_models.py: `decoder_dynamic` (int8 weights,
+# DynamicQuantizeLinear + MatMulInteger), `decoder_qdq` (QuantizeLinear/DequantizeLinear
+# around every op) and `decoder_w8` (weight-only int8, dequantized in the graph); their token
+# ids are drawn from the fixture's vocabulary.
+#
 # Usage: tools/bench_cpu.sh [--iterations N] [--models det,rec,cls,resnet50,shufflenet]
 #                           [--threads 1,2] [--busy N] [--no-spin] [--no-build]
 # Each measurement is its own process, on a seeded random input; raw JSON lands in
@@ -53,16 +60,26 @@ declare -A file=(
     [cls]="$target/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
     [resnet50]="$light/light_resnet50.onnx"
     [shufflenet]="$light/light_shufflenet.onnx"
+    [yolov8n]="$target/models/320n.onnx"
+    [decoder]="$target/decoder/prefill.onnx"
+    [decoder_dynamic]="$target/models/prefill_dynamic.onnx"
+    [decoder_qdq]="$target/models/prefill_qdq.onnx"
+    [decoder_w8]="$target/models/prefill_weights_int8.onnx"
 )
 declare -A input=(
     [det]=x=1x3x224x224 [rec]=x=1x3x48x320 [cls]=x=1x3x48x192
     [resnet50]=gpu_0/data_0=1x3x224x224 [shufflenet]=gpu_0/data_0=1x3x224x224
+    [yolov8n]=images=1x3x320x320 [decoder]=input_ids=1x16 [decoder_dynamic]=input_ids=1x16
+    [decoder_qdq]=input_ids=1x16 [decoder_w8]=input_ids=1x16
 )
 IFS=, read -r -a model_keys <<<"$models"
 IFS=, read -r -a thread_counts <<<"$threads"
 for m in "${model_keys[@]}"; do
-    [[ -n "${file[$m]:-}" ]] || die "unknown model '$m' (det, rec, cls, resnet50, shufflenet)"
+    [[ -n "${file[$m]:-}" ]] || die "unknown model '$m' (${!file[*]})"
+    [[ -f "${file[$m]}" ]] || die "${file[$m]} is missing: run bash tools/setup.sh"
 done
+# Token ids of the decoder fixture's vocabulary; the image models have no integer inputs.
+ints=(--int-range 0,255)
 
 ingot="$target/release/ingot"
 if $build; then
@@ -87,10 +104,10 @@ for m in "${model_keys[@]}"; do
     for t in "${thread_counts[@]}"; do
         log "$m, $t thread(s)"
         "$ingot" bench "$out/$m.ingot" --devices cpu --threads "$t" ${spin[@]+"${spin[@]}"} \
-            --iterations "$iterations" --json >"$out/$m.ingot.$t.json" \
+            --iterations "$iterations" "${ints[@]}" --json >"$out/$m.ingot.$t.json" \
             || die "ingot bench failed on $m"
         "$py" tools/bench_peers.py "${file[$m]}" --input-shape "${input[$m]}" --peer ort \
-            --ort-threads "$t" --iterations "$iterations" --json \
+            --ort-threads "$t" --iterations "$iterations" "${ints[@]}" --json \
             >"$out/$m.ort.$t.json" 2>"$out/$m.ort.$t.log" \
             || die "ONNX Runtime failed on $m (log $out/$m.ort.$t.log)"
     done

@@ -405,6 +405,17 @@ def measure(peers: list, inputs: dict, args) -> dict:
     return res
 
 
+def input_types(model: Path) -> dict:
+    """The numpy type of each input the model declares."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return {
+        i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in graph.input
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -417,6 +428,8 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=0.0,
                     help="stop timing after this many seconds (at least 3 iterations)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--int-range", type=lambda v: tuple(int(x) for x in v.split(",")),
+                    default=(0, 1), help="LO,HI of integer inputs, both included")
     ap.add_argument("--ort-threads", type=int, default=1, help="0 = all cores")
     ap.add_argument("--iree-target", default="llvmpipe",
                     help="--iree-vulkan-target (llvmpipe is IREE's description of lavapipe)")
@@ -432,9 +445,19 @@ def main() -> int:
     peers_wanted = list(dict.fromkeys(args.peer))
     shapes = dict(args.input_shape)
 
-    # Same seeded input for every peer, in PP-OCR's normalised range.
+    # Same seeded input for every peer: floats in PP-OCR's normalised range, integers (token
+    # ids) uniform in --int-range, each of the type the model declares.
     rng = np.random.default_rng(args.seed)
-    inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in shapes.items()}
+    types = input_types(args.model)
+    lo, hi = args.int_range
+
+    def draw(name: str, shape: list) -> np.ndarray:
+        dtype = types.get(name, np.float32)
+        if np.issubdtype(dtype, np.integer):
+            return rng.integers(lo, hi + 1, shape).astype(dtype)
+        return rng.uniform(-1, 1, shape).astype(dtype)
+
+    inputs = {n: draw(n, s) for n, s in shapes.items()}
 
     current = None
     try:

@@ -17,6 +17,10 @@ Cases, each with the capability it covers:
 - yolov8n_320: nudenet's YOLOv8n detector on a 320x320 image: SiLU (`x * Sigmoid(x)`) after
   every conv, which Ingot fuses into the conv, C2f splits and concats, nearest upsampling, the
   DFL head's softmax and box decoding.
+- decoder_dynamic, decoder_dynamic_per_channel, decoder_qdq, decoder_weights_int8: the
+  decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
+  with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
+  the graph), on seeded token ids.
 
 The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
 as in make_references.py, whose helpers this script shares. Skips all work when the manifest was written by this same script for
@@ -79,11 +83,25 @@ def image(shape: tuple[int, ...], seed: int):
     return case
 
 
+def tokens(seed: int):
+    """Token ids of the decoder fixture's vocabulary, [1, 16]."""
+
+    def case(_sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        return {"input_ids": rng.integers(0, 256, (1, 16)).astype(np.int64)}, {}
+
+    return case
+
+
 CASES = {
     "silero_vad_16k": silero("silero_vad.onnx", 16000, 1),
     "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
     "silero_vad_half": silero("silero_vad_half.onnx", None, 3),
     "yolov8n_320": ("320n.onnx", image((1, 3, 320, 320), 4)),
+    "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
+    "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
+    "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),
+    "decoder_weights_int8": ("prefill_weights_int8.onnx", tokens(8)),
 }
 
 

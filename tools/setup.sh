@@ -2,7 +2,8 @@
 # Prepares everything the integration tests read, all of it under the target dir:
 #   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
 #   models/        real models from PyPI wheels (PP-OCR, silero-vad, nudenet's YOLOv8n),
-#                  sha256-checked
+#                  sha256-checked, and the decoder's prefill graph quantized four ways
+#                  (tools/make_quantized_models.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -33,6 +34,7 @@ fi
 
 bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_references.py --models "$target/models" --out "$target/references"
-"$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"
 "$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"
 "$py" tools/make_decoder.py --out "$target/decoder"
+"$py" tools/make_quantized_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
+"$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"

@@ -42,8 +42,13 @@ pub fn session(bundle: &[u8]) -> Result<Session> {
 
 /// Opens bundle bytes in a session on `device` alone (no fallback).
 pub fn session_on(bundle: &[u8], device: Device) -> Result<Session> {
+    session_with(bundle, vec![device])
+}
+
+/// Opens bundle bytes in a session on the device list `devices`.
+pub fn session_with(bundle: &[u8], devices: Vec<Device>) -> Result<Session> {
     let bundle = Bundle::from_bytes(bundle).context("open bundle")?;
-    let options = SessionOptions { devices: vec![device], ..SessionOptions::default() };
+    let options = SessionOptions { devices, ..SessionOptions::default() };
     Session::new(Arc::new(bundle), options).context("create session")
 }
 

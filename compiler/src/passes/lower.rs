@@ -89,7 +89,9 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
         let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
             Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
-        } else if inputs.iter().all(|&v| values[v].constant.is_some()) {
+        } else if inputs.iter().all(|&v| values[v].constant.is_some())
+            && !ingot_ops::keeps_constant_narrow(&node.op, &in_types, &out_types)
+        {
             // `Tensor::zeros` aborts the process when the allocator refuses (and a kernel may
             // build tables as long as its output's dims), so the outputs are tried first.
             if let Some(t) = out_types

@@ -5,9 +5,12 @@ use crate::ir::{self, Graph};
 
 mod control;
 mod dce;
+mod dequantize;
 mod fuse;
 mod lower;
 mod outputs;
+#[cfg(test)]
+mod testing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -21,8 +24,13 @@ pub enum PassError {
 pub type Pass = fn(&mut Graph) -> Result<(), PassError>;
 
 /// The passes in order, with the names errors and timings use.
-pub const PIPELINE: &[(&str, Pass)] =
-    &[("lower", lower::run), ("dce", dce::run), ("fuse", fuse::run), ("outputs", outputs::run)];
+pub const PIPELINE: &[(&str, Pass)] = &[
+    ("lower", lower::run),
+    ("dce", dce::run),
+    ("dequantize", dequantize::run),
+    ("fuse", fuse::run),
+    ("outputs", outputs::run),
+];
 
 /// Runs every pass of [`PIPELINE`] on `g`.
 pub fn run_all(g: &mut Graph) -> Result<(), PassError> {

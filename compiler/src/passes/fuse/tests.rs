@@ -5,7 +5,8 @@
 use super::*;
 use crate::ir;
 use crate::passes::lower;
-use ingot_ops::cpu::{self, post};
+use crate::passes::testing::evaluate;
+use ingot_ops::cpu::post;
 
 /// A graph under construction, in ONNX terms (it is lowered when finished).
 struct Builder {
@@ -64,25 +65,6 @@ fn data(n: usize, seed: usize) -> Vec<f32> {
 
 fn float(v: f64) -> AttrValue {
     AttrValue::Float(v)
-}
-
-/// Evaluates `g` node by node with the CPU kernels.
-fn evaluate(g: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
-    let mut values: Vec<Option<Arc<Tensor>>> =
-        (g.values.iter()).map(|v| v.constant.as_ref().map(Const::tensor)).collect();
-    for (&i, t) in g.inputs.iter().zip(inputs) {
-        values[i] = Some(Arc::new(t.clone()));
-    }
-    for n in &g.nodes {
-        let ins: Vec<&Tensor> = n.present_inputs().map(|v| values[v].as_deref().unwrap()).collect();
-        let descs: Vec<TensorDesc> = n.outputs.iter().map(|&o| g.ty(o).unwrap().clone()).collect();
-        let outs = cpu::eval(&n.op, &n.attrs, &ins, &descs)
-            .unwrap_or_else(|e| panic!("{}: {e}", n.label()));
-        for (&o, t) in n.outputs.iter().zip(outs) {
-            values[o] = Some(Arc::new(t));
-        }
-    }
-    g.outputs.iter().map(|&o| (*values[o].clone().unwrap()).clone()).collect()
 }
 
 /// Fuses `g`, checks the ops left (in order) and that the outputs agree with the unfused
