@@ -95,19 +95,28 @@ impl OpCx<'_> {
     }
 }
 
-/// Input `i` as `len` f32 elements; an error, not a panic, when it is missing or differs
+/// Input `i` as `len` elements of `T`; an error, not a panic, when it is missing or differs
 /// from what `prepare` checked.
+pub(crate) fn input<'a, T: crate::tensor::Element>(
+    inputs: &[TensorRef<'a>],
+    i: usize,
+    len: usize,
+) -> Result<&'a [T], KernelError> {
+    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
+    let s = t.as_slice::<T>()?;
+    if s.len() != len {
+        return Err(invalid!("input {i} has {} elements, expected {len}", s.len()));
+    }
+    Ok(s)
+}
+
+/// Input `i` as `len` f32 elements.
 pub(crate) fn input_f32<'a>(
     inputs: &[TensorRef<'a>],
     i: usize,
     len: usize,
 ) -> Result<&'a [f32], KernelError> {
-    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
-    let s = t.as_slice::<f32>()?;
-    if s.len() != len {
-        return Err(invalid!("input {i} has {} elements, expected {len}", s.len()));
-    }
-    Ok(s)
+    input(inputs, i, len)
 }
 
 /// Output `i` as `len` writable elements of type `T`.

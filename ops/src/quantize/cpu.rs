@@ -16,7 +16,7 @@
 
 use super::{Scales, Step, scales_of};
 use crate::cpu::parallel::{for_each_chunk, with_scratch};
-use crate::cpu::{Kernel, KernelError, OpCx, output_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
 use crate::invalid;
 use crate::matmul::cpu::matmul_axes;
 use crate::matmul::cpu::product::{Axis, Plan};
@@ -127,20 +127,6 @@ fn with_floats<R>(
         }
         d => Err(invalid!("a scale of {d}")),
     }
-}
-
-/// Input `i` as `len` elements of `T`.
-fn input<'a, T: Element>(
-    inputs: &[TensorRef<'a>],
-    i: usize,
-    len: usize,
-) -> Result<&'a [T], KernelError> {
-    let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
-    let s = t.as_slice::<T>()?;
-    if s.len() != len {
-        return Err(invalid!("input {i} has {} elements, expected {len}", s.len()));
-    }
-    Ok(s)
 }
 
 /// The zero points of a scale layout: input 2 where given.

@@ -45,7 +45,7 @@ use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
 use crate::matmul::matmul_shape;
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs, DType};
-pub(crate) use scales::{Per, Scales, Step};
+pub(crate) use scales::{Scales, Step};
 
 const INTEGER_PRODUCT: &str = "the integer products have no Vulkan kernel yet: their steps run \
                                on the CPU";

@@ -9,7 +9,8 @@
 //! CPU's is exact: a quotient within that of a half between two levels may round the other
 //! way on a GPU (lavapipe divides exactly).
 
-use super::{Per, scales_of};
+use super::scales::Per;
+use super::scales_of;
 use crate::no_kernel;
 use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Operand, Spec, Wgsl};
 use crate::wgsl;
