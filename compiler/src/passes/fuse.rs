@@ -5,16 +5,19 @@
 //!    alpha 1/6, beta 1/2, each of which becomes one HardSwish node; and SiLU (YOLOv5/v8,
 //!    EfficientNet, LLaMA's MLP) as `x * Sigmoid(x)`, which becomes one Swish node (alpha 1);
 //!    and exact GELU (BERT-family encoders) as `x * 0.5 * (1 + Erf(x / √2))` in the orders
-//!    PyTorch's `F.gelu` and Hugging Face's `gelu` export, which becomes one Gelu node.
+//!    PyTorch's `F.gelu` and Hugging Face's `gelu` export, and its tanh approximation (GPT-2's
+//!    `gelu_new`, `F.gelu(approximate="tanh")`) as `x * 0.5 * (1 + Tanh(√(2/π) * (x +
+//!    0.044715 * x³)))`, each of which becomes one Gelu node.
 //! 2. **Affine folding**: a per-channel affine map after a Conv, ConvTranspose or Gemm with
 //!    constant weights (BatchNormalization, or Mul, Add, Sub or Div by a constant holding one
 //!    value per output channel, or one value) is folded into the weights and bias
 //!    ([`folded_weights`]), in f64 and rounded once to f32.
-//! 3. **Post-ops** (canonical form in `ops/conv.rs`): after a Conv, ConvTranspose, Gemm or
-//!    MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh,
-//!    Swish) or
-//!    an Add, Sub or Mul whose other operand has the output's shape (a residual) or is a
-//!    one-element constant is appended to the op's post-ops, chains included.
+//! 3. **Post-ops** (canonical form in `ops/src/cpu/post.rs`): after a Conv, ConvTranspose,
+//!    Gemm or MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish,
+//!    Tanh, Swish, Gelu) or an Add, Sub or Mul whose other operand has the output's shape (a
+//!    residual), holds one value, or one per index of the output's last dim (MatMul's bias)
+//!    is appended to the op's post-ops, chains included: a transformer's MatMul, bias and
+//!    GELU become one step.
 //!
 //! A node absorbs its consumer only if it is the only reader of its output, which is not a
 //! graph output (a use count of one says both). The fused node takes the consumer's place in
@@ -24,6 +27,7 @@
 use super::PassError;
 use crate::ir::{Const, Graph, Node, ValueId};
 use ingot_ops::Constant as _;
+use ingot_ops::cpu::post::broadcasts;
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::sync::Arc;
@@ -52,7 +56,17 @@ const ACTIVATION_ATTRS: &[(&str, &[&str])] = &[
     ("HardSwish", &[]),
     ("Tanh", &[]),
     ("Swish", &["alpha"]),
+    // Its form as a number: 0 exact, 1 the tanh approximation.
+    ("Gelu", &["approximate"]),
 ];
+
+/// The post-op parameters of activation node `n` (one of [`ACTIVATION_ATTRS`]).
+fn activation_params(n: &Node, attrs: &[&str]) -> Option<Vec<f64>> {
+    if n.op == "Gelu" {
+        return Some(vec![f64::from(u8::from(n.attrs.text("approximate").ok()? == "tanh"))]);
+    }
+    attrs.iter().map(|a| n.attrs.float(a).ok().map(f64::from)).collect()
+}
 
 fn is_f32(g: &Graph, v: ValueId) -> bool {
     g.ty(v).is_some_and(|t| t.dtype == DType::F32)
@@ -166,41 +180,71 @@ impl Patterns<'_> {
         Self::pairs(n)?.into_iter().find(|&(_, k)| scalar(self.g, k) == Some(0.5)).map(|(v, _)| v)
     }
 
-    /// The x of `e = 1 + Erf(x / √2)` (or of `x * (1/√2)`), e and its inner values read once.
-    fn one_plus_erf_of(&self, e: ValueId) -> Option<ValueId> {
+    /// The x of GELU's `e` and its form: `1 + Erf(x / √2)` (or `x * (1/√2)` inside), exact
+    /// GELU, or `1 + Tanh(√(2/π) * (x + 0.044715 * x³))`, its tanh approximation; e and its
+    /// inner values read once.
+    fn gelu_term_of(&self, e: ValueId) -> Option<(ValueId, &'static str)> {
         let add = self.only_use(e, "Add")?;
-        let (erf, _) =
+        let (inner, _) =
             Self::pairs(add)?.into_iter().find(|&(_, k)| scalar(self.g, k) == Some(1.0))?;
-        let &[Some(scaled)] = &self.only_use(erf, "Erf")?.inputs[..] else {
-            return None;
-        };
-        let n = self.only_use(scaled, "Div").or_else(|| self.only_use(scaled, "Mul"))?;
         let by = |k: f64| {
             move |&(_, c): &(ValueId, ValueId)| scalar(self.g, c).is_some_and(|c| near(c, k))
         };
-        let pairs = Self::pairs(n)?;
-        match n.op.as_str() {
-            "Div" => Some(pairs[0]).filter(by(std::f64::consts::SQRT_2)),
-            _ => pairs.into_iter().find(by(std::f64::consts::FRAC_1_SQRT_2)),
+        if let Some(erf) = self.only_use(inner, "Erf") {
+            let &[Some(scaled)] = &erf.inputs[..] else {
+                return None;
+            };
+            let n = self.only_use(scaled, "Div").or_else(|| self.only_use(scaled, "Mul"))?;
+            let pairs = Self::pairs(n)?;
+            let x = match n.op.as_str() {
+                "Div" => Some(pairs[0]).filter(by(std::f64::consts::SQRT_2)),
+                _ => pairs.into_iter().find(by(std::f64::consts::FRAC_1_SQRT_2)),
+            }?;
+            return Some((x.0, "none"));
         }
-        .map(|(x, _)| x)
+        let &[Some(t)] = &self.only_use(inner, "Tanh")?.inputs[..] else {
+            return None;
+        };
+        let scaled = self.only_use(t, "Mul")?;
+        let (u, _) =
+            Self::pairs(scaled)?.into_iter().find(by((2.0 / std::f64::consts::PI).sqrt()))?;
+        Self::pairs(self.only_use(u, "Add")?)?.into_iter().find_map(|(x, m)| {
+            let (cube, _) =
+                Self::pairs(self.only_use(m, "Mul")?)?.into_iter().find(by(0.044715))?;
+            (self.cube_of(cube)? == x).then_some((x, "tanh"))
+        })
     }
 
-    /// The x if node `n` computes exact GELU in pieces: `(x * e) * 0.5`, `(x * 0.5) * e` or
-    /// `x * (e * 0.5)` with e = 1 + Erf(x / √2), each inner value read once.
-    fn gelu_input(&self, n: &Node) -> Option<ValueId> {
+    /// The x of `c = x³` written `Pow(x, 3)`, `x * (x * x)` or `(x * x) * x`, read once.
+    fn cube_of(&self, c: ValueId) -> Option<ValueId> {
+        if let Some(pow) = self.only_use(c, "Pow") {
+            let [Some(x), Some(k)] = pow.inputs[..] else {
+                return None;
+            };
+            return (scalar(self.g, k) == Some(3.0)).then_some(x);
+        }
+        Self::pairs(self.only_use(c, "Mul")?)?.into_iter().find_map(|(x, square)| {
+            (self.only_use(square, "Mul")?.inputs[..] == [Some(x), Some(x)]).then_some(x)
+        })
+    }
+
+    /// The x and form if node `n` computes GELU in pieces: `(x * e) * 0.5`, `(x * 0.5) * e`
+    /// or `x * (e * 0.5)` with e as [`Self::gelu_term_of`] finds it, each inner value read
+    /// once.
+    fn gelu_input(&self, n: &Node) -> Option<(ValueId, &'static str)> {
         let [out] = n.outputs[..] else { return None };
         (n.op == "Mul").then_some(())?;
-        let erf_of = |x: ValueId, e: ValueId| (self.one_plus_erf_of(e) == Some(x)).then_some(x);
+        let term_of = |x: ValueId, e: ValueId| self.gelu_term_of(e).filter(|&(of, _)| of == x);
         let halved = |v: ValueId| self.only_use(v, "Mul").and_then(|m| self.half_of(m));
-        let x = (self.half_of(n).and_then(|p| self.only_use(p, "Mul")).and_then(Self::pairs))
-            .and_then(|pairs| pairs.into_iter().find_map(|(x, e)| erf_of(x, e)))
-            .or_else(|| {
-                Self::pairs(n)?.into_iter().find_map(|(a, b)| {
-                    halved(a).and_then(|x| erf_of(x, b)).or_else(|| erf_of(a, halved(b)?))
-                })
-            })?;
-        self.same_float(x, out)
+        let (x, form) =
+            (self.half_of(n).and_then(|p| self.only_use(p, "Mul")).and_then(Self::pairs))
+                .and_then(|pairs| pairs.into_iter().find_map(|(x, e)| term_of(x, e)))
+                .or_else(|| {
+                    Self::pairs(n)?.into_iter().find_map(|(a, b)| {
+                        halved(a).and_then(|x| term_of(x, b)).or_else(|| term_of(a, halved(b)?))
+                    })
+                })?;
+        Some((self.same_float(x, out)?, form))
     }
 
     /// `x` if it is a float of `out`'s type.
@@ -217,7 +261,7 @@ fn whole_activations(g: &mut Graph) {
         let g: &Graph = g;
         let p = Patterns { g, uses: g.use_counts(), producers: g.producers() };
         let silu = || Attrs::new().with("alpha", AttrValue::Float(1.0));
-        let gelu = || Attrs::new().with("approximate", AttrValue::Text("none".into()));
+        let gelu = |form: &str| Attrs::new().with("approximate", AttrValue::Text(form.into()));
         (g.nodes.iter().enumerate())
             .filter_map(|(i, n)| {
                 let (op, attrs, x) = if let Some(x) = p.hard_swish_input(n) {
@@ -225,7 +269,8 @@ fn whole_activations(g: &mut Graph) {
                 } else if let Some(x) = p.silu_input(n) {
                     ("Swish", silu(), x)
                 } else {
-                    ("Gelu", gelu(), p.gelu_input(n)?)
+                    let (x, form) = p.gelu_input(n)?;
+                    ("Gelu", gelu(form), x)
                 };
                 Some((i, op, attrs, x))
             })
@@ -339,18 +384,24 @@ impl<'g> Fuser<'g> {
         let (y, name, params, operand) = match (node.op.as_str(), &node.inputs[..]) {
             (op, &[Some(y)]) => {
                 let (_, attrs) = ACTIVATION_ATTRS.iter().find(|(a, _)| *a == op)?;
-                let params: Option<Vec<f64>> =
-                    attrs.iter().map(|a| node.attrs.float(a).ok().map(f64::from)).collect();
-                (y, op.to_string(), params?, None)
+                (y, op.to_string(), activation_params(node, attrs)?, None)
             }
             (op @ ("Add" | "Sub" | "Mul"), &[Some(a), Some(b)]) => {
                 // Prefer the operand computed last as the one fused into: the other is then
                 // more likely to die here and be written over.
                 let mut candidates = [(a, b, false), (b, a, true)];
                 candidates.sort_by_key(|&(y, _, _)| std::cmp::Reverse(self.producers[y]));
+                // A residual of y's shape, one value, or (MatMul, Gemm) a bias along y's last
+                // dim.
                 let (y, r, swapped) = candidates.into_iter().find(|&(y, r, _)| {
-                    let residual = g.ty(r) == g.ty(y) || (is_f32(g, r) && scalar(g, r).is_some());
-                    y != r && self.host(y).is_some() && residual
+                    let Some(p) = self.host(y) else { return false };
+                    let columns = matches!(g.nodes[p].op.as_str(), "MatMul" | "Gemm");
+                    let fits = |(r, y): (&TensorDesc, &TensorDesc)| {
+                        r.shape == y.shape
+                            || r.elements() == 1
+                            || (columns && broadcasts(&r.shape, &y.shape))
+                    };
+                    y != r && is_f32(g, r) && g.ty(r).zip(g.ty(y)).is_some_and(fits)
                 })?;
                 let name = match (op, swapped) {
                     ("Sub", true) => "RSub",

@@ -5,13 +5,16 @@
 //! Canonical attributes, present on every node of those ops (empty when nothing is fused):
 //! - `post_ops` (text): op names separated by commas, in the order they apply. Activations:
 //!   `Relu`, `LeakyRelu`, `Clip`, `Sigmoid`, `HardSigmoid`, `HardSwish`, `Tanh`, `Swish`
-//!   (SiLU with alpha 1: what the fuse pass makes of `x * Sigmoid(x)`). Binary ops
+//!   (SiLU with alpha 1: what the fuse pass makes of `x * Sigmoid(x)`), `Gelu`. Binary ops
 //!   with an operand R: `Add` (y + R), `Sub` (y - R), `RSub` (R - y), `Mul` (y · R).
 //! - `post_params` (floats): the activations' parameters, in order: `Clip` min, max;
-//!   `LeakyRelu` alpha; `HardSigmoid` alpha, beta; `Swish` alpha.
+//!   `LeakyRelu` alpha; `HardSigmoid` alpha, beta; `Swish` alpha; `Gelu` 0 (exact) or 1
+//!   (the tanh approximation).
 //! - Each binary op reads the next extra input after the op's own inputs (Conv and
 //!   ConvTranspose: X, W, B; Gemm: A, B, C; MatMul: A, B); with extra inputs the bias (C) is
-//!   always present. R has the output's shape, or holds one element.
+//!   always present. R has the output's shape, holds one element, or (MatMul and Gemm) holds
+//!   one value per index of the output's last dim (a bias along the columns, shape `[N]` or
+//!   `[1, .., N]`): element `e` of the output reads `R[e mod len(R)]` in each case.
 //!
 //! Output, operands and arithmetic are float32. A leading `Add` is not applied after the
 //! product: the output starts as R (plus the bias) and the product accumulates onto it. That
@@ -19,7 +22,7 @@
 //! R already in the output.
 
 use super::{KernelError, OpCx};
-use crate::elementwise::cpu::exp_f32;
+use crate::elementwise::cpu::{erf_f32, exp_f32};
 use crate::invalid;
 use crate::tensor::{Element, TensorRef};
 use ingot_schema::{Attrs, DType};
@@ -35,6 +38,7 @@ pub const ACTIVATIONS: &[(&str, usize)] = &[
     ("HardSwish", 0),
     ("Tanh", 0),
     ("Swish", 1),
+    ("Gelu", 1),
 ];
 
 /// The binary post-ops; each reads one extra input.
@@ -71,6 +75,8 @@ enum Step {
     HardSwish,
     Tanh,
     Swish(f32),
+    /// GELU, exact or (true) its tanh approximation.
+    Gelu(bool),
     /// A binary op and the extra input (counted from the first extra one) it reads.
     Binary(Binary, usize),
 }
@@ -116,6 +122,11 @@ impl PostOps {
                 "HardSwish" => Step::HardSwish,
                 "Tanh" => Step::Tanh,
                 "Swish" => Step::Swish(param()?),
+                "Gelu" => match param()? {
+                    0.0 => Step::Gelu(false),
+                    1.0 => Step::Gelu(true),
+                    v => return Err(invalid!("Gelu post-op with parameter {v} (0 or 1)")),
+                },
                 "Add" => operand(Binary::Add),
                 "Sub" => operand(Binary::Sub),
                 "RSub" => operand(Binary::RSub),
@@ -154,11 +165,17 @@ impl PostOps {
         if !post.steps.is_empty() && y.dtype != DType::F32 {
             return Err(cx.dtype_error(y.dtype));
         }
+        // A bias along the last dim only where the product engine starts and applies it
+        // (MatMul, Gemm); conv's paths read a residual by element.
+        let columns = matches!(cx.op, "MatMul" | "Gemm");
         for r in &cx.inputs[n_own..] {
-            if r.dtype != DType::F32 || (r.shape != y.shape && r.elements() != 1) {
+            let fits = r.shape == y.shape
+                || r.elements() == 1
+                || (columns && broadcasts(&r.shape, &y.shape));
+            if r.dtype != DType::F32 || !fits {
                 return Err(invalid!(
-                    "{}: a post-op operand is {} {:?}; it must be f32 of the output's shape {:?} \
-                     or hold one element",
+                    "{}: a post-op operand is {} {:?}; it must be f32 of the output's shape {:?}, \
+                     hold one element, or (MatMul, Gemm) one per index of its last dim",
                     cx.op,
                     r.dtype,
                     r.shape,
@@ -179,8 +196,9 @@ impl PostOps {
         self.steps.len() > usize::from(self.accumulates())
     }
 
-    /// The extra inputs, after the `own` inputs, each of `len` elements or one. The one the
-    /// output was written over (`aliased`, an input index) is left empty: it is in the output.
+    /// The extra inputs, after the `own` inputs, each of `len` elements, one, or `len`'s last
+    /// dim (what `prepare` checked). The one the output was written over (`aliased`, an input
+    /// index) is left empty: it is in the output.
     pub fn operands<'a, T: Element>(
         &self,
         inputs: &[TensorRef<'a>],
@@ -195,9 +213,9 @@ impl PostOps {
                 }
                 let t = inputs.get(i).ok_or_else(|| invalid!("post-op operand {i} is missing"))?;
                 let s = t.as_slice::<T>()?;
-                if s.len() != len && s.len() != 1 {
+                if s.is_empty() || !len.is_multiple_of(s.len()) {
                     return Err(invalid!(
-                        "post-op operand {i} has {} elements, expected {len} or 1",
+                        "post-op operand {i} has {} elements, which do not tile {len}",
                         s.len()
                     ));
                 }
@@ -219,7 +237,10 @@ impl PostOps {
         } else if !in_place {
             match extras.first() {
                 Some(&&[r]) => y.fill(r),
-                Some(r) if r.len() == y.len() => y.copy_from_slice(r),
+                // R, or a bias along the last dim: repeated over the rows.
+                Some(r) if !r.is_empty() && y.len().is_multiple_of(r.len()) => {
+                    y.chunks_exact_mut(r.len()).for_each(|row| row.copy_from_slice(r))
+                }
                 _ => return Err(invalid!("the residual does not match the output")),
             }
         }
@@ -260,6 +281,16 @@ fn apply_steps(
                 }
                 Step::Tanh => map(y, f32::tanh),
                 Step::Swish(alpha) => map(y, |x| x / (one + exp_f32(-(alpha * x)))),
+                // As the elementwise Gelu computes it, so that fusing changes no bit.
+                Step::Gelu(false) => {
+                    let r = std::f32::consts::FRAC_1_SQRT_2;
+                    map(y, |x| 0.5 * x * (one + erf_f32(x * r)))
+                }
+                Step::Gelu(true) => {
+                    let k = (2.0 / std::f64::consts::PI).sqrt() as f32;
+                    let c = 0.044715f64 as f32;
+                    map(y, |x| 0.5 * x * (one + (k * (x + c * x * x * x)).tanh()))
+                }
                 Step::Binary(op, k) => {
                     let r = extras
                         .get(k)
@@ -296,7 +327,8 @@ fn map(y: &mut [f32], f: impl Fn(f32) -> f32) {
     }
 }
 
-/// `y[i] = f(y[i], r[at + i])`, or with the one element of `r`.
+/// `y[i] = f(y[i], r[(at + i) mod len(r)])`: `r` has the output's elements, one, or one per
+/// index of its last dim (repeated over the rows).
 #[inline(always)]
 fn zip(
     y: &mut [f32],
@@ -306,16 +338,36 @@ fn zip(
 ) -> Result<(), KernelError> {
     match r {
         &[r] => map(y, |v| f(v, r)),
+        [] => return Err(invalid!("a post-op operand is empty")),
         r => {
-            let r = r
-                .get(at..at + y.len())
-                .ok_or_else(|| invalid!("a post-op operand is shorter than the output"))?;
-            for (v, &r) in y.iter_mut().zip(r) {
-                *v = f(*v, r);
+            // From the column `at` falls on, row after row.
+            let mut j = at % r.len();
+            let mut rest = &mut y[..];
+            while !rest.is_empty() {
+                let n = (r.len() - j).min(rest.len());
+                let (run, tail) = rest.split_at_mut(n);
+                for (v, &r) in run.iter_mut().zip(&r[j..j + n]) {
+                    *v = f(*v, r);
+                }
+                (rest, j) = (tail, 0);
             }
         }
     }
     Ok(())
+}
+
+/// Whether a post-op operand of shape `r` serves an output of shape `y` of MatMul or Gemm:
+/// the same shape, one element, or one per index of y's last dim (`[N]`, `[1, .., N]`),
+/// broadcasting as numpy does.
+pub fn broadcasts(r: &[usize], y: &[usize]) -> bool {
+    let one: usize = r.iter().product();
+    let column = match (r.split_last(), y.last()) {
+        (Some((&n, lead)), Some(&last)) => {
+            n == last && lead.iter().all(|&d| d == 1) && r.len() <= y.len()
+        }
+        _ => false,
+    };
+    r == y || one == 1 || column
 }
 
 #[cfg(test)]
@@ -356,6 +408,13 @@ pub(crate) mod tests {
                 "HardSigmoid" => {
                     let a = param(none, "alpha");
                     eval(op, &param(a, "beta"), &[&y], &desc)
+                }
+                "Gelu" => {
+                    // Its form as the post-op's parameter: 1 is the tanh approximation.
+                    let form = param(none, "form").float("form").unwrap();
+                    let form = if form == 1.0 { "tanh" } else { "none" };
+                    let a = Attrs::new().with("approximate", AttrValue::Text(form.into()));
+                    eval(op, &a, &[&y], &desc)
                 }
                 "Add" | "Sub" | "Mul" | "RSub" => {
                     let r = *extras.next().expect("an operand per binary post-op");
@@ -467,7 +526,13 @@ pub(crate) mod tests {
         for (g, w) in y.iter().zip(want) {
             assert!((g - w).abs() < 1e-7, "{y:?} vs {want:?}");
         }
-        assert!(post.apply(&mut y, 2, &[&[0.0; 4], &[2.0]]).is_err(), "past the end");
+        assert!(post.apply(&mut y, 2, &[&[], &[2.0]]).is_err(), "an empty operand");
+        // An operand of one value per column repeats over the rows: the block at element 6 of
+        // rows of 4 reads columns 2, 3, 0, 1.
+        let add = PostOps::parse(&attrs("Relu,Add", &[])).unwrap();
+        let mut y = [0.0f32; 4];
+        add.apply(&mut y, 6, &[&[10.0, 20.0, 30.0, 40.0]]).unwrap();
+        assert_eq!(y, [30.0, 40.0, 10.0, 20.0]);
     }
 
     #[test]

@@ -81,6 +81,17 @@ pub fn unary_expr(op: &str, x: &str) -> Option<String> {
 }
 
 /// x · sigmoid(αx) as one division, as on the CPU (x / inf is 0 where exp overflows).
+/// GELU of `x` (an f32 variable or primary expression), exact or its tanh approximation.
+pub fn gelu(x: &str, tanh_form: bool) -> String {
+    if !tanh_form {
+        let scaled = format!("({x} * {})", f32_lit(std::f32::consts::FRAC_1_SQRT_2));
+        return format!("0.5 * {x} * (1.0 + {})", erf(&scaled));
+    }
+    let k = f32_lit((2.0 / std::f64::consts::PI).sqrt() as f32);
+    let inner = format!("({k} * ({x} + 0.044715 * {x} * {x} * {x}))");
+    format!("0.5 * {x} * (1.0 + {})", tanh(&inner))
+}
+
 pub fn swish(x: &str, alpha: &str) -> String {
     format!("{x} / (1.0 + exp(-({alpha} * {x})))")
 }
@@ -630,15 +641,8 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
         }
         "Swish" => swish(x, &attr("alpha")?),
         "Gelu" => match cx.attrs.text("approximate") {
-            Ok("none") => format!(
-                "0.5 * {x} * (1.0 + {})",
-                erf(&format!("({x} * {})", f32_lit(std::f32::consts::FRAC_1_SQRT_2)))
-            ),
-            Ok("tanh") => {
-                let k = f32_lit((2.0 / std::f64::consts::PI).sqrt() as f32);
-                let inner = format!("({k} * ({x} + 0.044715 * {x} * {x} * {x}))");
-                format!("0.5 * {x} * (1.0 + {})", tanh(&inner))
-            }
+            Ok("none") => gelu(x, false),
+            Ok("tanh") => gelu(x, true),
             other => return Err(no_kernel!("Gelu approximate {other:?}")),
         },
         op => unary_expr(op, x).ok_or_else(|| no_kernel!("no Vulkan kernel for {op}"))?,

@@ -589,6 +589,33 @@ mod tests {
     }
 
     #[test]
+    fn a_bias_along_the_columns_and_gelu_agree_with_the_unfused_ops() {
+        let r = |shape: &[usize], k: f32| {
+            let n = shape.iter().product();
+            f32s(shape, &seq(n).iter().map(|v| (v * k) % 7.0 - 3.0).collect::<Vec<_>>())
+        };
+        let (a, b) = (r(&[2, 3, 4], 0.3), r(&[4, 5], 0.7));
+        for bias in [r(&[5], 0.9), r(&[1, 1, 5], 0.9)] {
+            for (ops, params) in [("Add,Gelu", [0.0]), ("Add,Gelu", [1.0]), ("Mul,Gelu", [1.0])] {
+                let out = run("MatMul", &mm(), &[&a, &b], &[2, 3, 5]);
+                let desc = [out.desc().clone()];
+                let attrs = post(mm(), ops, &params);
+                let fused = eval("MatMul", &attrs, &[&a, &b, &bias], &desc).unwrap().remove(0);
+                let want = unfused(out, ops, &params, &[&bias]);
+                // A leading Add starts the sums at the bias: another order of additions.
+                let what = format!("{ops} {params:?} with a bias of {:?}", bias.shape());
+                assert_close(&fused, &want, 1e-6, &what);
+            }
+        }
+        // Along the rows (a [2, 3, 1] operand) is no bias: refused.
+        let rows = post(mm(), "Add", &[]);
+        let desc = [TensorDesc::new(DType::F32, vec![2, 3, 5])];
+        assert!(eval("MatMul", &rows, &[&a, &b, &r(&[2, 3, 1], 0.9)], &desc).is_err());
+        // Nor does a Conv take a bias along its last dim (its paths read residuals by element).
+        assert!(!crate::cpu::post::broadcasts(&[3, 1], &[2, 3, 5]));
+    }
+
+    #[test]
     fn post_ops_need_f32_and_c() {
         let relu = post(Attrs::new(), "Relu", &[]);
         let a = Tensor::from_vec(vec![2, 2], &[1.0f64, 2.0, 3.0, 4.0]).unwrap();

@@ -7,7 +7,7 @@
 //! it at the element's index right before that element is stored, which is safe.
 
 use super::{Binding, KernelCx, NoKernel, f32_lit};
-use crate::elementwise::vulkan::{swish, unary_expr};
+use crate::elementwise::vulkan::{gelu, swish, unary_expr};
 use crate::no_kernel;
 use ingot_schema::DType;
 
@@ -15,8 +15,19 @@ use ingot_schema::DType;
 enum Step {
     /// A WGSL expression of `pv`.
     Map(String),
-    /// `v op r[k]`, r of the output's size or one element.
-    Binary { op: &'static str, operand: usize, scalar: bool },
+    /// `v op r[k]`, r of the output's size, one element, or one per index of its last dim.
+    Binary { op: &'static str, operand: usize, at: Index },
+}
+
+/// Where a binary post-op reads its operand for output element `i`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Index {
+    /// `r[i]`: the output's shape.
+    Element,
+    /// `r[0]`: one element.
+    Scalar,
+    /// `r[i % n]`: one value per index of the output's last dim (a bias).
+    Column(usize),
 }
 
 /// The post-ops of one step.
@@ -33,22 +44,29 @@ impl PostOps {
     pub fn new(cx: &KernelCx, own: usize) -> Result<PostOps, NoKernel> {
         let names = cx.attrs.text("post_ops").map_err(|e| no_kernel!("{e}"))?;
         let params = cx.attrs.floats("post_params").map_err(|e| no_kernel!("{e}"))?;
-        let mut params = params.iter().map(|&v| f32_lit(v as f32));
-        let mut param = || params.next().ok_or_else(|| no_kernel!("post_params too short"));
+        let mut values = params.iter().map(|&v| v as f32);
+        let mut value = || values.next().ok_or_else(|| no_kernel!("post_params too short"));
         let out_len = cx.outputs.first().map_or(0, |o| o.desc.elements());
         let mut post = PostOps { first: own, ..PostOps::default() };
         for name in names.split(',').filter(|n| !n.is_empty()) {
             let step = match name {
-                "LeakyRelu" => Step::Map(format!("select({} * pv, pv, pv >= 0.0)", param()?)),
+                "LeakyRelu" => {
+                    Step::Map(format!("select({} * pv, pv, pv >= 0.0)", f32_lit(value()?)))
+                }
                 "Clip" => {
-                    let (lo, hi) = (param()?, param()?);
+                    let (lo, hi) = (f32_lit(value()?), f32_lit(value()?));
                     Step::Map(format!("min(max(pv, {lo}), {hi})"))
                 }
                 "HardSigmoid" => {
-                    let (alpha, beta) = (param()?, param()?);
+                    let (alpha, beta) = (f32_lit(value()?), f32_lit(value()?));
                     Step::Map(format!("clamp({alpha} * pv + {beta}, 0.0, 1.0)"))
                 }
-                "Swish" => Step::Map(swish("pv", &param()?)),
+                "Swish" => Step::Map(swish("pv", &f32_lit(value()?))),
+                "Gelu" => match value()? {
+                    0.0 => Step::Map(gelu("pv", false)),
+                    1.0 => Step::Map(gelu("pv", true)),
+                    other => return Err(no_kernel!("Gelu post-op with parameter {other}")),
+                },
                 "Add" | "Sub" | "RSub" | "Mul" => {
                     let k = post.operands;
                     let r = cx
@@ -59,6 +77,16 @@ impl PostOps {
                         return Err(cx.dtype(r.desc.dtype));
                     }
                     post.operands += 1;
+                    let n = r.desc.elements();
+                    let last = cx.outputs.first().and_then(|o| o.desc.shape.last().copied());
+                    let at = match n {
+                        _ if n == out_len => Index::Element,
+                        1 => Index::Scalar,
+                        _ if Some(n) == last && matches!(cx.op, "MatMul" | "Gemm") => {
+                            Index::Column(n)
+                        }
+                        _ => return Err(no_kernel!("a post-op operand of {n} elements")),
+                    };
                     Step::Binary {
                         op: match name {
                             "Add" => "+",
@@ -67,7 +95,7 @@ impl PostOps {
                             _ => "*",
                         },
                         operand: k,
-                        scalar: r.desc.elements() == 1 && out_len != 1,
+                        at,
                     }
                 }
                 act => Step::Map(
@@ -105,10 +133,11 @@ impl PostOps {
         for step in &self.steps {
             let expr = match step {
                 Step::Map(e) => e.clone(),
-                Step::Binary { op, operand, scalar } => {
-                    let at = match scalar {
-                        true => format!("r{operand}[p.r{operand}]"),
-                        false => format!("r{operand}[p.r{operand} + i]"),
+                Step::Binary { op, operand, at } => {
+                    let at = match at {
+                        Index::Element => format!("r{operand}[p.r{operand} + i]"),
+                        Index::Scalar => format!("r{operand}[p.r{operand}]"),
+                        Index::Column(n) => format!("r{operand}[p.r{operand} + i % {n}u]"),
                     };
                     match *op {
                         "r-" => format!("{at} - pv"),

@@ -355,8 +355,39 @@ fn gelu_graph(form: usize, by_reciprocal: bool, erf_also_output: bool) -> Graph 
     b.finish(&outputs)
 }
 
+/// GELU's tanh approximation in pieces, as Hugging Face's `gelu_new` writes it:
+/// `0.5 * x * (1 + Tanh(√(2/π) * (x + 0.044715 * x³)))`, the cube `Pow(x, 3)` or, with
+/// `cube_by_mul`, `x * (x * x)`.
+fn gelu_tanh_graph(cube_by_mul: bool) -> Graph {
+    let mut b = Builder::new();
+    let x = b.input("x", &[2, 8]);
+    let cube = if cube_by_mul {
+        let square = b.op("Mul", &[x, x]);
+        b.op("Mul", &[x, square])
+    } else {
+        let three = b.constant("three", &[], &[3.0], 0);
+        b.op("Pow", &[x, three])
+    };
+    let k = b.constant("k", &[], &[0.044715], 0);
+    let m = b.op("Mul", &[k, cube]);
+    let u = b.op("Add", &[x, m]);
+    let c = b.constant("c", &[], &[(2.0 / std::f32::consts::PI).sqrt()], 0);
+    let t = b.op("Mul", &[c, u]);
+    let tanh = b.op("Tanh", &[t]);
+    let one = b.constant("one", &[], &[1.0], 0);
+    let e = b.op("Add", &[one, tanh]);
+    let half = b.constant("half", &[], &[0.5], 0);
+    let h = b.op("Mul", &[half, x]);
+    let y = b.op("Mul", &[h, e]);
+    b.finish(&[y])
+}
+
 #[test]
 fn decomposed_gelu_becomes_one_node() {
+    for cube_by_mul in [false, true] {
+        let f = fused(&gelu_tanh_graph(cube_by_mul), &["Gelu"]);
+        assert_eq!(the(&f, "Gelu").attrs.text("approximate").unwrap(), "tanh");
+    }
     for form in 0..3 {
         for by_reciprocal in [false, true] {
             let g = gelu_graph(form, by_reciprocal, false);
@@ -367,6 +398,32 @@ fn decomposed_gelu_becomes_one_node() {
     }
     // An inner value read elsewhere keeps the pattern apart.
     fused(&gelu_graph(0, false, true), &["Div", "Erf", "Add", "Mul", "Mul"]);
+}
+
+#[test]
+fn a_biased_product_and_its_gelu_become_one_matmul() {
+    for (form, param) in [("none", 0.0), ("tanh", 1.0)] {
+        for bias_shape in [&[5][..], &[1, 1, 5]] {
+            let mut b = Builder::new();
+            let x = b.input("x", &[2, 3, 4]);
+            let w = b.constant("w", &[4, 5], &[], 1);
+            let bias = b.constant("bias", bias_shape, &[], 2);
+            let y = b.op("MatMul", &[x, w]);
+            let z = b.op("Add", &[bias, y]);
+            let gelu = Attrs::new().with("approximate", AttrValue::Text(form.into()));
+            let out = b.node("Gelu", &[z], gelu);
+            let f = fused(&b.finish(&[out]), &["MatMul"]);
+            assert_eq!(post_ops(the(&f, "MatMul")), ("Add,Gelu", &[param][..]));
+        }
+    }
+    // An operand along the rows is no bias, and a Conv takes none along its last dim.
+    let mut b = Builder::new();
+    let x = b.input("x", &[2, 3, 4]);
+    let w = b.constant("w", &[4, 5], &[], 1);
+    let rows = b.constant("rows", &[3, 1], &[], 2);
+    let y = b.op("MatMul", &[x, w]);
+    let z = b.op("Add", &[y, rows]);
+    fused(&b.finish(&[z]), &["MatMul", "Add"]);
 }
 
 #[test]

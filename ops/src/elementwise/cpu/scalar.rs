@@ -283,7 +283,7 @@ float!(f32: exp_f32, erf_f32, f64: f64::exp, erf);
 /// t = 1 / (1 + a/2), fractional error under 1.2e-7 for every a. Both are computed and one
 /// selected; NaN stays NaN and ±inf gives ±1.
 #[inline(always)]
-fn erf_f32(x: f32) -> f32 {
+pub(crate) fn erf_f32(x: f32) -> f32 {
     let a = x.abs();
     let z = a * a;
     // 2/√π Σ (-1)ⁿ z^n / (n! (2n + 1)), from n = 6 down.
