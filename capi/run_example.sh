@@ -20,8 +20,10 @@ for f in "$model" "$input"; do
     [[ -f $f ]] || { echo "run_example.sh: $f is missing: run bash tools/setup.sh" >&2; exit 1; }
 done
 
-cargo build --quiet -p ingot-capi
-cargo build --quiet -p ingot-cli
+# The workspace build tools/test.sh makes (libingot.a and the ingot CLI among it), so that
+# there the script compiles nothing: building the two packages alone resolves their features
+# apart from the workspace's and compiles the runtime and the kernels again.
+cargo build --quiet --workspace --all-targets
 mkdir -p "$target/capi" "$out"
 "$target/debug/ingot" compile "$model" --input-shape x=1x3x48x192 -o "$target/capi/cls.ingot" >/dev/null
 
