@@ -17,8 +17,9 @@
 # YOLOv8n detector at 320 (`yolov8n`), the decoder fixture's prefill graph (`decoder`, float)
 # and its quantized forms from tools/make_quantized_models.py: `decoder_dynamic` (int8 weights,
 # DynamicQuantizeLinear + MatMulInteger), `decoder_qdq` (QuantizeLinear/DequantizeLinear
-# around every op) and `decoder_w8` (weight-only int8, dequantized in the graph); their token
-# ids are drawn from the fixture's vocabulary.
+# around every op) and `decoder_w8` (weight-only int8, dequantized in the graph), and
+# `decoder_exported` from tools/make_exported_models.py (norms as ReduceMean chains, GELU in
+# pieces, as older exporters write them); their token ids are drawn from the fixture's vocabulary.
 #
 # Usage: tools/bench_cpu.sh [--iterations N] [--models det,rec,cls,resnet50,shufflenet]
 #                           [--threads 1,2] [--busy N] [--no-spin] [--no-build]
@@ -65,12 +66,13 @@ declare -A file=(
     [decoder_dynamic]="$target/models/prefill_dynamic.onnx"
     [decoder_qdq]="$target/models/prefill_qdq.onnx"
     [decoder_w8]="$target/models/prefill_weights_int8.onnx"
+    [decoder_exported]="$target/models/prefill_exported.onnx"
 )
 declare -A input=(
     [det]=x=1x3x224x224 [rec]=x=1x3x48x320 [cls]=x=1x3x48x192
     [resnet50]=gpu_0/data_0=1x3x224x224 [shufflenet]=gpu_0/data_0=1x3x224x224
     [yolov8n]=images=1x3x320x320 [decoder]=input_ids=1x16 [decoder_dynamic]=input_ids=1x16
-    [decoder_qdq]=input_ids=1x16 [decoder_w8]=input_ids=1x16
+    [decoder_qdq]=input_ids=1x16 [decoder_w8]=input_ids=1x16 [decoder_exported]=input_ids=1x16
 )
 IFS=, read -r -a model_keys <<<"$models"
 IFS=, read -r -a thread_counts <<<"$threads"

@@ -21,6 +21,9 @@ Cases, each with the capability it covers:
   decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
   with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
   the graph), on seeded token ids.
+- decoder_exported: the same graph as older exporters write it (tools/make_exported_models.py:
+  LayerNormalization and RMSNorm as their ReduceMean chains in three spellings, GELU in its
+  Erf and tanh forms), which Ingot rewrites into whole ops.
 
 The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
 as in make_references.py, whose helpers this script shares. Skips all work when the manifest was written by this same script for
@@ -102,6 +105,7 @@ CASES = {
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),
     "decoder_weights_int8": ("prefill_weights_int8.onnx", tokens(8)),
+    "decoder_exported": ("prefill_exported.onnx", tokens(9)),
 }
 
 

@@ -3,7 +3,8 @@
 #   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
 #   models/        real models from PyPI wheels (PP-OCR, silero-vad, nudenet's YOLOv8n),
 #                  sha256-checked, and the decoder's prefill graph quantized four ways
-#                  (tools/make_quantized_models.py)
+#                  (tools/make_quantized_models.py) and written as older exporters write it
+#                  (tools/make_exported_models.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -37,4 +38,5 @@ bash tools/fetch_models.sh "$target/models"
 "$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"
 "$py" tools/make_decoder.py --out "$target/decoder"
 "$py" tools/make_quantized_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
+"$py" tools/make_exported_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
 "$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"

@@ -8,7 +8,7 @@
 //! tools/setup.sh`; tools/make_model_references.py says what each case covers and how its
 //! inputs were made.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use ingot_compiler::CompileOptions;
 use ingot_runtime::{Device, Stage, Tensor};
 use ingot_tests::data::read_npy;
@@ -117,5 +117,38 @@ fn real_models_match_onnx_runtime_on_the_cpu_and_vulkan() -> Result<()> {
     if !failures.is_empty() {
         bail!("{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
     }
+    Ok(())
+}
+
+/// The steps of `file`'s bundle (under target/), by op, in order.
+fn step_ops(file: &str) -> Result<Vec<String>> {
+    let bytes = ingot_compiler::compile_file(&generated(file)?, &CompileOptions::default())
+        .with_context(|| format!("compile {file}"))?;
+    let bundle = ingot_runtime::Bundle::from_bytes(&bytes)?;
+    Ok(bundle.manifest().variants[0].steps.iter().map(|s| s.op.clone()).collect())
+}
+
+/// The decoder fixture as older exporters write it (normalizations as ReduceMean chains,
+/// GELU in pieces) compiles to the steps of the graph written with whole ops: a norm step
+/// where the fixture has LayerNormalization (an RMS norm for the final one), the GELUs inside
+/// their MatMuls as the Relus are.
+#[test]
+fn exported_normalizations_and_gelus_compile_to_whole_ops() -> Result<()> {
+    let whole = step_ops("decoder/prefill.onnx")?;
+    let exported = step_ops("models/prefill_exported.onnx")?;
+    let expected: Vec<String> = {
+        let mut norms = 0;
+        let total = whole.iter().filter(|op| *op == "LayerNormalization").count();
+        (whole.iter())
+            .map(|op| match op.as_str() {
+                "LayerNormalization" => {
+                    norms += 1;
+                    if norms == total { "RMSNormalization" } else { op }.to_string()
+                }
+                _ => op.clone(),
+            })
+            .collect()
+    };
+    ensure!(exported == expected, "exported steps {exported:?}\nexpected {expected:?}");
     Ok(())
 }

@@ -25,6 +25,7 @@
 //! on f32 outputs only.
 
 use super::PassError;
+use super::patterns::{Patterns, near, scalar};
 use crate::ir::{Const, Graph, Node, ValueId};
 use ingot_ops::Constant as _;
 use ingot_ops::cpu::post::broadcasts;
@@ -72,42 +73,9 @@ fn is_f32(g: &Graph, v: ValueId) -> bool {
     g.ty(v).is_some_and(|t| t.dtype == DType::F32)
 }
 
-/// The value of a one-element float constant.
-fn scalar(g: &Graph, v: ValueId) -> Option<f64> {
-    match g.constant(v)?.to_f64s()?[..] {
-        [x] => Some(x),
-        _ => None,
-    }
-}
-
-fn near(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-6 * b.abs()
-}
-
 // ---- 1. Decomposed activations ----
 
-/// What pattern matching needs: who produces and how many read each value.
-struct Patterns<'g> {
-    g: &'g Graph,
-    uses: Vec<usize>,
-    producers: Vec<Option<usize>>,
-}
-
 impl Patterns<'_> {
-    /// The node producing `v` if `v` is read once (by the node being matched), and its op.
-    fn only_use(&self, v: ValueId, op: &str) -> Option<&Node> {
-        let n = &self.g.nodes[self.producers[v]?];
-        (self.uses[v] == 1 && n.op == op).then_some(n)
-    }
-
-    /// Both operand orders of a binary node.
-    fn pairs(n: &Node) -> Option<[(ValueId, ValueId); 2]> {
-        match n.inputs[..] {
-            [Some(a), Some(b)] => Some([(a, b), (b, a)]),
-            _ => None,
-        }
-    }
-
     /// `v / 6` or `v * (1/6)` as node `n`: returns v.
     fn sixth(&self, n: &Node) -> Option<ValueId> {
         let pairs = Self::pairs(n)?;
@@ -246,12 +214,6 @@ impl Patterns<'_> {
                 })?;
         Some((self.same_float(x, out)?, form))
     }
-
-    /// `x` if it is a float of `out`'s type.
-    fn same_float(&self, x: ValueId, out: ValueId) -> Option<ValueId> {
-        let float = self.g.ty(x).is_some_and(|t| t.dtype.is_float());
-        (float && self.g.ty(x) == self.g.ty(out)).then_some(x)
-    }
 }
 
 /// Rewrites each decomposed HardSwish, SiLU and GELU into one node, leaving its inner nodes
@@ -259,7 +221,7 @@ impl Patterns<'_> {
 fn whole_activations(g: &mut Graph) {
     let found: Vec<(usize, &str, Attrs, ValueId)> = {
         let g: &Graph = g;
-        let p = Patterns { g, uses: g.use_counts(), producers: g.producers() };
+        let p = Patterns::new(g);
         let silu = || Attrs::new().with("alpha", AttrValue::Float(1.0));
         let gelu = |form: &str| Attrs::new().with("approximate", AttrValue::Text(form.into()));
         (g.nodes.iter().enumerate())

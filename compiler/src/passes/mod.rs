@@ -8,7 +8,9 @@ mod dce;
 mod dequantize;
 mod fuse;
 mod lower;
+mod norm_chains;
 mod outputs;
+mod patterns;
 #[cfg(test)]
 mod testing;
 
@@ -28,6 +30,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("lower", lower::run),
     ("dce", dce::run),
     ("dequantize", dequantize::run),
+    ("norm_chains", norm_chains::run),
     ("fuse", fuse::run),
     ("outputs", outputs::run),
 ];

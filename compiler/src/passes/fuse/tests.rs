@@ -4,64 +4,8 @@
 
 use super::*;
 use crate::ir;
-use crate::passes::lower;
-use crate::passes::testing::evaluate;
+use crate::passes::testing::{Builder, assert_agrees, data};
 use ingot_ops::cpu::post;
-
-/// A graph under construction, in ONNX terms (it is lowered when finished).
-struct Builder {
-    g: Graph,
-}
-
-impl Builder {
-    fn new() -> Self {
-        Builder { g: Graph { opset: 17, ..Default::default() } }
-    }
-
-    fn input(&mut self, name: &str, shape: &[usize]) -> ValueId {
-        let v = self.g.add_value(name, Some(TensorDesc::new(DType::F32, shape.to_vec())));
-        self.g.inputs.push(v);
-        v
-    }
-
-    /// A constant of `shape` holding `values`, or distinct values from `seed` when empty.
-    fn constant(&mut self, name: &str, shape: &[usize], values: &[f32], seed: usize) -> ValueId {
-        let n = shape.iter().product();
-        let data = if values.is_empty() { data(n, seed) } else { values.to_vec() };
-        let t = Tensor::from_vec(shape.to_vec(), &data).unwrap();
-        self.g.add_constant(name, Const::owned(t))
-    }
-
-    fn node(&mut self, op: &str, inputs: &[ValueId], attrs: Attrs) -> ValueId {
-        let out = self.g.add_value(format!("{op}{}", self.g.nodes.len()), None);
-        self.g.nodes.push(Node {
-            name: format!("n{}", self.g.nodes.len()),
-            op: op.into(),
-            domain: String::new(),
-            inputs: inputs.iter().map(|&i| Some(i)).collect(),
-            outputs: vec![out],
-            attrs,
-        });
-        out
-    }
-
-    fn op(&mut self, op: &str, inputs: &[ValueId]) -> ValueId {
-        self.node(op, inputs, Attrs::new())
-    }
-
-    /// Lowers the graph, as the pipeline does before fusing.
-    fn finish(mut self, outputs: &[ValueId]) -> Graph {
-        self.g.outputs = outputs.to_vec();
-        lower::run(&mut self.g).unwrap();
-        ir::check(&self.g).unwrap();
-        self.g
-    }
-}
-
-/// `n` distinct, irregular values in about [-1.5, 1.5].
-fn data(n: usize, seed: usize) -> Vec<f32> {
-    (0..n).map(|i| ((i * 37 + seed * 11) % 23) as f32 / 7.3 - 1.5).collect()
-}
 
 fn float(v: f64) -> AttrValue {
     AttrValue::Float(v)
@@ -75,22 +19,7 @@ fn fused(g: &Graph, ops: &[&str]) -> Graph {
     ir::check(&f).unwrap();
     let left: Vec<&str> = f.nodes.iter().map(|n| n.op.as_str()).collect();
     assert_eq!(left, ops);
-    let inputs: Vec<Tensor> = (g.inputs.iter().enumerate())
-        .map(|(k, &i)| {
-            let desc = g.ty(i).unwrap();
-            Tensor::from_vec(desc.shape.clone(), &data(desc.elements(), 100 + k)).unwrap()
-        })
-        .collect();
-    for (got, want) in evaluate(&f, &inputs).iter().zip(evaluate(g, &inputs)) {
-        assert_eq!(got.desc(), want.desc());
-        let (got, want) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                "element {i}: fused {a}, unfused {b}"
-            );
-        }
-    }
+    assert_agrees(&f, g);
     f
 }
 
