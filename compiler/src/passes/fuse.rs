@@ -15,9 +15,10 @@
 //! 3. **Post-ops** (canonical form in `ops/src/cpu/post.rs`): after a Conv, ConvTranspose,
 //!    Gemm or MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish,
 //!    Tanh, Swish, Gelu) or an Add, Sub or Mul whose other operand has the output's shape (a
-//!    residual), holds one value, or one per index of the output's last dim (MatMul's bias)
-//!    is appended to the op's post-ops, chains included: a transformer's MatMul, bias and
-//!    GELU become one step.
+//!    residual), holds one value, or (MatMul, Gemm) is a block of the output's trailing dims
+//!    (a bias, an attention mask), or a Div by a one-element constant (a Mul by its
+//!    reciprocal), is appended to the op's post-ops, chains included: a transformer's MatMul,
+//!    bias and GELU become one step, and so do its scores, their scale and their mask.
 //!
 //! A node absorbs its consumer only if it is the only reader of its output, which is not a
 //! graph output (a use count of one says both). The fused node takes the consumer's place in
@@ -343,18 +344,26 @@ impl<'g> Fuser<'g> {
         let g = &*self.g;
         let node = &g.nodes[c];
         let [out] = node.outputs[..] else { return None };
+        // A division by a constant is a product with its reciprocal (attention's scores /
+        // √d): a one-element operand made here.
+        let mut reciprocal = None;
         let (y, name, params, operand) = match (node.op.as_str(), &node.inputs[..]) {
             (op, &[Some(y)]) => {
                 let (_, attrs) = ACTIVATION_ATTRS.iter().find(|(a, _)| *a == op)?;
                 (y, op.to_string(), activation_params(node, attrs)?, None)
+            }
+            ("Div", &[Some(y), Some(k)]) => {
+                let k = scalar(g, k).filter(|k| k.is_finite() && *k != 0.0)?;
+                reciprocal = Some((1.0 / k) as f32);
+                (y, "Mul".to_string(), Vec::new(), None)
             }
             (op @ ("Add" | "Sub" | "Mul"), &[Some(a), Some(b)]) => {
                 // Prefer the operand computed last as the one fused into: the other is then
                 // more likely to die here and be written over.
                 let mut candidates = [(a, b, false), (b, a, true)];
                 candidates.sort_by_key(|&(y, _, _)| std::cmp::Reverse(self.producers[y]));
-                // A residual of y's shape, one value, or (MatMul, Gemm) a bias along y's last
-                // dim.
+                // A residual of y's shape, one value, or (MatMul, Gemm) a block of y's
+                // trailing dims: a bias, an attention mask.
                 let (y, r, swapped) = candidates.into_iter().find(|&(y, r, _)| {
                     let Some(p) = self.host(y) else { return false };
                     let columns = matches!(g.nodes[p].op.as_str(), "MatMul" | "Gemm");
@@ -380,7 +389,8 @@ impl<'g> Fuser<'g> {
         // With post-op operands the op has all its own inputs: a missing bias or C is zero.
         let producer = &g.nodes[p];
         let own = HOSTS.iter().find(|(op, _)| *op == producer.op)?.1;
-        let zero_bias = (operand.is_some() && producer.inputs.len() < own).then(|| {
+        let operands = operand.is_some() || reciprocal.is_some();
+        let zero_bias = (operands && producer.inputs.len() < own).then(|| {
             let m = g.ty(y).and_then(|t| t.shape.get(1).copied()).unwrap_or(0);
             (format!("{}:bias", g.values[y].name), m)
         });
@@ -389,7 +399,11 @@ impl<'g> Fuser<'g> {
                 let zeros = Tensor::zeros(TensorDesc::new(DType::F32, vec![m]));
                 n.inputs.push(Some(g.add_constant(bias_name, Const::owned(zeros))));
             }
-            n.inputs.extend(operand.map(Some));
+            let made = reciprocal.and_then(|k| {
+                let k = Tensor::from_vec(Vec::new(), &[k]).ok()?;
+                Some(g.add_constant(format!("{}:reciprocal", g.values[out].name), Const::owned(k)))
+            });
+            n.inputs.extend(operand.or(made).map(Some));
             let ops = match n.attrs.text("post_ops") {
                 Ok("") | Err(_) => name,
                 Ok(ops) => format!("{ops},{name}"),

@@ -86,8 +86,9 @@ pub(crate) fn data(n: usize, seed: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 37 + seed * 11) % 23) as f32 / 7.3 - 1.5).collect()
 }
 
-/// Checks that `changed` computes what `original` does (f32 outputs within 1e-5, relative
-/// above 1), both evaluated on the same irregular inputs.
+/// Checks that `changed` computes what `original` does (f32 outputs equal, infinities and
+/// NaNs included, or within 1e-5, relative above 1), both evaluated on the same irregular
+/// inputs.
 pub(crate) fn assert_agrees(changed: &Graph, original: &Graph) {
     let inputs: Vec<Tensor> = (original.inputs.iter().enumerate())
         .map(|(k, &i)| {
@@ -99,7 +100,11 @@ pub(crate) fn assert_agrees(changed: &Graph, original: &Graph) {
         assert_eq!(got.desc(), want.desc());
         let (got, want) = (got.as_slice::<f32>().unwrap(), want.as_slice::<f32>().unwrap());
         for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "element {i}: {a}, originally {b}");
+            let same = a == b || (a.is_nan() && b.is_nan());
+            assert!(
+                same || (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "element {i}: {a}, originally {b}"
+            );
         }
     }
 }

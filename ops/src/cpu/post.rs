@@ -12,9 +12,10 @@
 //!   (the tanh approximation).
 //! - Each binary op reads the next extra input after the op's own inputs (Conv and
 //!   ConvTranspose: X, W, B; Gemm: A, B, C; MatMul: A, B); with extra inputs the bias (C) is
-//!   always present. R has the output's shape, holds one element, or (MatMul and Gemm) holds
-//!   one value per index of the output's last dim (a bias along the columns, shape `[N]` or
-//!   `[1, .., N]`): element `e` of the output reads `R[e mod len(R)]` in each case.
+//!   always present. R has the output's shape, holds one element, or (MatMul and Gemm) is a
+//!   block of the output's trailing dims (a bias along the columns, `[N]` or `[1, .., N]`;
+//!   an attention mask `[S, S]`): element `e` of the output reads `R[e mod len(R)]` in each
+//!   case.
 //!
 //! Output, operands and arithmetic are float32. A leading `Add` is not applied after the
 //! product: the output starts as R (plus the bias) and the product accumulates onto it. That
@@ -165,8 +166,8 @@ impl PostOps {
         if !post.steps.is_empty() && y.dtype != DType::F32 {
             return Err(cx.dtype_error(y.dtype));
         }
-        // A bias along the last dim only where the product engine starts and applies it
-        // (MatMul, Gemm); conv's paths read a residual by element.
+        // A bias or mask of trailing dims only where the product engine starts and applies
+        // it (MatMul, Gemm); conv's paths read a residual by element.
         let columns = matches!(cx.op, "MatMul" | "Gemm");
         for r in &cx.inputs[n_own..] {
             let fits = r.shape == y.shape
@@ -175,7 +176,7 @@ impl PostOps {
             if r.dtype != DType::F32 || !fits {
                 return Err(invalid!(
                     "{}: a post-op operand is {} {:?}; it must be f32 of the output's shape {:?}, \
-                     hold one element, or (MatMul, Gemm) one per index of its last dim",
+                     hold one element, or (MatMul, Gemm) hold a block of its trailing dims",
                     cx.op,
                     r.dtype,
                     r.shape,
@@ -196,8 +197,8 @@ impl PostOps {
         self.steps.len() > usize::from(self.accumulates())
     }
 
-    /// The extra inputs, after the `own` inputs, each of `len` elements, one, or `len`'s last
-    /// dim (what `prepare` checked). The one the output was written over (`aliased`, an input
+    /// The extra inputs, after the `own` inputs, each of `len` elements, one, or a block of
+    /// the output's trailing dims (what `prepare` checked). The one the output was written over (`aliased`, an input
     /// index) is left empty: it is in the output.
     pub fn operands<'a, T: Element>(
         &self,
@@ -237,7 +238,7 @@ impl PostOps {
         } else if !in_place {
             match extras.first() {
                 Some(&&[r]) => y.fill(r),
-                // R, or a bias along the last dim: repeated over the rows.
+                // R, or a block of the trailing dims: repeated over the leading ones.
                 Some(r) if !r.is_empty() && y.len().is_multiple_of(r.len()) => {
                     y.chunks_exact_mut(r.len()).for_each(|row| row.copy_from_slice(r))
                 }
@@ -327,8 +328,8 @@ fn map(y: &mut [f32], f: impl Fn(f32) -> f32) {
     }
 }
 
-/// `y[i] = f(y[i], r[(at + i) mod len(r)])`: `r` has the output's elements, one, or one per
-/// index of its last dim (repeated over the rows).
+/// `y[i] = f(y[i], r[(at + i) mod len(r)])`: `r` has the output's elements, one, or a block
+/// of its trailing dims (repeated over the leading ones).
 #[inline(always)]
 fn zip(
     y: &mut [f32],
@@ -340,7 +341,7 @@ fn zip(
         &[r] => map(y, |v| f(v, r)),
         [] => return Err(invalid!("a post-op operand is empty")),
         r => {
-            // From the column `at` falls on, row after row.
+            // From the element of the block `at` falls on, block after block.
             let mut j = at % r.len();
             let mut rest = &mut y[..];
             while !rest.is_empty() {
@@ -357,17 +358,13 @@ fn zip(
 }
 
 /// Whether a post-op operand of shape `r` serves an output of shape `y` of MatMul or Gemm:
-/// the same shape, one element, or one per index of y's last dim (`[N]`, `[1, .., N]`),
-/// broadcasting as numpy does.
+/// the same shape, one element, or a block of y's trailing dims repeated over the leading
+/// ones (r, its leading ones dropped, ends y's shape: a bias `[N]` or `[1, .., N]`, an
+/// attention mask `[S, S]` or `[1, 1, S, S]`, a position bias `[H, S, S]`), as numpy
+/// broadcasts it. Element `e` of the output reads `R[e mod len(R)]` in each case.
 pub fn broadcasts(r: &[usize], y: &[usize]) -> bool {
-    let one: usize = r.iter().product();
-    let column = match (r.split_last(), y.last()) {
-        (Some((&n, lead)), Some(&last)) => {
-            n == last && lead.iter().all(|&d| d == 1) && r.len() <= y.len()
-        }
-        _ => false,
-    };
-    r == y || one == 1 || column
+    let ones = r.iter().take_while(|&&d| d == 1).count();
+    r.len() <= y.len() && y.ends_with(&r[ones..])
 }
 
 #[cfg(test)]

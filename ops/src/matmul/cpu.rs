@@ -589,13 +589,14 @@ mod tests {
     }
 
     #[test]
-    fn a_bias_along_the_columns_and_gelu_agree_with_the_unfused_ops() {
+    fn a_bias_or_mask_of_trailing_dims_and_gelu_agree_with_the_unfused_ops() {
         let r = |shape: &[usize], k: f32| {
             let n = shape.iter().product();
             f32s(shape, &seq(n).iter().map(|v| (v * k) % 7.0 - 3.0).collect::<Vec<_>>())
         };
         let (a, b) = (r(&[2, 3, 4], 0.3), r(&[4, 5], 0.7));
-        for bias in [r(&[5], 0.9), r(&[1, 1, 5], 0.9)] {
+        // A bias along the columns, and blocks of the trailing dims (an attention mask).
+        for bias in [r(&[5], 0.9), r(&[1, 1, 5], 0.9), r(&[3, 5], 1.1), r(&[1, 3, 5], 1.3)] {
             for (ops, params) in [("Add,Gelu", [0.0]), ("Add,Gelu", [1.0]), ("Mul,Gelu", [1.0])] {
                 let out = run("MatMul", &mm(), &[&a, &b], &[2, 3, 5]);
                 let desc = [out.desc().clone()];
@@ -611,8 +612,10 @@ mod tests {
         let rows = post(mm(), "Add", &[]);
         let desc = [TensorDesc::new(DType::F32, vec![2, 3, 5])];
         assert!(eval("MatMul", &rows, &[&a, &b, &r(&[2, 3, 1], 0.9)], &desc).is_err());
-        // Nor does a Conv take a bias along its last dim (its paths read residuals by element).
+        // Nor a block that is not the trailing dims.
         assert!(!crate::cpu::post::broadcasts(&[3, 1], &[2, 3, 5]));
+        assert!(!crate::cpu::post::broadcasts(&[2, 1, 5], &[2, 3, 5]));
+        assert!(!crate::cpu::post::broadcasts(&[1, 1, 3, 5], &[3, 5]), "a wider output");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! it at the element's index right before that element is stored, which is safe.
 
 use super::{Binding, KernelCx, NoKernel, f32_lit};
+use crate::cpu::post::broadcasts;
 use crate::elementwise::vulkan::{gelu, swish, unary_expr};
 use crate::no_kernel;
 use ingot_schema::DType;
@@ -15,7 +16,7 @@ use ingot_schema::DType;
 enum Step {
     /// A WGSL expression of `pv`.
     Map(String),
-    /// `v op r[k]`, r of the output's size, one element, or one per index of its last dim.
+    /// `v op r[k]`, r of the output's size, one element, or a block of its trailing dims.
     Binary { op: &'static str, operand: usize, at: Index },
 }
 
@@ -26,8 +27,9 @@ enum Index {
     Element,
     /// `r[0]`: one element.
     Scalar,
-    /// `r[i % n]`: one value per index of the output's last dim (a bias).
-    Column(usize),
+    /// `r[i % n]`: a block of the output's trailing dims, repeated over the leading ones (a
+    /// bias, an attention mask).
+    Tile(usize),
 }
 
 /// The post-ops of one step.
@@ -78,13 +80,14 @@ impl PostOps {
                     }
                     post.operands += 1;
                     let n = r.desc.elements();
-                    let last = cx.outputs.first().and_then(|o| o.desc.shape.last().copied());
+                    let tiles = cx.outputs.first().is_some_and(|o| {
+                        matches!(cx.op, "MatMul" | "Gemm")
+                            && broadcasts(&r.desc.shape, &o.desc.shape)
+                    });
                     let at = match n {
                         _ if n == out_len => Index::Element,
                         1 => Index::Scalar,
-                        _ if Some(n) == last && matches!(cx.op, "MatMul" | "Gemm") => {
-                            Index::Column(n)
-                        }
+                        _ if tiles => Index::Tile(n),
                         _ => return Err(no_kernel!("a post-op operand of {n} elements")),
                     };
                     Step::Binary {
@@ -137,7 +140,7 @@ impl PostOps {
                     let at = match at {
                         Index::Element => format!("r{operand}[p.r{operand} + i]"),
                         Index::Scalar => format!("r{operand}[p.r{operand}]"),
-                        Index::Column(n) => format!("r{operand}[p.r{operand} + i % {n}u]"),
+                        Index::Tile(n) => format!("r{operand}[p.r{operand} + i % {n}u]"),
                     };
                     match *op {
                         "r-" => format!("{at} - pv"),

@@ -356,6 +356,41 @@ fn a_biased_product_and_its_gelu_become_one_matmul() {
 }
 
 #[test]
+fn attention_scores_their_scale_and_mask_become_one_matmul() {
+    // softmax(q kᵀ / √d + mask) as BERT-style encoders export it, the mask [S, S] or
+    // [1, 1, S, S] against scores [1, H, S, S].
+    for mask_shape in [&[3, 3][..], &[1, 1, 3, 3]] {
+        let mut b = Builder::new();
+        let q = b.input("q", &[1, 2, 3, 4]);
+        let kt = b.input("kt", &[1, 2, 4, 3]);
+        let root_d = b.constant("root_d", &[], &[2.0], 0);
+        let mask = b.constant("mask", mask_shape, &[], 3);
+        let scores = b.op("MatMul", &[q, kt]);
+        let scaled = b.op("Div", &[scores, root_d]);
+        let masked = b.op("Add", &[scaled, mask]);
+        let out = b.node("Softmax", &[masked], Attrs::new().with("axis", AttrValue::Int(-1)));
+        let f = fused(&b.finish(&[out]), &["MatMul", "Softmax"]);
+        let matmul = the(&f, "MatMul");
+        assert_eq!(post_ops(matmul).0, "Mul,Add");
+        let reciprocal = f.constant(matmul.inputs[2].unwrap()).unwrap();
+        assert_eq!(reciprocal.tensor().to_vec::<f32>().unwrap(), [0.5]);
+    }
+    // A mask over the leading dims, a divisor that is no constant or is zero: not fused.
+    let mut b = Builder::new();
+    let q = b.input("q", &[2, 3, 4]);
+    let kt = b.input("kt", &[2, 4, 3]);
+    let d = b.input("d", &[1]);
+    let zero = b.constant("zero", &[], &[0.0], 0);
+    let lead = b.constant("lead", &[2, 1, 1], &[], 3);
+    let scores = b.op("MatMul", &[q, kt]);
+    let by_input = b.op("Div", &[scores, d]);
+    let other = b.op("MatMul", &[q, kt]);
+    let by_zero = b.op("Div", &[other, zero]);
+    let masked = b.op("Add", &[by_zero, lead]);
+    fused(&b.finish(&[by_input, masked]), &["MatMul", "Div", "MatMul", "Div", "Add"]);
+}
+
+#[test]
 fn activations_become_post_ops_with_their_parameters() {
     let cases: [(&str, Attrs, &[f64]); 8] = [
         ("Relu", Attrs::new(), &[]),
