@@ -10,6 +10,7 @@ use super::geometry::Geometry;
 use crate::cpu::gemm::{Layout, gemm};
 use crate::cpu::parallel::try_for_each_chunk_pair;
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, tensor_mut};
+use crate::elementwise::cpu::tanh_f32;
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use half::f16;
@@ -244,7 +245,7 @@ impl Attention {
             Layout::row_major(s, t),
         )?;
         if let Some(c) = self.softcap {
-            scores.iter_mut().for_each(|x| *x = (*x / c).tanh() * c);
+            scores.iter_mut().for_each(|x| *x = tanh_f32(*x / c) * c);
         }
         let wants_qk = !qk.is_empty();
         if wants_qk && self.mode != 3 {

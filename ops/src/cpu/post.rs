@@ -23,7 +23,7 @@
 //! R already in the output.
 
 use super::{KernelError, OpCx};
-use crate::elementwise::cpu::{erf_f32, exp_f32};
+use crate::elementwise::cpu::{erf_f32, exp_f32, tanh_f32};
 use crate::invalid;
 use crate::tensor::{Element, TensorRef};
 use ingot_schema::{Attrs, DType};
@@ -280,7 +280,7 @@ fn apply_steps(
                     let sixth = (1.0f64 / 6.0) as f32;
                     map(y, |x| x * min(max(x * sixth + 0.5, zero), one))
                 }
-                Step::Tanh => map(y, f32::tanh),
+                Step::Tanh => map(y, tanh_f32),
                 Step::Swish(alpha) => map(y, |x| x / (one + exp_f32(-(alpha * x)))),
                 // As the elementwise Gelu computes it, so that fusing changes no bit.
                 Step::Gelu(false) => {
@@ -290,7 +290,7 @@ fn apply_steps(
                 Step::Gelu(true) => {
                     let k = (2.0 / std::f64::consts::PI).sqrt() as f32;
                     let c = 0.044715f64 as f32;
-                    map(y, |x| 0.5 * x * (one + (k * (x + c * x * x * x)).tanh()))
+                    map(y, |x| 0.5 * x * (one + tanh_f32(k * (x + c * x * x * x))))
                 }
                 Step::Binary(op, k) => {
                     let r = extras

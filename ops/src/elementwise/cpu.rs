@@ -33,7 +33,7 @@ use std::marker::PhantomData;
 mod broadcast;
 mod scalar;
 
-pub(crate) use scalar::{erf_f32, exp_f32};
+pub(crate) use scalar::{erf_f32, exp_f32, tanh_f32};
 
 const COMPARE: &[&str] = &["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"];
 

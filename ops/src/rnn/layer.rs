@@ -2,6 +2,7 @@
 //! `ops/src/rnn/mod.rs`) parsed once, checked against the operands, typed.
 
 use crate::TensorDesc;
+use crate::elementwise::cpu::{exp_f32, tanh_f32};
 use ingot_schema::{Attrs, DType};
 
 /// What differs between LSTM, GRU and RNN cells.
@@ -67,20 +68,21 @@ impl Act {
         })
     }
 
-    /// Applies the function in place (one match per call, not per element).
+    /// Applies the function in place (one match per call, not per element), with the
+    /// elementwise kernels' vectorisable exp and tanh.
     pub fn apply(self, xs: &mut [f32]) {
         fn each(xs: &mut [f32], f: impl Fn(f32) -> f32) {
             xs.iter_mut().for_each(|x| *x = f(*x));
         }
         match self {
-            Act::Sigmoid => each(xs, |x| 1.0 / (1.0 + (-x).exp())),
-            Act::Tanh => each(xs, f32::tanh),
+            Act::Sigmoid => each(xs, |x| 1.0 / (1.0 + exp_f32(-x))),
+            Act::Tanh => each(xs, tanh_f32),
             Act::Relu => each(xs, |x| x.max(0.0)),
             Act::LeakyRelu(a) => each(xs, |x| if x >= 0.0 { x } else { a * x }),
             Act::ThresholdedRelu(a) => each(xs, |x| if x > a { x } else { 0.0 }),
-            Act::ScaledTanh(a, b) => each(xs, |x| a * (b * x).tanh()),
+            Act::ScaledTanh(a, b) => each(xs, |x| a * tanh_f32(b * x)),
             Act::HardSigmoid(a, b) => each(xs, |x| (a * x + b).clamp(0.0, 1.0)),
-            Act::Elu(a) => each(xs, |x| if x >= 0.0 { x } else { a * (x.exp() - 1.0) }),
+            Act::Elu(a) => each(xs, |x| if x >= 0.0 { x } else { a * (exp_f32(x) - 1.0) }),
             Act::Softsign => each(xs, |x| x / (1.0 + x.abs())),
             Act::Softplus => each(xs, |x| if x > 20.0 { x } else { x.exp().ln_1p() }),
             Act::Affine(a, b) => each(xs, |x| a * x + b),
