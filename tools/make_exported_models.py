@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from make_quantized_models import write_models
 from onnx import helper, numpy_helper
 
 
@@ -99,15 +100,9 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     makers = {"prefill_exported.onnx": lambda o: exported(args.decoder, o)}
-    newest_source = max(args.decoder.stat().st_mtime, Path(__file__).stat().st_mtime)
-    for name, make in makers.items():
-        out = args.out / name
-        if out.exists() and out.stat().st_mtime > newest_source:
-            continue
-        part = out.with_suffix(".part.onnx")
-        make(part)
-        part.replace(out)
-        print(f"make_exported_models: {out}")
+    # Also needs make_quantized_models.py itself: that is where write_models lives.
+    sources = [args.decoder, Path(__file__).with_name("make_quantized_models.py"), Path(__file__)]
+    write_models(makers, sources, args.out)
 
 
 if __name__ == "__main__":

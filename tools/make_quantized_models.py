@@ -141,15 +141,21 @@ def main() -> None:
         "prefill_qdq.onnx": lambda o: qdq(args.decoder, o),
         "prefill_weights_int8.onnx": lambda o: weights_int8(args.decoder, o),
     }
-    newest_source = max(args.decoder.stat().st_mtime, Path(__file__).stat().st_mtime)
+    write_models(makers, [args.decoder, Path(__file__)], args.out)
+
+
+def write_models(makers: dict, sources: list[Path], out_dir: Path) -> None:
+    """Runs each maker whose output is missing or older than a source, writing beside it
+    and then renaming, so that an interrupted run leaves no half-written model."""
+    newest_source = max(s.stat().st_mtime for s in sources)
     for name, make in makers.items():
-        out = args.out / name
+        out = out_dir / name
         if out.exists() and out.stat().st_mtime > newest_source:
             continue
         part = out.with_suffix(".part.onnx")
         make(part)
         part.replace(out)
-        print(f"make_quantized_models: {out}")
+        print(f"{Path(sources[-1]).stem}: {out}")
 
 
 if __name__ == "__main__":
