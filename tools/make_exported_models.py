@@ -18,13 +18,12 @@ script.
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import numpy as np
 import onnx
-from make_quantized_models import write_models
+from make_quantized_models import run
 from onnx import helper, numpy_helper
 
 
@@ -94,15 +93,8 @@ def exported(src: Path, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--decoder", type=Path, default=Path("target/decoder/prefill.onnx"))
-    ap.add_argument("--out", type=Path, default=Path("target/models"))
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    makers = {"prefill_exported.onnx": lambda o: exported(args.decoder, o)}
-    # Also needs make_quantized_models.py itself: that is where write_models lives.
-    sources = [args.decoder, Path(__file__).with_name("make_quantized_models.py"), Path(__file__)]
-    write_models(makers, sources, args.out)
+    makers_of = lambda decoder: {"prefill_exported.onnx": lambda o: exported(decoder, o)}
+    run(__doc__, makers_of, Path(__file__))
 
 
 if __name__ == "__main__":

@@ -130,32 +130,38 @@ def weights_int8(src: Path, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    run(
+        __doc__,
+        lambda decoder: {
+            "prefill_dynamic.onnx": lambda o: dynamic(decoder, o, per_channel=False),
+            "prefill_dynamic_per_channel.onnx": lambda o: dynamic(decoder, o, per_channel=True),
+            "prefill_qdq.onnx": lambda o: qdq(decoder, o),
+            "prefill_weights_int8.onnx": lambda o: weights_int8(decoder, o),
+        },
+        Path(__file__),
+    )
+
+
+def run(doc: str, makers_of, script: Path) -> None:
+    """The command line of a script that derives models from the decoder fixture: `makers_of`
+    gives, for the fixture's path, each output's name and its maker. Runs each maker whose
+    output is missing or older than the fixture or the script, writing beside it and then
+    renaming, so that an interrupted run leaves no half-written model."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--decoder", type=Path, default=Path("target/decoder/prefill.onnx"))
     ap.add_argument("--out", type=Path, default=Path("target/models"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    makers = {
-        "prefill_dynamic.onnx": lambda o: dynamic(args.decoder, o, per_channel=False),
-        "prefill_dynamic_per_channel.onnx": lambda o: dynamic(args.decoder, o, per_channel=True),
-        "prefill_qdq.onnx": lambda o: qdq(args.decoder, o),
-        "prefill_weights_int8.onnx": lambda o: weights_int8(args.decoder, o),
-    }
-    write_models(makers, [args.decoder, Path(__file__)], args.out)
-
-
-def write_models(makers: dict, sources: list[Path], out_dir: Path) -> None:
-    """Runs each maker whose output is missing or older than a source, writing beside it
-    and then renaming, so that an interrupted run leaves no half-written model."""
+    sources = [args.decoder, Path(__file__), script]
     newest_source = max(s.stat().st_mtime for s in sources)
-    for name, make in makers.items():
-        out = out_dir / name
+    for name, make in makers_of(args.decoder).items():
+        out = args.out / name
         if out.exists() and out.stat().st_mtime > newest_source:
             continue
         part = out.with_suffix(".part.onnx")
         make(part)
         part.replace(out)
-        print(f"{Path(sources[-1]).stem}: {out}")
+        print(f"{script.stem}: {out}")
 
 
 if __name__ == "__main__":
