@@ -314,9 +314,10 @@ fn a_reader_that_closes_the_pipe_ends_the_command_quietly() {
         "x=1x3x48x320".as_ref(),
         "--json".as_ref(),
     ];
-    // The whole plan is much larger than a pipe's buffer (64 KiB on Linux).
+    // The whole plan is larger than a pipe's buffer (64 KiB on Linux), so the writer is
+    // still writing when the reader goes.
     let whole = Command::new(&binary).args(args).output().unwrap();
-    assert!(whole.status.success() && whole.stdout.len() > 128 << 10, "{}", whole.stdout.len());
+    assert!(whole.status.success() && whole.stdout.len() > 96 << 10, "{}", whole.stdout.len());
     let mut child = Command::new(&binary)
         .args(args)
         .stdout(Stdio::piped())
