@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU fallback beside ONNX Runtime: `ingot bench --devices cpu --threads T` and ORT's CPU
+# The CPU backend beside ONNX Runtime: `ingot bench --devices cpu --threads T` and ORT's CPU
 # provider with intra_op_num_threads=T, for T = 1 and T = every core, on the three PP-OCR models
 # and two of the onnx wheel's light_* models (resnet50: large GEMMs; shufflenet: grouped and
 # depthwise convs). Prints per model and thread count the median run times, their ratio, and
@@ -21,8 +21,12 @@
 # `decoder_exported` from tools/make_exported_models.py (norms as ReduceMean chains, GELU in
 # pieces, as older exporters write them); their token ids are drawn from the fixture's vocabulary.
 #
+# Bundles are compiled for the CPU alone (`ingot compile --devices cpu`), as an app that runs
+# on the CPU ships them: there the GEMMs dequantize int8 weights themselves. `--fallback`
+# compiles the default bundle instead (Vulkan steps too) and measures its CPU fallback.
+#
 # Usage: tools/bench_cpu.sh [--iterations N] [--models det,rec,cls,resnet50,shufflenet]
-#                           [--threads 1,2] [--busy N] [--no-spin] [--no-build]
+#                           [--threads 1,2] [--busy N] [--no-spin] [--fallback] [--no-build]
 # Each measurement is its own process, on a seeded random input; raw JSON lands in
 # target/bench/cpu/.
 set -euo pipefail
@@ -34,7 +38,7 @@ py="$venv/bin/python"
 cores=$(nproc)
 
 iterations=30 models=det,rec,cls,resnet50,shufflenet threads="1,$cores" build=true busy=0
-spin=()
+spin=() compile_devices=(--devices cpu)
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --iterations) iterations="$2"; shift 2 ;;
@@ -43,6 +47,7 @@ while [[ $# -gt 0 ]]; do
         --no-build) build=false; shift ;;
         --busy) busy="$2"; shift 2 ;;
         --no-spin) spin=(--no-spin); shift ;;
+        --fallback) compile_devices=(); shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench_cpu: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -90,7 +95,8 @@ if $build; then
 fi
 mkdir -p "$out"
 for m in "${model_keys[@]}"; do
-    "$ingot" compile "${file[$m]}" --input-shape "${input[$m]}" -o "$out/$m.ingot" >/dev/null \
+    "$ingot" compile "${file[$m]}" --input-shape "${input[$m]}" ${compile_devices[@]+"${compile_devices[@]}"} \
+        -o "$out/$m.ingot" >/dev/null \
         || die "ingot compile of ${file[$m]} failed"
 done
 

@@ -111,7 +111,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
         constant_inputs: options.constant_inputs.clone(),
     };
     let mut graph = onnx::import_file(model, &import_options)?;
-    passes::run_all(&mut graph)?;
+    passes::run_all(&mut graph, options.cpu_only)?;
     let no_in_place = |_: &str, _: &ingot_schema::Attrs, _: usize| false;
     let cpu = plan::Target::cpu();
     let target = plan::Target {

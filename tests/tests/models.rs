@@ -34,6 +34,10 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
     Ok(out)
 }
 
+/// Cases also compiled with `CompileOptions::cpu_only` and run on the CPU.
+const CPU_ONLY_CASES: &[&str] =
+    &["decoder_weights_int8", "decoder_qdq", "decoder_dynamic", "decoder_dynamic_per_channel"];
+
 fn check_case(case: &str, model: &str) -> Result<()> {
     let dir = generated(&format!("references/models/{case}"))?;
     let inputs = arrays(&dir.join("inputs"))?;
@@ -46,23 +50,34 @@ fn check_case(case: &str, model: &str) -> Result<()> {
         ..CompileOptions::default()
     };
     let model_path = generated(&format!("models/{model}"))?;
-    let bundle = ingot_compiler::compile_file(&model_path, &options)
-        .with_context(|| format!("compile {model}"))?;
+    let compile = |options: &CompileOptions| {
+        ingot_compiler::compile_file(&model_path, options)
+            .with_context(|| format!("compile {model}"))
+    };
+    let bundle = compile(&options)?;
+    // The quantized decoders compiled for the CPU alone too, where the GEMMs dequantize their
+    // int8 weights themselves (the compiler's `dequantize_in_gemm` pass).
+    let cpu_only = match CPU_ONLY_CASES.contains(&case) {
+        true => Some(compile(&CompileOptions { cpu_only: true, ..options.clone() })?),
+        false => None,
+    };
 
     let mut failures = Vec::new();
     // Submodels of ops that have no Vulkan kernel (the partition made them CPU submodels)
     // run on the CPU in the Vulkan run; every other one must run on Vulkan.
-    for (backend, devices) in
-        [("cpu", vec![Device::Cpu]), ("vulkan:cpu", vec![vulkan(), Device::Cpu])]
-    {
+    let runs =
+        [("cpu", &bundle, vec![Device::Cpu]), ("vulkan:cpu", &bundle, vec![vulkan(), Device::Cpu])];
+    let cpu_only_run =
+        cpu_only.as_ref().map(|b| ("cpu (compiled for it alone)", b, vec![Device::Cpu]));
+    for (backend, bundle, devices) in runs.into_iter().chain(cpu_only_run) {
         let seen = validation_seen();
-        let mut session = session_with(&bundle, devices)?;
+        let mut session = session_with(bundle, devices)?;
         for p in &session.placement().0 {
             if let Some(skip) = p.skipped.iter().find(|s| s.stage != Stage::Kernels) {
                 bail!("{case}: submodel {} ({}) left Vulkan: {skip}", p.index, p.ops);
             }
         }
-        if backend != "cpu" && !session.device().contains("vulkan") {
+        if backend.starts_with("vulkan") && !session.device().contains("vulkan") {
             bail!("{case}: nothing ran on Vulkan: {}", session.placement());
         }
         let feed = session

@@ -11,9 +11,13 @@ use ingot_tests::paths::generated;
 
 /// The bundle of `file` (under target/), and the bytes of its weight bank.
 fn compiled(file: &str) -> Result<(Bundle, u64)> {
+    compiled_with(file, &CompileOptions::default())
+}
+
+fn compiled_with(file: &str, options: &CompileOptions) -> Result<(Bundle, u64)> {
     let path = generated(file)?;
-    let bytes = ingot_compiler::compile_file(&path, &CompileOptions::default())
-        .with_context(|| format!("compile {file}"))?;
+    let bytes =
+        ingot_compiler::compile_file(&path, options).with_context(|| format!("compile {file}"))?;
     let bundle = Bundle::from_bytes(&bytes)?;
     let weights = bundle.manifest().weights.iter().map(|w| w.length).sum();
     Ok((bundle, weights))
@@ -72,5 +76,47 @@ fn embedding_lookups_read_int8_rows() -> Result<()> {
         !variant.steps.iter().any(|s| s.op == "DequantizeLinear" && s.inputs[0] == table),
         "the whole table is still dequantized"
     );
+    Ok(())
+}
+
+/// Compiled for the CPU alone, the products read their int8 weights and dequantize them in
+/// the GEMM: no step dequantizes a weight matrix, and the arena no longer holds float copies
+/// of them. (Both bundles' outputs are checked against ONNX Runtime in `models.rs`.)
+#[test]
+fn cpu_products_dequantize_int8_weights_in_the_gemm() -> Result<()> {
+    for model in ["prefill_weights_int8", "prefill_qdq"] {
+        let file = format!("models/{model}.onnx");
+        let (default, _) = compiled(&file)?;
+        let cpu_only = CompileOptions { cpu_only: true, ..CompileOptions::default() };
+        let (bundle, _) = compiled_with(&file, &cpu_only)?;
+        let variant = &bundle.manifest().variants[0];
+        let tensor = |i: u32| &variant.tensors[i as usize];
+        let is_weight = |i: u32| {
+            matches!(tensor(i).storage.as_ref().and_then(|s| s.kind), Some(Kind::Weight(_)))
+        };
+        let int8_matrix = |i: u32| {
+            is_weight(i)
+                && [DataType::I8 as i32, DataType::U8 as i32].contains(&tensor(i).dtype)
+                && tensor(i).shape.len() == 2
+        };
+        let products = (variant.steps.iter())
+            .filter(|s| ["MatMul", "Gemm"].contains(&s.op.as_str()) && int8_matrix(s.inputs[1]))
+            .count();
+        let dequantized: Vec<&str> = (variant.steps.iter())
+            .filter(|s| ["DequantizeLinear", "Cast"].contains(&s.op.as_str()))
+            .filter(|s| int8_matrix(s.inputs[0]) && tensor(s.inputs[0]).shape != [256, 64])
+            .map(|s| s.name.as_str())
+            .collect();
+        let arena =
+            |b: &Bundle| b.manifest().variants[0].plan.as_ref().map_or(0, |p| p.arena_bytes);
+        let (before, after) = (arena(&default), arena(&bundle));
+        println!(
+            "{model}, compiled for the CPU: {products} products read int8 weights; arena {after} bytes, {before} with Vulkan"
+        );
+        // Two layers of four attention and two MLP matrices, and the head.
+        ensure!(products == 13, "{model}: {products} products read int8 weights");
+        ensure!(dequantized.is_empty(), "{model}: steps still dequantize weights: {dequantized:?}");
+        ensure!(after < before, "{model}: arena {after} bytes, {before} with Vulkan");
+    }
     Ok(())
 }

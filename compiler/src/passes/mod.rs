@@ -6,11 +6,13 @@ use crate::ir::{self, Graph};
 mod control;
 mod dce;
 mod dequantize;
+mod dequantize_in_gemm;
 mod fuse;
 mod lower;
 mod norm_chains;
 mod outputs;
 mod patterns;
+mod round_trips;
 #[cfg(test)]
 mod testing;
 
@@ -30,14 +32,20 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("lower", lower::run),
     ("dce", dce::run),
     ("dequantize", dequantize::run),
+    ("round_trips", round_trips::run),
     ("norm_chains", norm_chains::run),
     ("fuse", fuse::run),
     ("outputs", outputs::run),
 ];
 
-/// Runs every pass of [`PIPELINE`] on `g`.
-pub fn run_all(g: &mut Graph) -> Result<(), PassError> {
-    for (name, pass) in PIPELINE {
+/// Passes that only compiles for the CPU alone run, after [`PIPELINE`]: they make steps that
+/// only the CPU backend has kernels for.
+pub const CPU_ONLY: &[(&str, Pass)] = &[("dequantize_in_gemm", dequantize_in_gemm::run)];
+
+/// Runs every pass of [`PIPELINE`] on `g`, then those of [`CPU_ONLY`] where `cpu_only`.
+pub fn run_all(g: &mut Graph, cpu_only: bool) -> Result<(), PassError> {
+    let extra = if cpu_only { CPU_ONLY } else { &[] };
+    for (name, pass) in PIPELINE.iter().chain(extra) {
         pass(g)?;
         if cfg!(debug_assertions) {
             ir::check(g)

@@ -11,7 +11,8 @@
 //! matrixmultiply, used before, wasted a third of its work on 24-row weights).
 //!
 //! B may also come already packed ([`Panels`], which a conv's im2col writes directly): the
-//! product then reads its panels in place. A product with one row or one column of C is a
+//! product then reads its panels in place; or as 8-bit integers with a scale and zero point
+//! per column ([`Dequantized`]), dequantized where a float B would be packed or read. A product with one row or one column of C is a
 //! vector product instead (see [`vector_product`]): nothing is packed.
 //!
 //! Every element of C is summed in the same order (k ascending, one `KC` block after the
@@ -59,7 +60,7 @@ impl Layout {
         Self::new(rows, cols, cols, 1)
     }
 
-    fn shape(&self) -> Result<StrideShape<Ix2>, KernelError> {
+    pub(crate) fn shape(&self) -> Result<StrideShape<Ix2>, KernelError> {
         // ndarray reads strides as isize: a larger one would turn negative.
         if isize::try_from(self.rs.max(self.cs)).is_err() {
             return Err(invalid!("gemm strides are too large: {self:?}"));
@@ -153,12 +154,153 @@ impl<'a, T: Float> Panels<'a, T> {
     }
 }
 
-/// The B of a product: a matrix, packed a block at a time as the product goes, or panels
-/// packed before.
+/// A B kept as 8-bit integers, one scale and zero point per column: element (k, j) is
+/// `(q[k, j] - zero[j]) * scale[j]`, in float32, as `DequantizeLinear` computes it. The
+/// product dequantizes it a block at a time where it would pack or read a float B, so the
+/// weight stays a quarter of the bytes in memory and no float copy of it is ever whole.
+#[derive(Clone, Copy, Debug)]
+pub struct Dequantized<'a> {
+    values: Narrow<'a>,
+    scale: &'a [f32],
+    zero: &'a [i32],
+}
+
+/// The integers of a [`Dequantized`] B.
+#[derive(Clone, Copy, Debug)]
+pub enum Narrow<'a> {
+    I8(ArrayView2<'a, i8>),
+    U8(ArrayView2<'a, u8>),
+}
+
+impl<'a> Dequantized<'a> {
+    pub fn new(values: Narrow<'a>, scale: &'a [f32], zero: &'a [i32]) -> Result<Self, KernelError> {
+        let (k, n) = values.dim();
+        if scale.len() != n || zero.len() != n {
+            return Err(invalid!(
+                "a {k} x {n} quantized B needs {n} scales and zero points, got {} and {}",
+                scale.len(),
+                zero.len()
+            ));
+        }
+        Ok(Self { values, scale, zero })
+    }
+
+    fn dim(&self) -> (usize, usize) {
+        self.values.dim()
+    }
+
+    /// Rows `rows` and columns `cols`.
+    fn slice(self, rows: Range<usize>, cols: Range<usize>) -> Self {
+        let values = match self.values {
+            Narrow::I8(v) => Narrow::I8(v.slice_move(s![rows, cols.clone()])),
+            Narrow::U8(v) => Narrow::U8(v.slice_move(s![rows, cols.clone()])),
+        };
+        Self { values, scale: &self.scale[cols.clone()], zero: &self.zero[cols] }
+    }
+
+    /// Whether its columns are contiguous (a weight stored as [N, K]).
+    fn columns_contiguous(&self) -> bool {
+        let (k, n) = self.dim();
+        let strides = match self.values {
+            Narrow::I8(v) => [v.strides()[0], v.strides()[1]],
+            Narrow::U8(v) => [v.strides()[0], v.strides()[1]],
+        };
+        k > 1 && n > 0 && strides[0] == 1
+    }
+
+    /// Writes the dequantized values into `to`, element (k, j) at `k * rs + j * cs`.
+    fn write<T: Float>(&self, to: &mut [T], rs: usize, cs: usize) {
+        match self.values {
+            Narrow::I8(v) => dequantize_into(v, self.scale, self.zero, to, rs, cs),
+            Narrow::U8(v) => dequantize_into(v, self.scale, self.zero, to, rs, cs),
+        }
+    }
+}
+
+impl Narrow<'_> {
+    fn dim(&self) -> (usize, usize) {
+        match self {
+            Narrow::I8(v) => v.dim(),
+            Narrow::U8(v) => v.dim(),
+        }
+    }
+}
+
+/// An 8-bit integer of a quantized B.
+trait Level: Copy {
+    fn int(self) -> i32;
+}
+
+impl Level for i8 {
+    #[inline(always)]
+    fn int(self) -> i32 {
+        i32::from(self)
+    }
+}
+
+impl Level for u8 {
+    #[inline(always)]
+    fn int(self) -> i32 {
+        i32::from(self)
+    }
+}
+
+/// `to[k * rs + j * cs] = (q[k, j] - zero[j]) * scale[j]`: the difference is exact in float32,
+/// so this is DequantizeLinear's value to the bit. Along q's contiguous axis, so that the
+/// loops vectorise where `to` is contiguous the same way.
+#[inline(always)]
+fn dequantize_into<Q: Level, T: Float>(
+    q: ArrayView2<Q>,
+    scale: &[f32],
+    zero: &[i32],
+    to: &mut [T],
+    rs: usize,
+    cs: usize,
+) {
+    let value = |q: Q, z: i32, s: f32| T::from_f32((q.int() - z) as f32 * s);
+    if q.nrows() > 1 && q.strides()[0] == 1 {
+        for (j, column) in q.columns().into_iter().enumerate() {
+            let (z, s, dst) = (zero[j], scale[j], &mut to[j * cs..]);
+            match (column.to_slice(), rs) {
+                (Some(column), 1) => {
+                    for (d, &q) in dst[..column.len()].iter_mut().zip(column) {
+                        *d = value(q, z, s);
+                    }
+                }
+                _ => {
+                    for (k, &q) in column.iter().enumerate() {
+                        dst[k * rs] = value(q, z, s);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (k, row) in q.rows().into_iter().enumerate() {
+        let dst = &mut to[k * rs..];
+        match (row.to_slice(), cs) {
+            (Some(row), 1) => {
+                let dst = &mut dst[..row.len()];
+                for (((d, &q), &z), &s) in dst.iter_mut().zip(row).zip(zero).zip(scale) {
+                    *d = value(q, z, s);
+                }
+            }
+            _ => {
+                for (j, &q) in row.iter().enumerate() {
+                    dst[j * cs] = value(q, zero[j], scale[j]);
+                }
+            }
+        }
+    }
+}
+
+/// The B of a product: a matrix, packed a block at a time as the product goes; panels
+/// packed before; or 8-bit integers dequantized a block at a time.
 #[derive(Clone, Copy, Debug)]
 pub enum OperandB<'a, T> {
     Matrix(ArrayView2<'a, T>),
     Panels(Panels<'a, T>),
+    Dequantized(Dequantized<'a>),
 }
 
 impl<'a, T: Float> OperandB<'a, T> {
@@ -171,6 +313,10 @@ impl<'a, T: Float> OperandB<'a, T> {
             Self::Panels(b) => {
                 let (l, r) = b.split_at(mid);
                 (Self::Panels(l), Self::Panels(r))
+            }
+            Self::Dequantized(b) => {
+                let (k, n) = b.dim();
+                (Self::Dequantized(b.slice(0..k, 0..mid)), Self::Dequantized(b.slice(0..k, mid..n)))
             }
         }
     }
@@ -189,6 +335,9 @@ pub trait Float:
     + std::fmt::Debug
 {
     const ZERO: Self;
+
+    /// The nearest value of this type (a dequantized B's elements are float32).
+    fn from_f32(v: f32) -> Self;
 
     /// `self * a + b`, rounded once.
     fn fused(self, a: Self, b: Self) -> Self;
@@ -219,6 +368,11 @@ macro_rules! float_with_tiles {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const VERSIONED: bool = $versioned;
+
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
 
             #[inline(always)]
             fn fused(self, a: Self, b: Self) -> Self {
@@ -335,6 +489,21 @@ pub fn gemm_panels<T: Float>(
     Ok(())
 }
 
+/// [`gemm_into`] with a [`Dequantized`] B.
+pub fn gemm_dequantized<T: Float>(
+    alpha: T,
+    (a, la): (&[T], Layout),
+    b: Dequantized,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    let Some(a) = operand_a(a, la, b.dim(), &start, &mut c)? else {
+        return Ok(());
+    };
+    product(alpha, a, OperandB::Dequantized(b), start, c);
+    Ok(())
+}
+
 /// A as a view once the operands are checked against each other; `None` when the sum is
 /// empty (k = 0), which this writes into C itself: ndarray has no view of an empty operand
 /// with strides.
@@ -396,8 +565,65 @@ fn product<T: Float>(
             c.index_axis_move(Axis(1), 0),
             threads,
         ),
+        ((1, _), OperandB::Dequantized(b)) => {
+            vector_dequantized(alpha, a.row(0), b, start, c.index_axis_move(Axis(0), 0), threads)
+        }
+        // One column of B: dequantized whole, then read as a float one.
+        ((_, 1), OperandB::Dequantized(b)) => with_scratch(b.dim().0, |column: &mut [T]| {
+            b.write(column, 1, 0);
+            vector_product(
+                alpha,
+                (ArrayView1::from(&*column), a.t()),
+                (start, 1),
+                c.index_axis_move(Axis(1), 0),
+                threads,
+            )
+        }),
         _ => split(alpha, a, b, start, c, threads),
     }
+}
+
+/// Columns of a dequantized B that one vector-product slab holds (a multiple of
+/// [`VECTOR_UNIT`], where pieces are cut).
+const SLAB: usize = VECTOR_UNIT;
+
+/// [`vector_product`] of one row of C with a [`Dequantized`] B: the outputs cut between
+/// threads as there, then `SLAB` columns of B at a time dequantized into a buffer laid out
+/// as a float B would be (columns contiguous where B's are), so that each output is summed
+/// as the float product sums it.
+fn vector_dequantized<T: Float>(
+    alpha: T,
+    x: ArrayView1<T>,
+    b: Dequantized,
+    start: Start<T>,
+    mut out: ArrayViewMut1<T>,
+    pieces: usize,
+) {
+    let (k, n) = b.dim();
+    let units = n / VECTOR_UNIT;
+    if pieces >= 2 && units >= 2 && k * n >= VECTOR_PARALLEL_WORK {
+        let (p1, p2) = (pieces / 2, pieces - pieces / 2);
+        let mid = (units * p1 / pieces).max(1) * VECTOR_UNIT;
+        let (o1, o2) = out.split_at(Axis(0), mid);
+        let (b1, b2) = (b.slice(0..k, 0..mid), b.slice(0..k, mid..n));
+        rayon::join(
+            || vector_dequantized(alpha, x, b1, start, o1, p1),
+            || vector_dequantized(alpha, x, b2, start, o2, p2),
+        );
+        return;
+    }
+    let by_columns = b.columns_contiguous();
+    with_scratch(k * SLAB, |slab: &mut [T]| {
+        for (i, out) in out.axis_chunks_iter_mut(Axis(0), SLAB).enumerate() {
+            let w = out.len();
+            let part = b.slice(0..k, i * SLAB..i * SLAB + w);
+            let (rs, cs) = if by_columns { (1, k) } else { (SLAB, 1) };
+            part.write(slab, rs, cs);
+            let mat = ArrayView2::from_shape((k, w).strides((rs, cs)), &*slab)
+                .expect("a slab holds SLAB columns of k values");
+            vector_product(alpha, (x, mat), (start, 0), out, 1);
+        }
+    });
 }
 
 /// Vector products below this many multiply-adds run as one piece.
@@ -590,7 +816,9 @@ fn packed<T: Float>(
     let nr = T::panel_width();
     let kc = k.min(KC);
     let b_len = match b {
-        OperandB::Matrix(_) => n.min(NC / nr * nr).div_ceil(nr) * nr * kc,
+        OperandB::Matrix(_) | OperandB::Dequantized(_) => {
+            n.min(NC / nr * nr).div_ceil(nr) * nr * kc
+        }
         OperandB::Panels(_) => 0,
     };
     let a_rows_contiguous = m == 0 || a.row(0).as_slice().is_some();
@@ -673,6 +901,11 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
                     (Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
                 }
                 OperandB::Panels(b) => (b.split_at(jc).1, pc..pc + kc),
+                OperandB::Dequantized(b) => {
+                    let pb = &mut pb[..panels * nr * kc];
+                    pack_dequantized(b.slice(pc..pc + kc, jc..jc + nc), nr, pb);
+                    (Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
+                }
             };
             // The first block of k brings in the start; the later ones add to C.
             let first = (pc == 0).then_some(start);
@@ -889,6 +1122,23 @@ fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
             Some(column) => dst.zip(column).for_each(|(d, &v)| *d = v),
             None => dst.zip(column).for_each(|(d, &v)| *d = v),
         }
+    }
+}
+
+/// [`pack_b`] of a [`Dequantized`] block: each panel's columns dequantized into it, zeros
+/// past B's last column.
+#[inline(always)]
+fn pack_dequantized<T: Float>(b: Dequantized, nr: usize, pb: &mut [T]) {
+    let (kc, nc) = b.dim();
+    let panel_len = nr * kc;
+    for (p, panel) in pb[..nc.div_ceil(nr) * panel_len].chunks_exact_mut(panel_len).enumerate() {
+        let cols = p * nr..((p + 1) * nr).min(nc);
+        if cols.len() < nr {
+            for row in panel.chunks_exact_mut(nr) {
+                row[cols.len()..].fill(T::ZERO);
+            }
+        }
+        b.slice(0..kc, cols).write(panel, nr, 1);
     }
 }
 
@@ -1159,5 +1409,71 @@ mod tests {
                 assert_eq!(got, want, "{m}x{k}x{n} on {threads} threads");
             }
         }
+    }
+
+    #[test]
+    fn dequantized_b_is_the_product_of_its_float_values_to_the_bit() {
+        // A vector product cut between threads, one column of C, the packed product cut by
+        // rows and by columns, partial panels, a contraction longer than one block; B stored
+        // [K, N] and [N, K]; int8 and uint8.
+        let shapes =
+            [(1, 300, 3000), (1, 7, 5), (5, 1, 9), (37, 300, 75), (9, 600, 1), (64, 520, 900)];
+        for (m, k, n) in shapes {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let ints: Vec<i32> = (0..k * n).map(|i| (i * 53 % 251) as i32).collect();
+            let scale: Vec<f32> = (0..n).map(|j| 0.01 + j as f32 * 1e-3).collect();
+            let zero: Vec<i32> = (0..n).map(|j| (j % 7) as i32 - 3).collect();
+            let (la, lc) = (Layout::row_major(m, k), Layout::row_major(m, n));
+            for transposed in [false, true] {
+                let lb = if transposed { Layout::new(k, n, 1, k) } else { Layout::row_major(k, n) };
+                let signed: Vec<i8> = ints.iter().map(|&v| (v - 125) as i8).collect();
+                let unsigned: Vec<u8> = ints.iter().map(|&v| v as u8).collect();
+                let bias: Vec<f32> = (0..m).map(|i| i as f32 - 2.0).collect();
+                let start = Start { beta: 0.5, bias: Some(&bias[..]) };
+                let c0: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32).collect();
+                for is_signed in [true, false] {
+                    // The float B: DequantizeLinear's values, element (r, j) at r·rs + j·cs.
+                    let level = |i: usize| match is_signed {
+                        true => i32::from(signed[i]),
+                        false => i32::from(unsigned[i]),
+                    };
+                    let mut b = vec![0.0f32; k * n];
+                    for (r, j) in (0..k).flat_map(|r| (0..n).map(move |j| (r, j))) {
+                        let at = r * lb.rs + j * lb.cs;
+                        b[at] = (level(at) - zero[j]) as f32 * scale[j];
+                    }
+                    let mut want = c0.clone();
+                    gemm_into(0.75, (&a, la), (&b, lb), start, view(lc, &mut want)).unwrap();
+                    for threads in [1, 3] {
+                        let values = match is_signed {
+                            true => Narrow::I8(
+                                ArrayView2::from_shape(lb.shape().unwrap(), &signed[..]).unwrap(),
+                            ),
+                            false => Narrow::U8(
+                                ArrayView2::from_shape(lb.shape().unwrap(), &unsigned[..]).unwrap(),
+                            ),
+                        };
+                        let quantized = Dequantized::new(values, &scale, &zero).unwrap();
+                        let mut got = c0.clone();
+                        let product = || {
+                            gemm_dequantized(0.75, (&a, la), quantized, start, view(lc, &mut got))
+                        };
+                        pool(threads).install(product).unwrap();
+                        let what =
+                            format!("{m}x{k}x{n}, B {lb:?}, signed {is_signed}, {threads} threads");
+                        assert_eq!(got, want, "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dequantized_b_needs_a_scale_and_zero_point_per_column() {
+        let q = [0i8; 6];
+        let values = Narrow::I8(ArrayView2::from_shape((2, 3), &q[..]).unwrap());
+        assert!(Dequantized::new(values, &[1.0; 2], &[0; 3]).is_err());
+        assert!(Dequantized::new(values, &[1.0; 3], &[0; 1]).is_err());
+        assert!(Dequantized::new(values, &[1.0; 3], &[0; 3]).is_ok());
     }
 }

@@ -9,7 +9,9 @@
 //! and the product accumulates onto it (so it may run in place over it). Einsum reads `input0_labels`, `input1_labels` (for a second
 //! operand) and `output_labels`: one integer label per axis, with the equation's ellipsis
 //! already expanded by the compiler, a repeated label in one operand meaning its diagonal.
-//! Element types: f32, f64, i32, i64.
+//! Element types: f32, f64, i32, i64. A float32 MatMul or Gemm may have an int8 or uint8 B
+//! with `b_scales` and `b_zero_points` (one value, or one per column of the product; the
+//! compiler's `dequantize_in_gemm` pass): the GEMM dequantizes it as it packs it.
 
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx};
@@ -18,7 +20,7 @@ use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
 pub(crate) mod product;
-use product::{Axis, Plan, Scalar};
+use product::{Axis, Levels, Plan, Quantized, Scalar};
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (post, own) = match cx.op {
@@ -33,7 +35,13 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
         return Err(cx.dtype_error(dtype));
     }
-    if let Some(d) = cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != dtype) {
+    let quantized_b = cx.attrs.contains("b_scales");
+    let mixed = (cx.inputs.iter().enumerate())
+        .filter(|&(i, _)| !(quantized_b && i == 1))
+        .map(|(_, d)| d)
+        .chain(cx.outputs)
+        .find(|d| d.dtype != dtype);
+    if let Some(d) = mixed {
         return Err(invalid!("{} mixes {dtype} and {}", cx.op, d.dtype));
     }
     let shapes: Vec<&[usize]> = cx.inputs[..own].iter().map(|d| d.shape.as_slice()).collect();
@@ -57,13 +65,73 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         ));
     }
     let plan = Plan::new(&axes);
+    let dequantize = match quantized_b {
+        true => Some(Dequantize::new(cx, &shape, &plan)?),
+        false => None,
+    };
     let [ea, eb, ec] = plan.extents();
     let unary = own == 1;
     let eb_max = if unary { 1 } else { cx.inputs[1].elements() };
     if ea > cx.inputs[0].elements() || eb > eb_max || ec > cx.outputs[0].elements() {
         return Err(invalid!("{} axes reach past its operands", cx.op));
     }
-    Ok(Box::new(ProductKernel { dtype, plan, alpha, bias, unary, post, own }))
+    Ok(Box::new(ProductKernel { dtype, plan, alpha, bias, unary, post, own, dequantize }))
+}
+
+/// A B of 8-bit integers that the compiler left for the GEMM to dequantize (the `dequantize`
+/// pass: `b_scales` and `b_zero_points`, one value or one per column of the product; the
+/// zero points default to 0), with its scales and zero points spread over the columns.
+#[derive(Debug)]
+struct Dequantize {
+    scale: Vec<f32>,
+    zero: Vec<i32>,
+}
+
+impl Dequantize {
+    fn new(cx: &OpCx, shape: &[usize], plan: &Plan) -> Result<Self, KernelError> {
+        let (b, y) = (&cx.inputs[1], &cx.outputs[0]);
+        if !matches!(b.dtype, DType::I8 | DType::U8) || y.dtype != DType::F32 {
+            return Err(invalid!(
+                "{} dequantizes an int8 or uint8 B into float32, not {} into {}",
+                cx.op,
+                b.dtype,
+                y.dtype
+            ));
+        }
+        if b.shape.len() != 2 || !plan.b_is_one_matrix() {
+            return Err(invalid!("{} dequantizes a 2-D B, not one of shape {:?}", cx.op, b.shape));
+        }
+        let n = shape.last().copied().unwrap_or(1);
+        let scales = cx.attrs.floats("b_scales")?;
+        let zeros = cx.attrs.ints_opt("b_zero_points")?.unwrap_or(&[0]);
+        let fits = |len: usize| len == 1 || len == n;
+        if !fits(scales.len()) || !fits(zeros.len()) {
+            return Err(invalid!(
+                "{} has {} scales and {} zero points for B's {n} columns (1 or {n} each)",
+                cx.op,
+                scales.len(),
+                zeros.len()
+            ));
+        }
+        let (min, max) = if b.dtype == DType::I8 { (-128, 127) } else { (0, 255) };
+        if let Some(z) = zeros.iter().find(|&&z| z < min || z > max) {
+            return Err(invalid!("{}: zero point {z} lies outside {}", cx.op, b.dtype));
+        }
+        let spread = |len: usize, i: usize| if len == 1 { 0 } else { i };
+        Ok(Self {
+            scale: (0..n).map(|j| scales[spread(scales.len(), j)] as f32).collect(),
+            zero: (0..n).map(|j| zeros[spread(zeros.len(), j)] as i32).collect(),
+        })
+    }
+
+    /// B's integers from the step's input.
+    fn operand<'a>(&'a self, b: &'a TensorRef) -> Result<Quantized<'a>, KernelError> {
+        let levels = match b.dtype {
+            DType::I8 => Levels::I8(b.as_slice::<i8>()?),
+            _ => Levels::U8(b.as_slice::<u8>()?),
+        };
+        Ok(Quantized { levels, scale: &self.scale, zero: &self.zero })
+    }
 }
 
 /// A product plan plus what the output holds before the product is added to it.
@@ -78,6 +146,8 @@ struct ProductKernel {
     /// Post-ops (f32 only), whose operands follow the `own` inputs.
     post: PostOps,
     own: usize,
+    /// B is 8-bit integers, dequantized by the GEMM.
+    dequantize: Option<Dequantize>,
 }
 
 /// Applies post-ops to a block of output at an element offset, for one element type.
@@ -139,7 +209,15 @@ impl ProductKernel {
         let out =
             outputs.first_mut().ok_or_else(|| invalid!("missing output"))?.as_slice_mut::<T>()?;
         let one = [T::one()];
-        let (a, b) = (input(0)?, if self.unary { &one[..] } else { input(1)? });
+        let a = input(0)?;
+        let b = match (&self.dequantize, self.unary) {
+            (Some(_), _) | (None, true) => &one[..],
+            (None, false) => input(1)?,
+        };
+        let quantized = match &self.dequantize {
+            Some(d) => Some(d.operand(inputs.get(1).ok_or_else(|| invalid!("missing input 1"))?)?),
+            None => None,
+        };
         let extras = self.post.operands::<T>(inputs, self.own, out.len(), aliased)?;
         let accumulate = self.post.accumulates();
         if accumulate || self.bias.is_none() {
@@ -149,12 +227,15 @@ impl ProductKernel {
             bias.fill(input(2)?, out, accumulate)?;
         }
         let post = self.post.applies();
-        self.plan.run(T::from_f32(self.alpha), a, b, out, |block, at| {
-            if post {
-                apply(&self.post, block, at, &extras)?;
-            }
-            Ok(())
-        })
+        let done = |block: &mut [T], at| match post {
+            true => apply(&self.post, block, at, &extras),
+            false => Ok(()),
+        };
+        let alpha = T::from_f32(self.alpha);
+        match &quantized {
+            Some(b) => self.plan.run_dequantized(alpha, a, b, out, done),
+            None => self.plan.run(alpha, a, b, out, done),
+        }
     }
 }
 
@@ -629,5 +710,46 @@ mod tests {
         let add = post(gemm_attrs(0, 0, 1.0, 1.0), "Add", &[]);
         assert!(eval("Gemm", &add, &[&x, &x, &x], &desc).is_err(), "C is required");
         assert!(eval("Gemm", &add, &[&x, &x, &x, &x], &desc).is_ok());
+    }
+
+    #[test]
+    fn an_8_bit_b_is_dequantized_per_column_or_per_tensor() {
+        // B = [[1, -2, 3], [-4, 5, -6]] (int8), scales [0.5, 1, 2], zero points [1, 0, -1]:
+        // dequantized [[0, -2, 8], [-2.5, 5, -10]]; A = [[1, 2]] -> [[-5, 8, -12]].
+        let a = f32s(&[1, 2], &[1.0, 2.0]);
+        let b = Tensor::from_vec(vec![2, 3], &[1i8, -2, 3, -4, 5, -6]).unwrap();
+        let quantized = |scales: Vec<f64>, zeros: Vec<i64>| {
+            post(Attrs::new(), "", &[])
+                .with("b_scales", AttrValue::Floats(scales))
+                .with("b_zero_points", AttrValue::Ints(zeros))
+        };
+        let attrs = quantized(vec![0.5, 1.0, 2.0], vec![1, 0, -1]);
+        close(&run("MatMul", &attrs, &[&a, &b], &[1, 3]), &[-5.0, 8.0, -12.0]);
+        // One scale and zero point for the tensor: (B - 1) * 0.5.
+        let attrs = quantized(vec![0.5], vec![1]);
+        close(&run("MatMul", &attrs, &[&a, &b], &[1, 3]), &[-5.0, 2.5, -6.0]);
+        // Gemm with B stored [N, K] (transB): the scales follow B's rows.
+        let bt = Tensor::from_vec(vec![3, 2], &[1i8, -4, -2, 5, 3, -6]).unwrap();
+        let mut gemm = gemm_attrs(0, 1, 1.0, 1.0);
+        gemm.set("b_scales", AttrValue::Floats(vec![0.5, 1.0, 2.0]));
+        gemm.set("b_zero_points", AttrValue::Ints(vec![1, 0, -1]));
+        close(&run("Gemm", &gemm, &[&a, &bt], &[1, 3]), &[-5.0, 8.0, -12.0]);
+    }
+
+    #[test]
+    fn a_bad_8_bit_b_is_an_error() {
+        let a = f32s(&[1, 2], &[1.0, 2.0]);
+        let b = Tensor::from_vec(vec![2, 3], &[1i8, -2, 3, -4, 5, -6]).unwrap();
+        let desc = [TensorDesc::new(DType::F32, vec![1, 3])];
+        let attrs = |scales: usize, zeros: Vec<i64>| {
+            post(Attrs::new(), "", &[])
+                .with("b_scales", AttrValue::Floats(vec![1.0; scales]))
+                .with("b_zero_points", AttrValue::Ints(zeros))
+        };
+        // Two scales for three columns; a zero point outside int8; a float B.
+        assert!(eval("MatMul", &attrs(2, vec![0]), &[&a, &b], &desc).is_err());
+        assert!(eval("MatMul", &attrs(1, vec![200]), &[&a, &b], &desc).is_err());
+        assert!(eval("MatMul", &attrs(3, vec![0]), &[&a, &a], &desc).is_err());
+        assert!(eval("MatMul", &attrs(3, vec![0]), &[&a, &b], &desc).is_ok());
     }
 }

@@ -35,10 +35,23 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Einsum", lower_einsum, infer_einsum),
 ];
 
-/// All inputs share one element type, which the output takes.
+/// All inputs share one element type, which the output takes; but a MatMul or Gemm whose B
+/// the `dequantize` pass left as 8-bit integers (`b_scales`, `b_zero_points`: one value, or
+/// one per column of the product; dequantized by the GEMM as it packs B) has an int8 or uint8
+/// B and float32 for the rest.
 fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<ingot_schema::DType> {
     let first = inputs.first().ok_or_else(|| op_err!("{} needs inputs", node.op))?.dtype;
-    match inputs.iter().find(|d| d.dtype != first) {
+    let quantized_b = node.attrs.contains("b_scales");
+    if quantized_b {
+        let b = inputs.get(1).map(|d| d.dtype);
+        if first != ingot_schema::DType::F32
+            || !matches!(b, Some(ingot_schema::DType::I8 | ingot_schema::DType::U8))
+        {
+            return Err(op_err!("a dequantized B is int8 or uint8 beside float32 operands"));
+        }
+    }
+    let others = inputs.iter().enumerate().filter(|&(i, _)| !(quantized_b && i == 1));
+    match others.map(|(_, d)| d).find(|d| d.dtype != first) {
         Some(d) => Err(op_err!("inputs mix {first} and {}", d.dtype)),
         None => Ok(first),
     }

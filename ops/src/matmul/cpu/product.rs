@@ -102,6 +102,28 @@ impl Plan {
         a: &[T],
         b: &[T],
         c: &mut [T],
+        done: impl FnMut(&mut [T], usize) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        self.run_calls(c, |call, c| T::gemm(call, alpha, a, b, c), done)
+    }
+
+    /// [`Plan::run`] with a [`Quantized`] B, which the GEMM dequantizes as it goes.
+    pub fn run_dequantized<T: Scalar>(
+        &self,
+        alpha: T,
+        a: &[T],
+        b: &Quantized,
+        c: &mut [T],
+        done: impl FnMut(&mut [T], usize) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        self.run_calls(c, |call, c| T::gemm_dequantized(call, alpha, a, b, c), done)
+    }
+
+    /// Runs `gemm` on each call of the plan, then `done` as [`Plan::run`] says.
+    fn run_calls<T>(
+        &self,
+        c: &mut [T],
+        mut gemm: impl FnMut(&Call, &mut [T]) -> Result<(), KernelError>,
         mut done: impl FnMut(&mut [T], usize) -> Result<(), KernelError>,
     ) -> Result<(), KernelError> {
         if self.empty {
@@ -119,7 +141,7 @@ impl Plan {
             c: Mat::new(0, self.m.c, self.n.c),
         };
         for _ in 0..calls {
-            T::gemm(&call, alpha, a, b, c)?;
+            gemm(&call, c)?;
             if per_call {
                 let (at, len) = (call.c.off, call.m * call.n);
                 let block = c
@@ -255,6 +277,39 @@ fn simple_gemm<T: Scalar>(call: &Call, alpha: T, a: &[T], b: &[T], c: &mut [T]) 
     }
 }
 
+/// A B of 8-bit integers, one scale and zero point per column of the product (the calls'
+/// columns are B's: the plan loops no axis of B outside them, checked when prepared).
+#[derive(Clone, Copy, Debug)]
+pub struct Quantized<'a> {
+    pub levels: Levels<'a>,
+    pub scale: &'a [f32],
+    pub zero: &'a [i32],
+}
+
+/// The integers of a [`Quantized`] B.
+#[derive(Clone, Copy, Debug)]
+pub enum Levels<'a> {
+    I8(&'a [i8]),
+    U8(&'a [u8]),
+}
+
+impl Levels<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Levels::I8(v) => v.len(),
+            Levels::U8(v) => v.len(),
+        }
+    }
+}
+
+impl Plan {
+    /// Whether every call reads the same B, whose columns are the calls' columns: what a
+    /// [`Quantized`] B's per-column scales need.
+    pub fn b_is_one_matrix(&self) -> bool {
+        self.outer.iter().all(|x| x.b == 0)
+    }
+}
+
 /// Element types the engine multiplies.
 pub trait Scalar: Element + Default {
     fn one() -> Self;
@@ -269,6 +324,16 @@ pub trait Scalar: Element + Default {
         b: &[Self],
         c: &mut [Self],
     ) -> Result<(), KernelError>;
+    /// `c += alpha * a * dequantized(b)` for one call; floats only.
+    fn gemm_dequantized(
+        _call: &Call,
+        _alpha: Self,
+        _a: &[Self],
+        _b: &Quantized,
+        _c: &mut [Self],
+    ) -> Result<(), KernelError> {
+        Err(invalid!("only float products dequantize an 8-bit B"))
+    }
 }
 
 macro_rules! float_scalar {
@@ -314,11 +379,48 @@ macro_rules! float_scalar {
                     call.c.layout(m, n),
                 )
             }
+            fn gemm_dequantized(
+                call: &Call,
+                alpha: Self,
+                a: &[Self],
+                b: &Quantized,
+                c: &mut [Self],
+            ) -> Result<(), KernelError> {
+                if call.is_empty() {
+                    return Ok(());
+                }
+                call.check(a.len(), b.levels.len(), c.len())?;
+                let (m, n, k) = (call.m, call.n, call.k);
+                let shape = call.b.layout(k, n).shape()?;
+                let levels = match b.levels {
+                    Levels::I8(v) => gemm::Narrow::I8(view(shape, &v[call.b.off..])?),
+                    Levels::U8(v) => gemm::Narrow::U8(view(shape, &v[call.b.off..])?),
+                };
+                let b = gemm::Dequantized::new(levels, b.scale, b.zero)?;
+                let c = &mut c[call.c.off..];
+                let c_len = c.len();
+                let lc = call.c.layout(m, n);
+                let c = ndarray::ArrayViewMut2::from_shape(lc.shape()?, c).map_err(|e| {
+                    invalid!("product operand C ({c_len} elements) does not fit {lc:?}: {e}")
+                })?;
+                let a = (&a[call.a.off..], call.a.layout(m, k));
+                gemm::gemm_dequantized(alpha, a, b, gemm::Start::scaled(1.0), c)
+            }
         }
     };
 }
 float_scalar!(f32);
 float_scalar!(f64);
+
+/// A view of B's integers as the call lays them out.
+fn view<'a, Q>(
+    shape: ndarray::StrideShape<ndarray::Ix2>,
+    values: &'a [Q],
+) -> Result<ndarray::ArrayView2<'a, Q>, KernelError> {
+    let len = values.len();
+    ndarray::ArrayView2::from_shape(shape, values)
+        .map_err(|e| invalid!("quantized B ({len} values) does not fit its layout: {e}"))
+}
 
 // Integer products are for ids and shapes, small: plain loops, wrapping like numpy.
 macro_rules! int_scalar {
