@@ -9,6 +9,7 @@
 //
 //   dequantize: y = (x - zero) * scale        (exact difference, one rounded product)
 //   quantize:   y = saturate(round_half_even(ratio(x, scale)) + zero)
+//   round trip: y = (quantize(x) - zero) * scale     (QuantizeDequantize)
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> scale: array<u32>;
@@ -32,6 +33,9 @@ var<immediate> p: Params;
 
 override WG: u32 = 64u;
 override QUANTIZE: bool = false;
+// QuantizeDequantize: quantize, then give the level's value back as a float (y is the float
+// side too).
+override ROUND_TRIP: bool = false;
 // The quantized values: bits (8, 16 or 32) and sign.
 override Q_BITS: u32 = 8u;
 override Q_SIGNED: bool = true;
@@ -115,6 +119,9 @@ fn convert(e: u32) -> u32 {
         let hi = select(2.0 * top + 1.0, top, Q_SIGNED);
         // WGSL's round is half to even, as ONNX's; the clamp saturates.
         let q = clamp(round(ratio(real_at(e), scale_at(s))) + f32(zero_at(s)), lo, hi);
+        if (ROUND_TRIP) {
+            return real_bits(f32(i32(q) - zero_at(s)) * scale_at(s)) & mask(F_BITS);
+        }
         return bitcast<u32>(i32(q)) & mask(Q_BITS);
     }
     // The difference of 16-bit values is exact; one rounding, the product's.
@@ -125,7 +132,7 @@ fn convert(e: u32) -> u32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let w = gid.x + gid.y * groups.x * WG;
-    let bits = select(F_BITS, Q_BITS, QUANTIZE);
+    let bits = select(F_BITS, Q_BITS, QUANTIZE && !ROUND_TRIP);
     let per_word = 32u / bits;
     let first = w * per_word;
     if (first >= p.count) {

@@ -14,6 +14,11 @@
 //!   `precision` (the type `x / scale` is computed in: `precision` where the model sets it,
 //!   else numpy's: float16 when x and the scale both are, float64 for an int32 x, else
 //!   float32). `y = saturate(round_half_even(x / scale) + zero_point)`.
+//! - `QuantizeDequantize` (Ingot's own, made by the compiler's `round_trips` pass from a
+//!   QuantizeLinear whose DequantizeLinear takes the same scale and zero point back: what a
+//!   QDQ model writes around every activation): QuantizeLinear's inputs and attributes, a
+//!   float32 x, scale and precision; `y = (saturate(round_half_even(x / scale) +
+//!   zero_point) - zero_point) * scale`, float32, the bits of the two steps it replaces.
 //! - `DynamicQuantizeLinear`: no attributes; float32 x to uint8 y, its scale and zero point.
 //! - `MatMulInteger`: inputs A, B (int8 or uint8) and the zero points the model gives, in
 //!   order; attributes `a_zero_point` and `b_zero_point` (1 where given). A's zero point is
@@ -53,6 +58,7 @@ const INTEGER_PRODUCT: &str = "the integer products have no Vulkan kernel yet: t
 pub const OPS: &[OpDef] = &[
     OpDef::new("DequantizeLinear", lower_dequantize, infer_dequantize),
     OpDef::new("QuantizeLinear", lower_quantize, infer_quantize),
+    OpDef::new("QuantizeDequantize", lower_round_trip, infer_round_trip),
     OpDef::new("DynamicQuantizeLinear", lower_dynamic, infer_dynamic).cpu_only(
         "DynamicQuantizeLinear has no Vulkan kernel yet (its scale is a reduction over the \
          whole input): its steps run on the CPU",
@@ -244,6 +250,26 @@ fn infer_quantize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDes
     type_code(node.attrs.int("precision")?, &[DType::F32, DType::F16, DType::F64], "precision")?;
     scales_of(&node.attrs, inputs, to)?;
     Ok(vec![TensorDesc::new(to, x.shape.clone())])
+}
+
+/// Not an ONNX op: the `round_trips` pass makes it from canonical steps.
+fn lower_round_trip(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
+    Err(op_err!("{} is made by Ingot's compiler, not read from a model", node.op))
+}
+
+fn infer_round_trip(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let levels = infer_quantize(node, inputs)?;
+    let (x, scale) = (inputs[0], inputs[1]);
+    let precision = node.attrs.int("precision")?;
+    if x.dtype != DType::F32 || scale.dtype != DType::F32 || precision != 1 {
+        return Err(op_err!(
+            "{} of {} by a {} scale in precision {precision} (float32 only)",
+            node.op,
+            x.dtype,
+            scale.dtype
+        ));
+    }
+    Ok(vec![TensorDesc::new(DType::F32, levels[0].shape.clone())])
 }
 
 fn lower_dynamic(node: &mut Node, cx: &LowerCx) -> OpResult<()> {

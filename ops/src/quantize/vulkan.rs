@@ -46,9 +46,10 @@ fn float_bits(dtype: DType) -> Option<u32> {
 }
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    let quantize = match cx.op {
-        "DequantizeLinear" => false,
-        "QuantizeLinear" => true,
+    let (quantize, round_trip) = match cx.op {
+        "DequantizeLinear" => (false, false),
+        "QuantizeLinear" => (true, false),
+        "QuantizeDequantize" => (true, true),
         op => return Err(no_kernel!("no Vulkan kernel for {op}")),
     };
     let ([x, scale, rest @ ..], [y]) = (cx.inputs, cx.outputs) else {
@@ -56,7 +57,18 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     };
     let zero = rest.first();
     let (q, f) = if quantize { (y, x) } else { (x, y) };
-    let (q_bits, q_signed) = int_bits(q.desc.dtype).ok_or_else(|| cx.dtype(q.desc.dtype))?;
+    // A round trip's levels are its `to`, the quantized type of neither operand.
+    let q_dtype = match round_trip {
+        true => i32::try_from(cx.attrs.int("to").map_err(|e| no_kernel!("{e}"))?)
+            .ok()
+            .and_then(DType::from_onnx_code)
+            .ok_or_else(|| no_kernel!("{} to an unknown type", cx.op))?,
+        false => q.desc.dtype,
+    };
+    let (q_bits, q_signed) = int_bits(q_dtype).ok_or_else(|| cx.dtype(q_dtype))?;
+    if round_trip && (x.desc.dtype != DType::F32 || y.desc.dtype != DType::F32 || q_bits == 32) {
+        return Err(no_kernel!("{} of {} through {q_dtype}", cx.op, x.desc.dtype));
+    }
     let f_bits = float_bits(f.desc.dtype).ok_or_else(|| cx.dtype(f.desc.dtype))?;
     let scale_bits = float_bits(scale.desc.dtype).ok_or_else(|| cx.dtype(scale.desc.dtype))?;
     if q_bits == 32 && (quantize || zero.is_some()) {
@@ -75,14 +87,13 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         false
     };
     let descs: Vec<_> = cx.inputs.iter().map(|o| &o.desc).collect();
-    let scales =
-        scales_of(cx.attrs, &descs, q.desc.dtype).map_err(|e| no_kernel!("{}: {e}", cx.op))?;
+    let scales = scales_of(cx.attrs, &descs, q_dtype).map_err(|e| no_kernel!("{}: {e}", cx.op))?;
     // Packed operands are read and written a word at a time.
     let whole_words = |o: &Operand, bits: u32| bits == 32 || o.byte_offset.is_multiple_of(4);
     let packed = [
         (x, if quantize { f_bits } else { q_bits }),
         (scale, scale_bits),
-        (y, if quantize { q_bits } else { f_bits }),
+        (y, if quantize && !round_trip { q_bits } else { f_bits }),
     ];
     if packed.iter().any(|(o, bits)| !whole_words(o, *bits))
         || zero.is_some_and(|z| !whole_words(z, q_bits))
@@ -119,6 +130,10 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .set("F_BITS", f_bits)
         .set("PER", per)
         .set("ZERO", zero.is_some());
+    // Set only for round trips: the other steps' modules stay as they were.
+    if round_trip {
+        spec = spec.set("ROUND_TRIP", true);
+    }
     // float16 through elementwise/f16.wgsl's exact conversions.
     let half =
         |e: &str, array: &str| format!("h2f(field({array}[p.{array} + {e} / 2u], {e}, 16u))");
@@ -147,7 +162,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if [scales.inner, scales.dim, block].iter().all(|&d| d < 1 << 24) {
         spec = spec.divmod();
     }
-    let bits_per_word = if quantize { q_bits } else { f_bits };
+    let bits_per_word = if quantize && !round_trip { q_bits } else { f_bits };
     let words = (count as u64).div_ceil(u64::from(32 / bits_per_word));
     let label = format!(
         "{}_{}_{}_{}{}",
@@ -250,6 +265,17 @@ mod tests {
         assert_eq!(d[0].label, "quantizelinear_f32_u16_tensor_zero");
         assert_eq!(d[0].params, [15, 1, 15, 1, 1]);
         insta::assert_snapshot!("quantize_tensor_u16", specialised(&d[0], &LINEAR));
+        // A round trip through int8 per tensor: float32 in and out, one element a word.
+        let a = attrs(1, 0, DType::I8, DType::F32);
+        let d = lower_all(
+            "QuantizeDequantize",
+            &a,
+            &[(DType::F32, &[3, 5]), (DType::F32, &[]), (DType::I8, &[])],
+            (DType::F32, &[3, 5]),
+        );
+        assert_eq!(d[0].label, "quantizedequantize_f32_f32_tensor_zero");
+        assert_eq!(d[0].groups, [1, 1, 1], "15 words of one f32 each");
+        insta::assert_snapshot!("round_trip_tensor_i8", specialised(&d[0], &LINEAR));
     }
 
     #[test]

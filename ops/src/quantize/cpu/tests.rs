@@ -207,3 +207,59 @@ fn misfit_steps_are_errors_not_panics() {
     );
     assert!(bad.is_err());
 }
+
+#[test]
+fn float32_levels_are_the_float64_paths_levels() {
+    use super::{Level, Precision, level, level_f32};
+    fn check<Q: Level + PartialEq + std::fmt::Debug>(zero_points: &[i32]) {
+        let scales = [1.0f32, 0.5, 0.1, 3.0e-3, 7.0, 1.0e-30];
+        let mut xs: Vec<f32> = (-600..600).map(|i| i as f32 * 0.25).collect();
+        xs.extend((0..2000).map(|i| ((i * 7919) % 100_003) as f32 * 1.37 - 60_000.0));
+        xs.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 8.4e6, -8.4e6, 1.0e30, -0.0]);
+        for &s in &scales {
+            for &z in zero_points {
+                for &x in &xs {
+                    let want: Q = level(Precision::F32.ratio(f64::from(x), s), z);
+                    let got: Q = level_f32(x, s, z as f32);
+                    assert_eq!(got, want, "x {x}, scale {s}, zero point {z}");
+                }
+            }
+        }
+    }
+    check::<i8>(&[0, -128, 127, 3]);
+    check::<u8>(&[0, 128, 255]);
+    check::<i16>(&[0, -32768, 32767, 100]);
+    check::<u16>(&[0, 32768, 65535]);
+}
+
+#[test]
+fn a_round_trip_is_its_two_steps_to_the_bit() {
+    // Per tensor and per axis 1 of [3, 4]; halves, saturation, infinities and NaN.
+    let mut x: Vec<f32> = (0..12).map(|i| (i as f32 - 6.0) * 0.125).collect();
+    x[0] = f32::NAN;
+    x[1] = f32::INFINITY;
+    x[11] = -1.0e9;
+    let x = t(&[3, 4], &x);
+    let f32_out = [TensorDesc::new(DType::F32, vec![3, 4])];
+    for (scale, zero) in [
+        (t(&[], &[0.25f32]), t(&[], &[-3i8])),
+        (t(&[4], &[0.25f32, 0.5, 1.0e-3, 2.0]), t(&[4], &[0i8, 127, -128, 5])),
+    ] {
+        let q = linear(1, 0, DType::I8, DType::F32);
+        let levels = run(
+            "QuantizeLinear",
+            &q,
+            &[&x, &scale, &zero],
+            &[TensorDesc::new(DType::I8, vec![3, 4])],
+        );
+        let dq = linear(1, 0, DType::F32, DType::F32);
+        let want = run("DequantizeLinear", &dq, &[&levels[0], &scale, &zero], &f32_out);
+        let got = run("QuantizeDequantize", &q, &[&x, &scale, &zero], &f32_out);
+        assert_eq!(got[0].bytes(), want[0].bytes(), "scale {:?}", scale.as_slice::<f32>());
+    }
+    // Float16 is not one of its types.
+    let h = t(&[2], &[f16::ONE, f16::ONE]);
+    let q = linear(0, 0, DType::I8, DType::F32);
+    let out = [TensorDesc::new(DType::F32, vec![2])];
+    assert!(eval("QuantizeDequantize", &q, &[&h, &t(&[], &[1f32])], &out).is_err());
+}
