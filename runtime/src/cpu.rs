@@ -68,6 +68,12 @@ impl CpuThreads {
     fn run<R: Send>(&self, f: impl FnOnce(Option<&Awake>) -> R + Send) -> R {
         self.pool.install(|| with_threads_awake(self.spin, f))
     }
+
+    /// Runs `f` on one of the pool's threads (in place when called from one), so that the
+    /// CPU submodels it runs enter the pool without a hand-over.
+    pub fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
 }
 
 /// The CPU backend's default thread count: the machine's physical cores, or the CPUs this

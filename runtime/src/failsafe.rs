@@ -122,6 +122,14 @@ impl Devices {
         }
     }
 
+    /// Runs `f` on the CPU backend's threads where a CPU submodel started them, else here.
+    pub fn on_cpu_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match self.cpu_threads.get() {
+            Some(threads) => threads.enter(f),
+            None => f(),
+        }
+    }
+
     fn cpu_threads(&self) -> Result<Arc<CpuThreads>, SessionError> {
         if let Some(threads) = self.cpu_threads.get() {
             return Ok(Arc::clone(threads));
