@@ -67,6 +67,30 @@ impl Layout {
         }
         Ok((self.rows, self.cols).strides((self.rs, self.cs)))
     }
+
+    /// The matrix in `values`, or an error naming operand `what` where it does not fit.
+    pub(crate) fn view<'a, T>(
+        &self,
+        what: &str,
+        values: &'a [T],
+    ) -> Result<ArrayView2<'a, T>, KernelError> {
+        let len = values.len();
+        ArrayView2::from_shape(self.shape()?, values).map_err(|e| {
+            invalid!("gemm operand {what} ({len} elements) does not fit {self:?}: {e}")
+        })
+    }
+
+    /// [`Layout::view`] for writing.
+    pub(crate) fn view_mut<'a, T>(
+        &self,
+        what: &str,
+        values: &'a mut [T],
+    ) -> Result<ArrayViewMut2<'a, T>, KernelError> {
+        let len = values.len();
+        ArrayViewMut2::from_shape(self.shape()?, values).map_err(|e| {
+            invalid!("gemm operand {what} ({len} elements) does not fit {self:?}: {e}")
+        })
+    }
 }
 
 /// What the product adds to: `beta·C` (C unread when beta is 0), plus `bias[i]` on row i when
@@ -450,10 +474,7 @@ pub fn gemm<T: Float>(
     c: &mut [T],
     lc: Layout,
 ) -> Result<(), KernelError> {
-    let c_len = c.len();
-    let cv = ArrayViewMut2::from_shape(lc.shape()?, c)
-        .map_err(|e| invalid!("gemm operand C ({c_len} elements) does not fit {lc:?}: {e}"))?;
-    gemm_into(alpha, (a, la), (b, lb), Start::scaled(beta), cv)
+    gemm_into(alpha, (a, la), (b, lb), Start::scaled(beta), lc.view_mut("C", c)?)
 }
 
 /// `C = alpha·A·B + start` into a view of C (a block of a larger matrix that parallel work
@@ -468,9 +489,7 @@ pub fn gemm_into<T: Float>(
     let Some(a) = operand_a(a, la, (lb.rows, lb.cols), &start, &mut c)? else {
         return Ok(());
     };
-    let b = ArrayView2::from_shape(lb.shape()?, b)
-        .map_err(|e| invalid!("gemm operand B ({} elements) does not fit {lb:?}: {e}", b.len()))?;
-    product(alpha, a, OperandB::Matrix(b), start, c);
+    product(alpha, a, OperandB::Matrix(lb.view("B", b)?), start, c);
     Ok(())
 }
 
@@ -526,9 +545,7 @@ fn operand_a<'a, T: Float>(
         }
         return Ok(None);
     }
-    let a = ArrayView2::from_shape(la.shape()?, a)
-        .map_err(|e| invalid!("gemm operand A ({} elements) does not fit {la:?}: {e}", a.len()))?;
-    Ok(Some(a))
+    Ok(Some(la.view("A", a)?))
 }
 
 /// `C = alpha·A·B + start` on the current thread pool: C is cut along its longer side into

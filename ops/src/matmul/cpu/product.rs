@@ -391,18 +391,13 @@ macro_rules! float_scalar {
                 }
                 call.check(a.len(), b.levels.len(), c.len())?;
                 let (m, n, k) = (call.m, call.n, call.k);
-                let shape = call.b.layout(k, n).shape()?;
+                let lb = call.b.layout(k, n);
                 let levels = match b.levels {
-                    Levels::I8(v) => gemm::Narrow::I8(view(shape, &v[call.b.off..])?),
-                    Levels::U8(v) => gemm::Narrow::U8(view(shape, &v[call.b.off..])?),
+                    Levels::I8(v) => gemm::Narrow::I8(lb.view("B", &v[call.b.off..])?),
+                    Levels::U8(v) => gemm::Narrow::U8(lb.view("B", &v[call.b.off..])?),
                 };
                 let b = gemm::Dequantized::new(levels, b.scale, b.zero)?;
-                let c = &mut c[call.c.off..];
-                let c_len = c.len();
-                let lc = call.c.layout(m, n);
-                let c = ndarray::ArrayViewMut2::from_shape(lc.shape()?, c).map_err(|e| {
-                    invalid!("product operand C ({c_len} elements) does not fit {lc:?}: {e}")
-                })?;
+                let c = call.c.layout(m, n).view_mut("C", &mut c[call.c.off..])?;
                 let a = (&a[call.a.off..], call.a.layout(m, k));
                 gemm::gemm_dequantized(alpha, a, b, gemm::Start::scaled(1.0), c)
             }
@@ -411,16 +406,6 @@ macro_rules! float_scalar {
 }
 float_scalar!(f32);
 float_scalar!(f64);
-
-/// A view of B's integers as the call lays them out.
-fn view<'a, Q>(
-    shape: ndarray::StrideShape<ndarray::Ix2>,
-    values: &'a [Q],
-) -> Result<ndarray::ArrayView2<'a, Q>, KernelError> {
-    let len = values.len();
-    ndarray::ArrayView2::from_shape(shape, values)
-        .map_err(|e| invalid!("quantized B ({len} values) does not fit its layout: {e}"))
-}
 
 // Integer products are for ids and shapes, small: plain loops, wrapping like numpy.
 macro_rules! int_scalar {
