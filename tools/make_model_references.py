@@ -17,6 +17,10 @@ Cases, each with the capability it covers:
 - yolov8n_320: nudenet's YOLOv8n detector on a 320x320 image: SiLU (`x * Sigmoid(x)`) after
   every conv, which Ingot fuses into the conv, C2f splits and concats, nearest upsampling, the
   DFL head's softmax and box decoding.
+- yolov8n_320_nms, yolov8n_320_nms_agnostic: the same detector with NMS in the graph
+  (tools/make_detector_models.py: per class on centre boxes, one [K, 6] output; class-agnostic
+  on corner boxes, three outputs), so the number of rows K depends on the image: Ingot plans
+  them at their bound and returns the rows the run kept.
 - decoder_dynamic, decoder_dynamic_per_channel, decoder_qdq, decoder_weights_int8: the
   decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
   with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
@@ -101,6 +105,8 @@ CASES = {
     "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
     "silero_vad_half": silero("silero_vad_half.onnx", None, 3),
     "yolov8n_320": ("320n.onnx", image((1, 3, 320, 320), 4)),
+    "yolov8n_320_nms": ("320n_nms.onnx", image((1, 3, 320, 320), 4)),
+    "yolov8n_320_nms_agnostic": ("320n_nms_agnostic.onnx", image((1, 3, 320, 320), 5)),
     "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),

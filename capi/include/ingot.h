@@ -243,6 +243,14 @@ IngotStatus ingot_session_input_info(const IngotSession *session, size_t index,
 IngotStatus ingot_session_output_info(const IngotSession *session, size_t index,
                                       IngotTensorInfo *info);
 
+/* Output `index` as the last run wrote it. Where the length along a dim depends on the data
+ * (NonMaxSuppression's boxes), ingot_session_output_info gives the upper bound, the size of
+ * the buffer to pass, and a run writes the entries it filled at the start of the buffer,
+ * densely: this gives their dims and bytes (`dims` valid until the next run). For any other
+ * output it equals ingot_session_output_info. */
+IngotStatus ingot_session_output_result_info(const IngotSession *session, size_t index,
+                                             IngotTensorInfo *info);
+
 /* Runs the session. `inputs[i]` points to `input_bytes[i]` bytes holding input i;
  * `outputs[j]` to `output_bytes[j]` writable bytes for output j. The counts must equal the
  * session's input and output counts and each byte length the tensor's `bytes` exactly

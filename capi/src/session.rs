@@ -233,6 +233,35 @@ pub unsafe extern "C" fn ingot_session_output_info(
     unsafe { io_info(session, index, info, Side::Output) }
 }
 
+/// Output `index` as the last run filled it: its info, with the dims and bytes the run wrote
+/// where a dim depends on the data (otherwise the same as `ingot_session_output_info`).
+///
+/// # Safety
+/// `session` is NULL or a live session handle; `info` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ingot_session_output_result_info(
+    session: *const IngotSession,
+    index: usize,
+    info: *mut IngotTensorInfo,
+) -> IngotStatus {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (info, session) = unsafe { (get_mut(info, "info")?, get(session, "session")?) };
+        let found = session.outputs.get(index).zip(session.session.output_shape(index));
+        let (io, dims) = found.ok_or_else(|| {
+            invalid(format!("index {index} is out of range ({} outputs)", session.outputs.len()))
+        })?;
+        *info = IngotTensorInfo {
+            name: io.name.as_ptr(),
+            dtype: io.desc.dtype.onnx_code(),
+            rank: dims.len(),
+            dims: dims.as_ptr(),
+            bytes: dims.iter().product::<usize>() * io.desc.dtype.size(),
+        };
+        Ok(())
+    })
+}
+
 /// Checks that the caller passes `count` buffers of exactly the byte sizes `list` needs.
 fn check_buffers(side: &str, list: &[Io], count: usize, bytes: &[usize]) -> Result<(), Error> {
     if count != list.len() {
@@ -294,7 +323,8 @@ pub unsafe extern "C" fn ingot_session_run(
                 // writable bytes there that no other live reference covers (the inputs were
                 // copied).
                 let buffer = unsafe { std::slice::from_raw_parts_mut(b.ptr.cast_mut(), b.len) };
-                buffer.copy_from_slice(result.bytes());
+                // A bounded output is its run's length: a prefix of the buffer.
+                buffer[..result.bytes().len()].copy_from_slice(result.bytes());
             }
         }
         Ok(())

@@ -756,3 +756,29 @@ fn borrowed_memory_is_used_in_place() {
     assert_error(status, IngotStatus::Bundle, "not aligned to 64 bytes");
     assert!(handle.is_null());
 }
+
+#[test]
+fn an_outputs_result_info_is_its_info_where_no_dim_depends_on_the_data() {
+    let session = session(c"cpu");
+    let declared = info(session, Side::Output, 0);
+    let result_info = |index| {
+        let mut got = IngotTensorInfo { name: null(), dtype: 0, rank: 0, dims: null(), bytes: 0 };
+        // SAFETY: a live session and a writable info.
+        let status = unsafe { ingot_session_output_result_info(session, index, &mut got) };
+        (status, got)
+    };
+    let input = input_values(info(session, Side::Input, 0).bytes);
+    let mut output = vec![0u8; declared.bytes];
+    assert_eq!(run(session, &input, size_of_val(&input[..]), &mut output), IngotStatus::Ok);
+    let (status, got) = result_info(0);
+    assert_eq!(status, IngotStatus::Ok, "{}", last_error());
+    // SAFETY: both dims arrays hold `rank` entries and live as long as the session.
+    let dims = |i: &IngotTensorInfo| unsafe { std::slice::from_raw_parts(i.dims, i.rank) }.to_vec();
+    assert_eq!(
+        (got.dtype, got.bytes, dims(&got)),
+        (declared.dtype, declared.bytes, dims(&declared))
+    );
+    assert_error(result_info(1).0, IngotStatus::InvalidArgument, "index 1 is out of range");
+    // SAFETY: a live session, freed once.
+    unsafe { ingot_session_free(session) };
+}

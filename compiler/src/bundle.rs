@@ -127,6 +127,10 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
                 dtype: ty.dtype.to_proto() as i32,
                 shape: ty.shape.iter().map(|&d| d as u64).collect(),
                 storage: Some(proto::Storage { kind: Some(kind) }),
+                bound: g
+                    .bounded
+                    .get(&value)
+                    .map(|b| proto::Bound { axis: b.axis as u32, count: index[b.count] }),
             }
         })
         .collect();

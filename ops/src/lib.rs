@@ -6,6 +6,8 @@
 //! and says what it has; [`lower`] is the canonical form lowering produces; [`tensor`] the
 //! tensor types every stage shares.
 
+#[cfg(feature = "lower")]
+pub mod bounded;
 pub mod cpu;
 pub mod lower;
 mod node;
@@ -26,6 +28,7 @@ mod reduce;
 mod resize;
 mod rnn;
 mod rotary;
+mod select;
 mod topk;
 
 pub use ingot_schema::DType;

@@ -30,6 +30,11 @@ pub struct OpDef {
     /// Why the op has no Vulkan kernel at all (its steps run on the CPU); `None` when its
     /// family's Vulkan kernels take it (for some dtypes and attributes at least).
     pub cpu_only: Option<&'static str>,
+    /// For an op whose output 0 has a dim that is only an upper bound (how many entries the
+    /// op fills along it depends on the data), that dim from the canonical attributes; the
+    /// op writes the count as an extra int64 scalar output, which the compiler appends to the
+    /// model's node (see `crate::bounded`).
+    pub bounded: Option<fn(&Attrs) -> usize>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -57,6 +62,7 @@ impl OpDef {
             folded: false,
             view: false,
             cpu_only: None,
+            bounded: None,
         }
     }
 
@@ -68,6 +74,12 @@ impl OpDef {
     /// Marks an op that never runs on Vulkan, and why.
     pub const fn cpu_only(self, why: &'static str) -> OpDef {
         OpDef { cpu_only: Some(why), ..self }
+    }
+
+    /// Marks an op whose output 0 has a data-dependent length along the dim `dim` gives,
+    /// counted in an extra output.
+    pub const fn bounded(self, dim: fn(&Attrs) -> usize) -> OpDef {
+        OpDef { bounded: Some(dim), ..self }
     }
 
     /// Marks an op whose output is a view of its first input.
@@ -116,6 +128,7 @@ const FAMILIES: &[Family] = &[
     crate::rotary::FAMILY,
     crate::quantize::FAMILY,
     crate::topk::FAMILY,
+    crate::select::FAMILY,
 ];
 
 /// An op of the default ONNX domain as the registry knows it.
@@ -228,7 +241,8 @@ mod tests {
             Reciprocal ReduceL2 ReduceMax ReduceMean ReduceMin ReduceSum Relu Reshape Resize Shape \
             Sigmoid Sign Sin Cos Slice Softmax Softplus Split Sqrt Squeeze Sub Sum Tanh Tile \
             Transpose Unsqueeze Where LRN LSTM GRU DepthToSpace SpaceToDepth ArgMin ReduceProd \
-            CumSum GatherElements GatherND IsNaN IsInf Trilu Mod Selu Mish";
+            CumSum GatherElements GatherND IsNaN IsInf Trilu Mod Selu Mish NonMaxSuppression \
+            NonZero Compress TopK";
         let supported = supported_ops();
         let missing: Vec<&str> =
             committed.split_whitespace().filter(|op| !supported.contains(op)).collect();

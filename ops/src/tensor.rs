@@ -213,6 +213,10 @@ impl TensorMut<'_> {
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
     }
+    /// The same bytes, borrowed again for a shorter while.
+    pub fn reborrow(&mut self) -> TensorMut<'_> {
+        TensorMut { dtype: self.dtype, shape: self.shape, bytes: self.bytes }
+    }
     pub fn as_slice_mut<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
         check::<T>(self.dtype)?;
         bytemuck::try_cast_slice_mut(self.bytes).map_err(|_| TensorError::Misaligned(self.dtype))

@@ -304,6 +304,49 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
     TensorDesc::of(t)
 }
 
+/// How many of the variant's outputs the caller sees: those before the counts of bounded
+/// outputs, which come last.
+pub(crate) fn caller_outputs(v: &proto::Variant) -> usize {
+    let is_count = |t: u32| {
+        v.outputs.iter().any(|&o| {
+            v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
+        })
+    };
+    v.outputs.iter().take_while(|&&t| !is_count(t)).count()
+}
+
+/// Every bound names a dim of its tensor; a bounded output's count is a one-element int64
+/// output listed after the caller's outputs, and only counts are listed there.
+fn check_bounds(v: &proto::Variant) -> Result<(), String> {
+    let callers = caller_outputs(v);
+    for (i, t) in v.tensors.iter().enumerate() {
+        let Some(b) = &t.bound else { continue };
+        let at = |msg: &str| format!("tensor {i} '{}': its bound {msg}", t.name);
+        if b.axis as usize >= t.shape.len() {
+            return Err(at(&format!("names dim {} of a rank-{} tensor", b.axis, t.shape.len())));
+        }
+        let count = v.tensors.get(b.count as usize).ok_or_else(|| at("names no tensor"))?;
+        let one_i64 =
+            count.dtype == proto::DataType::I64 as i32 && count.shape.iter().product::<u64>() == 1;
+        if !one_i64 {
+            return Err(at("is counted by a tensor that is not one int64"));
+        }
+        let output = v.outputs[..callers].contains(&(i as u32));
+        if output && !v.outputs[callers..].contains(&b.count) {
+            return Err(at("is counted by a tensor that is not a count output"));
+        }
+    }
+    for (k, &t) in v.outputs.iter().enumerate().skip(callers) {
+        let counts_one = v.outputs[..callers].iter().any(|&o| {
+            v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
+        });
+        if !counts_one {
+            return Err(format!("output {k} follows the counts of bounded outputs but is none"));
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of a tensor with this dtype and shape, or `None` for an unknown dtype or a shape whose
 /// non-zero dims multiply past `isize::MAX` bytes. Zero dims are skipped in that bound so that
 /// no product of dims a kernel may form (a stride, the rows before an axis) overflows, even in
@@ -415,6 +458,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     };
     io_list(&v.inputs, "input")?;
     io_list(&v.outputs, "output")?;
+    check_bounds(v)?;
     // The end of the last arena (and boundary) tensor, and the bytes of all of them laid end
     // to end (aligned): the planner's arenas are never larger than either.
     let largest_arena = v.submodels.iter().map(|s| s.arena_bytes).max().unwrap_or(0);
@@ -769,6 +813,7 @@ mod tests {
             dtype: proto::DataType::F32 as i32,
             shape: vec![4],
             storage: Some(Storage { kind: Some(kind) }),
+            bound: None,
         }
     }
 
@@ -842,6 +887,22 @@ mod tests {
 
     fn dispatch(m: &mut proto::Manifest) -> &mut Dispatch {
         &mut entries(m)[0].dispatches[0]
+    }
+
+    #[test]
+    fn a_bound_names_a_dim_and_an_int64_count_output() {
+        fn bound(m: &mut proto::Manifest, axis: u32, count: u32) {
+            m.variants[0].tensors[1].bound = Some(proto::Bound { axis, count });
+        }
+        refused("its bound names dim 1 of a rank-1 tensor", |m, _| bound(m, 1, 0));
+        refused("its bound names no tensor", |m, _| bound(m, 0, 9));
+        refused("counted by a tensor that is not one int64", |m, _| bound(m, 0, 0));
+        // One int64, but the caller's input, not an output listed after the caller's.
+        refused("counted by a tensor that is not a count output", |m, _| {
+            let x = &mut m.variants[0].tensors[0];
+            (x.dtype, x.shape) = (proto::DataType::I64 as i32, vec![1]);
+            bound(m, 0, 0);
+        });
     }
 
     #[test]

@@ -103,7 +103,13 @@ impl SessionOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IoInfo {
     pub name: String,
+    /// Its type; for a bounded output, the shape holds the upper bound along `bounded`.
     pub desc: TensorDesc,
+    /// For an output whose length along one dim depends on the data (NonMaxSuppression's
+    /// boxes and what is computed from them): that dim. [`Session::run`] returns it cut to the
+    /// length the run filled; [`Session::run_into`] writes it at its bound, and
+    /// [`Session::output_shape`] says how much of it the last run filled.
+    pub bounded: Option<usize>,
 }
 
 /// Where one of a submodel's inputs or outputs lives in the session.
@@ -176,6 +182,12 @@ struct Part {
 pub struct Session {
     inputs: Vec<IoInfo>,
     outputs: Vec<IoInfo>,
+    /// The run-time lengths of bounded outputs: the variant's outputs after the caller's,
+    /// each a one-element int64 tensor, and for each caller output the index of its count.
+    counts: Vec<Tensor>,
+    count_of: Vec<Option<usize>>,
+    /// Each caller output's shape in the last run (its type's before any run).
+    shapes: Vec<Vec<usize>>,
     parts: Vec<Part>,
     steps: Vec<StepInfo>,
     // u64 words keep boundary offsets (multiples of the plan's alignment) aligned.
@@ -230,13 +242,31 @@ impl Session {
         let variant = &manifest.variants[index];
         let io = |list: &[u32]| -> Vec<IoInfo> {
             list.iter()
-                .map(|&t| IoInfo {
-                    name: variant.tensors[t as usize].name.clone(),
-                    desc: tensor_desc(&variant.tensors[t as usize]),
+                .map(|&t| {
+                    let tensor = &variant.tensors[t as usize];
+                    IoInfo {
+                        name: tensor.name.clone(),
+                        desc: tensor_desc(tensor),
+                        bounded: tensor.bound.as_ref().map(|b| b.axis as usize),
+                    }
                 })
                 .collect()
         };
-        let (inputs, outputs) = (io(&variant.inputs), io(&variant.outputs));
+        // Validation made the counts of bounded outputs the last outputs.
+        let callers = crate::bundle::caller_outputs(variant);
+        let (inputs, outputs) = (io(&variant.inputs), io(&variant.outputs[..callers]));
+        let count_of: Vec<Option<usize>> = variant.outputs[..callers]
+            .iter()
+            .map(|&t| {
+                let count = variant.tensors[t as usize].bound.as_ref()?.count;
+                variant.outputs.iter().position(|&o| o == count)
+            })
+            .collect();
+        let counts = variant.outputs[callers..]
+            .iter()
+            .map(|&t| Tensor::zeros(tensor_desc(&variant.tensors[t as usize])))
+            .collect();
+        let shapes = outputs.iter().map(|o| o.desc.shape.clone()).collect();
         // Memory first: kernels may build tables as long as their outputs' dims, so outputs
         // that could never be allocated are refused before any kernel is prepared.
         for o in &outputs {
@@ -316,6 +346,9 @@ impl Session {
         let session = Session {
             inputs,
             outputs,
+            counts,
+            count_of,
+            shapes,
             parts,
             steps,
             boundary,
@@ -381,8 +414,14 @@ impl Session {
         &self.ledger
     }
 
+    /// The shape output `j` had in the last run: its type's, except along a bounded dim
+    /// ([`IoInfo::bounded`]), where it is the length the run filled.
+    pub fn output_shape(&self, j: usize) -> Option<&[usize]> {
+        self.shapes.get(j).map(Vec::as_slice)
+    }
+
     /// Runs the variant on `inputs` (in the order of [`Session::inputs`]) and returns its
-    /// outputs (in the order of [`Session::outputs`]).
+    /// outputs (in the order of [`Session::outputs`]), bounded ones cut to their length.
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, SessionError> {
         self.run_timed(inputs, None)
     }
@@ -420,7 +459,9 @@ impl Session {
     /// Runs the variant on `inputs` and writes its outputs into `outputs`, the caller's
     /// buffers, in place: no tensor is allocated or copied on the host (an app's per-frame
     /// call). Each buffer must match its tensor's dtype, shape and byte length and be aligned
-    /// to its element size. When the run fails, `outputs` may hold part of a result.
+    /// to its element size. A bounded output ([`IoInfo::bounded`]) holds the entries the run
+    /// filled at the start of its buffer, densely, with the dims [`Session::output_shape`]
+    /// gives. When the run fails, `outputs` may hold part of a result.
     pub fn run_into(
         &mut self,
         inputs: &[TensorRef],
@@ -440,7 +481,14 @@ impl Session {
                 }
             }
         }
-        self.run_views(inputs, outputs, None)
+        self.run_views(inputs, outputs, None)?;
+        for (j, t) in outputs.iter_mut().enumerate() {
+            if let Some(axis) = self.outputs[j].bounded {
+                let size = t.dtype.size();
+                compact(t.bytes, &self.outputs[j].desc.shape, size, axis, self.shapes[j][axis]);
+            }
+        }
+        Ok(())
     }
 
     fn run_timed(
@@ -457,11 +505,47 @@ impl Session {
         let ins: Vec<TensorRef> = inputs.iter().map(Tensor::view).collect();
         let mut outs: Vec<TensorMut> = outputs.iter_mut().map(Tensor::view_mut).collect();
         self.run_views(&ins, &mut outs, times)?;
+        for (j, t) in outputs.iter_mut().enumerate() {
+            if let Some(axis) = self.outputs[j].bounded {
+                *t = cut(t, axis, self.shapes[j][axis]);
+            }
+        }
         Ok(outputs)
     }
 
-    /// Runs every submodel on checked inputs and outputs.
+    /// Runs every submodel on checked inputs and the caller's outputs, then reads the
+    /// lengths of bounded outputs.
     fn run_views(
+        &mut self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        times: Option<&mut Vec<StepTime>>,
+    ) -> Result<(), SessionError> {
+        let mut counts = std::mem::take(&mut self.counts);
+        let result = if counts.is_empty() {
+            self.run_parts(inputs, outputs, times)
+        } else {
+            let mut all: Vec<TensorMut> = outputs.iter_mut().map(TensorMut::reborrow).collect();
+            all.extend(counts.iter_mut().map(Tensor::view_mut));
+            self.run_parts(inputs, &mut all, times)
+        };
+        for (j, count) in self.count_of.iter().enumerate() {
+            let (Some(c), Some(axis)) = (count, self.outputs[j].bounded) else { continue };
+            let bound = self.outputs[j].desc.shape[axis];
+            let filled = counts[c - self.outputs.len()]
+                .as_slice::<i64>()
+                .ok()
+                .and_then(|v| v.first().copied());
+            // A count outside [0, bound] would be a kernel's bug; the caller still gets a
+            // shape that fits the buffer.
+            self.shapes[j][axis] = filled.map_or(0, |n| n.clamp(0, bound as i64) as usize);
+        }
+        self.counts = counts;
+        result
+    }
+
+    /// Runs every submodel: `outputs` are the variant's, the counts of bounded ones last.
+    fn run_parts(
         &mut self,
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
@@ -536,6 +620,26 @@ fn probe_output(info: &IoInfo) -> Result<(), SessionError> {
         .map_err(|_| SessionError::OutputAllocation { name: info.name.clone(), bytes })
 }
 
+/// Moves the first `len` entries along `axis` of a tensor of `shape` (its bound there) to
+/// the start of `bytes`, densely, as a tensor of that length along `axis` lies.
+fn compact(bytes: &mut [u8], shape: &[usize], size: usize, axis: usize, len: usize) {
+    let (outer, bound): (usize, usize) = (shape[..axis].iter().product(), shape[axis]);
+    let row = shape[axis + 1..].iter().product::<usize>() * size;
+    // Block o moves from o * bound rows to o * len rows: never forward, so in order.
+    for o in 1..outer {
+        bytes.copy_within(o * bound * row..(o * bound + len) * row, o * len * row);
+    }
+}
+
+/// The first `len` entries of `t` along `axis`.
+fn cut(t: &mut Tensor, axis: usize, len: usize) -> Tensor {
+    let mut desc = t.desc().clone();
+    compact(t.bytes_mut(), &desc.shape, desc.dtype.size(), axis, len);
+    desc.shape[axis] = len;
+    let bytes = desc.bytes();
+    Tensor::from_bytes(desc, &t.bytes()[..bytes]).expect("a cut is a prefix of the bytes")
+}
+
 /// A zeroed tensor for an output, or an error where memory for it cannot be had.
 fn zeroed_output(info: &IoInfo) -> Result<Tensor, SessionError> {
     probe_output(info)?;
@@ -601,4 +705,21 @@ fn run_part(
         None => part.executable.run(&ins, &mut outs)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounded_output_is_cut_to_its_length_along_any_dim() {
+        // [2, 4, 1] bounded along dim 1, of which a run filled 2 entries a block.
+        let mut t = Tensor::from_vec(vec![2, 4, 1], &[0i32, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+        let cut = cut(&mut t, 1, 2);
+        assert_eq!(cut.shape(), [2, 2, 1]);
+        assert_eq!(cut.to_vec::<i32>().unwrap(), [0, 1, 4, 5]);
+        let mut t = Tensor::from_vec(vec![3, 2], &[1i64, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(super::cut(&mut t, 0, 1).to_vec::<i64>().unwrap(), [1, 2]);
+        assert_eq!(super::cut(&mut t, 0, 0).shape(), [0, 2]);
+    }
 }

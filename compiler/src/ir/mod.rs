@@ -40,6 +40,17 @@ pub struct Graph {
     /// Keyed by value, not node, so that it survives passes that move and merge nodes: a
     /// node that absorbs a consumer takes over its outputs, and with them its guard.
     pub guards: BTreeMap<ValueId, Guard>,
+    /// Values with a data-dependent length along one dim (see `ingot_ops::bounded`): their
+    /// type holds the upper bound there.
+    pub bounded: BTreeMap<ValueId, Bound>,
+}
+
+/// A value whose dim `axis` a run fills only up to `count`, an int64 scalar value of the
+/// graph (what the op that made the rows wrote).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub axis: usize,
+    pub count: ValueId,
 }
 
 /// The conditions a guarded node runs under, outermost first; empty: always.

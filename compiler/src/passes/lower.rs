@@ -6,7 +6,7 @@
 //! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
 //! folded by then if it can be, and the nodes that replace it are walked next.
 
-use super::{PassError, control};
+use super::{PassError, bounded, control};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
@@ -21,6 +21,16 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             // Its place now holds what computes its outputs, walked next.
             control::expand(g, i, &mut selects)?;
             continue;
+        }
+        // An op that fills a data-dependent number of rows writes the count as an extra
+        // output (`ingot_ops::bounded`), which the model's node does not list.
+        if let Some(def) = ingot_ops::lookup(&g.nodes[i].op)
+            && def.def.bounded.is_some()
+            && g.nodes[i].outputs.len() == 1
+        {
+            let name = format!("{}:count", g.values[g.nodes[i].outputs[0]].name);
+            let count = g.add_value(name, None);
+            g.nodes[i].outputs.push(count);
         }
         let node = &mut g.nodes[i];
         let at = |e: OpError, node: &Node| PassError::Node {
@@ -87,9 +97,12 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 node,
             ));
         }
+        let node = &g.nodes[i];
+        let bounds = bounded::propagate(g, node, &in_types, &out_types).map_err(|e| at(e, node))?;
         let constants = if matches!(node.op.as_str(), "Shape" | "Size") {
             Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
         } else if inputs.iter().all(|&v| values[v].constant.is_some())
+            && bounds.is_empty()
             && !ingot_ops::keeps_constant_narrow(&node.op, &in_types, &out_types)
         {
             // `Tensor::zeros` aborts the process when the allocator refuses (and a kernel may
@@ -119,6 +132,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             None
         };
         let outputs = node.outputs.clone();
+        g.bounded.extend(bounds);
         for (&o, ty) in outputs.iter().zip(out_types) {
             g.values[o].ty = Some(ty);
         }

@@ -3,6 +3,7 @@
 
 use crate::ir::{self, Graph};
 
+mod bounded;
 mod control;
 mod dce;
 mod dequantize;
@@ -36,6 +37,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("norm_chains", norm_chains::run),
     ("fuse", fuse::run),
     ("outputs", outputs::run),
+    ("bounded", bounded::run),
 ];
 
 /// Passes that only compiles for the CPU alone run, after [`PIPELINE`]: they make steps that

@@ -21,6 +21,8 @@ struct Row<'a> {
     root: Option<&'a str>,
     first: Option<usize>,
     last: Option<usize>,
+    /// A data-dependent length: the dim, and the tensor that counts it.
+    bound: Option<(usize, &'a str)>,
 }
 
 fn dtype_of(code: i32) -> Option<DType> {
@@ -80,6 +82,10 @@ fn rows(v: &proto::Variant) -> Vec<Row<'_>> {
                 root,
                 first: first[i],
                 last: last[i],
+                bound: t.bound.as_ref().map(|b| {
+                    let count = v.tensors.get(b.count as usize).map_or("?", |c| c.name.as_str());
+                    (b.axis as usize, count)
+                }),
             }
         })
         .collect()
@@ -91,6 +97,19 @@ pub fn shape_text(shape: &[u64]) -> String {
         "scalar".into()
     } else {
         shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    }
+}
+
+/// A shape with dim `bounded` marked as an upper bound: `≤300x3`.
+fn bounded_shape_text(shape: &[u64], bounded: Option<usize>) -> String {
+    match bounded {
+        Some(axis) if axis < shape.len() => {
+            let dims: Vec<String> = (shape.iter().enumerate())
+                .map(|(d, n)| if d == axis { format!("≤{n}") } else { n.to_string() })
+                .collect();
+            dims.join("x")
+        }
+        _ => shape_text(shape),
     }
 }
 
@@ -208,11 +227,12 @@ pub fn text(v: &proto::Variant) -> String {
         };
         let _ = writeln!(
             out,
-            "  {:<24} {span:>11} {:>12}  {place}  {} {}",
+            "  {:<24} {span:>11} {:>12}  {place}  {} {}{}",
             r.name,
             r.bytes,
             r.dtype,
-            shape_text(r.shape)
+            bounded_shape_text(r.shape, r.bound.map(|b| b.0)),
+            r.bound.map_or(String::new(), |(_, count)| format!(" (length in {count})"))
         );
     }
     let _ = writeln!(out, "\nallocations:");
@@ -274,6 +294,7 @@ pub fn json(v: &proto::Variant) -> serde_json::Value {
                 "root": r.root.unwrap_or(r.name),
                 "first_step": r.first,
                 "last_step": r.last,
+                "bound": r.bound.map(|(axis, count)| json!({"axis": axis, "count": count})),
             })
         })
         .collect();
@@ -803,6 +824,7 @@ mod tests {
             dtype: f32,
             shape: vec![1, 4, 8, 8],
             storage: Some(proto::Storage { kind: Some(kind) }),
+            bound: None,
         };
         let post = proto::Attribute {
             name: "post_ops".into(),

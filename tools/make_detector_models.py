@@ -1,0 +1,109 @@
+"""nudenet's YOLOv8n detector (target/models/320n.onnx) with its post-processing in the graph,
+as detectors are exported with NMS inside, for the tests:
+
+    320n_nms.onnx           per-class NMS on centre-format boxes (center_point_box = 1) of the
+                            head's [1, 4 + C, N] output, then the kept rows gathered into one
+                            [K, 6] output: x, y, w, h, score (GatherND of the scores by the
+                            selected indices), class (Cast)
+    320n_nms_agnostic.onnx  class-agnostic NMS as many YOLO exports do it: corner boxes made
+                            in the graph (centre -/+ half the size), each box's best class by
+                            ReduceMax and ArgMax, then three outputs gathered by the selected
+                            box index: boxes [K, 4], scores [K], classes [K] (int64)
+
+K, the number of kept boxes, depends on the image: Ingot plans it at its bound and returns the
+rows the run filled. Writes OUT (default target/models); skipped when every output exists and is
+newer than its source and this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def with_nms(src: Path, out: Path, agnostic: bool) -> None:
+    m = onnx.load(src)
+    g = m.graph
+    (head,) = [o.name for o in g.output]
+    classes = g.output[0].type.tensor_type.shape.dim[1].dim_value - 4
+    nodes: list[onnx.NodeProto] = []
+    consts: list[onnx.TensorProto] = []
+    count = iter(range(10_000))
+
+    def const(value, dtype=np.int64) -> str:
+        name = f"nms_c{next(count)}"
+        consts.append(numpy_helper.from_array(np.array(value, dtype), name))
+        return name
+
+    def op(kind: str, inputs: list[str], outputs: int = 1, **attrs) -> str | list[str]:
+        names = [f"nms_x{next(count)}" for _ in range(outputs)]
+        nodes.append(helper.make_node(kind, inputs, names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def channels(start: int, end: int) -> str:
+        return op("Slice", [head, const([start]), const([end]), const([1])])
+
+    boxes = op("Transpose", [channels(0, 4)], perm=[0, 2, 1])  # [1, N, 4] centre format
+    scores = channels(4, 4 + classes)  # [1, C, N]
+    if agnostic:
+        centre = op("Slice", [boxes, const([0]), const([2]), const([2])])
+        half = op("Mul", [op("Slice", [boxes, const([2]), const([4]), const([2])]), const(0.5, np.float32)])
+        corners = op("Concat", [op("Sub", [centre, half]), op("Add", [centre, half])], axis=2)
+        best = op("ReduceMax", [scores], axes=[1], keepdims=1)  # [1, 1, N] (opset 17)
+        label = op("ArgMax", [scores], axis=1, keepdims=0)  # [1, N]
+        limits = [const([30]), const([0.45], np.float32), const([0.01], np.float32)]
+        selected = op("NonMaxSuppression", [corners, best, *limits])
+        index = op("Gather", [selected, const(2)], axis=1)  # [K]
+        outputs = {
+            "boxes": op("Gather", [op("Squeeze", [corners, const([0])]), index], axis=0),
+            "scores": op("Gather", [op("Squeeze", [best, const([0, 1])]), index], axis=0),
+            "classes": op("Gather", [op("Squeeze", [label, const([0])]), index], axis=0),
+        }
+        f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+        types = {"boxes": f32, "scores": f32, "classes": i64}
+        shapes = {"boxes": ["K", 4], "scores": ["K"], "classes": ["K"]}
+    else:
+        limits = [const([20]), const([0.5], np.float32), const([0.01], np.float32)]
+        selected = op("NonMaxSuppression", [boxes, scores, *limits], center_point_box=1)
+        label = op("Cast", [op("Gather", [selected, const([1])], axis=1)], to=onnx.TensorProto.FLOAT)
+        index = op("Gather", [selected, const(2)], axis=1)
+        picked = op("Gather", [op("Squeeze", [boxes, const([0])]), index], axis=0)  # [K, 4]
+        score = op("Unsqueeze", [op("GatherND", [scores, selected]), const([1])])  # [K, 1]
+        outputs = {"detections": op("Concat", [picked, score, label], axis=1)}
+        types = {"detections": onnx.TensorProto.FLOAT}
+        shapes = {"detections": ["K", 6]}
+    # The last node of each output writes it under its output name.
+    for name, value in outputs.items():
+        for n in nodes:
+            n.output[:] = [name if o == value else o for o in n.output]
+            n.input[:] = [name if i == value else i for i in n.input]
+    g.node.extend(nodes)
+    g.initializer.extend(consts)
+    del g.output[:]
+    g.output.extend(helper.make_tensor_value_info(n, types[n], shapes[n]) for n in outputs)
+    onnx.checker.check_model(m)
+    onnx.save(m, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=Path("target/models"))
+    args = ap.parse_args()
+    src = args.models / "320n.onnx"
+    newest_source = max(p.stat().st_mtime for p in [src, Path(__file__)])
+    for name, agnostic in [("320n_nms.onnx", False), ("320n_nms_agnostic.onnx", True)]:
+        out = args.models / name
+        if out.exists() and out.stat().st_mtime > newest_source:
+            continue
+        part = out.with_suffix(".part.onnx")
+        with_nms(src, part, agnostic)
+        part.replace(out)
+        print(f"make_detector_models: {out}")
+
+
+if __name__ == "__main__":
+    main()
