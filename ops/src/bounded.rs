@@ -109,14 +109,59 @@ pub fn outputs(
             }
             _ => refuse("only its indices' leading dims may be bounded"),
         },
+        "Split" | "TopK" | "ArgMax" | "ArgMin" | "Softmax" | "LogSoftmax" | "Hardmax" => {
+            let along = attr_axis()?;
+            let keeps = node.attrs.int_or("keepdims", 1)? == 1;
+            // Softmax before opset 13 normalises over every dim from `axis` on.
+            let over_rows = along == a || (node.attrs.int_or("coerce_2d", 0)? == 1 && a > along);
+            match (over_rows, keeps || a < along) {
+                (true, _) => refuse("it works along the dim"),
+                (false, true) => axis(a),
+                (false, false) => axis(a - 1),
+            }
+        }
+        _ if op.starts_with("Reduce") => {
+            let axes = node.attrs.ints("axes")?;
+            let before = axes.iter().filter(|&&x| (x as usize) < a).count();
+            // An empty list left by `noop_with_empty_axes` reduces nothing.
+            if axes.contains(&(a as i64)) {
+                refuse("it reduces over the dim")
+            } else if node.attrs.int("keepdims")? == 1 {
+                axis(a)
+            } else {
+                axis(a - before)
+            }
+        }
+        // Rows of A times B: each output row is its row of A's.
+        "MatMul" => {
+            let rank = inputs[0].shape.len();
+            match bounded {
+                [Some(d), None] if rank >= 2 && *d == rank - 2 => axis(outputs[0].shape.len() - 2),
+                _ => refuse("only A's rows may be bounded"),
+            }
+        }
+        "Gemm" => {
+            let c_has_rows = inputs.get(2).is_some_and(|c| c.shape.len() == 2 && c.shape[0] != 1);
+            match bounded {
+                [Some(0), None, ..]
+                    if node.attrs.int("transA")? == 0
+                        && !c_has_rows
+                        && bounded.iter().skip(1).all(Option::is_none) =>
+                {
+                    axis(0)
+                }
+                _ => refuse("only A's rows may be bounded, with C one row or none"),
+            }
+        }
         "Shape" | "Size" => refuse("its value would be the bound, not the run's length"),
         _ if crate::elementwise::OPS.iter().any(|d| d.name == op) => {
             broadcast(inputs, bounded, &outputs[0].shape).map_or_else(refuse, axis)
         }
         _ => refuse("it may combine rows"),
     }?;
-    // Every output of these ops has output 0's shape (Dropout's mask included).
-    Ok(outputs.iter().map(|o| one.filter(|_| o.shape == outputs[0].shape)).collect())
+    // Every output of these ops has the dim where output 0 has it (Dropout's mask, TopK's
+    // indices, each piece of a Split along another dim).
+    Ok(vec![one; outputs.len()])
 }
 
 /// The dim of `to` that holds the same rows as dim `a` of `from`: the same length, after
@@ -233,14 +278,42 @@ mod tests {
         );
         assert_eq!(axis("Cast", Attrs::new(), &[&[9, 3]], &[Some(0)], &[9, 3]), Ok(Some(0)));
         assert_eq!(axis("Relu", Attrs::new(), &[&[2, 2]], &[None], &[2, 2]), Ok(None));
+        // Along other dims: the best class of each row, a softmax over the classes, a sum.
+        let arg = ax(1).with("keepdims", AttrValue::Int(0));
+        assert_eq!(axis("ArgMax", arg, &[&[9, 4]], &[Some(0)], &[9]), Ok(Some(0)));
+        assert_eq!(axis("Softmax", ax(1), &[&[9, 4]], &[Some(0)], &[9, 4]), Ok(Some(0)));
+        let sum = |keep: i64| {
+            Attrs::new()
+                .with("axes", AttrValue::Ints(vec![0]))
+                .with("keepdims", AttrValue::Int(keep))
+        };
+        assert_eq!(axis("ReduceSum", sum(0), &[&[2, 9, 4]], &[Some(1)], &[9, 4]), Ok(Some(0)));
+        assert_eq!(axis("ReduceSum", sum(1), &[&[2, 9, 4]], &[Some(1)], &[1, 9, 4]), Ok(Some(1)));
+        // Boxes times a transform.
+        assert_eq!(
+            axis("MatMul", Attrs::new(), &[&[9, 4], &[4, 4]], &[Some(0), None], &[9, 4]),
+            Ok(Some(0))
+        );
     }
 
     #[test]
     fn ops_that_mix_rows_are_refused_with_the_reason() {
         let ax = |v: i64| Attrs::new().with("axis", AttrValue::Int(v));
         let err = |r: Result<Option<usize>, String>| r.unwrap_err();
+        let sum =
+            Attrs::new().with("axes", AttrValue::Ints(vec![0])).with("keepdims", AttrValue::Int(1));
         assert!(
-            err(axis("ReduceSum", Attrs::new(), &[&[9, 4]], &[Some(0)], &[1, 4]))
+            err(axis("ReduceSum", sum, &[&[9, 4]], &[Some(0)], &[1, 4])).contains("reduces over")
+        );
+        assert!(
+            err(axis("Softmax", ax(0), &[&[9, 4]], &[Some(0)], &[9, 4])).contains("along the dim")
+        );
+        assert!(
+            err(axis("MatMul", Attrs::new(), &[&[4, 9], &[9, 4]], &[Some(1), None], &[4, 4]))
+                .contains("A's rows")
+        );
+        assert!(
+            err(axis("Conv", Attrs::new(), &[&[9, 4]], &[Some(0)], &[1, 4]))
                 .contains("may combine rows")
         );
         assert!(
