@@ -42,13 +42,14 @@ pub fn outputs(
     let op = node.op.as_str();
     let first = bounded.iter().position(Option::is_some);
     let def = crate::lookup(op);
-    if let Some(dim) = def.and_then(|d| d.def.bounded) {
+    if let Some(dim) = def.and_then(|d| d.def.bounded).and_then(|f| f(&node.attrs)) {
         if let Some(k) = first {
             return Err(refused(k, inputs, bounded, "it cannot read such rows"));
         }
-        let mut out = vec![None; outputs.len()];
-        out[0] =
-            Some(Bounded { axis: dim(&node.attrs), length: Length::Output(outputs.len() - 1) });
+        // Every output but the count, last.
+        let count = outputs.len() - 1;
+        let mut out = vec![Some(Bounded { axis: dim, length: Length::Output(count) }); count];
+        out.push(None);
         return Ok(out);
     }
     let Some(k) = first else {

@@ -30,11 +30,12 @@ pub struct OpDef {
     /// Why the op has no Vulkan kernel at all (its steps run on the CPU); `None` when its
     /// family's Vulkan kernels take it (for some dtypes and attributes at least).
     pub cpu_only: Option<&'static str>,
-    /// For an op whose output 0 has a dim that is only an upper bound (how many entries the
-    /// op fills along it depends on the data), that dim from the canonical attributes; the
-    /// op writes the count as an extra int64 scalar output, which the compiler appends to the
-    /// model's node (see `crate::bounded`).
-    pub bounded: Option<fn(&Attrs) -> usize>,
+    /// For an op whose outputs may have a dim that is only an upper bound (how many entries
+    /// the op fills along it depends on the data): that dim, from a canonical node's
+    /// attributes (`None` for a node whose outputs are exact, a TopK of constant K). Such a
+    /// node writes the count as an extra int64 scalar output, which the compiler appends to
+    /// the model's node once it is lowered (see `crate::bounded`).
+    pub bounded: Option<fn(&Attrs) -> Option<usize>>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -76,9 +77,9 @@ impl OpDef {
         OpDef { cpu_only: Some(why), ..self }
     }
 
-    /// Marks an op whose output 0 has a data-dependent length along the dim `dim` gives,
-    /// counted in an extra output.
-    pub const fn bounded(self, dim: fn(&Attrs) -> usize) -> OpDef {
+    /// Marks an op whose outputs have a data-dependent length along the dim `dim` gives (where
+    /// it gives one), counted in an extra output.
+    pub const fn bounded(self, dim: fn(&Attrs) -> Option<usize>) -> OpDef {
         OpDef { bounded: Some(dim), ..self }
     }
 

@@ -237,7 +237,6 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("Split", &[1]),
     ("Squeeze", &[1]),
     ("Tile", &[1]),
-    ("TopK", &[1]),
     ("Trilu", &[1]),
     ("Unsqueeze", &[1]),
 ];

@@ -22,12 +22,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             control::expand(g, i, &mut selects)?;
             continue;
         }
-        // An op that fills a data-dependent number of rows writes the count as an extra
+        // An op that may fill a data-dependent number of rows writes the count as an extra
         // output (`ingot_ops::bounded`), which the model's node does not list.
-        if let Some(def) = ingot_ops::lookup(&g.nodes[i].op)
-            && def.def.bounded.is_some()
-            && g.nodes[i].outputs.len() == 1
-        {
+        let counted = ingot_ops::lookup(&g.nodes[i].op).is_some_and(|d| d.def.bounded.is_some())
+            && !g.nodes[i].outputs.is_empty();
+        if counted {
             let name = format!("{}:count", g.values[g.nodes[i].outputs[0]].name);
             let count = g.add_value(name, None);
             g.nodes[i].outputs.push(count);
@@ -63,6 +62,10 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                 .collect(),
         };
         (def.def.lower)(node, &cx).map_err(|e| at(e, node))?;
+        // Lowered exact (a TopK of constant K): no count; the value it had stays unread.
+        if counted && def.def.bounded.is_some_and(|dim| dim(&node.attrs).is_none()) {
+            node.outputs.pop();
+        }
         let inputs: Vec<usize> = node
             .inputs
             .iter()

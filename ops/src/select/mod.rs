@@ -35,16 +35,16 @@ use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs, DType};
 
 pub const OPS: &[OpDef] = &[
-    OpDef::new("NonMaxSuppression", nms::lower, nms::infer).bounded(|_| 0).cpu_only(
+    OpDef::new("NonMaxSuppression", nms::lower, nms::infer).bounded(|_| Some(0)).cpu_only(
         "NonMaxSuppression has no Vulkan kernel: its greedy, data-dependent loop runs on the \
          CPU, as a submodel of its own",
     ),
-    OpDef::new("NonZero", lower_non_zero, infer_non_zero).bounded(|_| 1).cpu_only(
+    OpDef::new("NonZero", lower_non_zero, infer_non_zero).bounded(|_| Some(1)).cpu_only(
         "NonZero has no Vulkan kernel: where each index goes depends on every element before \
          it; its steps run on the CPU, as a submodel of their own",
     ),
     OpDef::new("Compress", lower_compress, infer_compress)
-        .bounded(|a| a.int("axis").map_or(0, |v| v as usize))
+        .bounded(|a| Some(a.int("axis").map_or(0, |v| v as usize)))
         .cpu_only(
             "Compress has no Vulkan kernel: where each slice goes depends on the condition \
              before it; its steps run on the CPU, as a submodel of their own",

@@ -3,18 +3,22 @@
 //! lower first, as ONNX says). Output is always sorted, which `sorted = 0` allows.
 
 use crate::cpu::parallel::try_for_each_chunk_pair;
-use crate::cpu::{Kernel, KernelError, OpCx, tensor_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut, tensor_mut};
 use crate::invalid;
 use crate::lower::checked_product;
 use crate::movement::cpu::by_numeric;
 use crate::tensor::{Element, TensorMut, TensorRef};
+use bytemuck::Zeroable;
 use ingot_schema::DType;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if cx.op != "TopK" {
         return Err(KernelError::UnknownOp(cx.op.to_string()));
     }
-    cx.expect_arity(1..=1, 2)?;
+    // A run-time K is input 1, and its count output 2.
+    let runtime_k = !cx.attrs.contains("k");
+    let n = 1 + runtime_k as usize;
+    cx.expect_arity(n..=n, n + 1)?;
     let x = &cx.inputs[0];
     if x.dtype == DType::Bool {
         return Err(cx.dtype_error(x.dtype));
@@ -29,6 +33,11 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             values.dtype,
             indices.dtype
         ));
+    }
+    let count_ok = cx.outputs.get(2).is_none_or(|c| c.dtype == DType::I64 && c.elements() == 1);
+    let k_ok = cx.inputs.get(1).is_none_or(|k| k.dtype == DType::I64 && k.elements() == 1);
+    if !count_ok || !k_ok {
+        return Err(invalid!("TopK's run-time K and its count must be one int64 each"));
     }
     if values.shape != shape || indices.shape != shape {
         return Err(invalid!(
@@ -48,6 +57,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         out_len: dims(&shape)?,
         largest: cx.attrs.int("largest")? != 0,
         dtype: x.dtype,
+        runtime_k,
     }))
 }
 
@@ -61,12 +71,27 @@ struct TopK {
     out_len: usize,
     largest: bool,
     dtype: DType,
+    /// K comes from input 1 at run time; `k` is then the whole dim, the bound of the
+    /// outputs, of which the first K entries along the axis are written and the rest zeroed.
+    runtime_k: bool,
 }
 
 impl Kernel for TopK {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let x = inputs.first().ok_or_else(|| invalid!("TopK's input is missing"))?;
-        let [values, indices] = outputs else {
+        let k = match self.runtime_k {
+            false => self.k,
+            true => {
+                let k = input::<i64>(inputs, 1, 1)?[0];
+                let n = self.n;
+                let k = usize::try_from(k).ok().filter(|&k| k <= n).ok_or_else(|| {
+                    invalid!("K must be 0 to {n} (the input's dim along the axis), got {k}")
+                })?;
+                output_mut::<i64>(outputs, 2, 1)?[0] = k as i64;
+                k
+            }
+        };
+        let [values, indices, ..] = outputs else {
             return Err(invalid!("TopK writes 2 outputs, got {}", outputs.len()));
         };
         if x.dtype != self.dtype {
@@ -79,7 +104,12 @@ impl Kernel for TopK {
             if x.len() != len {
                 return Err(invalid!("TopK's input has {} elements, expected {len}", x.len()));
             }
-            self.select(x, tensor_mut::<T>(values, out_len)?, indices)
+            let values = tensor_mut::<T>(values, out_len)?;
+            if k < self.k {
+                values.fill(T::zeroed());
+                indices.fill(0);
+            }
+            self.select(x, k, values, indices)
         })
     }
 }
@@ -93,17 +123,19 @@ impl TopK {
     fn select<T: Rank>(
         &self,
         x: &[T],
+        k: usize,
         values: &mut [T],
         indices: &mut [i64],
     ) -> Result<(), KernelError> {
-        let (n, k, inner) = (self.n, self.k, self.inner);
+        // Blocks of the outputs are `self.k` entries long along the axis, of which k written.
+        let (n, inner) = (self.n, self.inner);
         // Also k = 0: nothing to select (and no k - 1 below).
-        if values.is_empty() {
+        if values.is_empty() || k == 0 {
             return Ok(());
         }
         // Whole blocks per task, enough of them to be worth another thread.
         let per_task = (TASK_ELEMENTS / (n * inner).max(1)).max(1);
-        let out = k * inner;
+        let out = self.k * inner;
         let chunks = (per_task * out, per_task * out);
         try_for_each_chunk_pair((values, indices), chunks, &|t, values, indices| {
             let mut order: Vec<(u64, usize)> = Vec::with_capacity(n);
@@ -193,6 +225,26 @@ mod tests {
     use crate::cpu::eval;
     use crate::tensor::{Element, Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs, DType};
+
+    #[test]
+    fn a_run_time_k_fills_that_many_entries_of_the_whole_dim() {
+        let mut a = attrs(0, 1, true);
+        a.remove("k");
+        let x = Tensor::from_vec(vec![2, 3], &[1.0f32, 3.0, 2.0, 6.0, 5.0, 4.0]).unwrap();
+        let outs = [
+            TensorDesc::new(DType::F32, [2, 3]),
+            TensorDesc::new(DType::I64, [2, 3]),
+            TensorDesc::new(DType::I64, []),
+        ];
+        let k = |v: i64| Tensor::from_vec(vec![1], &[v]).unwrap();
+        let got = eval("TopK", &a, &[&x, &k(2)], &outs).unwrap();
+        // Each row's two largest, then zeros up to the bound of 3.
+        assert_eq!(got[0].to_vec::<f32>().unwrap(), [3.0, 2.0, 0.0, 6.0, 5.0, 0.0]);
+        assert_eq!(got[1].to_vec::<i64>().unwrap(), [1, 2, 0, 0, 1, 0]);
+        assert_eq!(got[2].to_vec::<i64>().unwrap(), [2]);
+        let err = eval("TopK", &a, &[&x, &k(4)], &outs).unwrap_err().to_string();
+        assert!(err.contains("K must be 0 to 3"), "{err}");
+    }
 
     fn attrs(k: i64, axis: i64, largest: bool) -> Attrs {
         Attrs::new()

@@ -1,12 +1,16 @@
 //! TopK (opsets 1, 10, 11 to 24): the K largest or smallest elements along one axis, with
-//! their indices. Lowering reads K into an attribute and checks it against the shape; the
-//! kernel is in `cpu.rs`.
+//! their indices. Lowering reads a constant K into an attribute and checks it against the
+//! shape; a K computed at run time makes the outputs bounded (`crate::bounded`): planned for
+//! the whole dim, the run fills K. The kernel is in `cpu.rs`.
 //!
 //! Canonical form (what `cpu.rs` reads):
-//! - inputs: X only (opset 10's K operand is read into `k` and dropped).
-//! - attributes: `k` (0 to X's dim along the axis), `axis` (nonnegative), `largest` and
-//!   `sorted` (0 or 1; opsets before 11 have neither, and mean 1 for both).
-//! - outputs: Values (X's type) and Indices (int64), both X's shape with the axis' dim k.
+//! - inputs: X, and K (one int64) only where it is computed at run time (a constant K is read
+//!   into `k` and dropped).
+//! - attributes: `k` (0 to X's dim along the axis; absent for a run-time K), `axis`
+//!   (nonnegative), `largest` and `sorted` (0 or 1; opsets before 11 have neither, and mean 1
+//!   for both).
+//! - outputs: Values (X's type) and Indices (int64), both X's shape with the axis' dim k (the
+//!   whole dim for a run-time K, entries past K zero); for a run-time K then the count, K.
 
 pub(crate) mod cpu;
 
@@ -27,9 +31,11 @@ use crate::registry::no_vulkan;
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs, DType};
 
-pub const OPS: &[OpDef] = &[OpDef::new("TopK", lower, infer).cpu_only(
-    "TopK has no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own",
-)];
+pub const OPS: &[OpDef] = &[OpDef::new("TopK", lower, infer)
+    .bounded(|a| (!a.contains("k")).then(|| a.int("axis").map_or(0, |v| v as usize)))
+    .cpu_only(
+        "TopK has no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own",
+    )];
 
 fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let shape = &cx.input(0)?.shape;
@@ -41,7 +47,7 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
                 cx.opset
             ));
         }
-        a.int("k")?
+        Some(a.int("k")?)
     } else {
         if node.inputs.len() > 2 {
             return Err(op_err!("TopK takes two inputs, X and K, got {}", node.inputs.len()));
@@ -49,17 +55,17 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         if !cx.has_input(1) {
             return Err(op_err!("TopK needs its K input (input 1) at opset {}", cx.opset));
         }
-        // Output shapes depend on K's value: without it the graph has no static shapes.
-        let c = cx.consts.get(1).copied().flatten().ok_or_else(|| {
-            op_err!(
-                "K (input 1) must be a compile-time constant (an initializer, or a value folded \
-                 from constants); here it is computed at run time"
-            )
-        })?;
-        match c.to_i64s().as_deref() {
-            Some(&[k]) => k,
-            Some(ks) => return Err(op_err!("K must hold one value, got {}", ks.len())),
-            None => return Err(op_err!("K must be an integer tensor, got {}", c.desc().dtype)),
+        let desc = cx.input(1)?;
+        if desc.dtype != DType::I64 || desc.elements() != 1 {
+            return Err(op_err!("K must be one int64, got {} {:?}", desc.dtype, desc.shape));
+        }
+        match cx.consts.get(1).copied().flatten() {
+            Some(c) => match c.to_i64s().as_deref() {
+                Some(&[k]) => Some(k),
+                _ => return Err(op_err!("K must be one int64")),
+            },
+            // Computed at run time: planned for the whole dim, the run fills K.
+            None => None,
         }
     };
     let (largest, sorted) = if cx.opset < 11 {
@@ -74,13 +80,15 @@ fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         return Err(op_err!("TopK needs an input of rank 1 or more, got a scalar"));
     }
     let axis = normalize_axis(a.int_or("axis", -1)?, shape.len())?;
-    check_k(k, shape[axis], axis)?;
     node.attrs = Attrs::new()
-        .with("k", AttrValue::Int(k))
         .with("axis", AttrValue::Int(axis as i64))
         .with("largest", AttrValue::Int(largest))
         .with("sorted", AttrValue::Int(sorted));
-    node.inputs.truncate(1);
+    if let Some(k) = k {
+        check_k(k, shape[axis], axis)?;
+        node.attrs.set("k", AttrValue::Int(k));
+        node.inputs.truncate(1);
+    }
     Ok(())
 }
 
@@ -92,30 +100,46 @@ fn check_k(k: i64, dim: usize, axis: usize) -> OpResult<()> {
     Ok(())
 }
 
-/// The shape both outputs have: X's with the axis' dim `k`; checks the canonical attributes.
+/// The shape both outputs have: X's with the axis' dim `k` (kept whole for a run-time K);
+/// checks the canonical attributes.
 pub(crate) fn output_shape(attrs: &Attrs, x: &[usize]) -> OpResult<Vec<usize>> {
     let axis = attrs.int("axis")?;
     let axis = usize::try_from(axis)
         .ok()
         .filter(|&a| a < x.len())
         .ok_or_else(|| op_err!("axis {axis} is out of range for an input of shape {x:?}"))?;
-    let k = attrs.int("k")?;
-    check_k(k, x[axis], axis)?;
     let mut shape = x.to_vec();
-    shape[axis] = k as usize;
+    if attrs.contains("k") {
+        let k = attrs.int("k")?;
+        check_k(k, x[axis], axis)?;
+        shape[axis] = k as usize;
+    }
     Ok(shape)
 }
 
 /// Values (X's type) and Indices (int64).
 fn infer(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    let [x] = inputs else {
-        return Err(op_err!("TopK takes one input once lowered, got {}", inputs.len()));
+    let runtime_k = !node.attrs.contains("k");
+    let x = match inputs {
+        [x] if !runtime_k => x,
+        [x, _] if runtime_k => x,
+        _ => {
+            return Err(op_err!(
+                "TopK takes {} inputs once lowered, got {}",
+                1 + runtime_k as usize,
+                inputs.len()
+            ));
+        }
     };
     if x.dtype == DType::Bool {
         return Err(op_err!("TopK takes a numeric input, got bool"));
     }
     let shape = output_shape(&node.attrs, &x.shape)?;
-    Ok(vec![TensorDesc::new(x.dtype, shape.clone()), TensorDesc::new(DType::I64, shape)])
+    let mut out = vec![TensorDesc::new(x.dtype, shape.clone()), TensorDesc::new(DType::I64, shape)];
+    if runtime_k {
+        out.push(TensorDesc::new(DType::I64, []));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -175,9 +199,14 @@ mod tests {
     }
 
     #[test]
-    fn k_computed_at_run_time_is_refused() {
-        let err = run(&mut node(2, Attrs::new()), 11, &[3, 4], None).unwrap_err();
-        assert!(err.0.contains("K (input 1) must be a compile-time constant"), "{err}");
+    fn k_computed_at_run_time_keeps_the_whole_dim_and_counts_it() {
+        let mut n = node(2, Attrs::new());
+        n.outputs.push(12); // the count, which the compiler appends
+        let out = run(&mut n, 11, &[3, 4], None).unwrap();
+        assert_eq!(n.inputs, [Some(0), Some(1)]);
+        assert!(!n.attrs.contains("k"));
+        assert_eq!(out[0], TensorDesc::new(DType::F32, [3, 4]));
+        assert_eq!(out[2], TensorDesc::new(DType::I64, []));
     }
 
     #[test]
@@ -188,7 +217,7 @@ mod tests {
         }
         let two = Tensor::from_vec(vec![2], &[1i64, 2]).unwrap();
         let err = run(&mut node(2, Attrs::new()), 10, &[3, 4], Some(&two)).unwrap_err();
-        assert!(err.0.contains("one value"), "{err}");
+        assert!(err.0.contains("K must be one int64"), "{err}");
         let axis = Attrs::new().with("axis", AttrValue::Int(2));
         let err = run(&mut node(2, axis), 10, &[3, 4], Some(&k(1))).unwrap_err();
         assert!(err.0.contains("axis 2 is out of range"), "{err}");
