@@ -307,12 +307,14 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
 /// How many of the variant's outputs the caller sees: those before the counts of bounded
 /// outputs, which come last.
 pub(crate) fn caller_outputs(v: &proto::Variant) -> usize {
-    let is_count = |t: u32| {
-        v.outputs.iter().any(|&o| {
-            v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
-        })
-    };
-    v.outputs.iter().take_while(|&&t| !is_count(t)).count()
+    v.outputs.iter().take_while(|&&t| !counts_an_output(v, &v.outputs, t)).count()
+}
+
+/// Whether tensor `t` is the count of a bounded tensor among `outputs`.
+fn counts_an_output(v: &proto::Variant, outputs: &[u32], t: u32) -> bool {
+    outputs.iter().any(|&o| {
+        v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
+    })
 }
 
 /// Every bound names a dim of its tensor; a bounded output's count is a one-element int64
@@ -337,10 +339,7 @@ fn check_bounds(v: &proto::Variant) -> Result<(), String> {
         }
     }
     for (k, &t) in v.outputs.iter().enumerate().skip(callers) {
-        let counts_one = v.outputs[..callers].iter().any(|&o| {
-            v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
-        });
-        if !counts_one {
+        if !counts_an_output(v, &v.outputs[..callers], t) {
             return Err(format!("output {k} follows the counts of bounded outputs but is none"));
         }
     }

@@ -107,8 +107,9 @@ pub struct IoInfo {
     pub desc: TensorDesc,
     /// For an output whose length along one dim depends on the data (NonMaxSuppression's
     /// boxes and what is computed from them): that dim. [`Session::run`] returns it cut to the
-    /// length the run filled; [`Session::run_into`] writes it at its bound, and
-    /// [`Session::output_shape`] says how much of it the last run filled.
+    /// length the run filled; [`Session::run_into`] writes those entries densely at the start
+    /// of the caller's buffer (sized for the bound), and [`Session::output_shape`] gives their
+    /// shape.
     pub bounded: Option<usize>,
 }
 

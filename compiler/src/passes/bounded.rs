@@ -64,9 +64,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let found = propagate(g, node, &refs, &outs).map_err(|e| at(e.0))?;
         g.bounded.extend(found);
     }
-    let mut counts: Vec<ValueId> =
+    let counts: Vec<ValueId> =
         g.outputs.iter().filter_map(|o| g.bounded.get(o)).map(|b| b.count).collect();
-    counts.dedup();
     for c in counts {
         if !g.outputs.contains(&c) {
             g.outputs.push(c);
