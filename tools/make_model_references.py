@@ -21,6 +21,9 @@ Cases, each with the capability it covers:
   (tools/make_detector_models.py: per class on centre boxes, one [K, 6] output; class-agnostic
   on corner boxes, three outputs), so the number of rows K depends on the image: Ingot plans
   them at their bound and returns the rows the run kept.
+- yolov8n_320_f16, decoder_f16: the detector and the decoder's prefill graph in float16
+  (tools/make_half_models.py), inputs and outputs included: the steps without an f16 kernel
+  compute in float32 and round their outputs to f16, as ONNX Runtime's CPU provider does.
 - decoder_dynamic, decoder_dynamic_per_channel, decoder_qdq, decoder_weights_int8: the
   decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
   with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
@@ -72,7 +75,7 @@ def silero(model: str, rate: int | None, seed: int):
     return model, case
 
 
-def image(shape: tuple[int, ...], seed: int):
+def image(shape: tuple[int, ...], seed: int, dtype=np.float32):
     """A smooth image-like input in [0, 1]: blobs and gradients, no constant areas."""
 
     def case(_sess: ort.InferenceSession):
@@ -84,7 +87,7 @@ def image(shape: tuple[int, ...], seed: int):
             fx, fy, phase = rng.uniform(2, 9), rng.uniform(2, 9), rng.uniform(0, 6)
             blob = np.sin(fx * x * np.pi + phase) * np.cos(fy * y * np.pi)
             planes.append(0.5 + 0.4 * blob + rng.normal(0, 0.03, (h, w)))
-        pixels = np.clip(np.stack(planes).reshape(shape), 0, 1).astype(np.float32)
+        pixels = np.clip(np.stack(planes).reshape(shape), 0, 1).astype(dtype)
         return {"images": pixels}, {}
 
     return case
@@ -107,6 +110,8 @@ CASES = {
     "yolov8n_320": ("320n.onnx", image((1, 3, 320, 320), 4)),
     "yolov8n_320_nms": ("320n_nms.onnx", image((1, 3, 320, 320), 4)),
     "yolov8n_320_nms_agnostic": ("320n_nms_agnostic.onnx", image((1, 3, 320, 320), 5)),
+    "yolov8n_320_f16": ("320n_f16.onnx", image((1, 3, 320, 320), 10, np.float16)),
+    "decoder_f16": ("prefill_f16.onnx", tokens(11)),
     "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),

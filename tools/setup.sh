@@ -5,7 +5,8 @@
 #                  sha256-checked, and the decoder's prefill graph quantized four ways
 #                  (tools/make_quantized_models.py) and written as older exporters write it
 #                  (tools/make_exported_models.py); nudenet's YOLOv8n with NMS in the graph
-#                  (tools/make_detector_models.py)
+#                  (tools/make_detector_models.py); it and the decoder in float16
+#                  (tools/make_half_models.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -41,4 +42,5 @@ bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_quantized_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
 "$py" tools/make_exported_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
 "$py" tools/make_detector_models.py --models "$target/models"
+"$py" tools/make_half_models.py --models "$target/models" --decoder "$target/decoder/prefill.onnx"
 "$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"

@@ -14,6 +14,7 @@ use ingot_schema::{AttrError, Attrs, DType};
 pub(crate) mod gemm;
 pub mod parallel;
 pub mod post;
+mod widen;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -145,7 +146,12 @@ pub(crate) fn tensor_mut<'a, T: crate::tensor::Element>(
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let def = crate::lookup(cx.op).ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
     let prepare = def.cpu().ok_or_else(|| KernelError::UnknownOp(cx.op.to_string()))?;
-    prepare(cx)
+    match prepare(cx) {
+        Err(e @ KernelError::DType { dtype: DType::F16, .. }) => {
+            widen::prepare(cx, prepare).ok_or(e)
+        }
+        result => result,
+    }
 }
 
 /// Runs one op on owned tensors: what constant folding and unit tests use.
