@@ -28,6 +28,10 @@ Cases, each with the capability it covers:
   decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
   with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
   the graph), on seeded token ids.
+- gpr_rbf, gpr_rational: scikit-learn Gaussian-process regressors as skl2onnx converts them
+  (tools/make_sklearn_models.py), scoring 64 rows: their pairwise distances are a `Scan` over
+  the 400 and 300 training samples, more steps than Ingot unrolls, so it runs as a loop at
+  run time.
 - decoder_exported: the same graph as older exporters write it (tools/make_exported_models.py:
   LayerNormalization and RMSNorm as their ReduceMean chains in three spellings, GELU in its
   Erf and tanh forms), which Ingot rewrites into whole ops.
@@ -93,6 +97,16 @@ def image(shape: tuple[int, ...], seed: int, dtype=np.float32):
     return case
 
 
+def rows(count: int, features: int, seed: int):
+    """Samples to score, [count, features], as the models were fitted on: standard normal."""
+
+    def case(_sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        return {"X": rng.standard_normal((count, features)).astype(np.float32)}, {}
+
+    return case
+
+
 def tokens(seed: int):
     """Token ids of the decoder fixture's vocabulary, [1, 16]."""
 
@@ -117,6 +131,8 @@ CASES = {
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),
     "decoder_weights_int8": ("prefill_weights_int8.onnx", tokens(8)),
     "decoder_exported": ("prefill_exported.onnx", tokens(9)),
+    "gpr_rbf": ("gpr_rbf.onnx", rows(64, 8, 12)),
+    "gpr_rational": ("gpr_rational.onnx", rows(64, 5, 13)),
 }
 
 

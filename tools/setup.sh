@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Prepares everything the integration tests read, all of it under the target dir:
-#   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source)
+#   venv/          Python with the pinned onnx, onnxruntime and numpy (the references' source),
+#                  scikit-learn and skl2onnx
 #   models/        real models from PyPI wheels (PP-OCR, silero-vad, nudenet's YOLOv8n),
 #                  sha256-checked, and the decoder's prefill graph quantized four ways
 #                  (tools/make_quantized_models.py) and written as older exporters write it
 #                  (tools/make_exported_models.py); nudenet's YOLOv8n with NMS in the graph
 #                  (tools/make_detector_models.py); it and the decoder in float16
-#                  (tools/make_half_models.py)
+#                  (tools/make_half_models.py); two scikit-learn Gaussian processes as
+#                  skl2onnx converts them (tools/make_sklearn_models.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -19,7 +21,8 @@ mkdir -p "$target"
 venv="$target/venv"
 py="$venv/bin/python"
 
-pins=(onnx==1.23.2 onnxruntime==1.31.1 numpy==2.4.6)
+# scikit-learn and skl2onnx make the Gaussian-process models (tools/make_sklearn_models.py).
+pins=(onnx==1.23.2 onnxruntime==1.31.1 numpy==2.4.6 scikit-learn==1.9.1 skl2onnx==1.20.0)
 
 # The venv is reused when it imports exactly the pinned versions.
 check_pins='
@@ -43,4 +46,5 @@ bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_exported_models.py --decoder "$target/decoder/prefill.onnx" --out "$target/models"
 "$py" tools/make_detector_models.py --models "$target/models"
 "$py" tools/make_half_models.py --models "$target/models" --decoder "$target/decoder/prefill.onnx"
+"$py" tools/make_sklearn_models.py --out "$target/models"
 "$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"

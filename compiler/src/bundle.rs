@@ -86,7 +86,14 @@ pub fn write_to<W: std::io::Write + std::io::Seek>(
         len: bank.section_len(),
         write: &mut weights,
     });
-    container::write_to(out, &mut sections).map_err(WriteError::Io)?;
+    // Only a bundle that repeats submodels needs a runtime of format 3.
+    let repeats = manifest.variants.iter().any(|v| !v.loops.is_empty());
+    let version = if repeats {
+        (container::FORMAT_MAJOR, container::FORMAT_MINOR)
+    } else {
+        container::COMPATIBLE
+    };
+    container::write_to(out, version, &mut sections).map_err(WriteError::Io)?;
     Ok(manifest)
 }
 
@@ -174,6 +181,38 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
             }
         })
         .collect();
+    // Each run-time loop's submodels are consecutive (see `partition.rs`); one whose body
+    // was all dead code has none and is left out.
+    let mut loops: Vec<proto::Loop> = Vec::new();
+    for (s, sub) in v.plan.submodels.iter().enumerate() {
+        let Some(r) = sub.repeat else { continue };
+        match loops.last_mut() {
+            Some(l) if v.plan.submodels[s - 1].repeat == Some(r) => l.submodel_count += 1,
+            _ => {
+                let repeat = &g.repeats[r];
+                loops.push(proto::Loop {
+                    name: repeat.name.clone(),
+                    first_submodel: s as u32,
+                    submodel_count: 1,
+                    iteration: index[repeat.iteration],
+                    trip_count: repeat.trip_count.map(|t| index[t]),
+                    condition: repeat.condition.map(|c| index[c]),
+                    carried: (repeat.carried.iter())
+                        .map(|&(state, next)| proto::Carried {
+                            state: index[state],
+                            next: index[next],
+                        })
+                        .collect(),
+                    stacked: (repeat.scans.iter())
+                        .map(|&(slice, stacked)| proto::Stacked {
+                            slice: index[slice],
+                            stacked: index[stacked],
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
     proto::Variant {
         name: v.name.to_string(),
         tensors,
@@ -191,6 +230,7 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
             boundary_bytes: v.plan.boundary_bytes,
         }),
         submodels,
+        loops,
     }
 }
 

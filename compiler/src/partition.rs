@@ -15,7 +15,7 @@
 //! of one guard only, so that the runtime can skip it whole, and comes after the node that
 //! computes each condition it tests.
 
-use crate::ir::{Condition, Graph, Guard};
+use crate::ir::{self, Condition, Graph, Guard};
 use std::collections::BTreeSet;
 
 /// The kind of device a submodel needs.
@@ -48,6 +48,9 @@ pub struct Partition {
     pub no_vulkan: Vec<Option<String>>,
     /// Per submodel: the conditions it runs under (none: always).
     pub guards: Vec<Guard>,
+    /// Per submodel: the run-time loop ([`Graph::repeats`]) whose body it is part of. A
+    /// loop's submodels are consecutive and hold nothing else.
+    pub repeats: Vec<Option<usize>>,
 }
 
 impl Partition {
@@ -59,6 +62,7 @@ impl Partition {
             kinds: vec![Kind::Vulkan],
             no_vulkan: vec![None; g.nodes.len()],
             guards: vec![Guard::new()],
+            repeats: vec![None],
         }
     }
 
@@ -70,13 +74,43 @@ impl Partition {
             None => Class::Vulkan,
         };
         let producers = g.producers();
+        let repeat_of: Vec<Option<usize>> = g.nodes.iter().map(|n| g.repeat_of(n)).collect();
+        let deps_of = |node: &ir::Node| -> BTreeSet<usize> {
+            // A guarded node waits for its conditions too: the runtime reads them first.
+            let conditions = g.guard(node).iter().map(|c| c.value);
+            node.present_inputs().chain(conditions).filter_map(|v| producers[v]).collect()
+        };
+        // A run-time loop's body runs as consecutive submodels, so nothing may come between
+        // its nodes: each waits for everything any of them needs from outside, and whatever
+        // reads what the runtime holds for it (its final carried values) waits for all of them.
+        let mut body: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); g.repeats.len()];
+        let mut entry: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); g.repeats.len()];
+        for (n, node) in g.nodes.iter().enumerate() {
+            if let Some(r) = repeat_of[n] {
+                body[r].insert(n);
+                entry[r].extend(deps_of(node).into_iter().filter(|&d| repeat_of[d] != Some(r)));
+            }
+        }
+        let mut held_by = vec![None; g.values.len()];
+        for (r, repeat) in g.repeats.iter().enumerate() {
+            for v in repeat.held() {
+                held_by[v] = Some(r);
+            }
+            // What first writes a stacked scan output comes after the body in the graph.
+            entry[r].extend(repeat.scans.iter().filter_map(|&(_, stacked)| producers[stacked]));
+        }
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
         let mut waiting = vec![0usize; g.nodes.len()];
         for (n, node) in g.nodes.iter().enumerate() {
-            // A guarded node waits for its conditions too: the runtime reads them first.
-            let conditions = g.guard(node).iter().map(|c| c.value);
-            let deps: BTreeSet<usize> =
-                node.present_inputs().chain(conditions).filter_map(|v| producers[v]).collect();
+            let mut deps = deps_of(node);
+            if let Some(r) = repeat_of[n] {
+                deps.extend(&entry[r]);
+            }
+            for r in node.present_inputs().filter_map(|v| held_by[v]) {
+                if repeat_of[n] != Some(r) {
+                    deps.extend(&body[r]);
+                }
+            }
             waiting[n] = deps.len();
             for d in deps {
                 consumers[d].push(n);
@@ -88,34 +122,40 @@ impl Partition {
             kinds: Vec::new(),
             no_vulkan: no_vulkan.to_vec(),
             guards: Vec::new(),
+            repeats: Vec::new(),
         };
         // The current run: its class (`Either` until a node decides it), its guard, why it
         // needs the CPU (its first CPU-only node), and how many nodes it has.
         let mut current = Class::Either;
         let mut guard: &[Condition] = &[];
+        let mut repeat = None;
         let mut why = None;
         let mut len = 0;
         while let Some(&first_ready) = ready.first() {
             let fits = |n: usize| {
                 let c = class(n);
                 let kind = current == Class::Either || c == Class::Either || c == current;
-                kind && g.guard(&g.nodes[n]) == guard
+                kind && g.guard(&g.nodes[n]) == guard && repeat_of[n] == repeat
             };
             let n = match ready.iter().copied().find(|&n| fits(n)) {
                 Some(n) => n,
                 None => {
-                    // Nothing more of this kind is ready: the run ends here.
+                    // Nothing more of this kind is ready: the run ends here. A loop's body
+                    // goes on in the next run while any of it is left.
                     if len > 0 {
-                        p.close(current, why.take(), guard);
+                        p.close(current, why.take(), guard, repeat);
                     }
                     current = Class::Either;
                     len = 0;
-                    first_ready
+                    let same_loop = repeat
+                        .and_then(|_| ready.iter().copied().find(|&n| repeat_of[n] == repeat));
+                    same_loop.unwrap_or(first_ready)
                 }
             };
             ready.remove(&n);
             if len == 0 {
                 guard = g.guard(&g.nodes[n]);
+                repeat = repeat_of[n];
             }
             if current == Class::Either {
                 current = class(n);
@@ -133,17 +173,24 @@ impl Partition {
             }
         }
         if len > 0 {
-            p.close(current, why, guard);
+            p.close(current, why, guard, repeat);
         }
         p
     }
 
-    fn close(&mut self, class: Class, why: Option<String>, guard: &[Condition]) {
+    fn close(
+        &mut self,
+        class: Class,
+        why: Option<String>,
+        guard: &[Condition],
+        repeat: Option<usize>,
+    ) {
         self.kinds.push(match (class, why) {
             (Class::Cpu, why) => Kind::Cpu { why: why.unwrap_or_default() },
             _ => Kind::Vulkan,
         });
         self.guards.push(guard.to_vec());
+        self.repeats.push(repeat);
     }
 }
 
@@ -228,6 +275,27 @@ mod tests {
         // n0 comes first in the model, but waits for its condition.
         assert_eq!(p.part, [1, 0, 2, 3]);
         assert_eq!(p.guards, [vec![], when(true), when(false), vec![]]);
+    }
+
+    #[test]
+    fn a_run_time_loops_body_is_consecutive_submodels_of_its_own() {
+        // n1, n3, n4 are a loop's body (n3 CPU-only); n2, outside it and CPU-only, is ready
+        // once n0 has run, before n3, but goes after the whole body, not between its runs.
+        let mut g = graph(&[("Relu", 0), ("Relu", 0), ("Cast", 1), ("Cast", 2), ("Relu", 4)]);
+        let iteration = g.add_value("iteration", None);
+        g.repeats = vec![ir::Repeat {
+            name: "loop".into(),
+            label: "'loop' (Loop)".into(),
+            iteration,
+            trip_count: None,
+            condition: None,
+            carried: Vec::new(),
+            scans: Vec::new(),
+        }];
+        g.in_repeat = [(2, 0), (4, 0), (5, 0)].into();
+        let p = Partition::new(&g, &cpu_at(5, &[2, 3]));
+        assert_eq!(p.part, [0, 1, 4, 2, 3]);
+        assert_eq!(p.repeats, [None, Some(0), Some(0), Some(0), None]);
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Bundle {
         let section = |kind| container.section(kind).map_or(0..0, |s| s.range.clone());
         let (weights, kernels) = (section(SectionKind::Weights), section(SectionKind::Kernels));
         validate(&manifest, weights.len() as u64, &file[kernels.clone()])?;
-        let per_weight = container.minor >= 1;
+        let per_weight = (container.major, container.minor) >= (2, 1);
         if !per_weight {
             container.verify(file, SectionKind::Weights)?;
         }
@@ -304,10 +304,24 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
     TensorDesc::of(t)
 }
 
-/// How many of the variant's outputs the caller sees: those before the counts of bounded
-/// outputs, which come last.
+/// How many of the variant's outputs the caller sees: those before the ones the session
+/// holds (the counts of bounded outputs, and what run-time loops carry), which come last.
 pub(crate) fn caller_outputs(v: &proto::Variant) -> usize {
-    v.outputs.iter().take_while(|&&t| !counts_an_output(v, &v.outputs, t)).count()
+    v.outputs.iter().take_while(|&&t| !held(v, t)).count()
+}
+
+/// Whether tensor `t` is one the session holds: a count or a loop's.
+fn held(v: &proto::Variant, t: u32) -> bool {
+    counts_an_output(v, &v.outputs, t) || v.loops.iter().any(|l| loop_tensors(l).any(|x| x == t))
+}
+
+/// Every tensor a loop names.
+pub(crate) fn loop_tensors(l: &proto::Loop) -> impl Iterator<Item = u32> + '_ {
+    std::iter::once(l.iteration)
+        .chain(l.trip_count)
+        .chain(l.condition)
+        .chain(l.carried.iter().flat_map(|c| [c.state, c.next]))
+        .chain(l.stacked.iter().flat_map(|s| [s.slice, s.stacked]))
 }
 
 /// Whether tensor `t` is the count of a bounded tensor among `outputs`.
@@ -315,6 +329,69 @@ fn counts_an_output(v: &proto::Variant, outputs: &[u32], t: u32) -> bool {
     outputs.iter().any(|&o| {
         v.tensors.get(o as usize).and_then(|o| o.bound.as_ref()).is_some_and(|b| b.count == t)
     })
+}
+
+/// Each loop covers consecutive submodels after the last loop's; every tensor it names is
+/// an output the session holds, its numbers one int64 (the condition one bool), and each
+/// carried pair two distinct tensors of one type.
+fn check_loops(v: &proto::Variant) -> Result<(), String> {
+    let callers = caller_outputs(v);
+    let mut free = 0;
+    for (i, l) in v.loops.iter().enumerate() {
+        let at = |msg: String| format!("loop {i} '{}': {msg}", l.name);
+        let end = l.first_submodel.checked_add(l.submodel_count);
+        if l.first_submodel < free
+            || l.submodel_count == 0
+            || end.is_none_or(|e| e as usize > v.submodels.len())
+        {
+            return Err(at(format!(
+                "submodels {}+{} overlap another loop or are not among the {}",
+                l.first_submodel,
+                l.submodel_count,
+                v.submodels.len()
+            )));
+        }
+        free = end.unwrap_or(u32::MAX);
+        let tensor = |t: u32| -> Result<&proto::Tensor, String> {
+            if !v.outputs[callers..].contains(&t) {
+                return Err(at(format!("tensor {t} is not an output the session holds")));
+            }
+            v.tensors.get(t as usize).ok_or_else(|| at(format!("tensor {t} does not exist")))
+        };
+        let one = |t: u32, dtype: proto::DataType, what: &str| -> Result<(), String> {
+            let x = tensor(t)?;
+            if x.dtype != dtype as i32 || x.shape.iter().product::<u64>() != 1 {
+                return Err(at(format!("its {what} (tensor {t}) is not one {dtype:?}")));
+            }
+            Ok(())
+        };
+        one(l.iteration, proto::DataType::I64, "iteration")?;
+        if let Some(t) = l.trip_count {
+            one(t, proto::DataType::I64, "trip count")?;
+        }
+        if let Some(t) = l.condition {
+            one(t, proto::DataType::Bool, "condition")?;
+        }
+        for c in &l.carried {
+            let (state, next) = (tensor(c.state)?, tensor(c.next)?);
+            if c.state == c.next || state.dtype != next.dtype || state.shape != next.shape {
+                return Err(at(format!(
+                    "carries tensor {} into tensor {}, which are not two tensors of one type",
+                    c.next, c.state
+                )));
+            }
+        }
+        for s in &l.stacked {
+            let (slice, stacked) = (tensor(s.slice)?, tensor(s.stacked)?);
+            if slice.dtype != stacked.dtype || stacked.shape.get(1..) != Some(&slice.shape[..]) {
+                return Err(at(format!(
+                    "stacks tensor {} into tensor {}, which is not of its type with a dim first",
+                    s.slice, s.stacked
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every bound names a dim of its tensor; a bounded output's count is a one-element int64
@@ -339,8 +416,12 @@ fn check_bounds(v: &proto::Variant) -> Result<(), String> {
         }
     }
     for (k, &t) in v.outputs.iter().enumerate().skip(callers) {
-        if !counts_an_output(v, &v.outputs[..callers], t) {
-            return Err(format!("output {k} follows the counts of bounded outputs but is none"));
+        let loops = v.loops.iter().any(|l| loop_tensors(l).any(|x| x == t));
+        if !counts_an_output(v, &v.outputs[..callers], t) && !loops {
+            return Err(format!(
+                "output {k} follows the outputs the caller sees but is neither the count of one \
+                 nor a loop's"
+            ));
         }
     }
     Ok(())
@@ -458,6 +539,7 @@ fn validate_variant(m: &proto::Manifest, v: &proto::Variant) -> Result<(), Strin
     io_list(&v.inputs, "input")?;
     io_list(&v.outputs, "output")?;
     check_bounds(v)?;
+    check_loops(v)?;
     // The end of the last arena (and boundary) tensor, and the bytes of all of them laid end
     // to end (aligned): the planner's arenas are never larger than either.
     let largest_arena = v.submodels.iter().map(|s| s.arena_bytes).max().unwrap_or(0);
@@ -851,6 +933,7 @@ mod tests {
                 outputs: vec![1],
                 ..Default::default()
             }],
+            loops: Vec::new(),
         };
         let manifest = proto::Manifest {
             variants: vec![variant],

@@ -172,6 +172,22 @@ impl Condition {
     }
 }
 
+/// A Loop decided at run time ([`proto::Loop`]): its parts run once an iteration while its
+/// trip count and condition allow. Its numbers and carried values are outputs the session
+/// holds, named by their index in the variant's outputs.
+#[derive(Clone, Debug)]
+struct Repeat {
+    parts: Range<usize>,
+    iteration: usize,
+    trip_count: Option<usize>,
+    condition: Option<usize>,
+    /// `(state, next)`: after each iteration, `next` is copied over `state`.
+    carried: Vec<(usize, usize)>,
+    /// `(slice, stacked)`: after each iteration, `slice` is copied into row `iteration` of
+    /// `stacked`.
+    stacked: Vec<(usize, usize)>,
+}
+
 struct Part {
     /// The conditions it runs under (a branch of a run-time `If`); none: always.
     guard: Vec<Condition>,
@@ -183,10 +199,12 @@ struct Part {
 pub struct Session {
     inputs: Vec<IoInfo>,
     outputs: Vec<IoInfo>,
-    /// The run-time lengths of bounded outputs: the variant's outputs after the caller's,
-    /// each a one-element int64 tensor, and for each caller output the index of its count.
-    counts: Vec<Tensor>,
+    /// The variant's outputs after the caller's, which the session holds: the run-time
+    /// lengths of bounded outputs (for each caller output, `count_of` has the index of its
+    /// count) and what run-time loops carry from one iteration to the next.
+    held: Vec<Tensor>,
     count_of: Vec<Option<usize>>,
+    repeats: Vec<Repeat>,
     /// Each caller output's shape in the last run (its type's before any run).
     shapes: Vec<Vec<usize>>,
     parts: Vec<Part>,
@@ -263,9 +281,23 @@ impl Session {
                 variant.outputs.iter().position(|&o| o == count)
             })
             .collect();
-        let counts = variant.outputs[callers..]
+        let held = variant.outputs[callers..]
             .iter()
             .map(|&t| Tensor::zeros(tensor_desc(&variant.tensors[t as usize])))
+            .collect();
+        // Validation made every tensor a loop names one of those outputs.
+        let output = |t: u32| variant.outputs.iter().position(|&o| o == t).unwrap_or(usize::MAX);
+        let repeats = variant
+            .loops
+            .iter()
+            .map(|l| Repeat {
+                parts: l.first_submodel as usize..(l.first_submodel + l.submodel_count) as usize,
+                iteration: output(l.iteration),
+                trip_count: l.trip_count.map(output),
+                condition: l.condition.map(output),
+                carried: l.carried.iter().map(|c| (output(c.state), output(c.next))).collect(),
+                stacked: l.stacked.iter().map(|s| (output(s.slice), output(s.stacked))).collect(),
+            })
             .collect();
         let shapes = outputs.iter().map(|o| o.desc.shape.clone()).collect();
         // Memory first: kernels may build tables as long as their outputs' dims, so outputs
@@ -347,8 +379,9 @@ impl Session {
         let session = Session {
             inputs,
             outputs,
-            counts,
+            held,
             count_of,
+            repeats,
             shapes,
             parts,
             steps,
@@ -430,14 +463,16 @@ impl Session {
     /// Runs as [`Session::run`] does and also returns how long each step took, in the
     /// variant's order. A Vulkan device times its steps with timestamps and runs them one
     /// after another (so the run may be a little slower than an unprofiled one); the CPU
-    /// times each step's wall time. Steps of a branch not taken (a run-time `If`) are absent.
+    /// times each step's wall time. Steps of a branch not taken (a run-time `If`) are absent;
+    /// a step of a run-time loop's body appears once, with the time and dispatches of all
+    /// its iterations.
     pub fn profile(
         &mut self,
         inputs: &[Tensor],
     ) -> Result<(Vec<Tensor>, Vec<StepProfile>), SessionError> {
         let mut times = Vec::with_capacity(self.steps.len());
         let outputs = self.run_timed(inputs, Some(&mut times))?;
-        let profile = times
+        let profile = once_per_step(times)
             .into_iter()
             .filter_map(|t| {
                 let info = self.steps.get(t.step)?;
@@ -522,18 +557,18 @@ impl Session {
         outputs: &mut [TensorMut],
         times: Option<&mut Vec<StepTime>>,
     ) -> Result<(), SessionError> {
-        let mut counts = std::mem::take(&mut self.counts);
-        let result = if counts.is_empty() {
+        let mut held = std::mem::take(&mut self.held);
+        let result = if held.is_empty() {
             self.run_parts(inputs, outputs, times)
         } else {
             let mut all: Vec<TensorMut> = outputs.iter_mut().map(TensorMut::reborrow).collect();
-            all.extend(counts.iter_mut().map(Tensor::view_mut));
+            all.extend(held.iter_mut().map(Tensor::view_mut));
             self.run_parts(inputs, &mut all, times)
         };
         for (j, count) in self.count_of.iter().enumerate() {
             let (Some(c), Some(axis)) = (count, self.outputs[j].bounded) else { continue };
             let bound = self.outputs[j].desc.shape[axis];
-            let filled = counts[c - self.outputs.len()]
+            let filled = held[c - self.outputs.len()]
                 .as_slice::<i64>()
                 .ok()
                 .and_then(|v| v.first().copied());
@@ -541,11 +576,12 @@ impl Session {
             // shape that fits the buffer.
             self.shapes[j][axis] = filled.map_or(0, |n| n.clamp(0, bound as i64) as usize);
         }
-        self.counts = counts;
+        self.held = held;
         result
     }
 
-    /// Runs every submodel: `outputs` are the variant's, the counts of bounded ones last.
+    /// Runs every submodel, those of a run-time loop once an iteration: `outputs` are the
+    /// variant's, the ones the session holds last.
     fn run_parts(
         &mut self,
         inputs: &[TensorRef],
@@ -555,20 +591,115 @@ impl Session {
         let boundary =
             &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.boundary)[..self.boundary_bytes];
         let parts = &mut self.parts;
+        let repeats = &self.repeats;
         // On the CPU backend's threads once for the whole run, where it has any: each CPU
         // part would enter them again, handing the run to a pool thread and back (a wake-up
         // each way: 60 µs a part on a 2-vCPU VM, 1.7 of the 2.2 ms of a decoder cut into 27
         // parts by its CPU-only ops); already on one, it runs in place.
         self.devices.on_cpu_threads(move || {
-            for (k, part) in parts.iter_mut().enumerate() {
-                // A branch not taken is skipped: the `Where` after it keeps nothing it would
-                // have written.
-                if part.guard.iter().all(|c| c.holds(inputs, outputs, boundary)) {
-                    run_part(k, part, inputs, outputs, boundary, times.as_deref_mut())?;
+            let mut k = 0;
+            while k < parts.len() {
+                let Some(r) = repeats.iter().find(|r| r.parts.start == k) else {
+                    run_guarded(k, parts, inputs, outputs, boundary, times.as_deref_mut())?;
+                    k += 1;
+                    continue;
+                };
+                while r.next_iteration(outputs) {
+                    for j in r.parts.clone() {
+                        run_guarded(j, parts, inputs, outputs, boundary, times.as_deref_mut())?;
+                    }
+                    r.carry(outputs);
                 }
+                k = r.parts.end;
             }
             Ok(())
         })
+    }
+}
+
+/// `times` with the entries of one step (a loop body's, once an iteration) added up, in the
+/// order of their first.
+fn once_per_step(times: Vec<StepTime>) -> Vec<StepTime> {
+    let mut at = std::collections::BTreeMap::new();
+    let mut merged: Vec<StepTime> = Vec::with_capacity(times.len());
+    for t in times {
+        match at.get(&t.step) {
+            Some(&i) => {
+                let m: &mut StepTime = &mut merged[i];
+                m.nanos = m.nanos.zip(t.nanos).map(|(a, b)| a + b);
+                m.dispatches = m.dispatches.zip(t.dispatches).map(|(a, b)| a + b);
+            }
+            None => {
+                at.insert(t.step, merged.len());
+                merged.push(t);
+            }
+        }
+    }
+    merged
+}
+
+/// Runs part `k` unless it is in a branch not taken: the `Where` after such a branch keeps
+/// nothing it would have written.
+fn run_guarded(
+    k: usize,
+    parts: &mut [Part],
+    inputs: &[TensorRef],
+    outputs: &mut [TensorMut],
+    boundary: &mut [u8],
+    times: Option<&mut Vec<StepTime>>,
+) -> Result<(), SessionError> {
+    let part = &mut parts[k];
+    if part.guard.iter().all(|c| c.holds(inputs, outputs, boundary)) {
+        run_part(k, part, inputs, outputs, boundary, times)?;
+    }
+    Ok(())
+}
+
+impl Repeat {
+    fn iteration(&self, outputs: &[TensorMut]) -> i64 {
+        let bytes = outputs[self.iteration].bytes.first_chunk::<8>();
+        bytes.map_or(0, |b| i64::from_le_bytes(*b))
+    }
+
+    /// Whether another iteration runs: the trip count not reached, the condition true (and
+    /// every stack has a row left for it, as the trip count sized them).
+    fn next_iteration(&self, outputs: &[TensorMut]) -> bool {
+        let int =
+            |j: usize| outputs[j].bytes.first_chunk::<8>().map_or(0, |b| i64::from_le_bytes(*b));
+        let i = self.iteration(outputs);
+        let counted = self.trip_count.is_none_or(|t| i < int(t));
+        let holds =
+            self.condition.is_none_or(|c| outputs[c].bytes.first().is_some_and(|&b| b != 0));
+        let room = self.stacked.iter().all(|&(_, s)| {
+            usize::try_from(i).is_ok_and(|i| i < outputs[s].shape.first().copied().unwrap_or(0))
+        });
+        counted && holds && room
+    }
+
+    /// Ends an iteration: each carried value's next over its state, each slice into its
+    /// stack's row, the iteration number one more.
+    fn carry(&self, outputs: &mut [TensorMut]) {
+        let row = usize::try_from(self.iteration(outputs)).unwrap_or(0);
+        let pairs = self.carried.iter().map(|&(to, from)| (to, from, None));
+        let rows = self.stacked.iter().map(|&(from, to)| (to, from, Some(row)));
+        for (to, from, row) in pairs.chain(rows) {
+            let (to, from) = if to < from {
+                let (low, high) = outputs.split_at_mut(from);
+                (&mut low[to], &high[0])
+            } else {
+                let (low, high) = outputs.split_at_mut(to);
+                (&mut high[0], &low[from])
+            };
+            let n = from.bytes.len();
+            let at = row.map_or(0, |r| r * n);
+            // `next_iteration` checked that the row exists.
+            if let Some(dst) = to.bytes.get_mut(at..at + n) {
+                dst.copy_from_slice(from.bytes);
+            }
+        }
+        if let Some(b) = outputs[self.iteration].bytes.first_chunk_mut::<8>() {
+            *b = i64::from_le_bytes(*b).saturating_add(1).to_le_bytes();
+        }
     }
 }
 

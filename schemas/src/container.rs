@@ -16,12 +16,16 @@ use std::io::{self, Write};
 use std::ops::Range;
 
 pub const MAGIC: [u8; 8] = *b"INGOTBND";
-/// Bumped when an old runtime would misread a new bundle. Runtimes refuse other majors.
-pub const FORMAT_MAJOR: u16 = 2;
-/// Bumped for additions an old runtime may ignore. 1: each weight carries its own CRC-32 in
+/// Bumped when an old runtime would misread a new bundle. 3: a variant may run submodels
+/// once an iteration of a Loop decided at run time, which a runtime of major 2 would run once.
+pub const FORMAT_MAJOR: u16 = 3;
+/// Bumped for additions an old runtime may ignore. 2.1: each weight carries its own CRC-32 in
 /// the manifest, so a runtime may check weights one by one before their first use instead of
-/// the whole weights section at open.
-pub const FORMAT_MINOR: u16 = 1;
+/// the whole weights section at open (every 3.x has them).
+pub const FORMAT_MINOR: u16 = 0;
+/// The oldest format this runtime reads, and the one the writer gives a bundle that needs
+/// nothing newer (no run-time loop), so that runtimes of major 2 still read it.
+pub const COMPATIBLE: (u16, u16) = (2, 1);
 pub const SECTION_ALIGN: u64 = 64 * 1024;
 /// Weight offsets in the weights section are multiples of this, so typed views need no copy.
 pub const WEIGHT_ALIGN: u64 = 64;
@@ -70,9 +74,9 @@ pub enum ContainerError {
     #[error("not an Ingot bundle: bad magic bytes at offset 0")]
     BadMagic,
     #[error(
-        "bundle format {found_major}.{found_minor} is not supported by this runtime, which reads format {supported_major}.x"
+        "bundle format {found_major}.{found_minor} is not supported by this runtime, which reads formats {oldest_major}.x to {newest_major}.x"
     )]
-    UnsupportedVersion { found_major: u16, found_minor: u16, supported_major: u16 },
+    UnsupportedVersion { found_major: u16, found_minor: u16, oldest_major: u16, newest_major: u16 },
     #[error("bundle header is corrupt (checksum mismatch at bytes 0..64)")]
     HeaderChecksum,
     #[error("bundle is truncated: header says {expected} bytes, file has {actual}")]
@@ -157,11 +161,12 @@ impl Container {
         let (major, minor) = (le_u16(file, 8), le_u16(file, 10));
         // The version is checked before the checksum so that a future bundle, whose header may
         // be laid out differently, is reported as such rather than as corrupt.
-        if major != FORMAT_MAJOR {
+        if !(COMPATIBLE.0..=FORMAT_MAJOR).contains(&major) {
             return Err(ContainerError::UnsupportedVersion {
                 found_major: major,
                 found_minor: minor,
-                supported_major: FORMAT_MAJOR,
+                oldest_major: COMPATIBLE.0,
+                newest_major: FORMAT_MAJOR,
             });
         }
         if crc32fast::hash(&file[0..60]) != le_u32(file, 60) {
@@ -242,7 +247,7 @@ fn align_up(x: u64) -> u64 {
     x.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
 }
 
-/// Writes a container holding `sections` in the given order.
+/// Writes a container of format [`COMPATIBLE`] holding `sections` in the given order.
 pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Result<()> {
     let table_end = (HEADER_LEN + sections.len() * ENTRY_LEN) as u64;
     let mut offset = align_up(table_end);
@@ -252,7 +257,7 @@ pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Res
         offset = align_up(offset + bytes.len() as u64);
     }
     let file_len = entries.last().map_or(table_end, |&(_, start, len, _)| start + len);
-    out.write_all(&header_and_table(&entries, file_len))?;
+    out.write_all(&header_and_table(&entries, file_len, COMPATIBLE))?;
     let mut written = table_end;
     for ((_, bytes), &(_, start, _, _)) in sections.iter().zip(&entries) {
         write_zeros(out, start - written)?;
@@ -264,7 +269,11 @@ pub fn write(out: &mut impl Write, sections: &[(SectionKind, &[u8])]) -> io::Res
 
 /// The header and the section table for sections (kind, offset, length, CRC32) of a file of
 /// `file_len` bytes.
-fn header_and_table(entries: &[(SectionKind, u64, u64, u32)], file_len: u64) -> Vec<u8> {
+fn header_and_table(
+    entries: &[(SectionKind, u64, u64, u32)],
+    file_len: u64,
+    (major, minor): (u16, u16),
+) -> Vec<u8> {
     let mut table = Vec::with_capacity(entries.len() * ENTRY_LEN);
     for &(kind, offset, length, crc) in entries {
         table.extend_from_slice(&kind.code().to_le_bytes());
@@ -276,8 +285,8 @@ fn header_and_table(entries: &[(SectionKind, u64, u64, u32)], file_len: u64) -> 
     }
     let mut header = [0u8; HEADER_LEN];
     header[0..8].copy_from_slice(&MAGIC);
-    header[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    header[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+    header[8..10].copy_from_slice(&major.to_le_bytes());
+    header[10..12].copy_from_slice(&minor.to_le_bytes());
     header[12..16].copy_from_slice(&(entries.len() as u32).to_le_bytes());
     header[16..24].copy_from_slice(&file_len.to_le_bytes());
     header[24..28].copy_from_slice(&crc32fast::hash(&table).to_le_bytes());
@@ -298,8 +307,12 @@ pub enum Source<'a> {
 
 /// Writes what [`write`] writes, byte for byte, without holding the sections in memory: the
 /// header and table are written last (after a seek back), once every section's checksum is
-/// known. A streamed section must write exactly `len` bytes.
-pub fn write_to<W: Write + io::Seek>(out: &mut W, sections: &mut [Source]) -> io::Result<()> {
+/// known. A streamed section must write exactly `len` bytes. The header says `version`.
+pub fn write_to<W: Write + io::Seek>(
+    out: &mut W,
+    version: (u16, u16),
+    sections: &mut [Source],
+) -> io::Result<()> {
     let table_end = (HEADER_LEN + sections.len() * ENTRY_LEN) as u64;
     write_zeros(out, table_end)?;
     let mut written = table_end;
@@ -329,7 +342,7 @@ pub fn write_to<W: Write + io::Seek>(out: &mut W, sections: &mut [Source]) -> io
         written = start + want;
     }
     out.seek(io::SeekFrom::Start(0))?;
-    out.write_all(&header_and_table(&entries, written))?;
+    out.write_all(&header_and_table(&entries, written, version))?;
     out.seek(io::SeekFrom::Start(written))?;
     Ok(())
 }
@@ -384,6 +397,7 @@ mod tests {
         let mut streamed = io::Cursor::new(Vec::new());
         write_to(
             &mut streamed,
+            COMPATIBLE,
             &mut [
                 Source::Bytes(SectionKind::Manifest, manifest),
                 Source::Stream {
@@ -399,7 +413,7 @@ mod tests {
         let mut short = |w: &mut dyn Write| w.write_all(b"abc");
         let mut out = io::Cursor::new(Vec::new());
         let wrong = [Source::Stream { kind: SectionKind::Weights, len: 4, write: &mut short }];
-        assert!(write_to(&mut out, &mut { wrong }).is_err());
+        assert!(write_to(&mut out, COMPATIBLE, &mut { wrong }).is_err());
     }
 
     fn sample() -> Vec<u8> {
@@ -458,8 +472,9 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "bundle format 7.{FORMAT_MINOR} is not supported by this runtime, which reads \
-                 format {FORMAT_MAJOR}.x"
+                "bundle format 7.{} is not supported by this runtime, which reads formats \
+                 {}.x to {FORMAT_MAJOR}.x",
+                COMPATIBLE.1, COMPATIBLE.0
             )
         );
     }

@@ -11,7 +11,7 @@ pub mod dtype;
 
 pub use attrs::{AttrError, AttrValue, Attrs};
 pub use container::{
-    ContainerError, FORMAT_MAJOR, FORMAT_MINOR, SECTION_ALIGN, Section, SectionKind,
+    COMPATIBLE, ContainerError, FORMAT_MAJOR, FORMAT_MINOR, SECTION_ALIGN, Section, SectionKind,
 };
 pub use dtype::DType;
 

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use ingot_compiler::{CompileOptions, compile_graph};
 use ingot_runtime::{Device, Tensor};
 use ingot_schema::DType;
+use ingot_schema::container::{FORMAT_MAJOR, FORMAT_MINOR};
 use ingot_tests::model::{OnnxModel, attr_graph, attr_int, attr_ints};
 use ingot_tests::paths::scratch_dir;
 use ingot_tests::{check_validation, compile, run, session_on, validation_seen, vulkan};
@@ -318,9 +319,151 @@ fn a_loop_with_a_known_trip_count_or_condition_is_unrolled() -> Result<()> {
 }
 
 #[test]
-fn a_loop_whose_trip_count_is_known_only_at_run_time_names_the_node() -> Result<()> {
-    let parts = ["'loop' (Loop)", "trip count (input 0) is computed at run time"];
+fn a_long_loop_runs_as_a_repeated_submodel_and_stacks_its_scan_outputs() -> Result<()> {
+    let x = [0.5f32, -1.0, 2.0];
+    // 300 iterations, past what Ingot unrolls, or 4 where the condition ends it early: the
+    // scan output holds as many rows as iterations ran.
+    for stop_early in [false, true] {
+        let mut acc = x.to_vec();
+        let mut ys = Vec::new();
+        for i in 0..300 {
+            acc = acc.iter().map(|a| a * 2.0 + i as f32).collect();
+            ys.extend(acc.iter().map(|a| -a));
+            if stop_early && i >= 3 {
+                break;
+            }
+        }
+        let name = format!("loop_long_{stop_early}");
+        let path = write(&loop_model(Some(300), stop_early), &name)?;
+        let ops = compiled_ops(&path)?;
+        ensure!(ops.iter().filter(|op| *op == "Neg").count() == 1, "{name}: one body: {ops:?}");
+        let input = Tensor::from_vec(vec![3], &x)?;
+        runs_give_all(&compile(&path, &[])?, &[input], &[acc, ys]).with_context(|| name)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_time_loop_with_scan_outputs_names_the_node() -> Result<()> {
+    let parts = [
+        "'loop' (Loop)",
+        "trip count (input 0) is computed at run time",
+        "scan outputs need a trip count known at compile time",
+    ];
     compile_fails(&loop_model(None, false), "loop_run_time", &parts)
+}
+
+/// acc [3] = x; each iteration i: acc = i - acc, for `m` iterations, `m` a graph input: no
+/// scan outputs, so the body runs as a repeated submodel, however many iterations it makes.
+fn counted_loop(grow: bool) -> OnnxModel {
+    let body = OnnxModel::new(17)
+        .input("i", DType::I64, &[])
+        .input("c_in", DType::Bool, &[])
+        .input("acc", DType::F32, &[3])
+        .node("to_float", "Cast", &["i"], &["i_f"], vec![attr_int("to", 1)])
+        .node("flip", "Sub", &["i_f", "acc"], &["flipped"], vec![])
+        .node("pass", "Identity", &["c_in"], &["c_out"], vec![]);
+    let body = if grow {
+        body.node("grow", "Concat", &["flipped", "acc"], &["acc_out"], vec![attr_int("axis", 0)])
+    } else {
+        body.node("keep", "Identity", &["flipped"], &["acc_out"], vec![])
+    };
+    let body = body.output("c_out", DType::Bool, &[]).output("acc_out", DType::F32, &[3]);
+    OnnxModel::new(17)
+        .input("x", DType::F32, &[3])
+        .input("m", DType::I64, &[])
+        .initializer("yes", &Tensor::from_bools(Vec::<usize>::new(), &[true]).expect("scalar"))
+        .node("loop", "Loop", &["m", "yes", "x"], &["final"], vec![attr_graph("body", &body)])
+        .output("final", DType::F32, &[3])
+}
+
+#[test]
+fn a_loop_whose_trip_count_is_known_only_at_run_time_runs_its_body_that_many_times() -> Result<()> {
+    let path = write(&counted_loop(false), "loop_counted")?;
+    let ops = compiled_ops(&path)?;
+    let subs = ops.iter().filter(|op| *op == "Sub").count();
+    ensure!(subs == 1 && !ops.iter().any(|op| op == "Loop"), "one body, no Loop: {ops:?}");
+    let plan = ingot_compiler::plan_text(&path, &CompileOptions::default())?;
+    let line = "  'loop' runs submodels 1..2 while 'loop@loop.iteration' < 'loop@loop.trip_count' \
+                and 'loop@loop.condition' is true; carries 'loop@loop.next0' -> \
+                'loop@loop.condition', 'loop@loop.next1' -> 'loop@loop.state0'";
+    ensure!(plan.lines().any(|l| l == line), "the plan shows the loop as\n{line}\n{plan}");
+    let bundle = compile(&path, &[])?;
+    // A runtime of format 2 would run the body once: the bundle says it needs format 3.
+    let version = ingot_runtime::Bundle::from_bytes(&bundle)?.format_version();
+    ensure!(version == (FORMAT_MAJOR, FORMAT_MINOR), "format {version:?}");
+    let x = [0.5f32, -1.0, 2.0];
+    // 300 is past what Ingot would unroll.
+    for m in [0i64, 1, 5, 300] {
+        let mut acc = x.to_vec();
+        for i in 0..m {
+            acc = acc.iter().map(|a| i as f32 - a).collect();
+        }
+        let inputs = [Tensor::from_vec(vec![3], &x)?, Tensor::from_vec(vec![], &[m])?];
+        runs_give_all(&bundle, &inputs, &[acc]).with_context(|| format!("m = {m}"))?;
+    }
+    Ok(())
+}
+
+/// acc [3] = x, steps = 0; while `go` at first, then while acc[0] < `limit`, at most 1000
+/// times: acc += 1.5, steps += 1.
+fn while_loop() -> OnnxModel {
+    let scalar = |v: f32| Tensor::from_vec(vec![], &[v]).expect("scalar");
+    let body = OnnxModel::new(17)
+        .input("i", DType::I64, &[])
+        .input("c_in", DType::Bool, &[])
+        .input("acc", DType::F32, &[3])
+        .input("n", DType::F32, &[])
+        .node("add", "Add", &["acc", "step"], &["acc_out"], vec![])
+        .node("count", "Add", &["n", "one"], &["steps_out"], vec![])
+        .node("first", "Gather", &["acc_out", "zero"], &["head"], vec![attr_int("axis", 0)])
+        .node("test", "Less", &["head", "limit"], &["c_out"], vec![])
+        .output("c_out", DType::Bool, &[])
+        .output("acc_out", DType::F32, &[3])
+        .output("steps_out", DType::F32, &[]);
+    OnnxModel::new(17)
+        .input("x", DType::F32, &[3])
+        .input("go", DType::Bool, &[])
+        .input("limit", DType::F32, &[])
+        .initializer("m", &Tensor::from_vec(vec![], &[1000i64]).expect("scalar"))
+        .initializer("none", &scalar(0.0))
+        .initializer("step", &scalar(1.5))
+        .initializer("one", &scalar(1.0))
+        .initializer("zero", &Tensor::from_vec(vec![], &[0i64]).expect("scalar"))
+        .node(
+            "loop",
+            "Loop",
+            &["m", "go", "x", "none"],
+            &["final", "steps"],
+            vec![attr_graph("body", &body)],
+        )
+        .output("final", DType::F32, &[3])
+        .output("steps", DType::F32, &[])
+}
+
+#[test]
+fn a_loop_whose_condition_is_computed_at_run_time_runs_until_it_is_false() -> Result<()> {
+    let bundle = compile(&write(&while_loop(), "loop_while")?, &[])?;
+    let x = [0.5f32, -1.0, 2.0];
+    // The condition ends it after 3 iterations (0.5 -> 2 -> 3.5 -> 5); a false one at the
+    // start runs none; a limit never reached leaves the trip count to end it.
+    for (go, limit, iterations) in [(true, 5.0f32, 3), (false, 5.0, 0), (true, 1e6, 1000)] {
+        let acc: Vec<f32> = x.iter().map(|a| a + 1.5 * iterations as f32).collect();
+        let inputs = [
+            Tensor::from_vec(vec![3], &x)?,
+            Tensor::from_bools(Vec::<usize>::new(), &[go])?,
+            Tensor::from_vec(vec![], &[limit])?,
+        ];
+        runs_give_all(&bundle, &inputs, &[acc, vec![iterations as f32]])
+            .with_context(|| format!("go {go}, limit {limit}"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_time_loop_whose_carried_value_changes_shape_names_the_node() -> Result<()> {
+    let parts = ["'loop' (Loop)", "keep their type", "f32 [3] before an iteration and f32 [6]"];
+    compile_fails(&counted_loop(true), "loop_grows", &parts)
 }
 
 /// A Scan body of `opset`: state s [2] and row [2] in; s_out = s + row, y = s_out * row out.
@@ -334,13 +477,13 @@ fn sum_body(opset: i64) -> OnnxModel {
         .output("y", DType::F32, &[2])
 }
 
-#[test]
-fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() -> Result<()> {
-    // s = s + row over the rows of xs taken last to first; y = s * row, stacked on axis 1.
+/// A Scan of `steps` rows: s = s + row over the rows of xs taken last to first; y = s * row,
+/// stacked on axis 1, last to first where `reversed_out`.
+fn scan_runs(steps: usize, reversed_out: bool) -> Result<()> {
     let body = sum_body(17);
     let model = OnnxModel::new(17)
         .input("s0", DType::F32, &[2])
-        .input("xs", DType::F32, &[3, 2])
+        .input("xs", DType::F32, &[steps, 2])
         .node(
             "scan",
             "Scan",
@@ -350,25 +493,45 @@ fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() ->
                 attr_graph("body", &body),
                 attr_int("num_scan_inputs", 1),
                 attr_ints("scan_input_directions", &[1]),
+                attr_ints("scan_output_directions", &[i64::from(reversed_out)]),
                 attr_ints("scan_output_axes", &[1]),
             ],
         )
         .output("s_final", DType::F32, &[2])
-        .output("ys", DType::F32, &[2, 3]);
+        .output("ys", DType::F32, &[2, steps]);
     let s0 = [1.0f32, -2.0];
-    let xs = [0.5f32, 1.5, -3.0, 2.0, 4.0, -0.25];
+    // Halves: every sum and product here is exact in f32.
+    let xs: Vec<f32> = (0..2 * steps).map(|i| ((i * 5) % 7) as f32 * 0.5 - 1.5).collect();
     let mut s = s0.to_vec();
-    let mut ys = [0.0f32; 6];
-    for t in 0..3 {
-        let row = &xs[(2 - t) * 2..(3 - t) * 2];
+    let mut ys = vec![0.0f32; 2 * steps];
+    for t in 0..steps {
+        let row = &xs[(steps - 1 - t) * 2..(steps - t) * 2];
+        let at = if reversed_out { steps - 1 - t } else { t };
         for j in 0..2 {
             s[j] += row[j];
-            ys[j * 3 + t] = s[j] * row[j];
+            ys[j * steps + at] = s[j] * row[j];
         }
     }
-    let inputs = [Tensor::from_vec(vec![2], &s0)?, Tensor::from_vec(vec![3, 2], &xs)?];
-    let bundle = compile(&write(&model, "scan")?, &[])?;
-    runs_give_all(&bundle, &inputs, &[s, ys.to_vec()])
+    let inputs = [Tensor::from_vec(vec![2], &s0)?, Tensor::from_vec(vec![steps, 2], &xs)?];
+    let name = format!("scan_{steps}_{reversed_out}");
+    let path = write(&model, &name)?;
+    let ops = compiled_ops(&path)?;
+    let copies = ops.iter().filter(|op| *op == "Add").count();
+    let expected = if steps > 256 { 1 } else { steps };
+    ensure!(copies == expected, "{name}: {copies} copies of the body, expected {expected}");
+    runs_give_all(&compile(&path, &[])?, &inputs, &[s, ys]).with_context(|| name)
+}
+
+#[test]
+fn a_scan_runs_its_body_per_step_in_either_direction_and_stacks_on_any_axis() -> Result<()> {
+    scan_runs(3, false)?;
+    scan_runs(3, true)
+}
+
+#[test]
+fn a_long_scan_runs_as_a_repeated_submodel() -> Result<()> {
+    scan_runs(300, false)?;
+    scan_runs(300, true)
 }
 
 /// An opset-8 Scan over a batch of 2: `sequence_lens` (omitted, or the constant `lens`),

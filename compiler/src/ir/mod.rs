@@ -43,6 +43,48 @@ pub struct Graph {
     /// Values with a data-dependent length along one dim (see `ingot_ops::bounded`): their
     /// type holds the upper bound there.
     pub bounded: BTreeMap<ValueId, Bound>,
+    /// The `Loop`s that run at run time, as repeated submodels (see `passes/control.rs`).
+    pub repeats: Vec<Repeat>,
+    /// What a node in the body of such a loop belongs to, by the node's outputs (as
+    /// [`Graph::guards`]): the index of its [`Repeat`]. Nodes not here run once.
+    pub in_repeat: BTreeMap<ValueId, usize>,
+}
+
+/// A `Loop` whose body runs at run time until its trip count or its condition ends it. Its
+/// body's nodes are in the graph once, as one iteration; what passes from one iteration to
+/// the next lives in values the runtime holds (graph outputs after the caller's), each
+/// written once before the loop by a copy the graph makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repeat {
+    /// The `Loop`'s name (or op), and how messages name it (`'loop' (Loop)`).
+    pub name: String,
+    pub label: String,
+    /// The iteration number (int64, one element): the body reads it, the runtime adds one
+    /// after each iteration.
+    pub iteration: ValueId,
+    /// The trip count (int64, one element), where the loop has one: it ends once
+    /// `iteration` reaches it.
+    pub trip_count: Option<ValueId>,
+    /// The condition (bool, one element), where the loop has one: it ends once it is false
+    /// before an iteration. It is also the state of the first of `carried`.
+    pub condition: Option<ValueId>,
+    /// `(state, next)`: the body reads `state` and writes `next`, which the runtime copies
+    /// over `state` after each iteration (the same type, checked when inferred).
+    pub carried: Vec<(ValueId, ValueId)>,
+    /// `(slice, stacked)`: the body writes `slice`, which the runtime copies into row
+    /// `iteration` of `stacked` after each iteration: a scan output, as long as the trip
+    /// count (a constant) and filled as far as `iteration` goes (its bound).
+    pub scans: Vec<(ValueId, ValueId)>,
+}
+
+impl Repeat {
+    /// Every value the runtime reads or writes around the body.
+    pub fn held(&self) -> impl Iterator<Item = ValueId> + '_ {
+        std::iter::once(self.iteration)
+            .chain(self.trip_count)
+            .chain(self.carried.iter().flat_map(|&(s, n)| [s, n]))
+            .chain(self.scans.iter().flat_map(|&(s, n)| [s, n]))
+    }
 }
 
 /// A value whose dim `axis` a run fills only up to `count`, an int64 scalar value of the
@@ -110,6 +152,21 @@ impl Graph {
     /// The conditions `node` runs under (none: always).
     pub fn guard(&self, node: &Node) -> &[Condition] {
         node.outputs.first().and_then(|o| self.guards.get(o)).map_or(&[], Vec::as_slice)
+    }
+
+    /// The run-time loop whose body `node` is in, if any.
+    pub fn repeat_of(&self, node: &Node) -> Option<usize> {
+        node.outputs.first().and_then(|o| self.in_repeat.get(o)).copied()
+    }
+
+    /// Puts value `to`, new, where `from` is: under its guard and in its loop body.
+    pub fn inherit(&mut self, from: ValueId, to: ValueId) {
+        if let Some(guard) = self.guards.get(&from).cloned() {
+            self.guards.insert(to, guard);
+        }
+        if let Some(&r) = self.in_repeat.get(&from) {
+            self.in_repeat.insert(to, r);
+        }
     }
 
     /// For each value, how many node inputs and graph outputs read it.

@@ -13,15 +13,16 @@
 //! - `Scan` is unrolled: one copy of the body per step, fed `Gather`ed slices, its per-step
 //!   outputs stacked with `Unsqueeze` + `Concat`. An opset-8 `Scan` (a batch axis first, the
 //!   body run per batch element) becomes one `Scan` of the later form per batch element,
-//!   stacked back; its `sequence_lens` must be constant and span the whole scanned axis.
+//!   stacked back; its `sequence_lens` must be constant and span the whole scanned axis. A
+//!   `Scan` of more than [`MAX_UNROLLED`] steps becomes the `Loop` that does the same.
 //! - `Loop` is unrolled one iteration at a time: the walk expands an iteration and puts a
 //!   `Loop` for the rest after it, which it reaches once the iteration's condition has
-//!   folded; the trip count and every condition must be known at compile time.
-//! - Unrolling stops at [`MAX_UNROLLED`] steps with an error naming the node: Ingot does not
-//!   yet run a body as a repeated submodel.
+//!   folded. Where the trip count or a condition is known only at run time, or the loop runs
+//!   more than [`MAX_UNROLLED`] iterations, the rest runs at run time instead: its body once
+//!   in the graph, repeated by the runtime ([`Repeat`], see [`Repeating`]).
 
 use super::PassError;
-use crate::ir::{Body, Condition, Const, Graph, Node, ValueId};
+use crate::ir::{Body, Bound, Condition, Const, Graph, Node, Repeat, ValueId};
 use ingot_ops::Constant as _;
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
@@ -110,6 +111,12 @@ pub fn expand(g: &mut Graph, at: usize, selects: &mut Selects) -> Result<(), Pas
     if !outer.is_empty() {
         for o in expanded.iter().flat_map(|n| &n.outputs) {
             g.guards.entry(*o).or_insert_with(|| outer.clone());
+        }
+    }
+    // And what replaces a node in a run-time loop's body is in that body.
+    if let Some(r) = g.repeat_of(&node) {
+        for o in expanded.iter().flat_map(|n| &n.outputs) {
+            g.in_repeat.insert(*o, r);
         }
     }
     if let Some(owner) = node.outputs.first().and_then(|o| selects.in_branch.get(o)).cloned() {
@@ -246,10 +253,13 @@ fn expand_scan(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         }
     }
     let steps = steps.unwrap_or(0);
-    if steps == 0 || steps > MAX_UNROLLED {
-        return Err(format!(
-            "scans {steps} steps; Ingot unrolls a Scan of 1 to {MAX_UNROLLED} steps"
-        ));
+    if steps == 0 {
+        return Err("scans 0 steps".into());
+    }
+    if steps > MAX_UNROLLED {
+        let scan =
+            ScanAsLoop { body: b, steps, inputs, in_axes, in_reversed, out_axes, out_reversed };
+        return scan.expand(g, node);
     }
 
     let name = label(node);
@@ -389,6 +399,114 @@ fn expand_batched_scan(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> 
     Ok(expanded)
 }
 
+/// A `Scan` too long to unroll, as the `Loop` that does the same (which the walk then runs
+/// at run time): the loop's iteration picks each scanned input's slice with a `Gather`, its
+/// states are the scan's, and its stacked scan outputs are reversed or moved to their axis
+/// after it where the scan says so.
+struct ScanAsLoop {
+    body: usize,
+    steps: usize,
+    /// The scan's own inputs: states, then scanned.
+    inputs: Vec<ValueId>,
+    in_axes: Vec<i64>,
+    in_reversed: Vec<i64>,
+    out_axes: Vec<i64>,
+    out_reversed: Vec<i64>,
+}
+
+impl ScanAsLoop {
+    fn expand(self, g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
+        let name = label(node);
+        let tag = format!("{name}@loop");
+        let scanned = self.in_axes.len();
+        let states = self.inputs.len() - scanned;
+        let old = g.bodies[self.body].clone();
+        let iteration =
+            g.add_value(format!("{tag}.i"), Some(TensorDesc::new(DType::I64, Vec::<usize>::new())));
+        let cond = g.add_value(
+            format!("{tag}.cond"),
+            Some(TensorDesc::new(DType::Bool, Vec::<usize>::new())),
+        );
+        // Each scanned input's slice, where the old body reads it.
+        let mut nodes = Vec::with_capacity(old.nodes.len() + 2 * scanned);
+        for (j, &x) in self.inputs[states..].iter().enumerate() {
+            let index = if self.in_reversed[j] != 0 {
+                let last = scalar_i64(g, format!("{tag}.last{j}"), self.steps as i64 - 1);
+                let index = g.add_value(format!("{tag}.index{j}"), None);
+                nodes.push(step(
+                    format!("{tag}.index{j}"),
+                    "Sub",
+                    &[last, iteration],
+                    index,
+                    Attrs::new(),
+                ));
+                index
+            } else {
+                iteration
+            };
+            let axis = attrs(&[("axis", AttrValue::Int(self.in_axes[j]))]);
+            let slice = old.inputs[states + j];
+            nodes.push(step(format!("{tag}.slice{j}"), "Gather", &[x, index], slice, axis));
+        }
+        nodes.extend(old.nodes);
+        let body = Body {
+            inputs: [iteration, cond]
+                .into_iter()
+                .chain(old.inputs[..states].iter().copied())
+                .collect(),
+            nodes,
+            outputs: std::iter::once(cond).chain(old.outputs.iter().copied()).collect(),
+        };
+        g.bodies.push(body);
+        let loop_body = g.bodies.len() - 1;
+
+        // The loop's scan outputs, stacked along axis 0 first to last, then as the scan has them.
+        let mut after = Vec::new();
+        let mut outputs = node.outputs[..states].to_vec();
+        for (k, &to) in node.outputs[states..].iter().enumerate() {
+            let (axis, reversed) = (self.out_axes[k], self.out_reversed[k] != 0);
+            if axis == 0 && !reversed {
+                outputs.push(to);
+                continue;
+            }
+            let mut y = g.add_value(format!("{tag}.stacked{k}"), None);
+            outputs.push(y);
+            if reversed {
+                let rows: Vec<i64> = (0..self.steps as i64).rev().collect();
+                let t = Tensor::from_vec(vec![self.steps], &rows).map_err(|e| e.to_string())?;
+                let rows = g.add_constant(format!("{tag}.reversed{k}"), Const::owned(t));
+                let out =
+                    if axis == 0 { to } else { g.add_value(format!("{tag}.reversed{k}"), None) };
+                let axis0 = attrs(&[("axis", AttrValue::Int(0))]);
+                after.push(step(format!("{name}:reversed{k}"), "Gather", &[y, rows], out, axis0));
+                y = out;
+            }
+            if axis != 0 {
+                // Which perm moves the rows there is known once the walk has inferred the
+                // body: [`settle`] writes it.
+                let perm = attrs(&[(ROWS_TO, AttrValue::Int(axis))]);
+                after.push(step(format!("{name}:moved{k}"), "Transpose", &[y], to, perm));
+            }
+        }
+        let trip = scalar_i64(g, format!("{tag}.trip_count"), self.steps as i64);
+        let captured = node.inputs[self.inputs.len()..].iter().copied();
+        let looped = Node {
+            name: name.clone(),
+            op: "Loop".into(),
+            domain: String::new(),
+            inputs: [Some(trip), None]
+                .into_iter()
+                .chain(self.inputs[..states].iter().map(|&v| Some(v)))
+                .chain(captured)
+                .chain(self.inputs[states..].iter().map(|&v| Some(v)))
+                .collect(),
+            outputs,
+            attrs: attrs(&[("body", AttrValue::Int(loop_body as i64))]),
+        };
+        Ok(std::iter::once(looped).chain(after).collect())
+    }
+}
+
 /// The nodes of a `Loop`'s next iteration followed by a `Loop` for the rest, or, once the
 /// trip count is reached or the condition is false, the nodes that give its outputs. The
 /// iterations done so far are attribute `ingot.iteration`; their scan outputs, `ingot.partials`
@@ -423,34 +541,44 @@ fn expand_loop(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         .ok_or("has fewer inputs than its iterations so far left")?;
     let partial: Vec<ValueId> = node.inputs[captured_end..].iter().flatten().copied().collect();
 
-    let trip_count = match own_input(node, 0) {
-        None => None,
-        Some(m) => {
-            let value = g.constant(m).ok_or(
-                "its trip count (input 0) is computed at run time; Ingot unrolls a Loop whose \
-                 trip count and condition are known at compile time",
-            )?;
-            let count = value.tensor().to_i64s().and_then(|v| v.first().copied());
-            Some(count.ok_or("its trip count (input 0) must be one integer")?)
-        }
-    };
-    let cond = match own_input(node, 1) {
-        None => true,
-        Some(c) => {
-            let value = g.constant(c).ok_or(if done == 0 {
-                "its condition (input 1) is computed at run time; Ingot unrolls a Loop whose \
-                 trip count and condition are known at compile time"
-            } else {
-                "the condition its body computes is known only at run time; Ingot unrolls a \
-                 Loop whose trip count and condition are known at compile time"
-            })?;
-            value.bytes().first().is_some_and(|&b| b != 0)
-        }
-    };
     let name = label(node);
     let carried_now: Vec<ValueId> = (0..carried)
         .map(|k| own_input(node, 2 + k).ok_or_else(|| format!("carried value {k} is missing")))
         .collect::<Result<_, _>>()?;
+    let at_run_time = |why: &str| Repeating {
+        body: b,
+        done,
+        carried: &carried_now,
+        scan_outputs,
+        why: why.into(),
+    };
+    let trip_count = match own_input(node, 0) {
+        None => None,
+        Some(m) => match g.constant(m) {
+            None => {
+                return at_run_time("its trip count (input 0) is computed at run time")
+                    .expand(g, node);
+            }
+            Some(value) => {
+                let count = value.tensor().to_i64s().and_then(|v| v.first().copied());
+                Some(count.ok_or("its trip count (input 0) must be one integer")?)
+            }
+        },
+    };
+    let cond = match own_input(node, 1) {
+        None => true,
+        Some(c) => match g.constant(c) {
+            None if done == 0 => {
+                return at_run_time("its condition (input 1) is computed at run time")
+                    .expand(g, node);
+            }
+            None => {
+                return at_run_time("the condition its body computes is known only at run time")
+                    .expand(g, node);
+            }
+            Some(value) => value.bytes().first().is_some_and(|&b| b != 0),
+        },
+    };
 
     if !cond || trip_count.is_some_and(|m| done as i64 >= m) {
         let mut expanded = Vec::new();
@@ -469,11 +597,9 @@ fn expand_loop(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         }
         return Ok(expanded);
     }
-    if done >= MAX_UNROLLED {
-        return Err(format!(
-            "runs more than {MAX_UNROLLED} iterations; Ingot unrolls a Loop of at most \
-             {MAX_UNROLLED}"
-        ));
+    if done >= MAX_UNROLLED || (done == 0 && trip_count.is_some_and(|m| m > MAX_UNROLLED as i64)) {
+        return at_run_time(&format!("it runs more than {MAX_UNROLLED} iterations"))
+            .expand(g, node);
     }
 
     let tag = format!("{name}@{done}");
@@ -501,6 +627,281 @@ fn expand_loop(g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
     rest.attrs.set("ingot.partials", AttrValue::Int((partials + scan_outputs) as i64));
     expanded.push(rest);
     Ok(expanded)
+}
+
+/// A `Loop` that the walk runs at run time rather than unrolls, from iteration `done` on (the
+/// ones before were unrolled), and `why`.
+struct Repeating<'a> {
+    body: usize,
+    done: usize,
+    /// The carried values as iteration `done` reads them.
+    carried: &'a [ValueId],
+    scan_outputs: usize,
+    why: String,
+}
+
+impl Repeating<'_> {
+    /// The nodes that run the loop: copies into the values the runtime holds (the prologue),
+    /// one instance of the body that reads them and copies what it gives the next iteration
+    /// into values of its own, and copies of the final carried values into the loop's
+    /// outputs (the epilogue). The [`Repeat`] records which is which.
+    fn expand(self, g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
+        let refuse = |what: &str| Err(format!("{}; {what}", self.why));
+        // Scan outputs are stacked in storage as long as the trip count, which must be
+        // known, and at most what the runtime holds.
+        let rows = match own_input(node, 0).and_then(|m| g.constant(m)) {
+            _ if self.scan_outputs == 0 => 0,
+            Some(m) if self.done == 0 => {
+                let m = m.tensor().to_i64s().and_then(|v| v.first().copied()).unwrap_or(0);
+                match usize::try_from(m) {
+                    Ok(rows) if rows <= MAX_STACKED => rows,
+                    _ => {
+                        return refuse(&format!(
+                            "its trip count {m} is more rows than Ingot stacks scan outputs into \
+                             (at most {MAX_STACKED})"
+                        ));
+                    }
+                }
+            }
+            _ => {
+                return refuse(
+                    "Ingot runs such a Loop as a repeated submodel, whose scan outputs need a \
+                     trip count known at compile time (their storage is planned for it)",
+                );
+            }
+        };
+        if g.repeat_of(node).is_some() {
+            return refuse("Ingot runs such a Loop at run time, but not inside another one");
+        }
+        if !g.guard(node).is_empty() {
+            return refuse(
+                "Ingot runs such a Loop at run time, but not in a branch of an If decided at \
+                 run time",
+            );
+        }
+        let name = label(node);
+        let tag = format!("{name}@loop");
+        let r = g.repeats.len();
+        let body_inputs = g.bodies[self.body].inputs.clone();
+        let mut prologue = Vec::new();
+        // A value the runtime holds, first written by a copy of `from`.
+        let mut held = |g: &mut Graph, what: &str, from: ValueId, ty: TensorDesc| {
+            let v = g.add_value(format!("{tag}.{what}"), Some(ty));
+            prologue.push(step(format!("{tag}.{what}"), "Identity", &[from], v, Attrs::new()));
+            v
+        };
+        let one_i64 = |g: &Graph, v: ValueId| {
+            g.ty(v).filter(|t| t.dtype == DType::I64 && t.elements() == 1).cloned()
+        };
+        let first = scalar_i64(g, format!("{tag}.first"), self.done as i64);
+        let iteration_ty = body_inputs
+            .first()
+            .and_then(|&v| one_i64(g, v))
+            .unwrap_or_else(|| TensorDesc::new(DType::I64, Vec::<usize>::new()));
+        let iteration = held(g, "iteration", first, iteration_ty);
+        let trip_count = match own_input(node, 0) {
+            Some(m) => {
+                let ty = one_i64(g, m).ok_or("its trip count (input 0) must be one int64")?;
+                Some(held(g, "trip_count", m, ty))
+            }
+            None => None,
+        };
+        // The states the body reads: the condition (where the loop has one), then each
+        // carried value that an iteration changes; one it passes through unchanged is read
+        // where it is.
+        let mut states = Vec::new();
+        let condition = match own_input(node, 1) {
+            Some(c) => {
+                let ty = g.ty(c).cloned().ok_or("the condition's type is unknown")?;
+                if ty.dtype != DType::Bool || ty.elements() != 1 {
+                    return Err(format!(
+                        "the condition must be one bool, it is {} {:?}",
+                        ty.dtype, ty.shape
+                    ));
+                }
+                let state = held(g, "condition", c, ty);
+                states.push((0, state));
+                Some(state)
+            }
+            None => None,
+        };
+        let condition_in = match condition {
+            Some(state) => state,
+            None => {
+                let t =
+                    Tensor::from_bools(Vec::<usize>::new(), &[true]).map_err(|e| e.to_string())?;
+                g.add_constant(format!("{tag}.always"), Const::owned(t))
+            }
+        };
+        let mut bound = vec![iteration, condition_in];
+        for (k, &init) in self.carried.iter().enumerate() {
+            if passes_through(&g.bodies[self.body], 1 + k, 2 + k) {
+                bound.push(init);
+                continue;
+            }
+            let ty = g
+                .ty(init)
+                .cloned()
+                .ok_or_else(|| format!("carried value {k}'s type is unknown"))?;
+            let state = held(g, &format!("state{k}"), init, ty);
+            states.push((1 + k, state));
+            bound.push(state);
+        }
+        let (mut nodes, outputs) = instantiate(g, self.body, &bound, &tag);
+        let mut carried = Vec::with_capacity(states.len());
+        for &(k, state) in &states {
+            let next = g.add_value(format!("{tag}.next{k}"), None);
+            nodes.push(step(
+                format!("{tag}.next{k}"),
+                "Identity",
+                &[outputs[k]],
+                next,
+                Attrs::new(),
+            ));
+            carried.push((state, next));
+        }
+        let mut scans = Vec::with_capacity(self.scan_outputs);
+        let mut stacks = Vec::with_capacity(self.scan_outputs);
+        let carried_count = self.carried.len();
+        for j in 0..self.scan_outputs {
+            let k = 1 + carried_count + j;
+            let slice = g.add_value(format!("{tag}.slice{j}"), None);
+            nodes.push(step(
+                format!("{tag}.slice{j}"),
+                "Identity",
+                &[outputs[k]],
+                slice,
+                Attrs::new(),
+            ));
+            // Its type is the slice's with `rows` first, known once the walk has inferred
+            // the body: [`settle`] makes this node what writes it first (zeros).
+            let stacked = g.add_value(format!("{tag}.stacked{j}"), None);
+            let mut attrs = Attrs::new();
+            attrs.set(STACK_ROWS, AttrValue::Int(rows as i64));
+            stacks.push(step(format!("{tag}.stacked{j}"), "Identity", &[slice], stacked, attrs));
+            // Without a condition every row is filled: the trip count is the rows.
+            if condition.is_some() {
+                g.bounded.insert(stacked, Bound { axis: 0, count: iteration });
+            }
+            scans.push((slice, stacked));
+        }
+        for o in nodes.iter().flat_map(|n| &n.outputs) {
+            g.in_repeat.insert(*o, r);
+        }
+        // After the last iteration the runtime has copied the carried values into the
+        // states; the loop's outputs are those (or the values passed through).
+        let mut epilogue = Vec::with_capacity(node.outputs.len());
+        for (k, &to) in node.outputs.iter().enumerate() {
+            let from = match states.iter().find(|&&(j, _)| j == 1 + k) {
+                Some(&(_, state)) => state,
+                None if k < carried_count => self.carried[k],
+                None => scans[k - carried_count].1,
+            };
+            epilogue.push(step(format!("{name}:{k}"), "Identity", &[from], to, Attrs::new()));
+        }
+        let label = node.label();
+        let repeat = Repeat { name, label, iteration, trip_count, condition, carried, scans };
+        g.outputs.extend(repeat.held());
+        g.repeats.push(repeat);
+        // The stacks' first writers come after the body in the walk (which types them
+        // from it), and before it when run: the partition makes the body wait for them.
+        Ok(prologue.into_iter().chain(nodes).chain(stacks).chain(epilogue).collect())
+    }
+}
+
+/// Whether `body` gives its input `input` unchanged as its output `output`: the same value,
+/// or an Identity of it (skl2onnx's pairwise-distance Scan carries its data that way).
+fn passes_through(body: &Body, output: usize, input: usize) -> bool {
+    let (out, inp) = (body.outputs[output], body.inputs[input]);
+    out == inp
+        || body.nodes.iter().any(|n| {
+            n.op == "Identity" && n.outputs == [out] && n.inputs.first() == Some(&Some(inp))
+        })
+}
+
+/// The most rows a run-time loop stacks a scan output into.
+const MAX_STACKED: usize = 1 << 20;
+
+/// Marks the node that first writes a run-time loop's stacked scan output, with its rows.
+const STACK_ROWS: &str = "ingot.stack_rows";
+
+/// Marks the Transpose that moves a long Scan's stacked rows to `scan_output_axes`.
+const ROWS_TO: &str = "ingot.rows_to";
+
+/// Completes the node at `g.nodes[at]` where it was made before the types it needs were
+/// inferred (the walk reaches it after the body that gives them):
+/// - what first writes a stacked scan output (an Identity of the slice marked
+///   [`STACK_ROWS`]) becomes the zeros it starts as: a zero of the slice's dtype expanded to
+///   its shape with the rows first;
+/// - the Transpose that moves a long Scan's rows to their axis (marked [`ROWS_TO`]) gets
+///   its perm.
+pub fn settle(g: &mut Graph, at: usize) -> Result<(), PassError> {
+    let node = &g.nodes[at];
+    if let Some(AttrValue::Int(axis)) = node.attrs.get(ROWS_TO).cloned() {
+        let rank =
+            node.inputs.first().copied().flatten().and_then(|v| g.ty(v)).map(|t| t.shape.len());
+        let a = rank.and_then(|rank| normalize(axis, rank)).ok_or_else(|| PassError::Node {
+            node: node.label(),
+            message: format!("scan_output_axes {axis} is out of range for its output"),
+        })?;
+        let rank = rank.unwrap_or(0) as i64;
+        let perm: Vec<i64> = (1..=a as i64).chain([0]).chain(a as i64 + 1..rank).collect();
+        g.nodes[at].attrs = attrs(&[("perm", AttrValue::Ints(perm))]);
+        return Ok(());
+    }
+    let Some(AttrValue::Int(rows)) = node.attrs.get(STACK_ROWS).cloned() else {
+        return Ok(());
+    };
+    let Some(slice) = node.inputs.first().copied().flatten() else { return Ok(()) };
+    let Some(ty) = g.ty(slice).cloned() else {
+        return Err(PassError::Node {
+            node: node.label(),
+            message: "its scan output's type is unknown".into(),
+        });
+    };
+    let shape: Vec<i64> = std::iter::once(rows).chain(ty.shape.iter().map(|&d| d as i64)).collect();
+    let name = format!("{}.shape", node.name);
+    let dims =
+        Tensor::from_vec(vec![shape.len()], &shape).map_err(|e| PassError::Graph(e.to_string()))?;
+    let dims = g.add_constant(name, Const::owned(dims));
+    let zero = Tensor::zeros(TensorDesc::new(ty.dtype, Vec::<usize>::new()));
+    let zero = g.add_constant(format!("{}.zero", g.nodes[at].name), Const::owned(zero));
+    let node = &mut g.nodes[at];
+    node.op = "Expand".into();
+    node.inputs = vec![Some(zero), Some(dims)];
+    node.attrs = Attrs::new();
+    Ok(())
+}
+
+/// Checks, once the walk has inferred every body, that each run-time loop's carried values
+/// keep one type from iteration to iteration: their storage is planned once.
+pub fn check_repeats(g: &Graph) -> Result<(), PassError> {
+    for r in &g.repeats {
+        for &(state, next) in &r.carried {
+            let (before, after) = (g.ty(state), g.ty(next));
+            let message = if before != after {
+                let show = |t: Option<&TensorDesc>| {
+                    t.map_or("of unknown type".into(), |t| format!("{} {:?}", t.dtype, t.shape))
+                };
+                format!(
+                    "it runs at run time, so its carried values must keep their type from one \
+                     iteration to the next, but '{}' is {} before an iteration and {} after it",
+                    g.values[state].name,
+                    show(before),
+                    show(after)
+                )
+            } else if g.bounded.contains_key(&next) {
+                format!(
+                    "it runs at run time, and carries '{}', whose length depends on the data",
+                    g.values[state].name
+                )
+            } else {
+                continue;
+            };
+            return Err(PassError::Node { node: r.label.clone(), message });
+        }
+    }
+    Ok(())
 }
 
 /// The graph attributes that hold body indices, by op.

@@ -58,8 +58,7 @@ fn rewrite(
     let ids_ty = g.ty(ids)?.clone();
     let gather_axis = usize::try_from(gather.attrs.int("axis").ok()?).ok()?;
     let dq_axis = usize::try_from(dq.attrs.int("axis").ok()?).ok()?;
-    let (to, out, guard) =
-        (dq.attrs.int("to").ok()?, gather.outputs[0], g.guards.get(&gather.outputs[0]).cloned());
+    let (to, out) = (dq.attrs.int("to").ok()?, gather.outputs[0]);
     let rows_shape = |shape: &[usize], axis: usize| -> Vec<usize> {
         [&shape[..axis], &ids_ty.shape[..], &shape[axis + 1..]].concat()
     };
@@ -87,9 +86,7 @@ fn rewrite(
             name(g, data, what),
             Some(TensorDesc::new(desc.dtype, rows_shape(&desc.shape, axis))),
         );
-        if let Some(guard) = &guard {
-            g.guards.insert(v, guard.clone());
-        }
+        g.inherit(out, v);
         nodes.push(Node {
             name: name(g, out, what),
             op: "Gather".into(),

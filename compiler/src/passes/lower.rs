@@ -17,6 +17,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut selects = control::Selects::default();
     let mut i = 0;
     while i < g.nodes.len() {
+        control::settle(g, i)?;
         if control::is_control_flow(&g.nodes[i]) {
             // Its place now holds what computes its outputs, walked next.
             control::expand(g, i, &mut selects)?;
@@ -106,6 +107,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             Some(vec![shape_constant(node, in_types[0]).map_err(|e| at(e, node))?])
         } else if inputs.iter().all(|&v| values[v].constant.is_some())
             && bounds.is_empty()
+            && !held(g, node)
             && !ingot_ops::keeps_constant_narrow(&node.op, &in_types, &out_types)
         {
             // `Tensor::zeros` aborts the process when the allocator refuses (and a kernel may
@@ -150,7 +152,13 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut f = folded.iter();
     g.nodes.retain(|_| !*f.next().unwrap_or(&false));
     g.bodies.clear(); // every one was expanded
-    Ok(())
+    control::check_repeats(g)
+}
+
+/// Whether `node` writes a value a run-time loop holds: the runtime changes it between
+/// iterations, so a copy of a constant into it is no constant.
+fn held(g: &Graph, node: &Node) -> bool {
+    g.repeats.iter().flat_map(|r| r.held()).any(|v| node.outputs.contains(&v))
 }
 
 /// The value of a canonical Shape (attributes `start`, `end`) or Size node.

@@ -110,6 +110,9 @@ pub struct Submodel {
     /// The conditions it runs under (none: always), each a root the host can read before it
     /// runs: a graph input, or a graph output or boundary tensor of an earlier submodel.
     pub guard: Guard,
+    /// The run-time loop ([`crate::ir::Graph::repeats`]) whose body it is part of: it runs
+    /// once per iteration, with the loop's other submodels, which are next to it.
+    pub repeat: Option<usize>,
     /// Its nodes: positions in [`Plan::order`].
     pub positions: Range<usize>,
     /// The roots it reads but does not write (graph inputs, boundary tensors, graph outputs
@@ -234,6 +237,23 @@ fn plan_in(
             writer[aliases.root(v).root] = part[ni];
         }
     }
+    // A run-time loop's submodels run again each iteration: what they read that was written
+    // before the loop must last until its last submodel.
+    let mut span = vec![(usize::MAX, 0); g.repeats.len()];
+    for (s, r) in parts.repeats.iter().enumerate() {
+        if let Some(&r) = r.as_ref() {
+            span[r] = (span[r].0.min(s), span[r].1.max(s));
+        }
+    }
+    for &ni in order.iter().filter(|&&n| !aliases.elided[n]) {
+        let Some(&Some(r)) = parts.repeats.get(part[ni]) else { continue };
+        for v in g.nodes[ni].present_inputs() {
+            let root = aliases.root(v).root;
+            if writer[root] < span[r].0 {
+                last_reader[root] = last_reader[root].max(span[r].1);
+            }
+        }
+    }
     let crosses = |v: ValueId| writer[v] != usize::MAX && last_reader[v] > writer[v];
 
     // Each submodel's arena over the lifetimes of the roots it alone uses.
@@ -256,6 +276,7 @@ fn plan_in(
         submodels.push(Submodel {
             kind: kind.clone(),
             guard: parts.guards.get(s).cloned().unwrap_or_default(),
+            repeat: parts.repeats.get(s).copied().flatten(),
             positions: at..end,
             inputs: Vec::new(),
             outputs: Vec::new(),

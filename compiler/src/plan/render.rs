@@ -166,6 +166,28 @@ pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
     }
 }
 
+/// A run-time loop as people read it: its submodels, what ends it, what it carries.
+fn loop_line(v: &proto::Variant, l: &proto::Loop) -> String {
+    let name = |t: u32| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
+    let end = l.first_submodel + l.submodel_count;
+    let mut ends = Vec::new();
+    if let Some(t) = l.trip_count {
+        ends.push(format!("'{}' < '{}'", name(l.iteration), name(t)));
+    }
+    if let Some(c) = l.condition {
+        ends.push(format!("'{}' is true", name(c)));
+    }
+    let carried: Vec<String> =
+        l.carried.iter().map(|c| format!("'{}' -> '{}'", name(c.next), name(c.state))).collect();
+    format!(
+        "'{}' runs submodels {}..{end} while {}; carries {}",
+        l.name,
+        l.first_submodel,
+        if ends.is_empty() { "ever".into() } else { ends.join(" and ") },
+        if carried.is_empty() { "nothing".into() } else { carried.join(", ") }
+    )
+}
+
 /// A submodel's guard as people read it: `'cond' is true`, one per condition.
 fn conditions(v: &proto::Variant, guard: &[proto::Condition]) -> Vec<String> {
     let name = |t: u32| v.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
@@ -201,6 +223,12 @@ pub fn text(v: &proto::Variant) -> String {
     );
     let _ = writeln!(out, "\nsubmodels:");
     submodel_lines(&mut out, v);
+    if !v.loops.is_empty() {
+        let _ = writeln!(out, "\nloops:");
+        for l in &v.loops {
+            let _ = writeln!(out, "  {}", loop_line(v, l));
+        }
+    }
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in v.steps.iter().enumerate() {
         let (ins, outs) = (names(v, &step.inputs), names(v, &step.outputs));
@@ -316,6 +344,18 @@ pub fn json(v: &proto::Variant) -> serde_json::Value {
         "alignment": p.alignment,
         "boundary_bytes": p.boundary_bytes,
         "submodels": submodels,
+        "loops": v.loops.iter().map(|l| json!({
+            "name": l.name,
+            "first_submodel": l.first_submodel,
+            "submodel_count": l.submodel_count,
+            "iteration": v.tensors.get(l.iteration as usize).map(|t| &t.name),
+            "trip_count": l.trip_count.and_then(|t| v.tensors.get(t as usize)).map(|t| &t.name),
+            "condition": l.condition.and_then(|t| v.tensors.get(t as usize)).map(|t| &t.name),
+            "carried": l.carried.iter().map(|c| json!({
+                "state": v.tensors.get(c.state as usize).map(|t| &t.name),
+                "next": v.tensors.get(c.next as usize).map(|t| &t.name),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "steps": steps,
         "tensors": tensors,
         "schedule": schedule,

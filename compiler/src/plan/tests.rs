@@ -494,3 +494,43 @@ fn one_submodel_plans_as_before() {
     assert_eq!(parted.boundary_bytes, 0);
     assert_eq!(parted.submodels.len(), 1);
 }
+
+#[test]
+fn what_a_loop_reads_from_before_it_lives_until_its_last_submodel() {
+    // x -> Relu -> a (before the loop); the body: Relu(a) -> b, Cast(b) -> c (CPU-only),
+    // Relu(c) -> d, Identity(d) -> next, which the runtime holds. a is read in the loop's
+    // first submodel only, but every iteration reads it again: it must outlive c, which the
+    // loop's second submodel writes and its third reads.
+    let mut g = Graph::default();
+    let [x, a, b, c, d, next, iteration] =
+        ["x", "a", "b", "c", "d", "next", "i"].map(|n| g.add_value(n, f32s(&[128])));
+    g.inputs = vec![x];
+    node(&mut g, "Relu", &[x], &[a]);
+    node(&mut g, "Relu", &[a], &[b]);
+    node(&mut g, "Cast", &[b], &[c]);
+    node(&mut g, "Relu", &[c], &[d]);
+    node(&mut g, "Identity", &[d], &[next]);
+    g.repeats = vec![crate::ir::Repeat {
+        name: "loop".into(),
+        label: "'loop' (Loop)".into(),
+        iteration,
+        trip_count: None,
+        condition: None,
+        carried: Vec::new(),
+        scans: Vec::new(),
+    }];
+    g.in_repeat = [(b, 0), (c, 0), (d, 0), (next, 0)].into();
+    g.outputs = vec![next];
+    let mut no_vulkan = vec![None; g.nodes.len()];
+    no_vulkan[2] = Some("a test says so".to_string());
+    let parts = Partition::new(&g, &no_vulkan);
+    assert_eq!(parts.repeats, [None, Some(0), Some(0), Some(0)]);
+    let p = plan_parts(&g, &parts, target());
+    verify(&g, &p).unwrap();
+    let at = |v| match p.storage[v] {
+        Some(Storage::Boundary { offset }) => offset,
+        ref s => panic!("{v}: {s:?}"),
+    };
+    assert_ne!(at(a), at(c));
+    assert_eq!(p.submodels.iter().map(|s| s.repeat).collect::<Vec<_>>(), parts.repeats);
+}
