@@ -203,6 +203,9 @@ pub fn variant(v: &CompiledVariant, bank: &[u32]) -> proto::Variant {
                             next: index[next],
                         })
                         .collect(),
+                    guard: (repeat.guard.iter())
+                        .map(|c| proto::Condition { tensor: index[c.value], holds: c.holds })
+                        .collect(),
                     stacked: (repeat.scans.iter())
                         .map(|&(slice, stacked)| proto::Stacked {
                             slice: index[slice],

@@ -290,6 +290,7 @@ mod tests {
             trip_count: None,
             condition: None,
             carried: Vec::new(),
+            guard: Vec::new(),
             scans: Vec::new(),
         }];
         g.in_repeat = [(2, 0), (4, 0), (5, 0)].into();

@@ -352,6 +352,11 @@ fn check_loops(v: &proto::Variant) -> Result<(), String> {
             )));
         }
         free = end.unwrap_or(u32::MAX);
+        // Its guard is checked as part of each submodel's.
+        let within = |s: &proto::Submodel| s.guard.starts_with(&l.guard);
+        if !v.submodels[l.first_submodel as usize..free as usize].iter().all(within) {
+            return Err(at("its guard is not part of each of its submodels' guards".into()));
+        }
         let tensor = |t: u32| -> Result<&proto::Tensor, String> {
             if !v.outputs[callers..].contains(&t) {
                 return Err(at(format!("tensor {t} is not an output the session holds")));
@@ -984,6 +989,58 @@ mod tests {
             let x = &mut m.variants[0].tensors[0];
             (x.dtype, x.shape) = (proto::DataType::I64 as i32, vec![1]);
             bound(m, 0, 0);
+        });
+    }
+
+    /// `relu()` with a loop over its one submodel, and three outputs after y that the session
+    /// holds for it: the iteration (tensor 2, int64) and a carried state and its next (3, 4).
+    fn with_loop(m: &mut proto::Manifest) -> &mut proto::Loop {
+        let v = &mut m.variants[0];
+        for (k, name) in ["i", "s", "n"].into_iter().enumerate() {
+            let mut t = tensor(name, Kind::Output(1 + k as u32));
+            if k == 0 {
+                (t.dtype, t.shape) = (proto::DataType::I64 as i32, vec![1]);
+            }
+            v.outputs.push(v.tensors.len() as u32);
+            v.tensors.push(t);
+        }
+        v.loops.push(proto::Loop {
+            name: "loop".into(),
+            first_submodel: 0,
+            submodel_count: 1,
+            iteration: 2,
+            carried: vec![proto::Carried { state: 3, next: 4 }],
+            ..Default::default()
+        });
+        v.loops.last_mut().expect("pushed")
+    }
+
+    #[test]
+    fn a_loop_covers_submodels_and_names_outputs_the_session_holds() {
+        let (mut m, kernels) = relu();
+        with_loop(&mut m);
+        validate(&m, 0, &kernels).expect("a valid loop");
+        refused("submodels 0+2", |m, _| with_loop(m).submodel_count = 2);
+        refused("submodels 1+1", |m, _| with_loop(m).first_submodel = 1);
+        refused("its iteration (tensor 3) is not one I64", |m, _| with_loop(m).iteration = 3);
+        refused("tensor 0 is not an output the session holds", |m, _| {
+            with_loop(m).trip_count = Some(0)
+        });
+        refused("not two tensors of one type", |m, _| {
+            with_loop(m).carried.push(proto::Carried { state: 2, next: 4 })
+        });
+        refused("not of its type with a dim first", |m, _| {
+            with_loop(m).stacked = vec![proto::Stacked { slice: 3, stacked: 4 }]
+        });
+        refused("its guard is not part of each", |m, _| {
+            with_loop(m).guard = vec![proto::Condition { tensor: 0, holds: true }]
+        });
+        // Another output after the held ones that nobody holds.
+        refused("neither the count of one nor a loop's", |m, _| {
+            with_loop(m);
+            let v = &mut m.variants[0];
+            v.outputs.push(v.tensors.len() as u32);
+            v.tensors.push(tensor("extra", Kind::Output(4)));
         });
     }
 

@@ -177,6 +177,8 @@ impl Condition {
 /// holds, named by their index in the variant's outputs.
 #[derive(Clone, Debug)]
 struct Repeat {
+    /// The conditions it runs under (a run-time `If` branch), tested before it starts.
+    guard: Vec<Condition>,
     parts: Range<usize>,
     iteration: usize,
     trip_count: Option<usize>,
@@ -285,20 +287,6 @@ impl Session {
             .iter()
             .map(|&t| Tensor::zeros(tensor_desc(&variant.tensors[t as usize])))
             .collect();
-        // Validation made every tensor a loop names one of those outputs.
-        let output = |t: u32| variant.outputs.iter().position(|&o| o == t).unwrap_or(usize::MAX);
-        let repeats = variant
-            .loops
-            .iter()
-            .map(|l| Repeat {
-                parts: l.first_submodel as usize..(l.first_submodel + l.submodel_count) as usize,
-                iteration: output(l.iteration),
-                trip_count: l.trip_count.map(output),
-                condition: l.condition.map(output),
-                carried: l.carried.iter().map(|c| (output(c.state), output(c.next))).collect(),
-                stacked: l.stacked.iter().map(|s| (output(s.slice), output(s.stacked))).collect(),
-            })
-            .collect();
         let shapes = outputs.iter().map(|o| o.desc.shape.clone()).collect();
         // Memory first: kernels may build tables as long as their outputs' dims, so outputs
         // that could never be allocated are refused before any kernel is prepared.
@@ -339,6 +327,21 @@ impl Session {
             };
             Condition { home: home(root).0, at: at as usize, holds: c.holds }
         };
+        // Validation made every tensor a loop names one of those outputs.
+        let output = |t: u32| variant.outputs.iter().position(|&o| o == t).unwrap_or(usize::MAX);
+        let repeats = variant
+            .loops
+            .iter()
+            .map(|l| Repeat {
+                guard: l.guard.iter().map(condition).collect(),
+                parts: l.first_submodel as usize..(l.first_submodel + l.submodel_count) as usize,
+                iteration: output(l.iteration),
+                trip_count: l.trip_count.map(output),
+                condition: l.condition.map(output),
+                carried: l.carried.iter().map(|c| (output(c.state), output(c.next))).collect(),
+                stacked: l.stacked.iter().map(|s| (output(s.slice), output(s.stacked))).collect(),
+            })
+            .collect();
         let mut parts = Vec::with_capacity(variant.submodels.len());
         for (k, sub) in variant.submodels.iter().enumerate() {
             parts.push(Part {
@@ -604,7 +607,9 @@ impl Session {
                     k += 1;
                     continue;
                 };
-                while r.next_iteration(outputs) {
+                // Where its branch is not taken, what the loop reads was not written.
+                let taken = r.guard.iter().all(|c| c.holds(inputs, outputs, boundary));
+                while taken && r.next_iteration(outputs) {
                     for j in r.parts.clone() {
                         run_guarded(j, parts, inputs, outputs, boundary, times.as_deref_mut())?;
                     }

@@ -356,6 +356,16 @@ fn a_run_time_loop_with_scan_outputs_names_the_node() -> Result<()> {
 /// acc [3] = x; each iteration i: acc = i - acc, for `m` iterations, `m` a graph input: no
 /// scan outputs, so the body runs as a repeated submodel, however many iterations it makes.
 fn counted_loop(grow: bool) -> OnnxModel {
+    OnnxModel::new(17)
+        .input("x", DType::F32, &[3])
+        .input("m", DType::I64, &[])
+        .initializer("yes", &Tensor::from_bools(Vec::<usize>::new(), &[true]).expect("scalar"))
+        .node("loop", "Loop", &["m", "yes", "x"], &["final"], vec![counted_body(grow)])
+        .output("final", DType::F32, &[3])
+}
+
+/// The body of [`counted_loop`], as its attribute.
+fn counted_body(grow: bool) -> onnx_protobuf::AttributeProto {
     let body = OnnxModel::new(17)
         .input("i", DType::I64, &[])
         .input("c_in", DType::Bool, &[])
@@ -369,12 +379,7 @@ fn counted_loop(grow: bool) -> OnnxModel {
         body.node("keep", "Identity", &["flipped"], &["acc_out"], vec![])
     };
     let body = body.output("c_out", DType::Bool, &[]).output("acc_out", DType::F32, &[3]);
-    OnnxModel::new(17)
-        .input("x", DType::F32, &[3])
-        .input("m", DType::I64, &[])
-        .initializer("yes", &Tensor::from_bools(Vec::<usize>::new(), &[true]).expect("scalar"))
-        .node("loop", "Loop", &["m", "yes", "x"], &["final"], vec![attr_graph("body", &body)])
-        .output("final", DType::F32, &[3])
+    attr_graph("body", &body)
 }
 
 #[test]
@@ -384,9 +389,9 @@ fn a_loop_whose_trip_count_is_known_only_at_run_time_runs_its_body_that_many_tim
     let subs = ops.iter().filter(|op| *op == "Sub").count();
     ensure!(subs == 1 && !ops.iter().any(|op| op == "Loop"), "one body, no Loop: {ops:?}");
     let plan = ingot_compiler::plan_text(&path, &CompileOptions::default())?;
-    let line = "  'loop' runs submodels 1..2 while 'loop@loop.iteration' < 'loop@loop.trip_count' \
-                and 'loop@loop.condition' is true; carries 'loop@loop.next0' -> \
-                'loop@loop.condition', 'loop@loop.next1' -> 'loop@loop.state0'";
+    // Its condition starts true and the body passes it through: the loop has none.
+    let line = "  'loop' runs submodels 1..2 while 'loop@loop.iteration' < 'loop@loop.trip_count'; \
+                carries 'loop@loop.next1' -> 'loop@loop.state0'";
     ensure!(plan.lines().any(|l| l == line), "the plan shows the loop as\n{line}\n{plan}");
     let bundle = compile(&path, &[])?;
     // A runtime of format 2 would run the body once: the bundle says it needs format 3.
@@ -401,6 +406,46 @@ fn a_loop_whose_trip_count_is_known_only_at_run_time_runs_its_body_that_many_tim
         }
         let inputs = [Tensor::from_vec(vec![3], &x)?, Tensor::from_vec(vec![], &[m])?];
         runs_give_all(&bundle, &inputs, &[acc]).with_context(|| format!("m = {m}"))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_run_time_loop_in_a_run_time_branch_runs_only_when_it_is_taken() -> Result<()> {
+    // then: the counted loop over x; else: -x. The loop's trip count is an input too.
+    let then = OnnxModel::new(17)
+        .node("loop", "Loop", &["m", "yes", "x"], &["y_then"], vec![counted_body(false)])
+        .output("y_then", DType::F32, &[3]);
+    let other = OnnxModel::new(17).node("negate", "Neg", &["x"], &["y_else"], vec![]).output(
+        "y_else",
+        DType::F32,
+        &[3],
+    );
+    let model = OnnxModel::new(17)
+        .input("x", DType::F32, &[3])
+        .input("m", DType::I64, &[])
+        .input("cond", DType::Bool, &[])
+        .initializer("yes", &Tensor::from_bools(Vec::<usize>::new(), &[true])?)
+        .if_node("if", "cond", "y", &then, &other)
+        .output("y", DType::F32, &[3]);
+    let bundle = compile(&write(&model, "loop_in_branch")?, &[])?;
+    let x = [0.5f32, -1.0, 2.0];
+    for (cond, m) in [(true, 7i64), (false, 7), (true, 0)] {
+        let expected: Vec<f32> = if cond {
+            let mut acc = x.to_vec();
+            for i in 0..m {
+                acc = acc.iter().map(|a| i as f32 - a).collect();
+            }
+            acc
+        } else {
+            x.iter().map(|a| -a).collect()
+        };
+        let inputs = [
+            Tensor::from_vec(vec![3], &x)?,
+            Tensor::from_vec(vec![], &[m])?,
+            Tensor::from_bools(Vec::<usize>::new(), &[cond])?,
+        ];
+        runs_give(&bundle, &inputs, &expected).with_context(|| format!("cond {cond}, m {m}"))?;
     }
     Ok(())
 }

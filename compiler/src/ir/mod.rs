@@ -71,6 +71,10 @@ pub struct Repeat {
     /// `(state, next)`: the body reads `state` and writes `next`, which the runtime copies
     /// over `state` after each iteration (the same type, checked when inferred).
     pub carried: Vec<(ValueId, ValueId)>,
+    /// The conditions the whole loop runs under (a run-time `If` branch it is in): the
+    /// runtime tests them before the first iteration, since the copies before the loop
+    /// ran only where they hold.
+    pub guard: Guard,
     /// `(slice, stacked)`: the body writes `slice`, which the runtime copies into row
     /// `iteration` of `stacked` after each iteration: a scan output, as long as the trip
     /// count (a constant) and filled as far as `iteration` goes (its bound).

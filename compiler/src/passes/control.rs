@@ -673,12 +673,6 @@ impl Repeating<'_> {
         if g.repeat_of(node).is_some() {
             return refuse("Ingot runs such a Loop at run time, but not inside another one");
         }
-        if !g.guard(node).is_empty() {
-            return refuse(
-                "Ingot runs such a Loop at run time, but not in a branch of an If decided at \
-                 run time",
-            );
-        }
         let name = label(node);
         let tag = format!("{name}@loop");
         let r = g.repeats.len();
@@ -710,7 +704,14 @@ impl Repeating<'_> {
         // carried value that an iteration changes; one it passes through unchanged is read
         // where it is.
         let mut states = Vec::new();
+        // A condition that starts true and that the body passes through stays true: the
+        // loop has none (as PyTorch exports a `for` loop).
+        let always = own_input(node, 1)
+            .and_then(|c| g.constant(c))
+            .is_some_and(|c| c.bytes().first().is_some_and(|&b| b != 0))
+            && passes_through(&g.bodies[self.body], 0, 1);
         let condition = match own_input(node, 1) {
+            Some(_) if always => None,
             Some(c) => {
                 let ty = g.ty(c).cloned().ok_or("the condition's type is unknown")?;
                 if ty.dtype != DType::Bool || ty.elements() != 1 {
@@ -800,7 +801,9 @@ impl Repeating<'_> {
             epilogue.push(step(format!("{name}:{k}"), "Identity", &[from], to, Attrs::new()));
         }
         let label = node.label();
-        let repeat = Repeat { name, label, iteration, trip_count, condition, carried, scans };
+        let guard = g.guard(node).to_vec();
+        let repeat =
+            Repeat { name, label, iteration, trip_count, condition, carried, guard, scans };
         g.outputs.extend(repeat.held());
         g.repeats.push(repeat);
         // The stacks' first writers come after the body in the walk (which types them

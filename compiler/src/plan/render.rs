@@ -179,8 +179,12 @@ fn loop_line(v: &proto::Variant, l: &proto::Loop) -> String {
     }
     let carried: Vec<String> =
         l.carried.iter().map(|c| format!("'{}' -> '{}'", name(c.next), name(c.state))).collect();
+    let when = match l.guard.is_empty() {
+        true => String::new(),
+        false => format!(" when {}", conditions(v, &l.guard).join(" and ")),
+    };
     format!(
-        "'{}' runs submodels {}..{end} while {}; carries {}",
+        "'{}' runs submodels {}..{end}{when} while {}; carries {}",
         l.name,
         l.first_submodel,
         if ends.is_empty() { "ever".into() } else { ends.join(" and ") },
@@ -351,6 +355,7 @@ pub fn json(v: &proto::Variant) -> serde_json::Value {
             "iteration": v.tensors.get(l.iteration as usize).map(|t| &t.name),
             "trip_count": l.trip_count.and_then(|t| v.tensors.get(t as usize)).map(|t| &t.name),
             "condition": l.condition.and_then(|t| v.tensors.get(t as usize)).map(|t| &t.name),
+            "runs_when": conditions(v, &l.guard),
             "carried": l.carried.iter().map(|c| json!({
                 "state": v.tensors.get(c.state as usize).map(|t| &t.name),
                 "next": v.tensors.get(c.next as usize).map(|t| &t.name),

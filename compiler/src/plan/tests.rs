@@ -517,6 +517,7 @@ fn what_a_loop_reads_from_before_it_lives_until_its_last_submodel() {
         trip_count: None,
         condition: None,
         carried: Vec::new(),
+        guard: Vec::new(),
         scans: Vec::new(),
     }];
     g.in_repeat = [(b, 0), (c, 0), (d, 0), (next, 0)].into();
