@@ -3,7 +3,7 @@
 use crate::args::shape_text;
 use anyhow::{Context, Result};
 use ingot_runtime::Bundle;
-use ingot_runtime::bundle::tensor_desc;
+use ingot_runtime::bundle::{caller_outputs, tensor_desc};
 use ingot_schema::proto::{self, storage::Kind};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,7 +90,11 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
                 "name": v.name,
                 "referenced_weight_bytes": referenced,
                 "inputs": io(&v.inputs),
-                "outputs": io(&v.outputs),
+                "outputs": io(&v.outputs[..caller_outputs(v)]),
+                // The variant's outputs the session keeps to itself: counts of bounded
+                // outputs, and what run-time loops carry.
+                "held": io(&v.outputs[caller_outputs(v)..]),
+                "loops": v.loops.len(),
                 "steps": v.steps.len(),
                 "ops": ops,
                 "arena_bytes": plan.arena_bytes,
@@ -298,7 +302,7 @@ fn text(r: &serde_json::Value) -> String {
                 v["strategy"].as_str().unwrap_or("")
             ),
         );
-        for (kind, key) in [("input", "inputs"), ("output", "outputs")] {
+        for (kind, key) in [("input", "inputs"), ("output", "outputs"), ("held", "held")] {
             for io in v[key].as_array().into_iter().flatten() {
                 let shape: Vec<usize> = io["shape"]
                     .as_array()
@@ -331,10 +335,15 @@ fn text(r: &serde_json::Value) -> String {
         for (why, n) in v["no_vulkan_kernel"].as_object().into_iter().flatten() {
             line(&mut s, format!("    no kernel x{n}: {why}"));
         }
+        let loops = match v["loops"].as_u64() {
+            Some(1) => ", 1 run-time loop".to_string(),
+            Some(n) if n > 1 => format!(", {n} run-time loops"),
+            _ => String::new(),
+        };
         line(
             &mut s,
             format!(
-                "  submodels: {} (boundary buffer {} bytes)",
+                "  submodels: {} (boundary buffer {} bytes){loops}",
                 v["submodels"].as_array().map_or(0, Vec::len),
                 v["boundary_bytes"]
             ),

@@ -306,7 +306,7 @@ pub fn tensor_desc(t: &proto::Tensor) -> TensorDesc {
 
 /// How many of the variant's outputs the caller sees: those before the ones the session
 /// holds (the counts of bounded outputs, and what run-time loops carry), which come last.
-pub(crate) fn caller_outputs(v: &proto::Variant) -> usize {
+pub fn caller_outputs(v: &proto::Variant) -> usize {
     v.outputs.iter().take_while(|&&t| !held(v, t)).count()
 }
 
