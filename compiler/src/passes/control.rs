@@ -26,7 +26,7 @@ use crate::ir::{Body, Bound, Condition, Const, Graph, Node, Repeat, ValueId};
 use ingot_ops::Constant as _;
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What run-time `If`s left in the graph: the `Where` outputs that stand for their outputs,
 /// with the `If` as messages name it and the output's index (their branches must agree on
@@ -905,6 +905,49 @@ pub fn check_repeats(g: &Graph) -> Result<(), PassError> {
         }
     }
     Ok(())
+}
+
+/// Drops the copies at the end of run-time loops' bodies where it can, once the walk has
+/// folded what it could: a value the runtime reads after an iteration (a next value, a scan
+/// slice) that an Identity copies from a value a node of the body still writes, which
+/// nothing else holds or returns, is written by that node itself. A step fewer an iteration.
+pub fn forward_copies(g: &mut Graph) {
+    let held: BTreeSet<ValueId> = g.repeats.iter().flat_map(|r| r.held()).collect();
+    let targets: Vec<ValueId> = (g.repeats.iter())
+        .flat_map(|r| r.carried.iter().map(|&(_, next)| next).chain(r.scans.iter().map(|s| s.0)))
+        .collect();
+    for to in targets {
+        let producers = g.producers();
+        let Some(c) = producers[to] else { continue };
+        let copy = &g.nodes[c];
+        let Some(&Some(from)) = copy.inputs.first() else { continue };
+        let Some(p) = producers[from] else { continue };
+        let producer = &g.nodes[p];
+        let forwardable = copy.op == "Identity"
+            && copy.inputs.len() == 1
+            && !held.contains(&from)
+            && !g.outputs.contains(&from)
+            && !g.bounded.contains_key(&from)
+            && g.repeat_of(producer) == g.repeat_of(copy)
+            && g.guard(producer) == g.guard(copy);
+        if !forwardable {
+            continue;
+        }
+        for o in &mut g.nodes[p].outputs {
+            if *o == from {
+                *o = to;
+            }
+        }
+        for input in g.nodes.iter_mut().flat_map(|n| n.inputs.iter_mut().flatten()) {
+            if *input == from {
+                *input = to;
+            }
+        }
+        if let Some(guard) = g.guards.remove(&from) {
+            g.guards.insert(to, guard);
+        }
+        g.nodes.remove(c);
+    }
 }
 
 /// The graph attributes that hold body indices, by op.

@@ -152,7 +152,9 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut f = folded.iter();
     g.nodes.retain(|_| !*f.next().unwrap_or(&false));
     g.bodies.clear(); // every one was expanded
-    control::check_repeats(g)
+    control::check_repeats(g)?;
+    control::forward_copies(g);
+    Ok(())
 }
 
 /// Whether `node` writes a value a run-time loop holds: the runtime changes it between
