@@ -283,16 +283,7 @@ mod tests {
         // once n0 has run, before n3, but goes after the whole body, not between its runs.
         let mut g = graph(&[("Relu", 0), ("Relu", 0), ("Cast", 1), ("Cast", 2), ("Relu", 4)]);
         let iteration = g.add_value("iteration", None);
-        g.repeats = vec![ir::Repeat {
-            name: "loop".into(),
-            label: "'loop' (Loop)".into(),
-            iteration,
-            trip_count: None,
-            condition: None,
-            carried: Vec::new(),
-            guard: Vec::new(),
-            scans: Vec::new(),
-        }];
+        g.repeats = vec![ir::Repeat::bare(iteration)];
         g.in_repeat = [(2, 0), (4, 0), (5, 0)].into();
         let p = Partition::new(&g, &cpu_at(5, &[2, 3]));
         assert_eq!(p.part, [0, 1, 4, 2, 3]);

@@ -82,6 +82,21 @@ pub struct Repeat {
 }
 
 impl Repeat {
+    /// A loop named `loop` that holds only its iteration: what planner tests start from.
+    #[cfg(test)]
+    pub fn bare(iteration: ValueId) -> Repeat {
+        Repeat {
+            name: "loop".into(),
+            label: "'loop' (Loop)".into(),
+            iteration,
+            trip_count: None,
+            condition: None,
+            carried: Vec::new(),
+            guard: Vec::new(),
+            scans: Vec::new(),
+        }
+    }
+
     /// Every value the runtime reads or writes around the body.
     pub fn held(&self) -> impl Iterator<Item = ValueId> + '_ {
         std::iter::once(self.iteration)

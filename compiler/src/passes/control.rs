@@ -680,9 +680,7 @@ impl Repeating<'_> {
         let mut prologue = Vec::new();
         // A value the runtime holds, first written by a copy of `from`.
         let mut held = |g: &mut Graph, what: &str, from: ValueId, ty: TensorDesc| {
-            let v = g.add_value(format!("{tag}.{what}"), Some(ty));
-            prologue.push(step(format!("{tag}.{what}"), "Identity", &[from], v, Attrs::new()));
-            v
+            copy_into_new(g, &mut prologue, format!("{tag}.{what}"), from, Some(ty))
         };
         let one_i64 = |g: &Graph, v: ValueId| {
             g.ty(v).filter(|t| t.dtype == DType::I64 && t.elements() == 1).cloned()
@@ -751,14 +749,7 @@ impl Repeating<'_> {
         let (mut nodes, outputs) = instantiate(g, self.body, &bound, &tag);
         let mut carried = Vec::with_capacity(states.len());
         for &(k, state) in &states {
-            let next = g.add_value(format!("{tag}.next{k}"), None);
-            nodes.push(step(
-                format!("{tag}.next{k}"),
-                "Identity",
-                &[outputs[k]],
-                next,
-                Attrs::new(),
-            ));
+            let next = copy_into_new(g, &mut nodes, format!("{tag}.next{k}"), outputs[k], None);
             carried.push((state, next));
         }
         let mut scans = Vec::with_capacity(self.scan_outputs);
@@ -766,14 +757,7 @@ impl Repeating<'_> {
         let carried_count = self.carried.len();
         for j in 0..self.scan_outputs {
             let k = 1 + carried_count + j;
-            let slice = g.add_value(format!("{tag}.slice{j}"), None);
-            nodes.push(step(
-                format!("{tag}.slice{j}"),
-                "Identity",
-                &[outputs[k]],
-                slice,
-                Attrs::new(),
-            ));
+            let slice = copy_into_new(g, &mut nodes, format!("{tag}.slice{j}"), outputs[k], None);
             // Its type is the slice's with `rows` first, known once the walk has inferred
             // the body: [`settle`] makes this node what writes it first (zeros).
             let stacked = g.add_value(format!("{tag}.stacked{j}"), None);
@@ -810,6 +794,20 @@ impl Repeating<'_> {
         // from it), and before it when run: the partition makes the body wait for them.
         Ok(prologue.into_iter().chain(nodes).chain(stacks).chain(epilogue).collect())
     }
+}
+
+/// A new value `name` (of type `ty`, where known) and the Identity, pushed onto `nodes`,
+/// that copies `from` into it.
+fn copy_into_new(
+    g: &mut Graph,
+    nodes: &mut Vec<Node>,
+    name: String,
+    from: ValueId,
+    ty: Option<TensorDesc>,
+) -> ValueId {
+    let v = g.add_value(name.clone(), ty);
+    nodes.push(step(name, "Identity", &[from], v, Attrs::new()));
+    v
 }
 
 /// Whether `body` gives its input `input` unchanged as its output `output`: the same value,

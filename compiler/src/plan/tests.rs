@@ -510,16 +510,7 @@ fn what_a_loop_reads_from_before_it_lives_until_its_last_submodel() {
     node(&mut g, "Cast", &[b], &[c]);
     node(&mut g, "Relu", &[c], &[d]);
     node(&mut g, "Identity", &[d], &[next]);
-    g.repeats = vec![crate::ir::Repeat {
-        name: "loop".into(),
-        label: "'loop' (Loop)".into(),
-        iteration,
-        trip_count: None,
-        condition: None,
-        carried: Vec::new(),
-        guard: Vec::new(),
-        scans: Vec::new(),
-    }];
+    g.repeats = vec![crate::ir::Repeat::bare(iteration)];
     g.in_repeat = [(b, 0), (c, 0), (d, 0), (next, 0)].into();
     g.outputs = vec![next];
     let mut no_vulkan = vec![None; g.nodes.len()];
