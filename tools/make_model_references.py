@@ -32,12 +32,19 @@ Cases, each with the capability it covers:
   (tools/make_sklearn_models.py), scoring 64 rows: their pairwise distances are a `Scan` over
   the 400 and 300 training samples, more steps than Ingot unrolls, so it runs as a loop at
   run time.
+- llama_prefill, llama_decode: a LLaMA-style decoder as an opset-23 exporter writes it
+  (tools/make_llama_models.py): RMSNormalization, RotaryEmbedding and one Attention node per
+  layer, causal; the decode step attends over a seeded cache and returns present_key/value.
 - decoder_exported: the same graph as older exporters write it (tools/make_exported_models.py:
   LayerNormalization and RMSNorm as their ReduceMean chains in three spellings, GELU in its
   Erf and tanh forms), which Ingot rewrites into whole ops.
 
 The reference is ONNX Runtime's CPU provider with graph optimisations disabled and one thread,
-as in make_references.py, whose helpers this script shares. Skips all work when the manifest was written by this same script for
+as in make_references.py, whose helpers this script shares. Models with MatMulInteger run with
+each one rewritten as the exact int32 product it defines (Cast, Sub the zero points, MatMul
+in int32): on x86 CPUs without VNNI, ONNX Runtime multiplies uint8 by int8 with AVX2's
+`vpmaddubsw`, whose int16 pair sums saturate (713 of 1024 products of a [16, 64] x [64, 64]
+test differ from the exact ones there), so its outputs would depend on the machine. Skips all work when the manifest was written by this same script for
 the same models.
 """
 
@@ -47,7 +54,9 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper
 
 # The manifest header, freshness check and reference session of PP-OCR's references.
 from make_references import manifest_header, reference_session, up_to_date
@@ -117,6 +126,19 @@ def tokens(seed: int):
     return case
 
 
+def decode_step(seed: int):
+    """One token after a cache of 16, [1, 1], and seeded caches [1, 4, 16, 16] per layer."""
+
+    def case(sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        inputs = {"input_ids": rng.integers(0, 256, (1, 1)).astype(np.int64)}
+        for i in sess.get_inputs()[1:]:
+            inputs[i.name] = rng.standard_normal(i.shape).astype(np.float32)
+        return inputs, {}
+
+    return case
+
+
 CASES = {
     "silero_vad_16k": silero("silero_vad.onnx", 16000, 1),
     "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
@@ -131,9 +153,35 @@ CASES = {
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),
     "decoder_weights_int8": ("prefill_weights_int8.onnx", tokens(8)),
     "decoder_exported": ("prefill_exported.onnx", tokens(9)),
+    "llama_prefill": ("llama_prefill.onnx", tokens(14)),
+    "llama_decode": ("llama_decode.onnx", decode_step(15)),
     "gpr_rbf": ("gpr_rbf.onnx", rows(64, 8, 12)),
     "gpr_rational": ("gpr_rational.onnx", rows(64, 5, 13)),
 }
+
+
+def exact_integer_products(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with every MatMulInteger as Cast to int32, Sub of its zero points, MatMul."""
+    nodes = []
+    for n in model.graph.node:
+        if n.op_type != "MatMulInteger":
+            nodes.append(n)
+            continue
+        wide = []
+        for k, x in enumerate(n.input[:2]):
+            w = f"{n.output[0]}.wide{k}"
+            nodes.append(helper.make_node("Cast", [x], [w], to=TensorProto.INT32))
+            zero = n.input[k + 2] if len(n.input) > k + 2 else ""
+            if zero:
+                z = f"{w}.zero"
+                nodes.append(helper.make_node("Cast", [zero], [z], to=TensorProto.INT32))
+                nodes.append(helper.make_node("Sub", [w, z], [f"{w}.centred"]))
+                w = f"{w}.centred"
+            wide.append(w)
+        nodes.append(helper.make_node("MatMul", wide, list(n.output)))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
 
 
 def main() -> None:
@@ -152,6 +200,10 @@ def main() -> None:
     for name, (model, make) in CASES.items():
         sess = reference_session(args.models / model)
         inputs, constants = make(sess)
+        loaded = onnx.load(args.models / model)
+        if any(n.op_type == "MatMulInteger" for n in loaded.graph.node):
+            exact = exact_integer_products(loaded).SerializeToString()
+            sess = reference_session(exact)
         outputs = sess.run(None, {**inputs, **constants})
         for sub, arrays in [
             ("inputs", inputs),

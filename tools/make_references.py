@@ -89,12 +89,14 @@ def up_to_date(manifest: Path, header: str) -> bool:
     return manifest.exists() and manifest.read_text().startswith(header + "\n")
 
 
-def reference_session(model: Path) -> ort.InferenceSession:
-    """ONNX Runtime's CPU provider, unoptimised, one thread: the reference (see above)."""
+def reference_session(model: Path | bytes) -> ort.InferenceSession:
+    """ONNX Runtime's CPU provider, unoptimised, one thread: the reference (see above), for a
+    model file or a serialized model."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
-    return ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
