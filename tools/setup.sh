@@ -8,7 +8,8 @@
 #                  (tools/make_exported_models.py); nudenet's YOLOv8n with NMS in the graph
 #                  (tools/make_detector_models.py); it and the decoder in float16
 #                  (tools/make_half_models.py); two scikit-learn Gaussian processes as
-#                  skl2onnx converts them (tools/make_sklearn_models.py)
+#                  skl2onnx converts them (tools/make_sklearn_models.py); a LLaMA-style
+#                  decoder at opset 23, prefill and decode (tools/make_llama_models.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -47,4 +48,5 @@ bash tools/fetch_models.sh "$target/models"
 "$py" tools/make_detector_models.py --models "$target/models"
 "$py" tools/make_half_models.py --models "$target/models" --decoder "$target/decoder/prefill.onnx"
 "$py" tools/make_sklearn_models.py --out "$target/models"
+"$py" tools/make_llama_models.py --out "$target/models"
 "$py" tools/make_model_references.py --models "$target/models" --out "$target/references/models"

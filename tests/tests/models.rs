@@ -38,6 +38,10 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
     Ok(out)
 }
 
+/// Cases whose every submodel has Vulkan kernels: their Vulkan run must not use the CPU
+/// (opset 23's Attention, RMSNormalization and RotaryEmbedding).
+const ALL_ON_VULKAN_CASES: &[&str] = &["llama_prefill", "llama_decode"];
+
 /// Cases also compiled with `CompileOptions::cpu_only` and run on the CPU.
 const CPU_ONLY_CASES: &[&str] =
     &["decoder_weights_int8", "decoder_qdq", "decoder_dynamic", "decoder_dynamic_per_channel"];
@@ -83,6 +87,10 @@ fn check_case(case: &str, model: &str) -> Result<()> {
         }
         if backend.starts_with("vulkan") && !session.device().contains("vulkan") {
             bail!("{case}: nothing ran on Vulkan: {}", session.placement());
+        }
+        let on_cpu = session.placement().0.iter().any(|p| !p.device.starts_with("vulkan"));
+        if backend.starts_with("vulkan") && ALL_ON_VULKAN_CASES.contains(&case) && on_cpu {
+            bail!("{case}: a submodel ran on the CPU: {}", session.placement());
         }
         let feed = session
             .inputs()

@@ -1,8 +1,8 @@
 //! Attention (opsets 23 to 25): scaled dot-product attention with grouped key/value heads,
 //! masks, caches and soft-capping. Attribute defaults and operand checks; the sizes both
-//! stages read are parsed in `geometry.rs`, the kernel is in `cpu.rs`.
+//! stages read are parsed in `geometry.rs`, the kernels are in `cpu.rs` and `vulkan.rs`.
 //!
-//! Canonical form (what `cpu.rs` reads):
+//! Canonical form (what the kernels read):
 //! - inputs: Q, K, V, then only the optional inputs that are present, in ONNX order:
 //!   attn_mask, past_key and past_value (together), nonpad_kv_seqlen; the flags
 //!   `has_attn_mask`, `has_past_kv`, `has_nonpad_kv_seqlen` say which.
@@ -17,6 +17,8 @@
 
 pub(crate) mod cpu;
 mod geometry;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
@@ -24,21 +26,17 @@ pub(crate) const FAMILY: Family = Family {
     // Every output element reads whole rows of Q, K and V.
     in_place: never,
     #[cfg(feature = "wgsl")]
-    vulkan: no_vulkan,
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;
 use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, op_err};
-#[cfg(feature = "wgsl")]
-use crate::registry::no_vulkan;
 use crate::registry::{Family, OpDef, never};
 use geometry::Geometry;
 use ingot_schema::{AttrValue, Attrs, DType};
 
-pub const OPS: &[OpDef] = &[OpDef::new("Attention", lower, infer).cpu_only(
-    "Attention has no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own",
-)];
+pub const OPS: &[OpDef] = &[OpDef::new("Attention", lower, infer)];
 
 /// ONNX's numbers for the element types softmax_precision may name.
 const PRECISIONS: &[(i64, DType)] = &[(1, DType::F32), (10, DType::F16), (11, DType::F64)];
