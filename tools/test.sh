@@ -69,7 +69,7 @@ cargo test --workspace --no-fail-fast -- --show-output
 step "GPU-class kernels on lavapipe (INGOT_KERNEL_CLASS=gpu)"
 INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test --workspace --test ppocr -- vulkan
 INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync cargo test --workspace --test vulkan
-INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync INGOT_TEST_FILTER=conv,pool,matmul,gemm \
+INGOT_KERNEL_CLASS=gpu INGOT_VULKAN_VALIDATION=sync INGOT_TEST_FILTER=conv,pool,matmul,gemm,attention \
     cargo test --workspace --test conformance -- vulkan --show-output
 
 # The examples an app developer starts from, and the runtime without its Vulkan backend: its
