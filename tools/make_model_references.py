@@ -24,10 +24,11 @@ Cases, each with the capability it covers:
 - yolov8n_320_f16, decoder_f16: the detector and the decoder's prefill graph in float16
   (tools/make_half_models.py), inputs and outputs included: the steps without an f16 kernel
   compute in float32 and round their outputs to f16, as ONNX Runtime's CPU provider does.
-- decoder_dynamic, decoder_dynamic_per_channel, decoder_qdq, decoder_weights_int8: the
-  decoder fixture's prefill graph quantized by tools/make_quantized_models.py (dynamic int8
-  with MatMulInteger, per tensor and per column; static QDQ; weight-only int8 dequantized in
-  the graph), on seeded token ids.
+- decoder_dynamic, decoder_dynamic_per_channel, decoder_qdq, decoder_weights_int8,
+  decoder_weights_int4: the decoder fixture's prefill graph quantized by
+  tools/make_quantized_models.py (dynamic int8 with MatMulInteger, per tensor and per column;
+  static QDQ; weight-only int8 dequantized in the graph; weight-only int4 in blocks of 32 as
+  ONNX Runtime's MatMulNBitsQuantizer writes it), on seeded token ids.
 - gpr_rbf, gpr_rational: scikit-learn Gaussian-process regressors as skl2onnx converts them
   (tools/make_sklearn_models.py), scoring 64 rows: their pairwise distances are a `Scan` over
   the 400 and 300 training samples, more steps than Ingot unrolls, so it runs as a loop at
@@ -152,6 +153,7 @@ CASES = {
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
     "decoder_qdq": ("prefill_qdq.onnx", tokens(7)),
     "decoder_weights_int8": ("prefill_weights_int8.onnx", tokens(8)),
+    "decoder_weights_int4": ("prefill_weights_int4.onnx", tokens(16)),
     "decoder_exported": ("prefill_exported.onnx", tokens(9)),
     "llama_prefill": ("llama_prefill.onnx", tokens(14)),
     "llama_decode": ("llama_decode.onnx", decode_step(15)),

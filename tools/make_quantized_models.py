@@ -15,6 +15,10 @@ language-model head) quantized the ways people quantize models:
                                       by a Cast to float and a Mul by its scales (the chain
                                       some exporters write instead), and the token embedding
                                       table int8 per row, dequantized before its Gather
+    prefill_weights_int4.onnx         weight-only int4 as ONNX Runtime's MatMulNBitsQuantizer
+                                      writes it in QDQ form (opset 21): every matrix int4,
+                                      symmetric, a float scale per block of 32 rows of each
+                                      column, dequantized in the graph by DequantizeLinear
 
 Writes them to OUT (default target/models); make_model_references.py writes their cases.
 Deterministic, and skipped when every output exists and is newer than its source and this
@@ -129,6 +133,22 @@ def weights_int8(src: Path, out: Path) -> None:
     onnx.save(m, out)
 
 
+def weights_int4(src: Path, out: Path) -> None:
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=True, quant_format=QuantFormat.QDQ
+    )
+    quantizer = MatMulNBitsQuantizer(onnx.load(src), algo_config=config)
+    quantizer.process()
+    model = quantizer.model.model if hasattr(quantizer.model, "model") else quantizer.model
+    onnx.save(model, out)
+
+
 def main() -> None:
     run(
         __doc__,
@@ -137,6 +157,7 @@ def main() -> None:
             "prefill_dynamic_per_channel.onnx": lambda o: dynamic(decoder, o, per_channel=True),
             "prefill_qdq.onnx": lambda o: qdq(decoder, o),
             "prefill_weights_int8.onnx": lambda o: weights_int8(decoder, o),
+            "prefill_weights_int4.onnx": lambda o: weights_int4(decoder, o),
         },
         Path(__file__),
     )

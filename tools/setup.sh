@@ -23,7 +23,9 @@ venv="$target/venv"
 py="$venv/bin/python"
 
 # scikit-learn and skl2onnx make the Gaussian-process models (tools/make_sklearn_models.py).
-pins=(onnx==1.23.2 onnxruntime==1.31.1 numpy==2.4.6 scikit-learn==1.9.1 skl2onnx==1.20.0)
+# onnx-ir is what onnxruntime's MatMulNBitsQuantizer (the int4 decoder) imports.
+pins=(onnx==1.23.2 onnxruntime==1.31.1 numpy==2.4.6 scikit-learn==1.9.1 skl2onnx==1.20.0
+    onnx-ir==1.1.0)
 
 # The venv is reused when it imports exactly the pinned versions.
 check_pins='

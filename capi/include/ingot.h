@@ -88,7 +88,10 @@ typedef enum IngotDType {
     INGOT_DTYPE_F16 = 10,
     INGOT_DTYPE_F64 = 11,
     INGOT_DTYPE_U32 = 12,
-    INGOT_DTYPE_U64 = 13
+    INGOT_DTYPE_U64 = 13,
+    /* 4-bit integers, one byte per element (ONNX files pack two): INT4 sign-extended. */
+    INGOT_DTYPE_U4 = 21,
+    INGOT_DTYPE_I4 = 22
 } IngotDType;
 
 /* A compiled model, opened and validated. */

@@ -57,8 +57,9 @@ fn parse(bytes: &[u8]) -> Result<Tensor> {
         DType::F32 => typed!(f32),
         DType::F16 => typed!(half::f16),
         DType::F64 => typed!(f64),
-        DType::I8 => typed!(i8),
-        DType::U8 => typed!(u8),
+        // numpy has no 4-bit types: `from_numpy_descr` gives int8 and uint8 for their bytes.
+        DType::I8 | DType::I4 => typed!(i8),
+        DType::U8 | DType::U4 => typed!(u8),
         DType::I16 => typed!(i16),
         DType::U16 => typed!(u16),
         DType::I32 => typed!(i32),
@@ -93,8 +94,9 @@ pub fn write(path: &Path, t: &Tensor) -> Result<()> {
         DType::F32 => typed!(f32, t.as_slice::<f32>()?.iter().copied()),
         DType::F16 => typed!(half::f16, t.as_slice::<half::f16>()?.iter().copied()),
         DType::F64 => typed!(f64, t.as_slice::<f64>()?.iter().copied()),
-        DType::I8 => typed!(i8, t.as_slice::<i8>()?.iter().copied()),
-        DType::U8 => typed!(u8, t.as_slice::<u8>()?.iter().copied()),
+        // 4-bit integers are written as their one-byte storage (numpy has no 4-bit types).
+        DType::I8 | DType::I4 => typed!(i8, t.as_slice::<i8>()?.iter().copied()),
+        DType::U8 | DType::U4 => typed!(u8, t.as_slice::<u8>()?.iter().copied()),
         DType::I16 => typed!(i16, t.as_slice::<i16>()?.iter().copied()),
         DType::U16 => typed!(u16, t.as_slice::<u16>()?.iter().copied()),
         DType::I32 => typed!(i32, t.as_slice::<i32>()?.iter().copied()),

@@ -229,8 +229,8 @@ fn values(t: &Tensor) -> Vec<f64> {
             .as_slice::<half::f16>()
             .map(|v| v.iter().map(|x| x.to_f64()).collect())
             .unwrap_or_default(),
-        DType::I8 => all!(i8),
-        DType::U8 | DType::Bool => all!(u8),
+        DType::I8 | DType::I4 => all!(i8),
+        DType::U8 | DType::Bool | DType::U4 => all!(u8),
         DType::I16 => all!(i16),
         DType::U16 => all!(u16),
         DType::I32 => all!(i32),

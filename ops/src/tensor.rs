@@ -58,7 +58,13 @@ element!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, u16 => U16, i32
 
 fn check<T: Element>(dtype: DType) -> Result<(), TensorError> {
     // Bool is stored as u8 and may be read as u8.
-    let ok = T::DTYPE == dtype || (dtype == DType::Bool && T::DTYPE == DType::U8);
+    // Bool and the 4-bit integers are stored as their one-byte types are.
+    let storage = match dtype {
+        DType::Bool | DType::U4 => DType::U8,
+        DType::I4 => DType::I8,
+        d => d,
+    };
+    let ok = T::DTYPE == dtype || T::DTYPE == storage;
     if ok { Ok(()) } else { Err(TensorError::WrongDType { expected: T::DTYPE, actual: dtype }) }
 }
 

@@ -3,7 +3,10 @@
 use crate::proto::DataType;
 use std::fmt;
 
-/// The element type of a tensor. Bool is stored as one byte per element (0 or 1).
+/// The element type of a tensor. Bool is stored as one byte per element (0 or 1), and the
+/// 4-bit integers of opset 21 one byte per element too (ONNX packs two per byte): I4 as the
+/// sign-extended byte (-8..=7, the bits of an i8), U4 as the byte (0..=15, a u8), so every
+/// kernel that reads int8 or uint8 reads them as they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -18,10 +21,12 @@ pub enum DType {
     I64,
     U64,
     Bool,
+    I4,
+    U4,
 }
 
 impl DType {
-    pub const ALL: [DType; 12] = [
+    pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
         DType::F64,
@@ -34,12 +39,14 @@ impl DType {
         DType::I64,
         DType::U64,
         DType::Bool,
+        DType::I4,
+        DType::U4,
     ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::I8 | DType::U8 | DType::Bool | DType::I4 | DType::U4 => 1,
             DType::F16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -61,6 +68,8 @@ impl DType {
             DType::I64 => "i64",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
         }
     }
 
@@ -79,11 +88,14 @@ impl DType {
             DType::I64 => "int64",
             DType::U64 => "uint64",
             DType::Bool => "bool",
+            DType::I4 => "int4",
+            DType::U4 => "uint4",
         }
     }
 
     /// The little-endian numpy type string (`.npy` header `descr`): `<f4`, `|u1`...
-    /// Single-byte types are written with `|` (no byte order), the others with `<`.
+    /// Single-byte types are written with `|` (no byte order), the others with `<`; numpy has
+    /// no 4-bit types, so those travel as int8 and uint8 (their storage).
     pub const fn numpy_descr(self) -> &'static str {
         match self {
             DType::F32 => "<f4",
@@ -98,10 +110,12 @@ impl DType {
             DType::I64 => "<i8",
             DType::U64 => "<u8",
             DType::Bool => "|b1",
+            DType::I4 => "|i1",
+            DType::U4 => "|u1",
         }
     }
 
-    /// The type of a numpy type string, if Ingot supports it (`=` is native order, which
+    /// The type of a numpy type string (int8 and uint8 for `|i1` and `|u1`), if Ingot supports it (`=` is native order, which
     /// every target Ingot runs on has little-endian).
     pub fn from_numpy_descr(descr: &str) -> Option<DType> {
         let (order, kind) = descr.split_at_checked(1)?;
@@ -137,6 +151,8 @@ impl DType {
             DType::I64 => DataType::I64,
             DType::U64 => DataType::U64,
             DType::Bool => DataType::Bool,
+            DType::I4 => DataType::I4,
+            DType::U4 => DataType::U4,
         }
     }
 
@@ -155,6 +171,8 @@ impl DType {
             DataType::I64 => DType::I64,
             DataType::U64 => DType::U64,
             DataType::Bool => DType::Bool,
+            DataType::I4 => DType::I4,
+            DataType::U4 => DType::U4,
         })
     }
 }
@@ -180,12 +198,21 @@ mod tests {
         assert_eq!(DType::from_onnx_code(7), Some(DType::I64));
         assert_eq!(DType::from_onnx_code(9), Some(DType::Bool));
         assert_eq!(DType::from_onnx_code(8), None, "ONNX STRING is not a tensor type we run");
+        assert_eq!(
+            (DType::from_onnx_code(21), DType::from_onnx_code(22)),
+            (Some(DType::U4), Some(DType::I4))
+        );
     }
 
     #[test]
     fn numpy_type_strings_round_trip() {
         for dt in DType::ALL {
-            assert_eq!(DType::from_numpy_descr(dt.numpy_descr()), Some(dt));
+            let storage = match dt {
+                DType::I4 => DType::I8,
+                DType::U4 => DType::U8,
+                dt => dt,
+            };
+            assert_eq!(DType::from_numpy_descr(dt.numpy_descr()), Some(storage));
         }
         assert_eq!(DType::from_numpy_descr("=f4"), Some(DType::F32));
         assert_eq!(DType::from_numpy_descr(">f4"), None, "big-endian data is refused");

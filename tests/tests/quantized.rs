@@ -1,6 +1,7 @@
 //! Quantized weights stay quantized: the decoder fixture's prefill graph quantized by
 //! tools/make_quantized_models.py keeps its int8 weights int8 in the bundle, about a quarter of
-//! the float graph's weight bytes, and an embedding lookup reads int8 rows. What the models
+//! the float graph's weight bytes, and its int4 weights int4, and an embedding lookup reads int8
+//! rows. What the models
 //! compute is checked against ONNX Runtime in `models.rs`.
 
 use anyhow::{Context, Result, ensure};
@@ -53,6 +54,31 @@ fn int8_weights_stay_int8_in_the_bundle() -> Result<()> {
         // known at compile time).
         ensure!(int8 * 10 >= model_int8 * 9, "{model}: {int8} bytes of 8-bit weights");
     }
+    Ok(())
+}
+
+/// ONNX Runtime's int4 weight-only quantizer (QDQ form, blocks of 32): every matrix stays
+/// int4, one byte per value in the bundle (ONNX packs two), none dequantized at compile time.
+#[test]
+fn int4_weights_stay_int4_in_the_bundle() -> Result<()> {
+    use protobuf::Message as _;
+    let file = "models/prefill_weights_int4.onnx";
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(&std::fs::read(generated(file)?)?)?;
+    let int4 = |t: &&onnx_protobuf::TensorProto| t.data_type == 22;
+    let values: u64 = (model.graph.initializer.iter().filter(int4))
+        .map(|t| t.dims.iter().product::<i64>() as u64)
+        .sum();
+    ensure!(values > 0, "{file} has no int4 initializer");
+    let (bundle, weights) = compiled(file)?;
+    let kept: u64 = (bundle.manifest().weights.iter())
+        .filter(|w| w.dtype == DataType::I4 as i32)
+        .map(|w| w.length)
+        .sum();
+    let (_, float) = compiled("decoder/prefill.onnx")?;
+    println!("int4: {weights} weight bytes ({kept} of them int4, {values} values); float {float}");
+    ensure!(kept == values, "{kept} bytes of int4 weights for {values} int4 values");
+    // The f32 matrices' bytes become a quarter: the embeddings stay float.
+    ensure!(weights * 2 <= float, "{weights} weight bytes, the float graph's {float}");
     Ok(())
 }
 

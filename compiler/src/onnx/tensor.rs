@@ -25,6 +25,14 @@ pub(super) fn onnx_type_name(code: i32) -> String {
 /// precision (`Cast` attribute `bfloat16`). Arithmetic then runs at f32 precision.
 pub(crate) const BFLOAT16: i32 = DataType::BFLOAT16 as i32;
 
+/// Two 4-bit integers per byte, the first in the low nibble, as ONNX stores INT4 and UINT4
+/// (in raw_data, int32_data and external data alike): one byte each, as Ingot keeps them
+/// (`DType::I4` sign-extended).
+fn unpack_nibbles(packed: impl Iterator<Item = u8>, count: usize, signed: bool) -> Vec<u8> {
+    let widen = |n: u8| if signed && n >= 8 { n | 0xf0 } else { n };
+    packed.flat_map(|b| [widen(b & 0x0f), widen(b >> 4)]).take(count).collect()
+}
+
 /// The element type for an ONNX type code; unsupported types give a message.
 pub(super) fn dtype(code: i32) -> Result<DType, String> {
     if code == BFLOAT16 {
@@ -33,7 +41,7 @@ pub(super) fn dtype(code: i32) -> Result<DType, String> {
     DType::from_onnx_code(code).ok_or_else(|| {
         format!(
             "element type {} is not supported (Ingot runs float, float16, double, bool and \
-             8- to 64-bit integers, and bfloat16 as float)",
+             4- to 64-bit integers, and bfloat16 as float)",
             onnx_type_name(code)
         )
     })
@@ -84,6 +92,13 @@ pub(super) fn to_const(t: &TensorProto, ext: &mut ExternalData) -> Result<Const,
                 .map(Const::owned)
                 .map_err(|e| e.to_string())
         }
+        Ok(DataLocation::EXTERNAL) if matches!(desc.dtype, DType::I4 | DType::U4) => {
+            let packed = TensorDesc::new(DType::U8, vec![desc.elements().div_ceil(2)]);
+            let packed = ext.load(packed, &t.external_data)?;
+            let signed = desc.dtype == DType::I4;
+            let values = unpack_nibbles(packed.bytes().iter().copied(), desc.elements(), signed);
+            Tensor::from_bytes(desc, &values).map(Const::owned).map_err(|e| e.to_string())
+        }
         Ok(DataLocation::EXTERNAL) => ext.load(desc, &t.external_data),
         Ok(DataLocation::DEFAULT) => decode_inline(t, desc).map(Const::owned),
         Err(code) => Err(format!("unknown data_location {code}")),
@@ -110,6 +125,26 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         };
         return Tensor::from_bytes(desc, bytemuck::cast_slice(&values)).map_err(|e| e.to_string());
     }
+    if let signed @ (DType::I4 | DType::U4) = desc.dtype {
+        let (count, signed) = (desc.elements(), signed == DType::I4);
+        let packed: Vec<u8> = if t.raw_data.is_empty() {
+            let field = &t.int32_data;
+            if field.len() != count.div_ceil(2) {
+                count_check(&desc, "int32_data (two 4-bit values each)", field.len() * 2)?;
+            }
+            field.iter().map(|&v| v as u8).collect()
+        } else if t.raw_data.len() == count.div_ceil(2) {
+            t.raw_data.clone()
+        } else {
+            return Err(format!(
+                "raw_data holds {} bytes; {count} 4-bit values need {}",
+                t.raw_data.len(),
+                count.div_ceil(2)
+            ));
+        };
+        let values = unpack_nibbles(packed.into_iter(), count, signed);
+        return Tensor::from_bytes(desc, &values).map_err(|e| e.to_string());
+    }
     if !t.raw_data.is_empty() {
         let need = desc.bytes();
         return Tensor::from_bytes(desc, &t.raw_data).map_err(|_| {
@@ -132,6 +167,7 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         U8 => converted(desc, "int32_data", &t.int32_data, |v| v as u8),
         Bool => converted(desc, "int32_data", &t.int32_data, |v| u8::from(v != 0)),
         F16 => converted(desc, "int32_data", &t.int32_data, |v| half::f16::from_bits(v as u16)),
+        I4 | U4 => Err("4-bit integers are unpacked above".into()),
     }
 }
 

@@ -820,6 +820,30 @@ fn bfloat16_is_read_as_float() {
     assert!(msg.contains("'short'") && msg.contains("needs 4"), "{msg}");
 }
 
+// ---- 4-bit integers ----
+
+#[test]
+fn four_bit_integers_are_unpacked_one_per_byte() {
+    // Two values per byte, the first in the low nibble: int4 [-8, 7, -1] is 0x78, 0x0F.
+    let raw = TensorProto { raw_data: vec![0x78, 0x0F], ..tp("raw", DataType::INT4, &[3]) };
+    let mut typed = tp("typed", DataType::UINT4, &[3]);
+    typed.int32_data = vec![0xA5, 0x0F];
+    let graph = GraphProto {
+        output: vec![out("raw"), out("typed")],
+        initializer: vec![raw, typed],
+        ..Default::default()
+    };
+    let g = import_ok(&model(21, graph));
+    assert_eq!(constant(&g, "raw").as_slice::<i8>().unwrap(), &[-8, 7, -1]);
+    assert_eq!(constant(&g, "raw").desc().dtype, DType::I4);
+    assert_eq!(constant(&g, "typed").bytes(), &[5, 10, 15]);
+
+    // Three values need two bytes, not three.
+    let long = TensorProto { raw_data: vec![0, 0, 0], ..tp("long", DataType::INT4, &[3]) };
+    let msg = import_err(&initializers(vec![long]), &ImportOptions::default());
+    assert!(msg.contains("'long'") && msg.contains("3 4-bit values need 2"), "{msg}");
+}
+
 #[test]
 fn a_branch_given_as_a_number_or_a_reserved_attribute_is_refused() {
     let mut graph = if_graph();

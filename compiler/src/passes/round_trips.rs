@@ -48,7 +48,11 @@ fn round_trip(g: &Graph, q: &Node, dq: &Node) -> bool {
         && f32(operand(q, 1))
         && f32(dq.outputs.first().copied())
         && q.attrs.int("precision").ok() == Some(i64::from(DType::F32.onnx_code()));
+    // The 4-bit levels stay two steps: `QuantizeDequantize` saturates to 8 or 16 bits.
+    let levels = operand(dq, 0).and_then(|v| g.ty(v)).map(|t| t.dtype);
+    let wide_levels = !matches!(levels, Some(DType::I4 | DType::U4));
     same && float32
+        && wide_levels
         && same_value(g, operand(q, 1), operand(dq, 1))
         && same_value(g, operand(q, 2), operand(dq, 2))
 }

@@ -616,16 +616,24 @@ fn cast(cx: &OpCx) -> Prepared {
         }
         return Ok(map(len, round_to_bf16));
     }
-    if src == DType::F32 {
+    if src == DType::F32 && !matches!(dst, DType::I4 | DType::U4) {
         return match dst {
             DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
             _ => any_type!(dst, cx, |B| Ok(map(len, |x: f32| B::from_wide(x.to_wide())))),
         };
     }
-    // Bool is stored as 0/1 bytes, so as a source it converts like u8.
-    let widen = any_type!(src, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?;
+    // Bool is stored as 0/1 bytes, so as a source it converts like u8; the 4-bit integers as
+    // their bytes, i8 and u8.
+    let storage = match src {
+        DType::I4 => DType::I8,
+        DType::U4 => DType::U8,
+        t => t,
+    };
+    let widen = any_type!(storage, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?;
     let narrow = match dst {
         DType::Bool => (1, narrow_bool as Narrow),
+        DType::I4 => (1, narrow_nibble::<true> as Narrow),
+        DType::U4 => (1, narrow_nibble::<false> as Narrow),
         _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), narrow::<B> as Narrow)))?,
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
@@ -672,6 +680,24 @@ fn widen<T: Scalar>(x: &[u8], w: &mut [Wide]) {
 fn narrow<T: Scalar>(w: &[Wide], y: &mut [u8]) {
     for (&w, y) in w.iter().zip(y.chunks_exact_mut(size_of::<T>())) {
         y.copy_from_slice(bytemuck::bytes_of(&T::from_wide(w)));
+    }
+}
+
+/// A cast to a 4-bit integer, as ONNX's reference (ml_dtypes) computes it: integers wrap to
+/// 4 bits; floats truncate toward zero, and one outside the type's range (or NaN) gives 0
+/// (ONNX leaves it undefined).
+fn narrow_nibble<const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
+    let (lo, hi) = if SIGNED { (-8.0, 7.0) } else { (0.0, 15.0) };
+    for (&w, y) in w.iter().zip(y) {
+        let i = match w {
+            Wide::F(v) => {
+                let t = v.trunc();
+                if (lo..=hi).contains(&t) { t as i64 } else { 0 }
+            }
+            Wide::I(v) => v,
+            Wide::U(v) => v as i64,
+        };
+        *y = crate::movement::cpu::nibble(i, SIGNED);
     }
 }
 

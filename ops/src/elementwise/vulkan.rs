@@ -184,7 +184,8 @@ impl Ty {
             DType::I8 => Ty::I8,
             DType::U8 => Ty::U8,
             DType::Bool => Ty::Bool,
-            DType::F64 => return None,
+            // No kernel computes in float64 or 4-bit integers (they run on the CPU).
+            DType::F64 | DType::I4 | DType::U4 => return None,
         })
     }
 
@@ -379,7 +380,13 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         ));
     }
     let ty = |o: &Operand| Ty::of(o.desc.dtype).ok_or_else(|| cx.dtype(o.desc.dtype));
-    let args = cx.inputs.iter().map(ty).collect::<Result<Vec<_>, _>>()?;
+    // A cast reads a 4-bit integer as its byte, the 8-bit integer of the same value.
+    let source = |o: &Operand| match (cx.op, o.desc.dtype) {
+        ("Cast", DType::I4) => Ok(Ty::I8),
+        ("Cast", DType::U4) => Ok(Ty::U8),
+        _ => ty(o),
+    };
+    let args = cx.inputs.iter().map(source).collect::<Result<Vec<_>, _>>()?;
     let out_ty = ty(out)?;
     let body = body(cx, &args, out_ty)?;
     broadcast(cx, &args, out_ty, &body)

@@ -196,6 +196,7 @@ macro_rules! by_numeric {
                 $body
             }
             DType::Bool => Err($crate::invalid!("no arithmetic on bool")),
+            DType::I4 | DType::U4 => Err($crate::invalid!("no arithmetic on 4-bit integers")),
         }
     };
 }
@@ -243,6 +244,8 @@ impl Scalar {
             DType::Bool => vec![u8::from(self.as_f64() != 0.0)],
             DType::I8 => (i as i8).to_le_bytes().to_vec(),
             DType::U8 => (i as u8).to_le_bytes().to_vec(),
+            DType::I4 => vec![nibble(i, true)],
+            DType::U4 => vec![nibble(i, false)],
             DType::I16 => (i as i16).to_le_bytes().to_vec(),
             DType::U16 => (i as u16).to_le_bytes().to_vec(),
             DType::I32 => (i as i32).to_le_bytes().to_vec(),
@@ -251,6 +254,12 @@ impl Scalar {
             DType::U64 => (i as u64).to_le_bytes().to_vec(),
         }
     }
+}
+
+/// `i` wrapped to 4 bits, as a 4-bit integer's byte: sign-extended or not.
+pub(crate) fn nibble(i: i64, signed: bool) -> u8 {
+    let low = (i as u8) & 0x0f;
+    if signed && low >= 8 { low | 0xf0 } else { low }
 }
 
 /// Fills `dst` with copies of one element's bytes.
@@ -277,8 +286,8 @@ pub(crate) fn read_ints(
         DType::I64 => conv::<i64>(b, |v| v),
         DType::I32 => conv::<i32>(b, i64::from),
         DType::I16 => conv::<i16>(b, i64::from),
-        DType::I8 => conv::<i8>(b, i64::from),
-        DType::U8 | DType::Bool => conv::<u8>(b, i64::from),
+        DType::I8 | DType::I4 => conv::<i8>(b, i64::from),
+        DType::U8 | DType::Bool | DType::U4 => conv::<u8>(b, i64::from),
         DType::U16 => conv::<u16>(b, i64::from),
         DType::U32 => conv::<u32>(b, i64::from),
         DType::U64 => conv::<u64>(b, |v| v as i64),

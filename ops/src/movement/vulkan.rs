@@ -935,6 +935,8 @@ fn encode(value: Option<&AttrValue>, dtype: DType) -> Result<Vec<u8>, NoKernel> 
         DType::F16 => half::f16::from_f64(f).to_le_bytes().to_vec(),
         DType::Bool => vec![u8::from(f != 0.0)],
         DType::I8 | DType::U8 => vec![i as u8],
+        DType::I4 => vec![crate::movement::cpu::nibble(i, true)],
+        DType::U4 => vec![crate::movement::cpu::nibble(i, false)],
         DType::I16 | DType::U16 => (i as u16).to_le_bytes().to_vec(),
         DType::I32 | DType::U32 => (i as u32).to_le_bytes().to_vec(),
         DType::I64 | DType::U64 => i.to_le_bytes().to_vec(),

@@ -152,11 +152,12 @@ fn zero_points<'a, T: Element>(
 macro_rules! by_level {
     ($dt:expr, $T:ident => $body:expr) => {
         match $dt {
-            DType::I8 => {
+            // The 4-bit integers are stored as the bytes of their 8-bit types.
+            DType::I8 | DType::I4 => {
                 type $T = i8;
                 $body
             }
-            DType::U8 => {
+            DType::U8 | DType::U4 => {
                 type $T = u8;
                 $body
             }
@@ -212,7 +213,9 @@ impl Dequantize {
     fn new(cx: &OpCx) -> Result<Dequantize, KernelError> {
         let x = cx.inputs.first().map(|d| d.dtype).ok_or_else(|| invalid!("x is missing"))?;
         let l = Linear::new(cx, x)?;
-        if !matches!(l.x, DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32) {
+        let x_types =
+            [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16, DType::I32];
+        if !x_types.contains(&l.x) {
             return Err(cx.dtype_error(l.x));
         }
         let to = i32::try_from(cx.attrs.int("to")?).ok().and_then(DType::from_onnx_code);
@@ -339,7 +342,8 @@ impl Quantize {
         if !matches!(linear.x, DType::F32 | DType::F16 | DType::I32) {
             return Err(cx.dtype_error(linear.x));
         }
-        if !matches!(linear.y, DType::I8 | DType::U8 | DType::I16 | DType::U16) {
+        let y_types = [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16];
+        if !y_types.contains(&linear.y) {
             return Err(cx.dtype_error(linear.y));
         }
         let precision =
@@ -371,9 +375,20 @@ impl Kernel for Quantize {
                     DType::I32 => quantize(input::<i32>(inputs, 0, l.len)?, s, zp, &l.scales, p, y),
                     d => return Err(invalid!("QuantizeLinear of {d}")),
                 }
+                saturate_to_4_bits(l.y, bytemuck::cast_slice_mut(y));
                 Ok(())
             })
         })
+    }
+}
+
+/// A 4-bit type's levels, from the 8-bit type's it was computed in: saturating to -128..=127
+/// and then to -8..=7 is saturating to -8..=7 (the zero point is in both ranges).
+fn saturate_to_4_bits(levels: DType, y: &mut [u8]) {
+    match levels {
+        DType::I4 => y.iter_mut().for_each(|b| *b = (*b as i8).clamp(-8, 7) as u8),
+        DType::U4 => y.iter_mut().for_each(|b| *b = (*b).min(15)),
+        _ => {}
     }
 }
 

@@ -1,5 +1,5 @@
 //! Quantization: `DequantizeLinear`, `QuantizeLinear` and `DynamicQuantizeLinear` between
-//! floats and 8- or 16-bit integers (per tensor, per axis or per block), and the integer
+//! floats and 4-, 8- or 16-bit integers (per tensor, per axis or per block), and the integer
 //! products `MatMulInteger` and `QLinearMatMul`. Attribute defaults and shape rules; which
 //! scale each element takes is in `scales.rs`, the kernels in `cpu.rs` and `vulkan.rs`.
 //!
@@ -82,7 +82,7 @@ pub fn keeps_constant_narrow(op: &str, inputs: &[&TensorDesc], outputs: &[Tensor
     let (Some(x), Some(y)) = (inputs.first(), outputs.first()) else {
         return false;
     };
-    let narrow = matches!(x.dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    let narrow = quantized(x.dtype);
     matches!(op, "DequantizeLinear" | "Cast")
         && narrow
         && y.dtype.is_float()
@@ -91,8 +91,11 @@ pub fn keeps_constant_narrow(op: &str, inputs: &[&TensorDesc], outputs: &[Tensor
 
 /// The integer types x and the zero points may have.
 fn quantized(dtype: DType) -> bool {
-    matches!(dtype, DType::I8 | DType::U8 | DType::I16 | DType::U16)
+    matches!(dtype, DType::I4 | DType::U4 | DType::I8 | DType::U8 | DType::I16 | DType::U16)
 }
+
+/// The types QuantizeLinear writes.
+const LEVELS: [DType; 6] = [DType::U8, DType::I8, DType::U16, DType::I16, DType::U4, DType::I4];
 
 /// The ONNX type code `code` as a type, if it is one of `allowed`.
 fn type_code(code: i64, allowed: &[DType], what: &str) -> OpResult<DType> {
@@ -207,7 +210,7 @@ fn lower_quantize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     scale_inputs(node, cx)?;
     let (axis, block) = axis_and_block(node, cx)?;
     let a = &node.attrs;
-    let targets = [DType::U8, DType::I8, DType::U16, DType::I16];
+    let targets = LEVELS;
     let to = match (cx.inputs.get(2).copied().flatten(), a.int_or("output_dtype", 0)?) {
         (_, code) if code != 0 && cx.opset < 21 => {
             return Err(op_err!("QuantizeLinear has no output_dtype before opset 21"));
@@ -245,8 +248,7 @@ fn infer_quantize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDes
     if !matches!(x.dtype, DType::F32 | DType::F16 | DType::I32) {
         return Err(op_err!("QuantizeLinear of {} (it takes float32, float16, int32)", x.dtype));
     }
-    let to =
-        type_code(node.attrs.int("to")?, &[DType::U8, DType::I8, DType::U16, DType::I16], "to")?;
+    let to = type_code(node.attrs.int("to")?, &LEVELS, "to")?;
     type_code(node.attrs.int("precision")?, &[DType::F32, DType::F16, DType::F64], "precision")?;
     scales_of(&node.attrs, inputs, to)?;
     Ok(vec![TensorDesc::new(to, x.shape.clone())])

@@ -408,6 +408,7 @@ fn of_type(dt: DType, vals: &[u8]) -> Tensor {
         DType::I64 => t(&n, &vals.iter().map(|&v| v as i64).collect::<Vec<_>>()),
         DType::U64 => t(&n, &vals.iter().map(|&v| v as u64).collect::<Vec<_>>()),
         DType::Bool => bools(&n, &vals.iter().map(|&v| (v != 0) as u8).collect::<Vec<_>>()),
+        DType::I4 | DType::U4 => Tensor::from_bytes(TensorDesc::new(dt, n.to_vec()), vals).unwrap(),
     }
 }
 
@@ -420,12 +421,36 @@ fn cast_to(x: &Tensor, dt: DType) -> Tensor {
 fn cast_between_every_pair_of_types() {
     for src in DType::ALL {
         for dst in DType::ALL {
-            let vals: &[u8] = if src == DType::Bool { &[0, 1, 1] } else { &[0, 1, 100] };
-            let want = if dst == DType::Bool { &[0, 1, 1] } else { vals };
+            let vals: &[u8] = match src {
+                DType::Bool => &[0, 1, 1],
+                DType::I4 | DType::U4 => &[0, 1, 7],
+                _ => &[0, 1, 100],
+            };
+            // 100 wraps to 4 in 4 bits, as an integer; as a float it is out of range: 0.
+            let want: &[u8] = match dst {
+                DType::Bool => &[0, 1, 1],
+                DType::I4 | DType::U4 if vals[2] == 100 && src.is_float() => &[0, 1, 0],
+                DType::I4 | DType::U4 if vals[2] == 100 => &[0, 1, 4],
+                _ => vals,
+            };
             let y = cast_to(&of_type(src, vals), dst);
             assert_eq!(y, of_type(dst, want), "{src} -> {dst}");
         }
     }
+}
+
+#[test]
+fn casts_to_4_bits_follow_onnx_reference() {
+    // ONNX's node tests (ml_dtypes): floats truncate, out of range gives 0; integers wrap.
+    let x = t(&[9], &[-9.0f32, -8.6, -2.5, -0.5, 6.7, 7.4, 8.0, 15.5, f32::NAN]);
+    let signed: Vec<i8> = [0, -8, -2, 0, 6, 7, 0, 0, 0].into();
+    assert_eq!(cast_to(&x, DType::I4).as_slice::<i8>().unwrap(), signed);
+    assert_eq!(cast_to(&x, DType::U4).bytes(), &[0, 0, 0, 0, 6, 7, 8, 15, 0]);
+    let i = t(&[5], &[-9i32, 8, 15, 16, 100]);
+    assert_eq!(cast_to(&i, DType::I4).as_slice::<i8>().unwrap(), [7, -8, -1, 0, 4]);
+    assert_eq!(cast_to(&i, DType::U4).bytes(), &[7, 8, 15, 0, 4]);
+    let back = cast_to(&cast_to(&t(&[2], &[-8i8, 7]), DType::I4), DType::F32);
+    assert_eq!(back.to_vec::<f32>().unwrap(), [-8.0, 7.0]);
 }
 
 #[test]
