@@ -89,6 +89,11 @@ typedef enum IngotDType {
     INGOT_DTYPE_F64 = 11,
     INGOT_DTYPE_U32 = 12,
     INGOT_DTYPE_U64 = 13,
+    /* float8, one byte per element. */
+    INGOT_DTYPE_F8E4M3FN = 17,
+    INGOT_DTYPE_F8E4M3FNUZ = 18,
+    INGOT_DTYPE_F8E5M2 = 19,
+    INGOT_DTYPE_F8E5M2FNUZ = 20,
     /* 4-bit integers, one byte per element (ONNX files pack two): INT4 sign-extended. */
     INGOT_DTYPE_U4 = 21,
     INGOT_DTYPE_I4 = 22

@@ -60,6 +60,7 @@ fn parse(bytes: &[u8]) -> Result<Tensor> {
         // numpy has no 4-bit types: `from_numpy_descr` gives int8 and uint8 for their bytes.
         DType::I8 | DType::I4 => typed!(i8),
         DType::U8 | DType::U4 => typed!(u8),
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => typed!(u8),
         DType::I16 => typed!(i16),
         DType::U16 => typed!(u16),
         DType::I32 => typed!(i32),
@@ -97,6 +98,10 @@ pub fn write(path: &Path, t: &Tensor) -> Result<()> {
         // 4-bit integers are written as their one-byte storage (numpy has no 4-bit types).
         DType::I8 | DType::I4 => typed!(i8, t.as_slice::<i8>()?.iter().copied()),
         DType::U8 | DType::U4 => typed!(u8, t.as_slice::<u8>()?.iter().copied()),
+        // Float8 as its bits (numpy has no float8).
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+            typed!(u8, t.bytes().iter().copied())
+        }
         DType::I16 => typed!(i16, t.as_slice::<i16>()?.iter().copied()),
         DType::U16 => typed!(u16, t.as_slice::<u16>()?.iter().copied()),
         DType::I32 => typed!(i32, t.as_slice::<i32>()?.iter().copied()),

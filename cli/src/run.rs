@@ -237,6 +237,10 @@ fn values(t: &Tensor) -> Vec<f64> {
         DType::U32 => all!(u32),
         DType::I64 => all!(i64),
         DType::U64 => all!(u64),
+        d @ (DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ) => {
+            let f = ingot_runtime::float8::Format::of(d);
+            t.bytes().iter().map(|&b| f.map_or(f64::NAN, |f| f64::from(f.decode(b)))).collect()
+        }
     }
 }
 

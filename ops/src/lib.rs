@@ -9,6 +9,7 @@
 #[cfg(feature = "lower")]
 pub mod bounded;
 pub mod cpu;
+pub mod float8;
 pub mod lower;
 mod node;
 pub mod registry;

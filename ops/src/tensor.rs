@@ -58,9 +58,10 @@ element!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, u16 => U16, i32
 
 fn check<T: Element>(dtype: DType) -> Result<(), TensorError> {
     // Bool is stored as u8 and may be read as u8.
-    // Bool and the 4-bit integers are stored as their one-byte types are.
+    // Bool, the 4-bit integers and float8 are stored as their one-byte types are.
     let storage = match dtype {
         DType::Bool | DType::U4 => DType::U8,
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => DType::U8,
         DType::I4 => DType::I8,
         d => d,
     };

@@ -6,7 +6,8 @@ use std::fmt;
 /// The element type of a tensor. Bool is stored as one byte per element (0 or 1), and the
 /// 4-bit integers of opset 21 one byte per element too (ONNX packs two per byte): I4 as the
 /// sign-extended byte (-8..=7, the bits of an i8), U4 as the byte (0..=15, a u8), so every
-/// kernel that reads int8 or uint8 reads them as they are.
+/// kernel that reads int8 or uint8 reads them as they are. The float8 types of opset 19 are
+/// their bytes; only casts and (de)quantization convert them (`ingot_ops::float8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -23,10 +24,14 @@ pub enum DType {
     Bool,
     I4,
     U4,
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
 }
 
 impl DType {
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 18] = [
         DType::F32,
         DType::F16,
         DType::F64,
@@ -41,12 +46,17 @@ impl DType {
         DType::Bool,
         DType::I4,
         DType::U4,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
     ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool | DType::I4 | DType::U4 => 1,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => 1,
             DType::F16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -70,6 +80,10 @@ impl DType {
             DType::Bool => "bool",
             DType::I4 => "i4",
             DType::U4 => "u4",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
         }
     }
 
@@ -90,12 +104,16 @@ impl DType {
             DType::Bool => "bool",
             DType::I4 => "int4",
             DType::U4 => "uint4",
+            DType::F8E4M3FN => "float8_e4m3fn",
+            DType::F8E4M3FNUZ => "float8_e4m3fnuz",
+            DType::F8E5M2 => "float8_e5m2",
+            DType::F8E5M2FNUZ => "float8_e5m2fnuz",
         }
     }
 
     /// The little-endian numpy type string (`.npy` header `descr`): `<f4`, `|u1`...
     /// Single-byte types are written with `|` (no byte order), the others with `<`; numpy has
-    /// no 4-bit types, so those travel as int8 and uint8 (their storage).
+    /// no 4-bit or float8 types, so those travel as int8 and uint8 (their storage).
     pub const fn numpy_descr(self) -> &'static str {
         match self {
             DType::F32 => "<f4",
@@ -111,7 +129,9 @@ impl DType {
             DType::U64 => "<u8",
             DType::Bool => "|b1",
             DType::I4 => "|i1",
-            DType::U4 => "|u1",
+            DType::U4 | DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+                "|u1"
+            }
         }
     }
 
@@ -121,6 +141,11 @@ impl DType {
         let (order, kind) = descr.split_at_checked(1)?;
         let little = matches!(order, "<" | "|" | "=");
         DType::ALL.into_iter().find(|d| little && d.numpy_descr()[1..] == *kind)
+    }
+
+    /// One of the float8 types (which no arithmetic kernel takes).
+    pub const fn is_float8(self) -> bool {
+        matches!(self, DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ)
     }
 
     pub const fn is_float(self) -> bool {
@@ -153,6 +178,10 @@ impl DType {
             DType::Bool => DataType::Bool,
             DType::I4 => DataType::I4,
             DType::U4 => DataType::U4,
+            DType::F8E4M3FN => DataType::F8e4m3fn,
+            DType::F8E4M3FNUZ => DataType::F8e4m3fnuz,
+            DType::F8E5M2 => DataType::F8e5m2,
+            DType::F8E5M2FNUZ => DataType::F8e5m2fnuz,
         }
     }
 
@@ -173,6 +202,10 @@ impl DType {
             DataType::Bool => DType::Bool,
             DataType::I4 => DType::I4,
             DataType::U4 => DType::U4,
+            DataType::F8e4m3fn => DType::F8E4M3FN,
+            DataType::F8e4m3fnuz => DType::F8E4M3FNUZ,
+            DataType::F8e5m2 => DType::F8E5M2,
+            DataType::F8e5m2fnuz => DType::F8E5M2FNUZ,
         })
     }
 }
@@ -209,7 +242,7 @@ mod tests {
         for dt in DType::ALL {
             let storage = match dt {
                 DType::I4 => DType::I8,
-                DType::U4 => DType::U8,
+                dt if dt.size() == 1 && dt != DType::I8 && dt != DType::Bool => DType::U8,
                 dt => dt,
             };
             assert_eq!(DType::from_numpy_descr(dt.numpy_descr()), Some(storage));

@@ -65,7 +65,11 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
             DType::I16 => typed!(i16, t.to_vec::<i16>()?),
             DType::I32 => typed!(i32, t.to_vec::<i32>()?),
             DType::I64 => typed!(i64, t.to_vec::<i64>()?),
+            // Float8 as its bits (numpy has no float8).
             DType::U8 | DType::U4 => typed!(u8, t.to_vec::<u8>()?),
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+                typed!(u8, t.to_vec::<u8>()?)
+            }
             DType::U16 => typed!(u16, t.to_vec::<u16>()?),
             DType::U32 => typed!(u32, t.to_vec::<u32>()?),
             DType::U64 => typed!(u64, t.to_vec::<u64>()?),

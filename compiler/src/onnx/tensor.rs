@@ -40,8 +40,8 @@ pub(super) fn dtype(code: i32) -> Result<DType, String> {
     }
     DType::from_onnx_code(code).ok_or_else(|| {
         format!(
-            "element type {} is not supported (Ingot runs float, float16, double, bool and \
-             4- to 64-bit integers, and bfloat16 as float)",
+            "element type {} is not supported (Ingot runs float, float16, double, float8, \
+             bool and 4- to 64-bit integers, and bfloat16 as float)",
             onnx_type_name(code)
         )
     })
@@ -168,6 +168,10 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         Bool => converted(desc, "int32_data", &t.int32_data, |v| u8::from(v != 0)),
         F16 => converted(desc, "int32_data", &t.int32_data, |v| half::f16::from_bits(v as u16)),
         I4 | U4 => Err("4-bit integers are unpacked above".into()),
+        // Each int32 holds one float8's bits.
+        F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ => {
+            converted(desc, "int32_data", &t.int32_data, |v| v as u8)
+        }
     }
 }
 

@@ -22,6 +22,7 @@
 
 use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::float8;
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use broadcast::Broadcast;
@@ -616,7 +617,7 @@ fn cast(cx: &OpCx) -> Prepared {
         }
         return Ok(map(len, round_to_bf16));
     }
-    if src == DType::F32 && !matches!(dst, DType::I4 | DType::U4) {
+    if src == DType::F32 && !matches!(dst, DType::I4 | DType::U4) && !dst.is_float8() {
         return match dst {
             DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
             _ => any_type!(dst, cx, |B| Ok(map(len, |x: f32| B::from_wide(x.to_wide())))),
@@ -629,11 +630,27 @@ fn cast(cx: &OpCx) -> Prepared {
         DType::U4 => DType::U8,
         t => t,
     };
-    let widen = any_type!(storage, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?;
-    let narrow = match dst {
-        DType::Bool => (1, narrow_bool as Narrow),
-        DType::I4 => (1, narrow_nibble::<true> as Narrow),
-        DType::U4 => (1, narrow_nibble::<false> as Narrow),
+    let widen = match float8_index(src) {
+        Some(0) => (1, widen_float8::<0> as Widen),
+        Some(1) => (1, widen_float8::<1> as Widen),
+        Some(2) => (1, widen_float8::<2> as Widen),
+        Some(_) => (1, widen_float8::<3> as Widen),
+        None => any_type!(storage, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?,
+    };
+    // Float8 saturates unless the model says not to (opset 19's `saturate`).
+    let saturate = cx.attrs.int_or("saturate", 1)? != 0;
+    let narrow = match (dst, float8_index(dst), saturate) {
+        (DType::Bool, ..) => (1, narrow_bool as Narrow),
+        (DType::I4, ..) => (1, narrow_nibble::<true> as Narrow),
+        (DType::U4, ..) => (1, narrow_nibble::<false> as Narrow),
+        (_, Some(0), true) => (1, narrow_float8::<0, true> as Narrow),
+        (_, Some(1), true) => (1, narrow_float8::<1, true> as Narrow),
+        (_, Some(2), true) => (1, narrow_float8::<2, true> as Narrow),
+        (_, Some(_), true) => (1, narrow_float8::<3, true> as Narrow),
+        (_, Some(0), false) => (1, narrow_float8::<0, false> as Narrow),
+        (_, Some(1), false) => (1, narrow_float8::<1, false> as Narrow),
+        (_, Some(2), false) => (1, narrow_float8::<2, false> as Narrow),
+        (_, Some(_), false) => (1, narrow_float8::<3, false> as Narrow),
         _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), narrow::<B> as Narrow)))?,
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
@@ -698,6 +715,26 @@ fn narrow_nibble<const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
             Wide::U(v) => v as i64,
         };
         *y = crate::movement::cpu::nibble(i, SIGNED);
+    }
+}
+
+fn float8_index(dtype: DType) -> Option<usize> {
+    float8::TYPES.iter().position(|&d| d == dtype)
+}
+
+/// Reads float8 `F` (an index into [`float8::TYPES`]) as [`Wide`] floats.
+fn widen_float8<const F: usize>(x: &[u8], w: &mut [Wide]) {
+    let format = float8::FORMATS[F];
+    for (&x, w) in x.iter().zip(w) {
+        *w = Wide::F(f64::from(format.decode(x)));
+    }
+}
+
+/// Writes float8 `F`, saturating or not ([`crate::float8`]).
+fn narrow_float8<const F: usize, const SATURATE: bool>(w: &[Wide], y: &mut [u8]) {
+    let format = float8::FORMATS[F];
+    for (&w, y) in w.iter().zip(y) {
+        *y = format.encode(w.to_f64(), SATURATE);
     }
 }
 

@@ -208,7 +208,7 @@ fn lower_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 /// ONNX's type code of bfloat16, which the importer reads as f32.
 const BFLOAT16: i64 = 16;
 
-/// `Cast` keeps `to` (`saturate` only matters for float8, which Ingot has not); `CastLike`
+/// `Cast` keeps `to`, and `saturate` where `to` is a float8 type (the only ones it affects); `CastLike`
 /// becomes a `Cast` to its second input's type. A cast to bfloat16 is a cast to f32 with
 /// `bfloat16 = 1`: the value rounded to bfloat16's precision (Ingot carries bfloat16 in f32).
 fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
@@ -220,8 +220,11 @@ fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     node.attrs = if to == BFLOAT16 {
         let f32_code = i64::from(DType::F32.onnx_code());
         Attrs::new().with("to", AttrValue::Int(f32_code)).with("bfloat16", AttrValue::Int(1))
+    } else if dtype_of(to)?.is_float8() {
+        // Opset 19: whether values past the format's range saturate (the default).
+        let saturate = if cx.opset >= 19 { node.attrs.int_or("saturate", 1)? } else { 1 };
+        Attrs::new().with("to", AttrValue::Int(to)).with("saturate", AttrValue::Int(saturate))
     } else {
-        dtype_of(to)?;
         Attrs::new().with("to", AttrValue::Int(to))
     };
     node.op = "Cast".into();

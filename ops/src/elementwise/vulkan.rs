@@ -184,8 +184,9 @@ impl Ty {
             DType::I8 => Ty::I8,
             DType::U8 => Ty::U8,
             DType::Bool => Ty::Bool,
-            // No kernel computes in float64 or 4-bit integers (they run on the CPU).
+            // No kernel computes in float64, float8 or 4-bit integers (they run on the CPU).
             DType::F64 | DType::I4 | DType::U4 => return None,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => return None,
         })
     }
 

@@ -197,6 +197,9 @@ macro_rules! by_numeric {
             }
             DType::Bool => Err($crate::invalid!("no arithmetic on bool")),
             DType::I4 | DType::U4 => Err($crate::invalid!("no arithmetic on 4-bit integers")),
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+                Err($crate::invalid!("no arithmetic on float8"))
+            }
         }
     };
 }
@@ -246,6 +249,9 @@ impl Scalar {
             DType::U8 => (i as u8).to_le_bytes().to_vec(),
             DType::I4 => vec![nibble(i, true)],
             DType::U4 => vec![nibble(i, false)],
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+                vec![float8_bits(dtype, self.as_f64())]
+            }
             DType::I16 => (i as i16).to_le_bytes().to_vec(),
             DType::U16 => (i as u16).to_le_bytes().to_vec(),
             DType::I32 => (i as i32).to_le_bytes().to_vec(),
@@ -254,6 +260,11 @@ impl Scalar {
             DType::U64 => (i as u64).to_le_bytes().to_vec(),
         }
     }
+}
+
+/// `v` as a float8 element of `dtype` (saturated, as Cast does by default).
+pub(crate) fn float8_bits(dtype: DType, v: f64) -> u8 {
+    crate::float8::Format::of(dtype).map_or(0, |f| f.encode(v, true))
 }
 
 /// `i` wrapped to 4 bits, as a 4-bit integer's byte: sign-extended or not.
@@ -294,6 +305,10 @@ pub(crate) fn read_ints(
         DType::F32 => conv::<f32>(b, |v| v as i64),
         DType::F64 => conv::<f64>(b, |v| v as i64),
         DType::F16 => conv::<half::f16>(b, |v| v.to_f64() as i64),
+        d => match crate::float8::Format::of(d) {
+            Some(f) => conv::<u8>(b, |v| f.decode(v) as i64),
+            None => Err(invalid!("no integers in {d}")),
+        },
     }
 }
 

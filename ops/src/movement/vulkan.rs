@@ -937,6 +937,9 @@ fn encode(value: Option<&AttrValue>, dtype: DType) -> Result<Vec<u8>, NoKernel> 
         DType::I8 | DType::U8 => vec![i as u8],
         DType::I4 => vec![crate::movement::cpu::nibble(i, true)],
         DType::U4 => vec![crate::movement::cpu::nibble(i, false)],
+        d @ (DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ) => {
+            vec![crate::movement::cpu::float8_bits(d, f)]
+        }
         DType::I16 | DType::U16 => (i as u16).to_le_bytes().to_vec(),
         DType::I32 | DType::U32 => (i as u32).to_le_bytes().to_vec(),
         DType::I64 | DType::U64 => i.to_le_bytes().to_vec(),

@@ -17,6 +17,7 @@
 use super::{Scales, Step, scales_of};
 use crate::cpu::parallel::{for_each_chunk, with_scratch};
 use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
+use crate::float8::Format;
 use crate::invalid;
 use crate::matmul::cpu::matmul_axes;
 use crate::matmul::cpu::product::{Axis, Plan};
@@ -215,7 +216,7 @@ impl Dequantize {
         let l = Linear::new(cx, x)?;
         let x_types =
             [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16, DType::I32];
-        if !x_types.contains(&l.x) {
+        if !x_types.contains(&l.x) && !l.x.is_float8() {
             return Err(cx.dtype_error(l.x));
         }
         let to = i32::try_from(cx.attrs.int("to")?).ok().and_then(DType::from_onnx_code);
@@ -231,6 +232,9 @@ impl Kernel for Dequantize {
         let l = &self.0;
         let scale = inputs.get(1).ok_or_else(|| invalid!("the scale is missing"))?;
         with_floats(scale, l.scales.len(), |s| {
+            if let Some(format) = Format::of(l.x) {
+                return dequantize_float8(format, inputs, l, s, outputs);
+            }
             by_level!(l.x, T => {
                 let x = input::<T>(inputs, 0, l.len)?;
                 let zp = zero_points::<T>(inputs, l.zero_point, l.scales.len())?;
@@ -242,6 +246,34 @@ impl Kernel for Dequantize {
             })
         })
     }
+}
+
+/// DequantizeLinear of float8: `(x - zero_point) * scale` in float32, as ONNX's reference.
+fn dequantize_float8(
+    format: Format,
+    inputs: &[TensorRef],
+    l: &Linear,
+    s: &[f32],
+    outputs: &mut [TensorMut],
+) -> Result<(), KernelError> {
+    let x = input::<u8>(inputs, 0, l.len)?;
+    let zp = zero_points::<u8>(inputs, l.zero_point, l.scales.len())?;
+    let zp_at = |i: usize| zp.map_or(0.0, |z| format.decode(z[i]));
+    let real = |x: u8, s: f32, z: f32| (format.decode(x) - z) * s;
+    match l.y {
+        DType::F32 => {
+            map_scaled_by(x, output_mut::<f32>(outputs, 0, l.len)?, &l.scales, s, zp_at, real)
+        }
+        _ => map_scaled_by(
+            x,
+            output_mut::<f16>(outputs, 0, l.len)?,
+            &l.scales,
+            s,
+            zp_at,
+            |x, s, z| f16::from_f32(real(x, s, z)),
+        ),
+    }
+    Ok(())
 }
 
 fn dequantize<T: Level, O: Real>(x: &[T], zp: Option<&[T]>, s: &[f32], g: &Scales, y: &mut [O]) {
@@ -259,7 +291,18 @@ fn map_scaled<X: Copy + Sync, Q: Level, Y: Pod + Send>(
     zp: Option<&[Q]>,
     f: impl Fn(X, f32, i32) -> Y + Sync,
 ) {
-    let zp_at = |i: usize| zp.map_or(0, |z| z[i].int());
+    map_scaled_by(x, y, g, s, |i| zp.map_or(0, |z| z[i].int()), f);
+}
+
+/// [`map_scaled`] with zero point `i` given by `zp_at` (float8's are floats).
+fn map_scaled_by<X: Copy + Sync, Z: Copy, Y: Pod + Send>(
+    x: &[X],
+    y: &mut [Y],
+    g: &Scales,
+    s: &[f32],
+    zp_at: impl Fn(usize) -> Z + Sync,
+    f: impl Fn(X, f32, Z) -> Y + Sync,
+) {
     for_each_chunk(y, TASK, &|t, ys| {
         let lo = t * TASK;
         g.pieces(lo..lo + ys.len(), |piece, first, step| {
@@ -333,6 +376,8 @@ fn level_value<Q: Level>(x: f32, s: f32, zero_point: f32) -> f32 {
 struct Quantize {
     linear: Linear,
     precision: Precision,
+    /// Float8 levels past the format's range saturate (else they become inf or NaN).
+    saturate: bool,
 }
 
 impl Quantize {
@@ -343,7 +388,7 @@ impl Quantize {
             return Err(cx.dtype_error(linear.x));
         }
         let y_types = [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16];
-        if !y_types.contains(&linear.y) {
+        if !y_types.contains(&linear.y) && !linear.y.is_float8() {
             return Err(cx.dtype_error(linear.y));
         }
         let precision =
@@ -353,7 +398,8 @@ impl Quantize {
                 Some(DType::F64) => Precision::F64,
                 p => return Err(invalid!("QuantizeLinear in precision {p:?}")),
             };
-        Ok(Quantize { linear, precision })
+        let saturate = cx.attrs.int_or("saturate", 1)? != 0;
+        Ok(Quantize { linear, precision, saturate })
     }
 }
 
@@ -362,6 +408,9 @@ impl Kernel for Quantize {
         let l = &self.linear;
         let scale = inputs.get(1).ok_or_else(|| invalid!("the scale is missing"))?;
         with_floats(scale, l.scales.len(), |s| {
+            if let Some(format) = Format::of(l.y) {
+                return self.quantize_float8(format, inputs, s, outputs);
+            }
             by_level!(l.y, Q => {
                 let zp = zero_points::<Q>(inputs, l.zero_point, l.scales.len())?;
                 let y = output_mut::<Q>(outputs, 0, l.len)?;
@@ -379,6 +428,37 @@ impl Kernel for Quantize {
                 Ok(())
             })
         })
+    }
+}
+
+impl Quantize {
+    /// QuantizeLinear to float8: `x / scale + zero_point` (the ratio in the step's precision)
+    /// rounded to the format, saturated unless the model says not to.
+    fn quantize_float8(
+        &self,
+        format: Format,
+        inputs: &[TensorRef],
+        s: &[f32],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        let l = &self.linear;
+        let zp = zero_points::<u8>(inputs, l.zero_point, l.scales.len())?;
+        let zp_at = |i: usize| zp.map_or(0.0, |z| f64::from(format.decode(z[i])));
+        let y = output_mut::<u8>(outputs, 0, l.len)?;
+        let (p, saturate) = (self.precision, self.saturate);
+        let level = |v: f64, s: f32, z: f64| format.encode(p.ratio(v, s) + z, saturate);
+        match l.x {
+            DType::F32 => {
+                let x = input::<f32>(inputs, 0, l.len)?;
+                map_scaled_by(x, y, &l.scales, s, zp_at, |x, s, z| level(f64::from(x), s, z));
+            }
+            DType::F16 => {
+                let x = input::<f16>(inputs, 0, l.len)?;
+                map_scaled_by(x, y, &l.scales, s, zp_at, |x, s, z| level(f64::from(x), s, z));
+            }
+            d => return Err(invalid!("QuantizeLinear of {d} to float8")),
+        }
+        Ok(())
     }
 }
 

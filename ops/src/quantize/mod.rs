@@ -82,7 +82,7 @@ pub fn keeps_constant_narrow(op: &str, inputs: &[&TensorDesc], outputs: &[Tensor
     let (Some(x), Some(y)) = (inputs.first(), outputs.first()) else {
         return false;
     };
-    let narrow = quantized(x.dtype);
+    let narrow = quantized(x.dtype) || x.dtype.is_float8();
     matches!(op, "DequantizeLinear" | "Cast")
         && narrow
         && y.dtype.is_float()
@@ -95,7 +95,18 @@ fn quantized(dtype: DType) -> bool {
 }
 
 /// The types QuantizeLinear writes.
-const LEVELS: [DType; 6] = [DType::U8, DType::I8, DType::U16, DType::I16, DType::U4, DType::I4];
+const LEVELS: [DType; 10] = [
+    DType::U8,
+    DType::I8,
+    DType::U16,
+    DType::I16,
+    DType::U4,
+    DType::I4,
+    DType::F8E4M3FN,
+    DType::F8E4M3FNUZ,
+    DType::F8E5M2,
+    DType::F8E5M2FNUZ,
+];
 
 /// The ONNX type code `code` as a type, if it is one of `allowed`.
 fn type_code(code: i64, allowed: &[DType], what: &str) -> OpResult<DType> {
@@ -198,8 +209,11 @@ pub(crate) fn scales_of(
 
 fn infer_dequantize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let x = inputs.first().ok_or_else(|| op_err!("DequantizeLinear needs x"))?;
-    if !(quantized(x.dtype) || x.dtype == DType::I32) {
-        return Err(op_err!("DequantizeLinear of {} (it takes 8- to 32-bit integers)", x.dtype));
+    if !(quantized(x.dtype) || x.dtype == DType::I32 || x.dtype.is_float8()) {
+        return Err(op_err!(
+            "DequantizeLinear of {} (it takes 4- to 32-bit integers and float8)",
+            x.dtype
+        ));
     }
     scales_of(&node.attrs, inputs, x.dtype)?;
     let to = type_code(node.attrs.int("to")?, &[DType::F32, DType::F16], "to")?;
@@ -232,14 +246,20 @@ fn lower_quantize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         code if cx.opset >= 23 => type_code(code, &[DType::F32, DType::F16], "precision")?,
         _ => return Err(op_err!("QuantizeLinear has no precision before opset 23")),
     };
-    if a.int_or("saturate", 1)? != 1 {
-        return Err(op_err!("saturate = 0 applies to float8 outputs only, which Ingot lacks"));
+    let saturate = a.int_or("saturate", 1)?;
+    if saturate != 1 && !to.is_float8() {
+        return Err(op_err!("saturate = 0 applies to float8 outputs only, not {to}"));
     }
-    node.attrs = Attrs::new()
+    let mut attrs = Attrs::new()
         .with("axis", AttrValue::Int(axis))
         .with("block_size", AttrValue::Int(block))
         .with("to", AttrValue::Int(i64::from(to.onnx_code())))
         .with("precision", AttrValue::Int(i64::from(precision.onnx_code())));
+    // Kept where it matters only, so that integer steps' attributes stay as they were.
+    if to.is_float8() {
+        attrs = attrs.with("saturate", AttrValue::Int(saturate));
+    }
+    node.attrs = attrs;
     Ok(())
 }
 

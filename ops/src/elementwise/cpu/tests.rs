@@ -409,6 +409,11 @@ fn of_type(dt: DType, vals: &[u8]) -> Tensor {
         DType::U64 => t(&n, &vals.iter().map(|&v| v as u64).collect::<Vec<_>>()),
         DType::Bool => bools(&n, &vals.iter().map(|&v| (v != 0) as u8).collect::<Vec<_>>()),
         DType::I4 | DType::U4 => Tensor::from_bytes(TensorDesc::new(dt, n.to_vec()), vals).unwrap(),
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+            let f = crate::float8::Format::of(dt).unwrap();
+            let bits: Vec<u8> = v.iter().map(|&v| f.encode(v, true)).collect();
+            Tensor::from_bytes(TensorDesc::new(dt, n.to_vec()), &bits).unwrap()
+        }
     }
 }
 
@@ -421,15 +426,19 @@ fn cast_to(x: &Tensor, dt: DType) -> Tensor {
 fn cast_between_every_pair_of_types() {
     for src in DType::ALL {
         for dst in DType::ALL {
+            // 96 is exact in every float8 format.
             let vals: &[u8] = match src {
                 DType::Bool => &[0, 1, 1],
                 DType::I4 | DType::U4 => &[0, 1, 7],
+                s if s.is_float8() || dst.is_float8() => &[0, 1, 96],
                 _ => &[0, 1, 100],
             };
-            // 100 wraps to 4 in 4 bits, as an integer; as a float it is out of range: 0.
+            // 100 wraps to 4 in 4 bits, as an integer; as a float it (and 96) is out of range: 0.
             let want: &[u8] = match dst {
                 DType::Bool => &[0, 1, 1],
-                DType::I4 | DType::U4 if vals[2] == 100 && src.is_float() => &[0, 1, 0],
+                DType::I4 | DType::U4 if vals[2] >= 96 && (src.is_float() || src.is_float8()) => {
+                    &[0, 1, 0]
+                }
                 DType::I4 | DType::U4 if vals[2] == 100 => &[0, 1, 4],
                 _ => vals,
             };
