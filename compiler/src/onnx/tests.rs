@@ -232,7 +232,7 @@ fn bad_tensors_name_the_tensor() {
     let cases: Vec<(TensorProto, &str)> = vec![
         (tp("names", DataType::STRING, &[1]), "STRING"),
         (tp("bf", DataType::BFLOAT16, &[1]), "neither raw_data nor int32_data"),
-        (tp("f8", DataType::FLOAT8E4M3FN, &[1]), "FLOAT8E4M3FN"),
+        (tp("f8", DataType::FLOAT8E4M3FN, &[1]), "neither raw_data nor int32_data"),
         (tp("c", DataType::COMPLEX64, &[1]), "COMPLEX64"),
         (tp("nodata", DataType::FLOAT, &[2]), "no data"),
         (
