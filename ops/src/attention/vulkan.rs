@@ -201,36 +201,17 @@ mod tests {
     use crate::TensorDesc;
     use crate::attention::geometry::canonical;
     use crate::matmul::vulkan::tests::specialised;
-    use crate::vulkan::{DeviceClass, Operand, Slot, compile, valid};
+    use crate::vulkan::{DeviceClass, Operand, Slot, compile, lower_all_classes};
     use ingot_schema::{AttrValue, Attrs};
 
-    /// Lowers for both device classes with operands one after the other in the arena
-    /// (`types` gives each input's type, f32 where it has none) and checks every dispatch
-    /// against its compiled module.
+    /// Lowers for both device classes (`inputs` with their types, f32 outputs) and checks
+    /// every dispatch against its compiled module.
     fn lower_all(a: &Attrs, inputs: &[(&[usize], DType)], outputs: &[&[usize]]) -> Vec<Dispatch> {
-        let mut at = 0;
-        let mut place = |dtype, shape: &[usize]| {
-            let o = Operand::arena(TensorDesc::new(dtype, shape.to_vec()), at);
-            at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
-            o
-        };
-        let ins: Vec<Operand> = inputs.iter().map(|(s, t)| place(*t, s)).collect();
-        let outs: Vec<Operand> = outputs.iter().map(|s| place(DType::F32, s)).collect();
-        let mut all = Vec::new();
-        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
-            let cx = KernelCx {
-                class,
-                op: "Attention",
-                name: "n",
-                attrs: a,
-                inputs: &ins,
-                outputs: &outs,
-            };
-            let d = lower(&cx).unwrap();
-            valid(&d);
-            all.extend(d);
-        }
-        all
+        let ins: Vec<TensorDesc> =
+            inputs.iter().map(|(s, t)| TensorDesc::new(*t, s.to_vec())).collect();
+        let outs: Vec<TensorDesc> =
+            outputs.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect();
+        lower_all_classes(lower, "Attention", a, &ins, &outs, 0)
     }
 
     fn set(d: &Dispatch, name: &str) -> f64 {

@@ -22,7 +22,7 @@
 
 use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
-use crate::float8;
+use crate::float8::Format;
 use crate::invalid;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use broadcast::Broadcast;
@@ -630,28 +630,18 @@ fn cast(cx: &OpCx) -> Prepared {
         DType::U4 => DType::U8,
         t => t,
     };
-    let widen = match float8_index(src) {
-        Some(0) => (1, widen_float8::<0> as Widen),
-        Some(1) => (1, widen_float8::<1> as Widen),
-        Some(2) => (1, widen_float8::<2> as Widen),
-        Some(_) => (1, widen_float8::<3> as Widen),
-        None => any_type!(storage, cx, |A| Ok((size_of::<A>(), widen::<A> as Widen)))?,
+    let widen = match Format::of(src) {
+        Some(f) => (1, Widen::Float8(f)),
+        None => any_type!(storage, cx, |A| Ok((size_of::<A>(), Widen::Typed(widen::<A>))))?,
     };
     // Float8 saturates unless the model says not to (opset 19's `saturate`).
     let saturate = cx.attrs.int_or("saturate", 1)? != 0;
-    let narrow = match (dst, float8_index(dst), saturate) {
-        (DType::Bool, ..) => (1, narrow_bool as Narrow),
-        (DType::I4, ..) => (1, narrow_nibble::<true> as Narrow),
-        (DType::U4, ..) => (1, narrow_nibble::<false> as Narrow),
-        (_, Some(0), true) => (1, narrow_float8::<0, true> as Narrow),
-        (_, Some(1), true) => (1, narrow_float8::<1, true> as Narrow),
-        (_, Some(2), true) => (1, narrow_float8::<2, true> as Narrow),
-        (_, Some(_), true) => (1, narrow_float8::<3, true> as Narrow),
-        (_, Some(0), false) => (1, narrow_float8::<0, false> as Narrow),
-        (_, Some(1), false) => (1, narrow_float8::<1, false> as Narrow),
-        (_, Some(2), false) => (1, narrow_float8::<2, false> as Narrow),
-        (_, Some(_), false) => (1, narrow_float8::<3, false> as Narrow),
-        _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), narrow::<B> as Narrow)))?,
+    let narrow = match (dst, Format::of(dst)) {
+        (DType::Bool, _) => (1, Narrow::Typed(narrow_bool)),
+        (DType::I4, _) => (1, Narrow::Typed(narrow_nibble::<true>)),
+        (DType::U4, _) => (1, Narrow::Typed(narrow_nibble::<false>)),
+        (_, Some(f)) => (1, Narrow::Float8(f, saturate)),
+        _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), Narrow::Typed(narrow::<B>))))?,
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
     Ok(Box::new(Cast { len, dtypes, sizes, widen: widen.1, narrow: narrow.1 }))
@@ -668,8 +658,45 @@ pub(crate) fn round_to_bf16(x: f32) -> f32 {
     f32::from_bits(rounded)
 }
 
-type Widen = fn(&[u8], &mut [Wide]);
-type Narrow = fn(&[Wide], &mut [u8]);
+/// How a cast reads its source: a function per Rust type, or a float8 format.
+#[derive(Clone, Copy)]
+enum Widen {
+    Typed(fn(&[u8], &mut [Wide])),
+    Float8(Format),
+}
+
+/// How a cast writes its destination; float8 with whether it saturates.
+#[derive(Clone, Copy)]
+enum Narrow {
+    Typed(fn(&[Wide], &mut [u8])),
+    Float8(Format, bool),
+}
+
+impl Widen {
+    fn run(self, x: &[u8], w: &mut [Wide]) {
+        match self {
+            Widen::Typed(f) => f(x, w),
+            Widen::Float8(format) => {
+                for (&x, w) in x.iter().zip(w) {
+                    *w = Wide::F(f64::from(format.decode(x)));
+                }
+            }
+        }
+    }
+}
+
+impl Narrow {
+    fn run(self, w: &[Wide], y: &mut [u8]) {
+        match self {
+            Narrow::Typed(f) => f(w, y),
+            Narrow::Float8(format, saturate) => {
+                for (&w, y) in w.iter().zip(y) {
+                    *y = format.encode(w.to_f64(), saturate);
+                }
+            }
+        }
+    }
+}
 
 /// `Cast` from a type other than f32 ([`compiled_per_op`]): through [`Wide`], as every
 /// conversion of [`Scalar`] goes, a block at a time, so it is compiled once per source type
@@ -718,26 +745,6 @@ fn narrow_nibble<const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
     }
 }
 
-fn float8_index(dtype: DType) -> Option<usize> {
-    float8::TYPES.iter().position(|&d| d == dtype)
-}
-
-/// Reads float8 `F` (an index into [`float8::TYPES`]) as [`Wide`] floats.
-fn widen_float8<const F: usize>(x: &[u8], w: &mut [Wide]) {
-    let format = float8::FORMATS[F];
-    for (&x, w) in x.iter().zip(w) {
-        *w = Wide::F(f64::from(format.decode(x)));
-    }
-}
-
-/// Writes float8 `F`, saturating or not ([`crate::float8`]).
-fn narrow_float8<const F: usize, const SATURATE: bool>(w: &[Wide], y: &mut [u8]) {
-    let format = float8::FORMATS[F];
-    for (&w, y) in w.iter().zip(y) {
-        *y = format.encode(w.to_f64(), SATURATE);
-    }
-}
-
 /// ONNX's cast to bool, as 0/1 bytes.
 fn narrow_bool(w: &[Wide], y: &mut [u8]) {
     for (w, y) in w.iter().zip(y) {
@@ -773,10 +780,10 @@ impl Cast {
         for (i, y) in y.chunks_mut(CAST_BLOCK * sb).enumerate() {
             let w = &mut w[..y.len() / sb];
             match x {
-                Some(x) => (self.widen)(&x[i * CAST_BLOCK * sa..], w),
-                None => (self.widen)(y, w),
+                Some(x) => self.widen.run(&x[i * CAST_BLOCK * sa..], w),
+                None => self.widen.run(y, w),
             }
-            (self.narrow)(w, y);
+            self.narrow.run(w, y);
         }
     }
 }

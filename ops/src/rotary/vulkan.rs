@@ -104,39 +104,17 @@ mod tests {
     use crate::TensorDesc;
     use crate::matmul::vulkan::tests::specialised;
     use crate::rotary::geometry::canonical as attrs;
-    use crate::vulkan::{DeviceClass, Operand, Slot, compile, valid};
+    use crate::vulkan::{DeviceClass, Operand, Slot, compile, lower_all_classes};
     use ingot_schema::Attrs;
 
     /// Lowers for both device classes with operands one after the other in the arena (the
     /// fourth, position_ids, int64) and checks every dispatch against its compiled module.
     fn lower_all(a: &Attrs, inputs: &[&[usize]], x: &[usize]) -> Vec<Dispatch> {
-        let mut at = 0;
-        let mut place = |dtype, shape: &[usize]| {
-            let o = Operand::arena(TensorDesc::new(dtype, shape.to_vec()), at);
-            at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
-            o
-        };
-        let ins: Vec<Operand> = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| place(if i == 3 { DType::I64 } else { DType::F32 }, s))
+        let ins: Vec<TensorDesc> = (inputs.iter().enumerate())
+            .map(|(i, s)| TensorDesc::new(if i == 3 { DType::I64 } else { DType::F32 }, s.to_vec()))
             .collect();
-        let outs = [place(DType::F32, x)];
-        let mut all = Vec::new();
-        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
-            let cx = KernelCx {
-                class,
-                op: "RotaryEmbedding",
-                name: "n",
-                attrs: a,
-                inputs: &ins,
-                outputs: &outs,
-            };
-            let d = lower(&cx).unwrap();
-            valid(&d);
-            all.extend(d);
-        }
-        all
+        let outs = [TensorDesc::new(DType::F32, x.to_vec())];
+        lower_all_classes(lower, "RotaryEmbedding", a, &ins, &outs, 0)
     }
 
     fn set(d: &Dispatch, name: &str) -> f64 {

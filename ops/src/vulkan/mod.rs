@@ -623,14 +623,30 @@ pub(crate) fn lower_f32_all_classes(
     outputs: &[&[usize]],
     skew: u64,
 ) -> Vec<Dispatch> {
+    let f32s = |shapes: &[&[usize]]| -> Vec<TensorDesc> {
+        shapes.iter().map(|s| TensorDesc::new(DType::F32, s.to_vec())).collect()
+    };
+    lower_all_classes(lower, op, attrs, &f32s(inputs), &f32s(outputs), skew)
+}
+
+/// For family tests: [`lower_f32_all_classes`] with operands of any type.
+#[cfg(test)]
+pub(crate) fn lower_all_classes(
+    lower: Lower,
+    op: &str,
+    attrs: &Attrs,
+    inputs: &[TensorDesc],
+    outputs: &[TensorDesc],
+    skew: u64,
+) -> Vec<Dispatch> {
     let mut at = 0;
-    let mut place = |shape: &[usize]| {
-        let o = Operand::arena(TensorDesc::new(DType::F32, shape.to_vec()), at + skew);
+    let mut place = |desc: &TensorDesc| {
+        let o = Operand::arena(desc.clone(), at + skew);
         at += (o.desc.bytes() as u64).next_multiple_of(16) + 16;
         o
     };
-    let inputs: Vec<Operand> = inputs.iter().map(|s| place(s)).collect();
-    let outputs: Vec<Operand> = outputs.iter().map(|s| place(s)).collect();
+    let inputs: Vec<Operand> = inputs.iter().map(&mut place).collect();
+    let outputs: Vec<Operand> = outputs.iter().map(&mut place).collect();
     let mut all = Vec::new();
     for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
         let cx = KernelCx { class, op, name: "n", attrs, inputs: &inputs, outputs: &outputs };
