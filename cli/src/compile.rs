@@ -28,6 +28,11 @@ pub struct Args {
     /// becomes a constant and everything computed from it folds.
     #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
     constant_inputs: Vec<(String, PathBuf)>,
+    /// The most iterations a Loop whose trip count is known only at run time may run, where it
+    /// has scan outputs: their storage is planned for that many rows, and a run that would
+    /// need more stops with an error naming the loop.
+    #[arg(long, value_name = "N")]
+    max_loop_iterations: Option<usize>,
     /// Run the independent plan verifier (always on in debug builds).
     #[arg(long)]
     verify: bool,
@@ -87,6 +92,7 @@ pub fn main(args: Args) -> Result<()> {
         constant_inputs,
         verify: args.verify,
         cpu_only,
+        max_loop_iterations: args.max_loop_iterations,
         ..CompileOptions::default()
     };
     let m = compile_variants_to(&sources, &options, &args.output)

@@ -45,6 +45,9 @@ pub struct Args {
     /// and what depends on it folds (an `If` on it picks its branch).
     #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
     constant_inputs: Vec<(String, PathBuf)>,
+    /// As for `ingot compile`, when the input is an ONNX model.
+    #[arg(long, value_name = "N")]
+    max_loop_iterations: Option<usize>,
 }
 
 /// How an ONNX model given to `plan` is compiled.
@@ -52,6 +55,7 @@ fn compile_options(args: &Args) -> Result<CompileOptions> {
     Ok(CompileOptions {
         input_shapes: args.input_shapes.clone(),
         constant_inputs: crate::args::read_constant_inputs(&args.constant_inputs)?,
+        max_loop_iterations: args.max_loop_iterations,
         ..CompileOptions::default()
     })
 }
@@ -65,10 +69,13 @@ pub fn main(args: Args) -> Result<()> {
         return print_stats(&args);
     }
     let variant = if is_bundle(&args.input)? {
-        if !args.input_shapes.is_empty() || !args.constant_inputs.is_empty() {
+        if !args.input_shapes.is_empty()
+            || !args.constant_inputs.is_empty()
+            || args.max_loop_iterations.is_some()
+        {
             bail!(
-                "--input-shape and --constant-input apply to ONNX models; {} is a bundle, \
-                 compiled with its shapes and constants",
+                "--input-shape, --constant-input and --max-loop-iterations apply to ONNX \
+                 models; {} is a bundle, compiled with its shapes and constants",
                 args.input.display()
             );
         }

@@ -32,6 +32,11 @@ pub struct CompileOptions {
     /// for the CPU backend alone and the bundle has no kernels section; a runtime skips
     /// Vulkan for it, saying why.
     pub cpu_only: bool,
+    /// The most iterations a `Loop` whose trip count is known only at run time may run where
+    /// it has scan outputs (`--max-loop-iterations N`): their storage is planned for that
+    /// many rows, and a run that would go past them stops with an error naming the loop.
+    /// Without it such a loop is refused at compile time.
+    pub max_loop_iterations: Option<usize>,
 }
 
 /// The planner's memory-sharing mechanisms, each of which can be turned off (to measure what
@@ -111,6 +116,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
         constant_inputs: options.constant_inputs.clone(),
     };
     let mut graph = onnx::import_file(model, &import_options)?;
+    graph.max_loop_iterations = options.max_loop_iterations;
     passes::run_all(&mut graph, options.cpu_only)?;
     let no_in_place = |_: &str, _: &ingot_schema::Attrs, _: usize| false;
     let cpu = plan::Target::cpu();

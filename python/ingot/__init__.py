@@ -101,6 +101,7 @@ def compile(
     variants: Optional[Mapping[str, VariantModel]] = None,
     output: Optional[PathLike] = None,
     verify: bool = False,
+    max_loop_iterations: Optional[int] = None,
 ) -> Union[bytes, Path]:
     """Compiles an ONNX model (or several, as variants of one bundle) into a bundle.
 
@@ -113,6 +114,10 @@ def compile(
             under several names with different shapes).
         output: write the bundle to this file (streaming the weights) instead of returning it.
         verify: run the independent plan verifier.
+        max_loop_iterations: the most iterations a ``Loop`` whose trip count is known only at
+            run time may run where it has scan outputs: their storage is planned for that many
+            rows, and a run that needs more raises ``IngotError``. Without it such a loop does
+            not compile.
 
     Returns:
         The bundle's bytes, or ``Path(output)`` when ``output`` is given.
@@ -123,8 +128,8 @@ def compile(
     sources = _variant_sources(model, variants)
     shared = _shapes(input_shapes)
     if output is None:
-        return _native.compile(sources, shared, None, verify)
-    _native.compile(sources, shared, os.fspath(output), verify)
+        return _native.compile(sources, shared, None, verify, max_loop_iterations)
+    _native.compile(sources, shared, os.fspath(output), verify, max_loop_iterations)
     return Path(output)
 
 

@@ -223,6 +223,11 @@ pub enum SessionError {
     Vulkan(Box<dyn std::error::Error + Send + Sync>),
     #[error("the plan makes step {index} '{name}' ({op}) read bytes it writes")]
     Aliasing { index: usize, name: String, op: String },
+    #[error(
+        "Loop '{name}' would run more than the {rows} iterations its scan outputs were planned \
+         for (compile it with a larger --max-loop-iterations)"
+    )]
+    LoopRows { name: String, rows: usize },
 }
 
 /// A submodel prepared for one device (or for the first device of a list that works).

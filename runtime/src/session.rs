@@ -177,6 +177,8 @@ impl Condition {
 /// holds, named by their index in the variant's outputs.
 #[derive(Clone, Debug)]
 struct Repeat {
+    /// The `Loop`, for messages.
+    name: String,
     /// The conditions it runs under (a run-time `If` branch), tested before it starts.
     guard: Vec<Condition>,
     parts: Range<usize>,
@@ -333,6 +335,7 @@ impl Session {
             .loops
             .iter()
             .map(|l| Repeat {
+                name: l.name.clone(),
                 guard: l.guard.iter().map(condition).collect(),
                 parts: l.first_submodel as usize..(l.first_submodel + l.submodel_count) as usize,
                 iteration: output(l.iteration),
@@ -609,7 +612,7 @@ impl Session {
                 };
                 // Where its branch is not taken, what the loop reads was not written.
                 let taken = r.guard.iter().all(|c| c.holds(inputs, outputs, boundary));
-                while taken && r.next_iteration(outputs) {
+                while taken && r.next_iteration(outputs)? {
                     for j in r.parts.clone() {
                         run_guarded(j, parts, inputs, outputs, boundary, times.as_deref_mut())?;
                     }
@@ -666,19 +669,26 @@ impl Repeat {
         bytes.map_or(0, |b| i64::from_le_bytes(*b))
     }
 
-    /// Whether another iteration runs: the trip count not reached, the condition true (and
-    /// every stack has a row left for it, as the trip count sized them).
-    fn next_iteration(&self, outputs: &[TensorMut]) -> bool {
+    /// Whether another iteration runs: the trip count not reached and the condition true.
+    /// Every stack must have a row left for it (a constant trip count sized them; where the
+    /// compiler was given the most iterations instead, a run may want more).
+    fn next_iteration(&self, outputs: &[TensorMut]) -> Result<bool, SessionError> {
         let int =
             |j: usize| outputs[j].bytes.first_chunk::<8>().map_or(0, |b| i64::from_le_bytes(*b));
         let i = self.iteration(outputs);
         let counted = self.trip_count.is_none_or(|t| i < int(t));
         let holds =
             self.condition.is_none_or(|c| outputs[c].bytes.first().is_some_and(|&b| b != 0));
-        let room = self.stacked.iter().all(|&(_, s)| {
-            usize::try_from(i).is_ok_and(|i| i < outputs[s].shape.first().copied().unwrap_or(0))
-        });
-        counted && holds && room
+        if !(counted && holds) {
+            return Ok(false);
+        }
+        for &(_, s) in &self.stacked {
+            let rows = outputs[s].shape.first().copied().unwrap_or(0);
+            if usize::try_from(i).is_ok_and(|i| i >= rows) {
+                return Err(SessionError::LoopRows { name: self.name.clone(), rows });
+            }
+        }
+        Ok(true)
     }
 
     /// Ends an iteration: each carried value's next over its state, each slice into its

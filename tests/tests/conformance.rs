@@ -41,6 +41,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// What the suites compile with as `--max-loop-iterations`: the storage planned for the scan
+/// outputs of a `Loop` whose trip count is an input (test_loop11, the expanded Range tests). A
+/// user gives the most their model runs; these tests run a few iterations, and a run past the
+/// bound would fail the test with the runtime's error.
+const MAX_LOOP_ITERATIONS: usize = 1024;
+
 /// Ops whose registry entry promises Vulkan kernels (no `cpu_only`) although the node tests
 /// give none of their steps one, each with why.
 const VULKAN_UNEXERCISED: &[(&str, &str)] = &[];
@@ -332,7 +338,11 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
             .iter()
             .map(|p| declared_bf16(p))
             .collect::<Result<Vec<_>>>()?;
-        let mut options = CompileOptions { verify: true, ..CompileOptions::default() };
+        let mut options = CompileOptions {
+            verify: true,
+            max_loop_iterations: Some(MAX_LOOP_ITERATIONS),
+            ..CompileOptions::default()
+        };
         let mut runtime = Vec::new();
         for (k, t) in inputs.into_iter().enumerate() {
             match inputs_info.get(k) {

@@ -344,13 +344,51 @@ fn a_long_loop_runs_as_a_repeated_submodel_and_stacks_its_scan_outputs() -> Resu
 }
 
 #[test]
-fn a_run_time_loop_with_scan_outputs_names_the_node() -> Result<()> {
+fn a_run_time_loop_with_scan_outputs_and_no_bound_names_the_node_and_the_option() -> Result<()> {
     let parts = [
         "'loop' (Loop)",
         "trip count (input 0) is computed at run time",
-        "scan outputs need a trip count known at compile time",
+        "--max-loop-iterations N",
     ];
     compile_fails(&loop_model(None, false), "loop_run_time", &parts)
+}
+
+#[test]
+fn a_run_time_loop_stacks_scan_outputs_up_to_its_bound_and_refuses_to_run_past_it() -> Result<()> {
+    let path = write(&loop_model(None, false), "loop_run_time_bounded")?;
+    let options =
+        CompileOptions { verify: true, max_loop_iterations: Some(8), ..CompileOptions::default() };
+    // The plan holds 8 rows and says where the rows that ran are counted.
+    let plan = ingot_compiler::plan_text(&path, &options)?;
+    let stacked = plan.lines().find(|l| l.trim_start().starts_with("ys ")).unwrap_or_default();
+    let rows = "\u{2264}8x3 (length in loop@loop.iteration)";
+    ensure!(stacked.ends_with(rows), "'ys' planned for 8 rows: {stacked:?}\n{plan}");
+    let bundle = ingot_compiler::compile_file(&path, &options)?;
+    let x = [0.5f32, -1.0, 2.0];
+    for m in [0i64, 1, 5, 8] {
+        let mut acc = x.to_vec();
+        let mut ys = Vec::new();
+        for i in 0..m {
+            acc = acc.iter().map(|a| a * 2.0 + i as f32).collect();
+            ys.extend(acc.iter().map(|a| -a));
+        }
+        let inputs = [Tensor::from_vec(vec![3], &x)?, Tensor::from_vec(vec![], &[m])?];
+        runs_give_all(&bundle, &inputs, &[acc, ys]).with_context(|| format!("m = {m}"))?;
+        let mut session = session_on(&bundle, Device::Cpu)?;
+        let shape = run(&mut session, &inputs)?[1].shape().to_vec();
+        ensure!(shape == [m as usize, 3], "m = {m}: ys is {shape:?}");
+    }
+    // A ninth iteration has no row: the run stops with an error naming the loop, on both
+    // backends.
+    let inputs = [Tensor::from_vec(vec![3], &x)?, Tensor::from_vec(vec![], &[9i64])?];
+    for device in [Device::Cpu, vulkan()] {
+        let mut session = session_on(&bundle, device.clone())?;
+        let Err(err) = session.run(&inputs) else { bail!("{device:?}: 9 iterations ran") };
+        let message = err.to_string();
+        let want = "Loop 'loop' would run more than the 8 iterations its scan outputs were";
+        ensure!(message.contains(want), "{device:?}: {message}");
+    }
+    Ok(())
 }
 
 /// acc [3] = x; each iteration i: acc = i - acc, for `m` iterations, `m` a graph input: no

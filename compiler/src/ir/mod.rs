@@ -48,6 +48,9 @@ pub struct Graph {
     /// What a node in the body of such a loop belongs to, by the node's outputs (as
     /// [`Graph::guards`]): the index of its [`Repeat`]. Nodes not here run once.
     pub in_repeat: BTreeMap<ValueId, usize>,
+    /// The most iterations a run-time loop may stack scan outputs for where its trip count is
+    /// not a constant (`CompileOptions::max_loop_iterations`); none: such a loop is refused.
+    pub max_loop_iterations: Option<usize>,
 }
 
 /// A `Loop` whose body runs at run time until its trip count or its condition ends it. Its
@@ -77,7 +80,8 @@ pub struct Repeat {
     pub guard: Guard,
     /// `(slice, stacked)`: the body writes `slice`, which the runtime copies into row
     /// `iteration` of `stacked` after each iteration: a scan output, as long as the trip
-    /// count (a constant) and filled as far as `iteration` goes (its bound).
+    /// count where it is a constant, else as `Graph::max_loop_iterations`, and filled as far
+    /// as `iteration` goes (its bound).
     pub scans: Vec<(ValueId, ValueId)>,
 }
 

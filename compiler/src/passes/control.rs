@@ -647,26 +647,43 @@ impl Repeating<'_> {
     /// outputs (the epilogue). The [`Repeat`] records which is which.
     fn expand(self, g: &mut Graph, node: &Node) -> Result<Vec<Node>, String> {
         let refuse = |what: &str| Err(format!("{}; {what}", self.why));
-        // Scan outputs are stacked in storage as long as the trip count, which must be
-        // known, and at most what the runtime holds.
-        let rows = match own_input(node, 0).and_then(|m| g.constant(m)) {
-            _ if self.scan_outputs == 0 => 0,
-            Some(m) if self.done == 0 => {
-                let m = m.tensor().to_i64s().and_then(|v| v.first().copied()).unwrap_or(0);
-                match usize::try_from(m) {
-                    Ok(rows) if rows <= MAX_STACKED => rows,
-                    _ => {
-                        return refuse(&format!(
-                            "its trip count {m} is more rows than Ingot stacks scan outputs into \
-                             (at most {MAX_STACKED})"
-                        ));
-                    }
-                }
+        // Scan outputs are stacked in storage as long as the trip count where it is a
+        // constant, or else as the most iterations the caller allows; the runtime stops with
+        // an error rather than run past them.
+        let constant_trips = own_input(node, 0)
+            .and_then(|m| g.constant(m))
+            .map(|m| m.tensor().to_i64s().and_then(|v| v.first().copied()).unwrap_or(0));
+        let (rows, rows_bounded) = match (constant_trips, g.max_loop_iterations) {
+            _ if self.scan_outputs == 0 => (0, false),
+            _ if self.done > 0 => {
+                return refuse(&format!(
+                    "Ingot unrolled its first {} iterations and would run the rest at run \
+                     time, but does not stack scan outputs across the two",
+                    self.done
+                ));
             }
-            _ => {
+            (Some(m), _) => match usize::try_from(m) {
+                Ok(rows) if rows <= MAX_STACKED => (rows, false),
+                _ => {
+                    return refuse(&format!(
+                        "its trip count {m} is more rows than Ingot stacks scan outputs into \
+                         (at most {MAX_STACKED})"
+                    ));
+                }
+            },
+            (None, Some(most)) if most <= MAX_STACKED => (most, true),
+            (None, Some(most)) => {
+                return refuse(&format!(
+                    "--max-loop-iterations {most} is more rows than Ingot stacks scan outputs \
+                     into (at most {MAX_STACKED})"
+                ));
+            }
+            (None, None) => {
                 return refuse(
-                    "Ingot runs such a Loop as a repeated submodel, whose scan outputs need a \
-                     trip count known at compile time (their storage is planned for it)",
+                    "Ingot runs such a Loop as a repeated submodel, whose scan outputs are \
+                     stacked in storage planned ahead: give the most iterations it may run \
+                     (`ingot compile --max-loop-iterations N`, \
+                     `CompileOptions::max_loop_iterations`)",
                 );
             }
         };
@@ -764,8 +781,8 @@ impl Repeating<'_> {
             let mut attrs = Attrs::new();
             attrs.set(STACK_ROWS, AttrValue::Int(rows as i64));
             stacks.push(step(format!("{tag}.stacked{j}"), "Identity", &[slice], stacked, attrs));
-            // Without a condition every row is filled: the trip count is the rows.
-            if condition.is_some() {
+            // Without a condition a constant trip count fills every row.
+            if condition.is_some() || rows_bounded {
                 g.bounded.insert(stacked, Bound { axis: 0, count: iteration });
             }
             scans.push((slice, stacked));
