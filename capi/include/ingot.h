@@ -96,7 +96,13 @@ typedef enum IngotDType {
     INGOT_DTYPE_F8E5M2FNUZ = 20,
     /* 4-bit integers, one byte per element (ONNX files pack two): INT4 sign-extended. */
     INGOT_DTYPE_U4 = 21,
-    INGOT_DTYPE_I4 = 22
+    INGOT_DTYPE_I4 = 22,
+    /* FLOAT4E2M1 in the low nibble of a byte; FLOAT8E8M0 (a power of two) a byte. */
+    INGOT_DTYPE_F4E2M1 = 23,
+    INGOT_DTYPE_F8E8M0 = 24,
+    /* 2-bit integers, one byte per element (ONNX files pack four): INT2 sign-extended. */
+    INGOT_DTYPE_U2 = 25,
+    INGOT_DTYPE_I2 = 26
 } IngotDType;
 
 /* A compiled model, opened and validated. */

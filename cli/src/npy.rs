@@ -58,9 +58,14 @@ fn parse(bytes: &[u8]) -> Result<Tensor> {
         DType::F16 => typed!(half::f16),
         DType::F64 => typed!(f64),
         // numpy has no 4-bit types: `from_numpy_descr` gives int8 and uint8 for their bytes.
-        DType::I8 | DType::I4 => typed!(i8),
-        DType::U8 | DType::U4 => typed!(u8),
-        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => typed!(u8),
+        DType::I8 | DType::I4 | DType::I2 => typed!(i8),
+        DType::U8 | DType::U4 | DType::U2 => typed!(u8),
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1 => typed!(u8),
         DType::I16 => typed!(i16),
         DType::U16 => typed!(u16),
         DType::I32 => typed!(i32),
@@ -96,10 +101,15 @@ pub fn write(path: &Path, t: &Tensor) -> Result<()> {
         DType::F16 => typed!(half::f16, t.as_slice::<half::f16>()?.iter().copied()),
         DType::F64 => typed!(f64, t.as_slice::<f64>()?.iter().copied()),
         // 4-bit integers are written as their one-byte storage (numpy has no 4-bit types).
-        DType::I8 | DType::I4 => typed!(i8, t.as_slice::<i8>()?.iter().copied()),
-        DType::U8 | DType::U4 => typed!(u8, t.as_slice::<u8>()?.iter().copied()),
-        // Float8 as its bits (numpy has no float8).
-        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+        DType::I8 | DType::I4 | DType::I2 => typed!(i8, t.as_slice::<i8>()?.iter().copied()),
+        DType::U8 | DType::U4 | DType::U2 => typed!(u8, t.as_slice::<u8>()?.iter().copied()),
+        // Minifloats as their bits (numpy has no such types).
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1 => {
             typed!(u8, t.bytes().iter().copied())
         }
         DType::I16 => typed!(i16, t.as_slice::<i16>()?.iter().copied()),

@@ -229,16 +229,21 @@ fn values(t: &Tensor) -> Vec<f64> {
             .as_slice::<half::f16>()
             .map(|v| v.iter().map(|x| x.to_f64()).collect())
             .unwrap_or_default(),
-        DType::I8 | DType::I4 => all!(i8),
-        DType::U8 | DType::Bool | DType::U4 => all!(u8),
+        DType::I8 | DType::I4 | DType::I2 => all!(i8),
+        DType::U8 | DType::Bool | DType::U4 | DType::U2 => all!(u8),
         DType::I16 => all!(i16),
         DType::U16 => all!(u16),
         DType::I32 => all!(i32),
         DType::U32 => all!(u32),
         DType::I64 => all!(i64),
         DType::U64 => all!(u64),
-        d @ (DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ) => {
-            let f = ingot_runtime::float8::Format::of(d);
+        d @ (DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1) => {
+            let f = ingot_runtime::minifloat::Format::of(d);
             t.bytes().iter().map(|&b| f.map_or(f64::NAN, |f| f64::from(f.decode(b)))).collect()
         }
     }

@@ -9,8 +9,8 @@
 #[cfg(feature = "lower")]
 pub mod bounded;
 pub mod cpu;
-pub mod float8;
 pub mod lower;
+pub mod minifloat;
 mod node;
 pub mod registry;
 pub mod tensor;

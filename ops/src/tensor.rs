@@ -57,12 +57,12 @@ element!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i16 => I16, u16 => U16, i32
          u32 => U32, i64 => I64, u64 => U64, half::f16 => F16);
 
 fn check<T: Element>(dtype: DType) -> Result<(), TensorError> {
-    // Bool is stored as u8 and may be read as u8.
-    // Bool, the 4-bit integers and float8 are stored as their one-byte types are.
+    // Bool, the 2- and 4-bit integers and the minifloats are stored as their one-byte types
+    // are, and may be read as them.
     let storage = match dtype {
-        DType::Bool | DType::U4 => DType::U8,
-        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => DType::U8,
-        DType::I4 => DType::I8,
+        DType::Bool | DType::U4 | DType::U2 => DType::U8,
+        d if d.is_minifloat() => DType::U8,
+        DType::I4 | DType::I2 => DType::I8,
         d => d,
     };
     let ok = T::DTYPE == dtype || T::DTYPE == storage;

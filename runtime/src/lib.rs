@@ -11,7 +11,7 @@ pub mod cpu;
 pub mod failsafe;
 pub mod ledger;
 pub mod session;
-pub use ingot_ops::float8;
+pub use ingot_ops::minifloat;
 pub use ingot_ops::tensor;
 #[cfg(feature = "vulkan")]
 pub mod vulkan;

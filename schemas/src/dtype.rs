@@ -4,10 +4,11 @@ use crate::proto::DataType;
 use std::fmt;
 
 /// The element type of a tensor. Bool is stored as one byte per element (0 or 1), and the
-/// 4-bit integers of opset 21 one byte per element too (ONNX packs two per byte): I4 as the
-/// sign-extended byte (-8..=7, the bits of an i8), U4 as the byte (0..=15, a u8), so every
-/// kernel that reads int8 or uint8 reads them as they are. The float8 types of opset 19 are
-/// their bytes; only casts and (de)quantization convert them (`ingot_ops::float8`).
+/// 4- and 2-bit integers of opsets 21 and 25 one byte per element too (ONNX packs two or four
+/// per byte): I4 and I2 as the sign-extended byte (-8..=7, the bits of an i8), U4 and U2 as
+/// the byte (0..=15, a u8), so every kernel that reads int8 or uint8 reads them as they are.
+/// The float8 types of opsets 19 and 24 are their bytes, FLOAT4E2M1 its bits in a byte's low
+/// nibble; only casts and (de)quantization convert them (`ingot_ops::minifloat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -28,10 +29,14 @@ pub enum DType {
     F8E4M3FNUZ,
     F8E5M2,
     F8E5M2FNUZ,
+    F8E8M0,
+    F4E2M1,
+    I2,
+    U2,
 }
 
 impl DType {
-    pub const ALL: [DType; 18] = [
+    pub const ALL: [DType; 22] = [
         DType::F32,
         DType::F16,
         DType::F64,
@@ -50,12 +55,17 @@ impl DType {
         DType::F8E4M3FNUZ,
         DType::F8E5M2,
         DType::F8E5M2FNUZ,
+        DType::F8E8M0,
+        DType::F4E2M1,
+        DType::I2,
+        DType::U2,
     ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            DType::I8 | DType::U8 | DType::Bool | DType::I4 | DType::U4 => 1,
+            DType::I8 | DType::U8 | DType::Bool | DType::I4 | DType::U4 | DType::I2 => 1,
+            DType::U2 | DType::F4E2M1 | DType::F8E8M0 => 1,
             DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => 1,
             DType::F16 | DType::I16 | DType::U16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
@@ -84,6 +94,10 @@ impl DType {
             DType::F8E4M3FNUZ => "f8e4m3fnuz",
             DType::F8E5M2 => "f8e5m2",
             DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F8E8M0 => "f8e8m0",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 
@@ -108,12 +122,16 @@ impl DType {
             DType::F8E4M3FNUZ => "float8_e4m3fnuz",
             DType::F8E5M2 => "float8_e5m2",
             DType::F8E5M2FNUZ => "float8_e5m2fnuz",
+            DType::F8E8M0 => "float8_e8m0fnu",
+            DType::F4E2M1 => "float4_e2m1fn",
+            DType::I2 => "int2",
+            DType::U2 => "uint2",
         }
     }
 
     /// The little-endian numpy type string (`.npy` header `descr`): `<f4`, `|u1`...
     /// Single-byte types are written with `|` (no byte order), the others with `<`; numpy has
-    /// no 4-bit or float8 types, so those travel as int8 and uint8 (their storage).
+    /// no 2-bit, 4-bit or 8-bit float types, so those travel as int8 and uint8 (their storage).
     pub const fn numpy_descr(self) -> &'static str {
         match self {
             DType::F32 => "<f4",
@@ -128,10 +146,10 @@ impl DType {
             DType::I64 => "<i8",
             DType::U64 => "<u8",
             DType::Bool => "|b1",
-            DType::I4 => "|i1",
-            DType::U4 | DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
-                "|u1"
-            }
+            DType::I4 | DType::I2 => "|i1",
+            DType::U4 | DType::U2 => "|u1",
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => "|u1",
+            DType::F8E8M0 | DType::F4E2M1 => "|u1",
         }
     }
 
@@ -143,9 +161,28 @@ impl DType {
         DType::ALL.into_iter().find(|d| little && d.numpy_descr()[1..] == *kind)
     }
 
-    /// One of the float8 types (which no arithmetic kernel takes).
-    pub const fn is_float8(self) -> bool {
-        matches!(self, DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ)
+    /// One of the float types of 8 bits or fewer, the float8s and FLOAT4E2M1 (which no
+    /// arithmetic kernel takes: `ingot_ops::minifloat` converts them).
+    pub const fn is_minifloat(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN
+                | DType::F8E4M3FNUZ
+                | DType::F8E5M2
+                | DType::F8E5M2FNUZ
+                | DType::F8E8M0
+                | DType::F4E2M1
+        )
+    }
+
+    /// The integers ONNX packs several to a byte (in files; Ingot keeps one a byte), and the
+    /// bits of each: 4 for I4 and U4, 2 for I2 and U2. FLOAT4E2M1 packs as U4 does.
+    pub const fn packed_bits(self) -> Option<u32> {
+        match self {
+            DType::I4 | DType::U4 | DType::F4E2M1 => Some(4),
+            DType::I2 | DType::U2 => Some(2),
+            _ => None,
+        }
     }
 
     pub const fn is_float(self) -> bool {
@@ -182,6 +219,10 @@ impl DType {
             DType::F8E4M3FNUZ => DataType::F8e4m3fnuz,
             DType::F8E5M2 => DataType::F8e5m2,
             DType::F8E5M2FNUZ => DataType::F8e5m2fnuz,
+            DType::F8E8M0 => DataType::F8e8m0,
+            DType::F4E2M1 => DataType::F4e2m1,
+            DType::I2 => DataType::I2,
+            DType::U2 => DataType::U2,
         }
     }
 
@@ -206,6 +247,10 @@ impl DType {
             DataType::F8e4m3fnuz => DType::F8E4M3FNUZ,
             DataType::F8e5m2 => DType::F8E5M2,
             DataType::F8e5m2fnuz => DType::F8E5M2FNUZ,
+            DataType::F8e8m0 => DType::F8E8M0,
+            DataType::F4e2m1 => DType::F4E2M1,
+            DataType::I2 => DType::I2,
+            DataType::U2 => DType::U2,
         })
     }
 }
@@ -235,13 +280,19 @@ mod tests {
             (DType::from_onnx_code(21), DType::from_onnx_code(22)),
             (Some(DType::U4), Some(DType::I4))
         );
+        let codes = [23, 24, 25, 26].map(DType::from_onnx_code);
+        assert_eq!(
+            codes,
+            [DType::F4E2M1, DType::F8E8M0, DType::U2, DType::I2].map(Some),
+            "FLOAT4E2M1, FLOAT8E8M0, UINT2, INT2"
+        );
     }
 
     #[test]
     fn numpy_type_strings_round_trip() {
         for dt in DType::ALL {
             let storage = match dt {
-                DType::I4 => DType::I8,
+                DType::I4 | DType::I2 => DType::I8,
                 dt if dt.size() == 1 && dt != DType::I8 && dt != DType::Bool => DType::U8,
                 dt => dt,
             };

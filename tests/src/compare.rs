@@ -166,16 +166,22 @@ fn values(t: &Tensor) -> Result<Vec<f64>, String> {
         DType::F32 => conv!(f32, |&x| f64::from(x)),
         DType::F64 => conv!(f64, |&x| x),
         DType::F16 => conv!(half::f16, |&x| x.to_f64()),
-        DType::I8 | DType::I4 => conv!(i8, |&x| f64::from(x)),
+        DType::I8 | DType::I4 | DType::I2 => conv!(i8, |&x| f64::from(x)),
         DType::I16 => conv!(i16, |&x| f64::from(x)),
         DType::I32 => conv!(i32, |&x| f64::from(x)),
         DType::I64 => conv!(i64, |&x| x as f64),
-        DType::U8 | DType::Bool | DType::U4 => conv!(u8, |&x| f64::from(x)),
+        DType::U8 | DType::Bool | DType::U4 | DType::U2 => conv!(u8, |&x| f64::from(x)),
         DType::U16 => conv!(u16, |&x| f64::from(x)),
         DType::U32 => conv!(u32, |&x| f64::from(x)),
         DType::U64 => conv!(u64, |&x| x as f64),
-        d @ (DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ) => {
-            let f = ingot_ops::float8::Format::of(d).ok_or("a float8 type without a format")?;
+        d @ (DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1) => {
+            let f =
+                ingot_ops::minifloat::Format::of(d).ok_or("a minifloat type without a format")?;
             conv!(u8, |&x| f64::from(f.decode(x)))
         }
     })

@@ -61,13 +61,18 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
             DType::F32 => typed!(f32, t.to_vec::<f32>()?),
             DType::F64 => typed!(f64, t.to_vec::<f64>()?),
             DType::F16 => typed!(half::f16, t.to_vec::<half::f16>()?),
-            DType::I8 | DType::I4 => typed!(i8, t.to_vec::<i8>()?),
+            DType::I8 | DType::I4 | DType::I2 => typed!(i8, t.to_vec::<i8>()?),
             DType::I16 => typed!(i16, t.to_vec::<i16>()?),
             DType::I32 => typed!(i32, t.to_vec::<i32>()?),
             DType::I64 => typed!(i64, t.to_vec::<i64>()?),
-            // Float8 as its bits (numpy has no float8).
-            DType::U8 | DType::U4 => typed!(u8, t.to_vec::<u8>()?),
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
+            // Minifloats as their bits (numpy has no such types).
+            DType::U8 | DType::U4 | DType::U2 => typed!(u8, t.to_vec::<u8>()?),
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1 => {
                 typed!(u8, t.to_vec::<u8>()?)
             }
             DType::U16 => typed!(u16, t.to_vec::<u16>()?),

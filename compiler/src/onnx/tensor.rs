@@ -25,12 +25,22 @@ pub(super) fn onnx_type_name(code: i32) -> String {
 /// precision (`Cast` attribute `bfloat16`). Arithmetic then runs at f32 precision.
 pub(crate) const BFLOAT16: i32 = DataType::BFLOAT16 as i32;
 
-/// Two 4-bit integers per byte, the first in the low nibble, as ONNX stores INT4 and UINT4
-/// (in raw_data, int32_data and external data alike): one byte each, as Ingot keeps them
-/// (`DType::I4` sign-extended).
-fn unpack_nibbles(packed: impl Iterator<Item = u8>, count: usize, signed: bool) -> Vec<u8> {
-    let widen = |n: u8| if signed && n >= 8 { n | 0xf0 } else { n };
-    packed.flat_map(|b| [widen(b & 0x0f), widen(b >> 4)]).take(count).collect()
+/// Values of `bits` bits (4 or 2), 8 / `bits` to a byte, the first in the low bits, as ONNX
+/// stores INT4, UINT4, FLOAT4E2M1, INT2 and UINT2 (in raw_data, int32_data and external data
+/// alike): one byte each, as Ingot keeps them (`DType::I4` and `I2` sign-extended).
+fn unpack(packed: impl Iterator<Item = u8>, count: usize, bits: u32, signed: bool) -> Vec<u8> {
+    let per_byte = 8 / bits;
+    let mask = (1u8 << bits) - 1;
+    let widen = |v: u8| if signed && v >> (bits - 1) != 0 { v | !mask } else { v };
+    packed
+        .flat_map(|b| (0..per_byte).map(move |k| widen((b >> (k * bits)) & mask)))
+        .take(count)
+        .collect()
+}
+
+/// Whether a packed type's values are sign-extended into their byte.
+fn sign_extends(dtype: DType) -> bool {
+    matches!(dtype, DType::I4 | DType::I2)
 }
 
 /// The element type for an ONNX type code; unsupported types give a message.
@@ -41,7 +51,7 @@ pub(super) fn dtype(code: i32) -> Result<DType, String> {
     DType::from_onnx_code(code).ok_or_else(|| {
         format!(
             "element type {} is not supported (Ingot runs float, float16, double, float8, \
-             bool and 4- to 64-bit integers, and bfloat16 as float)",
+             float4, bool and 2- to 64-bit integers, and bfloat16 as float)",
             onnx_type_name(code)
         )
     })
@@ -92,11 +102,12 @@ pub(super) fn to_const(t: &TensorProto, ext: &mut ExternalData) -> Result<Const,
                 .map(Const::owned)
                 .map_err(|e| e.to_string())
         }
-        Ok(DataLocation::EXTERNAL) if matches!(desc.dtype, DType::I4 | DType::U4) => {
-            let packed = TensorDesc::new(DType::U8, vec![desc.elements().div_ceil(2)]);
-            let packed = ext.load(packed, &t.external_data)?;
-            let signed = desc.dtype == DType::I4;
-            let values = unpack_nibbles(packed.bytes().iter().copied(), desc.elements(), signed);
+        Ok(DataLocation::EXTERNAL) if desc.dtype.packed_bits().is_some() => {
+            let bits = desc.dtype.packed_bits().unwrap_or(8);
+            let bytes = desc.elements().div_ceil((8 / bits) as usize);
+            let packed = ext.load(TensorDesc::new(DType::U8, vec![bytes]), &t.external_data)?;
+            let (count, signed) = (desc.elements(), sign_extends(desc.dtype));
+            let values = unpack(packed.bytes().iter().copied(), count, bits, signed);
             Tensor::from_bytes(desc, &values).map(Const::owned).map_err(|e| e.to_string())
         }
         Ok(DataLocation::EXTERNAL) => ext.load(desc, &t.external_data),
@@ -125,24 +136,26 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         };
         return Tensor::from_bytes(desc, bytemuck::cast_slice(&values)).map_err(|e| e.to_string());
     }
-    if let signed @ (DType::I4 | DType::U4) = desc.dtype {
-        let (count, signed) = (desc.elements(), signed == DType::I4);
+    if let Some(bits) = desc.dtype.packed_bits() {
+        let (count, signed) = (desc.elements(), sign_extends(desc.dtype));
+        let per_byte = (8 / bits) as usize;
+        let bytes = count.div_ceil(per_byte);
         let packed: Vec<u8> = if t.raw_data.is_empty() {
             let field = &t.int32_data;
-            if field.len() != count.div_ceil(2) {
-                count_check(&desc, "int32_data (two 4-bit values each)", field.len() * 2)?;
+            if field.len() != bytes {
+                let what = format!("int32_data ({per_byte} {bits}-bit values each)");
+                count_check(&desc, &what, field.len() * per_byte)?;
             }
             field.iter().map(|&v| v as u8).collect()
-        } else if t.raw_data.len() == count.div_ceil(2) {
+        } else if t.raw_data.len() == bytes {
             t.raw_data.clone()
         } else {
             return Err(format!(
-                "raw_data holds {} bytes; {count} 4-bit values need {}",
-                t.raw_data.len(),
-                count.div_ceil(2)
+                "raw_data holds {} bytes; {count} {bits}-bit values need {bytes}",
+                t.raw_data.len()
             ));
         };
-        let values = unpack_nibbles(packed.into_iter(), count, signed);
+        let values = unpack(packed.into_iter(), count, bits, signed);
         return Tensor::from_bytes(desc, &values).map_err(|e| e.to_string());
     }
     if !t.raw_data.is_empty() {
@@ -167,9 +180,9 @@ pub(super) fn decode_inline(t: &TensorProto, desc: TensorDesc) -> Result<Tensor,
         U8 => converted(desc, "int32_data", &t.int32_data, |v| v as u8),
         Bool => converted(desc, "int32_data", &t.int32_data, |v| u8::from(v != 0)),
         F16 => converted(desc, "int32_data", &t.int32_data, |v| half::f16::from_bits(v as u16)),
-        I4 | U4 => Err("4-bit integers are unpacked above".into()),
+        I4 | U4 | I2 | U2 | F4E2M1 => Err("packed types are unpacked above".into()),
         // Each int32 holds one float8's bits.
-        F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ => {
+        F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 => {
             converted(desc, "int32_data", &t.int32_data, |v| v as u8)
         }
     }

@@ -820,7 +820,7 @@ fn bfloat16_is_read_as_float() {
     assert!(msg.contains("'short'") && msg.contains("needs 4"), "{msg}");
 }
 
-// ---- 4-bit integers ----
+// ---- 4- and 2-bit integers, float4 ----
 
 #[test]
 fn four_bit_integers_are_unpacked_one_per_byte() {
@@ -842,6 +842,36 @@ fn four_bit_integers_are_unpacked_one_per_byte() {
     let long = TensorProto { raw_data: vec![0, 0, 0], ..tp("long", DataType::INT4, &[3]) };
     let msg = import_err(&initializers(vec![long]), &ImportOptions::default());
     assert!(msg.contains("'long'") && msg.contains("3 4-bit values need 2"), "{msg}");
+}
+
+#[test]
+fn two_bit_integers_and_float4_are_unpacked_one_per_byte() {
+    // ONNX's codes 26 (INT2) and 23 (FLOAT4E2M1), which onnx-protobuf does not name.
+    let with_code = |name, code, dims: &[i64]| TensorProto {
+        data_type: code,
+        ..tp(name, DataType::INT4, dims)
+    };
+    // Four values per byte, the first in the low bits: int2 [-2, 1, -1, 0, 1] is 0x36, 0x01.
+    let int2 = TensorProto { raw_data: vec![0x36, 0x01], ..with_code("int2", 26, &[5]) };
+    let mut typed = with_code("typed", 26, &[5]);
+    typed.int32_data = vec![0x36, 0x01];
+    // float4 0x71: 0.5 (code 1), then 6 (code 7), kept as their codes.
+    let f4 = TensorProto { raw_data: vec![0x71], ..with_code("f4", 23, &[2]) };
+    let graph = GraphProto {
+        output: vec![out("int2"), out("typed"), out("f4")],
+        initializer: vec![int2, typed, f4],
+        ..Default::default()
+    };
+    let g = import_ok(&model(25, graph));
+    assert_eq!(constant(&g, "int2").as_slice::<i8>().unwrap(), &[-2, 1, -1, 0, 1]);
+    assert_eq!(constant(&g, "int2").desc().dtype, DType::I2);
+    assert_eq!(constant(&g, "typed").as_slice::<i8>().unwrap(), &[-2, 1, -1, 0, 1]);
+    assert_eq!(constant(&g, "f4").bytes(), &[1, 7]);
+    assert_eq!(constant(&g, "f4").desc().dtype, DType::F4E2M1);
+
+    let long = TensorProto { raw_data: vec![0, 0], ..with_code("long", 26, &[3]) };
+    let msg = import_err(&initializers(vec![long]), &ImportOptions::default());
+    assert!(msg.contains("'long'") && msg.contains("3 2-bit values need 1"), "{msg}");
 }
 
 #[test]

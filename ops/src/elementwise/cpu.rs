@@ -22,8 +22,8 @@
 
 use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
-use crate::float8::Format;
 use crate::invalid;
+use crate::minifloat::{Format, Rounding};
 use crate::tensor::{Element, TensorMut, TensorRef};
 use broadcast::Broadcast;
 use half::f16;
@@ -617,30 +617,36 @@ fn cast(cx: &OpCx) -> Prepared {
         }
         return Ok(map(len, round_to_bf16));
     }
-    if src == DType::F32 && !matches!(dst, DType::I4 | DType::U4) && !dst.is_float8() {
+    if src == DType::F32 && dst.packed_bits().is_none() && !dst.is_minifloat() {
         return match dst {
             DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
             _ => any_type!(dst, cx, |B| Ok(map(len, |x: f32| B::from_wide(x.to_wide())))),
         };
     }
-    // Bool is stored as 0/1 bytes, so as a source it converts like u8; the 4-bit integers as
-    // their bytes, i8 and u8.
+    // Bool is stored as 0/1 bytes, so as a source it converts like u8; the 2- and 4-bit
+    // integers as their bytes, i8 and u8.
     let storage = match src {
-        DType::I4 => DType::I8,
-        DType::U4 => DType::U8,
+        DType::I4 | DType::I2 => DType::I8,
+        DType::U4 | DType::U2 => DType::U8,
         t => t,
     };
     let widen = match Format::of(src) {
-        Some(f) => (1, Widen::Float8(f)),
+        Some(f) => (1, Widen::Minifloat(f)),
         None => any_type!(storage, cx, |A| Ok((size_of::<A>(), Widen::Typed(widen::<A>))))?,
     };
-    // Float8 saturates unless the model says not to (opset 19's `saturate`).
+    // Minifloats saturate unless the model says not to (opset 19's `saturate`); FLOAT8E8M0
+    // rounds as `round_mode` says (opset 24).
     let saturate = cx.attrs.int_or("saturate", 1)? != 0;
+    let mode = cx.attrs.text_or("round_mode", "up")?;
+    let rounding =
+        Rounding::parse(mode).ok_or_else(|| invalid!("round_mode '{mode}' is not supported"))?;
     let narrow = match (dst, Format::of(dst)) {
         (DType::Bool, _) => (1, Narrow::Typed(narrow_bool)),
-        (DType::I4, _) => (1, Narrow::Typed(narrow_nibble::<true>)),
-        (DType::U4, _) => (1, Narrow::Typed(narrow_nibble::<false>)),
-        (_, Some(f)) => (1, Narrow::Float8(f, saturate)),
+        (DType::I4, _) => (1, Narrow::Typed(narrow_sub_byte::<4, true>)),
+        (DType::U4, _) => (1, Narrow::Typed(narrow_sub_byte::<4, false>)),
+        (DType::I2, _) => (1, Narrow::Typed(narrow_sub_byte::<2, true>)),
+        (DType::U2, _) => (1, Narrow::Typed(narrow_sub_byte::<2, false>)),
+        (_, Some(f)) => (1, Narrow::Minifloat(f, saturate, rounding)),
         _ => any_type!(dst, cx, |B| Ok((size_of::<B>(), Narrow::Typed(narrow::<B>))))?,
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
@@ -658,25 +664,26 @@ pub(crate) fn round_to_bf16(x: f32) -> f32 {
     f32::from_bits(rounded)
 }
 
-/// How a cast reads its source: a function per Rust type, or a float8 format.
+/// How a cast reads its source: a function per Rust type, or a minifloat format.
 #[derive(Clone, Copy)]
 enum Widen {
     Typed(fn(&[u8], &mut [Wide])),
-    Float8(Format),
+    Minifloat(Format),
 }
 
-/// How a cast writes its destination; float8 with whether it saturates.
+/// How a cast writes its destination; a minifloat with whether it saturates and how it
+/// rounds.
 #[derive(Clone, Copy)]
 enum Narrow {
     Typed(fn(&[Wide], &mut [u8])),
-    Float8(Format, bool),
+    Minifloat(Format, bool, Rounding),
 }
 
 impl Widen {
     fn run(self, x: &[u8], w: &mut [Wide]) {
         match self {
             Widen::Typed(f) => f(x, w),
-            Widen::Float8(format) => {
+            Widen::Minifloat(format) => {
                 for (&x, w) in x.iter().zip(w) {
                     *w = Wide::F(f64::from(format.decode(x)));
                 }
@@ -689,9 +696,9 @@ impl Narrow {
     fn run(self, w: &[Wide], y: &mut [u8]) {
         match self {
             Narrow::Typed(f) => f(w, y),
-            Narrow::Float8(format, saturate) => {
+            Narrow::Minifloat(format, saturate, rounding) => {
                 for (&w, y) in w.iter().zip(y) {
-                    *y = format.encode(w.to_f64(), saturate);
+                    *y = format.encode_rounded(w.to_f64(), saturate, rounding);
                 }
             }
         }
@@ -727,11 +734,12 @@ fn narrow<T: Scalar>(w: &[Wide], y: &mut [u8]) {
     }
 }
 
-/// A cast to a 4-bit integer, as ONNX's reference (ml_dtypes) computes it: integers wrap to
-/// 4 bits; floats truncate toward zero, and one outside the type's range (or NaN) gives 0
-/// (ONNX leaves it undefined).
-fn narrow_nibble<const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
-    let (lo, hi) = if SIGNED { (-8.0, 7.0) } else { (0.0, 15.0) };
+/// A cast to a `BITS`-bit integer (2 or 4), as ONNX's reference (ml_dtypes) computes it:
+/// integers wrap to `BITS` bits; floats truncate toward zero, and one outside the type's range
+/// (or NaN) gives 0 (ONNX leaves it undefined).
+fn narrow_sub_byte<const BITS: u32, const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
+    let levels = f64::from(1u32 << BITS);
+    let (lo, hi) = if SIGNED { (-levels / 2.0, levels / 2.0 - 1.0) } else { (0.0, levels - 1.0) };
     for (&w, y) in w.iter().zip(y) {
         let i = match w {
             Wide::F(v) => {
@@ -741,7 +749,7 @@ fn narrow_nibble<const SIGNED: bool>(w: &[Wide], y: &mut [u8]) {
             Wide::I(v) => v,
             Wide::U(v) => v as i64,
         };
-        *y = crate::movement::cpu::nibble(i, SIGNED);
+        *y = crate::movement::cpu::wrap_to_bits(i, BITS, SIGNED);
     }
 }
 

@@ -208,8 +208,9 @@ fn lower_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 /// ONNX's type code of bfloat16, which the importer reads as f32.
 const BFLOAT16: i64 = 16;
 
-/// `Cast` keeps `to`, and `saturate` where `to` is a float8 type (the only ones it affects); `CastLike`
-/// becomes a `Cast` to its second input's type. A cast to bfloat16 is a cast to f32 with
+/// `Cast` keeps `to`, `saturate` where `to` is a float of 8 bits or fewer (the only ones it
+/// affects) and `round_mode` where it is FLOAT8E8M0 (checked); `CastLike` becomes a `Cast` to
+/// its second input's type. A cast to bfloat16 is a cast to f32 with
 /// `bfloat16 = 1`: the value rounded to bfloat16's precision (Ingot carries bfloat16 in f32).
 fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let to = if node.op == "CastLike" {
@@ -220,10 +221,21 @@ fn lower_cast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     node.attrs = if to == BFLOAT16 {
         let f32_code = i64::from(DType::F32.onnx_code());
         Attrs::new().with("to", AttrValue::Int(f32_code)).with("bfloat16", AttrValue::Int(1))
-    } else if dtype_of(to)?.is_float8() {
+    } else if dtype_of(to)?.is_minifloat() {
         // Opset 19: whether values past the format's range saturate (the default).
         let saturate = if cx.opset >= 19 { node.attrs.int_or("saturate", 1)? } else { 1 };
-        Attrs::new().with("to", AttrValue::Int(to)).with("saturate", AttrValue::Int(saturate))
+        let attrs =
+            Attrs::new().with("to", AttrValue::Int(to)).with("saturate", AttrValue::Int(saturate));
+        if dtype_of(to)? != DType::F8E8M0 {
+            attrs
+        } else {
+            // Opset 24: how the mantissa is dropped, `up` by default.
+            let mode = node.attrs.text_or("round_mode", "up")?.to_string();
+            if crate::minifloat::Rounding::parse(&mode).is_none() {
+                return Err(op_err!("round_mode '{mode}' is not up, down or nearest"));
+            }
+            attrs.with("round_mode", AttrValue::Text(mode))
+        }
     } else {
         Attrs::new().with("to", AttrValue::Int(to))
     };

@@ -184,9 +184,15 @@ impl Ty {
             DType::I8 => Ty::I8,
             DType::U8 => Ty::U8,
             DType::Bool => Ty::Bool,
-            // No kernel computes in float64, float8 or 4-bit integers (they run on the CPU).
-            DType::F64 | DType::I4 | DType::U4 => return None,
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => return None,
+            // No kernel computes in float64, minifloats or 2- and 4-bit integers (they run on
+            // the CPU).
+            DType::F64 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => return None,
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1 => return None,
         })
     }
 
@@ -381,10 +387,10 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         ));
     }
     let ty = |o: &Operand| Ty::of(o.desc.dtype).ok_or_else(|| cx.dtype(o.desc.dtype));
-    // A cast reads a 4-bit integer as its byte, the 8-bit integer of the same value.
+    // A cast reads a 2- or 4-bit integer as its byte, the 8-bit integer of the same value.
     let source = |o: &Operand| match (cx.op, o.desc.dtype) {
-        ("Cast", DType::I4) => Ok(Ty::I8),
-        ("Cast", DType::U4) => Ok(Ty::U8),
+        ("Cast", DType::I4 | DType::I2) => Ok(Ty::I8),
+        ("Cast", DType::U4 | DType::U2) => Ok(Ty::U8),
         _ => ty(o),
     };
     let args = cx.inputs.iter().map(source).collect::<Result<Vec<_>, _>>()?;

@@ -196,10 +196,15 @@ macro_rules! by_numeric {
                 $body
             }
             DType::Bool => Err($crate::invalid!("no arithmetic on bool")),
-            DType::I4 | DType::U4 => Err($crate::invalid!("no arithmetic on 4-bit integers")),
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
-                Err($crate::invalid!("no arithmetic on float8"))
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+                Err($crate::invalid!("no arithmetic on 2- and 4-bit integers"))
             }
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1 => Err($crate::invalid!("no arithmetic on 8- and 4-bit floats")),
         }
     };
 }
@@ -247,11 +252,13 @@ impl Scalar {
             DType::Bool => vec![u8::from(self.as_f64() != 0.0)],
             DType::I8 => (i as i8).to_le_bytes().to_vec(),
             DType::U8 => (i as u8).to_le_bytes().to_vec(),
-            DType::I4 => vec![nibble(i, true)],
-            DType::U4 => vec![nibble(i, false)],
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => {
-                vec![float8_bits(dtype, self.as_f64())]
-            }
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => vec![sub_byte_int(i, dtype)],
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1 => vec![minifloat_bits(dtype, self.as_f64())],
             DType::I16 => (i as i16).to_le_bytes().to_vec(),
             DType::U16 => (i as u16).to_le_bytes().to_vec(),
             DType::I32 => (i as i32).to_le_bytes().to_vec(),
@@ -262,15 +269,21 @@ impl Scalar {
     }
 }
 
-/// `v` as a float8 element of `dtype` (saturated, as Cast does by default).
-pub(crate) fn float8_bits(dtype: DType, v: f64) -> u8 {
-    crate::float8::Format::of(dtype).map_or(0, |f| f.encode(v, true))
+/// `v` as a minifloat element of `dtype` (saturated, as Cast does by default).
+pub(crate) fn minifloat_bits(dtype: DType, v: f64) -> u8 {
+    crate::minifloat::Format::of(dtype).map_or(0, |f| f.encode(v, true))
 }
 
-/// `i` wrapped to 4 bits, as a 4-bit integer's byte: sign-extended or not.
-pub(crate) fn nibble(i: i64, signed: bool) -> u8 {
-    let low = (i as u8) & 0x0f;
-    if signed && low >= 8 { low | 0xf0 } else { low }
+/// `i` wrapped to the bits of `dtype`, a 2- or 4-bit integer, as its byte.
+pub(crate) fn sub_byte_int(i: i64, dtype: DType) -> u8 {
+    let bits = dtype.packed_bits().unwrap_or(8);
+    wrap_to_bits(i, bits, matches!(dtype, DType::I4 | DType::I2))
+}
+
+/// `i` wrapped to `bits` bits, as a byte: sign-extended or not.
+pub(crate) fn wrap_to_bits(i: i64, bits: u32, signed: bool) -> u8 {
+    let low = (i as u8) & (0xff >> (8 - bits));
+    if signed && low >= 1 << (bits - 1) { low | (0xff << bits) } else { low }
 }
 
 /// Fills `dst` with copies of one element's bytes.
@@ -297,15 +310,15 @@ pub(crate) fn read_ints(
         DType::I64 => conv::<i64>(b, |v| v),
         DType::I32 => conv::<i32>(b, i64::from),
         DType::I16 => conv::<i16>(b, i64::from),
-        DType::I8 | DType::I4 => conv::<i8>(b, i64::from),
-        DType::U8 | DType::Bool | DType::U4 => conv::<u8>(b, i64::from),
+        DType::I8 | DType::I4 | DType::I2 => conv::<i8>(b, i64::from),
+        DType::U8 | DType::Bool | DType::U4 | DType::U2 => conv::<u8>(b, i64::from),
         DType::U16 => conv::<u16>(b, i64::from),
         DType::U32 => conv::<u32>(b, i64::from),
         DType::U64 => conv::<u64>(b, |v| v as i64),
         DType::F32 => conv::<f32>(b, |v| v as i64),
         DType::F64 => conv::<f64>(b, |v| v as i64),
         DType::F16 => conv::<half::f16>(b, |v| v.to_f64() as i64),
-        d => match crate::float8::Format::of(d) {
+        d => match crate::minifloat::Format::of(d) {
             Some(f) => conv::<u8>(b, |v| f.decode(v) as i64),
             None => Err(invalid!("no integers in {d}")),
         },

@@ -935,11 +935,15 @@ fn encode(value: Option<&AttrValue>, dtype: DType) -> Result<Vec<u8>, NoKernel> 
         DType::F16 => half::f16::from_f64(f).to_le_bytes().to_vec(),
         DType::Bool => vec![u8::from(f != 0.0)],
         DType::I8 | DType::U8 => vec![i as u8],
-        DType::I4 => vec![crate::movement::cpu::nibble(i, true)],
-        DType::U4 => vec![crate::movement::cpu::nibble(i, false)],
-        d @ (DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ) => {
-            vec![crate::movement::cpu::float8_bits(d, f)]
+        d @ (DType::I4 | DType::U4 | DType::I2 | DType::U2) => {
+            vec![crate::movement::cpu::sub_byte_int(i, d)]
         }
+        d @ (DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1) => vec![crate::movement::cpu::minifloat_bits(d, f)],
         DType::I16 | DType::U16 => (i as u16).to_le_bytes().to_vec(),
         DType::I32 | DType::U32 => (i as u32).to_le_bytes().to_vec(),
         DType::I64 | DType::U64 => i.to_le_bytes().to_vec(),

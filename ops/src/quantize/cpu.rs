@@ -17,10 +17,10 @@
 use super::{Scales, Step, scales_of};
 use crate::cpu::parallel::{for_each_chunk, with_scratch};
 use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
-use crate::float8::Format;
 use crate::invalid;
 use crate::matmul::cpu::matmul_axes;
 use crate::matmul::cpu::product::{Axis, Plan};
+use crate::minifloat::Format;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use bytemuck::Pod;
 use half::f16;
@@ -153,12 +153,12 @@ fn zero_points<'a, T: Element>(
 macro_rules! by_level {
     ($dt:expr, $T:ident => $body:expr) => {
         match $dt {
-            // The 4-bit integers are stored as the bytes of their 8-bit types.
-            DType::I8 | DType::I4 => {
+            // The 2- and 4-bit integers are stored as the bytes of their 8-bit types.
+            DType::I8 | DType::I4 | DType::I2 => {
                 type $T = i8;
                 $body
             }
-            DType::U8 | DType::U4 => {
+            DType::U8 | DType::U4 | DType::U2 => {
                 type $T = u8;
                 $body
             }
@@ -214,9 +214,18 @@ impl Dequantize {
     fn new(cx: &OpCx) -> Result<Dequantize, KernelError> {
         let x = cx.inputs.first().map(|d| d.dtype).ok_or_else(|| invalid!("x is missing"))?;
         let l = Linear::new(cx, x)?;
-        let x_types =
-            [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16, DType::I32];
-        if !x_types.contains(&l.x) && !l.x.is_float8() {
+        let x_types = [
+            DType::I2,
+            DType::U2,
+            DType::I4,
+            DType::U4,
+            DType::I8,
+            DType::U8,
+            DType::I16,
+            DType::U16,
+            DType::I32,
+        ];
+        if !x_types.contains(&l.x) && !l.x.is_minifloat() {
             return Err(cx.dtype_error(l.x));
         }
         let to = i32::try_from(cx.attrs.int("to")?).ok().and_then(DType::from_onnx_code);
@@ -233,7 +242,7 @@ impl Kernel for Dequantize {
         let scale = inputs.get(1).ok_or_else(|| invalid!("the scale is missing"))?;
         with_floats(scale, l.scales.len(), |s| {
             if let Some(format) = Format::of(l.x) {
-                return dequantize_float8(format, inputs, l, s, outputs);
+                return dequantize_minifloat(format, inputs, l, s, outputs);
             }
             by_level!(l.x, T => {
                 let x = input::<T>(inputs, 0, l.len)?;
@@ -249,7 +258,7 @@ impl Kernel for Dequantize {
 }
 
 /// DequantizeLinear of float8: `(x - zero_point) * scale` in float32, as ONNX's reference.
-fn dequantize_float8(
+fn dequantize_minifloat(
     format: Format,
     inputs: &[TensorRef],
     l: &Linear,
@@ -387,8 +396,17 @@ impl Quantize {
         if !matches!(linear.x, DType::F32 | DType::F16 | DType::I32) {
             return Err(cx.dtype_error(linear.x));
         }
-        let y_types = [DType::I4, DType::U4, DType::I8, DType::U8, DType::I16, DType::U16];
-        if !y_types.contains(&linear.y) && !linear.y.is_float8() {
+        let y_types = [
+            DType::I2,
+            DType::U2,
+            DType::I4,
+            DType::U4,
+            DType::I8,
+            DType::U8,
+            DType::I16,
+            DType::U16,
+        ];
+        if !y_types.contains(&linear.y) && !linear.y.is_minifloat() {
             return Err(cx.dtype_error(linear.y));
         }
         let precision =
@@ -409,7 +427,7 @@ impl Kernel for Quantize {
         let scale = inputs.get(1).ok_or_else(|| invalid!("the scale is missing"))?;
         with_floats(scale, l.scales.len(), |s| {
             if let Some(format) = Format::of(l.y) {
-                return self.quantize_float8(format, inputs, s, outputs);
+                return self.quantize_minifloat(format, inputs, s, outputs);
             }
             by_level!(l.y, Q => {
                 let zp = zero_points::<Q>(inputs, l.zero_point, l.scales.len())?;
@@ -424,7 +442,7 @@ impl Kernel for Quantize {
                     DType::I32 => quantize(input::<i32>(inputs, 0, l.len)?, s, zp, &l.scales, p, y),
                     d => return Err(invalid!("QuantizeLinear of {d}")),
                 }
-                saturate_to_4_bits(l.y, bytemuck::cast_slice_mut(y));
+                saturate_to_sub_byte(l.y, bytemuck::cast_slice_mut(y));
                 Ok(())
             })
         })
@@ -432,9 +450,9 @@ impl Kernel for Quantize {
 }
 
 impl Quantize {
-    /// QuantizeLinear to float8: `x / scale + zero_point` (the ratio in the step's precision)
-    /// rounded to the format, saturated unless the model says not to.
-    fn quantize_float8(
+    /// QuantizeLinear to float8 or float4: `x / scale + zero_point` (the ratio in the step's
+    /// precision) rounded to the format, saturated unless the model says not to.
+    fn quantize_minifloat(
         &self,
         format: Format,
         inputs: &[TensorRef],
@@ -456,18 +474,20 @@ impl Quantize {
                 let x = input::<f16>(inputs, 0, l.len)?;
                 map_scaled_by(x, y, &l.scales, s, zp_at, |x, s, z| level(f64::from(x), s, z));
             }
-            d => return Err(invalid!("QuantizeLinear of {d} to float8")),
+            d => return Err(invalid!("QuantizeLinear of {d} to {}", l.y)),
         }
         Ok(())
     }
 }
 
-/// A 4-bit type's levels, from the 8-bit type's it was computed in: saturating to -128..=127
-/// and then to -8..=7 is saturating to -8..=7 (the zero point is in both ranges).
-fn saturate_to_4_bits(levels: DType, y: &mut [u8]) {
+/// A 2- or 4-bit type's levels, from the 8-bit type's they were computed in: saturating to
+/// -128..=127 and then to -8..=7 is saturating to -8..=7 (the zero point is in both ranges).
+fn saturate_to_sub_byte(levels: DType, y: &mut [u8]) {
     match levels {
         DType::I4 => y.iter_mut().for_each(|b| *b = (*b as i8).clamp(-8, 7) as u8),
         DType::U4 => y.iter_mut().for_each(|b| *b = (*b).min(15)),
+        DType::I2 => y.iter_mut().for_each(|b| *b = (*b as i8).clamp(-2, 1) as u8),
+        DType::U2 => y.iter_mut().for_each(|b| *b = (*b).min(3)),
         _ => {}
     }
 }

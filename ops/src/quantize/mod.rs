@@ -82,7 +82,7 @@ pub fn keeps_constant_narrow(op: &str, inputs: &[&TensorDesc], outputs: &[Tensor
     let (Some(x), Some(y)) = (inputs.first(), outputs.first()) else {
         return false;
     };
-    let narrow = quantized(x.dtype) || x.dtype.is_float8();
+    let narrow = quantized(x.dtype) || x.dtype.is_minifloat();
     matches!(op, "DequantizeLinear" | "Cast")
         && narrow
         && y.dtype.is_float()
@@ -91,21 +91,34 @@ pub fn keeps_constant_narrow(op: &str, inputs: &[&TensorDesc], outputs: &[Tensor
 
 /// The integer types x and the zero points may have.
 fn quantized(dtype: DType) -> bool {
-    matches!(dtype, DType::I4 | DType::U4 | DType::I8 | DType::U8 | DType::I16 | DType::U16)
+    matches!(
+        dtype,
+        DType::I2
+            | DType::U2
+            | DType::I4
+            | DType::U4
+            | DType::I8
+            | DType::U8
+            | DType::I16
+            | DType::U16
+    )
 }
 
 /// The types QuantizeLinear writes.
-const LEVELS: [DType; 10] = [
+const LEVELS: [DType; 13] = [
     DType::U8,
     DType::I8,
     DType::U16,
     DType::I16,
     DType::U4,
     DType::I4,
+    DType::U2,
+    DType::I2,
     DType::F8E4M3FN,
     DType::F8E4M3FNUZ,
     DType::F8E5M2,
     DType::F8E5M2FNUZ,
+    DType::F4E2M1,
 ];
 
 /// The ONNX type code `code` as a type, if it is one of `allowed`.
@@ -209,9 +222,9 @@ pub(crate) fn scales_of(
 
 fn infer_dequantize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let x = inputs.first().ok_or_else(|| op_err!("DequantizeLinear needs x"))?;
-    if !(quantized(x.dtype) || x.dtype == DType::I32 || x.dtype.is_float8()) {
+    if !(quantized(x.dtype) || x.dtype == DType::I32 || x.dtype.is_minifloat()) {
         return Err(op_err!(
-            "DequantizeLinear of {} (it takes 4- to 32-bit integers and float8)",
+            "DequantizeLinear of {} (it takes 2- to 32-bit integers, float8 and float4)",
             x.dtype
         ));
     }
@@ -247,8 +260,8 @@ fn lower_quantize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         _ => return Err(op_err!("QuantizeLinear has no precision before opset 23")),
     };
     let saturate = a.int_or("saturate", 1)?;
-    if saturate != 1 && !to.is_float8() {
-        return Err(op_err!("saturate = 0 applies to float8 outputs only, not {to}"));
+    if saturate != 1 && !to.is_minifloat() {
+        return Err(op_err!("saturate = 0 applies to float8 and float4 outputs only, not {to}"));
     }
     let mut attrs = Attrs::new()
         .with("axis", AttrValue::Int(axis))
@@ -256,7 +269,7 @@ fn lower_quantize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("to", AttrValue::Int(i64::from(to.onnx_code())))
         .with("precision", AttrValue::Int(i64::from(precision.onnx_code())));
     // Kept where it matters only, so that integer steps' attributes stay as they were.
-    if to.is_float8() {
+    if to.is_minifloat() {
         attrs = attrs.with("saturate", AttrValue::Int(saturate));
     }
     node.attrs = attrs;

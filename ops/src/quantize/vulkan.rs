@@ -25,12 +25,12 @@ pub(crate) static FILES: [&Wgsl; 1] = [&LINEAR];
 /// Invocations per workgroup.
 const WG: u32 = 64;
 
-/// Bits per element, and the sign, of the integer types the kernel packs (the 4-bit types
-/// are stored as bytes, sign-extended: they dequantize as int8 and uint8 do).
+/// Bits per element, and the sign, of the integer types the kernel packs (the 2- and 4-bit
+/// types are stored as bytes, sign-extended: they dequantize as int8 and uint8 do).
 fn int_bits(dtype: DType) -> Option<(u32, bool)> {
     Some(match dtype {
-        DType::I8 | DType::I4 => (8, true),
-        DType::U8 | DType::U4 => (8, false),
+        DType::I8 | DType::I4 | DType::I2 => (8, true),
+        DType::U8 | DType::U4 | DType::U2 => (8, false),
         DType::I16 => (16, true),
         DType::U16 => (16, false),
         DType::I32 => (32, true),
@@ -67,7 +67,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         false => q.desc.dtype,
     };
     let (q_bits, q_signed) = int_bits(q_dtype).ok_or_else(|| cx.dtype(q_dtype))?;
-    if quantize && matches!(q_dtype, DType::I4 | DType::U4) {
+    if quantize && q_dtype.packed_bits().is_some() {
         // The kernel saturates to its storage's range.
         return Err(no_kernel!("{} to {q_dtype}", cx.op));
     }
