@@ -197,6 +197,48 @@ impl Format {
         };
         sign | bits
     }
+
+    /// A WGSL expression of the f32 value of `bits` (a u32 expression holding one value),
+    /// calling `elementwise/float.wgsl`.
+    #[cfg(feature = "wgsl")]
+    pub(crate) fn wgsl_decode(self, bits: &str) -> String {
+        let specials = match self.specials {
+            Specials::ExponentOnly => return format!("e8m0_decode({bits})"),
+            Specials::Ieee => 0,
+            Specials::AllOnesNan => 1,
+            Specials::UnsignedZero => 2,
+            Specials::Neither => 3,
+        };
+        let (m, bias, sign) = (self.mantissa_bits, self.bias, self.sign_bit());
+        format!("mf_decode({bits}, {m}u, {bias}i, {sign}u, {specials}u)")
+    }
+
+    /// A WGSL expression of the u32 code of `x` (an f32 expression) as [`Format::encode_rounded`]
+    /// gives it, calling `elementwise/float.wgsl`. The codes of NaN, infinity and zero come from
+    /// `encode_rounded` itself, so both sides agree on them.
+    #[cfg(feature = "wgsl")]
+    pub(crate) fn wgsl_encode(self, x: &str, saturate: bool, rounding: Rounding) -> String {
+        if self.specials == Specials::ExponentOnly {
+            let mode = match rounding {
+                Rounding::Up => 0,
+                Rounding::Down => 1,
+                Rounding::Nearest => 2,
+            };
+            return format!("e8m0_encode({x}, {saturate}, {mode}u)");
+        }
+        let codes = |v: f64| {
+            let [p, n] = [v, -v].map(|v| self.encode_rounded(v, saturate, rounding));
+            format!("vec2<u32>({p}u, {n}u)")
+        };
+        let (m, bias, sign) = (self.mantissa_bits, self.bias, self.sign_bit());
+        let top = self.max as f32;
+        format!(
+            "mf_encode({x}, {m}u, {bias}i, {sign}u, {top:?}, {}, {}, {})",
+            codes(f64::NAN),
+            codes(f64::INFINITY),
+            codes(0.0)
+        )
+    }
 }
 
 /// `x`'s f32 exponent field, its mantissa rounded away by `rounding` (the sign is dropped):

@@ -984,3 +984,84 @@ fn a_pipeline_cache_file_is_written_reused_and_replaced_when_foreign() -> Result
     assert_no_validation_messages();
     Ok(())
 }
+
+/// Every cast from and to the types held one value per byte (minifloats, 2- and 4-bit
+/// integers) gives the CPU's bytes exactly: from every code of each, and to each from every
+/// float16 value, a sweep over f32's bit patterns (E8M0 rounds on bits float16 lacks) and the
+/// integers around the small types' ranges.
+#[test]
+fn casts_of_byte_types_equal_the_cpu_bit_for_bit() -> Result<()> {
+    let minifloats = [
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F8E8M0,
+        DType::F4E2M1,
+    ];
+    let small_ints = [DType::I4, DType::U4, DType::I2, DType::U2];
+    let mut floats: Vec<f32> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).collect();
+    floats.extend((0..1u64 << 16).map(|k| f32::from_bits((k * 65_521) as u32)));
+    let ints: Vec<i32> = (-300..300).collect();
+    let to = |d: DType| attr_int("to", d.onnx_code().into());
+    let mut model = OnnxModel::new(25).input("x", DType::F32, &[floats.len()]).input(
+        "n",
+        DType::I32,
+        &[ints.len()],
+    );
+    let mut inputs = vec![
+        Tensor::from_vec(vec![floats.len()], &floats)?,
+        Tensor::from_vec(vec![ints.len()], &ints)?,
+    ];
+    let mut outputs = 0;
+    let mut cast = |model: OnnxModel, x: &str, d: DType, len: usize, attrs| {
+        outputs += 1;
+        let y = format!("y{outputs}");
+        model.node(&y, "Cast", &[x], &[&y], attrs).output(&y, d, &[len])
+    };
+    for d in minifloats {
+        // Every code, decoded to f32 and float16.
+        let codes = if d == DType::F4E2M1 { 16 } else { 256 };
+        let name = format!("codes_{d}");
+        model = model.input(&name, d, &[codes]);
+        let bytes: Vec<u8> = (0..codes).map(|b| b as u8).collect();
+        inputs.push(Tensor::from_bytes(ingot_runtime::TensorDesc::new(d, [codes]), &bytes)?);
+        for t in [DType::F32, DType::F16] {
+            model = cast(model, &name, t, codes, vec![to(t)]);
+        }
+        // Floats encoded, saturating or not (E8M0: each rounding).
+        let modes: Vec<Vec<_>> = match d {
+            DType::F8E8M0 => ["up", "down", "nearest"]
+                .iter()
+                .flat_map(|m| {
+                    [0, 1].map(|s| vec![attr_string("round_mode", m), attr_int("saturate", s)])
+                })
+                .collect(),
+            _ => vec![vec![attr_int("saturate", 0)], vec![attr_int("saturate", 1)]],
+        };
+        for attrs in modes {
+            let attrs = [vec![to(d)], attrs].concat();
+            model = cast(model, "x", d, floats.len(), attrs);
+        }
+        model = cast(model, "n", d, ints.len(), vec![to(d)]);
+    }
+    for d in small_ints {
+        model = cast(model, "x", d, floats.len(), vec![to(d)]);
+        model = cast(model, "n", d, ints.len(), vec![to(d)]);
+    }
+    // The casts are independent: the partition makes each its own submodel, so a session
+    // with no device but Vulkan runs them (and fails if one has no kernel).
+    let bundle = bundle("byte_casts", &model)?;
+    require_validation();
+    let only_vulkan = SessionOptions { devices: vec![ingot_tests::vulkan()], ..Default::default() };
+    let mut session = Session::new(Arc::clone(&bundle), only_vulkan)?;
+    let got = session.run(&inputs)?;
+    assert_no_validation_messages();
+    let want = run_cpu(&bundle, &inputs);
+    assert_eq!(got.len(), outputs);
+    for (k, (got, want)) in got.iter().zip(&want).enumerate() {
+        let differ = got.bytes().iter().zip(want.bytes()).filter(|(g, w)| g != w).count();
+        assert_eq!(differ, 0, "output y{}: {differ} bytes differ ({:?})", k + 1, got.desc());
+    }
+    Ok(())
+}

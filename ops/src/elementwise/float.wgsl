@@ -78,3 +78,96 @@ fn ipow(a: i32, e: f32) -> i32 {
     }
     return r;
 }
+
+// Minifloats (ops/src/minifloat.rs, whose `Format` writes the calls with its constants), one
+// value per u32: `m` mantissa bits, exponent bias `bias`, the sign at bit `sign_bit`.
+
+// 2^k for the normal range of f32 (-126 ≤ k ≤ 127), exactly.
+fn pow2(k: i32) -> f32 {
+    return bitcast<f32>(u32(k + 127) << 23u);
+}
+
+// floor(log2(a)) of a positive finite f32, from its bits (subnormals too).
+fn exponent_of(a: f32) -> i32 {
+    let b = bitcast<u32>(a);
+    let field = i32(b >> 23u);
+    return select(field - 127, i32(firstLeadingBit(b)) - 149, field == 0);
+}
+
+// The value of `bits`; `specials` says which codes are not numbers: 0 IEEE (the top exponent is
+// infinity or NaN), 1 only all ones NaN, 2 NaN at the negative zero, 3 none.
+fn mf_decode(raw: u32, m: u32, bias: i32, sign_bit: u32, specials: u32) -> f32 {
+    let bits = raw & ((sign_bit << 1u) - 1u);
+    let magnitude = bits & (sign_bit - 1u);
+    let e = i32(magnitude >> m);
+    let mantissa = magnitude & ((1u << m) - 1u);
+    let negative = (bits & sign_bit) != 0u;
+    if ((specials == 2u && bits == sign_bit) || (specials == 1u && magnitude == sign_bit - 1u)) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    var v: f32;
+    if (specials == 0u && e == i32((sign_bit - 1u) >> m)) {
+        v = select(bitcast<f32>(0x7f800000u), bitcast<f32>(0x7fc00000u), mantissa != 0u);
+    } else if (e == 0) {
+        v = f32(mantissa) * pow2(1 - bias - i32(m));
+    } else {
+        v = (1.0 + f32(mantissa) * pow2(-i32(m))) * pow2(e - bias);
+    }
+    return select(v, -v, negative);
+}
+
+// `x` rounded to the nearest minifloat, ties to even: `top` its largest finite value; the codes
+// `nan`, `over` (past `top`, or infinite) and `zero` for [positive, negative] `x`.
+fn mf_encode(x: f32, m: u32, bias: i32, sign_bit: u32, top: f32, nan: vec2<u32>, over: vec2<u32>, zero: vec2<u32>) -> u32 {
+    let negative = bitcast<u32>(x) >= 0x80000000u;
+    let k = u32(negative);
+    if (is_nan(x)) {
+        return nan[k];
+    }
+    let a = abs(x);
+    let min_e = 1 - bias;
+    var e = min_e;
+    if (a != 0.0 && !is_inf(a)) {
+        e = max(exponent_of(a), min_e);
+    }
+    // A quotient by a power of two is exact, and `round` rounds ties to even.
+    let step = pow2(min(e, 127) - i32(m));
+    let q = round(a / step) * step;
+    if (is_inf(a) || q > top) {
+        return over[k];
+    }
+    if (q == 0.0) {
+        return zero[k];
+    }
+    let sign = select(0u, sign_bit, negative);
+    let qe = exponent_of(q);
+    if (qe < min_e) {
+        return sign | u32(q / pow2(min_e - i32(m)));
+    }
+    return sign | (u32(qe + bias) << m) | u32((q / pow2(qe) - 1.0) * pow2(i32(m)));
+}
+
+// FLOAT8E8M0, a power of two 2^(bits - 127), 0xff NaN.
+fn e8m0_decode(bits: u32) -> f32 {
+    if (bits == 0xffu) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    return bitcast<f32>(select(bits << 23u, 0x00400000u, bits == 0u));
+}
+
+// The exponent of `x`, rounded up (`rounding` 0), down (1) or to nearest (2), as onnx's
+// `to_float8e8m0`; the sign is dropped.
+fn e8m0_encode(x: f32, saturate: bool, rounding: u32) -> u32 {
+    let b = bitcast<u32>(x);
+    let e = (b >> 23u) & 0xffu;
+    if (e == 0xffu) {
+        return 0xffu;
+    }
+    var up = false;
+    if (rounding == 0u) {
+        up = (b & 0x7fffffu) != 0u;
+    } else if (rounding == 2u) {
+        up = (b & 0x400000u) != 0u && ((b & 0x3fffffu) != 0u || e > 0u);
+    }
+    return select(e, e + 1u, up && !(saturate && e == 0xfeu));
+}

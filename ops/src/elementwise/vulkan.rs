@@ -28,8 +28,10 @@
 //! 0, as on the CPU); bool (one byte per element) in and out: comparisons, logic, IsNaN/IsInf,
 //! Where, Cast between all of these; int64 and uint64 (two words, `vec2<u32>`) for everything
 //! but Pow; f16, 8- and 16-bit integers packed in u32 words, computed as f32, i32 or u32 and
-//! rounded or wrapped once per op, as on the CPU. f64 has no kernel.
+//! rounded or wrapped once per op, as on the CPU. Cast also takes the minifloats and the 2- and
+//! 4-bit integers, one per byte (`byte_cast`). f64 has no kernel.
 
+use crate::minifloat::{Format, Rounding};
 use crate::vulkan::{
     Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, Operand, Spec, Wgsl, f32_lit,
 };
@@ -41,7 +43,7 @@ static MAP: Wgsl = wgsl!("elementwise/map.wgsl");
 static MAP4: Wgsl = wgsl!("elementwise/map4.wgsl");
 static PACK: Wgsl = wgsl!("elementwise/pack.wgsl");
 /// The libraries.
-static FLOAT: Wgsl = wgsl!("elementwise/float.wgsl");
+pub(crate) static FLOAT: Wgsl = wgsl!("elementwise/float.wgsl");
 static WIDE: Wgsl = wgsl!("elementwise/wide.wgsl");
 pub(crate) static F16: Wgsl = wgsl!("elementwise/f16.wgsl");
 static BYTES: Wgsl = wgsl!("elementwise/bytes.wgsl");
@@ -184,8 +186,8 @@ impl Ty {
             DType::I8 => Ty::I8,
             DType::U8 => Ty::U8,
             DType::Bool => Ty::Bool,
-            // No kernel computes in float64, minifloats or 2- and 4-bit integers (they run on
-            // the CPU).
+            // No kernel computes in float64, minifloats or 2- and 4-bit integers (Cast reads
+            // and writes the last two as bytes: `byte_cast`).
             DType::F64 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => return None,
             DType::F8E4M3FN
             | DType::F8E4M3FNUZ
@@ -350,6 +352,8 @@ impl Ty {
 /// The op's expression over `a0`, `a1`, `a2` (the hook `op`), and what it needs.
 struct Body {
     expr: String,
+    /// How `a0` is computed from `r0`, the first input as read, where it is not that.
+    read: Option<String>,
     /// Whether it calls the helpers of `float.wgsl`.
     float: bool,
     /// The words of the constants `p.k0`, `p.k1` it reads.
@@ -358,7 +362,7 @@ struct Body {
 
 impl Body {
     fn of(expr: impl Into<String>) -> Body {
-        Body { expr: expr.into(), float: false, consts: Vec::new() }
+        Body { expr: expr.into(), read: None, float: false, consts: Vec::new() }
     }
 
     /// An expression that calls `float.wgsl`.
@@ -386,17 +390,81 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             cx.inputs.len()
         ));
     }
+    if cx.op == "Cast" && cx.attrs.int_or("bfloat16", 0).unwrap_or(1) == 0 {
+        let (from, to) = (cx.inputs[0].desc.dtype, out.desc.dtype);
+        if let Some((a, y, body)) = byte_cast(from, to, cx)? {
+            return broadcast(cx, &[a], y, &body);
+        }
+    }
     let ty = |o: &Operand| Ty::of(o.desc.dtype).ok_or_else(|| cx.dtype(o.desc.dtype));
-    // A cast reads a 2- or 4-bit integer as its byte, the 8-bit integer of the same value.
-    let source = |o: &Operand| match (cx.op, o.desc.dtype) {
-        ("Cast", DType::I4 | DType::I2) => Ok(Ty::I8),
-        ("Cast", DType::U4 | DType::U2) => Ok(Ty::U8),
-        _ => ty(o),
-    };
-    let args = cx.inputs.iter().map(source).collect::<Result<Vec<_>, _>>()?;
+    let args = cx.inputs.iter().map(ty).collect::<Result<Vec<_>, _>>()?;
     let out_ty = ty(out)?;
     let body = body(cx, &args, out_ty)?;
     broadcast(cx, &args, out_ty, &body)
+}
+
+/// A cast from or to a type Ingot holds one value per byte and no kernel computes in
+/// (minifloats, 2- and 4-bit integers), as the CPU's: the byte is read as an 8-bit integer and
+/// decoded, or the value encoded and stored as one. `None` for other types.
+fn byte_cast(from: DType, to: DType, cx: &KernelCx) -> Result<Option<(Ty, Ty, Body)>, NoKernel> {
+    let small_int = |d: DType| d.packed_bits().filter(|_| !d.is_float());
+    let (src, dst) = (Format::of(from), Format::of(to));
+    if src.is_none() && dst.is_none() && small_int(from).is_none() && small_int(to).is_none() {
+        return Ok(None);
+    }
+    let kernel_ty = |d: DType| Ty::of(d).ok_or_else(|| cx.dtype(d));
+    // Whether the expression calls `float.wgsl`.
+    let mut float = src.is_some() || dst.is_some();
+    // The source as a kernel type, and how its value (`r0` as read) becomes `a0`.
+    let (a, read, a_value) = match (src, small_int(from)) {
+        (Some(f), _) => (Ty::U8, Some(f.wgsl_decode("r0")), Ty::F32),
+        // A small integer's byte is the 8-bit integer of the same value.
+        (None, Some(_)) if from == DType::I4 || from == DType::I2 => (Ty::I8, None, Ty::I8),
+        (None, Some(_)) => (Ty::U8, None, Ty::U8),
+        (None, None) => (kernel_ty(from)?, None, kernel_ty(from)?),
+    };
+    let (y, expr) = match (dst, small_int(to)) {
+        (Some(f), _) => {
+            let saturate = cx.attrs.int_or("saturate", 1).map_err(|e| no_kernel!("Cast: {e}"))?;
+            let mode = cx.attrs.text_or("round_mode", "up").map_err(|e| no_kernel!("Cast: {e}"))?;
+            let rounding = Rounding::parse(mode).ok_or_else(|| no_kernel!("round_mode {mode}"))?;
+            let value = cast(a_value, Ty::F32)?;
+            float |= value.float;
+            (Ty::U8, f.wgsl_encode(&format!("({})", value.expr), saturate != 0, rounding))
+        }
+        (None, Some(bits)) => {
+            let signed = to == DType::I4 || to == DType::I2;
+            let y = if signed { Ty::I8 } else { Ty::U8 };
+            let t = y.compute().scalar();
+            let expr = if a_value.compute() == Ty::F32 {
+                // Truncated; out of range (or NaN) is 0, as ONNX's reference.
+                let levels = (1u32 << bits) as f32;
+                let (lo, hi) =
+                    if signed { (-levels / 2.0, levels / 2.0 - 1.0) } else { (0.0, levels - 1.0) };
+                format!(
+                    "select({}, {t}(trunc(a0)), trunc(a0) >= {} && trunc(a0) <= {})",
+                    y.zero(),
+                    f32_lit(lo),
+                    f32_lit(hi)
+                )
+            } else {
+                // Integers wrap: the low bits, sign-extended for a signed type.
+                let low = cast(a_value, y.compute())?;
+                float |= low.float;
+                match signed {
+                    true => format!("(({}) << {1}u) >> {1}u", low.expr, 32 - bits),
+                    false => format!("({}) & {}u", low.expr, (1u32 << bits) - 1),
+                }
+            };
+            (y, expr)
+        }
+        (None, None) => {
+            let body = cast(a_value, kernel_ty(to)?)?;
+            float |= body.float;
+            (kernel_ty(to)?, body.expr)
+        }
+    };
+    Ok(Some((a, y, Body { read, float, ..Body::of(expr) })))
 }
 
 /// The expression of `op` over inputs of types `args`, giving `out`, or why there is none.
@@ -661,7 +729,7 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
         },
         op => unary_expr(op, x).ok_or_else(|| no_kernel!("no Vulkan kernel for {op}"))?,
     };
-    Ok(Body { expr, float: false, consts })
+    Ok(Body { consts, ..Body::of(expr) })
 }
 
 /// Clip to the `min` and `max` attributes (ints or floats, converted as the CPU does): the
@@ -686,9 +754,8 @@ fn clip(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
     let (k0, k1) = (t.constant(0), t.constant(1));
     // NaN passes; with min > max everything becomes max, as ONNX says.
     Ok(Body {
-        expr: format!("select(select(a0, {k0}, a0 < {k0}), {k1}, a0 > {k1} || {k0} > {k1})"),
-        float: false,
         consts: vec![t.word(lo, lo_int), t.word(hi, hi_int)],
+        ..Body::of(format!("select(select(a0, {k0}, a0 < {k0}), {k1}, a0 > {k1} || {k0} > {k1})"))
     })
 }
 
@@ -885,7 +952,13 @@ fn broadcast(
         spec = spec.alias(A[k], t.scalar()).alias(S[k], storage).hook(LOAD[k], load);
         bindings.push(Binding::input(&format!("x{k}"), k, storage));
     }
-    let op = format!("fn op(a0: A0, a1: A1, a2: A2) -> Y {{\n    return {};\n}}\n", body.expr);
+    let op = match &body.read {
+        None => format!("fn op(a0: A0, a1: A1, a2: A2) -> Y {{\n    return {};\n}}\n", body.expr),
+        Some(read) => format!(
+            "fn op(r0: A0, a1: A1, a2: A2) -> Y {{\n    let a0 = {read};\n    return {};\n}}\n",
+            body.expr
+        ),
+    };
     spec = spec.hook("op", op);
     spec = match (vector, packed) {
         (true, _) => spec.alias("SY", y_ty).hook("store", store4(out_ty)),
@@ -1312,21 +1385,10 @@ mod tests {
         let attrs = Attrs::new().with("min", AttrValue::Int(-3)).with("max", AttrValue::Int(300));
         let d = lower_ok("Clip", &attrs, &[t(DType::I8, &[5], 0)], t(DType::I8, &[5], 64));
         assert_eq!(d[0].params[d[0].params.len() - 2..], [-3i32 as u32, 44]);
-        let all = [
-            DType::F32,
-            DType::I32,
-            DType::U32,
-            DType::Bool,
-            DType::I64,
-            DType::U64,
-            DType::F16,
-            DType::I16,
-            DType::U16,
-            DType::I8,
-            DType::U8,
-        ];
-        for from in all {
-            for to in all {
+        // Every pair but float64's, minifloats and 2- and 4-bit integers too (one byte each).
+        let all = DType::ALL.into_iter().filter(|&d| d != DType::F64);
+        for from in all.clone() {
+            for to in all.clone() {
                 let attrs = Attrs::new().with("to", AttrValue::Int(to.onnx_code().into()));
                 lower_ok("Cast", &attrs, &[t(from, &[6], 0)], t(to, &[6], 64));
             }

@@ -3,12 +3,13 @@
 // invocations write one word; the last word keeps the bytes past the tensor's end.
 //
 // The quantized side (x of DequantizeLinear, y of QuantizeLinear, and the zero point) is
-// 8-, 16- or 32-bit integers packed in u32 words; the float side (y, or x) f32 or, through
+// 8-, 16- or 32-bit integers packed in u32 words (2- and 4-bit integers and minifloats are one
+// per byte; minifloats through the hooks `level_value` and `quantized`); the float side (y, or x) f32 or, through
 // the hooks, f16. Element e takes scale s(e) (quantize/scales.rs): one for the tensor, one per
 // index along the axis ((e / inner) % dim), or one per block of `block` indices along it.
 //
 //   dequantize: y = (x - zero) * scale        (exact difference, one rounded product)
-//   quantize:   y = saturate(round_half_even(ratio(x, scale)) + zero)
+//   quantize:   y = saturate(round_half_even(ratio(x, scale)) + zero)   (minifloats: encoded)
 //   round trip: y = (quantize(x) - zero) * scale     (QuantizeDequantize)
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
@@ -39,6 +40,8 @@ override ROUND_TRIP: bool = false;
 // The quantized values: bits (8, 16 or 32) and sign.
 override Q_BITS: u32 = 8u;
 override Q_SIGNED: bool = true;
+// The levels' bits where fewer than Q_BITS (2- and 4-bit integers); 0: Q_BITS.
+override LEVEL_BITS: u32 = 0u;
 // The float side's bits: 32, or 16 (f16: the hooks below read and write it).
 override F_BITS: u32 = 32u;
 // Scales and zero points: 0 one for the tensor, 1 per axis index, 2 per block.
@@ -90,11 +93,25 @@ fn level_of(raw: u32) -> i32 {
     return bitcast<i32>(raw << (32u - Q_BITS)) >> (32u - Q_BITS);
 }
 
-fn zero_at(s: u32) -> i32 {
+// The value of a quantized element's bits.
+fn level_value(raw: u32) -> f32 {
+    return f32(level_of(raw));
+}
+
+// The quantized bits of ratio r with zero point z: r rounded half to even (WGSL's round, as
+// ONNX's), plus z, saturated to the levels.
+fn quantized(r: f32, z: f32) -> u32 {
+    let top = f32(mask(select(Q_BITS, LEVEL_BITS, LEVEL_BITS != 0u) - 1u));
+    let lo = select(0.0, -top - 1.0, Q_SIGNED);
+    let hi = select(2.0 * top + 1.0, top, Q_SIGNED);
+    return bitcast<u32>(i32(clamp(round(r) + z, lo, hi))) & mask(Q_BITS);
+}
+
+fn zero_at(s: u32) -> f32 {
     if (!ZERO) {
-        return 0i;
+        return 0.0;
     }
-    return level_of(field(zero[p.zero + s * Q_BITS / 32u], s, Q_BITS));
+    return level_value(field(zero[p.zero + s * Q_BITS / 32u], s, Q_BITS));
 }
 
 // The scale index of element e.
@@ -114,18 +131,14 @@ fn scale_index(e: u32) -> u32 {
 fn convert(e: u32) -> u32 {
     let s = scale_index(e);
     if (QUANTIZE) {
-        let top = f32(mask(Q_BITS - 1u));
-        let lo = select(0.0, -top - 1.0, Q_SIGNED);
-        let hi = select(2.0 * top + 1.0, top, Q_SIGNED);
-        // WGSL's round is half to even, as ONNX's; the clamp saturates.
-        let q = clamp(round(ratio(real_at(e), scale_at(s))) + f32(zero_at(s)), lo, hi);
+        let q = quantized(ratio(real_at(e), scale_at(s)), zero_at(s));
         if (ROUND_TRIP) {
-            return real_bits(f32(i32(q) - zero_at(s)) * scale_at(s)) & mask(F_BITS);
+            return real_bits((level_value(q) - zero_at(s)) * scale_at(s)) & mask(F_BITS);
         }
-        return bitcast<u32>(i32(q)) & mask(Q_BITS);
+        return q;
     }
     // The difference of 16-bit values is exact; one rounding, the product's.
-    let d = f32(level_of(field(x[p.x + e * Q_BITS / 32u], e, Q_BITS)) - zero_at(s));
+    let d = level_value(field(x[p.x + e * Q_BITS / 32u], e, Q_BITS)) - zero_at(s);
     return real_bits(d * scale_at(s)) & mask(F_BITS);
 }
 

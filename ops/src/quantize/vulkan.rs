@@ -1,9 +1,13 @@
 //! Vulkan kernels of DequantizeLinear and QuantizeLinear (ops: quantize/cpu.rs): one module,
 //! `linear.wgsl`, for every step of one direction, pair of types and scale layout; sizes are
-//! params. An invocation writes one output word, every element packed in it.
+//! params. An invocation writes one output word, every element packed in it. The 2- and 4-bit
+//! levels are bytes saturated to their range (`LEVEL_BITS`); minifloat levels are bytes that
+//! hooks decode and encode with `elementwise/float.wgsl` (written by `minifloat::Format`),
+//! whose zero point is added to the f32 ratio where the CPU adds it in f64.
 //!
 //! Not covered (such steps run on the CPU): int32 x with a zero point (ONNX allows only 0
-//! there) and QuantizeLinear of int32 x or in float64 precision (WGSL has no f64), and
+//! there), QuantizeLinear of int32 x or in float64 precision (WGSL has no f64), round trips
+//! through a minifloat, and
 //! operands of 8 or 16 bits that do not start on a 4-byte word (views at odd offsets).
 //! QuantizeLinear divides in f32 on the device, whose division may be 2.5 ulp off where the
 //! CPU's is exact: a quotient within that of a half between two levels may round the other
@@ -11,6 +15,7 @@
 
 use super::scales::Per;
 use super::scales_of;
+use crate::minifloat::{Format, Rounding};
 use crate::no_kernel;
 use crate::vulkan::{Binding, Dispatch, Grid, KernelCx, NoKernel, Operand, Spec, Wgsl};
 use crate::wgsl;
@@ -25,12 +30,14 @@ pub(crate) static FILES: [&Wgsl; 1] = [&LINEAR];
 /// Invocations per workgroup.
 const WG: u32 = 64;
 
-/// Bits per element, and the sign, of the integer types the kernel packs (the 2- and 4-bit
-/// types are stored as bytes, sign-extended: they dequantize as int8 and uint8 do).
+/// Bits per element, and the sign, of the quantized types the kernel packs (the 2- and 4-bit
+/// integers are stored as bytes, sign-extended: they dequantize as int8 and uint8 do; the
+/// minifloats are bytes that hooks decode and encode).
 fn int_bits(dtype: DType) -> Option<(u32, bool)> {
     Some(match dtype {
         DType::I8 | DType::I4 | DType::I2 => (8, true),
         DType::U8 | DType::U4 | DType::U2 => (8, false),
+        d if d.is_minifloat() => (8, false),
         DType::I16 => (16, true),
         DType::U16 => (16, false),
         DType::I32 => (32, true),
@@ -67,11 +74,13 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         false => q.desc.dtype,
     };
     let (q_bits, q_signed) = int_bits(q_dtype).ok_or_else(|| cx.dtype(q_dtype))?;
-    if quantize && q_dtype.packed_bits().is_some() {
-        // The kernel saturates to its storage's range.
-        return Err(no_kernel!("{} to {q_dtype}", cx.op));
-    }
-    if round_trip && (x.desc.dtype != DType::F32 || y.desc.dtype != DType::F32 || q_bits == 32) {
+    let minifloat = Format::of(q_dtype);
+    if round_trip
+        && (x.desc.dtype != DType::F32
+            || y.desc.dtype != DType::F32
+            || q_bits == 32
+            || minifloat.is_some())
+    {
         return Err(no_kernel!("{} of {} through {q_dtype}", cx.op, x.desc.dtype));
     }
     let f_bits = float_bits(f.desc.dtype).ok_or_else(|| cx.dtype(f.desc.dtype))?;
@@ -135,9 +144,27 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .set("F_BITS", f_bits)
         .set("PER", per)
         .set("ZERO", zero.is_some());
-    // Set only for round trips: the other steps' modules stay as they were.
+    // Set only where they differ from the defaults: the other steps' modules stay as they were.
     if round_trip {
         spec = spec.set("ROUND_TRIP", true);
+    }
+    if let Some(bits) = q_dtype.packed_bits().filter(|_| minifloat.is_none()) {
+        spec = spec.set("LEVEL_BITS", bits);
+    }
+    if let Some(format) = minifloat {
+        let saturate = cx.attrs.int_or("saturate", 1).map_err(|e| no_kernel!("{e}"))? != 0;
+        let decode = format.wgsl_decode("raw");
+        let encode = format.wgsl_encode("(r + z)", saturate, Rounding::Nearest);
+        spec = spec
+            .hook(
+                "level_value",
+                format!("fn level_value(raw: u32) -> f32 {{\n    return {decode};\n}}"),
+            )
+            .hook(
+                "quantized",
+                format!("fn quantized(r: f32, z: f32) -> u32 {{\n    return {encode};\n}}"),
+            )
+            .library(&crate::elementwise::vulkan::FLOAT);
     }
     // float16 through elementwise/f16.wgsl's exact conversions.
     let half =
