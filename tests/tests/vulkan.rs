@@ -1065,3 +1065,38 @@ fn casts_of_byte_types_equal_the_cpu_bit_for_bit() -> Result<()> {
     }
     Ok(())
 }
+
+/// CumProd (its ONNX node tests feed the axis as an input, which Ingot needs constant): on
+/// Vulkan as on the CPU, and the CPU as numpy's `cumprod`.
+#[test]
+fn cum_prod_equals_the_cpu_and_numpy() -> Result<()> {
+    let axis = Tensor::from_vec(vec![], &[1i64])?;
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[2, 3, 4])
+        .input("n", DType::I32, &[2, 3])
+        .initializer("axis", &axis)
+        .node("f", "CumProd", &["x", "axis"], &["y"], vec![attr_int("reverse", 1)])
+        .node("i", "CumProd", &["n", "axis"], &["m"], vec![attr_int("exclusive", 1)])
+        .output("y", DType::F32, &[2, 3, 4])
+        .output("m", DType::I32, &[2, 3]);
+    let bundle = bundle("cum_prod", &model)?;
+    let mut exe = vulkan(&bundle, &cpu_type(), &Ledger::new());
+    let inputs = [tensor(&[2, 3, 4], 5), Tensor::from_vec(vec![2, 3], &[2i32, 3, 4, -1, 5, 6])?];
+    let got = run_vulkan(&mut exe, &bundle, &inputs);
+    let want = run_cpu(&bundle, &inputs);
+    assert_eq!(got, want);
+    // np.cumprod(n, axis=1) shifted right by one (exclusive): [[1, 2, 6], [1, -1, -5]].
+    assert_eq!(want[1].to_vec::<i32>()?, [1, 2, 6, 1, -1, -5]);
+    let x = inputs[0].to_vec::<f32>()?;
+    let y = want[0].to_vec::<f32>()?;
+    // Reversed along axis 1: y[b, j, k] = x[b, j, k] * y[b, j + 1, k].
+    for b in 0..2 {
+        for k in 0..4 {
+            let at = |j: usize| b * 12 + j * 4 + k;
+            assert_eq!(y[at(2)], x[at(2)]);
+            assert_eq!(y[at(1)], x[at(1)] * y[at(2)]);
+            assert_eq!(y[at(0)], x[at(0)] * y[at(1)]);
+        }
+    }
+    Ok(())
+}

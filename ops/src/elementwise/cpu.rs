@@ -15,7 +15,7 @@
 //! Types: arithmetic, comparisons, `Clip`, `Max`/`Min`/`Sum`/`Mean`, `Abs`/`Neg`/`Sign`/`Relu`
 //! on every numeric type (f32, f64, f16, 8- to 64-bit integers); the float functions on f32,
 //! f64 and f16 (computed in f32); `Pow` with an f32/f64/f16/i32/i64 base and any numeric
-//! exponent; `BitShift` on integers; logic on bool; `Equal`, `Where` and `Cast` on every type.
+//! exponent; `BitShift` and the `Bitwise*` ops on integers; logic on bool; `Equal`, `Where` and `Cast` on every type.
 //!
 //! Element semantics (wrapping integers, casts, NaN) are in `elementwise/scalar.rs`; the
 //! broadcasting plan is in `elementwise/broadcast.rs`.
@@ -59,7 +59,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "Max" | "Min" | "Sum" | "Mean" => variadic(cx),
         "Where" => where_(cx),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" | "BitShift" | "And" | "Or"
-        | "Xor" => binary(cx),
+        | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" => binary(cx),
         op if COMPARE.contains(&op) => binary(cx),
         _ => unary(cx),
     }
@@ -83,6 +83,13 @@ macro_rules! numeric {
     ($dt:expr, $cx:expr, |$T:ident| $body:expr) => {
         with_type!($dt, $cx, |$T| $body, [F32 => f32, F64 => f64, F16 => f16, I8 => i8,
             U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32, I64 => i64, U64 => u64])
+    };
+}
+/// The integer types.
+macro_rules! integers {
+    ($dt:expr, $cx:expr, |$T:ident| $body:expr) => {
+        with_type!($dt, $cx, |$T| $body, [I8 => i8, U8 => u8, I16 => i16, U16 => u16,
+            I32 => i32, U32 => u32, I64 => i64, U64 => u64])
     };
 }
 /// The float types.
@@ -391,6 +398,7 @@ fn unary(cx: &OpCx) -> Prepared {
         "Relu" => numeric!(dt, cx, |T| Ok(map(len, |x: T| Num::max(x, T::ZERO)))),
         "Not" if dt == DType::Bool => Ok(map(len, |x: u8| (x == 0) as u8)),
         "Not" => Err(cx.dtype_error(dt)),
+        "BitwiseNot" => integers!(dt, cx, |T| Ok(map(len, |x: T| !x))),
         "IsNaN" => floats!(dt, cx, |T| Ok(map(len, |x: T| Num::is_nan(x) as u8))),
         "IsInf" => {
             let neg = cx.attrs.int("detect_negative")? != 0;
@@ -851,7 +859,7 @@ fn binary(cx: &OpCx) -> Prepared {
                 "RIGHT" => false,
                 other => return Err(invalid!("BitShift: unknown direction '{other}'")),
             };
-            with_type!(dt, cx, |T| Ok(binary_kernel(bc, move |a: T, n: T| {
+            integers!(dt, cx, |T| Ok(binary_kernel(bc, move |a: T, n: T| {
                 // As the ONNX reference: a negative amount or one of the width or more
                 // shifts everything out, leaving 0, or -1 for a negative value shifted right.
                 let n = shift_amount(n);
@@ -861,9 +869,11 @@ fn binary(cx: &OpCx) -> Prepared {
                     n.and_then(|n| a.checked_shr(n)) // arithmetic for signed types
                         .unwrap_or_else(|| Num::min(Num::sign(a), 0))
                 }
-            })), [I8 => i8, U8 => u8, I16 => i16, U16 => u16, I32 => i32, U32 => u32,
-                I64 => i64, U64 => u64])
+            })))
         }
+        "BitwiseAnd" => integers!(dt, cx, |T| Ok(binary_kernel(bc, |a: T, b: T| a & b))),
+        "BitwiseOr" => integers!(dt, cx, |T| Ok(binary_kernel(bc, |a: T, b: T| a | b))),
+        "BitwiseXor" => integers!(dt, cx, |T| Ok(binary_kernel(bc, |a: T, b: T| a ^ b))),
         op if COMPARE.contains(&op) => any_type!(dt, cx, |T| compare::<T>(op, bc)),
         op => numeric!(dt, cx, |T| arith::<T>(op, cx.attrs, bc)),
     }

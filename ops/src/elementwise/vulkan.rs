@@ -570,6 +570,20 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
                 (_, false) => format!("shr64(a0, select(a1.x, 64u, a1.y != 0u), {})", c == Ty::I64),
             }))
         }
+        "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitwiseNot" => {
+            arity(if op == "BitwiseNot" { 1 } else { 2 })?;
+            if !numeric || c == Ty::F32 {
+                return Err(refuse());
+            }
+            // On the computed type: sign-extended 8- and 16-bit values stay sign-extended, and
+            // vec2<u32> takes the operators word by word.
+            Ok(Body::of(match op {
+                "BitwiseAnd" => "a0 & a1",
+                "BitwiseOr" => "a0 | a1",
+                "BitwiseXor" => "a0 ^ a1",
+                _ => "~a0",
+            }))
+        }
         "Pow" => {
             arity(2)?;
             if !matches!(a, Ty::F32 | Ty::F16 | Ty::I32) || out != a || args[1] == Ty::Bool {
@@ -1194,7 +1208,8 @@ mod tests {
             "And" | "Or" | "Xor" => (2, b, b),
             "Not" => (1, b, b),
             "IsNaN" | "IsInf" => (1, f, b),
-            "BitShift" => (2, DType::U32, DType::U32),
+            "BitShift" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" => (2, DType::U32, DType::U32),
+            "BitwiseNot" => (1, DType::I32, DType::I32),
             "Where" => (3, b, f),
             _ => (1, f, f),
         }
@@ -1415,6 +1430,11 @@ mod tests {
                 let inputs = [t(dt, &[4], 0), t(dt, &[4], 64)];
                 lower_ok("BitShift", &attrs, &inputs, t(dt, &[4], 128));
             }
+            for op in ["BitwiseAnd", "BitwiseOr", "BitwiseXor"] {
+                let inputs = [t(dt, &[4], 0), t(dt, &[1], 64)];
+                lower_ok(op, &Attrs::new(), &inputs, t(dt, &[4], 128));
+            }
+            lower_ok("BitwiseNot", &Attrs::new(), &[t(dt, &[4], 0)], t(dt, &[4], 128));
         }
         // Where moves 64-bit values.
         let inputs = [t(DType::Bool, &[4], 0), t(DType::I64, &[4], 64), t(DType::I64, &[1], 128)];

@@ -37,7 +37,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "ScatterElements" => index::scatter_elements(cx),
         "OneHot" => index::one_hot(cx),
         "Trilu" => numeric::trilu(cx),
-        "CumSum" => numeric::cum_sum(cx),
+        "CumSum" | "CumProd" => numeric::cumulative(cx),
         "ConstantOfShape" => numeric::constant_of_shape(cx),
         "Range" => numeric::range(cx),
         _ => Err(KernelError::UnknownOp(cx.op.to_string())),
@@ -116,21 +116,24 @@ macro_rules! by_size {
 }
 pub(crate) use by_size;
 
-/// The arithmetic the family needs (CumSum, scatter reductions): integers wrap, floats
-/// follow IEEE.
+/// The arithmetic the family needs (CumSum, CumProd, scatter reductions): integers wrap,
+/// floats follow IEEE.
 pub(crate) trait Numeric: Pod + PartialOrd {
     const ZERO: Self;
+    const ONE: Self;
     fn add(self, other: Self) -> Self;
     fn mul(self, other: Self) -> Self;
 }
 macro_rules! numeric_impl {
     (float: $($t:ty),*) => { $(impl Numeric for $t {
         const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
         fn add(self, o: Self) -> Self { self + o }
         fn mul(self, o: Self) -> Self { self * o }
     })* };
     (int: $($t:ty),*) => { $(impl Numeric for $t {
         const ZERO: Self = 0;
+        const ONE: Self = 1;
         fn add(self, o: Self) -> Self { self.wrapping_add(o) }
         fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
     })* };
@@ -139,6 +142,7 @@ numeric_impl!(float: f32, f64);
 numeric_impl!(int: i8, u8, i16, u16, i32, u32, i64, u64);
 impl Numeric for half::f16 {
     const ZERO: Self = half::f16::ZERO;
+    const ONE: Self = half::f16::ONE;
     fn add(self, o: Self) -> Self {
         self + o
     }

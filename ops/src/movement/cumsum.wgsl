@@ -1,7 +1,8 @@
-// CumSum (movement/vulkan.rs): each element sums its prefix along the axis (n elements,
-// `inner` apart), in the CPU's order so that floats round the same; EXCLUSIVE leaves the
-// element itself out, REVERSE sums from the end. T is f32, i32 or u32 (both wrap); with WIDE,
-// T is u32 and an element is two words, a 64-bit integer added with its carry.
+// CumSum and CumProd (movement/vulkan.rs): each element sums (PRODUCT: multiplies) its prefix
+// along the axis (n elements, `inner` apart), in the CPU's order so that floats round the
+// same; EXCLUSIVE leaves the element itself out, REVERSE runs from the end. T is f32, i32 or
+// u32 (both wrap); with WIDE (sums only), T is u32 and an element is two words, a 64-bit
+// integer added with its carry.
 
 alias T = f32;
 
@@ -9,6 +10,7 @@ override WG: u32 = 64u;
 override EXCLUSIVE: bool = false;
 override REVERSE: bool = false;
 override WIDE: bool = false;
+override PRODUCT: bool = false;
 
 @group(0) @binding(0) var<storage, read> x: array<T>;
 @group(0) @binding(1) var<storage, read_write> y: array<T>;
@@ -35,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let j = (g / p.inner) % p.n;
     let base = g - j * p.inner;
-    var acc = T();
+    var acc = select(T(0), T(1), PRODUCT);
     var acc64 = vec2<u32>();
     for (var t = 0u; t < p.n; t++) {
         let at = select(t, p.n - 1u - t, REVERSE);
@@ -47,6 +49,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             let v = wide(e);
             let low = acc64.x + v.x;
             acc64 = vec2<u32>(low, acc64.y + v.y + select(0u, 1u, low < acc64.x));
+        } else if (PRODUCT) {
+            acc *= x[p.x + e];
         } else {
             acc += x[p.x + e];
         }

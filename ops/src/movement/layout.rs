@@ -383,7 +383,7 @@ pub(super) fn lower_trilu(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     Ok(())
 }
 
-pub(super) fn lower_cum_sum(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+pub(super) fn lower_cumulative(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let rank = cx.input(0)?.shape.len();
     let axis = cx
         .const_ints(1, "axis")?

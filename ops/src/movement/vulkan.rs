@@ -295,7 +295,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         _ => return Err(no_kernel!("{} without an input or output", cx.op)),
     };
     match cx.op {
-        "CumSum" => return cum_sum(cx),
+        "CumSum" | "CumProd" => return cumulative(cx),
         "OneHot" => return one_hot(cx),
         "ScatterND" | "ScatterElements" => return scatter(cx),
         _ => {}
@@ -690,24 +690,26 @@ fn launch(
     Ok(vec![d])
 }
 
-/// CumSum: each output element sums its prefix along the axis, in the CPU's order (so floats
-/// round the same). f32, i32, u32 (wrapping), int64 and uint64.
-fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
+/// CumSum and CumProd: each output element sums or multiplies its prefix along the axis, in
+/// the CPU's order (so floats round the same). f32, i32, u32 (wrapping); sums of int64 and
+/// uint64 too.
+fn cumulative(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let (op, x, y) = (cx.op, &cx.inputs[0], &cx.outputs[0]);
     if x.desc != y.desc {
-        return Err(no_kernel!("CumSum of {:?} to {:?}", x.desc, y.desc));
+        return Err(no_kernel!("{op} of {:?} to {:?}", x.desc, y.desc));
     }
     if cx.in_place().is_some() {
-        return Err(no_kernel!("CumSum in place"));
+        return Err(no_kernel!("{op} in place"));
     }
     let shape = &x.desc.shape;
     let axis = axis_attr(cx, shape.len())?;
-    let flag = |name| cx.attrs.int(name).map(|v| v != 0).map_err(|e| no_kernel!("CumSum: {e}"));
+    let flag = |name| cx.attrs.int(name).map(|v| v != 0).map_err(|e| no_kernel!("{op}: {e}"));
+    let product = op == "CumProd";
     let (ty, wide) = match x.desc.dtype {
         DType::F32 => ("f32", false),
         DType::I32 => ("i32", false),
         DType::U32 => ("u32", false),
-        DType::I64 | DType::U64 => ("u32", true),
+        DType::I64 | DType::U64 if !product => ("u32", true),
         other => return Err(cx.dtype(other)),
     };
     let n = shape[axis];
@@ -720,8 +722,11 @@ fn cum_sum(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .set("EXCLUSIVE", flag("exclusive")?)
         .set("REVERSE", flag("reverse")?)
         .set("WIDE", wide);
+    // Set only for products: CumSum's modules stay as they were.
+    let spec = if product { spec.set("PRODUCT", true) } else { spec };
     let params = vec![count as u32, n as u32, inner as u32];
-    launch(spec, format!("cumsum_{count}_{n}"), count, &[], bindings, params)
+    let label = format!("{}_{count}_{n}", op.to_lowercase());
+    launch(spec, label, count, &[], bindings, params)
 }
 
 /// OneHot: `[outer, depth, inner]`, `on` where the index at `[outer, inner]` (negative from
@@ -1508,6 +1513,11 @@ mod tests {
                 .with("reverse", AttrValue::Int(rev));
             let d = lower_ok("CumSum", &attrs, &[t(dt, &[2, 5, 3], 0)], &[t(dt, &[2, 5, 3], 256)]);
             add(&format!("cumsum {dt}"), d);
+            if dt != DType::I64 {
+                let d =
+                    lower_ok("CumProd", &attrs, &[t(dt, &[2, 5, 3], 0)], &[t(dt, &[2, 5, 3], 256)]);
+                add(&format!("cumprod {dt}"), d);
+            }
         }
         for (idx, vals) in
             [(DType::I64, DType::F32), (DType::F32, DType::I64), (DType::I32, DType::I32)]

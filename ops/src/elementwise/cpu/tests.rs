@@ -322,6 +322,25 @@ fn pow_prelu_and_bitshift() {
 }
 
 #[test]
+fn bitwise_ops_take_every_integer_type_and_broadcast() {
+    let a = t(&[2, 2], &[0b1100i32, -1, 0x7fff_ffff, i32::MIN]);
+    let b = t(&[2], &[0b1010i32, 0x0f0f]);
+    let y = |op| bin(op, &a, &b, &[2, 2]).to_vec::<i32>().unwrap();
+    assert_eq!(y("BitwiseAnd"), [0b1000, 0x0f0f, 0b1010, 0]);
+    assert_eq!(y("BitwiseOr"), [0b1110, -1, 0x7fff_ffff, i32::MIN | 0x0f0f]);
+    assert_eq!(y("BitwiseXor"), [0b0110, !0x0f0f, 0x7fff_fff5, i32::MIN | 0x0f0f]);
+    let x = t(&[3], &[0u8, 0x0f, 0xff]);
+    let not = run("BitwiseNot", &Attrs::new(), &[&x], DType::U8, &[3]);
+    assert_eq!(not.to_vec::<u8>().unwrap(), [0xff, 0xf0, 0]);
+    let x = t(&[2], &[u64::MAX, 1]);
+    let y = bin("BitwiseXor", &x, &t(&[], &[3u64]), &[2]);
+    assert_eq!(y.to_vec::<u64>().unwrap(), [u64::MAX - 3, 2]);
+    // Floats have no bits to operate on.
+    let f = t(&[1], &[1.0f32]);
+    assert!(try_run("BitwiseAnd", &Attrs::new(), &[&f, &f], DType::F32, &[1]).is_err());
+}
+
+#[test]
 fn comparisons_and_logic_give_bools() {
     let a = t(&[2, 1], &[1.0f32, 3.0]);
     let b = t(&[3], &[0.0f32, 3.0, 5.0]);
@@ -624,6 +643,9 @@ fn in_place_runs_equal_ordinary_runs() {
                 | "Mod"
                 | "PRelu"
                 | "BitShift"
+                | "BitwiseAnd"
+                | "BitwiseOr"
+                | "BitwiseXor"
                 | "And"
                 | "Or"
                 | "Xor"
@@ -634,7 +656,7 @@ fn in_place_runs_equal_ordinary_runs() {
                 | "LessOrEqual"
                 | "CastLike"
         );
-        if !unary || matches!(op, "Not" | "IsNaN" | "IsInf" | "Cast") {
+        if !unary || matches!(op, "Not" | "IsNaN" | "IsInf" | "Cast" | "BitwiseNot") {
             continue; // covered below, or their output type differs from f32
         }
         let mut attrs = Attrs::new();

@@ -63,10 +63,11 @@ pub(super) fn trilu(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }))
 }
 
-// ---- CumSum ----
+// ---- CumSum and CumProd ----
 
-/// Running sums along the middle axis of `[outer, n, inner]`.
-struct CumSum {
+/// Running sums (or products) along the middle axis of `[outer, n, inner]`.
+struct Cumulative {
+    product: bool,
     dtype: DType,
     outer: usize,
     n: usize,
@@ -75,21 +76,25 @@ struct CumSum {
     reverse: bool,
 }
 
-impl CumSum {
+impl Cumulative {
     fn apply<T: Numeric>(&self, src: &[u8], dst: &mut [u8]) -> Result<(), KernelError> {
         let (src, dst) = (cast::<T>(src)?, cast_mut::<T>(dst)?);
         let (n, inner) = (self.n, self.inner);
-        let mut acc = vec![T::ZERO; inner];
+        let (identity, op) = match self.product {
+            true => (T::ONE, T::mul as fn(T, T) -> T),
+            false => (T::ZERO, T::add as fn(T, T) -> T),
+        };
+        let mut acc = vec![identity; inner];
         for o in 0..self.outer {
-            acc.fill(T::ZERO);
+            acc.fill(identity);
             for step in 0..n {
                 let j = if self.reverse { n - 1 - step } else { step };
                 let at = (o * n + j) * inner;
                 let (s, d) = (&src[at..at + inner], &mut dst[at..at + inner]);
                 for ((a, &x), y) in acc.iter_mut().zip(s).zip(d) {
-                    let sum = a.add(x);
-                    *y = if self.exclusive { *a } else { sum };
-                    *a = sum;
+                    let next = op(*a, x);
+                    *y = if self.exclusive { *a } else { next };
+                    *a = next;
                 }
             }
         }
@@ -97,7 +102,7 @@ impl CumSum {
     }
 }
 
-impl Kernel for CumSum {
+impl Kernel for Cumulative {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let bytes = self.outer * self.n * self.inner * self.dtype.size();
         let (src, dst) = (input(inputs, 0, bytes)?, output(outputs, 0, bytes)?);
@@ -105,7 +110,7 @@ impl Kernel for CumSum {
     }
 }
 
-pub(super) fn cum_sum(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+pub(super) fn cumulative(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(1..=1, 1)?;
     let desc = &cx.inputs[0];
     let dtype = same_dtype(cx)?;
@@ -113,14 +118,15 @@ pub(super) fn cum_sum(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return Err(cx.dtype_error(dtype));
     }
     if cx.outputs[0] != *desc {
-        return Err(invalid!("CumSum output {:?} differs from its input", cx.outputs[0]));
+        return Err(invalid!("{} output {:?} differs from its input", cx.op, cx.outputs[0]));
     }
     let shape = &desc.shape;
     let axis = usize::try_from(cx.attrs.int("axis")?)
         .ok()
         .filter(|&a| a < shape.len())
-        .ok_or_else(|| invalid!("CumSum axis is out of range for rank {}", shape.len()))?;
-    Ok(Box::new(CumSum {
+        .ok_or_else(|| invalid!("{} axis is out of range for rank {}", cx.op, shape.len()))?;
+    Ok(Box::new(Cumulative {
+        product: cx.op == "CumProd",
         dtype,
         outer: shape[..axis].iter().product(),
         n: shape[axis],

@@ -300,6 +300,17 @@ fn one_hot_trilu_cumsum() {
     ]);
     let out = eval("CumSum", &a, &[&c], &[TensorDesc::new(DType::I64, [2, 3])]).unwrap();
     assert_eq!(out[0].as_slice::<i64>().unwrap(), [1, 2, 3, 5, 7, 9]);
+    // np.cumprod: [[1,2,3],[4,10,18]] down the columns; along rows reversed and exclusive
+    // [[6,3,1],[30,6,1]].
+    let out = eval("CumProd", &a, &[&c], &[TensorDesc::new(DType::I64, [2, 3])]).unwrap();
+    assert_eq!(out[0].as_slice::<i64>().unwrap(), [1, 2, 3, 4, 10, 18]);
+    let a = attrs(&[
+        ("axis", AttrValue::Int(1)),
+        ("exclusive", AttrValue::Int(1)),
+        ("reverse", AttrValue::Int(1)),
+    ]);
+    let out = eval("CumProd", &a, &[&c], &[TensorDesc::new(DType::I64, [2, 3])]).unwrap();
+    assert_eq!(out[0].as_slice::<i64>().unwrap(), [6, 3, 1, 30, 6, 1]);
 }
 
 #[test]
