@@ -4,7 +4,8 @@
 //!
 //! Canonical attributes (filled in by `ops/src/elementwise/mod.rs`):
 //! - `LeakyRelu`, `Elu`, `Celu`, `ThresholdedRelu`: `alpha`; `Selu`: `alpha`, `gamma`;
-//!   `HardSigmoid`: `alpha`, `beta`; `Gelu`: `approximate` (`none` or `tanh`);
+//!   `HardSigmoid`: `alpha`, `beta`; `Gelu`: `approximate` (`none` or `tanh`); `Shrink`:
+//!   `bias`, `lambd`;
 //!   `IsInf`: `detect_negative`, `detect_positive`; `Mod`: `fmod`; `BitShift`: `direction`
 //!   (`LEFT` or `RIGHT`).
 //! - `Clip`: `min` and `max` (float or int; ±inf when unbounded); one input, or with
@@ -492,6 +493,18 @@ fn float_unary<F: Float>(op: &str, attrs: &Attrs, sink: impl Sink<F>) -> Prepare
         "ThresholdedRelu" => {
             let alpha = attr("alpha")?;
             sink.build(move |x: F| if x > alpha { x } else { zero })
+        }
+        "Shrink" => {
+            let (bias, lambd) = (attr("bias")?, attr("lambd")?);
+            sink.build(move |x: F| {
+                if x < -lambd {
+                    x + bias
+                } else if x > lambd {
+                    x - bias
+                } else {
+                    zero
+                }
+            })
         }
         "Elu" => {
             let alpha = attr("alpha")?;

@@ -719,6 +719,12 @@ fn unary(cx: &KernelCx, real: Ty) -> Result<Body, NoKernel> {
             let alpha = attr("alpha")?;
             format!("select(0.0, {x}, {x} > {alpha})")
         }
+        "Shrink" => {
+            let (bias, lambd) = (attr("bias")?, attr("lambd")?);
+            format!(
+                "select(select(0.0, {x} - {bias}, {x} > {lambd}), {x} + {bias}, {x} < -{lambd})"
+            )
+        }
         "Elu" => {
             let alpha = attr("alpha")?;
             format!("select({x}, {alpha} * (exp({x}) - 1.0), {x} < 0.0)")
@@ -1224,6 +1230,7 @@ mod tests {
             }
             "Selu" => Attrs::new().with("alpha", f(1.6)).with("gamma", f(1.05)),
             "HardSigmoid" => Attrs::new().with("alpha", f(0.2)).with("beta", f(0.5)),
+            "Shrink" => Attrs::new().with("bias", f(0.25)).with("lambd", f(1.0)),
             "Gelu" => Attrs::new().with("approximate", AttrValue::Text("none".into())),
             "Clip" => Attrs::new().with("min", f(-1.0)).with("max", f(f64::INFINITY)),
             "Cast" => Attrs::new().with("to", int(1)),

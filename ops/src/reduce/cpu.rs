@@ -21,7 +21,7 @@ mod softmax;
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "ArgMax" | "ArgMin" => arg::prepare(cx),
-        "Softmax" | "LogSoftmax" | "Hardmax" => softmax::prepare(cx),
+        "Softmax" | "LogSoftmax" | "Hardmax" | "LpNormalization" => softmax::prepare(cx),
         op if Kind::of(op).is_some() => prepare_reduce(cx),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }

@@ -1,11 +1,12 @@
 //! Reductions and ops along one axis: `Reduce*`, `ArgMax`/`ArgMin`, `Softmax`/`LogSoftmax`/
-//! `Hardmax`. The canonical attributes are documented in `ops/src/reduce/cpu.rs`:
+//! `Hardmax`, `LpNormalization`. The canonical attributes are documented in `ops/src/reduce/cpu.rs`:
 //! - `Reduce*`: `axes` (sorted, distinct, non-negative; ONNX's "empty means all" is spelled
 //!   out, so an empty list only remains for `noop_with_empty_axes=1`) and `keepdims`; the
 //!   axes operand (an input from opset 13 for ReduceSum, 18 for the others) is dropped.
 //! - `ArgMax`/`ArgMin`: `axis` (non-negative), `keepdims`, `select_last_index`.
 //! - `Softmax`/`LogSoftmax`/`Hardmax`: `axis` (non-negative) and `coerce_2d`, 1 only when the
 //!   opset < 13 meaning (over all axes from `axis` on) differs from the one-axis meaning.
+//! - `LpNormalization`: `axis` (non-negative) and `p` (1 or 2).
 
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
@@ -53,6 +54,7 @@ pub const OPS: &[OpDef] = &[
     softmax("Softmax"),
     softmax("LogSoftmax"),
     softmax("Hardmax"),
+    OpDef::new("LpNormalization", lower_lp_norm, infer_lp_norm),
 ];
 
 fn flag(v: i64) -> AttrValue {
@@ -164,6 +166,29 @@ fn lower_softmax(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("axis", AttrValue::Int(axis as i64))
         .with("coerce_2d", flag(coerce as i64));
     Ok(())
+}
+
+/// LpNormalization: `axis` (default -1) made non-negative, `p` (default 2) checked.
+fn lower_lp_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let shape = &cx.input(0)?.shape;
+    let axis = normalize_axis(node.attrs.int_or("axis", -1)?, shape.len())?;
+    if axis >= shape.len() {
+        return Err(op_err!("axis is out of range for shape {shape:?}"));
+    }
+    let p = node.attrs.int_or("p", 2)?;
+    if !matches!(p, 1 | 2) {
+        return Err(op_err!("p = {p}: ONNX defines only the L1 and L2 norms"));
+    }
+    node.attrs =
+        Attrs::new().with("axis", AttrValue::Int(axis as i64)).with("p", AttrValue::Int(p));
+    Ok(())
+}
+
+fn infer_lp_norm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = only_input(inputs)?;
+    axis_of(node, &x.shape)?;
+    node.attrs.int("p")?;
+    Ok(vec![x.clone()])
 }
 
 fn infer_softmax(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {

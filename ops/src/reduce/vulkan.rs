@@ -1,5 +1,5 @@
 //! Vulkan kernels of the reduce family (ops: ops/src/reduce/cpu.rs): `Reduce*`,
-//! `ArgMax`/`ArgMin` and `Softmax`/`LogSoftmax`/`Hardmax`. The pool family's global pools are
+//! `ArgMax`/`ArgMin`, `Softmax`/`LogSoftmax`/`Hardmax` and `LpNormalization`. The pool family's global pools are
 //! reductions too ([`Reduction`]).
 //!
 //! Each output element (for Softmax, each row) folds a set of input elements: the kept
@@ -113,6 +113,18 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 _ => (vec![Stage::Arg { min: false, last: false }], Out::OneHot),
             };
             Reduction { space: Space::new(shape, &axes), ty: "f32", stages, out }
+        }
+        "LpNormalization" => {
+            cx.require_f32()?;
+            let (term, norm) = match int("p")? {
+                1 => ("abs($v)", "s0"),
+                2 => ("$v * $v", "sqrt(s0)"),
+                p => return Err(no_kernel!("LpNormalization with p = {p}")),
+            };
+            let stages = vec![Fold::sum("f32", term).into()];
+            // A zero vector stays zero, as on the CPU.
+            let out = Out::Each(format!("select($v / {norm}, 0.0, s0 == 0.0)"));
+            Reduction { space: Space::new(shape, &[axis()?]), ty: "f32", stages, out }
         }
         _ if x_dtype == DType::Bool => return any_all(cx),
         _ => reduce(cx)?,
@@ -902,6 +914,12 @@ pub(crate) mod tests {
         let d = lower_f32_all_classes(lower, "Softmax", &a, &[&shape], &[&shape], 0);
         let labels: Vec<(&str, [u32; 3])> = d.iter().map(|d| (&d.label[..], d.groups)).collect();
         assert_eq!(labels, [("softmax_thread", [5, 1, 1]), ("softmax_wg256", [40, 1, 1])]);
+        // LpNormalization folds one sum; p other than 1 or 2 has no kernel.
+        for p in [1, 2] {
+            let a = Attrs::new().with("axis", AttrValue::Int(1)).with("p", AttrValue::Int(p));
+            let shape = [2, 7, 3];
+            valid(&lower_f32_all_classes(lower, "LpNormalization", &a, &[&shape], &[&shape], 0));
+        }
     }
 
     #[test]

@@ -126,6 +126,15 @@ const UNARY_FLOAT: &[Case] = &[
 ];
 
 #[test]
+fn shrink_zeroes_the_band_and_moves_the_rest_by_bias() {
+    let attrs = Attrs::new().with("bias", float(0.25)).with("lambd", float(1.0));
+    let x = t(&[6], &[-3.0f32, -1.0, 0.5, 1.0, 2.0, f32::NAN]);
+    let y = run("Shrink", &attrs, &[&x], DType::F32, &[6]).to_vec::<f32>().unwrap();
+    assert_eq!(y[..5], [-2.75, 0.0, 0.0, 0.0, 1.75], "the band [-lambd, lambd] is closed");
+    assert_eq!(y[5], 0.0, "NaN compares false both ways");
+}
+
+#[test]
 fn unary_float_ops_match_onnxruntime() {
     for (op, attrs, x, want) in UNARY_FLOAT {
         let mut a = Attrs::new();
@@ -662,6 +671,8 @@ fn in_place_runs_equal_ordinary_runs() {
         let mut attrs = Attrs::new();
         for (name, v) in
             [("alpha", 0.5), ("beta", 0.25), ("gamma", 1.5), ("min", -1.0), ("max", 2.0)]
+                .into_iter()
+                .chain([("bias", 0.5), ("lambd", 1.0)])
         {
             attrs.set(name, float(v));
         }

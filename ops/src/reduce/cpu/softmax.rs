@@ -1,9 +1,11 @@
 //! Softmax, LogSoftmax and Hardmax along one axis (or, with `coerce_2d`, over all axes from
-//! `axis` on, as before opset 13).
+//! `axis` on, as before opset 13), and LpNormalization along one axis: x / ||x||, its L1 or L2
+//! norm (a zero vector stays zero, as in ONNX's tests).
 
 use super::{Lanes, axis_attr, check_lens, check_output};
 use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
@@ -15,6 +17,8 @@ enum Kind {
     Softmax,
     LogSoftmax,
     Hardmax,
+    L1Norm,
+    L2Norm,
 }
 
 struct Softmax {
@@ -30,12 +34,18 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let rank = x.shape.len();
     let axis = axis_attr(cx, rank)?;
-    let end = if cx.attrs.int("coerce_2d")? != 0 { rank } else { axis + 1 };
+    let coerce_2d = cx.op != "LpNormalization" && cx.attrs.int("coerce_2d")? != 0;
+    let end = if coerce_2d { rank } else { axis + 1 };
     check_output(cx, DType::F32, &x.shape)?;
     let kind = match cx.op {
         "Softmax" => Kind::Softmax,
         "LogSoftmax" => Kind::LogSoftmax,
-        _ => Kind::Hardmax,
+        "Hardmax" => Kind::Hardmax,
+        _ => match cx.attrs.int("p")? {
+            1 => Kind::L1Norm,
+            2 => Kind::L2Norm,
+            p => return Err(invalid!("LpNormalization with p = {p}")),
+        },
     };
     Ok(Box::new(Softmax { kind, lanes: Lanes::new(&x.shape, axis, end) }))
 }
@@ -50,6 +60,23 @@ impl Softmax {
     ) {
         let l = self.lanes;
         let rows = || xb.chunks_exact(l.inner);
+        if matches!(self.kind, Kind::L1Norm | Kind::L2Norm) {
+            s.fill(0.0);
+            for xr in rows() {
+                for (s, &x) in s.iter_mut().zip(xr) {
+                    *s += if self.kind == Kind::L1Norm { x.abs() } else { x * x };
+                }
+            }
+            if self.kind == Kind::L2Norm {
+                s.iter_mut().for_each(|v| *v = v.sqrt());
+            }
+            for (xr, yr) in rows().zip(yb.chunks_exact_mut(l.inner)) {
+                for ((y, &x), &s) in yr.iter_mut().zip(xr).zip(s.iter()) {
+                    *y = if s == 0.0 { 0.0 } else { x / s };
+                }
+            }
+            return;
+        }
         if self.kind == Kind::Hardmax {
             super::arg::best_along(xb, l.inner, |v, b| v > b, m, idx);
             yb.fill(0.0);
@@ -153,6 +180,20 @@ mod tests {
         // [0, 1, 2, 3, 4, 1000] is one-hot at 1000; log softmax is x - 1000.
         close(&run("Softmax", &x(), 1, 1), &[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
         close(&run("LogSoftmax", &x(), 1, 1), &[-1000.0, -999.0, -998.0, -997.0, -996.0, 0.0]);
+    }
+
+    #[test]
+    fn lp_normalization_divides_by_the_norm_along_the_axis() {
+        let t = Tensor::from_vec(vec![2, 2], &[3f32, -4., 0., 0.]).unwrap();
+        let lp = |p: i64, axis: i64| {
+            let attrs =
+                Attrs::new().with("axis", AttrValue::Int(axis)).with("p", AttrValue::Int(p));
+            let desc = TensorDesc::new(DType::F32, [2, 2]);
+            eval("LpNormalization", &attrs, &[&t], &[desc]).unwrap()[0].to_vec::<f32>().unwrap()
+        };
+        assert_eq!(lp(2, 1), [0.6, -0.8, 0.0, 0.0], "a zero vector stays zero");
+        assert_eq!(lp(1, 1)[..2], [3.0 / 7.0, -4.0 / 7.0]);
+        assert_eq!(lp(2, 0), [1.0, -1.0, 0.0, 0.0]);
     }
 
     #[test]
