@@ -40,6 +40,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "CumSum" | "CumProd" => numeric::cumulative(cx),
         "ConstantOfShape" => numeric::constant_of_shape(cx),
         "Range" => numeric::range(cx),
+        "EyeLike" => numeric::eye_like(cx),
         _ => Err(KernelError::UnknownOp(cx.op.to_string())),
     }
 }

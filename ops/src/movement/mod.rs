@@ -7,7 +7,8 @@
 //!   `axes` (sorted), Identity and Dropout nothing (Dropout keeps only its data input);
 //! - Shape `start`/`end` (clamped), Size nothing: the fold pass answers both from types;
 //! - ConstantOfShape `shape`, `value`, `dtype` (ONNX code); Range `start`, `limit`, `delta`,
-//!   `dtype`. Scalars are `Int` for integer and bool dtypes, `Float` for float ones;
+//!   `dtype`; EyeLike `shape` (its input's), `dtype`, `k`. Scalars are `Int` for integer and
+//!   bool dtypes, `Float` for float ones;
 //! - layout ops ([`layout`]) and index ops ([`index`]) list theirs beside their code.
 
 pub(crate) mod cpu;
@@ -45,6 +46,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("ConstantOfShape", lower_constant_of_shape, infer_constant_of_shape),
     OpDef::new("Range", lower_range, infer_range)
         .cpu_only("its output size depends on its values, so it is always folded at compile time"),
+    OpDef::new("EyeLike", lower_eye_like, infer_constant_of_shape)
+        .cpu_only("its output depends on its input's shape alone: folded at compile time"),
     OpDef::new("Transpose", layout::lower_transpose, layout::infer_transpose),
     OpDef::new("Concat", layout::lower_concat, layout::infer_concat),
     OpDef::new("Split", layout::lower_split, layout::infer_split),
@@ -354,6 +357,30 @@ fn lower_constant_of_shape(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 
 fn infer_constant_of_shape(node: &Node, _: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     Ok(vec![TensorDesc::new(dtype_attr(node)?, usizes(node, "shape")?)])
+}
+
+/// EyeLike: its input's shape and type (or `dtype`) become attributes, and the node, left
+/// with no input, is folded.
+fn lower_eye_like(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let x = cx.input(0)?;
+    if x.shape.len() != 2 {
+        return Err(op_err!("input of shape {:?}: EyeLike takes a matrix", x.shape));
+    }
+    let dtype = match node.attrs.contains("dtype") {
+        false => x.dtype,
+        true => i32::try_from(node.attrs.int("dtype")?)
+            .ok()
+            .and_then(DType::from_onnx_code)
+            .ok_or_else(|| op_err!("its dtype is not supported"))?,
+    };
+    let k = node.attrs.int_or("k", 0)?;
+    let shape = x.shape.iter().map(|&d| d as i64).collect();
+    node.attrs = ingot_schema::Attrs::new()
+        .with("shape", AttrValue::Ints(shape))
+        .with("dtype", AttrValue::Int(dtype.onnx_code().into()))
+        .with("k", AttrValue::Int(k));
+    keep_inputs(node, 0);
+    Ok(())
 }
 
 fn lower_range(node: &mut Node, cx: &LowerCx) -> OpResult<()> {

@@ -168,6 +168,38 @@ pub(super) fn constant_of_shape(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelErro
     }))
 }
 
+/// EyeLike: ones on the diagonal `k` (above the main one for k > 0), zeros elsewhere.
+struct Eye {
+    one: Vec<u8>,
+    rows: usize,
+    cols: usize,
+    k: i64,
+}
+
+impl Kernel for Eye {
+    fn run(&self, _: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let es = self.one.len();
+        let dst = output(outputs, 0, self.rows * self.cols * es)?;
+        dst.fill(0);
+        for r in 0..self.rows {
+            let c = r as i64 + self.k;
+            if (0..self.cols as i64).contains(&c) {
+                let at = (r * self.cols + c as usize) * es;
+                dst[at..at + es].copy_from_slice(&self.one);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn eye_like(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    let dt = output_dtype(cx)?;
+    let &[rows, cols] = &cx.outputs[0].shape[..] else {
+        return Err(invalid!("EyeLike output must be 2-d, not {:?}", cx.outputs[0].shape));
+    };
+    Ok(Box::new(Eye { one: Scalar::Int(1).encode(dt), rows, cols, k: cx.attrs.int("k")? }))
+}
+
 /// Range: `start + i * delta` for every output element (the compiler sized the output).
 struct Range {
     start: Scalar,

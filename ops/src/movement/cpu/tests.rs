@@ -432,3 +432,21 @@ fn hostile_attributes_are_errors() {
     assert_eq!(upper(i64::MIN), [0, 1, 2, 3, 4, 5]);
     assert_eq!(upper(i64::MAX), [0, 0, 0, 0, 0, 0]);
 }
+
+#[test]
+fn eye_like_puts_ones_on_diagonal_k() {
+    let eye = |k: i64, dtype: DType| {
+        let a = attrs(&[
+            ("shape", ints(&[3, 4])),
+            ("dtype", AttrValue::Int(dtype.onnx_code().into())),
+            ("k", AttrValue::Int(k)),
+        ]);
+        eval("EyeLike", &a, &[], &[TensorDesc::new(dtype, [3, 4])]).unwrap().remove(0)
+    };
+    let ones = |t: Tensor| t.to_vec::<i32>().unwrap();
+    assert_eq!(ones(eye(0, DType::I32)), [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0]);
+    assert_eq!(ones(eye(2, DType::I32)), [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]);
+    assert_eq!(ones(eye(-2, DType::I32)), [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]);
+    assert_eq!(eye(1, DType::F32).to_vec::<f32>().unwrap()[1], 1.0);
+    assert!(ones(eye(5, DType::I32)).iter().all(|&v| v == 0), "past the last column");
+}
