@@ -16,8 +16,10 @@ use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
-    if cx.op != "Resize" {
-        return Err(KernelError::UnknownOp(cx.op.to_string()));
+    match cx.op {
+        "Resize" => {}
+        "GridSample" => return super::grid_sample::prepare(cx),
+        op => return Err(KernelError::UnknownOp(op.to_string())),
     }
     cx.expect_arity(1..=1, 1)?;
     let (x, y) = (&cx.inputs[0], &cx.outputs[0]);

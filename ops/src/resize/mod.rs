@@ -1,5 +1,7 @@
 //! Resize (opsets 11 to 21): defaults, and the roi/scales/sizes operands turned into
 //! attributes with the output size computed here. The kernel is `ops/src/resize/cpu.rs`.
+//! GridSample (opsets 16 to 22), which samples at the positions a grid gives instead of a
+//! scale's: `ops/src/resize/grid_sample.rs`.
 //!
 //! Canonical attributes: `mode`, `coordinate_transformation_mode`, `nearest_mode`,
 //! `cubic_coeff_a`, `exclude_outside`, `extrapolation_value`, `antialias`, and one entry per
@@ -8,6 +10,7 @@
 //! `axes` and `keep_aspect_ratio_policy` (opset 18) are resolved away; only X remains.
 
 pub(crate) mod cpu;
+mod grid_sample;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 
@@ -25,7 +28,52 @@ use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs};
 
-pub const OPS: &[OpDef] = &[OpDef::new("Resize", lower_resize, infer_resize)];
+pub const OPS: &[OpDef] = &[
+    OpDef::new("Resize", lower_resize, infer_resize),
+    OpDef::new("GridSample", lower_grid_sample, infer_grid_sample)
+        .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),
+];
+
+/// GridSample: `mode` in opset 20's names (opset 16 says `bilinear` and `bicubic`),
+/// `padding_mode`, `align_corners`.
+fn lower_grid_sample(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let a = &node.attrs;
+    let old = cx.opset < 20;
+    let mode = match a.text_or("mode", if old { "bilinear" } else { "linear" })? {
+        "bilinear" if old => "linear",
+        "bicubic" if old => "cubic",
+        m @ ("linear" | "cubic") if !old => m,
+        "nearest" => "nearest",
+        other => return Err(op_err!("mode {other} is not one of opset {}'s", cx.opset)),
+    };
+    let padding = text(a, "padding_mode", "zeros", &["zeros", "border", "reflection"])?;
+    let align = a.int_or("align_corners", 0)? != 0;
+    node.attrs = Attrs::new()
+        .with("mode", AttrValue::Text(mode.into()))
+        .with("padding_mode", AttrValue::Text(padding))
+        .with("align_corners", AttrValue::Int(align as i64));
+    Ok(())
+}
+
+/// `[N, C, d1..dr]` sampled at a grid `[N, h1..hr, r]` gives `[N, C, h1..hr]`.
+fn infer_grid_sample(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let [x, grid] = inputs else {
+        return Err(op_err!("expects X and grid, got {} inputs", inputs.len()));
+    };
+    let r = x.shape.len().saturating_sub(2);
+    let g = &grid.shape;
+    if r == 0 || g.len() != r + 2 || g[0] != x.shape[0] || g[r + 1] != r {
+        return Err(op_err!(
+            "grid {g:?} does not fit X {:?}: it must be [N, h1..hr, r] for r spatial dims",
+            x.shape
+        ));
+    }
+    if !grid.dtype.is_float() {
+        return Err(op_err!("grid of {}: positions are floats", grid.dtype));
+    }
+    let shape = [&x.shape[..2], &g[1..=r]].concat();
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
+}
 
 /// A text attribute with its default, checked against the values ONNX allows.
 fn text(attrs: &Attrs, name: &str, default: &str, allowed: &[&str]) -> OpResult<String> {
