@@ -221,6 +221,7 @@ fn suite(suite: &str, backend: Backend) {
 const OPERANDS: &[(&str, &[usize])] = &[
     ("Clip", &[1, 2]),
     ("ConstantOfShape", &[0]),
+    ("CumProd", &[1]),
     ("CumSum", &[1]),
     ("Dropout", &[1, 2]),
     ("Expand", &[1]),
