@@ -30,6 +30,7 @@ mod resize;
 mod rnn;
 mod rotary;
 mod select;
+mod spectral;
 mod topk;
 
 pub use ingot_schema::DType;

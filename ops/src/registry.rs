@@ -130,6 +130,7 @@ const FAMILIES: &[Family] = &[
     crate::quantize::FAMILY,
     crate::topk::FAMILY,
     crate::select::FAMILY,
+    crate::spectral::FAMILY,
 ];
 
 /// An op of the default ONNX domain as the registry knows it.
