@@ -219,6 +219,7 @@ fn suite(suite: &str, backend: Backend) {
 /// Ingot, compiling static graphs, needs constant. The node tests feed them as graph inputs;
 /// the harness binds their values at compile time, as a user does with `--constant-input`.
 const OPERANDS: &[(&str, &[usize])] = &[
+    ("AffineGrid", &[1]),
     ("Clip", &[1, 2]),
     ("ConstantOfShape", &[0]),
     ("CumProd", &[1]),

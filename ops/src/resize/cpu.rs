@@ -19,6 +19,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "Resize" => {}
         "GridSample" => return super::grid_sample::prepare(cx),
+        "AffineGrid" => return super::grid_sample::prepare_affine_grid(cx),
         op => return Err(KernelError::UnknownOp(op.to_string())),
     }
     cx.expect_arity(1..=1, 1)?;

@@ -6,6 +6,10 @@
 //! Canonical attributes: `mode` (`nearest`, `linear`, `cubic`: opset 16's `bilinear` and
 //! `bicubic` renamed), `padding_mode` (`zeros`, `border`, `reflection`), `align_corners`.
 //! f32 X and grid, computed in f32 (a reflection in f64), as the reference does.
+//!
+//! AffineGrid makes such a grid: each output point's normalized coordinates (x, y[, z]),
+//! spaced evenly in [-1, 1] (pixel centres, or corners with `align_corners`), times theta.
+//! Canonical attributes: `size` (N, C, spatial dims), `align_corners`.
 
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
@@ -231,9 +235,97 @@ impl Kernel for GridSample {
     }
 }
 
+struct AffineGrid {
+    /// The spatial dims, and theta's batch.
+    dims: Vec<usize>,
+    batch: usize,
+    align_corners: bool,
+}
+
+pub(super) fn prepare_affine_grid(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(1..=1, 1)?;
+    let (theta, y) = (&cx.inputs[0], &cx.outputs[0]);
+    if let Some(d) = [theta.dtype, y.dtype].into_iter().find(|&d| d != DType::F32) {
+        return Err(cx.dtype_error(d));
+    }
+    let size: Vec<usize> = cx.attrs.ints("size")?.iter().map(|&d| d as usize).collect();
+    let r = size.len().saturating_sub(2);
+    let shape = [&size[..1], &size[2..], &[r]].concat();
+    if !matches!(r, 2 | 3) || theta.shape != [size[0], r, r + 1] || y.shape != shape {
+        return Err(invalid!("AffineGrid of theta {:?} to {:?}", theta.shape, y.shape));
+    }
+    Ok(Box::new(AffineGrid {
+        dims: size[2..].to_vec(),
+        batch: size[0],
+        align_corners: cx.attrs.int("align_corners")? != 0,
+    }))
+}
+
+impl AffineGrid {
+    /// The normalized coordinate of index `i` along a dim of `d` points.
+    fn coordinate(&self, i: usize, d: usize) -> f64 {
+        match (self.align_corners, d) {
+            (true, 1) => -1.0,
+            (true, _) => -1.0 + i as f64 * (2.0 / (d - 1) as f64),
+            (false, _) => -1.0 + 1.0 / d as f64 + i as f64 * (2.0 / d as f64),
+        }
+    }
+}
+
+impl Kernel for AffineGrid {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let theta = inputs[0].as_slice::<f32>()?;
+        let y = outputs[0].as_slice_mut::<f32>()?;
+        let r = self.dims.len();
+        let points: usize = self.dims.iter().product();
+        if theta.len() != self.batch * r * (r + 1) || y.len() != self.batch * points * r {
+            return Err(invalid!("AffineGrid run with tensors of other sizes than prepared"));
+        }
+        // A point's homogeneous coordinates: the last spatial dim's first (x, y, z, 1).
+        let mut homogeneous = vec![1.0; r + 1];
+        for (b, out) in y.chunks_exact_mut(points * r).enumerate() {
+            let t = &theta[b * r * (r + 1)..][..r * (r + 1)];
+            for (p, point) in out.chunks_exact_mut(r).enumerate() {
+                let mut rest = p;
+                for i in (0..r).rev() {
+                    let d = self.dims[i];
+                    homogeneous[r - 1 - i] = self.coordinate(rest % d, d);
+                    rest /= d;
+                }
+                for (row, v) in point.iter_mut().enumerate() {
+                    let m = &t[row * (r + 1)..][..r + 1];
+                    *v = m.iter().zip(&homogeneous).map(|(&a, &c)| f64::from(a) * c).sum::<f64>()
+                        as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_identity_theta_gives_the_base_grid() {
+        let theta = crate::Tensor::from_vec(vec![1, 2, 3], &[1f32, 0., 0., 0., 1., 0.]).unwrap();
+        let grid = |align: i64| {
+            let attrs = ingot_schema::Attrs::new()
+                .with("size", ingot_schema::AttrValue::Ints(vec![1, 1, 2, 3]))
+                .with("align_corners", ingot_schema::AttrValue::Int(align));
+            let out = crate::TensorDesc::new(DType::F32, [1, 2, 3, 2]);
+            crate::cpu::eval("AffineGrid", &attrs, &[&theta], &[out]).unwrap()[0]
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        // (x, y) per point, x along the 3 columns, y along the 2 rows.
+        assert_eq!(grid(1), [-1., -1., 0., -1., 1., -1., -1., 1., 0., 1., 1., 1.]);
+        // Pixel centres: x at -2/3, 0, 2/3 and y at -1/2, 1/2 (computed in f64, then rounded).
+        let g = grid(0);
+        assert_eq!(g[..2], [(-1.0f64 + 1.0 / 3.0) as f32, -0.5]);
+        assert_eq!(g[10..], [(1.0f64 - 1.0 / 3.0) as f32, 0.5]);
+    }
 
     #[test]
     fn reflection_folds_back_and_forth() {

@@ -1,7 +1,8 @@
 //! Resize (opsets 11 to 21): defaults, and the roi/scales/sizes operands turned into
 //! attributes with the output size computed here. The kernel is `ops/src/resize/cpu.rs`.
 //! GridSample (opsets 16 to 22), which samples at the positions a grid gives instead of a
-//! scale's: `ops/src/resize/grid_sample.rs`.
+//! scale's, and AffineGrid (opset 20), which makes such a grid from affine matrices:
+//! `ops/src/resize/grid_sample.rs`.
 //!
 //! Canonical attributes: `mode`, `coordinate_transformation_mode`, `nearest_mode`,
 //! `cubic_coeff_a`, `exclude_outside`, `extrapolation_value`, `antialias`, and one entry per
@@ -32,7 +33,41 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Resize", lower_resize, infer_resize),
     OpDef::new("GridSample", lower_grid_sample, infer_grid_sample)
         .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),
+    OpDef::new("AffineGrid", lower_affine_grid, infer_affine_grid)
+        .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),
 ];
+
+/// AffineGrid: the constant `size` (N, C, spatial dims) read into an attribute.
+fn lower_affine_grid(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let size = cx.const_ints(1, "size")?.ok_or_else(|| op_err!("size (input 1) is required"))?;
+    if let Some(d) = size.iter().find(|&&d| d < 1) {
+        return Err(op_err!("size {size:?} has {d}"));
+    }
+    let align = node.attrs.int_or("align_corners", 0)? != 0;
+    node.attrs = Attrs::new()
+        .with("size", AttrValue::Ints(size))
+        .with("align_corners", AttrValue::Int(align as i64));
+    node.inputs.truncate(1);
+    Ok(())
+}
+
+/// theta `[N, r, r + 1]` for size `[N, C, d1..dr]` (r 2 or 3) gives `[N, d1..dr, r]`.
+fn infer_affine_grid(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let [theta] = inputs else {
+        return Err(op_err!("expects theta, got {} inputs", inputs.len()));
+    };
+    let size: Vec<usize> = node.attrs.ints("size")?.iter().map(|&d| d as usize).collect();
+    let r = size.len().saturating_sub(2);
+    if !matches!(r, 2 | 3) || theta.shape != [size[0], r, r + 1] || !theta.dtype.is_float() {
+        return Err(op_err!(
+            "theta {} {:?} for size {size:?}: it must be [N, 2, 3] (2-D) or [N, 3, 4] (3-D)",
+            theta.dtype,
+            theta.shape
+        ));
+    }
+    let shape = [&size[..1], &size[2..], &[r]].concat();
+    Ok(vec![TensorDesc::new(theta.dtype, shape)])
+}
 
 /// GridSample: `mode` in opset 20's names (opset 16 says `bilinear` and `bicubic`),
 /// `padding_mode`, `align_corners`.
