@@ -21,6 +21,7 @@ use crate::{Tensor, TensorDesc, cpu, no_kernel, wgsl};
 use ingot_schema::{AttrValue, Attrs, DType};
 
 static RESIZE: Wgsl = wgsl!("resize/resize.wgsl");
+static GRID_SAMPLE: Wgsl = wgsl!("resize/grid_sample.wgsl");
 
 /// How far (in input pixels) a fitted interpolation coordinate may be from the CPU's.
 const TOLERANCE: f64 = 1e-5;
@@ -30,6 +31,9 @@ const MAX_TAPS: usize = 64;
 const PROBE_LIMIT: usize = 1 << 24;
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    if cx.op == "GridSample" {
+        return grid_sample(cx);
+    }
     if cx.inputs.len() != 1 || cx.outputs.len() != 1 {
         return Err(no_kernel!("Resize with {} inputs", cx.inputs.len()));
     }
@@ -600,6 +604,70 @@ fn kernel(
         .map(|d| vec![d])
 }
 
+/// GridSample of float32 X and grid, 1 to 3 spatial dims: `grid_sample.wgsl`, one invocation
+/// per output element.
+fn grid_sample(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let ([x, grid], [y]) = (cx.inputs, cx.outputs) else {
+        return Err(no_kernel!("GridSample with {} inputs", cx.inputs.len()));
+    };
+    cx.require_f32()?;
+    if cx.in_place().is_some() {
+        return Err(no_kernel!("GridSample in place"));
+    }
+    let shape = &x.desc.shape;
+    let dims = &shape[2.min(shape.len())..];
+    if dims.is_empty() || dims.len() > 3 {
+        return Err(no_kernel!(
+            "GridSample over {} spatial dims (the kernel takes 1 to 3)",
+            dims.len()
+        ));
+    }
+    if grid.desc.shape.last() != Some(&dims.len()) {
+        return Err(no_kernel!("GridSample grid {:?} for X {shape:?}", grid.desc.shape));
+    }
+    let count = y.desc.elements() as u64;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if x.desc.elements() as u64 >= 1 << 31 || count >= 1 << 31 {
+        return Err(no_kernel!("GridSample: tensors too large for u32 indices"));
+    }
+    let a = cx.attrs;
+    let text = |name| a.text(name).map_err(|e| no_kernel!("{e}"));
+    let mode = match text("mode")? {
+        "nearest" => 0u32,
+        "linear" => 1,
+        "cubic" => 2,
+        m => return Err(no_kernel!("GridSample mode {m}")),
+    };
+    let padding = match text("padding_mode")? {
+        "zeros" => 0u32,
+        "border" => 1,
+        "reflection" => 2,
+        m => return Err(no_kernel!("GridSample padding_mode {m}")),
+    };
+    let align = a.int("align_corners").map_err(|e| no_kernel!("{e}"))? != 0;
+    let points = y.desc.shape[2..].iter().product::<usize>();
+    let image = dims.iter().product::<usize>();
+    let mut params = vec![count as u32, shape[1] as u32, points as u32, image as u32];
+    params.extend((0..3).map(|i| dims.get(i).map_or(1, |&d| d as u32)));
+    let bindings = vec![
+        Binding::input("x", 0, "f32"),
+        Binding::input("grid", 1, "f32"),
+        Binding::output("y", 0, "f32"),
+    ];
+    let grid = Grid::new(count, WG)?;
+    let modes = ["nearest", "linear", "cubic"];
+    Spec::new(&GRID_SAMPLE)
+        .set("WG", WG)
+        .set("DIMS", dims.len() as u32)
+        .set("MODE", mode)
+        .set("PADDING", padding)
+        .set("ALIGN", align)
+        .dispatch(format!("gridsample_{}", modes[mode as usize]), grid.groups, bindings, params)
+        .map(|d| vec![d])
+}
+
 fn vec4(ty: &str) -> &'static str {
     if ty == "f32" { "vec4<f32>" } else { "vec4<u32>" }
 }
@@ -696,8 +764,40 @@ mod tests {
     }
 
     #[test]
-    fn the_file_is_a_valid_module() {
-        crate::vulkan::compile(RESIZE.source, &[]).unwrap_or_else(|e| panic!("{e}"));
+    fn the_files_are_valid_modules() {
+        for file in [&RESIZE, &GRID_SAMPLE] {
+            crate::vulkan::compile(file.source, &[]).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn grid_sample_takes_every_mode_padding_and_rank() {
+        use crate::vulkan::lower_f32_all_classes;
+        for (x, g, y) in [
+            (&[1, 2, 5][..], &[1, 7, 1][..], &[1, 2, 7][..]),
+            (&[2, 3, 4, 5], &[2, 6, 2, 2], &[2, 3, 6, 2]),
+            (&[1, 1, 3, 4, 5], &[1, 2, 2, 2, 3], &[1, 1, 2, 2, 2]),
+        ] {
+            for mode in ["nearest", "linear", "cubic"] {
+                for padding in ["zeros", "border", "reflection"] {
+                    let a = Attrs::new()
+                        .with("mode", AttrValue::Text(mode.into()))
+                        .with("padding_mode", AttrValue::Text(padding.into()))
+                        .with("align_corners", AttrValue::Int(1));
+                    let d = lower_f32_all_classes(lower, "GridSample", &a, &[x, g], &[y], 0);
+                    valid(&d);
+                    assert_eq!(
+                        d[0].params[..4],
+                        [
+                            y.iter().product::<usize>() as u32,
+                            x[1] as u32,
+                            y[2..].iter().product::<usize>() as u32,
+                            x[2..].iter().product::<usize>() as u32
+                        ]
+                    );
+                }
+            }
+        }
     }
 
     #[test]
