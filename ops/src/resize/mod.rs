@@ -32,8 +32,7 @@ use ingot_schema::{AttrValue, Attrs};
 pub const OPS: &[OpDef] = &[
     OpDef::new("Resize", lower_resize, infer_resize),
     OpDef::new("GridSample", lower_grid_sample, infer_grid_sample),
-    OpDef::new("AffineGrid", lower_affine_grid, infer_affine_grid)
-        .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),
+    OpDef::new("AffineGrid", lower_affine_grid, infer_affine_grid),
 ];
 
 /// AffineGrid: the constant `size` (N, C, spatial dims) read into an attribute.

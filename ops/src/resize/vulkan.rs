@@ -22,6 +22,7 @@ use ingot_schema::{AttrValue, Attrs, DType};
 
 static RESIZE: Wgsl = wgsl!("resize/resize.wgsl");
 static GRID_SAMPLE: Wgsl = wgsl!("resize/grid_sample.wgsl");
+static AFFINE_GRID: Wgsl = wgsl!("resize/affine_grid.wgsl");
 
 /// How far (in input pixels) a fitted interpolation coordinate may be from the CPU's.
 const TOLERANCE: f64 = 1e-5;
@@ -31,8 +32,10 @@ const MAX_TAPS: usize = 64;
 const PROBE_LIMIT: usize = 1 << 24;
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    if cx.op == "GridSample" {
-        return grid_sample(cx);
+    match cx.op {
+        "GridSample" => return grid_sample(cx),
+        "AffineGrid" => return affine_grid(cx),
+        _ => {}
     }
     if cx.inputs.len() != 1 || cx.outputs.len() != 1 {
         return Err(no_kernel!("Resize with {} inputs", cx.inputs.len()));
@@ -668,6 +671,39 @@ fn grid_sample(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         .map(|d| vec![d])
 }
 
+/// AffineGrid of a float32 theta, 2 or 3 spatial dims: `affine_grid.wgsl`, one invocation per
+/// output point.
+fn affine_grid(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let ([theta], [y]) = (cx.inputs, cx.outputs) else {
+        return Err(no_kernel!("AffineGrid with {} inputs", cx.inputs.len()));
+    };
+    cx.require_f32()?;
+    let s = &y.desc.shape;
+    let r = s.len().saturating_sub(2);
+    if !matches!(r, 2 | 3) || theta.desc.shape != [s[0], r, r + 1] {
+        return Err(no_kernel!("AffineGrid of theta {:?} to {s:?}", theta.desc.shape));
+    }
+    let points = s[1..=r].iter().product::<usize>();
+    let count = (s[0] * points) as u64;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if y.desc.elements() as u64 >= 1 << 31 {
+        return Err(no_kernel!("AffineGrid: tensors too large for u32 indices"));
+    }
+    let align = cx.attrs.int("align_corners").map_err(|e| no_kernel!("{e}"))? != 0;
+    let mut params = vec![count as u32, points as u32];
+    params.extend((0..3).map(|i| if i < r { s[1 + i] as u32 } else { 1 }));
+    let bindings = vec![Binding::input("theta", 0, "f32"), Binding::output("y", 0, "f32")];
+    let grid = Grid::new(count, WG)?;
+    Spec::new(&AFFINE_GRID)
+        .set("WG", WG)
+        .set("DIMS", r as u32)
+        .set("ALIGN", align)
+        .dispatch(format!("affinegrid_{r}d"), grid.groups, bindings, params)
+        .map(|d| vec![d])
+}
+
 fn vec4(ty: &str) -> &'static str {
     if ty == "f32" { "vec4<f32>" } else { "vec4<u32>" }
 }
@@ -765,8 +801,19 @@ mod tests {
 
     #[test]
     fn the_files_are_valid_modules() {
-        for file in [&RESIZE, &GRID_SAMPLE] {
+        for file in [&RESIZE, &GRID_SAMPLE, &AFFINE_GRID] {
             crate::vulkan::compile(file.source, &[]).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn affine_grid_in_two_and_three_dims() {
+        use crate::vulkan::lower_f32_all_classes;
+        for (theta, y) in [(&[2, 2, 3][..], &[2, 4, 5, 2][..]), (&[1, 3, 4], &[1, 2, 3, 4, 3])] {
+            for align in [0, 1] {
+                let a = Attrs::new().with("align_corners", AttrValue::Int(align));
+                valid(&lower_f32_all_classes(lower, "AffineGrid", &a, &[theta], &[y], 0));
+            }
         }
     }
 
