@@ -120,6 +120,16 @@ fn run_vulkan(exe: &mut VulkanExecutable, bundle: &Bundle, inputs: &[Tensor]) ->
     outputs
 }
 
+/// Runs every submodel of `bundle` on Vulkan, in a session with no other device (so one
+/// without a kernel fails it).
+fn run_vulkan_only(bundle: &Arc<Bundle>, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    require_validation();
+    let options = SessionOptions { devices: vec![ingot_tests::vulkan()], ..Default::default() };
+    let outputs = Session::new(Arc::clone(bundle), options)?.run(inputs)?;
+    assert_no_validation_messages();
+    Ok(outputs)
+}
+
 fn run_cpu(bundle: &Arc<Bundle>, inputs: &[Tensor]) -> Vec<Tensor> {
     let options = SessionOptions { devices: vec![Device::Cpu], ..SessionOptions::default() };
     let mut session = Session::new(Arc::clone(bundle), options).expect("CPU session");
@@ -1049,14 +1059,9 @@ fn casts_of_byte_types_equal_the_cpu_bit_for_bit() -> Result<()> {
         model = cast(model, "x", d, floats.len(), vec![to(d)]);
         model = cast(model, "n", d, ints.len(), vec![to(d)]);
     }
-    // The casts are independent: the partition makes each its own submodel, so a session
-    // with no device but Vulkan runs them (and fails if one has no kernel).
+    // The casts are independent: the partition makes each its own submodel.
     let bundle = bundle("byte_casts", &model)?;
-    require_validation();
-    let only_vulkan = SessionOptions { devices: vec![ingot_tests::vulkan()], ..Default::default() };
-    let mut session = Session::new(Arc::clone(&bundle), only_vulkan)?;
-    let got = session.run(&inputs)?;
-    assert_no_validation_messages();
+    let got = run_vulkan_only(&bundle, &inputs)?;
     let want = run_cpu(&bundle, &inputs);
     assert_eq!(got.len(), outputs);
     for (k, (got, want)) in got.iter().zip(&want).enumerate() {
@@ -1096,6 +1101,78 @@ fn cum_prod_equals_the_cpu_and_numpy() -> Result<()> {
             assert_eq!(y[at(2)], x[at(2)]);
             assert_eq!(y[at(1)], x[at(1)] * y[at(2)]);
             assert_eq!(y[at(0)], x[at(0)] * y[at(1)]);
+        }
+    }
+    Ok(())
+}
+
+/// A spatial transformer's ops (AffineGrid, GridSample) at sizes beyond the node tests', in 2
+/// and 3 dims, every mode and padding: Vulkan within f32 rounding of the CPU. GridSample reads
+/// a grid given as an input (one the backends would compute an ulp apart would move nearest
+/// samples at ties), spread past [-1, 1] so that every padding is exercised.
+#[test]
+fn affine_grid_then_grid_sample_equals_the_cpu() -> Result<()> {
+    let cases: [(&[usize], &[usize]); 2] =
+        [(&[2, 3, 17, 23], &[2, 3, 11, 29]), (&[1, 2, 5, 6, 7], &[1, 2, 4, 3, 9])];
+    for (k, (x_shape, out)) in cases.into_iter().enumerate() {
+        let r = x_shape.len() - 2;
+        let size =
+            Tensor::from_vec(vec![out.len()], &out.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
+        let grid_shape = [&out[..1], &out[2..], &[r]].concat();
+        let mut model = OnnxModel::new(22)
+            .input("x", DType::F32, x_shape)
+            .input("theta", DType::F32, &[out[0], r, r + 1])
+            .input("grid", DType::F32, &grid_shape)
+            .initializer("size", &size)
+            .node(
+                "grid",
+                "AffineGrid",
+                &["theta", "size"],
+                &["g"],
+                vec![attr_int("align_corners", 0)],
+            )
+            .output("g", DType::F32, &grid_shape);
+        let mut outputs = 0;
+        for mode in ["nearest", "linear", "cubic"] {
+            for padding in ["zeros", "border", "reflection"] {
+                outputs += 1;
+                let y = format!("y{outputs}");
+                let attrs = vec![
+                    attr_string("mode", mode),
+                    attr_string("padding_mode", padding),
+                    attr_int("align_corners", (outputs % 2) as i64),
+                ];
+                model = model.node(&y, "GridSample", &["x", "grid"], &[&y], attrs).output(
+                    &y,
+                    DType::F32,
+                    out,
+                );
+            }
+        }
+        let bundle = bundle(&format!("stn{k}"), &model)?;
+        // A zoom out, rotated a little.
+        let mut theta = Vec::new();
+        for b in 0..out[0] {
+            for row in 0..r {
+                for col in 0..=r {
+                    let diagonal = if row == col { 1.3 } else { 0.0 };
+                    let turn = if col < r && col != row { 0.2 * (b as f32 + 1.0) } else { 0.0 };
+                    theta.push(diagonal + turn + if col == r { 0.1 } else { 0.0 });
+                }
+            }
+        }
+        let n: usize = grid_shape.iter().product();
+        let spread: Vec<f32> = values(n, 21 + k as u64).iter().map(|v| 1.4 * v).collect();
+        let inputs = [
+            tensor(x_shape, 9 + k as u64),
+            Tensor::from_vec(vec![out[0], r, r + 1], &theta)?,
+            Tensor::from_vec(grid_shape.clone(), &spread)?,
+        ];
+        let got = run_vulkan_only(&bundle, &inputs)?;
+        let want = run_cpu(&bundle, &inputs);
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            allclose(g, w, Tolerance::new(1e-4, 1e-5))
+                .map_err(|e| anyhow::anyhow!("case {k}, output {j}: {e}"))?;
         }
     }
     Ok(())
