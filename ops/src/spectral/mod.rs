@@ -1,6 +1,6 @@
 //! Spectral ops: `DFT` (opsets 17 to 20) and `STFT` (17), the front ends of audio models.
 //! Lowering reads the constant operands (DFT's length and axis, STFT's frame step and length)
-//! into attributes; the kernels are in `cpu.rs`.
+//! into attributes; the kernels are in `cpu.rs` and, for float32, `vulkan.rs`.
 //!
 //! Canonical forms (what `cpu.rs` reads):
 //! - DFT: input X `[.., n, .., 1 or 2]` (real, or complex as real and imaginary parts);
@@ -12,6 +12,8 @@
 //!   attributes `frame_step`, `frame_length`, `onesided`. Y is `[batch, frames, bins, 2]`.
 
 pub(crate) mod cpu;
+#[cfg(feature = "wgsl")]
+pub(crate) mod vulkan;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
@@ -19,24 +21,17 @@ pub(crate) const FAMILY: Family = Family {
     // Every output element reads a whole signal.
     in_place: never,
     #[cfg(feature = "wgsl")]
-    vulkan: no_vulkan,
+    vulkan: vulkan::lower,
 };
 
 use crate::Node;
 use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
-#[cfg(feature = "wgsl")]
-use crate::registry::no_vulkan;
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs};
 
-const NO_VULKAN: &str =
-    "no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own";
-
-pub const OPS: &[OpDef] = &[
-    OpDef::new("DFT", lower_dft, infer_dft).cpu_only(NO_VULKAN),
-    OpDef::new("STFT", lower_stft, infer_stft).cpu_only(NO_VULKAN),
-];
+pub const OPS: &[OpDef] =
+    &[OpDef::new("DFT", lower_dft, infer_dft), OpDef::new("STFT", lower_stft, infer_stft)];
 
 /// A scalar integer operand, which must be constant.
 fn const_int(cx: &LowerCx, i: usize, what: &str) -> OpResult<Option<i64>> {
