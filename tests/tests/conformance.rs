@@ -220,6 +220,7 @@ fn suite(suite: &str, backend: Backend) {
 /// the harness binds their values at compile time, as a user does with `--constant-input`.
 const OPERANDS: &[(&str, &[usize])] = &[
     ("AffineGrid", &[1]),
+    ("CenterCropPad", &[1]),
     ("Clip", &[1, 2]),
     ("ConstantOfShape", &[0]),
     ("CumProd", &[1]),

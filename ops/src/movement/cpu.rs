@@ -25,7 +25,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "Split" => split(cx),
         "Transpose" => remap::transpose(cx),
         "Slice" => remap::slice(cx),
-        "Pad" => remap::pad(cx),
+        "Pad" | "CenterCropPad" => remap::pad(cx),
         "Tile" => remap::tile(cx),
         "Expand" => remap::expand(cx),
         "DepthToSpace" => remap::depth_to_space(cx),

@@ -4,9 +4,10 @@
 //!   resolved and clamped as ONNX specifies (for a negative step an end of -1 means "past
 //!   index 0");
 //! - Pad `pads` (begins then ends, every axis), `mode`, `value` (a scalar of the input's type);
+//!   CenterCropPad the same, a constant Pad whose negative pads crop;
 //! - Tile `repeats`; Expand `shape` (the broadcast output shape);
 //! - DepthToSpace and SpaceToDepth `blocksize`, `mode`;
-//! - Trilu `upper`, `k`; CumSum `axis`, `exclusive`, `reverse`.
+//! - Trilu `upper`, `k`; CumSum and CumProd `axis`, `exclusive`, `reverse`.
 
 use super::{arg, attr_or_input, axis_attr, const_scalar, ints, keep_inputs, scalar, usizes};
 use crate::Node;
@@ -202,6 +203,38 @@ pub(super) fn infer_slice(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<T
 }
 
 // ---- Pad ----
+
+/// CenterCropPad: a constant Pad (negative pads crop) that centres the input in `shape` along
+/// `axes`, the extra pixel of an odd difference at the end, as ONNX's reference.
+pub(super) fn lower_center_crop_pad(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let x = cx.input(0)?;
+    let rank = x.shape.len();
+    let shape = cx.const_ints(1, "shape")?.ok_or_else(|| op_err!("shape (input 1) is required"))?;
+    let axes = match node.attrs.ints_opt("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank)).collect::<OpResult<Vec<_>>>()?,
+        None => (0..rank).collect(),
+    };
+    if shape.len() != axes.len() {
+        return Err(op_err!("shape {shape:?} for {} axes", axes.len()));
+    }
+    let mut pads = vec![0i64; 2 * rank];
+    for (&a, &target) in axes.iter().zip(&shape) {
+        if target < 0 {
+            return Err(op_err!("shape {shape:?} has {target}"));
+        }
+        // Positive: pad by d; negative: crop by -d. The first half (rounded down) goes before.
+        let d = target - x.shape[a] as i64;
+        let before = d.signum() * (d.abs() / 2);
+        pads[a] = before;
+        pads[a + rank] = d - before;
+    }
+    node.attrs = ingot_schema::Attrs::new()
+        .with("pads", AttrValue::Ints(pads))
+        .with("mode", AttrValue::Text("constant".into()))
+        .with("value", scalar(x.dtype, Some(0), Some(0.0))?);
+    keep_inputs(node, 1);
+    Ok(())
+}
 
 pub(super) fn lower_pad(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let x = cx.input(0)?;

@@ -53,6 +53,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Split", layout::lower_split, layout::infer_split),
     OpDef::new("Slice", layout::lower_slice, layout::infer_slice),
     OpDef::new("Pad", layout::lower_pad, layout::infer_pad),
+    // Canonically a constant Pad: Pad's inference and kernels.
+    OpDef::new("CenterCropPad", layout::lower_center_crop_pad, layout::infer_pad),
     OpDef::new("Tile", layout::lower_tile, layout::infer_tile),
     OpDef::new("Expand", layout::lower_expand, layout::infer_expand),
     OpDef::new("DepthToSpace", layout::lower_depth_to_space, layout::infer_depth_to_space),

@@ -281,6 +281,17 @@ fn pad_canonical_for_every_axis() {
 }
 
 #[test]
+fn center_crop_pad_is_a_centred_pad() {
+    // Crop 5 -> 2 (one off the front, two off the back) and pad 4 -> 7 (one before, two after),
+    // the odd pixel at the end either way; a third axis left alone by `axes`.
+    let attrs = Attrs::new().with("axes", AttrValue::Ints(vec![0, -2]));
+    let (n, o) = lower("CenterCropPad", 18, attrs, vec![x(&[5, 4, 3]), c64(&[2, 7])], 1).unwrap();
+    assert_eq!(n.attrs.ints("pads").unwrap(), [-1, 1, 0, -2, 2, 0]);
+    assert_eq!(n.attrs.text("mode").unwrap(), "constant");
+    assert_eq!((n.inputs.len(), o[0].shape.as_slice()), (1, &[2, 7, 3][..]));
+}
+
+#[test]
 fn tile_expand_depth_space() {
     let (n, o) = lower("Tile", 13, Attrs::new(), vec![x(&[2, 3]), c64(&[2, 1])], 1).unwrap();
     assert_eq!((n.inputs.len(), o[0].shape.as_slice()), (1, &[4, 3][..]));

@@ -375,7 +375,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
             }
             one(Copy::affine(&dims, base))
         }
-        "Pad" => {
+        "Pad" | "CenterCropPad" => {
             let pads = cx.attrs.ints("pads").map_err(attr_err)?;
             let rank = shape.len();
             if pads.len() != 2 * rank {
