@@ -36,6 +36,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "ScatterND" => index::scatter_nd(cx),
         "ScatterElements" => index::scatter_elements(cx),
         "OneHot" => index::one_hot(cx),
+        "ReverseSequence" => index::reverse_sequence(cx),
         "Trilu" => numeric::trilu(cx),
         "CumSum" | "CumProd" => numeric::cumulative(cx),
         "ConstantOfShape" => numeric::constant_of_shape(cx),

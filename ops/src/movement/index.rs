@@ -1,7 +1,7 @@
 //! Index ops. Canonical attributes: Gather, GatherElements and ScatterElements `axis`;
 //! GatherND `batch_dims`; ScatterND and ScatterElements `reduction`;
 //! OneHot `axis` (against the output rank) and `depth`, its inputs reduced to
-//! `[indices, values]`.
+//! `[indices, values]`; ReverseSequence `time_axis`, `batch_axis` (0 and 1).
 
 use super::{arg, axis_attr, keep_inputs};
 use crate::Node;
@@ -128,4 +128,26 @@ pub(super) fn infer_one_hot(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec
     }
     let shape = [&idx.shape[..axis], &[depth], &idx.shape[axis..]].concat();
     Ok(vec![TensorDesc::new(values.dtype, shape)])
+}
+
+/// ReverseSequence: the time and batch axes (defaults 0 and 1), which must be 0 and 1.
+pub(super) fn lower_reverse_sequence(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let rank = cx.input(0)?.shape.len();
+    let time = node.attrs.int_or("time_axis", 0)?;
+    let batch = node.attrs.int_or("batch_axis", 1)?;
+    if rank < 2 || !matches!((time, batch), (0, 1) | (1, 0)) {
+        return Err(op_err!("time_axis {time} and batch_axis {batch} must be 0 and 1"));
+    }
+    let lens = cx.input(1)?;
+    if lens.dtype != DType::I64 || lens.shape != [cx.input(0)?.shape[batch as usize]] {
+        return Err(op_err!(
+            "sequence_lens must be int64 [batch], not {} {:?}",
+            lens.dtype,
+            lens.shape
+        ));
+    }
+    node.attrs = ingot_schema::Attrs::new()
+        .with("time_axis", AttrValue::Int(time))
+        .with("batch_axis", AttrValue::Int(batch));
+    Ok(())
 }

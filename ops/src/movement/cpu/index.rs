@@ -1,5 +1,6 @@
 //! Ops driven by an index tensor read at run time: Gather, GatherElements, GatherND, ScatterND,
-//! ScatterElements, OneHot. Indices are checked as they are read; a bad one is an error.
+//! ScatterElements, OneHot, ReverseSequence. Indices are checked as they are read; a bad one is
+//! an error.
 
 use super::{
     Numeric, by_numeric, by_size, cast, cast_mut, input, output, read_ints, strides, wrap_index,
@@ -430,5 +431,66 @@ pub(super) fn one_hot(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         depth,
         inner: indices.shape[axis..].iter().product(),
         esize: values.dtype.size(),
+    }))
+}
+
+// ---- ReverseSequence ----
+
+/// `[d0, d1, inner]` with the time and batch axes 0 and 1 (in either order): each batch's
+/// first `sequence_lens[b]` steps reversed, the rest copied.
+struct ReverseSequence {
+    dims: [usize; 2],
+    time_axis: usize,
+    /// Bytes per (time, batch) block.
+    block: usize,
+}
+
+impl Kernel for ReverseSequence {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let bytes = self.dims[0] * self.dims[1] * self.block;
+        let src = input(inputs, 0, bytes)?;
+        let (steps, batches) = (self.dims[self.time_axis], self.dims[1 - self.time_axis]);
+        let lens = read_ints(inputs, 1, batches)?;
+        let dst = output(outputs, 0, bytes)?;
+        // The byte offset of step t of batch b.
+        let at = |t: usize, b: usize| {
+            let (i, j) = if self.time_axis == 0 { (t, b) } else { (b, t) };
+            (i * self.dims[1] + j) * self.block
+        };
+        for (b, &len) in lens.iter().enumerate() {
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|&l| l <= steps)
+                .ok_or_else(|| invalid!("ReverseSequence length {len} for {steps} steps"))?;
+            for t in 0..steps {
+                let from = if t < len { len - 1 - t } else { t };
+                dst[at(t, b)..][..self.block].copy_from_slice(&src[at(from, b)..][..self.block]);
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn reverse_sequence(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let (x, lens) = (&cx.inputs[0], &cx.inputs[1]);
+    expect_indices(cx, lens)?;
+    expect_output(cx, x.dtype, &x.shape)?;
+    let time_axis = usize::try_from(cx.attrs.int("time_axis")?).unwrap_or(2);
+    let batch_axis = usize::try_from(cx.attrs.int("batch_axis")?).unwrap_or(2);
+    if x.shape.len() < 2 || time_axis + batch_axis != 1 {
+        return Err(invalid!(
+            "ReverseSequence of {:?} with time axis {time_axis}, batch axis {batch_axis}",
+            x.shape
+        ));
+    }
+    if lens.shape != [x.shape[batch_axis]] {
+        return Err(invalid!("ReverseSequence lengths {:?} for {:?}", lens.shape, x.shape));
+    }
+    let inner: usize = x.shape[2..].iter().product();
+    Ok(Box::new(ReverseSequence {
+        dims: [x.shape[0], x.shape[1]],
+        time_axis,
+        block: inner * x.dtype.size(),
     }))
 }

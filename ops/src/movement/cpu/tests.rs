@@ -450,3 +450,19 @@ fn eye_like_puts_ones_on_diagonal_k() {
     assert_eq!(eye(1, DType::F32).to_vec::<f32>().unwrap()[1], 1.0);
     assert!(ones(eye(5, DType::I32)).iter().all(|&v| v == 0), "past the last column");
 }
+
+#[test]
+fn reverse_sequence_reverses_each_batch_up_to_its_length() {
+    // Batch along axis 0, time along axis 1: [[1, 2, 3], [4, 5, 6]] with lengths 2 and 3.
+    let x = i64s(&[2, 3], &[1, 2, 3, 4, 5, 6]);
+    let lens = i64s(&[2], &[2, 3]);
+    let a = attrs(&[("time_axis", AttrValue::Int(1)), ("batch_axis", AttrValue::Int(0))]);
+    let out =
+        eval("ReverseSequence", &a, &[&x, &lens], &[TensorDesc::new(DType::I64, [2, 3])]).unwrap();
+    assert_eq!(out[0].as_slice::<i64>().unwrap(), [2, 1, 3, 6, 5, 4]);
+    let too_long = i64s(&[2], &[4, 1]);
+    assert!(
+        eval("ReverseSequence", &a, &[&x, &too_long], &[TensorDesc::new(DType::I64, [2, 3])])
+            .is_err()
+    );
+}
