@@ -12,7 +12,7 @@
 //!   exponent's, its sign and mantissa rounded away as Cast's `round_mode` says (`up` by
 //!   default); NaN and infinities become 0xFF.
 
-use ingot_schema::DType;
+use ingot_schema::{Attrs, DType};
 
 /// One minifloat format's layout.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,6 +48,17 @@ pub enum Rounding {
     Up,
     Down,
     Nearest,
+}
+
+/// How a Cast writes a minifloat, from its canonical attributes: whether values past the range
+/// saturate (opset 19's `saturate`, default 1) and how FLOAT8E8M0 rounds (opset 24's
+/// `round_mode`, default `up`). The CPU kernel and the Vulkan lowering both read it here.
+pub(crate) fn cast_mode(attrs: &Attrs) -> Result<(bool, Rounding), String> {
+    let saturate = attrs.int_or("saturate", 1).map_err(|e| e.to_string())? != 0;
+    let mode = attrs.text_or("round_mode", "up").map_err(|e| e.to_string())?;
+    let rounding =
+        Rounding::parse(mode).ok_or_else(|| format!("round_mode '{mode}' is not supported"))?;
+    Ok((saturate, rounding))
 }
 
 impl Rounding {

@@ -655,12 +655,8 @@ fn cast(cx: &OpCx) -> Prepared {
         Some(f) => (1, Widen::Minifloat(f)),
         None => any_type!(storage, cx, |A| Ok((size_of::<A>(), Widen::Typed(widen::<A>))))?,
     };
-    // Minifloats saturate unless the model says not to (opset 19's `saturate`); FLOAT8E8M0
-    // rounds as `round_mode` says (opset 24).
-    let saturate = cx.attrs.int_or("saturate", 1)? != 0;
-    let mode = cx.attrs.text_or("round_mode", "up")?;
-    let rounding =
-        Rounding::parse(mode).ok_or_else(|| invalid!("round_mode '{mode}' is not supported"))?;
+    let (saturate, rounding) =
+        crate::minifloat::cast_mode(cx.attrs).map_err(|e| invalid!("{e}"))?;
     let narrow = match (dst, Format::of(dst)) {
         (DType::Bool, _) => (1, Narrow::Typed(narrow_bool)),
         (DType::I4, _) => (1, Narrow::Typed(narrow_sub_byte::<4, true>)),

@@ -31,7 +31,7 @@
 //! rounded or wrapped once per op, as on the CPU. Cast also takes the minifloats and the 2- and
 //! 4-bit integers, one per byte (`byte_cast`). f64 has no kernel.
 
-use crate::minifloat::{Format, Rounding};
+use crate::minifloat::{Format, cast_mode};
 use crate::vulkan::{
     Binding, Dispatch, KernelCx, MAX_GROUPS, NoKernel, Operand, Spec, Wgsl, f32_lit,
 };
@@ -425,12 +425,10 @@ fn byte_cast(from: DType, to: DType, cx: &KernelCx) -> Result<Option<(Ty, Ty, Bo
     };
     let (y, expr) = match (dst, small_int(to)) {
         (Some(f), _) => {
-            let saturate = cx.attrs.int_or("saturate", 1).map_err(|e| no_kernel!("Cast: {e}"))?;
-            let mode = cx.attrs.text_or("round_mode", "up").map_err(|e| no_kernel!("Cast: {e}"))?;
-            let rounding = Rounding::parse(mode).ok_or_else(|| no_kernel!("round_mode {mode}"))?;
+            let (saturate, rounding) = cast_mode(cx.attrs).map_err(|e| no_kernel!("Cast: {e}"))?;
             let value = cast(a_value, Ty::F32)?;
             float |= value.float;
-            (Ty::U8, f.wgsl_encode(&format!("({})", value.expr), saturate != 0, rounding))
+            (Ty::U8, f.wgsl_encode(&format!("({})", value.expr), saturate, rounding))
         }
         (None, Some(bits)) => {
             let signed = to == DType::I4 || to == DType::I2;

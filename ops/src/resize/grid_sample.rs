@@ -50,6 +50,7 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (g, s) = (&grid.shape, &y.shape);
     if r == 0
         || g.len() != r + 2
+        || s.len() != r + 2
         || g[r + 1] != r
         || g[0] != x.shape[0]
         || s[..2] != x.shape[..2]
@@ -250,8 +251,10 @@ pub(super) fn prepare_affine_grid(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelEr
     }
     let size: Vec<usize> = cx.attrs.ints("size")?.iter().map(|&d| d as usize).collect();
     let r = size.len().saturating_sub(2);
-    let shape = [&size[..1], &size[2..], &[r]].concat();
-    if !matches!(r, 2 | 3) || theta.shape != [size[0], r, r + 1] || y.shape != shape {
+    let fits = |size: &[usize]| {
+        theta.shape == [size[0], r, r + 1] && y.shape == [&size[..1], &size[2..], &[r]].concat()
+    };
+    if !matches!(r, 2 | 3) || !fits(&size) {
         return Err(invalid!("AffineGrid of theta {:?} to {:?}", theta.shape, y.shape));
     }
     Ok(Box::new(AffineGrid {
@@ -306,6 +309,28 @@ impl Kernel for AffineGrid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_that_do_not_fit_are_errors() {
+        let desc = |shape: &[usize]| crate::TensorDesc::new(DType::F32, shape);
+        let x = crate::Tensor::zeros(desc(&[1, 1, 2, 2]));
+        let grid = crate::Tensor::zeros(desc(&[1, 2, 2, 2]));
+        let attrs = ingot_schema::Attrs::new()
+            .with("mode", ingot_schema::AttrValue::Text("linear".into()))
+            .with("padding_mode", ingot_schema::AttrValue::Text("zeros".into()))
+            .with("align_corners", ingot_schema::AttrValue::Int(0));
+        for out in [&[1][..], &[1, 1, 2], &[1, 1, 3, 2]] {
+            assert!(crate::cpu::eval("GridSample", &attrs, &[&x, &grid], &[desc(out)]).is_err());
+        }
+        let theta = crate::Tensor::zeros(desc(&[1, 2, 3]));
+        for size in [vec![], vec![1], vec![1, 1, 2, 2, 2, 2]] {
+            let attrs = ingot_schema::Attrs::new()
+                .with("size", ingot_schema::AttrValue::Ints(size))
+                .with("align_corners", ingot_schema::AttrValue::Int(0));
+            let out = desc(&[1, 2, 2, 2]);
+            assert!(crate::cpu::eval("AffineGrid", &attrs, &[&theta], &[out]).is_err());
+        }
+    }
 
     #[test]
     fn an_identity_theta_gives_the_base_grid() {

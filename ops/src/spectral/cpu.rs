@@ -165,19 +165,17 @@ impl Kernel for Dft {
         let length = t.length;
         let tw = twiddles(length);
         let mut y = vec![0.0; t.outer * self.bins * t.inner * self.y_parts];
-        let (mut s, mut out) = (Vec::new(), vec![(0.0, 0.0); length]);
+        let (mut s, mut full, mut out) = (Vec::new(), Vec::new(), vec![(0.0, 0.0); length]);
         for o in 0..t.outer {
             for i in 0..t.inner {
                 t.signal(&x, o, i, &mut s);
                 if t.inverse && t.onesided {
                     // numpy's irfft: the bins past length/2 are the conjugates of the first.
-                    let full: Vec<(f64, f64)> = (0..length)
-                        .map(|k| {
-                            let (m, conj) =
-                                if k <= length / 2 { (k, 1.0) } else { (length - k, -1.0) };
-                            s.get(m).map_or((0.0, 0.0), |&(a, b)| (a, conj * b))
-                        })
-                        .collect();
+                    full.clear();
+                    full.extend((0..length).map(|k| {
+                        let (m, conj) = if k <= length / 2 { (k, 1.0) } else { (length - k, -1.0) };
+                        s.get(m).map_or((0.0, 0.0), |&(a, b)| (a, conj * b))
+                    }));
                     transform(&full, &tw, length, true, &mut out);
                 } else {
                     transform(&s, &tw, self.bins, t.inverse, &mut out);

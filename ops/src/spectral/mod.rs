@@ -33,15 +33,12 @@ use ingot_schema::{AttrValue, Attrs};
 pub const OPS: &[OpDef] =
     &[OpDef::new("DFT", lower_dft, infer_dft), OpDef::new("STFT", lower_stft, infer_stft)];
 
-/// A scalar integer operand, which must be constant.
+/// A scalar integer operand, which must be constant (`None`: omitted).
 fn const_int(cx: &LowerCx, i: usize, what: &str) -> OpResult<Option<i64>> {
-    if !cx.has_input(i) {
-        return Ok(None);
-    }
     match cx.const_ints(i, what)?.as_deref() {
+        None => Ok(None),
         Some(&[v]) => Ok(Some(v)),
         Some(v) => Err(op_err!("{what} (input {i}) must be one integer, got {} values", v.len())),
-        None => Err(op_err!("{what} (input {i}) must be a constant")),
     }
 }
 
