@@ -5,6 +5,7 @@
 use super::{Lanes, axis_attr, check_lens, check_output};
 use crate::cpu::parallel::for_each_chunk;
 use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::elementwise::cpu::exp_f32;
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -124,6 +125,16 @@ impl Kernel for Softmax {
         // `inner` lanes.
         let block = l.n * l.inner;
         let per_task = (TASK_FLOATS / block.max(1)).max(1);
+        if l.inner == 1 && matches!(self.kind, Kind::Softmax | Kind::LogSoftmax) {
+            let log = self.kind == Kind::LogSoftmax;
+            for_each_chunk(y, block * per_task, &|t, ys| {
+                let xs = &x[t * block * per_task..];
+                for (xr, yr) in xs.chunks_exact(block).zip(ys.chunks_exact_mut(block)) {
+                    softmax_row(xr, yr, log);
+                }
+            });
+            return Ok(());
+        }
         for_each_chunk(y, block * per_task, &|t, ys| {
             let xs = &x[t * block * per_task..];
             let mut m = Vec::with_capacity(l.inner);
@@ -134,6 +145,53 @@ impl Kernel for Softmax {
             }
         });
         Ok(())
+    }
+}
+
+/// Softmax (or LogSoftmax) of one contiguous row: the last axis, as attention's scores and
+/// classifier heads have it. Lanes of independent maxima and sums and the elementwise
+/// kernels' exp keep every loop vectorised; the general path's one-row-at-a-time sweep with
+/// libm's exp took 9 ns an element on a transformer's 16-long score rows. Compiled for the
+/// wider vector units too.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
+    const LANES: usize = 16;
+    // The maximum, which NaN never becomes (as the general path's `v > best`): a NaN in the
+    // row then makes every output NaN through the sum, as there.
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let m = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    // Every value -inf (or the row empty): the general path's first element.
+    let m = if m == f32::NEG_INFINITY { x.first().copied().unwrap_or(0.0) } else { m };
+    let mut sums = [0f32; LANES];
+    let mut chunks = y.chunks_exact_mut(LANES);
+    for (yc, xc) in (&mut chunks).zip(x.chunks_exact(LANES)) {
+        for ((y, &v), s) in yc.iter_mut().zip(xc).zip(&mut sums) {
+            *y = exp_f32(v - m);
+            *s += *y;
+        }
+    }
+    let mut sum: f32 = sums.iter().sum();
+    for (y, &v) in chunks.into_remainder().iter_mut().zip(tail) {
+        *y = exp_f32(v - m);
+        sum += *y;
+    }
+    if log {
+        let shift = m + sum.ln();
+        y.iter_mut().zip(x).for_each(|(y, &v)| *y = v - shift);
+    } else {
+        let r = 1.0 / sum;
+        y.iter_mut().for_each(|y| *y *= r);
     }
 }
 
@@ -194,6 +252,39 @@ mod tests {
         assert_eq!(lp(2, 1), [0.6, -0.8, 0.0, 0.0], "a zero vector stays zero");
         assert_eq!(lp(1, 1)[..2], [3.0 / 7.0, -4.0 / 7.0]);
         assert_eq!(lp(2, 0), [1.0, -1.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn rows_along_the_last_axis_match_float64() {
+        // Lengths around the 16 lanes, values spread over a wide range, a -inf in the second
+        // row (the whole row when it has one value: NaN, as numpy gives), and a NaN.
+        for len in [1, 7, 16, 17, 40, 333] {
+            let mut v: Vec<f32> =
+                (0..2 * len).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.05).collect();
+            v[len] = f32::NEG_INFINITY;
+            let x = Tensor::from_vec(vec![2, len], &v).unwrap();
+            for (op, log) in [("Softmax", false), ("LogSoftmax", true)] {
+                let got = run(op, &x, 1, 0);
+                for (row, out) in v.chunks(len).zip(got.chunks(len)) {
+                    let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+                    let sum: f64 = row.iter().map(|&x| (f64::from(x) - m).exp()).sum();
+                    for (&x, &y) in row.iter().zip(out) {
+                        let want = match log {
+                            false => (f64::from(x) - m).exp() / sum,
+                            true => f64::from(x) - m - sum.ln(),
+                        };
+                        let ok = (f64::from(y) - want).abs() <= 1e-6 * (1.0 + want.abs())
+                            || (want.is_nan() && y.is_nan());
+                        assert!(
+                            ok || (want.is_infinite() && y == want as f32),
+                            "{op} {len}: {y} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        let x = Tensor::from_vec(vec![1, 3], &[1f32, f32::NAN, 2.0]).unwrap();
+        assert!(run("Softmax", &x, 1, 0).iter().all(|y| y.is_nan()), "NaN spreads to the row");
     }
 
     #[test]
