@@ -256,7 +256,11 @@ impl PostOps {
 
 /// Applies `steps` to `y`, the output's elements from `at`. Compiled for the wider vector
 /// units too (the baseline x86-64 target has SSE2 only); every version computes the same bits.
-#[multiversion::multiversion(targets = "simd")]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
 fn apply_steps(
     steps: &[Step],
     y: &mut [f32],
