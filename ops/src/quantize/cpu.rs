@@ -19,7 +19,7 @@ use crate::cpu::parallel::{for_each_chunk, with_scratch};
 use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
 use crate::invalid;
 use crate::matmul::cpu::matmul_axes;
-use crate::matmul::cpu::product::{Axis, Plan};
+use crate::matmul::cpu::product::{Axis, Levels, Plan, Quantized};
 use crate::minifloat::Format;
 use crate::tensor::{Element, TensorMut, TensorRef};
 use bytemuck::Pod;
@@ -603,7 +603,7 @@ impl Kernel for DynamicQuantize {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let x = input::<f32>(inputs, 0, self.len)?;
         // The range widened to hold 0, so that 0 quantizes exactly.
-        let (lo, hi) = x.iter().fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = range_with_zero(x);
         let scale = if hi == lo { 1.0 } else { hi - lo } / 255.0;
         let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
         let [y, y_scale, y_zero] = outputs else {
@@ -614,11 +614,30 @@ impl Kernel for DynamicQuantize {
         let y = crate::cpu::tensor_mut::<u8>(y, self.len)?;
         for_each_chunk(y, TASK, &|t, ys| {
             for (y, &x) in ys.iter_mut().zip(&x[t * TASK..]) {
-                *y = ((x / scale).round_ties_even() + zero).clamp(0.0, 255.0) as u8;
+                *y = level_f32::<u8>(x, scale, zero);
             }
         });
         Ok(())
     }
+}
+
+/// The least and greatest of `x` and 0, NaN ignored (as `f32::min` and `max` do), in
+/// independent lanes so that the loop vectorises: a fold of one running pair does not, and
+/// took longer than the quantization after it.
+fn range_with_zero(x: &[f32]) -> (f32, f32) {
+    const LANES: usize = 16;
+    let (mut lo, mut hi) = ([0f32; LANES], [0f32; LANES]);
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..LANES {
+            lo[i] = lo[i].min(c[i]);
+            hi[i] = hi[i].max(c[i]);
+        }
+    }
+    let lanes = lo.iter().zip(&hi).map(|(&l, &h)| (l, h));
+    let tail = tail.iter().map(|&v| (v, v));
+    lanes.chain(tail).fold((0f32, 0f32), |(lo, hi), (l, h)| (lo.min(l), hi.max(h)))
 }
 
 /// The exact int32 product of two 8-bit operands minus their zero points, numpy's matmul.
@@ -635,6 +654,10 @@ struct IntProduct {
     at: (usize, usize),
     a_zero: Option<usize>,
     b_zero: Option<usize>,
+    /// B read as its 8-bit levels by the dequantizing GEMM (one matrix of bytes, one zero
+    /// point or one per column), instead of widened to floats whole on every run: B is
+    /// usually a weight, far larger than the activations A.
+    b_levels: bool,
 }
 
 impl IntProduct {
@@ -662,7 +685,7 @@ impl IntProduct {
             Some(&Axis { size, b, .. }) => (size, b),
             None => return Err(invalid!("{} has no contraction", cx.op)),
         };
-        let pieces = (0..k.max(1))
+        let pieces: Vec<(usize, Plan)> = (0..k.max(1))
             .step_by(EXACT_K)
             .map(|k0| {
                 let mut piece = axes.clone();
@@ -672,7 +695,16 @@ impl IntProduct {
                 (k0, Plan::new(&piece))
             })
             .collect();
+        let bytes = |d: DType| {
+            matches!(d, DType::I8 | DType::U8 | DType::I4 | DType::U4 | DType::I2 | DType::U2)
+        };
+        let b_zeros = zeros.1.map_or(1, |z| cx.inputs[z].elements());
+        let b_levels = bytes(bd.dtype)
+            && bd.shape.len() == 2
+            && pieces.iter().all(|(_, plan)| plan.b_is_one_matrix())
+            && (b_zeros == 1 || b_zeros == n);
         Ok(IntProduct {
+            b_levels,
             pieces,
             a: (ad.dtype, ad.elements()),
             b: (bd.dtype, bd.elements()),
@@ -692,6 +724,9 @@ impl IntProduct {
         }
         with_scratch::<f32, _>(self.a.1, |a| {
             self.widen(inputs, (self.at.0, false), self.a_zero, self.a, a)?;
+            if self.b_levels {
+                return self.run_on_levels(inputs, a, out);
+            }
             with_scratch::<f32, _>(self.b.1, |b| {
                 self.widen(inputs, (self.at.1, true), self.b_zero, self.b, b)?;
                 with_scratch::<f32, _>(self.c, |c| {
@@ -708,6 +743,54 @@ impl IntProduct {
                     Ok(())
                 })
             })
+        })
+    }
+
+    /// [`IntProduct::run`] with A widened and B read as its levels (`b_levels`): each level
+    /// minus its column's zero point, times 1, is exact in float32 as the widened B is.
+    fn run_on_levels(
+        &self,
+        inputs: &[TensorRef],
+        a: &[f32],
+        out: &mut [i32],
+    ) -> Result<(), KernelError> {
+        let b = inputs.get(self.at.1).ok_or_else(|| invalid!("B is missing"))?;
+        if b.bytes.len() != self.b.1 {
+            return Err(invalid!("B has {} bytes, expected {}", b.bytes.len(), self.b.1));
+        }
+        let zero: Vec<i32> = match self.b_zero {
+            None => vec![0; self.n],
+            Some(i) => {
+                let z = inputs.get(i).ok_or_else(|| invalid!("B's zero point is missing"))?;
+                let z: Vec<i32> = by_level!(self.b.0, T => {
+                    Ok::<_, KernelError>(z.as_slice::<T>()?.iter().map(|v| v.int()).collect())
+                })?;
+                match z[..] {
+                    [z] => vec![z; self.n],
+                    _ if z.len() == self.n => z,
+                    _ => return Err(invalid!("B's zero point has {} values", z.len())),
+                }
+            }
+        };
+        let scale = vec![1.0f32; self.n];
+        with_scratch::<f32, _>(self.c, |c| {
+            out.fill(0);
+            for (k0, plan) in &self.pieces {
+                c.fill(0.0);
+                let levels = match self.b.0 {
+                    DType::I8 | DType::I4 | DType::I2 => {
+                        Levels::I8(b.as_slice::<i8>()?.get(k0 * self.n..).unwrap_or(&[]))
+                    }
+                    _ => Levels::U8(b.as_slice::<u8>()?.get(k0 * self.n..).unwrap_or(&[])),
+                };
+                let b = Quantized { levels, scale: &scale, zero: &zero };
+                let a = a.get(*k0..).unwrap_or(&[]);
+                plan.run_dequantized(1.0, a, &b, c, |_, _| Ok(()))?;
+                for (o, &v) in out.iter_mut().zip(c.iter()) {
+                    *o = o.wrapping_add(v as i32);
+                }
+            }
+            Ok(())
         })
     }
 

@@ -167,6 +167,29 @@ fn integer_products_are_exact_past_float32s_integers() {
     let y = run("MatMulInteger", &integer(false, false), &[&a, &b], &out);
     let plain: i64 = (0..k).map(|p| i64::from(av[p]) * i64::from(bi[p * n])).sum();
     assert_eq!(i64::from(y[0].to_vec::<i32>().unwrap()[0]), plain);
+    // A 2-D uint8 B with a zero point per column, which the GEMM reads as levels, against
+    // one and several rows of A (the vector and the blocked products).
+    for rows in [1, m] {
+        let bu = bytes(k * n, 3);
+        let zu: Vec<u8> = (0..n).map(|j| (j * 50) as u8).collect();
+        let a = t(&[rows, k], &av[..rows * k]);
+        let (b, za, zb) = (t(&[k, n], &bu), t(&[], &[7u8]), t(&[n], &zu));
+        let out = [TensorDesc::new(DType::I32, [rows, n])];
+        let y = run("MatMulInteger", &integer(true, true), &[&a, &b, &za, &zb], &out);
+        let want: Vec<i64> = (0..rows * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                (0..k)
+                    .map(|p| {
+                        (i64::from(av[i * k + p]) - 7)
+                            * (i64::from(bu[p * n + j]) - i64::from(zu[j]))
+                    })
+                    .sum()
+            })
+            .collect();
+        let got: Vec<i64> = y[0].to_vec::<i32>().unwrap().into_iter().map(i64::from).collect();
+        assert_eq!(got, want, "{rows} rows");
+    }
 }
 
 #[test]
