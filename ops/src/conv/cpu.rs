@@ -1,11 +1,13 @@
 //! Conv and ConvTranspose in float32, for 1, 2 and 3 spatial dimensions.
 //!
-//! Conv picks one of three paths in `prepare`: 1x1 stride-1 unpadded convs multiply the
+//! Conv picks one of four paths in `prepare`: 1x1 stride-1 unpadded convs multiply the
 //! weights with the input directly (one GEMM per group); convs with one input channel per
-//! group (depthwise) sweep each padded input plane flat (see [`Padded`]); everything else
-//! copies input patches into a bounded scratch matrix (im2col, a chunk of output rows at a
-//! time), laid out as the GEMM's packed panels so the product does not copy it again, and
-//! multiplies.
+//! group (depthwise) sweep each padded input plane flat (see [`Padded`]); other 1-D and 2-D
+//! convs run as implicit GEMM, a chunk of output rows at a time reading its patches in place
+//! from a padded band of input rows (see [`Band`]); the rest (3-D convs, windows narrower
+//! than their stride) copy input patches into a bounded scratch matrix (im2col, a chunk of
+//! output rows at a time), laid out as the GEMM's packed panels so the product does not copy
+//! it again, and multiply.
 //! ConvTranspose multiplies Wᵀ·X for a chunk of input rows and adds the columns into the
 //! output (col2im).
 //!
@@ -16,12 +18,14 @@
 //! ends), `group`, and the post-ops `post_ops`, `post_params` (see [`crate::cpu::post`]): inputs X,
 //! W, an optional bias B (present when post-ops read extra inputs), then one extra input per
 //! binary post-op. Post-ops are applied to each block of output as soon as it is complete: a
-//! chunk of columns (pointwise), a plane (depthwise), a chunk of rows (im2col), a group's
+//! chunk of columns (pointwise), a plane (depthwise), a chunk of rows (implicit, im2col), a group's
 //! planes (ConvTranspose). With a leading `Add`, the output starts as the residual and
 //! everything accumulates onto it (the bias too: every path adds it as it writes its sums),
 //! so the step can run over the residual's bytes.
 
-use crate::cpu::gemm::{COLUMN_UNIT, Float, Layout, Panels, Start, gemm, gemm_into, gemm_panels};
+use crate::cpu::gemm::{
+    COLUMN_UNIT, Float, Layout, Panels, Shifted, Start, gemm, gemm_into, gemm_panels, gemm_shifted,
+};
 use crate::cpu::parallel::{column_blocks, for_each_chunk, try_for_each_chunk, with_scratch};
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx, input_f32, output_mut};
@@ -437,6 +441,9 @@ enum ConvPath {
     /// One input channel per group: each input plane copied into a zero-padded plane split
     /// into its stride phases (see [`Padded`]) and swept flat.
     Depthwise { padded: Padded, taps: Vec<usize> },
+    /// Implicit GEMM: a chunk of output rows at a time, the input rows it reads copied once
+    /// into a padded band (see [`Band`]) that the GEMM reads each tap's patches from in place.
+    Implicit(Band),
     /// im2col `rows` output rows at a time, then GEMM.
     Im2col { rows: usize, taps: Vec<Tap> },
 }
@@ -480,6 +487,8 @@ impl Conv {
                 padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
             });
             ConvPath::Depthwise { padded, taps: taps.collect() }
+        } else if let Some(band) = Band::new(&win, ch.cin, ch.cout) {
+            ConvPath::Implicit(band)
         } else {
             let row = ch.cin * win.taps() * win.output[DIMS - 1];
             let taps = (0..win.taps()).map(|t| {
@@ -920,6 +929,13 @@ impl Conv {
                     })
                 }
                 ConvPath::Depthwise { .. } => Err(invalid!("depthwise convs run by plane")),
+                ConvPath::Implicit(ref band) => {
+                    column_blocks(yv, (band.chunk_rows * ow, ow), &|c, mut yc| {
+                        let rows = c.start / ow..c.end.div_ceil(ow);
+                        self.implicit(band, xg, (wg, start(g)), rows, yc.view_mut())?;
+                        post.apply_rows(yc, base + c.start, out_plane)
+                    })
+                }
                 ConvPath::Im2col { rows, taps: ref tap_list } => {
                     column_blocks(yv, (rows * ow, ow), &|c, mut yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
@@ -982,6 +998,124 @@ impl Conv {
             })
         };
         try_for_each_chunk(y, per_task * block, &task)
+    }
+}
+
+impl Conv {
+    /// Output rows `rows` of one group, `yc`, by implicit GEMM: the band of input rows they
+    /// read is filled, the GEMM sums the taps at every flat band position of the chunk (a row
+    /// of `p2` positions per output row, of which the first `ow` are outputs) into a scratch,
+    /// and the outputs' sums are finished onto the output as the GEMM finishes its own.
+    fn implicit(
+        &self,
+        band: &Band,
+        xg: &[f32],
+        (wg, start): (&[f32], Start<f32>),
+        rows: Range<usize>,
+        mut yc: ArrayViewMut2<f32>,
+    ) -> Result<(), KernelError> {
+        let (cin, cout) = (self.ch.cin, self.ch.cout);
+        let ow = self.win.output[DIMS - 1];
+        let p2 = band.padded.phase[DIMS - 1];
+        let n = (rows.len() - 1) * p2 + ow;
+        let rows_max = band.offsets.iter().max().copied().unwrap_or(0);
+        let band_len = (cin * band.padded.len()).max(rows_max + Shifted::<f32>::width(n));
+        with_scratch(band_len, |data| {
+            fill_band(band, &self.win, xg, rows.start, data);
+            with_scratch(cout * n, |sums| {
+                let b = Shifted::new(data, &band.offsets, n)?;
+                let w = (wg, Layout::row_major(cout, band.offsets.len()));
+                let sums_view = ArrayViewMut2::from_shape((cout, n), &mut *sums)
+                    .map_err(|e| invalid!("implicit conv sums: {e}"))?;
+                gemm_shifted(1.0, w, b, Start::scaled(0.0), sums_view)?;
+                for (m, (mut yrow, srow)) in
+                    yc.rows_mut().into_iter().zip(sums.chunks_exact(n)).enumerate()
+                {
+                    let yrow = yrow
+                        .as_slice_mut()
+                        .ok_or_else(|| invalid!("a conv output row is not contiguous"))?;
+                    for (r, yr) in yrow.chunks_exact_mut(ow).enumerate() {
+                        start.finish_run(m, 1.0, &srow[r * p2..][..ow], yr);
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+}
+
+/// The input rows a chunk of output rows reads, zero-padded and split into stride phases as a
+/// depthwise conv's plane is (see [`Padded`]), one band per input channel: sub-plane rows
+/// `y0..y0 + rows` of every phase for the chunk whose first output row is `y0`. Tap t of
+/// output (y, x) of the chunk then reads its channel's band at flat position
+/// `(y - y0)·p2 + x` moved by the tap's offset, the same for every output: the patches of
+/// (channel, tap) are a window of the band, the row `offsets[c·taps + t]` of a [`Shifted`] B.
+/// For 1-D and 2-D convs (3-D ones take im2col).
+#[derive(Clone, Debug)]
+struct Band {
+    /// One channel's band: sub-planes of `1 x rows x p2`, `p2` the padded plane's phase width.
+    padded: Padded,
+    /// Output rows per chunk.
+    chunk_rows: usize,
+    /// Where each (channel, tap) row of the GEMM's B starts in the bands.
+    offsets: Vec<usize>,
+}
+
+impl Band {
+    fn new(win: &Window, cin: usize, cout: usize) -> Option<Self> {
+        // A window narrower than its stride skips input (a 1x1 stride-2 conv reads a quarter
+        // of it): im2col copies only what is read, a band all of it.
+        let skips = (1..DIMS).any(|d| win.extent(d) < win.strides[d]);
+        if win.output[0] != 1 || win.input[0] != 1 || win.kernel[0] != 1 || skips {
+            return None;
+        }
+        let plane = Padded::new(win);
+        let [_, sh, sw] = win.strides;
+        let p2 = plane.phase[DIMS - 1];
+        // The band and the sums of a chunk in about as much scratch as im2col takes.
+        let per_row = (cin * sh * sw + cout) * p2;
+        let chunk_rows = (SCRATCH_FLOATS / per_row.max(1)).clamp(1, win.output[1].max(1));
+        let reach = (win.extent(1) - 1) / sh;
+        let padded = Padded { strides: win.strides, phase: [1, chunk_rows + reach, p2] };
+        let taps = (0..win.taps()).map(|t| {
+            let at = win.tap(t);
+            padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
+        });
+        let taps: Vec<usize> = taps.collect();
+        let offsets = (0..cin).flat_map(|c| taps.iter().map(move |&t| c * padded.len() + t));
+        Some(Self { padded, chunk_rows, offsets: offsets.collect() })
+    }
+}
+
+/// Fills the bands of the chunk whose first output row is `y0`: zeros, then the input rows
+/// that land in them. Compiled for the wider vector units too (a stride-2 band's phases
+/// deinterleave its rows).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn fill_band(band: &Band, win: &Window, xg: &[f32], y0: usize, data: &mut [f32]) {
+    let padded = band.padded;
+    let [_, ih, iw] = win.input;
+    let [_, sh, sw] = win.strides;
+    let [_, rows, p2] = padded.phase;
+    data.fill(0.0);
+    // The padded columns that hold input, and the input columns they hold.
+    let xs = span(p2 * sw, iw, 1, -win.pads_begin[2]);
+    if xs.is_empty() {
+        return;
+    }
+    let first = xs.start.wrapping_add_signed(-win.pads_begin[2]);
+    let plane = ih * iw;
+    for (c, dst) in data.chunks_exact_mut(padded.len()).take(xg.len() / plane.max(1)).enumerate() {
+        for py in 0..rows * sh {
+            let Some(iy) = at(y0 * sh + py, 1, -win.pads_begin[1], ih) else {
+                continue;
+            };
+            let row = &xg[c * plane + iy * iw + first..][..xs.len()];
+            padded.scatter(row, xs.start, &mut dst[padded.index([0, py, 0])..]);
+        }
     }
 }
 
@@ -1350,23 +1484,101 @@ pub(crate) mod tests {
         check("Conv", &a, &[&x, &w], &[1, 2, 3, 2, 3], &expected);
     }
 
+    /// A 2-D conv (implicit GEMM) against the same conv run as the first of two independent
+    /// depth slices of a 3-D one (im2col): both sum (channel, tap) in the same order, so with
+    /// fewer than 256 of them (one block of the GEMM's k) the bits agree.
+    fn implicit_matches_im2col(
+        (c, m, h, w): (usize, usize, usize, usize),
+        (kh, kw): (usize, usize),
+        (strides, dilations): ([usize; 2], [usize; 2]),
+        pads: [isize; 4],
+        chunks: bool,
+    ) {
+        let [sh, sw] = strides;
+        let out = |len: usize, k: usize, d: usize, p: isize, s: usize| {
+            ((len as isize + p - ((k - 1) * d + 1) as isize) / s as isize + 1) as usize
+        };
+        let (oh, ow) = (
+            out(h, kh, dilations[0], pads[0] + pads[2], sh),
+            out(w, kw, dilations[1], pads[1] + pads[3], sw),
+        );
+        let win = Window {
+            rank: 2,
+            input: [1, h, w],
+            output: [1, oh, ow],
+            kernel: [1, kh, kw],
+            strides: [1, sh, sw],
+            dilations: [1, dilations[0], dilations[1]],
+            pads_begin: [0, pads[0], pads[1]],
+            pads_end: [0, pads[2], pads[3]],
+        };
+        let band = Band::new(&win, c, m).expect("the 2-D conv takes implicit GEMM");
+        assert_eq!(band.chunk_rows < oh, chunks, "{band:?}");
+        let (x, wt, b) = (ramp(&[1, c, h, w], 40), ramp(&[m, c, kh, kw], 41), ramp(&[m], 42));
+        let i64s = |v: &[usize]| v.iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let p = pads.map(|p| p as i64);
+        let a2 = attrs(&i64s(&[kh, kw]), &i64s(&strides), &i64s(&dilations), &p, 1);
+        let planar =
+            eval("Conv", &a2, &[&x, &wt, &b], &[TensorDesc::new(DType::F32, vec![1, m, oh, ow])])
+                .unwrap();
+        // Depth 2: the input's channels each followed by a plane of other values.
+        let xs = x.as_slice::<f32>().unwrap();
+        let x3: Vec<f32> =
+            xs.chunks(h * w).flat_map(|p| [p.to_vec(), vec![0.5; h * w]].concat()).collect();
+        let x3 = Tensor::from_vec(vec![1, c, 2, h, w], &x3).unwrap();
+        let w3 = Tensor::from_vec(vec![m, c, 1, kh, kw], wt.as_slice::<f32>().unwrap()).unwrap();
+        let a3 = attrs(
+            &i64s(&[1, kh, kw]),
+            &i64s(&[1, sh, sw]),
+            &i64s(&[1, dilations[0], dilations[1]]),
+            &[0, p[0], p[1], 0, p[2], p[3]],
+            1,
+        );
+        let desc = [TensorDesc::new(DType::F32, vec![1, m, 2, oh, ow])];
+        let volume = eval("Conv", &a3, &[&x3, &w3, &b], &desc).unwrap();
+        let first_slices: Vec<f32> = (volume[0].as_slice::<f32>().unwrap().chunks(oh * ow))
+            .step_by(2)
+            .flatten()
+            .copied()
+            .collect();
+        assert_eq!(planar[0].as_slice::<f32>().unwrap(), &first_slices[..]);
+    }
+
+    #[test]
+    fn implicit_gemm_matches_im2col() {
+        // Several chunks of rows, at stride 1 and 2 (a band's phases start on a chunk's row).
+        implicit_matches_im2col((3, 4, 300, 600), (3, 3), ([1, 1], [1, 1]), [1, 1, 1, 1], true);
+        implicit_matches_im2col((4, 3, 500, 400), (3, 3), ([2, 2], [1, 1]), [1, 1, 0, 0], true);
+        // Dilated, wider than tall, and asymmetric or negative pads.
+        implicit_matches_im2col((2, 5, 9, 13), (5, 3), ([1, 1], [2, 1]), [4, 1, 3, 2], false);
+        implicit_matches_im2col((3, 2, 10, 12), (3, 3), ([1, 1], [1, 1]), [-1, 0, 1, -2], false);
+        // Stride 3, a row of one output, a column of one, and a kernel as wide as the input.
+        implicit_matches_im2col((2, 3, 11, 50), (3, 3), ([3, 3], [1, 1]), [0, 0, 0, 0], false);
+        implicit_matches_im2col((2, 3, 3, 20), (3, 2), ([1, 1], [1, 1]), [0, 0, 0, 0], false);
+        implicit_matches_im2col((2, 3, 20, 3), (2, 3), ([1, 1], [1, 1]), [0, 0, 0, 0], false);
+        // 1-D as PP-OCR's recognizer and audio models have them (lifted to one row).
+        implicit_matches_im2col((8, 6, 1, 99), (1, 5), ([1, 2], [1, 3]), [0, 4, 0, 4], false);
+    }
+
     #[test]
     fn conv_im2col_in_several_chunks_matches_one_chunk() {
-        // A conv wide enough to be split into row chunks must agree with a per-row reference
-        // computed by the depthwise path on one channel at a time (group = C).
-        let (c, h, w) = (2, 70, 600);
-        let x = ramp(&[1, c, h, w], 21);
-        let wt = ramp(&[1, c, 3, 3], 22);
-        let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
-        let desc = [TensorDesc::new(DType::F32, vec![1, 1, h, w])];
+        // A 3-D conv (im2col: 2-D ones take implicit GEMM) wide enough to be split into row
+        // chunks must agree with a per-row reference computed by the depthwise path on one
+        // channel at a time (group = C).
+        let (c, d, h, w) = (2, 2, 70, 600);
+        let x = ramp(&[1, c, d, h, w], 21);
+        let wt = ramp(&[1, c, 1, 3, 3], 22);
+        let a = attrs(&[1, 3, 3], &[1, 1, 1], &[1, 1, 1], &[0, 1, 1, 0, 1, 1], 1);
+        let desc = [TensorDesc::new(DType::F32, vec![1, 1, d, h, w])];
         let full = eval("Conv", &a, &[&x, &wt], &desc).unwrap();
-        let dw_desc = [TensorDesc::new(DType::F32, vec![1, c, h, w])];
-        let wdw = Tensor::from_vec(vec![c, 1, 3, 3], wt.as_slice::<f32>().unwrap()).unwrap();
-        let adw = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], c as i64);
+        let dw_desc = [TensorDesc::new(DType::F32, vec![1, c, d, h, w])];
+        let wdw = Tensor::from_vec(vec![c, 1, 1, 3, 3], wt.as_slice::<f32>().unwrap()).unwrap();
+        let adw = attrs(&[1, 3, 3], &[1, 1, 1], &[1, 1, 1], &[0, 1, 1, 0, 1, 1], c as i64);
         let per_channel = eval("Conv", &adw, &[&x, &wdw], &dw_desc).unwrap();
         let pc = per_channel[0].as_slice::<f32>().unwrap();
-        let summed: Vec<f32> = (0..h * w).map(|i| pc[i] + pc[h * w + i]).collect();
-        assert!(SCRATCH_FLOATS < c * 9 * h * w, "the test must span several chunks");
+        let plane = d * h * w;
+        let summed: Vec<f32> = (0..plane).map(|i| pc[i] + pc[plane + i]).collect();
+        assert!(SCRATCH_FLOATS < c * 9 * plane, "the test must span several chunks");
         assert_eq!(full[0].as_slice::<f32>().unwrap(), &summed[..]);
     }
 

@@ -12,8 +12,10 @@
 //!
 //! B may also come already packed ([`Panels`], which a conv's im2col writes directly): the
 //! product then reads its panels in place; or as 8-bit integers with a scale and zero point
-//! per column ([`Dequantized`]), dequantized where a float B would be packed or read. A product with one row or one column of C is a
-//! vector product instead (see [`vector_product`]): nothing is packed.
+//! per column ([`Dequantized`]), dequantized where a float B would be packed or read; or as
+//! rows read in place at their own offsets of one slice ([`Shifted`]: a conv's implicit
+//! GEMM). A product with one row or one column of C is a vector product instead (see
+//! [`vector_product`]): nothing is packed.
 //!
 //! Every element of C is summed in the same order (k ascending, one `KC` block after the
 //! other; a vector product's fixed lanes) whatever the tile, the blocking of M and N, and the
@@ -318,13 +320,53 @@ fn dequantize_into<Q: Level, T: Float>(
     }
 }
 
+/// A B whose rows are windows of one slice: element (k, j) is `data[rows[k] + j]`. A conv
+/// reads its patches this way from a zero-padded copy of its input (implicit GEMM): row k,
+/// a (channel, tap), is the channel's padded plane moved by the tap's offset, so nothing is
+/// copied per tap and the microkernel loads each row's vectors where they lie.
+#[derive(Clone, Copy, Debug)]
+pub struct Shifted<'a, T> {
+    data: &'a [T],
+    rows: &'a [usize],
+    n: usize,
+}
+
+impl<'a, T: Float> Shifted<'a, T> {
+    /// Checks that every row's window, `n` rounded up to whole panels, lies inside `data`:
+    /// the microkernel reads whole panels (the columns past `n` are computed and dropped).
+    pub fn new(data: &'a [T], rows: &'a [usize], n: usize) -> Result<Self, KernelError> {
+        let end = rows.iter().max().map_or(0, |&r| r + Self::width(n));
+        if end > data.len() {
+            return Err(invalid!(
+                "{n} columns from row offsets up to {end} overrun {} values",
+                data.len()
+            ));
+        }
+        Ok(Self { data, rows, n })
+    }
+
+    /// The values past a row's start that a product of `n` columns reads.
+    pub fn width(n: usize) -> usize {
+        n.div_ceil(T::panel_width()) * T::panel_width()
+    }
+
+    /// Columns `..mid` and `mid..`; `mid` is a whole number of panels, so the right part's
+    /// windows end where the whole's did.
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        debug_assert_eq!(mid % T::panel_width(), 0, "columns are cut between panels");
+        let right = Self { data: &self.data[mid..], n: self.n - mid, ..self };
+        (Self { n: mid, ..self }, right)
+    }
+}
+
 /// The B of a product: a matrix, packed a block at a time as the product goes; panels
-/// packed before; or 8-bit integers dequantized a block at a time.
+/// packed before; 8-bit integers dequantized a block at a time; or rows read in place.
 #[derive(Clone, Copy, Debug)]
 pub enum OperandB<'a, T> {
     Matrix(ArrayView2<'a, T>),
     Panels(Panels<'a, T>),
     Dequantized(Dequantized<'a>),
+    Shifted(Shifted<'a, T>),
 }
 
 impl<'a, T: Float> OperandB<'a, T> {
@@ -341,6 +383,10 @@ impl<'a, T: Float> OperandB<'a, T> {
             Self::Dequantized(b) => {
                 let (k, n) = b.dim();
                 (Self::Dequantized(b.slice(0..k, 0..mid)), Self::Dequantized(b.slice(0..k, mid..n)))
+            }
+            Self::Shifted(b) => {
+                let (l, r) = b.split_at(mid);
+                (Self::Shifted(l), Self::Shifted(r))
             }
         }
     }
@@ -505,6 +551,21 @@ pub fn gemm_panels<T: Float>(
         return Ok(());
     };
     product(alpha, a, OperandB::Panels(b), start, c);
+    Ok(())
+}
+
+/// [`gemm_into`] with a [`Shifted`] B.
+pub fn gemm_shifted<T: Float>(
+    alpha: T,
+    (a, la): (&[T], Layout),
+    b: Shifted<T>,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    let Some(a) = operand_a(a, la, (b.rows.len(), b.n), &start, &mut c)? else {
+        return Ok(());
+    };
+    product(alpha, a, OperandB::Shifted(b), start, c);
     Ok(())
 }
 
@@ -836,7 +897,7 @@ fn packed<T: Float>(
         OperandB::Matrix(_) | OperandB::Dequantized(_) => {
             n.min(NC / nr * nr).div_ceil(nr) * nr * kc
         }
-        OperandB::Panels(_) => 0,
+        OperandB::Panels(_) | OperandB::Shifted(_) => 0,
     };
     let a_rows_contiguous = m == 0 || a.row(0).as_slice().is_some();
     let a_len = if a_rows_contiguous { 0 } else { m.min(MC) * kc };
@@ -911,18 +972,19 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
             let kc = KC.min(k - pc);
             let panels = nc.div_ceil(nr);
             // This block's panels and their rows in it.
-            let (b_block, b_rows) = match b {
+            let b_block = match b {
                 OperandB::Matrix(b) => {
                     let pb = &mut pb[..panels * nr * kc];
                     pack_b(b.slice(s![pc..pc + kc, jc..jc + nc]), nr, pb);
-                    (Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
+                    Block::Panels(Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
                 }
-                OperandB::Panels(b) => (b.split_at(jc).1, pc..pc + kc),
+                OperandB::Panels(b) => Block::Panels(b.split_at(jc).1, pc..pc + kc),
                 OperandB::Dequantized(b) => {
                     let pb = &mut pb[..panels * nr * kc];
                     pack_dequantized(b.slice(pc..pc + kc, jc..jc + nc), nr, pb);
-                    (Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
+                    Block::Panels(Panels { data: &*pb, k: kc, n: nc, nr }, 0..kc)
                 }
+                OperandB::Shifted(b) => Block::Shifted(&b.data[jc..], &b.rows[pc..pc + kc]),
             };
             // The first block of k brings in the start; the later ones add to C.
             let first = (pc == 0).then_some(start);
@@ -951,7 +1013,7 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
                 for i0 in (0..mc).step_by(MR) {
                     let rows = i0..(i0 + MR).min(mc);
                     for jp in 0..panels {
-                        let b_panel = b_block.block(jp, b_rows.clone());
+                        let b_panel = b_block.panel(jp, nr);
                         let cols = jp * nr..((jp + 1) * nr).min(nc);
                         let a_panel: &[&[T]; MR] = a_rows[i0..i0 + MR].try_into().unwrap();
                         let (c_tile, start) = (&mut c_rows[rows.clone()], first);
@@ -959,15 +1021,54 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
                         if cols.len() <= W {
                             // A last panel no wider than one vector (14x14 images end with
                             // 4 columns of 32): one vector of the tile does its sums.
-                            let acc = microkernel::<T, MR, W, 1, NV>(fused, a_panel, b_panel);
+                            let acc = tile_sums::<T, MR, W, 1, NV>(fused, a_panel, b_panel);
                             store(&acc, c_tile, cols, alpha, start);
                         } else {
-                            let acc = microkernel::<T, MR, W, NV, NV>(fused, a_panel, b_panel);
+                            let acc = tile_sums::<T, MR, W, NV, NV>(fused, a_panel, b_panel);
                             store(&acc, c_tile, cols, alpha, start);
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// One block of B (`kc` rows, the block's columns) as the microkernel reads it.
+enum Block<'a, T> {
+    /// Packed panels, and the rows of each that the block holds.
+    Panels(Panels<'a, T>, Range<usize>),
+    /// A [`Shifted`] B from the block's first column: its data and the block's row offsets.
+    Shifted(&'a [T], &'a [usize]),
+}
+
+/// One panel of a [`Block`].
+enum Panel<'a, T> {
+    Packed(&'a [T]),
+    Shifted(&'a [T], &'a [usize]),
+}
+
+impl<'a, T: Float> Block<'a, T> {
+    #[inline(always)]
+    fn panel(&self, p: usize, nr: usize) -> Panel<'a, T> {
+        match self {
+            Self::Panels(panels, rows) => Panel::Packed(panels.block(p, rows.clone())),
+            Self::Shifted(data, rows) => Panel::Shifted(&data[p * nr..], rows),
+        }
+    }
+}
+
+/// The tile's sums over one panel of B, read where it lies.
+#[inline(always)]
+fn tile_sums<T: Float, const MR: usize, const W: usize, const NV: usize, const S: usize>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    b: Panel<T>,
+) -> [[[T; W]; NV]; MR] {
+    match b {
+        Panel::Packed(panel) => microkernel::<T, MR, W, NV, S>(fused, a_rows, panel),
+        Panel::Shifted(data, rows) => {
+            microkernel_shifted::<T, MR, W, NV>(fused, a_rows, data, rows)
         }
     }
 }
@@ -990,37 +1091,64 @@ fn microkernel<T: Float, const MR: usize, const W: usize, const NV: usize, const
     // Four values of k per turn of the loop, so that its counters take fewer of the issue
     // slots the multiply-adds need; then the last few one at a time.
     let kc = b_panel.len() / (W * S);
-    let (whole, _) = b_panel.split_at(kc / UNROLL * UNROLL * W * S);
-    steps::<T, MR, W, NV, S, UNROLL>(fused, a_rows, 0, whole, &mut acc);
-    let (done, rest) = (kc / UNROLL * UNROLL, &b_panel[whole.len()..]);
-    steps::<T, MR, W, NV, S, 1>(fused, a_rows, done, rest, &mut acc);
+    let (whole, rest) = b_panel.split_at(kc / UNROLL * UNROLL * W * S);
+    let load = |b: &[T], u: usize| lanes::<T, W, NV>(&b[u * S * W..]);
+    steps::<T, MR, W, NV, UNROLL, _>(
+        fused,
+        a_rows,
+        0,
+        whole.chunks_exact(UNROLL * W * S),
+        load,
+        &mut acc,
+    );
+    let done = kc / UNROLL * UNROLL;
+    steps::<T, MR, W, NV, 1, _>(fused, a_rows, done, rest.chunks_exact(W * S), load, &mut acc);
     acc.map(|row| row.map(|v| v.0))
+}
+
+/// [`microkernel`] over a [`Shifted`] B: B's row k is `NV` vectors at `data[rows[k]..]`.
+#[inline(always)]
+fn microkernel_shifted<T: Float, const MR: usize, const W: usize, const NV: usize>(
+    fused: bool,
+    a_rows: &[&[T]; MR],
+    data: &[T],
+    rows: &[usize],
+) -> [[[T; W]; NV]; MR] {
+    let mut acc = [[Lanes([T::ZERO; W]); NV]; MR];
+    let load = |r: &[usize], u: usize| lanes::<T, W, NV>(&data[r[u]..]);
+    let whole = rows.chunks_exact(UNROLL);
+    let (done, rest) = (rows.len() / UNROLL * UNROLL, whole.remainder());
+    steps::<T, MR, W, NV, UNROLL, _>(fused, a_rows, 0, whole, load, &mut acc);
+    steps::<T, MR, W, NV, 1, _>(fused, a_rows, done, rest.chunks_exact(1), load, &mut acc);
+    acc.map(|row| row.map(|v| v.0))
+}
+
+/// The first `NV` vectors of `b`.
+#[inline(always)]
+fn lanes<T: Float, const W: usize, const NV: usize>(b: &[T]) -> [Lanes<T, W>; NV] {
+    let b = &b[..W * NV];
+    std::array::from_fn(|v| Lanes(b[v * W..][..W].try_into().unwrap()))
 }
 
 /// Values of k per turn of the microkernel's loop.
 const UNROLL: usize = 4;
 
-/// Adds the products of k in `from..` (`U` values per turn) to the sums.
+/// Adds the products of k in `from..` (`U` values per turn, `turns` yielding what `load`
+/// reads B's row of each from) to the sums.
 #[inline(always)]
-fn steps<
-    T: Float,
-    const MR: usize,
-    const W: usize,
-    const NV: usize,
-    const S: usize,
-    const U: usize,
->(
+fn steps<T: Float, const MR: usize, const W: usize, const NV: usize, const U: usize, B: Copy>(
     fused: bool,
     a_rows: &[&[T]; MR],
     from: usize,
-    b_panel: &[T],
+    turns: impl Iterator<Item = B>,
+    load: impl Fn(B, usize) -> [Lanes<T, W>; NV],
     acc: &mut [[Lanes<T, W>; NV]; MR],
 ) {
     const { assert!(MR <= 8, "rows! below writes out 8 rows") };
-    // One iterator over B's panel and the 8 rows zipped: LLVM then runs it on one index with
+    // One iterator over B's turns and the 8 rows zipped: LLVM then runs it on one index with
     // no bounds check per row (rows past MR repeat the last one; their loads are dead).
     let row = |i: usize| a_rows[i.min(MR - 1)][from..].chunks_exact(U);
-    let turns = (b_panel.chunks_exact(U * W * S))
+    let turns = turns
         .zip(row(0))
         .zip(row(1))
         .zip(row(2))
@@ -1029,11 +1157,11 @@ fn steps<
         .zip(row(5))
         .zip(row(6))
         .zip(row(7));
-    for ((((((((b, x0), x1), x2), x3), x4), x5), x6), x7) in turns {
+    for ((((((((b_turn, x0), x1), x2), x3), x4), x5), x6), x7) in turns {
         let a = [x0, x1, x2, x3, x4, x5, x6, x7];
+        #[allow(clippy::needless_range_loop)] // u picks B's row and a value of each A row
         for u in 0..U {
-            let b: [Lanes<T, W>; NV] =
-                std::array::from_fn(|v| Lanes(b[(u * S + v) * W..][..W].try_into().unwrap()));
+            let b = load(b_turn, u);
             // The rows are written out: given a loop over them, LLVM may vectorize across
             // rows (gathering and scattering the sums) instead of keeping each in registers.
             macro_rules! rows {
@@ -1218,6 +1346,26 @@ mod tests {
         };
         assert!(24 * k * 2100 >= PARALLEL_WORK);
         assert_eq!(wide(4), wide(1));
+        // The same with B's rows read in place, in reverse order (a [`Shifted`] B).
+        let shifted = |threads| {
+            let data: Vec<f32> = (0..k * 2100 + 32).map(|i| (i % 13) as f32).collect();
+            let rows: Vec<usize> = (0..k).rev().map(|r| r * 2100).collect();
+            let b = Shifted::new(&data, &rows, 2100).unwrap();
+            let mut c = vec![0.0f32; 24 * 2100];
+            let cv = Layout::row_major(24, 2100).view_mut("C", &mut c).unwrap();
+            let product = || {
+                gemm_shifted(
+                    1.0,
+                    (&a[..24 * k], Layout::row_major(24, k)),
+                    b,
+                    Start::scaled(0.0),
+                    cv,
+                )
+            };
+            pool(threads).install(product).unwrap();
+            c
+        };
+        assert_eq!(shifted(4), shifted(1));
         // A 1x1 product cannot split: still right.
         assert_eq!(run(8, 1, 1), run(1, 1, 1));
         // One row of C (B read as [K, N], then as [N, K]): outputs cut between threads.
@@ -1343,6 +1491,16 @@ mod tests {
                         let mut got = c.clone();
                         tile(alpha, av, panels, start, view(lc, &mut got));
                         assert_eq!(at(&got), None, "tile {t} panels: {m}x{k}x{n} {la:?}");
+                        // B's rows read in place, each from its own offset (whole panels
+                        // past the last column are read and dropped).
+                        let data = [&b[..], &[f32::NAN; 32]].concat();
+                        let rows: Vec<usize> = (0..k).map(|r| r * lb.rs).collect();
+                        let shifted = OperandB::Shifted(Shifted { data: &data, rows: &rows, n });
+                        if lb.cs == 1 {
+                            let mut got = c.clone();
+                            tile(alpha, av, shifted, start, view(lc, &mut got));
+                            assert_eq!(at(&got), None, "tile {t} shifted: {m}x{k}x{n} {la:?}");
+                        }
                     }
                 }
             }
@@ -1400,6 +1558,12 @@ mod tests {
         let b = Panels::new(&b, 3, 2).unwrap();
         let start = Start::scaled(0.0);
         assert!(gemm_panels(1.0, (&[0.0; 4], l), b, start, view(l, &mut c)).is_err());
+        // Shifted: a row's window (whole panels) past the data, or rows that do not chain.
+        let width = Shifted::<f32>::width(2);
+        assert!(Shifted::new(&vec![0.0f32; width + 2], &[0, 3], 2).is_err());
+        let data = vec![0.0; width + 2];
+        let b = Shifted::new(&data, &[0, 1, 2], 2).unwrap();
+        assert!(gemm_shifted(1.0, (&[0.0; 4], l), b, start, view(l, &mut c)).is_err());
     }
 
     #[test]
