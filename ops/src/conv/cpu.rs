@@ -563,7 +563,7 @@ const IM2COL_TASK_FLOATS: usize = 1 << 14;
 const INIT_TASK_FLOATS: usize = 1 << 15;
 
 /// Floats of a flat depthwise plane one register block computes (four AVX-512 vectors).
-const FLAT_BLOCK: usize = 64;
+pub(crate) const FLAT_BLOCK: usize = 64;
 
 /// `flat[j0..j0 + N] = Σ_t w_t · xp[j0 + offset_t ..][..N]`, the sums kept in registers.
 #[inline(always)]
@@ -742,14 +742,14 @@ pub(crate) fn fold_strided<T: Copy>(
 /// then at the output's own position in the tap's sub-plane, moved by the same amount for
 /// every output: any stride is a stride-1 conv read flat.
 #[derive(Clone, Copy, Debug)]
-struct Padded {
+pub(crate) struct Padded {
     strides: [usize; DIMS],
     /// Extents of a sub-plane.
-    phase: [usize; DIMS],
+    pub phase: [usize; DIMS],
 }
 
 impl Padded {
-    fn new(win: &Window) -> Self {
+    pub fn new(win: &Window) -> Self {
         let extent = |d: usize| (win.output[d].max(1) - 1) * win.strides[d] + win.extent(d);
         Self {
             strides: win.strides,
@@ -761,13 +761,13 @@ impl Padded {
         self.phase.iter().product()
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.sub_len() * self.strides.iter().product::<usize>()
     }
 
     /// Where padded position `p` is stored.
     #[inline(always)]
-    fn index(&self, p: [usize; DIMS]) -> usize {
+    pub fn index(&self, p: [usize; DIMS]) -> usize {
         let ([_, s1, s2], [_, p1, p2]) = (self.strides, self.phase);
         // Divisions only for strides past 2: this runs once per row copied in.
         let split = |d: usize| match self.strides[d] {
@@ -781,7 +781,7 @@ impl Padded {
 
     /// Floats of the flat scratch a plane is computed in: every flat position from the first
     /// output's to the last one's.
-    fn flat_len(&self, win: &Window) -> usize {
+    pub fn flat_len(&self, win: &Window) -> usize {
         let [od, oh, ow] = win.output;
         let [_, p1, p2] = self.phase;
         match od * oh * ow {
@@ -852,7 +852,7 @@ impl Padded {
     "x86_64+avx2+fma+avx",
     "aarch64+neon"
 ))]
-fn fill_padded(padded: Padded, win: &Window, xp: &[f32], out: &mut [f32]) {
+pub(crate) fn fill_padded(padded: Padded, win: &Window, xp: &[f32], out: &mut [f32]) {
     padded.fill(win, xp, out);
 }
 

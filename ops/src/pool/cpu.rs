@@ -7,9 +7,11 @@
 //! product of the kernel extents. `prepare` works out, per dimension and output position,
 //! which taps land in the input; padding is never materialised. In ceil mode a window may
 //! run past the end padding: those taps count for nothing, not even as padding. MaxPool with
-//! Indices visits each window whole instead, to know where its maximum came from.
+//! Indices visits each window whole instead, to know where its maximum came from. Float Max
+//! and Average pools of small windows (the 3x3 of most CNNs) take the flat path instead (see
+//! [`Flat`]): a padded copy of the plane, reduced in long runs whatever its row width.
 
-use crate::conv::cpu::{DIMS, Window, fold_strided, span};
+use crate::conv::cpu::{DIMS, FLAT_BLOCK, Padded, Window, fill_padded, fold_strided, span};
 use crate::cpu::parallel::{for_each_chunk, with_scratch};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::cpu::{input_f32, output_mut};
@@ -91,6 +93,43 @@ fn max_f32(a: f32, b: f32) -> f32 {
     if b > a { b } else { a }
 }
 
+/// `sums[q] = max or Σ of xp[q + taps[t]]` for the first `len` flat positions (at least one
+/// block's worth are written; `xp` holds a block of the identity past its padded plane), in
+/// blocks of [`FLAT_BLOCK`] kept in registers, the last moved back to end at `len`. Compiled
+/// for the wider vector units too.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn reduce_flat(max: bool, xp: &[f32], taps: &[usize], sums: &mut [f32], len: usize) {
+    #[inline(always)]
+    fn block(
+        xp: &[f32],
+        taps: &[usize],
+        j0: usize,
+        f: impl Fn(f32, f32) -> f32,
+        id: f32,
+    ) -> [f32; FLAT_BLOCK] {
+        let mut acc = [id; FLAT_BLOCK];
+        for &off in taps {
+            let xs: &[f32; FLAT_BLOCK] = xp[j0 + off..][..FLAT_BLOCK].try_into().unwrap();
+            for (a, &x) in acc.iter_mut().zip(xs) {
+                *a = f(*a, x);
+            }
+        }
+        acc
+    }
+    let starts = (0..len.max(1)).step_by(FLAT_BLOCK).map(|j| j.min(len.saturating_sub(FLAT_BLOCK)));
+    for j0 in starts {
+        let acc = match max {
+            true => block(xp, taps, j0, max_f32, f32::MIN),
+            false => block(xp, taps, j0, |a, b| a + b, 0.0),
+        };
+        sums[j0..][..FLAT_BLOCK].copy_from_slice(&acc);
+    }
+}
+
 /// The kernel taps of one output position along one dimension that land in the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Taps {
@@ -119,7 +158,26 @@ struct Pool {
     divisors: Vec<f32>,
     /// MaxPool's Indices output: `Some(column_major)` when requested.
     indices: Option<bool>,
+    /// The flat path, where it serves (see [`Flat`]).
+    flat: Option<Flat>,
 }
+
+/// Max and Average pools of float32 planes, windows of at most [`FLAT_TAPS`] taps, no
+/// Indices: each plane is copied into a plane padded with the reduction's identity and split
+/// into its stride phases (the depthwise conv's [`Padded`]), and every output is reduced at
+/// its flat position from taps at fixed offsets, in blocks that run the plane's length. The
+/// separable passes' set-up per row and tap cost more than their sums on short rows
+/// (shufflenet's 3x3 stride-2 pools over 28x28 and 14x14 planes ran at 2-5 ns an output).
+#[derive(Clone, Debug)]
+struct Flat {
+    padded: Padded,
+    /// Where each tap reads, from an output's own flat position.
+    taps: Vec<usize>,
+}
+
+/// Windows past this many taps pool separably: one dimension at a time costs the sum of the
+/// kernel's extents per output, flat the product.
+const FLAT_TAPS: usize = 16;
 
 impl Pool {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
@@ -207,8 +265,21 @@ impl Pool {
             }
             _ => Vec::new(),
         };
+        let flat_reduce = matches!(reduce, Reduce::Max | Reduce::Average { .. });
+        let flat = (flat_reduce && dtype == DType::F32 && indices.is_none())
+            .then_some(())
+            .filter(|_| win.taps() <= FLAT_TAPS)
+            .map(|_| {
+                let padded = Padded::new(&win);
+                let taps = (0..win.taps()).map(|t| {
+                    let at = win.tap(t);
+                    padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
+                });
+                Flat { padded, taps: taps.collect() }
+            });
         Ok(Self {
             planes: x.shape[0] * x.shape[1],
+            flat,
             reduce,
             dtype,
             taps,
@@ -285,7 +356,44 @@ impl Pool {
         (vec![fill; depth * ih * ow], vec![fill; v])
     }
 
+    /// The [`Flat`] path: planes in parallel, a few at a time, as [`Self::run_float`] runs.
+    fn run_flat(&self, flat: &Flat, x: &[f32], y: &mut [f32]) {
+        let (ip, op) = (self.win.input_size().max(1), self.win.output_size().max(1));
+        let [_, oh, ow] = self.win.output;
+        let [_, p1, p2] = flat.padded.phase;
+        let max = matches!(self.reduce, Reduce::Max);
+        let id = if max { f32::MIN } else { 0.0 };
+        let len = flat.padded.flat_len(&self.win);
+        let per_task = (PLANE_TASK_FLOATS / ip).max(1);
+        for_each_chunk(y, op * per_task, &|t, ys| {
+            let xs = &x[t * ip * per_task..];
+            // The identity past the padded plane, where a short plane's block reads.
+            with_scratch(flat.padded.len() + FLAT_BLOCK, |xp: &mut [f32]| {
+                // Only the interior changes from plane to plane.
+                xp.fill(id);
+                with_scratch(len.max(FLAT_BLOCK), |sums: &mut [f32]| {
+                    for (xplane, yp) in xs.chunks_exact(ip).zip(ys.chunks_exact_mut(op)) {
+                        fill_padded(flat.padded, &self.win, xplane, xp);
+                        reduce_flat(max, xp, &flat.taps, &mut sums[..len.max(FLAT_BLOCK)], len);
+                        for (r, yrow) in yp.chunks_exact_mut(ow).enumerate() {
+                            let q = (r / oh * p1 + r % oh) * p2;
+                            yrow.copy_from_slice(&sums[q..][..ow]);
+                        }
+                        if !max {
+                            for (y, &d) in yp.iter_mut().zip(&self.divisors) {
+                                *y = self.reduce.finish(*y, d);
+                            }
+                        }
+                    }
+                })
+            })
+        });
+    }
+
     fn run_float(&self, x: &[f32], y: &mut [f32]) {
+        if let Some(flat) = &self.flat {
+            return self.run_flat(flat, x, y);
+        }
         let (ip, op) = (self.win.input_size().max(1), self.win.output_size().max(1));
         let [depth, ih, _] = self.win.input;
         let [_, oh, ow] = self.win.output;
@@ -758,6 +866,53 @@ mod tests {
             let windowed = eval(op, &a, &[&wide], &out).unwrap();
             close(whole[0].as_slice().unwrap(), windowed[0].as_slice().unwrap());
         }
+    }
+
+    #[test]
+    fn flat_max_pools_agree_with_whole_windows() {
+        // Without Indices a float MaxPool runs flat over a padded plane; with them it visits
+        // each window whole. Strides 1-3, dilations, asymmetric pads, ceil mode, planes
+        // shorter and longer than a block, 1-D and 3-D.
+        for (shape, kernel, strides, dilations, pads, ceil) in [
+            (vec![2, 3, 28, 28], vec![3, 3], vec![2, 2], vec![1, 1], vec![1, 1, 1, 1], 0),
+            (vec![1, 2, 7, 9], vec![3, 2], vec![1, 3], vec![2, 1], vec![2, 0, 1, 1], 1),
+            (vec![1, 2, 20, 20], vec![5, 1], vec![1, 1], vec![1, 1], vec![2, 0, 2, 0], 0),
+            (vec![1, 2, 5, 5], vec![2, 2], vec![2, 2], vec![1, 1], vec![0, 0, 0, 0], 1),
+            (vec![1, 4, 100], vec![4], vec![3], vec![2], vec![3, 1], 1),
+            (vec![1, 2, 4, 6, 5], vec![2, 2, 2], vec![1, 2, 2], vec![1, 1, 1], vec![1; 6], 0),
+        ] {
+            let x = ramp(&shape, 5);
+            let a = window(&kernel, &strides, &pads)
+                .with("dilations", ints(&dilations))
+                .with("ceil_mode", AttrValue::Int(ceil))
+                .with("storage_order", AttrValue::Int(0));
+            let out_shape = eval_shape(&a, &shape);
+            let flat = eval("MaxPool", &a, &[&x], &[f32_out(&out_shape)]).unwrap();
+            let i64_out = TensorDesc::new(DType::I64, out_shape.clone());
+            let windows = eval("MaxPool", &a, &[&x], &[f32_out(&out_shape), i64_out]).unwrap();
+            assert_eq!(flat[0], windows[0], "{shape:?} {kernel:?} {strides:?} {pads:?}");
+        }
+    }
+
+    /// The pooled shape of `shape` under `a` (floor or ceil mode, as ONNX defines them).
+    fn eval_shape(a: &Attrs, shape: &[usize]) -> Vec<usize> {
+        let (k, s, d, p) = (
+            a.ints("kernel_shape").unwrap(),
+            a.ints("strides").unwrap(),
+            a.ints("dilations").unwrap(),
+            a.ints("pads").unwrap(),
+        );
+        let ceil = a.int("ceil_mode").unwrap() != 0;
+        let rank = k.len();
+        let spatial = (0..rank).map(|i| {
+            let room = shape[2 + i] as i64 + p[i] + p[rank + i] - ((k[i] - 1) * d[i] + 1);
+            let out = if ceil { (room + s[i] - 1) / s[i] + 1 } else { room / s[i] + 1 };
+            // A last window starting in the end padding is dropped.
+            let out =
+                if ceil && (out - 1) * s[i] >= shape[2 + i] as i64 + p[i] { out - 1 } else { out };
+            out as usize
+        });
+        shape[..2].iter().copied().chain(spatial).collect()
     }
 
     #[test]
