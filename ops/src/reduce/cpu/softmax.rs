@@ -3,12 +3,14 @@
 //! norm (a zero vector stays zero, as in ONNX's tests).
 
 use super::{Lanes, axis_attr, check_lens, check_output};
-use crate::cpu::parallel::for_each_chunk;
+use crate::cpu::parallel::{column_blocks, for_each_chunk};
 use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::elementwise::cpu::exp_f32;
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
+use ndarray::ArrayViewMut2;
+use std::ops::Range;
 
 /// Floats a Softmax task takes on (whole blocks): enough to be worth another thread.
 const TASK_FLOATS: usize = 1 << 14;
@@ -135,6 +137,32 @@ impl Kernel for Softmax {
             });
             return Ok(());
         }
+        if matches!(self.kind, Kind::Softmax | Kind::LogSoftmax) {
+            let log = self.kind == Kind::LogSoftmax;
+            if block >= TASK_FLOATS {
+                // Large blocks (a detector's box head: 16 x 8400) in column blocks, in
+                // parallel.
+                let cols = (TASK_FLOATS / l.n.max(1)).max(STRIP);
+                for (xb, yb) in x.chunks_exact(block).zip(y.chunks_exact_mut(block)) {
+                    let yv = ArrayViewMut2::from_shape((l.n, l.inner), yb)
+                        .map_err(|e| invalid!("softmax block: {e}"))?;
+                    column_blocks(yv, (cols, STRIP), &|c, yc| {
+                        softmax_columns(xb, l.inner, c, yc, log);
+                        Ok(())
+                    })?;
+                }
+            } else {
+                for_each_chunk(y, block * per_task, &|t, ys| {
+                    let xs = &x[t * block * per_task..];
+                    for (xb, yb) in xs.chunks_exact(block).zip(ys.chunks_exact_mut(block)) {
+                        let yv = ArrayViewMut2::from_shape((l.n, l.inner), yb)
+                            .expect("a block holds n rows of inner lanes");
+                        softmax_columns(xb, l.inner, 0..l.inner, yv, log);
+                    }
+                });
+            }
+            return Ok(());
+        }
         for_each_chunk(y, block * per_task, &|t, ys| {
             let xs = &x[t * block * per_task..];
             let mut m = Vec::with_capacity(l.inner);
@@ -192,6 +220,59 @@ fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
     } else {
         let r = 1.0 / sum;
         y.iter_mut().for_each(|y| *y *= r);
+    }
+}
+
+/// Columns of a block a [`softmax_columns`] strip takes at a time: its maxima and sums stay
+/// in registers.
+const STRIP: usize = 64;
+
+/// Softmax (or LogSoftmax) down the columns `cols` of a block (`n` rows of `inner` lanes,
+/// the rows of `x` and of `y`, the block's columns `cols`), a strip of [`STRIP`] columns at a
+/// time, each pass along contiguous runs of a row: the general path's libm exp and argmax
+/// bookkeeping took 3.4 ns an element on YOLOv8's 16 x 8400 box distribution. Compiled for
+/// the wider vector units too.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn softmax_columns(
+    x: &[f32],
+    inner: usize,
+    cols: Range<usize>,
+    mut y: ArrayViewMut2<f32>,
+    log: bool,
+) {
+    for s0 in (0..cols.len()).step_by(STRIP) {
+        let w = STRIP.min(cols.len() - s0);
+        let x_rows = || x.chunks_exact(inner).map(|r| &r[cols.start + s0..][..w]);
+        // The maxima, which NaN never becomes (a NaN then spreads through the sums).
+        let mut m = [f32::NEG_INFINITY; STRIP];
+        for xr in x_rows() {
+            for (m, &v) in m.iter_mut().zip(xr) {
+                *m = if v > *m { v } else { *m };
+            }
+        }
+        let mut sums = [0f32; STRIP];
+        for (xr, mut yr) in x_rows().zip(y.rows_mut()) {
+            let yr = &mut yr.as_slice_mut().expect("rows of a block are contiguous")[s0..][..w];
+            for (((y, &v), &m), s) in yr.iter_mut().zip(xr).zip(&m).zip(&mut sums) {
+                *y = exp_f32(v - m);
+                *s += *y;
+            }
+        }
+        // Then x - (m + ln Σ) or y / Σ, as the row path finishes.
+        let finish: [f32; STRIP] =
+            std::array::from_fn(|j| if log { m[j] + sums[j].ln() } else { 1.0 / sums[j] });
+        for (xr, mut yr) in x_rows().zip(y.rows_mut()) {
+            let yr = &mut yr.as_slice_mut().expect("rows of a block are contiguous")[s0..][..w];
+            if log {
+                yr.iter_mut().zip(xr).zip(&finish).for_each(|((y, &v), &f)| *y = v - f);
+            } else {
+                yr.iter_mut().zip(&finish).for_each(|(y, &f)| *y *= f);
+            }
+        }
     }
 }
 
@@ -285,6 +366,38 @@ mod tests {
         }
         let x = Tensor::from_vec(vec![1, 3], &[1f32, f32::NAN, 2.0]).unwrap();
         assert!(run("Softmax", &x, 1, 0).iter().all(|y| y.is_nan()), "NaN spreads to the row");
+    }
+
+    #[test]
+    fn columns_along_a_leading_axis_match_float64() {
+        // Softmax along axis 1 of [2, n, inner]: small blocks (whole blocks per task), and
+        // YOLOv8's box distribution (16 x 8400: column blocks in parallel, strips of 64 and a
+        // partial one), with a -inf and a NaN down two columns.
+        for (n, inner) in [(3, 5), (16, 8400), (2, 70)] {
+            let len = 2 * n * inner;
+            let mut v: Vec<f32> =
+                (0..len).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.05).collect();
+            v[inner + 1] = f32::NEG_INFINITY;
+            v[2] = f32::NAN;
+            let x = Tensor::from_vec(vec![2, n, inner], &v).unwrap();
+            for (op, log) in [("Softmax", false), ("LogSoftmax", true)] {
+                let got = run(op, &x, 1, 0);
+                for (b, j) in (0..2).flat_map(|b| (0..inner).map(move |j| (b, j))) {
+                    let at = |r: usize| b * n * inner + r * inner + j;
+                    let column: Vec<f64> = (0..n).map(|r| f64::from(v[at(r)])).collect();
+                    let m = column.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
+                    let sum: f64 = column.iter().map(|&x| (x - m).exp()).sum();
+                    for (r, &x) in column.iter().enumerate() {
+                        let want = if log { x - m - sum.ln() } else { (x - m).exp() / sum };
+                        let y = f64::from(got[at(r)]);
+                        let ok = (y - want).abs() <= 1e-6 * (1.0 + want.abs())
+                            || (want.is_infinite() && y == want)
+                            || (b == 0 && j == 2 && y.is_nan());
+                        assert!(ok, "{op} [{n}, {inner}] column {j} row {r}: {y} vs {want}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
