@@ -930,10 +930,15 @@ impl Conv {
                 }
                 ConvPath::Depthwise { .. } => Err(invalid!("depthwise convs run by plane")),
                 ConvPath::Implicit(ref band) => {
-                    column_blocks(yv, (band.chunk_rows * ow, ow), &|c, mut yc| {
+                    column_blocks(yv, (band.chunk_rows * ow, ow), &|c, yc| {
                         let rows = c.start / ow..c.end.div_ceil(ow);
-                        self.implicit(band, xg, (wg, start(g)), rows, yc.view_mut())?;
-                        post.apply_rows(yc, base + c.start, out_plane)
+                        let finish = Finish {
+                            start: start(g),
+                            post: &post,
+                            first: base + c.start,
+                            stride: out_plane,
+                        };
+                        self.implicit(band, xg, wg, rows, yc, &finish)
                     })
                 }
                 ConvPath::Im2col { rows, taps: ref tap_list } => {
@@ -1005,14 +1010,15 @@ impl Conv {
     /// Output rows `rows` of one group, `yc`, by implicit GEMM: the band of input rows they
     /// read is filled, the GEMM sums the taps at every flat band position of the chunk (a row
     /// of `p2` positions per output row, of which the first `ow` are outputs) into a scratch,
-    /// and the outputs' sums are finished onto the output as the GEMM finishes its own.
+    /// and the outputs are finished from it (see [`Conv::finish_implicit`]).
     fn implicit(
         &self,
         band: &Band,
         xg: &[f32],
-        (wg, start): (&[f32], Start<f32>),
+        wg: &[f32],
         rows: Range<usize>,
-        mut yc: ArrayViewMut2<f32>,
+        yc: ArrayViewMut2<f32>,
+        finish: &Finish,
     ) -> Result<(), KernelError> {
         let (cin, cout) = (self.ch.cin, self.ch.cout);
         let ow = self.win.output[DIMS - 1];
@@ -1028,20 +1034,58 @@ impl Conv {
                 let sums_view = ArrayViewMut2::from_shape((cout, n), &mut *sums)
                     .map_err(|e| invalid!("implicit conv sums: {e}"))?;
                 gemm_shifted(1.0, w, b, Start::scaled(0.0), sums_view)?;
-                for (m, (mut yrow, srow)) in
-                    yc.rows_mut().into_iter().zip(sums.chunks_exact(n)).enumerate()
-                {
-                    let yrow = yrow
-                        .as_slice_mut()
-                        .ok_or_else(|| invalid!("a conv output row is not contiguous"))?;
-                    for (r, yr) in yrow.chunks_exact_mut(ow).enumerate() {
-                        start.finish_run(m, 1.0, &srow[r * p2..][..ow], yr);
-                    }
-                }
-                Ok(())
+                self.finish_implicit((sums, n, p2), 0, yc, finish)
             })
         })
     }
+
+    /// Finishes output channels `m0..` of an implicit GEMM chunk: each output row's sums onto
+    /// the output as the GEMM finishes its own (`sum + start`), then the post-ops on the
+    /// channel's rows while they are in L1 (a pass of its own read them back from L2). Large
+    /// chunks in halves on the pool, as [`Post::apply_rows`] does.
+    fn finish_implicit(
+        &self,
+        (sums, n, p2): (&[f32], usize, usize),
+        m0: usize,
+        mut yc: ArrayViewMut2<f32>,
+        finish: &Finish,
+    ) -> Result<(), KernelError> {
+        let (channels, cols) = yc.dim();
+        if channels >= 2 && channels * cols > POST_TASK_FLOATS {
+            let mid = channels / 2;
+            let (top, bottom) = yc.split_at(Axis(0), mid);
+            let (a, b) = rayon::join(
+                || self.finish_implicit((sums, n, p2), m0, top, finish),
+                || self.finish_implicit((&sums[mid * n..], n, p2), m0 + mid, bottom, finish),
+            );
+            return a.and(b);
+        }
+        let ow = self.win.output[DIMS - 1];
+        for (i, (mut yrow, srow)) in yc.rows_mut().into_iter().zip(sums.chunks_exact(n)).enumerate()
+        {
+            let yrow = yrow
+                .as_slice_mut()
+                .ok_or_else(|| invalid!("a conv output row is not contiguous"))?;
+            for (r, yr) in yrow.chunks_exact_mut(ow).enumerate() {
+                finish.start.finish_run(m0 + i, 1.0, &srow[r * p2..][..ow], yr);
+            }
+            if finish.post.ops.applies() {
+                let at = finish.first + (m0 + i) * finish.stride;
+                finish.post.ops.apply(yrow, at, &finish.post.extras)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How an implicit GEMM chunk's outputs are finished: the GEMM's start (bias, residual), then
+/// the post-ops, the chunk's first element being element `first` of the output and its
+/// channels `stride` elements apart.
+struct Finish<'a> {
+    start: Start<'a, f32>,
+    post: &'a Post<'a>,
+    first: usize,
+    stride: usize,
 }
 
 /// The input rows a chunk of output rows reads, zero-padded and split into stride phases as a
@@ -1734,10 +1778,14 @@ pub(crate) mod tests {
         let a = attrs(&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2);
         let (x, w) = (ramp(&[1, 2, 5, 6], 4), ramp(&[4, 1, 3, 3], 5));
         check_post_ops("Conv", &a, &[&x, &w], &[1, 4, 3, 6], &all);
-        // im2col, strided and dilated.
+        // Implicit GEMM, strided and dilated.
         let a = attrs(&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1);
         let (x, w, b) = (ramp(&[1, 4, 5, 6], 6), ramp(&[3, 4, 3, 2], 7), ramp(&[3], 8));
         check_post_ops("Conv", &a, &[&x, &w, &b], &[1, 3, 2, 5], &all);
+        // im2col: the same as a 3-D conv.
+        let a = attrs(&[1, 3, 2], &[1, 2, 1], &[1, 1, 2], &[0, 1, 0, 0, 0, 1], 1);
+        let (x, w, b) = (ramp(&[1, 4, 2, 5, 6], 6), ramp(&[3, 4, 1, 3, 2], 7), ramp(&[3], 8));
+        check_post_ops("Conv", &a, &[&x, &w, &b], &[1, 3, 2, 2, 5], &all);
         // ConvTranspose, grouped, strided, cropped.
         let a = attrs(&[3, 2], &[2, 3], &[1, 2], &[1, 0, -1, 0], 2);
         let (x, w, b) = (ramp(&[1, 4, 2, 3], 16), ramp(&[4, 1, 3, 2], 17), ramp(&[2], 18));
@@ -1746,16 +1794,28 @@ pub(crate) mod tests {
 
     #[test]
     fn post_ops_agree_across_chunks() {
-        // Pointwise with more columns than one GEMM chunk holds, and im2col in several row
-        // chunks (see conv_im2col_in_several_chunks_matches_one_chunk).
+        // Pointwise with more columns than one GEMM chunk holds, and implicit GEMM in several
+        // row chunks, each finished in halves (see implicit_gemm_matches_im2col).
         let chains = ["Add,Clip,Sub,Sigmoid", "HardSwish,Mul,Add"];
         let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
         let (x, w) = (ramp(&[1, 2, 90, 120], 9), ramp(&[8, 2, 1, 1], 10));
         const { assert!(MIN_COLUMNS < 90 * 120 && CHUNK_FLOATS / 8 < 90 * 120) };
         check_post_ops("Conv", &a, &[&x, &w], &[1, 8, 90, 120], &chains);
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
-        let (x, w) = (ramp(&[1, 2, 70, 600], 21), ramp(&[2, 2, 3, 3], 22));
-        check_post_ops("Conv", &a, &[&x, &w], &[1, 2, 70, 600], &chains);
+        let (x, w) = (ramp(&[1, 2, 300, 600], 21), ramp(&[2, 2, 3, 3], 22));
+        let win = Window {
+            rank: 2,
+            input: [1, 300, 600],
+            output: [1, 300, 600],
+            kernel: [1, 3, 3],
+            strides: [1; DIMS],
+            dilations: [1; DIMS],
+            pads_begin: [0, 1, 1],
+            pads_end: [0, 1, 1],
+        };
+        let band = Band::new(&win, 2, 2).unwrap();
+        assert!(band.chunk_rows < 300 && 2 * band.chunk_rows * 600 > POST_TASK_FLOATS);
+        check_post_ops("Conv", &a, &[&x, &w], &[1, 2, 300, 600], &chains);
         // Depthwise planes in several tasks, with a bias.
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 40);
         let (x, w, b) = (ramp(&[2, 40, 9, 9], 23), ramp(&[40, 1, 3, 3], 24), ramp(&[40], 25));
