@@ -40,6 +40,10 @@ use std::ops::Range;
 /// wide chunk, small enough that big images do not need a matrix the size of the image.
 const SCRATCH_FLOATS: usize = 1 << 19;
 
+/// Floats of an implicit GEMM chunk's band and sums together: half of im2col's scratch, as
+/// each thread holds its own (8 threads on 2 cores held 41 MiB on PP-OCR det with im2col's).
+const BAND_FLOATS: usize = 1 << 18;
+
 /// Pointwise convs multiply a chunk of about this many output floats per GEMM call, so that it
 /// is still in cache when its post-ops run; but at least [`MIN_COLUMNS`] columns, below which
 /// repacking the weights for every call costs more than the cache saves (measured on PP-OCR).
@@ -1118,7 +1122,7 @@ impl Band {
         let p2 = plane.phase[DIMS - 1];
         // The band and the sums of a chunk in about as much scratch as im2col takes.
         let per_row = (cin * sh * sw + cout) * p2;
-        let chunk_rows = (SCRATCH_FLOATS / per_row.max(1)).clamp(1, win.output[1].max(1));
+        let chunk_rows = (BAND_FLOATS / per_row.max(1)).clamp(1, win.output[1].max(1));
         let reach = (win.extent(1) - 1) / sh;
         let padded = Padded { strides: win.strides, phase: [1, chunk_rows + reach, p2] };
         let taps = (0..win.taps()).map(|t| {
