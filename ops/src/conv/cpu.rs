@@ -486,11 +486,7 @@ impl Conv {
             ConvPath::Pointwise
         } else if ch.cin == 1 {
             let padded = Padded::new(&win);
-            let taps = (0..win.taps()).map(|t| {
-                let at = win.tap(t);
-                padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
-            });
-            ConvPath::Depthwise { padded, taps: taps.collect() }
+            ConvPath::Depthwise { padded, taps: padded.taps(&win) }
         } else if let Some(band) = Band::new(&win, ch.cin, ch.cout) {
             ConvPath::Implicit(band)
         } else {
@@ -781,6 +777,15 @@ impl Padded {
         };
         let [(i, z), (j, y), (k, x)] = std::array::from_fn(split);
         ((i * s1 + j) * s2 + k) * self.sub_len() + (z * p1 + y) * p2 + x
+    }
+
+    /// Where each tap of `win` reads in the plane, from an output's own flat position.
+    pub fn taps(&self, win: &Window) -> Vec<usize> {
+        let tap = |t: usize| {
+            let at = win.tap(t);
+            self.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
+        };
+        (0..win.taps()).map(tap).collect()
     }
 
     /// Floats of the flat scratch a plane is computed in: every flat position from the first
@@ -1125,11 +1130,7 @@ impl Band {
         let chunk_rows = (BAND_FLOATS / per_row.max(1)).clamp(1, win.output[1].max(1));
         let reach = (win.extent(1) - 1) / sh;
         let padded = Padded { strides: win.strides, phase: [1, chunk_rows + reach, p2] };
-        let taps = (0..win.taps()).map(|t| {
-            let at = win.tap(t);
-            padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
-        });
-        let taps: Vec<usize> = taps.collect();
+        let taps = padded.taps(win);
         let offsets = (0..cin).flat_map(|c| taps.iter().map(move |&t| c * padded.len() + t));
         Some(Self { padded, chunk_rows, offsets: offsets.collect() })
     }

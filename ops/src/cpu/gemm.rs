@@ -370,6 +370,16 @@ pub enum OperandB<'a, T> {
 }
 
 impl<'a, T: Float> OperandB<'a, T> {
+    /// `(k, n)`.
+    fn dim(&self) -> (usize, usize) {
+        match self {
+            Self::Matrix(b) => b.dim(),
+            Self::Panels(b) => (b.k, b.n),
+            Self::Dequantized(b) => b.dim(),
+            Self::Shifted(b) => (b.rows.len(), b.n),
+        }
+    }
+
     fn split_columns(self, mid: usize) -> (Self, Self) {
         match self {
             Self::Matrix(b) => {
@@ -542,45 +552,49 @@ pub fn gemm_into<T: Float>(
 /// [`gemm_into`] with B given as [`Panels`].
 pub fn gemm_panels<T: Float>(
     alpha: T,
-    (a, la): (&[T], Layout),
+    a: (&[T], Layout),
     b: Panels<T>,
     start: Start<T>,
-    mut c: ArrayViewMut2<T>,
+    c: ArrayViewMut2<T>,
 ) -> Result<(), KernelError> {
-    let Some(a) = operand_a(a, la, (b.k, b.n), &start, &mut c)? else {
-        return Ok(());
-    };
-    product(alpha, a, OperandB::Panels(b), start, c);
-    Ok(())
+    gemm_operand(alpha, a, OperandB::Panels(b), start, c)
 }
 
 /// [`gemm_into`] with a [`Shifted`] B.
 pub fn gemm_shifted<T: Float>(
     alpha: T,
-    (a, la): (&[T], Layout),
+    a: (&[T], Layout),
     b: Shifted<T>,
     start: Start<T>,
-    mut c: ArrayViewMut2<T>,
+    c: ArrayViewMut2<T>,
 ) -> Result<(), KernelError> {
-    let Some(a) = operand_a(a, la, (b.rows.len(), b.n), &start, &mut c)? else {
-        return Ok(());
-    };
-    product(alpha, a, OperandB::Shifted(b), start, c);
-    Ok(())
+    gemm_operand(alpha, a, OperandB::Shifted(b), start, c)
 }
 
 /// [`gemm_into`] with a [`Dequantized`] B.
 pub fn gemm_dequantized<T: Float>(
     alpha: T,
-    (a, la): (&[T], Layout),
+    a: (&[T], Layout),
     b: Dequantized,
+    start: Start<T>,
+    c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    gemm_operand(alpha, a, OperandB::Dequantized(b), start, c)
+}
+
+/// The product with a B that is already checked against itself (not a matrix, whose view
+/// [`gemm_into`] makes only once the shapes chain).
+fn gemm_operand<T: Float>(
+    alpha: T,
+    (a, la): (&[T], Layout),
+    b: OperandB<T>,
     start: Start<T>,
     mut c: ArrayViewMut2<T>,
 ) -> Result<(), KernelError> {
     let Some(a) = operand_a(a, la, b.dim(), &start, &mut c)? else {
         return Ok(());
     };
-    product(alpha, a, OperandB::Dequantized(b), start, c);
+    product(alpha, a, b, start, c);
     Ok(())
 }
 

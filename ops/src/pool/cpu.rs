@@ -266,17 +266,10 @@ impl Pool {
             _ => Vec::new(),
         };
         let flat_reduce = matches!(reduce, Reduce::Max | Reduce::Average { .. });
-        let flat = (flat_reduce && dtype == DType::F32 && indices.is_none())
-            .then_some(())
-            .filter(|_| win.taps() <= FLAT_TAPS)
-            .map(|_| {
-                let padded = Padded::new(&win);
-                let taps = (0..win.taps()).map(|t| {
-                    let at = win.tap(t);
-                    padded.index(std::array::from_fn(|d| at[d] * win.dilations[d]))
-                });
-                Flat { padded, taps: taps.collect() }
-            });
+        let flat =
+            (flat_reduce && dtype == DType::F32 && indices.is_none() && win.taps() <= FLAT_TAPS)
+                .then(|| Padded::new(&win))
+                .map(|padded| Flat { padded, taps: padded.taps(&win) });
         Ok(Self {
             planes: x.shape[0] * x.shape[1],
             flat,
