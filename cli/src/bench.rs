@@ -108,11 +108,7 @@ pub fn main(args: Args) -> Result<()> {
         Some(name) => &bundle.manifest().variants[bundle.variant_index(name)?],
         None => bundle.manifest().variants.first().context("the bundle has no variants")?,
     };
-    let staged = ledger.usage(MemoryKind::Staging).peak > 0;
-    let on_vulkan: Vec<bool> =
-        session.placement().0.iter().map(|p| p.device.starts_with("vulkan")).collect();
-    let planned_peak_bytes =
-        ingot_runtime::ledger::planned_peak_placed(variant, &on_vulkan, staged);
+    let planned_peak_bytes = session.planned_device_peak();
     let ledger_peak_bytes = ledger.total().peak;
     let by_kind: serde_json::Map<String, serde_json::Value> = MemoryKind::ALL
         .iter()

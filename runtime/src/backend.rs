@@ -4,6 +4,7 @@
 //! injected [`Faults`], and the one error type.
 
 use crate::bundle::BundleError;
+use crate::ledger::MemoryKind;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_ops::cpu::KernelError;
 use std::fmt;
@@ -60,6 +61,10 @@ pub struct VulkanOptions {
     /// Upload weights through a staging buffer even where device memory is host-visible (to
     /// test the path discrete GPUs take).
     pub force_staging: bool,
+    /// Round every buffer's memory up to a multiple of this many bytes beyond what the device
+    /// asks (0 or 1: as it asks): a device of coarser granularity on the one at hand, to test
+    /// that the planned device peak follows a driver's rounding.
+    pub allocation_granularity: u64,
     /// Which kernels run (a session sets it from [`SessionOptions::kernel_class`]).
     ///
     /// [`SessionOptions::kernel_class`]: crate::SessionOptions::kernel_class
@@ -244,6 +249,20 @@ pub trait Executable: Send {
         inputs: &[TensorRef],
         outputs: &mut [TensorMut],
     ) -> Result<Vec<StepTime>, SessionError>;
+
+    /// The bytes this device allocates, as its ledger records them, for a buffer of `bytes`
+    /// of `kind` (a Vulkan driver rounds a buffer's memory up to its own granularity; the CPU
+    /// allocates what it is asked).
+    fn allocated_bytes(&self, kind: MemoryKind, bytes: u64) -> u64 {
+        let _ = kind;
+        bytes
+    }
+
+    /// Whether weight uploads pass through staging buffers (a device whose memory the host
+    /// cannot write).
+    fn stages_uploads(&self) -> bool {
+        false
+    }
 }
 
 /// How long one step of a profiled run took.

@@ -16,7 +16,7 @@
 use crate::backend::{Device, Executable, Failure, Faults, SessionError, Stage, StepTime};
 use crate::bundle::Bundle;
 use crate::cpu::{CpuExecutable, CpuThreads};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, MemoryKind};
 use crate::tensor::{TensorMut, TensorRef};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -325,6 +325,14 @@ impl Executable for Fallback {
         outputs: &mut [TensorMut],
     ) -> Result<Vec<StepTime>, SessionError> {
         self.with_failover(|exe| exe.run_profiled(inputs, outputs))
+    }
+
+    fn allocated_bytes(&self, kind: MemoryKind, bytes: u64) -> u64 {
+        self.current.as_ref().map_or(bytes, |(_, exe)| exe.allocated_bytes(kind, bytes))
+    }
+
+    fn stages_uploads(&self) -> bool {
+        self.current.as_ref().is_some_and(|(_, exe)| exe.stages_uploads())
     }
 }
 

@@ -222,7 +222,7 @@ pub fn planned_events_placed(
     on_vulkan: &[bool],
     staged: bool,
 ) -> Vec<(Action, MemoryKind, u64)> {
-    placed(variant, on_vulkan, staged, None)
+    placed(variant, on_vulkan, staged, None, &as_planned)
 }
 
 /// [`planned_events_placed`] on a Vulkan device where the bank entries in `resident` are
@@ -235,7 +235,29 @@ pub fn planned_events_shared(
     staged: bool,
     resident: &mut BTreeSet<u32>,
 ) -> Vec<(Action, MemoryKind, u64)> {
-    placed(variant, on_vulkan, staged, Some(resident))
+    placed(variant, on_vulkan, staged, Some(resident), &as_planned)
+}
+
+/// The bytes a device allocates for a buffer of `bytes` of `kind` for submodel `k`: a Vulkan
+/// driver rounds each buffer's memory up to a granularity of its own, which a plan made ahead
+/// of time cannot know.
+pub type AllocatedBytes<'a> = &'a dyn Fn(usize, MemoryKind, u64) -> u64;
+
+/// Every allocation as large as the plan asks.
+fn as_planned(_: usize, _: MemoryKind, bytes: u64) -> u64 {
+    bytes
+}
+
+/// [`planned_events_shared`] with each allocation at the bytes its device allocates for it:
+/// the ledger of a session on real devices, event by event.
+pub fn planned_events_sized(
+    variant: &proto::Variant,
+    on_vulkan: &[bool],
+    staged: bool,
+    resident: &mut BTreeSet<u32>,
+    sizes: AllocatedBytes,
+) -> Vec<(Action, MemoryKind, u64)> {
+    placed(variant, on_vulkan, staged, Some(resident), sizes)
 }
 
 fn placed(
@@ -243,6 +265,7 @@ fn placed(
     on_vulkan: &[bool],
     staged: bool,
     mut resident: Option<&mut BTreeSet<u32>>,
+    sizes: AllocatedBytes,
 ) -> Vec<(Action, MemoryKind, u64)> {
     let Some(plan) = variant.plan.as_ref() else {
         return Vec::new();
@@ -265,7 +288,8 @@ fn placed(
             MemoryKind::Arena => true,
             _ => on_vulkan,
         });
-        events.extend(planned_events(&only(allocations), staged));
+        let planned = planned_events(&only(allocations), staged);
+        events.extend(planned.into_iter().map(|(a, kind, bytes)| (a, kind, sizes(k, kind, bytes))));
     }
     let rest = plan.allocations.get(covered..).unwrap_or_default();
     events.extend(planned_events(&only(rest), staged));
@@ -275,11 +299,6 @@ fn placed(
 /// A plan of these allocations only.
 fn only<'a>(allocations: impl IntoIterator<Item = &'a proto::Allocation>) -> proto::Plan {
     proto::Plan { allocations: allocations.into_iter().cloned().collect(), ..Default::default() }
-}
-
-/// The peak of [`planned_events_placed`].
-pub fn planned_peak_placed(variant: &proto::Variant, on_vulkan: &[bool], staged: bool) -> u64 {
-    peak_of(planned_events_placed(variant, on_vulkan, staged))
 }
 
 /// The peak of [`planned_events`]: at most weights + max(arena + io, largest weight).

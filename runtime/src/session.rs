@@ -7,10 +7,11 @@ use crate::backend::{Device, Executable, Faults, KernelClass, SessionError, Step
 use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
 use crate::failsafe::{Devices, Fallback, Placement};
-use crate::ledger::{Entry, Ledger, MemoryKind};
+use crate::ledger::{Entry, Ledger, MemoryKind, peak_of, planned_events_sized};
 use crate::tensor::{Tensor, TensorDesc, TensorMut, TensorRef};
 use ingot_schema::DType;
 use ingot_schema::proto::{self, Storage, storage::Kind};
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -223,6 +224,9 @@ pub struct Session {
     ledger: Ledger,
     /// The devices the parts share: a run enters the CPU backend's threads once for all.
     devices: Arc<Devices>,
+    bundle: Arc<Bundle>,
+    /// The variant's index in the bundle.
+    variant: usize,
 }
 
 // An app may make a session on one thread and run it on another (one call at a time): the C
@@ -399,6 +403,8 @@ impl Session {
             spin: options.spin,
             ledger,
             devices,
+            bundle,
+            variant: index,
         };
         // Where each submodel runs and every device skipped, one record a line: the app's
         // logger decides where it goes (the CLI's `-v`, the C API's callback).
@@ -447,6 +453,25 @@ impl Session {
             }
         }
         names.join(" + ")
+    }
+
+    /// The device memory peak the plan predicts for this session where it runs: each
+    /// allocation at the bytes its device allocates for it (a Vulkan driver rounds buffers up
+    /// to its own granularity), uploads staged where the device stages them, each weight
+    /// uploaded once. Its ledger peaks at exactly this when the session has the ledger and
+    /// the bundle's weights on the device to itself.
+    pub fn planned_device_peak(&self) -> u64 {
+        let variant = &self.bundle.manifest().variants[self.variant];
+        let placement = self.placement();
+        let on_vulkan: Vec<bool> =
+            placement.0.iter().map(|p| p.device.starts_with("vulkan")).collect();
+        let staged = self.parts.iter().any(|p| p.executable.stages_uploads());
+        let sizes = |k: usize, kind, bytes| {
+            self.parts.get(k).map_or(bytes, |p| p.executable.allocated_bytes(kind, bytes))
+        };
+        let events =
+            planned_events_sized(variant, &on_vulkan, staged, &mut BTreeSet::new(), &sizes);
+        peak_of(events)
     }
 
     /// The record of the device memory this session allocated and freed.

@@ -1,7 +1,7 @@
 //! One submodel made ready to run on one device: its pipelines, its buffers (allocated in the
 //! plan's order), one descriptor set per dispatch and one command buffer recorded once.
 
-use super::context::Context;
+use super::context::{Context, lock};
 use super::layout::{Hazards, Region, descriptor_range, io_layout};
 use super::memory::{Buffer, Placement};
 use super::pipeline_cache::FileCache;
@@ -14,7 +14,8 @@ use ash::vk;
 use ingot_schema::proto::{self, DeviceClass, storage::Kind};
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A buffer of the allocation schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -351,6 +352,10 @@ pub struct VulkanExecutable {
     /// Byte ranges of the inputs, then the outputs, in the IO buffer.
     io_ranges: Vec<Range<u64>>,
     faults: Faults,
+    /// [`VulkanOptions::allocation_granularity`].
+    granularity: u64,
+    /// Whether an upload went through a staging buffer.
+    staged: bool,
     inputs: usize,
     pipelines: Vec<vk::Pipeline>,
     descriptor_pool: vk::DescriptorPool,
@@ -447,6 +452,8 @@ impl VulkanExecutable {
             io_ranges: places.io.clone(),
             inputs: sub.inputs.len(),
             faults: faults.clone(),
+            granularity: options.allocation_granularity,
+            staged: false,
             pipelines: Vec::new(),
             descriptor_pool: vk::DescriptorPool::null(),
             command_pool: vk::CommandPool::null(),
@@ -543,7 +550,8 @@ impl VulkanExecutable {
     }
 
     /// One compute pipeline per kernel the dispatches use, by kernel index, made through
-    /// `cache`.
+    /// `cache`. Most GPU drivers compile a kernel when its pipeline is made, so the kernels
+    /// are spread over one thread per core (Vulkan lets threads share a device and a cache).
     fn create_pipelines(
         &mut self,
         bundle: &Bundle,
@@ -551,63 +559,64 @@ impl VulkanExecutable {
         cache: vk::PipelineCache,
     ) -> Result<BTreeMap<usize, (vk::Pipeline, vk::PipelineLayout)>, VulkanError> {
         let kernels = &bundle.manifest().kernels;
-        let mut out = BTreeMap::new();
+        let fail = |kernel: usize, reason: String| VulkanError::Pipeline {
+            device: self.cx.info.to_string(),
+            kernel,
+            name: kernels[kernel].name.clone(),
+            reason,
+        };
+        // Each kernel once, in the order of first use, with its layout (from the device's
+        // shared table) and workgroup checked here, before any thread starts.
+        let mut layouts = BTreeMap::new();
+        let mut jobs = Vec::new();
         for b in bound {
-            if out.contains_key(&b.kernel) {
+            if layouts.contains_key(&b.kernel) {
                 continue;
             }
             let kernel = &kernels[b.kernel];
-            let fail = |reason: String| VulkanError::Pipeline {
-                device: self.cx.info.to_string(),
-                kernel: b.kernel,
-                name: kernel.name.clone(),
-                reason,
-            };
-            let code: Vec<u32> = bundle
-                .kernel_code(b.kernel)
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-                .collect();
             let size = [0, 1, 2].map(|i| kernel.workgroup_size.get(i).copied().unwrap_or(1));
             self.check_workgroup(b.kernel, &kernel.name, size)?;
             let layout = self
                 .cx
                 .layout(kernel.bindings, b.words.len() as u32)
-                .map_err(|r| fail(format!("creating its layout: {r}")))?;
-            let device = &self.cx.device;
-            let module_info = vk::ShaderModuleCreateInfo::default().code(&code);
-            // SAFETY: the code is a whole number of words starting with the SPIR-V magic
-            // (validated at open). Vulkan requires valid SPIR-V, which the runtime cannot
-            // check without a SPIR-V validator: kernels are trusted like code (the compiler
-            // validated them with naga, and the bundle's checksums cover them).
-            let module = unsafe { device.create_shader_module(&module_info, None) }
-                .map_err(|r| fail(format!("vkCreateShaderModule: {r}")))?;
-            let stage = vk::PipelineShaderStageCreateInfo::default()
-                .stage(vk::ShaderStageFlags::COMPUTE)
-                .module(module)
-                .name(c"main");
-            let info =
-                [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout.pipeline)];
-            // SAFETY: the module and layout are live; the module may be destroyed once the
-            // pipeline exists. A failed create returns null handles or pipelines to destroy.
-            let created = unsafe {
-                let created = device.create_compute_pipelines(cache, &info, None);
-                device.destroy_shader_module(module, None);
-                created
-            };
-            match created {
-                Ok(pipelines) => {
-                    self.pipelines.extend(&pipelines);
-                    let pipeline = pipelines.first().copied().unwrap_or_default();
-                    out.insert(b.kernel, (pipeline, layout.pipeline));
+                .map_err(|r| fail(b.kernel, format!("creating its layout: {r}")))?;
+            layouts.insert(b.kernel, layout.pipeline);
+            jobs.push((b.kernel, layout.pipeline));
+        }
+        let next = AtomicUsize::new(0);
+        let made: Mutex<Vec<(usize, Result<vk::Pipeline, String>)>> = Mutex::default();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+        let work = || {
+            while let Some(&(kernel, layout)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let pipeline =
+                    create_pipeline(&self.cx.device, bundle.kernel_code(kernel), layout, cache);
+                lock(&made).push((kernel, pipeline));
+            }
+        };
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                s.spawn(work);
+            }
+            work();
+        });
+        let mut made = made.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Reported as if made one after another: the first kernel in order that failed.
+        made.sort_by_key(|&(kernel, _)| jobs.iter().position(|&(k, _)| k == kernel));
+        let mut out = BTreeMap::new();
+        let mut failed = None;
+        for (kernel, pipeline) in made {
+            match pipeline {
+                Ok(pipeline) => {
+                    self.pipelines.push(pipeline);
+                    out.insert(kernel, (pipeline, layouts[&kernel]));
                 }
-                Err((pipelines, r)) => {
-                    self.pipelines.extend(&pipelines);
-                    return Err(fail(format!("vkCreateComputePipelines: {r}")));
-                }
+                Err(reason) => failed = failed.or(Some(fail(kernel, reason))),
             }
         }
-        Ok(out)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Fails if the device cannot run workgroups of `size` invocations.
@@ -668,8 +677,8 @@ impl VulkanExecutable {
             finish(stage)?;
             let fail = |e: VulkanError| Failure::at(STAGES[stage])(e.into());
             let own = |kind, label: &str, placement| {
-                let label = label.to_string();
-                Buffer::allocate(&self.cx, &self.ledger, kind, bytes, label, placement)
+                let request = (kind, bytes, label.to_string());
+                Buffer::allocate(&self.cx, &self.ledger, request, placement, self.granularity)
                     .map(Held::Own)
             };
             let held = match slot {
@@ -677,8 +686,11 @@ impl VulkanExecutable {
                     // Checked against its CRC just before its upload, not at open.
                     bundle.weight(w as usize).map_err(|e| Failure::at(Stage::Weights)(e.into()))?;
                     let key = (Arc::as_ptr(bundle) as usize, w);
-                    let upload = || self.upload(bundle, w, bytes, force_staging);
-                    self.cx.resident.get_or_make(key, upload).map(Held::Shared)
+                    let mut staged = false;
+                    let upload = || self.upload(bundle, (w, bytes), force_staging, &mut staged);
+                    let held = self.cx.resident.get_or_make(key, upload).map(Held::Shared);
+                    self.staged |= staged;
+                    held
                 }
                 Slot::Arena => own(MemoryKind::Arena, "arena", Placement::Device),
                 Slot::Io => own(MemoryKind::Io, "io", Placement::Host),
@@ -694,9 +706,9 @@ impl VulkanExecutable {
     fn upload(
         &self,
         bundle: &Arc<Bundle>,
-        w: u32,
-        bytes: u64,
+        (w, bytes): (u32, u64),
         force_staging: bool,
+        staged: &mut bool,
     ) -> Result<Resident, VulkanError> {
         let (cx, ledger) = (&self.cx, &self.ledger);
         let label = format!("weight {w}");
@@ -708,23 +720,13 @@ impl VulkanExecutable {
             label: label.clone(),
             reason,
         };
-        let mut target = Buffer::allocate(
-            cx,
-            ledger,
-            MemoryKind::Weight,
-            bytes,
-            label.clone(),
-            Placement::Device,
-        )?;
+        let request = (MemoryKind::Weight, bytes, label.clone());
+        let mut target =
+            Buffer::allocate(cx, ledger, request, Placement::Device, self.granularity)?;
         let stage = || {
-            let mut staging = Buffer::allocate(
-                cx,
-                ledger,
-                MemoryKind::Staging,
-                data.len() as u64,
-                format!("staging for {label}"),
-                Placement::Staging,
-            )?;
+            let request = (MemoryKind::Staging, data.len() as u64, format!("staging for {label}"));
+            let mut staging =
+                Buffer::allocate(cx, ledger, request, Placement::Staging, self.granularity)?;
             let copied = staging
                 .write(cx, data)
                 .map_err(fail)
@@ -735,6 +737,7 @@ impl VulkanExecutable {
         let written = if target.host_coherent() && !force_staging {
             target.write(cx, data).map_err(fail)
         } else {
+            *staged = true;
             stage()
         };
         if let Err(e) = written {
@@ -1119,6 +1122,42 @@ impl Drop for VulkanExecutable {
     }
 }
 
+/// A compute pipeline of a kernel's SPIR-V `code` (little-endian words), made through `cache`.
+fn create_pipeline(
+    device: &ash::Device,
+    code: &[u8],
+    layout: vk::PipelineLayout,
+    cache: vk::PipelineCache,
+) -> Result<vk::Pipeline, String> {
+    let code: Vec<u32> =
+        code.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+    let module_info = vk::ShaderModuleCreateInfo::default().code(&code);
+    // SAFETY: the code is a whole number of words starting with the SPIR-V magic (validated
+    // at open). Vulkan requires valid SPIR-V, which the runtime cannot check without a SPIR-V
+    // validator: kernels are trusted like code (the compiler validated them with naga, and
+    // the bundle's checksums cover them).
+    let module = unsafe { device.create_shader_module(&module_info, None) }
+        .map_err(|r| format!("vkCreateShaderModule: {r}"))?;
+    let stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(c"main");
+    let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout)];
+    // SAFETY: the module and layout are live; the module may be destroyed once the pipeline
+    // exists. The cache is internally synchronized (made without EXTERNALLY_SYNCHRONIZED), so
+    // threads may create through it at once. One create info gives at most one pipeline: on
+    // failure it is null, and nothing is left to destroy.
+    let created = unsafe {
+        let created = device.create_compute_pipelines(cache, &info, None);
+        device.destroy_shader_module(module, None);
+        created
+    };
+    match created {
+        Ok(pipelines) => Ok(pipelines.first().copied().unwrap_or_default()),
+        Err((_, r)) => Err(format!("vkCreateComputePipelines: {r}")),
+    }
+}
+
 impl crate::backend::Executable for VulkanExecutable {
     fn run(
         &mut self,
@@ -1134,5 +1173,22 @@ impl crate::backend::Executable for VulkanExecutable {
         outputs: &mut [TensorMut],
     ) -> Result<Vec<StepTime>, crate::backend::SessionError> {
         Ok(VulkanExecutable::run_profiled(self, inputs, outputs)?)
+    }
+
+    fn allocated_bytes(&self, kind: MemoryKind, bytes: u64) -> u64 {
+        let placement = match kind {
+            MemoryKind::Io => Placement::Host,
+            MemoryKind::Staging => Placement::Staging,
+            _ => Placement::Device,
+        };
+        Buffer::allocated_bytes(&self.cx, (kind, bytes), placement, self.granularity)
+            .unwrap_or_else(|e| {
+                log::warn!("cannot ask {} for a buffer's size: {e}", self.cx.info);
+                bytes
+            })
+    }
+
+    fn stages_uploads(&self) -> bool {
+        self.staged
     }
 }

@@ -31,6 +31,11 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above: no `&Buffer` method reads or writes through it.
 unsafe impl Sync for Mapping {}
 
+/// `bytes` rounded up to a multiple of `granularity` (0 and 1 leave it as it is).
+fn rounded(bytes: u64, granularity: u64) -> u64 {
+    bytes.next_multiple_of(granularity.max(1))
+}
+
 /// A buffer bound to an allocation of its own. Freed with [`Buffer::free`] (it needs the
 /// device and the ledger), never by dropping.
 pub struct Buffer {
@@ -45,14 +50,15 @@ pub struct Buffer {
 }
 
 impl Buffer {
-    /// Creates a buffer of `bytes` (> 0) with memory of `kind` placed per `placement`.
+    /// Creates a buffer of `bytes` (> 0) with memory of `kind` placed per `placement`, its
+    /// memory rounded up to a multiple of `granularity` bytes (see
+    /// [`VulkanOptions::allocation_granularity`](super::VulkanOptions::allocation_granularity)).
     pub fn allocate(
         cx: &Context,
         ledger: &Ledger,
-        kind: MemoryKind,
-        bytes: u64,
-        label: String,
+        (kind, bytes, label): (MemoryKind, u64, String),
         placement: Placement,
+        granularity: u64,
     ) -> Result<Buffer, VulkanError> {
         let fail = |reason: String| VulkanError::Allocation {
             device: cx.info.to_string(),
@@ -61,28 +67,9 @@ impl Buffer {
             label: label.clone(),
             reason,
         };
-        let size = bytes
-            .checked_next_multiple_of(4)
-            .filter(|&s| s <= cx.max_allocation)
-            .ok_or_else(|| VulkanError::Limits {
-                device: cx.info.to_string(),
-                limit: "maxMemoryAllocationSize",
-                value: cx.max_allocation,
-                need: bytes,
-                what: format!("{kind} buffer '{label}'"),
-            })?;
-        let usage = match placement {
-            Placement::Device => {
-                vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::TRANSFER_DST
-            }
-            Placement::Host => vk::BufferUsageFlags::STORAGE_BUFFER,
-            Placement::Staging => vk::BufferUsageFlags::TRANSFER_SRC,
-        };
-        let info = vk::BufferCreateInfo::default()
-            .size(size)
-            .usage(usage)
-            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let size = Buffer::size(cx, kind, bytes, &label)?;
         let device = &cx.device;
+        let info = Buffer::info(size, placement);
         // SAFETY: a plain create on the live device; `info` lives until the call returns.
         let buffer = unsafe { device.create_buffer(&info, None) }
             .map_err(|r| fail(format!("vkCreateBuffer: {r}")))?;
@@ -94,7 +81,7 @@ impl Buffer {
             mapping: None,
             entry: None,
         };
-        match this.bind(cx, ledger, kind, &label, placement) {
+        match this.bind(cx, ledger, (kind, label.as_str()), placement, granularity) {
             Ok(()) => Ok(this),
             Err(reason) => {
                 this.free(cx, ledger);
@@ -103,14 +90,71 @@ impl Buffer {
         }
     }
 
+    /// The memory [`Buffer::allocate`] would allocate for a buffer of `bytes` placed per
+    /// `placement`, without allocating it (a buffer is made to ask the driver, and destroyed).
+    pub fn allocated_bytes(
+        cx: &Context,
+        (kind, bytes): (MemoryKind, u64),
+        placement: Placement,
+        granularity: u64,
+    ) -> Result<u64, VulkanError> {
+        let size = Buffer::size(cx, kind, bytes, "")?;
+        let info = Buffer::info(size, placement);
+        let device = &cx.device;
+        // SAFETY: a plain create on the live device, queried and destroyed at once; nothing
+        // else ever sees the handle.
+        let needs = unsafe {
+            let buffer =
+                device.create_buffer(&info, None).map_err(|r| VulkanError::Allocation {
+                    device: cx.info.to_string(),
+                    kind,
+                    bytes,
+                    label: "a size query".into(),
+                    reason: format!("vkCreateBuffer: {r}"),
+                })?;
+            let needs = device.get_buffer_memory_requirements(buffer);
+            device.destroy_buffer(buffer, None);
+            needs
+        };
+        Ok(rounded(needs.size, granularity))
+    }
+
+    /// The bytes of a buffer of `bytes`: rounded up to a whole word, so that a descriptor
+    /// range ending on a word boundary stays inside it.
+    fn size(cx: &Context, kind: MemoryKind, bytes: u64, label: &str) -> Result<u64, VulkanError> {
+        bytes.checked_next_multiple_of(4).filter(|&s| s <= cx.max_allocation).ok_or_else(|| {
+            VulkanError::Limits {
+                device: cx.info.to_string(),
+                limit: "maxMemoryAllocationSize",
+                value: cx.max_allocation,
+                need: bytes,
+                what: format!("{kind} buffer '{label}'"),
+            }
+        })
+    }
+
+    fn info(size: u64, placement: Placement) -> vk::BufferCreateInfo<'static> {
+        let usage = match placement {
+            Placement::Device => {
+                vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::TRANSFER_DST
+            }
+            Placement::Host => vk::BufferUsageFlags::STORAGE_BUFFER,
+            Placement::Staging => vk::BufferUsageFlags::TRANSFER_SRC,
+        };
+        vk::BufferCreateInfo::default()
+            .size(size)
+            .usage(usage)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE)
+    }
+
     /// Allocates and binds the memory (and maps it for host placements).
     fn bind(
         &mut self,
         cx: &Context,
         ledger: &Ledger,
-        kind: MemoryKind,
-        label: &str,
+        (kind, label): (MemoryKind, &str),
         placement: Placement,
+        granularity: u64,
     ) -> Result<(), String> {
         use vk::MemoryPropertyFlags as F;
         let device = &cx.device;
@@ -129,13 +173,13 @@ impl Buffer {
         };
         let (type_index, flags) =
             found.ok_or_else(|| format!("no memory type fits (allowed types {bits:#b})"))?;
-        let info = vk::MemoryAllocateInfo::default()
-            .allocation_size(needs.size)
-            .memory_type_index(type_index);
+        let bytes = rounded(needs.size, granularity);
+        let info =
+            vk::MemoryAllocateInfo::default().allocation_size(bytes).memory_type_index(type_index);
         // SAFETY: a plain allocation on the live device.
         self.memory = unsafe { device.allocate_memory(&info, None) }
             .map_err(|r| format!("vkAllocateMemory: {r}"))?;
-        self.entry = Some(ledger.allocate(kind, needs.size, label));
+        self.entry = Some(ledger.allocate(kind, bytes, label));
         self.flags = flags;
         // SAFETY: the memory is new, of a type the buffer allows, and as large as it needs.
         unsafe { device.bind_buffer_memory(self.buffer, self.memory, 0) }
