@@ -3,13 +3,17 @@
 #   ingot on Vulkan vs ncnn (Vulkan, fp32) vs IREE (Vulkan), and ingot on the CPU vs ONNX
 #   Runtime on one thread, with ingot's device-memory ledger peak beside its planned peak.
 #
-# Usage: tools/bench.sh [--iterations N] [--rounds R] [--models det,rec,cls] [--json]
-#                       [--iree-budget SEC] [--no-build]
+# Usage: tools/bench.sh [--iterations N] [--rounds R] [--models det,rec,cls,yolov8n] [--json]
+#                       [--iree-budget SEC] [--no-build] [--cold]
 #   --iterations  timed runs per measurement (default 20; IREE stops after --iree-budget
 #                 seconds, default 60, with at least 3: its lavapipe runs take seconds each)
 #   --rounds      repeat every measurement R times, alternating the order of the
 #                 contenders, and report the median of the per-round medians (default 1)
 #   --json        print a machine-readable summary instead of the table
+#   --cold        measure cold start instead (lavapipe, load + first run, each its own
+#                 process): ingot with Mesa's shader cache off and no pipeline cache, then with
+#                 our pipeline cache file warm (Mesa's still off), then with Mesa's own disk
+#                 cache warm; ncnn-vk with Mesa's cache off beside it
 #
 # Each measurement is its own process (so load, first run and peak RSS are its own), every
 # one on a seeded random input. Everything lands under target/bench/: the bench venv beside
@@ -24,7 +28,7 @@ out="$target/bench"
 venv="$target/bench-venv"
 py="$venv/bin/python"
 
-iterations=20 rounds=1 models=det,rec,cls json=false iree_budget=60 build=true
+iterations=20 rounds=1 models=det,rec,cls json=false iree_budget=60 build=true cold=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --iterations) iterations="$2"; shift 2 ;;
@@ -33,6 +37,7 @@ while [[ $# -gt 0 ]]; do
         --iree-budget) iree_budget="$2"; shift 2 ;;
         --json) json=true; shift ;;
         --no-build) build=false; shift ;;
+        --cold) cold=true; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -41,16 +46,19 @@ done
 log() { echo "bench: $*" >&2; }
 die() { echo "bench: FAILED: $*" >&2; exit 1; }
 
-# model key, file, input shape (the shapes tests/tests/ppocr.rs uses)
+# model key, file, input name and shape (the PP-OCR shapes tests/tests/ppocr.rs uses; the
+# YOLOv8n-class detector is NudeNet's, fetched with them, tuned on by nobody)
 declare -A file=(
     [det]=ch_PP-OCRv4_det_infer.onnx
     [rec]=ch_PP-OCRv4_rec_infer.onnx
     [cls]=ch_ppocr_mobile_v2.0_cls_infer.onnx
+    [yolov8n]=320n.onnx
 )
-declare -A shape=([det]=1x3x224x224 [rec]=1x3x48x320 [cls]=1x3x48x192)
+declare -A input=([det]=x [rec]=x [cls]=x [yolov8n]=images)
+declare -A shape=([det]=1x3x224x224 [rec]=1x3x48x320 [cls]=1x3x48x192 [yolov8n]=1x3x320x320)
 IFS=, read -r -a model_keys <<<"$models"
 for m in "${model_keys[@]}"; do
-    [[ -n "${file[$m]:-}" ]] || die "unknown model '$m' (det, rec, cls)"
+    [[ -n "${file[$m]:-}" ]] || die "unknown model '$m' (det, rec, cls, yolov8n)"
 done
 
 # --- the bench venv (tools/bench_venv.sh) and the models -----------------------------------
@@ -68,13 +76,50 @@ fi
 mkdir -p "$out/results"
 rm -f "$out"/results/*
 for m in "${model_keys[@]}"; do
-    "$ingot" compile "$target/models/${file[$m]}" --input-shape "x=${shape[$m]}" \
+    "$ingot" compile "$target/models/${file[$m]}" --input-shape "${input[$m]}=${shape[$m]}" \
         -o "$out/$m.ingot" >/dev/null || die "ingot compile of ${file[$m]} failed"
 done
 has_bench=true
 if ! "$ingot" bench --help >/dev/null 2>&1; then
     has_bench=false
     log "NOTE: $ingot has no 'bench' subcommand yet: the ingot columns will read n/a"
+fi
+
+# --- cold start -----------------------------------------------------------------------------
+# Each figure is one process: load (bundle to a ready session) + first run, in ms.
+if $cold; then
+    $has_bench || die "$ingot has no 'bench' subcommand"
+    # One JSON report on stdin -> "load + first".
+    load_first='import json, sys
+r = json.load(sys.stdin)
+print("%.0f + %.0f" % (r["load_ms"], r["first_run_ms"]))'
+    cold_ingot() { # model, one environment assignment, extra ingot arguments
+        local m=$1 setting=$2 res
+        shift 2
+        res=$(env "$setting" "$ingot" bench "$out/$m.ingot" --devices vulkan:cpu \
+            --iterations 1 --json "$@") || die "ingot bench of $m failed"
+        "$py" -c "$load_first" <<<"$res"
+    }
+    printf '%-8s %22s %22s %22s %22s\n' model "ingot, no cache" "ingot, our cache warm" \
+        "ingot, Mesa cache warm" "ncnn-vk, no cache"
+    for m in "${model_keys[@]}"; do
+        log "cold start: $m"
+        pc="$out/$m.pipeline-cache" mesa="$out/mesa-cache-$m"
+        rm -rf "$pc" "$mesa"
+        none=$(cold_ingot "$m" MESA_SHADER_CACHE_DISABLE=true)
+        cold_ingot "$m" MESA_SHADER_CACHE_DISABLE=true --pipeline-cache "$pc" >/dev/null
+        ours=$(cold_ingot "$m" MESA_SHADER_CACHE_DISABLE=true --pipeline-cache "$pc")
+        cold_ingot "$m" MESA_SHADER_CACHE_DIR="$mesa" >/dev/null
+        mesa_warm=$(cold_ingot "$m" MESA_SHADER_CACHE_DIR="$mesa")
+        ncnn=$(MESA_SHADER_CACHE_DISABLE=true "$py" tools/bench_peers.py \
+            "$target/models/${file[$m]}" --input-shape "${input[$m]}=${shape[$m]}" \
+            --peer ncnn-vulkan --iterations 1 --warmup 0 --json 2>/dev/null | head -n 1 |
+            "$py" -c "$load_first") || ncnn="n/a"
+        printf '%-8s %22s %22s %22s %22s\n' "$m" "$none" "$ours" "$mesa_warm" "$ncnn"
+    done
+    echo "(load + first run, ms, lavapipe; Mesa 22's lavapipe compiles a pipeline at its first"
+    echo " dispatch and keeps nothing in a VkPipelineCache, so only its own disk cache helps there)"
+    exit 0
 fi
 
 # --- measurements ---------------------------------------------------------------------------
@@ -99,7 +144,8 @@ run_ingot() { # model device round
 run_peer() { # model peer round
     local m=$1 peer=$2 r=$3 res="$out/results/$1.$2.$3.json" rc=0 extra=()
     [[ $peer == iree-vulkan ]] && extra=(--warmup 1 --time-budget "$iree_budget")
-    "$py" tools/bench_peers.py "$target/models/${file[$m]}" --input-shape "x=${shape[$m]}" \
+    "$py" tools/bench_peers.py "$target/models/${file[$m]}" \
+        --input-shape "${input[$m]}=${shape[$m]}" \
         --peer "$peer" --iterations "$iterations" "${extra[@]}" --json \
         >"$res.part" 2>"$out/results/$m.$peer.$r.log" || rc=$?
     # 3 = ran but disagrees with ORT: kept, and marked in the table.
