@@ -594,8 +594,9 @@ impl VulkanExecutable {
             }
         };
         std::thread::scope(|s| {
+            // A thread the system refuses leaves its share to the others.
             for _ in 1..threads {
-                s.spawn(work);
+                let _ = std::thread::Builder::new().spawn_scoped(s, work);
             }
             work();
         });
