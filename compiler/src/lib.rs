@@ -117,7 +117,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     graph.max_loop_iterations = options.max_loop_iterations;
-    passes::run_all(&mut graph, options.cpu_only)?;
+    passes::run_all(&mut graph)?;
     let no_in_place = |_: &str, _: &ingot_schema::Attrs, _: usize| false;
     let cpu = plan::Target::cpu();
     let target = plan::Target {

@@ -34,6 +34,7 @@ mod spectral;
 mod topk;
 
 pub use ingot_schema::DType;
+pub use matmul::{dequantization_shape, dequantizes_b};
 pub use node::{Constant, Node, ValueId};
 #[cfg(feature = "lower")]
 pub use quantize::keeps_constant_narrow;

@@ -42,10 +42,6 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
 /// (opset 23's Attention, RMSNormalization and RotaryEmbedding).
 const ALL_ON_VULKAN_CASES: &[&str] = &["llama_prefill", "llama_decode"];
 
-/// Cases also compiled with `CompileOptions::cpu_only` and run on the CPU.
-const CPU_ONLY_CASES: &[&str] =
-    &["decoder_weights_int8", "decoder_qdq", "decoder_dynamic", "decoder_dynamic_per_channel"];
-
 fn check_case(case: &str, model: &str) -> Result<()> {
     let dir = generated(&format!("references/models/{case}"))?;
     let inputs = arrays(&dir.join("inputs"))?;
@@ -58,26 +54,15 @@ fn check_case(case: &str, model: &str) -> Result<()> {
         ..CompileOptions::default()
     };
     let model_path = generated(&format!("models/{model}"))?;
-    let compile = |options: &CompileOptions| {
-        ingot_compiler::compile_file(&model_path, options)
-            .with_context(|| format!("compile {model}"))
-    };
-    let bundle = compile(&options)?;
-    // The quantized decoders compiled for the CPU alone too, where the GEMMs dequantize their
-    // int8 weights themselves (the compiler's `dequantize_in_gemm` pass).
-    let cpu_only = match CPU_ONLY_CASES.contains(&case) {
-        true => Some(compile(&CompileOptions { cpu_only: true, ..options.clone() })?),
-        false => None,
-    };
+    let bundle = ingot_compiler::compile_file(&model_path, &options)
+        .with_context(|| format!("compile {model}"))?;
 
     let mut failures = Vec::new();
     // Submodels of ops that have no Vulkan kernel (the partition made them CPU submodels)
     // run on the CPU in the Vulkan run; every other one must run on Vulkan.
     let runs =
         [("cpu", &bundle, vec![Device::Cpu]), ("vulkan:cpu", &bundle, vec![vulkan(), Device::Cpu])];
-    let cpu_only_run =
-        cpu_only.as_ref().map(|b| ("cpu (compiled for it alone)", b, vec![Device::Cpu]));
-    for (backend, bundle, devices) in runs.into_iter().chain(cpu_only_run) {
+    for (backend, bundle, devices) in runs {
         let seen = validation_seen();
         let mut session = session_with(bundle, devices)?;
         for p in &session.placement().0 {

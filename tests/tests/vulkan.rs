@@ -1225,3 +1225,133 @@ fn affine_grid_then_grid_sample_equals_the_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// Products whose B is an 8-bit weight that a DequantizeLinear expands read it as it is (the
+/// compiler's `dequantize_in_gemm`), on both kernel classes, and equal the CPU: B stored
+/// [K, N] and [N, K] (Gemm's transB), K and N multiples of 4 or not (each way the kernel reads
+/// B's words), int8 and uint8, per column and per tensor, with a fused bias and activation,
+/// Gemm's C, and a residual written over in place.
+#[test]
+fn products_of_8_bit_weights_equal_the_cpu() -> Result<()> {
+    // (op, A's shape, K, N, int8, per column, what follows the product)
+    type Case<'a> = (&'a str, &'a [usize], usize, usize, bool, bool, &'a str);
+    // Each B holds at least 1024 values: smaller ones are folded to float constants.
+    let cases: [Case; 6] = [
+        ("MatMul", &[2, 5, 64], 64, 48, true, true, "bias+relu"),
+        ("Gemm", &[6, 32], 32, 40, false, false, "c"),
+        ("Gemm", &[6, 30], 30, 36, false, true, ""),
+        ("MatMul", &[3, 37], 37, 30, true, false, ""),
+        ("MatMul", &[5, 33], 33, 32, false, true, ""),
+        ("MatMul", &[4, 64], 64, 16, true, true, "residual"),
+    ];
+    let mut model = OnnxModel::new(OPSET);
+    let mut inputs = Vec::new();
+    for (i, &(op, a, k, n, signed, per_column, then)) in cases.iter().enumerate() {
+        let gemm = op == "Gemm";
+        let q_shape = if gemm { [n, k] } else { [k, n] };
+        let levels = (0..k * n).map(|e| (e * 37 + i * 11) % 256);
+        // Zero points per column, or one (the first) for the tensor.
+        let zeros = if per_column { n } else { 1 };
+        let dims = if per_column { vec![n] } else { vec![] };
+        let (q, zero) = match signed {
+            true => {
+                let q: Vec<i8> = levels.map(|v| v as u8 as i8).collect();
+                let z: Vec<i8> = (0..zeros).map(|j| (j % 5) as i8 - 2).collect();
+                (Tensor::from_vec(q_shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+            }
+            false => {
+                let q: Vec<u8> = levels.map(|v| v as u8).collect();
+                let z: Vec<u8> = (0..zeros).map(|j| 120 + (j % 9) as u8).collect();
+                (Tensor::from_vec(q_shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+            }
+        };
+        let scale: Vec<f32> = (0..zeros).map(|j| 0.002 + j as f32 * 1e-4).collect();
+        let scale = Tensor::from_vec(dims, &scale)?;
+        let (x, w, p, y) = (format!("x{i}"), format!("w{i}"), format!("p{i}"), format!("y{i}"));
+        let (qn, sn, zn) = (format!("q{i}"), format!("s{i}"), format!("z{i}"));
+        model = model
+            .input(&x, DType::F32, a)
+            .initializer(&qn, &q)
+            .initializer(&sn, &scale)
+            .initializer(&zn, &zero)
+            .node(
+                &format!("dq{i}"),
+                "DequantizeLinear",
+                &[&qn, &sn, &zn],
+                &[&w],
+                vec![attr_int("axis", if gemm { 0 } else { 1 })],
+            );
+        inputs.push(tensor(a, 40 + i as u64));
+        let mut out = a[..a.len() - 1].to_vec();
+        out.push(n);
+        let product = if then.is_empty() { &y } else { &p };
+        model = match gemm {
+            true if then == "c" => {
+                let c = format!("c{i}");
+                model.initializer(&c, &tensor(&[n], 60 + i as u64)).node(
+                    &format!("gemm{i}"),
+                    "Gemm",
+                    &[&x, &w, &c],
+                    &[product],
+                    vec![attr_int("transB", 1)],
+                )
+            }
+            true => model.node(
+                &format!("gemm{i}"),
+                "Gemm",
+                &[&x, &w],
+                &[product],
+                vec![attr_int("transB", 1)],
+            ),
+            false => model.node(&format!("matmul{i}"), "MatMul", &[&x, &w], &[product], vec![]),
+        };
+        model = match then {
+            "c" => model.node(&format!("relu{i}"), "Relu", &[&p], &[&y], vec![]),
+            "bias+relu" => {
+                let (b, s) = (format!("b{i}"), format!("sum{i}"));
+                model
+                    .initializer(&b, &tensor(&[n], 70 + i as u64))
+                    .node(&format!("bias{i}"), "Add", &[&p, &b], &[&s], vec![])
+                    .node(&format!("relu{i}"), "Relu", &[&s], &[&y], vec![])
+            }
+            "residual" => {
+                let r = format!("r{i}");
+                inputs.push(tensor(&out, 80 + i as u64));
+                model.input(&r, DType::F32, &out).node(
+                    &format!("residual{i}"),
+                    "Add",
+                    &[&r, &p],
+                    &[&y],
+                    vec![],
+                )
+            }
+            _ => model,
+        };
+        model = model.output(&y, DType::F32, &out);
+    }
+    let bundle = bundle("products_of_8_bit_weights", &model)?;
+    let v = &bundle.manifest().variants[0];
+    let narrow = [proto::DataType::I8 as i32, proto::DataType::U8 as i32];
+    let products: Vec<&proto::Step> =
+        v.steps.iter().filter(|s| ["MatMul", "Gemm"].contains(&s.op.as_str())).collect();
+    assert_eq!(products.len(), cases.len(), "{:?}", v.steps);
+    for s in &products {
+        let b = &v.tensors[s.inputs[1] as usize];
+        assert!(narrow.contains(&b.dtype), "{} reads a {:?} B", s.name, b.dtype);
+        assert!(!s.vulkan.is_empty(), "{} has no Vulkan kernel", s.name);
+    }
+    assert!(!v.steps.iter().any(|s| s.op == "DequantizeLinear"), "{:?}", v.steps);
+    let want = run_cpu(&bundle, &inputs);
+    for class in [ingot_runtime::KernelClass::Cpu, ingot_runtime::KernelClass::Gpu] {
+        require_validation();
+        let device = Device::Vulkan(VulkanOptions { kernel_class: class, ..cpu_type() });
+        let options = SessionOptions { devices: vec![device], ..Default::default() };
+        let got = Session::new(Arc::clone(&bundle), options)?.run(&inputs)?;
+        assert_no_validation_messages();
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            allclose(g, w, Tolerance { rtol: 1e-5, atol: 1e-5 })
+                .map_err(|e| anyhow::anyhow!("{class:?} kernels, case {k} {:?}: {e}", cases[k]))?;
+        }
+    }
+    Ok(())
+}

@@ -1,39 +1,38 @@
 //! Dequantize in the GEMM: a MatMul or Gemm whose B is `DequantizeLinear(q, scale, zero)` of
 //! a constant 2-D int8 or uint8 `q` (the `lower` pass leaves such a DequantizeLinear unfolded:
-//! `ingot_ops::keeps_constant_narrow`) reads `q` itself, its scales and zero points moved into
-//! the product's `b_scales` and `b_zero_points`. The CPU's GEMM dequantizes B a block at a
-//! time as it packs it, so no float32 copy of the weight is ever whole: not in the bundle, not
-//! in the arena, and no step writes one each run.
+//! `ingot_ops::keeps_constant_narrow`), or the chain some exporters write instead, reads `q`
+//! itself, followed by B's dequantization: a float32 `[2, N]` constant of one scale and one
+//! zero point per column of the product (`ingot_ops::dequantizes_b`; a per-tensor pair is
+//! spread over the columns). The CPU's GEMM dequantizes B a block at a time as it packs it, the
+//! Vulkan kernel as it loads it, so no float32 copy of the weight is ever whole: not in the
+//! bundle, not in the arena, and no step writes one each run.
 //!
 //! B's scales must be one for the tensor or one per column of the product (per output channel,
 //! as weight quantizers write them: DequantizeLinear's axis is B's column axis, 1 for a MatMul,
 //! 0 for a Gemm with `transB`); a block-quantized B, one quantized per row, or one with float16
 //! scales keeps its DequantizeLinear step.
-//!
-//! Only compiles for the CPU alone run it (`CompileOptions::cpu_only`): the Vulkan matmul
-//! kernels read float32 B, and a product that Vulkan cannot run would cut the model's Vulkan
-//! submodel at every layer.
 
 use super::PassError;
 use super::patterns::Patterns;
-use crate::ir::{Graph, ValueId};
+use crate::ir::{Const, Graph, ValueId};
 use ingot_ops::Constant as _;
+use ingot_ops::Tensor;
 use ingot_schema::{AttrValue, DType};
 
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut rewrites = Vec::new();
     let p = Patterns::new(g);
     for (at, node) in g.nodes.iter().enumerate() {
-        if !matches!(node.op.as_str(), "MatMul" | "Gemm") || node.attrs.contains("b_scales") {
+        if !matches!(node.op.as_str(), "MatMul" | "Gemm") {
+            continue;
+        }
+        if ingot_ops::dequantizes_b(&node.attrs) {
             continue;
         }
         let Some(b) = node.inputs.get(1).copied().flatten() else {
             continue;
         };
-        let column_axis = match node.op.as_str() {
-            "Gemm" if node.attrs.int("transB").unwrap_or(0) != 0 => 0,
-            _ => 1,
-        };
+        let column_axis = if transposed(node) { 0 } else { 1 };
         if let Some(quantized) =
             dequantized(&p, b, column_axis).or_else(|| cast(&p, b, column_axis))
         {
@@ -41,13 +40,35 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
     }
     for (at, QuantizedB { q, scales, zeros }) in rewrites {
+        let Some(n) = g.ty(q).map(|t| t.shape[1 - usize::from(transposed(&g.nodes[at]))]) else {
+            continue;
+        };
+        // Per column, as both backends read it.
+        let spread = |v: &[f64], j: usize| v[if v.len() == 1 { 0 } else { j }] as f32;
+        let zeros: Vec<f64> = zeros.iter().map(|&z| z as f64).collect();
+        let values: Vec<f32> =
+            (0..n).map(|j| spread(&scales, j)).chain((0..n).map(|j| spread(&zeros, j))).collect();
+        let shape = ingot_ops::dequantization_shape(n).to_vec();
+        let Ok(table) = Tensor::from_vec(shape, &values) else {
+            continue;
+        };
+        let name = format!("{}.dequantization", g.values[q].name);
+        let dq = g.add_constant(name, Const::owned(table));
         let node = &mut g.nodes[at];
         node.inputs[1] = Some(q);
-        node.attrs.set("b_scales", AttrValue::Floats(scales));
-        node.attrs.set("b_zero_points", AttrValue::Ints(zeros));
+        // Last of the product's own inputs: after A, B and Gemm's C, before post-op operands.
+        let extras = ingot_ops::cpu::post::extra_inputs(&node.attrs)
+            .map_err(|e| PassError::Node { node: node.name.clone(), message: e.to_string() })?;
+        node.inputs.insert(node.inputs.len() - extras, Some(dq));
+        node.attrs.set("dequantize_b", AttrValue::Int(1));
     }
     // Dequantizations that only products read are read by nobody now.
     super::dce::run(g)
+}
+
+/// Whether the product reads B transposed (a Gemm's `transB`): its columns are B's rows.
+fn transposed(node: &crate::ir::Node) -> bool {
+    node.op == "Gemm" && node.attrs.int("transB").unwrap_or(0) != 0
 }
 
 /// A constant 2-D 8-bit B, with its scales and zero points (one, or one per column).
@@ -155,12 +176,18 @@ mod tests {
 
     /// `op(x, DequantizeLinear(q, scale, zero, axis))` of a [rows, cols] int8 `q`, with
     /// `scales` scales (and zero points), lowered.
-    fn product(
+    fn product(op: &str, trans_b: bool, dims: (usize, usize), axis: i64, scales: usize) -> Graph {
+        product_then(op, trans_b, dims, axis, scales, false)
+    }
+
+    /// [`product`], and with `residual` then `Relu(product + r)` of a graph input `r`.
+    fn product_then(
         op: &str,
         trans_b: bool,
         (rows, cols): (usize, usize),
         axis: i64,
         scales: usize,
+        residual: bool,
     ) -> Graph {
         let mut b = Builder::new();
         let k = if trans_b { cols } else { rows };
@@ -183,7 +210,12 @@ mod tests {
             "Gemm" => Attrs::new().with("transB", AttrValue::Int(trans_b as i64)),
             _ => Attrs::new(),
         };
-        let y = b.node(op, &[x, w], attrs);
+        let mut y = b.node(op, &[x, w], attrs);
+        if residual {
+            let r = b.input("r", &[3, if trans_b { rows } else { cols }]);
+            let sum = b.op("Add", &[y, r]);
+            y = b.op("Relu", &[sum]);
+        }
         b.finish(&[y])
     }
 
@@ -195,9 +227,14 @@ mod tests {
         let left: Vec<&str> = m.nodes.iter().map(|n| n.op.as_str()).collect();
         assert_eq!(left, ops);
         assert_agrees(&m, g);
-        let x = Tensor::from_vec(g.ty(g.inputs[0]).unwrap().shape.clone(), &vec![0.5f32; 3 * 64])
-            .unwrap();
-        let (got, want) = (evaluate(&m, std::slice::from_ref(&x)), evaluate(g, &[x]));
+        let inputs: Vec<Tensor> = (g.inputs.iter())
+            .map(|&v| {
+                let shape = g.ty(v).unwrap().shape.clone();
+                let n = shape.iter().product();
+                Tensor::from_vec(shape, &vec![0.5f32; n]).unwrap()
+            })
+            .collect();
+        let (got, want) = (evaluate(&m, &inputs), evaluate(g, &inputs));
         assert_eq!(got[0].bytes(), want[0].bytes(), "the GEMM's values are DequantizeLinear's");
         m
     }
@@ -208,11 +245,36 @@ mod tests {
         let m = rewritten(&product("MatMul", false, (64, 48), 1, 48), &["MatMul"]);
         let q = m.nodes[0].inputs[1].unwrap();
         assert_eq!(m.ty(q).unwrap().dtype, DType::I8);
-        assert_eq!(m.nodes[0].attrs.floats("b_scales").unwrap().len(), 48);
-        rewritten(&product("MatMul", false, (64, 48), 0, 1), &["MatMul"]);
+        assert!(ingot_ops::dequantizes_b(&m.nodes[0].attrs));
+        // B's dequantization: scales then zero points, one of each per column.
+        let dq = m.constant(m.nodes[0].inputs[2].unwrap()).unwrap();
+        assert_eq!(dq.desc().shape, [2, 48]);
+        let dq = dq.tensor().to_f64s().unwrap();
+        assert_eq!((dq[1] as f32, dq[48 + 1]), (0.01 + 1.0 / 512.0, -1.0));
+        // One scale and zero point for the tensor, spread over the columns.
+        let m = rewritten(&product("MatMul", false, (64, 48), 0, 1), &["MatMul"]);
+        let dq = m.constant(m.nodes[0].inputs[2].unwrap()).unwrap().tensor().to_f64s().unwrap();
+        assert_eq!((dq.len(), dq[47] as f32, dq[95]), (96, 0.01, -2.0));
         // A Gemm's [N, K] B with transB: its columns are q's rows.
         rewritten(&product("Gemm", true, (48, 64), 0, 48), &["Gemm"]);
         rewritten(&product("Gemm", false, (64, 48), 1, 48), &["Gemm"]);
+    }
+
+    #[test]
+    fn the_dequantization_comes_before_post_op_operands() {
+        // Gemm(x, DQ(q)ᵀ) + r, then Relu, fused: [x, q, C, r] -> [x, q, C, dq, r]; the
+        // residual still the input the output may be written over.
+        let mut g = product_then("Gemm", true, (48, 64), 0, 48, true);
+        let r = g.inputs[1];
+        crate::passes::fuse::run(&mut g).unwrap();
+        let fused: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert_eq!(fused, ["DequantizeLinear", "Gemm"]);
+        let m = rewritten(&g, &["Gemm"]);
+        let gemm = &m.nodes[0];
+        assert_eq!(gemm.inputs.len(), 5);
+        assert_eq!(m.ty(gemm.inputs[3].unwrap()).unwrap().shape, [2, 48]);
+        assert_eq!(gemm.inputs[4], Some(r));
+        assert_eq!(ingot_ops::cpu::post::in_place_input("Gemm", &gemm.attrs), Some(4));
     }
 
     #[test]

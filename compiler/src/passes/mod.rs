@@ -36,18 +36,14 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("round_trips", round_trips::run),
     ("norm_chains", norm_chains::run),
     ("fuse", fuse::run),
+    ("dequantize_in_gemm", dequantize_in_gemm::run),
     ("outputs", outputs::run),
     ("bounded", bounded::run),
 ];
 
-/// Passes that only compiles for the CPU alone run, after [`PIPELINE`]: they make steps that
-/// only the CPU backend has kernels for.
-pub const CPU_ONLY: &[(&str, Pass)] = &[("dequantize_in_gemm", dequantize_in_gemm::run)];
-
-/// Runs every pass of [`PIPELINE`] on `g`, then those of [`CPU_ONLY`] where `cpu_only`.
-pub fn run_all(g: &mut Graph, cpu_only: bool) -> Result<(), PassError> {
-    let extra = if cpu_only { CPU_ONLY } else { &[] };
-    for (name, pass) in PIPELINE.iter().chain(extra) {
+/// Runs every pass of [`PIPELINE`] on `g`.
+pub fn run_all(g: &mut Graph) -> Result<(), PassError> {
+    for (name, pass) in PIPELINE {
         pass(g)?;
         if cfg!(debug_assertions) {
             ir::check(g)

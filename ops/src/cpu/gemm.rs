@@ -188,7 +188,8 @@ impl<'a, T: Float> Panels<'a, T> {
 pub struct Dequantized<'a> {
     values: Narrow<'a>,
     scale: &'a [f32],
-    zero: &'a [i32],
+    /// Whole numbers, as floats: `q - zero` is exact.
+    zero: &'a [f32],
 }
 
 /// The integers of a [`Dequantized`] B.
@@ -199,7 +200,7 @@ pub enum Narrow<'a> {
 }
 
 impl<'a> Dequantized<'a> {
-    pub fn new(values: Narrow<'a>, scale: &'a [f32], zero: &'a [i32]) -> Result<Self, KernelError> {
+    pub fn new(values: Narrow<'a>, scale: &'a [f32], zero: &'a [f32]) -> Result<Self, KernelError> {
         let (k, n) = values.dim();
         if scale.len() != n || zero.len() != n {
             return Err(invalid!(
@@ -278,12 +279,12 @@ impl Level for u8 {
 fn dequantize_into<Q: Level, T: Float>(
     q: ArrayView2<Q>,
     scale: &[f32],
-    zero: &[i32],
+    zero: &[f32],
     to: &mut [T],
     rs: usize,
     cs: usize,
 ) {
-    let value = |q: Q, z: i32, s: f32| T::from_f32((q.int() - z) as f32 * s);
+    let value = |q: Q, z: f32, s: f32| T::from_f32((q.int() as f32 - z) * s);
     if q.nrows() > 1 && q.strides()[0] == 1 {
         for (j, column) in q.columns().into_iter().enumerate() {
             let (z, s, dst) = (zero[j], scale[j], &mut to[j * cs..]);
@@ -1617,7 +1618,7 @@ mod tests {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
             let ints: Vec<i32> = (0..k * n).map(|i| (i * 53 % 251) as i32).collect();
             let scale: Vec<f32> = (0..n).map(|j| 0.01 + j as f32 * 1e-3).collect();
-            let zero: Vec<i32> = (0..n).map(|j| (j % 7) as i32 - 3).collect();
+            let zero: Vec<f32> = (0..n).map(|j| (j % 7) as f32 - 3.0).collect();
             let (la, lc) = (Layout::row_major(m, k), Layout::row_major(m, n));
             for transposed in [false, true] {
                 let lb = if transposed { Layout::new(k, n, 1, k) } else { Layout::row_major(k, n) };
@@ -1635,7 +1636,7 @@ mod tests {
                     let mut b = vec![0.0f32; k * n];
                     for (r, j) in (0..k).flat_map(|r| (0..n).map(move |j| (r, j))) {
                         let at = r * lb.rs + j * lb.cs;
-                        b[at] = (level(at) - zero[j]) as f32 * scale[j];
+                        b[at] = (level(at) - zero[j] as i32) as f32 * scale[j];
                     }
                     let mut want = c0.clone();
                     gemm_into(0.75, (&a, la), (&b, lb), start, view(lc, &mut want)).unwrap();
@@ -1667,8 +1668,8 @@ mod tests {
     fn dequantized_b_needs_a_scale_and_zero_point_per_column() {
         let q = [0i8; 6];
         let values = Narrow::I8(ArrayView2::from_shape((2, 3), &q[..]).unwrap());
-        assert!(Dequantized::new(values, &[1.0; 2], &[0; 3]).is_err());
-        assert!(Dequantized::new(values, &[1.0; 3], &[0; 1]).is_err());
-        assert!(Dequantized::new(values, &[1.0; 3], &[0; 3]).is_ok());
+        assert!(Dequantized::new(values, &[1.0; 2], &[0.0; 3]).is_err());
+        assert!(Dequantized::new(values, &[1.0; 3], &[0.0; 1]).is_err());
+        assert!(Dequantized::new(values, &[1.0; 3], &[0.0; 3]).is_ok());
     }
 }

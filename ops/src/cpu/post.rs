@@ -57,7 +57,8 @@ pub fn extra_inputs(attrs: &Attrs) -> Result<usize, KernelError> {
 pub fn in_place_input(op: &str, attrs: &Attrs) -> Option<usize> {
     let (_, own) = HOSTS.iter().find(|(host, _)| *host == op)?;
     let first = attrs.text("post_ops").ok()?.split(',').next()?;
-    (first == "Add").then_some(*own)
+    // A product that dequantizes its B has B's dequantization among its own inputs.
+    (first == "Add").then_some(own + usize::from(crate::dequantizes_b(attrs)))
 }
 
 /// Whether the output of `op` may be written over input `k`: R of a leading `Add` (the
@@ -486,6 +487,8 @@ pub(crate) mod tests {
     fn only_the_residual_of_a_leading_add_is_in_place() {
         assert_eq!(in_place_input("Conv", &attrs("Add,Relu", &[])), Some(3));
         assert_eq!(in_place_input("MatMul", &attrs("Add", &[])), Some(2));
+        let dequantizes = attrs("Add", &[]).with("dequantize_b", AttrValue::Int(1));
+        assert_eq!(in_place_input("MatMul", &dequantizes), Some(3));
         assert_eq!(in_place_input("Conv", &attrs("Relu,Add", &[])), None);
         assert_eq!(in_place_input("Conv", &attrs("", &[])), None);
         assert_eq!(in_place_input("Einsum", &attrs("Add", &[])), None);

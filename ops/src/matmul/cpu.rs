@@ -10,8 +10,8 @@
 //! operand) and `output_labels`: one integer label per axis, with the equation's ellipsis
 //! already expanded by the compiler, a repeated label in one operand meaning its diagonal.
 //! Element types: f32, f64, i32, i64. A float32 MatMul or Gemm may have an int8 or uint8 B
-//! with `b_scales` and `b_zero_points` (one value, or one per column of the product; the
-//! compiler's `dequantize_in_gemm` pass): the GEMM dequantizes it as it packs it.
+//! followed by its dequantization (`crate::dequantizes_b`; the compiler's `dequantize_in_gemm`
+//! pass): the GEMM dequantizes B as it packs it.
 
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx};
@@ -23,9 +23,12 @@ pub(crate) mod product;
 use product::{Axis, Levels, Plan, Quantized, Scalar};
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    let quantized_b = cx.op != "Einsum" && crate::dequantizes_b(cx.attrs);
+    // B's dequantization is one more input of the product's own.
+    let q = usize::from(quantized_b);
     let (post, own) = match cx.op {
-        "Gemm" => PostOps::new(cx, 2..=3)?,
-        "MatMul" => PostOps::new(cx, 2..=2)?,
+        "Gemm" => PostOps::new(cx, 2 + q..=3 + q)?,
+        "MatMul" => PostOps::new(cx, 2 + q..=2 + q)?,
         _ => {
             cx.expect_arity(1..=2, 1)?;
             (PostOps::default(), cx.inputs.len())
@@ -35,7 +38,6 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if !matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) {
         return Err(cx.dtype_error(dtype));
     }
-    let quantized_b = cx.attrs.contains("b_scales");
     let mixed = (cx.inputs.iter().enumerate())
         .filter(|&(i, _)| !(quantized_b && i == 1))
         .map(|(_, d)| d)
@@ -44,7 +46,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if let Some(d) = mixed {
         return Err(invalid!("{} mixes {dtype} and {}", cx.op, d.dtype));
     }
-    let shapes: Vec<&[usize]> = cx.inputs[..own].iter().map(|d| d.shape.as_slice()).collect();
+    let shapes: Vec<&[usize]> = cx.inputs[..own - q].iter().map(|d| d.shape.as_slice()).collect();
     let (shape, axes, alpha, bias) = match cx.op {
         "MatMul" => {
             let (shape, axes) = matmul_axes(shapes[0], shapes[1])?;
@@ -66,7 +68,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
     let plan = Plan::new(&axes);
     let dequantize = match quantized_b {
-        true => Some(Dequantize::new(cx, &shape, &plan)?),
+        true => Some(Dequantize::new(cx, own - 1, &shape, &plan)?),
         false => None,
     };
     let [ea, eb, ec] = plan.extents();
@@ -78,17 +80,18 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     Ok(Box::new(ProductKernel { dtype, plan, alpha, bias, unary, post, own, dequantize }))
 }
 
-/// A B of 8-bit integers that the compiler left for the GEMM to dequantize (the `dequantize`
-/// pass: `b_scales` and `b_zero_points`, one value or one per column of the product; the
-/// zero points default to 0), with its scales and zero points spread over the columns.
+/// A B of 8-bit integers that the compiler left for the GEMM to dequantize, with its
+/// dequantization input (`crate::dequantizes_b`: per column of the product, scales then zero
+/// points).
 #[derive(Debug)]
 struct Dequantize {
-    scale: Vec<f32>,
-    zero: Vec<i32>,
+    /// The input holding the scales and zero points.
+    input: usize,
+    n: usize,
 }
 
 impl Dequantize {
-    fn new(cx: &OpCx, shape: &[usize], plan: &Plan) -> Result<Self, KernelError> {
+    fn new(cx: &OpCx, input: usize, shape: &[usize], plan: &Plan) -> Result<Self, KernelError> {
         let (b, y) = (&cx.inputs[1], &cx.outputs[0]);
         if !matches!(b.dtype, DType::I8 | DType::U8) || y.dtype != DType::F32 {
             return Err(invalid!(
@@ -102,35 +105,30 @@ impl Dequantize {
             return Err(invalid!("{} dequantizes a 2-D B, not one of shape {:?}", cx.op, b.shape));
         }
         let n = shape.last().copied().unwrap_or(1);
-        let scales = cx.attrs.floats("b_scales")?;
-        let zeros = cx.attrs.ints_opt("b_zero_points")?.unwrap_or(&[0]);
-        let fits = |len: usize| len == 1 || len == n;
-        if !fits(scales.len()) || !fits(zeros.len()) {
+        let dq = &cx.inputs[input];
+        if dq.dtype != DType::F32 || dq.shape != crate::dequantization_shape(n) {
             return Err(invalid!(
-                "{} has {} scales and {} zero points for B's {n} columns (1 or {n} each)",
+                "{}: B's dequantization is {} {:?}, not float32 [2, {n}] (scales and zero \
+                 points per column)",
                 cx.op,
-                scales.len(),
-                zeros.len()
+                dq.dtype,
+                dq.shape
             ));
         }
-        let (min, max) = if b.dtype == DType::I8 { (-128, 127) } else { (0, 255) };
-        if let Some(z) = zeros.iter().find(|&&z| z < min || z > max) {
-            return Err(invalid!("{}: zero point {z} lies outside {}", cx.op, b.dtype));
-        }
-        let spread = |len: usize, i: usize| if len == 1 { 0 } else { i };
-        Ok(Self {
-            scale: (0..n).map(|j| scales[spread(scales.len(), j)] as f32).collect(),
-            zero: (0..n).map(|j| zeros[spread(zeros.len(), j)] as i32).collect(),
-        })
+        Ok(Self { input, n })
     }
 
-    /// B's integers from the step's input.
-    fn operand<'a>(&'a self, b: &'a TensorRef) -> Result<Quantized<'a>, KernelError> {
+    /// B's integers and their dequantization, from the step's inputs.
+    fn operand<'a>(&self, inputs: &'a [TensorRef]) -> Result<Quantized<'a>, KernelError> {
+        let (Some(b), Some(dq)) = (inputs.get(1), inputs.get(self.input)) else {
+            return Err(invalid!("missing the 8-bit B or its dequantization"));
+        };
         let levels = match b.dtype {
             DType::I8 => Levels::I8(b.as_slice::<i8>()?),
             _ => Levels::U8(b.as_slice::<u8>()?),
         };
-        Ok(Quantized { levels, scale: &self.scale, zero: &self.zero })
+        let (scale, zero) = dq.as_slice::<f32>()?.split_at(self.n);
+        Ok(Quantized { levels, scale, zero })
     }
 }
 
@@ -215,7 +213,7 @@ impl ProductKernel {
             (None, false) => input(1)?,
         };
         let quantized = match &self.dequantize {
-            Some(d) => Some(d.operand(inputs.get(1).ok_or_else(|| invalid!("missing input 1"))?)?),
+            Some(d) => Some(d.operand(inputs)?),
             None => None,
         };
         let extras = self.post.operands::<T>(inputs, self.own, out.len(), aliased)?;
@@ -712,28 +710,30 @@ mod tests {
         assert!(eval("Gemm", &add, &[&x, &x, &x, &x], &desc).is_ok());
     }
 
+    /// B's dequantization input: scales, then zero points.
+    fn dequantization(scales: &[f32], zeros: &[f32]) -> Tensor {
+        Tensor::from_vec(vec![2, scales.len()], &[scales, zeros].concat()).unwrap()
+    }
+
     #[test]
-    fn an_8_bit_b_is_dequantized_per_column_or_per_tensor() {
+    fn an_8_bit_b_is_dequantized_per_column() {
         // B = [[1, -2, 3], [-4, 5, -6]] (int8), scales [0.5, 1, 2], zero points [1, 0, -1]:
         // dequantized [[0, -2, 8], [-2.5, 5, -10]]; A = [[1, 2]] -> [[-5, 8, -12]].
         let a = f32s(&[1, 2], &[1.0, 2.0]);
         let b = Tensor::from_vec(vec![2, 3], &[1i8, -2, 3, -4, 5, -6]).unwrap();
-        let quantized = |scales: Vec<f64>, zeros: Vec<i64>| {
-            post(Attrs::new(), "", &[])
-                .with("b_scales", AttrValue::Floats(scales))
-                .with("b_zero_points", AttrValue::Ints(zeros))
-        };
-        let attrs = quantized(vec![0.5, 1.0, 2.0], vec![1, 0, -1]);
-        close(&run("MatMul", &attrs, &[&a, &b], &[1, 3]), &[-5.0, 8.0, -12.0]);
-        // One scale and zero point for the tensor: (B - 1) * 0.5.
-        let attrs = quantized(vec![0.5], vec![1]);
-        close(&run("MatMul", &attrs, &[&a, &b], &[1, 3]), &[-5.0, 2.5, -6.0]);
-        // Gemm with B stored [N, K] (transB): the scales follow B's rows.
+        let dq = dequantization(&[0.5, 1.0, 2.0], &[1.0, 0.0, -1.0]);
+        let attrs = post(Attrs::new(), "", &[]).with("dequantize_b", AttrValue::Int(1));
+        close(&run("MatMul", &attrs, &[&a, &b, &dq], &[1, 3]), &[-5.0, 8.0, -12.0]);
+        // One scale and zero point for the tensor, spread: (B - 1) * 0.5.
+        let dq1 = dequantization(&[0.5; 3], &[1.0; 3]);
+        close(&run("MatMul", &attrs, &[&a, &b, &dq1], &[1, 3]), &[-5.0, 2.5, -6.0]);
+        // Gemm with B stored [N, K] (transB): the scales follow B's rows; with C after B.
         let bt = Tensor::from_vec(vec![3, 2], &[1i8, -4, -2, 5, 3, -6]).unwrap();
         let mut gemm = gemm_attrs(0, 1, 1.0, 1.0);
-        gemm.set("b_scales", AttrValue::Floats(vec![0.5, 1.0, 2.0]));
-        gemm.set("b_zero_points", AttrValue::Ints(vec![1, 0, -1]));
-        close(&run("Gemm", &gemm, &[&a, &bt], &[1, 3]), &[-5.0, 8.0, -12.0]);
+        gemm.set("dequantize_b", AttrValue::Int(1));
+        close(&run("Gemm", &gemm, &[&a, &bt, &dq], &[1, 3]), &[-5.0, 8.0, -12.0]);
+        let c = f32s(&[3], &[1.0, 2.0, 3.0]);
+        close(&run("Gemm", &gemm, &[&a, &bt, &c, &dq], &[1, 3]), &[-4.0, 10.0, -9.0]);
     }
 
     #[test]
@@ -741,15 +741,17 @@ mod tests {
         let a = f32s(&[1, 2], &[1.0, 2.0]);
         let b = Tensor::from_vec(vec![2, 3], &[1i8, -2, 3, -4, 5, -6]).unwrap();
         let desc = [TensorDesc::new(DType::F32, vec![1, 3])];
-        let attrs = |scales: usize, zeros: Vec<i64>| {
-            post(Attrs::new(), "", &[])
-                .with("b_scales", AttrValue::Floats(vec![1.0; scales]))
-                .with("b_zero_points", AttrValue::Ints(zeros))
-        };
-        // Two scales for three columns; a zero point outside int8; a float B.
-        assert!(eval("MatMul", &attrs(2, vec![0]), &[&a, &b], &desc).is_err());
-        assert!(eval("MatMul", &attrs(1, vec![200]), &[&a, &b], &desc).is_err());
-        assert!(eval("MatMul", &attrs(3, vec![0]), &[&a, &a], &desc).is_err());
-        assert!(eval("MatMul", &attrs(3, vec![0]), &[&a, &b], &desc).is_ok());
+        let attrs = post(Attrs::new(), "", &[]).with("dequantize_b", AttrValue::Int(1));
+        // No dequantization; one for two columns; one per tensor; an f64 one; a float B with one.
+        let short = dequantization(&[1.0; 2], &[0.0; 2]);
+        let one = dequantization(&[1.0], &[0.0]);
+        let wide = Tensor::from_vec(vec![2, 3], &[1.0f64; 6]).unwrap();
+        let dq = dequantization(&[1.0; 3], &[0.0; 3]);
+        assert!(eval("MatMul", &attrs, &[&a, &b], &desc).is_err());
+        assert!(eval("MatMul", &attrs, &[&a, &b, &short], &desc).is_err());
+        assert!(eval("MatMul", &attrs, &[&a, &b, &one], &desc).is_err());
+        assert!(eval("MatMul", &attrs, &[&a, &b, &wide], &desc).is_err());
+        assert!(eval("MatMul", &attrs, &[&a, &a, &dq], &desc).is_err());
+        assert!(eval("MatMul", &attrs, &[&a, &b, &dq], &desc).is_ok());
     }
 }

@@ -27,7 +27,7 @@ use crate::TensorDesc;
 use crate::conv::{check_post_operands, no_post_ops, post_operands};
 use crate::lower::{LowerCx, OpResult, broadcast_shapes, op_err};
 use crate::registry::{Family, OpDef};
-use ingot_schema::{AttrValue, Attrs};
+use ingot_schema::{AttrValue, Attrs, DType};
 
 pub const OPS: &[OpDef] = &[
     OpDef::new("MatMul", lower_matmul, infer_matmul),
@@ -35,18 +35,29 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Einsum", lower_einsum, infer_einsum),
 ];
 
-/// All inputs share one element type, which the output takes; but a MatMul or Gemm whose B
-/// the `dequantize` pass left as 8-bit integers (`b_scales`, `b_zero_points`: one value, or
-/// one per column of the product; dequantized by the GEMM as it packs B) has an int8 or uint8
-/// B and float32 for the rest.
-fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<ingot_schema::DType> {
+/// Whether a MatMul or Gemm dequantizes its own 8-bit B (`dequantize_b` = 1; the compiler's
+/// `dequantize_in_gemm` pass makes them): float32 A (and C, and output), int8 or uint8 B, and
+/// one more input of its own, last (after Gemm's C, before post-op operands): B's
+/// dequantization, float32 `[2, N]`, row 0 the scales and row 1 the zero points (whole numbers
+/// in B's range), one of each per column of the product. Both backends read it and never
+/// expand B.
+pub fn dequantizes_b(attrs: &Attrs) -> bool {
+    attrs.int_or("dequantize_b", 0).is_ok_and(|v| v != 0)
+}
+
+/// The shape of a [`dequantizes_b`] product's dequantization input for `n` columns.
+pub fn dequantization_shape(n: usize) -> [usize; 2] {
+    [2, n]
+}
+
+/// All inputs share one element type, which the output takes, except a [`dequantizes_b`]
+/// product's 8-bit B.
+fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<DType> {
     let first = inputs.first().ok_or_else(|| op_err!("{} needs inputs", node.op))?.dtype;
-    let quantized_b = node.attrs.contains("b_scales");
+    let quantized_b = dequantizes_b(&node.attrs);
     if quantized_b {
         let b = inputs.get(1).map(|d| d.dtype);
-        if first != ingot_schema::DType::F32
-            || !matches!(b, Some(ingot_schema::DType::I8 | ingot_schema::DType::U8))
-        {
+        if first != DType::F32 || !matches!(b, Some(DType::I8 | DType::U8)) {
             return Err(op_err!("a dequantized B is int8 or uint8 beside float32 operands"));
         }
     }
@@ -57,6 +68,29 @@ fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<ingot_schema::DTy
     }
 }
 
+/// Splits off a [`dequantizes_b`] product's dequantization input (the last of `own`) and
+/// checks its shape for `n` columns.
+fn dequantization<'a, 'b>(
+    node: &Node,
+    own: &'a [&'b TensorDesc],
+    n: usize,
+) -> OpResult<&'a [&'b TensorDesc]> {
+    if !dequantizes_b(&node.attrs) {
+        return Ok(own);
+    }
+    let (dq, rest) = own.split_last().filter(|(_, rest)| rest.len() >= 2).ok_or_else(|| {
+        op_err!("{} of an 8-bit B takes B's dequantization after its operands", node.op)
+    })?;
+    if dq.shape != dequantization_shape(n) {
+        return Err(op_err!(
+            "{}: B's dequantization is {:?}, not [2, {n}] (scales and zero points per column)",
+            node.op,
+            dq.shape
+        ));
+    }
+    Ok(rest)
+}
+
 fn lower_matmul(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
     node.attrs = no_post_ops();
     Ok(())
@@ -65,12 +99,16 @@ fn lower_matmul(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
 /// Numpy's matmul shape: 1-D operands are promoted and the added dimension dropped; batch
 /// dimensions broadcast.
 fn infer_matmul(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    let (inputs, operands) = post_operands(node, inputs, 2)?;
-    let dtype = same_dtype(node, inputs)?;
-    let [a, b] = inputs else {
-        return Err(op_err!("MatMul takes 2 inputs, got {}", inputs.len()));
+    let (own, operands) = post_operands(node, inputs, 2 + usize::from(dequantizes_b(&node.attrs)))?;
+    let dtype = same_dtype(node, own)?;
+    let [a, b, ..] = own else {
+        return Err(op_err!("MatMul takes 2 inputs, got {}", own.len()));
     };
     let out = TensorDesc::new(dtype, matmul_shape(&a.shape, &b.shape)?);
+    let product = dequantization(node, own, out.shape.last().copied().unwrap_or(1))?;
+    if product.len() != 2 {
+        return Err(op_err!("MatMul takes 2 inputs, got {}", product.len()));
+    }
     check_post_operands(node, operands, &out)?;
     Ok(vec![out])
 }
@@ -114,11 +152,11 @@ fn lower_gemm(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
 }
 
 fn infer_gemm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    let (inputs, operands) = post_operands(node, inputs, 3)?;
-    let dtype = same_dtype(node, inputs)?;
+    let (own, operands) = post_operands(node, inputs, 3 + usize::from(dequantizes_b(&node.attrs)))?;
+    let dtype = same_dtype(node, own)?;
     let (ta, tb) = (node.attrs.int("transA")? != 0, node.attrs.int("transB")? != 0);
-    let (Some(a), Some(b)) = (inputs.first(), inputs.get(1)) else {
-        return Err(op_err!("Gemm takes 2 or 3 inputs, got {}", inputs.len()));
+    let (Some(a), Some(b)) = (own.first(), own.get(1)) else {
+        return Err(op_err!("Gemm takes 2 or 3 inputs, got {}", own.len()));
     };
     let (&[a0, a1], &[b0, b1]) = (a.shape.as_slice(), b.shape.as_slice()) else {
         return Err(op_err!("Gemm takes 2-D A and B, got {:?} and {:?}", a.shape, b.shape));
@@ -128,7 +166,7 @@ fn infer_gemm(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> 
     if k != kb {
         return Err(op_err!("Gemm of {:?} and {:?}: inner dimensions differ", a.shape, b.shape));
     }
-    if let Some(c) = inputs.get(2) {
+    if let Some(c) = dequantization(node, own, n)?.get(2) {
         let fits = c.shape.len() <= 2
             && c.shape.iter().rev().zip([n, m]).all(|(&d, want)| d == 1 || d == want);
         if !fits {

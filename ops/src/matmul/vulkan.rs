@@ -14,6 +14,10 @@
 //!   workgroup memory; each invocation computes 4 x 4 elements strided across the tile, so
 //!   neighbouring invocations read neighbouring words of the tiles and of Y.
 //!
+//! A MatMul or Gemm that dequantizes its own 8-bit B (`crate::dequantizes_b`) runs
+//! `dequantized.wgsl` on both device classes: B is read as packed bytes and dequantized in
+//! registers (see [`dequantized`]).
+//!
 //! A or B larger than one binding may be (a fully connected weight of several hundred MB) is
 //! cut into pieces of the product, one dispatch each, that read windows of the operands through
 //! chunk bindings ([`pieces`]): along its rows, its columns or K; the pieces of K add into Y.
@@ -25,15 +29,17 @@ use crate::vulkan::{
     Operand, Slot, Spec, Wgsl,
 };
 use crate::wgsl;
+use ingot_schema::DType;
 use std::ops::Range;
 
 static BLOCKED: Wgsl = wgsl!("matmul/blocked.wgsl");
 static TILED: Wgsl = wgsl!("matmul/tiled.wgsl");
 static EINSUM: Wgsl = wgsl!("matmul/einsum.wgsl");
+static DEQUANTIZED: Wgsl = wgsl!("matmul/dequantized.wgsl");
 
 /// The kernel files, for tests that validate each alone.
 #[cfg(test)]
-pub(crate) static FILES: [&Wgsl; 3] = [&BLOCKED, &TILED, &EINSUM];
+pub(crate) static FILES: [&Wgsl; 4] = [&BLOCKED, &TILED, &EINSUM, &DEQUANTIZED];
 
 /// `add_c` with Gemm's C.
 const ADD_C: &str = "fn add_c(v: f32, i: u32, j: u32) -> f32 {
@@ -56,14 +62,22 @@ const OPERAND1: &str = "fn operand1(o: u32) -> f32 {
 }";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    cx.require_f32()?;
+    // B's dequantization is one more input of the product's own, after C.
+    let q = usize::from(crate::dequantizes_b(cx.attrs));
+    // Everything is f32 but a dequantized B (checked where it is read).
+    let other = cx.inputs.iter().enumerate().filter(|&(i, _)| q == 0 || i != 1);
+    if let Some((_, o)) =
+        other.chain(cx.outputs.iter().enumerate()).find(|(_, o)| o.desc.dtype != DType::F32)
+    {
+        return Err(cx.dtype(o.desc.dtype));
+    }
     if cx.outputs.len() != 1 {
         return Err(no_kernel!("{} with {} outputs", cx.op, cx.outputs.len()));
     }
     if cx.op == "Einsum" {
         return einsum(cx);
     }
-    let post = PostOps::new(cx, if cx.op == "Gemm" { 3 } else { 2 })?;
+    let post = PostOps::new(cx, q + if cx.op == "Gemm" { 3 } else { 2 })?;
     let own = cx
         .inputs
         .len()
@@ -73,8 +87,8 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("{} written over its input {k}", cx.op));
     }
     let p = match cx.op {
-        "MatMul" if own == 2 => Problem::matmul(cx)?,
-        "Gemm" if own == 2 || own == 3 => Problem::gemm(cx, own == 3)?,
+        "MatMul" if own == 2 + q => Problem::matmul(cx)?,
+        "Gemm" if own == 2 + q || own == 3 + q => Problem::gemm(cx, own == 3 + q)?,
         op => return Err(no_kernel!("no Vulkan kernel for {op} with {own} inputs")),
     };
     let out = &cx.outputs[0];
@@ -90,6 +104,9 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     // Every index is a u32 in WGSL.
     if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() >= 1 << 31) {
         return Err(no_kernel!("{} operands too large for 32-bit indices", cx.op));
+    }
+    if q == 1 {
+        return dequantized(cx, &p.flattened(), &post, own - 1).map(|d| vec![d]);
     }
     let p = p.flattened().one_row();
     if p.batch.len() > 2 {
@@ -547,7 +564,15 @@ fn bindings(
         operand("b", p.b_input, b_ty, wb),
         Binding::output("y", 0, y_ty),
     ];
+    v.extend(c_and_post_bindings(p, post));
+    v
+}
+
+/// C's binding (or, for a MatMul with post-op operands, the first of them in C's slot, which
+/// it never reads), then the post-op operands'.
+fn c_and_post_bindings(p: &Problem, post: &PostOps) -> Vec<Binding> {
     let post = post.bindings();
+    let mut v = Vec::with_capacity(post.len() + 1);
     if p.c.is_some() {
         v.push(Binding::input("c", 2, "f32"));
     } else if let Some(first) = post.first() {
@@ -711,6 +736,81 @@ fn tiled(
         bindings,
         p.params(),
     )
+}
+
+/// `dequantized.wgsl`: a product of float32 A and an 8-bit B with its dequantization (input
+/// `dq`: scales, then zero points, per column), one invocation per block of RM rows and 4
+/// columns of one batch's Y. B's levels are unpacked from its words in registers, a word of
+/// four where B's layout allows (four k of a column of a [N, K] B, or four columns of a row of
+/// a [K, N] B), minus the zero points, and the sums scaled per column: the weight stays a
+/// quarter of the bytes on the device and is never written out as floats.
+fn dequantized(
+    cx: &KernelCx,
+    p: &Problem,
+    post: &PostOps,
+    dq: usize,
+) -> Result<Dispatch, NoKernel> {
+    let (a_op, b_op) = (&cx.inputs[p.a_input], &cx.inputs[p.b_input]);
+    let signed = match b_op.desc.dtype {
+        DType::I8 => true,
+        DType::U8 => false,
+        d => return Err(no_kernel!("{} dequantizing a {d} B", cx.op)),
+    };
+    if cx.inputs[dq].desc.shape != crate::dequantization_shape(p.n) {
+        return Err(no_kernel!("{}: B's dequantization does not fit its columns", cx.op));
+    }
+    if p.batch.len() > 2 {
+        return Err(no_kernel!("{} of {} batch dimensions (2 at most)", cx.op, p.batch.len()));
+    }
+    if cx.inputs[..2].iter().any(|o| o.desc.bytes() as u64 > MAX_BINDING_BYTES) {
+        return Err(no_kernel!("{} {}: an operand over one binding", cx.op, cx.name));
+    }
+    if !b_op.byte_offset.is_multiple_of(4) {
+        return Err(no_kernel!("{} of an 8-bit B that does not start on a word", cx.op));
+    }
+    let k4 = p.k.is_multiple_of(4);
+    let batch4 = |a: bool| p.batch.iter().all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4));
+    let a_vec = k4 && p.a.1 == 1 && p.a.0.is_multiple_of(4) && a_op.aligned16() && batch4(true);
+    let b_mode = if k4 && p.b.0 == 1 && p.b.1.is_multiple_of(4) && batch4(false) {
+        1
+    } else if p.b.1 == 1 && p.b.0.is_multiple_of(4) && p.n.is_multiple_of(4) && batch4(false) {
+        2
+    } else {
+        0
+    };
+    // Rows per invocation: as many as the device class holds well while there are still
+    // enough invocations.
+    let groups = p.batch() * p.n.div_ceil(4);
+    let mut rm = match cx.class {
+        DeviceClass::Cpu => 8,
+        _ => 4,
+    };
+    while rm > 1 && groups * p.m.div_ceil(rm) < MIN_BLOCKS {
+        rm /= 2;
+    }
+    let rm = p.m.div_ceil(p.m.div_ceil(rm));
+    let wg = match cx.class {
+        DeviceClass::Cpu => 8,
+        _ => 64,
+    };
+    let grid = Grid::new((groups * p.m.div_ceil(rm)) as u64, wg)?;
+    let mut bindings = vec![
+        Binding::input("a", p.a_input, if a_vec { "vec4<f32>" } else { "f32" }),
+        Binding::input("b", p.b_input, "u32"),
+        Binding::output("y", 0, "f32"),
+        Binding::input("dq", dq, "f32"),
+    ];
+    bindings.extend(c_and_post_bindings(p, post));
+    let spec = Spec::new(&DEQUANTIZED)
+        .alias("AE", if a_vec { "vec4<f32>" } else { "f32" })
+        .set("RM", rm as u32)
+        .set("KU", if k4 { 4 } else { 1 })
+        .set("A_VEC", a_vec)
+        .set("B_MODE", b_mode)
+        .set("B_SIGNED", signed)
+        .set("WG", wg);
+    let spec = hooks(spec, p, post)?;
+    spec.dispatch(p.label(cx.op, format!("dq{rm}x4")), grid.groups, bindings, p.params())
 }
 
 /// Einsum from its canonical labels (ops/src/matmul/cpu.rs): one invocation per output
@@ -919,6 +1019,65 @@ pub(crate) mod tests {
         // Optional slots count when overrides leave them unread: the params follow all six.
         let c = compile(BLOCKED.source, &[("RM", 8.0)]).unwrap();
         assert_eq!((c.slots, c.push_words), (6, 27));
+    }
+
+    /// Lowers a MatMul (B stored [K, N]) or a Gemm with transB (B stored [N, K]) of an int8
+    /// B with its dequantization, for both device classes.
+    fn dequantizing(gemm: bool, a: &[usize], k: usize, n: usize, skew: u64) -> Vec<Dispatch> {
+        let attrs = post(Attrs::new(), "").with("dequantize_b", AttrValue::Int(1));
+        let (op, attrs, b) = match gemm {
+            true => (
+                "Gemm",
+                post(gemm_attrs(0, 1, 1.0, 1.0), "").with("dequantize_b", AttrValue::Int(1)),
+                [n, k],
+            ),
+            false => ("MatMul", attrs, [k, n]),
+        };
+        let mut y = a[..a.len() - 1].to_vec();
+        y.push(n);
+        let inputs = [
+            f32s(a),
+            TensorDesc::new(DType::I8, b.to_vec()),
+            f32s(&crate::dequantization_shape(n)),
+        ];
+        crate::vulkan::lower_all_classes(lower, op, &attrs, &inputs, &[f32s(&y)], skew)
+    }
+
+    #[test]
+    fn dequantizing_products_read_words_of_b_where_its_layout_allows() {
+        // (Gemm, A, K, N, skew) -> B_MODE, KU, A_VEC
+        type Case<'a> = ((bool, &'a [usize], usize, usize, u64), (f64, f64, f64));
+        let cases: &[Case] = &[
+            // Four columns of a [K, N] row in a word; A's rows as vec4s.
+            ((false, &[2, 5, 64], 64, 48, 0), (2.0, 4.0, 1.0)),
+            // Four k of a [N, K] column in a word.
+            ((true, &[6, 32], 32, 40, 0), (1.0, 4.0, 1.0)),
+            // A off its 16-byte alignment is read a float at a time.
+            ((true, &[6, 32], 32, 40, 4), (1.0, 4.0, 0.0)),
+            // K not a multiple of 4: one step at a time; [K, N] rows still in words.
+            ((false, &[5, 33], 33, 32, 0), (2.0, 1.0, 0.0)),
+            // Neither layout in words: byte by byte.
+            ((true, &[6, 30], 30, 36, 0), (0.0, 1.0, 0.0)),
+            ((false, &[3, 37], 37, 30, 0), (0.0, 1.0, 0.0)),
+        ];
+        for &((gemm, a, k, n, skew), (b_mode, ku, a_vec)) in cases {
+            let d = dequantizing(gemm, a, k, n, skew);
+            assert_eq!(d.len(), 2, "one dispatch per class");
+            for d in &d {
+                let got = [set(d, "B_MODE"), set(d, "KU"), set(d, "A_VEC")];
+                assert_eq!(got, [b_mode, ku, a_vec], "{}", d.label);
+                assert_eq!(d.bindings[1].ty, "u32");
+                assert_eq!(d.bindings[3].name, "dq");
+            }
+        }
+        // A batch of A over one B is one matrix of more rows: 10 x 48. CPU-type devices take
+        // blocks of 8 rows while that leaves 32 blocks, else 4: 36 blocks of 4 rows.
+        let d = dequantizing(false, &[2, 5, 64], 64, 48, 0);
+        assert_eq!(d[0].label, "matmul_dq4x4_1x10x48x64");
+        let d8 = dequantizing(false, &[64, 64], 64, 48, 0);
+        assert_eq!(d8[0].label, "matmul_dq8x4_1x64x48x64");
+        assert_eq!(d8[1].label, "matmul_dq4x4_1x64x48x64");
+        insta::assert_snapshot!(specialised(&d[0], &DEQUANTIZED));
     }
 
     #[test]

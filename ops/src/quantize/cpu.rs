@@ -758,12 +758,14 @@ impl IntProduct {
         if b.bytes.len() != self.b.1 {
             return Err(invalid!("B has {} bytes, expected {}", b.bytes.len(), self.b.1));
         }
-        let zero: Vec<i32> = match self.b_zero {
-            None => vec![0; self.n],
+        let zero: Vec<f32> = match self.b_zero {
+            None => vec![0.0; self.n],
             Some(i) => {
                 let z = inputs.get(i).ok_or_else(|| invalid!("B's zero point is missing"))?;
-                let z: Vec<i32> = by_level!(self.b.0, T => {
-                    Ok::<_, KernelError>(z.as_slice::<T>()?.iter().map(|v| v.int()).collect())
+                let z: Vec<f32> = by_level!(self.b.0, T => {
+                    Ok::<_, KernelError>(
+                        z.as_slice::<T>()?.iter().map(|v| v.int() as f32).collect(),
+                    )
                 })?;
                 match z[..] {
                     [z] => vec![z; self.n],

@@ -283,7 +283,8 @@ fn simple_gemm<T: Scalar>(call: &Call, alpha: T, a: &[T], b: &[T], c: &mut [T]) 
 pub struct Quantized<'a> {
     pub levels: Levels<'a>,
     pub scale: &'a [f32],
-    pub zero: &'a [i32],
+    /// Whole numbers, as floats.
+    pub zero: &'a [f32],
 }
 
 /// The integers of a [`Quantized`] B.
