@@ -22,8 +22,8 @@
 # pieces, as older exporters write them); their token ids are drawn from the fixture's vocabulary.
 #
 # Bundles are compiled for the CPU alone (`ingot compile --devices cpu`), as an app that runs
-# on the CPU ships them: there the GEMMs dequantize int8 weights themselves. `--fallback`
-# compiles the default bundle instead (Vulkan steps too) and measures its CPU fallback.
+# on the CPU ships them. `--fallback` compiles the default bundle instead (Vulkan steps too)
+# and measures its CPU fallback.
 #
 # Usage: tools/bench_cpu.sh [--iterations N] [--models det,rec,cls,resnet50,shufflenet]
 #                           [--threads 1,2] [--busy N] [--no-spin] [--fallback] [--no-build]
