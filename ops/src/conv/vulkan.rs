@@ -384,15 +384,24 @@ const MIN_WORKGROUP: u32 = 8;
 /// needs divisors below 2^24: fewer invocations than this keep every divisor there.
 const MAX_INVOCATIONS: u64 = 1 << 24;
 
-/// The grid of a register-blocked kernel: `invocations` threads, in small workgroups when
-/// there are few, so that every core of a CPU-type device gets some. None when the index
-/// would be too large to split.
-fn blocked_grid(invocations: u64) -> Result<Option<Grid>, NoKernel> {
+/// The grid of a register-blocked kernel: `invocations` threads. None when the index would be
+/// too large to split.
+///
+/// On CPU-type devices every workgroup holds 8 invocations (one SIMD batch of lavapipe's
+/// lanes; a workgroup runs on one core), so that steps alike but for their sizes share one
+/// module, and every core gets some even of few invocations. lavapipe compiles each module
+/// at its first dispatch: with the size chosen per step, the YOLOv8n-class detector made 14
+/// more modules and its first run took 34-42 s instead of 13-14 (run time unchanged within
+/// lavapipe's spread). Elsewhere workgroups of up to 64, smaller when there are few
+/// invocations.
+fn blocked_grid(invocations: u64, class: DeviceClass) -> Result<Option<Grid>, NoKernel> {
     if invocations >= MAX_INVOCATIONS {
         return Ok(None);
     }
     let mut workgroup = WORKGROUP;
-    while workgroup > MIN_WORKGROUP && invocations < 8 * u64::from(workgroup) {
+    while workgroup > MIN_WORKGROUP
+        && (class == DeviceClass::Cpu || invocations < 8 * u64::from(workgroup))
+    {
         workgroup /= 2;
     }
     Grid::new(invocations, workgroup).map(Some)
@@ -415,7 +424,7 @@ fn pointwise(
     let y_vec = p.is_multiple_of(4) && cx.outputs[0].aligned16();
     let (pb, mb) = (p.div_ceil(block.cols()), m.div_ceil(rows));
     let invocations = u64::from(pb) * u64::from(mb) * u64::from(geo.batch);
-    let Some(grid) = blocked_grid(invocations)? else {
+    let Some(grid) = blocked_grid(invocations, cx.class)? else {
         return Ok(None);
     };
     geo.blocked_spec(&POINTWISE, post, y_vec)?
@@ -499,7 +508,7 @@ fn direct(
     let (xb, yb, mb) = (ow.div_ceil(block.cols()), oh.div_ceil(ys), cout.div_ceil(rows));
     let invocations =
         [xb, yb, geo.output[0], mb, groups, geo.batch].iter().map(|&v| u64::from(v)).product();
-    let Some(grid) = blocked_grid(invocations)? else {
+    let Some(grid) = blocked_grid(invocations, cx.class)? else {
         return Ok(None);
     };
     let mut params = geo.extents();
@@ -620,7 +629,7 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
     let (xb, yb, mb) = (ow.div_ceil(block.cols()), oh.div_ceil(ys), cout.div_ceil(rows));
     let invocations =
         [xb, yb, geo.output[0], mb, groups, geo.batch].iter().map(|&v| u64::from(v)).product();
-    let grid = blocked_grid(invocations)?
+    let grid = blocked_grid(invocations, cx.class)?
         .ok_or_else(|| no_kernel!("ConvTranspose {}: too many outputs", cx.name))?;
     let mut params = geo.extents();
     params.extend([kd, sd, dd, pd as u32, ph as u32]);
@@ -868,7 +877,8 @@ mod tests {
         let [tiled_workgroup, cpu_workgroup] =
             [&gpu[0], &cpu[0]].map(|d| compile(&d.wgsl, &d.overrides).unwrap().workgroup_size);
         assert_eq!(tiled_workgroup, [16, 16, 1]);
-        assert_eq!(cpu_workgroup, [32, 1, 1]);
+        // CPU-type devices run workgroups of one SIMD batch, whatever the step's size.
+        assert_eq!(cpu_workgroup, [8, 1, 1]);
         insta::assert_snapshot!("tiled", describe(&gpu[0]));
     }
 
@@ -896,6 +906,11 @@ mod tests {
         assert_eq!(labels(&cpu), labels(&gpu));
         assert!(cpu[0].label.starts_with("conv_depthwise"));
         assert_eq!(cpu[0].wgsl, gpu[0].wgsl, "one depthwise kernel for all devices");
+        // Its workgroups: one SIMD batch on CPU-type devices, 64 invocations on GPUs.
+        assert_eq!(
+            [override_of(&cpu[0], "WG"), override_of(&gpu[0], "WG")],
+            [Some(8.0), Some(64.0)]
+        );
         // Stride 2: four vectors would span 33 input columns, more than unroll; three span 25.
         assert_eq!(override_of(&cpu[0], "VECS"), Some(3.0));
         assert_eq!(binding(&cpu[0], "x").ty, "vec4<f32>");
