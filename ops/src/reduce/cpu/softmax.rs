@@ -32,14 +32,19 @@ struct Softmax {
 pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     cx.expect_arity(1..=1, 1)?;
     let x = &cx.inputs[0];
-    if x.dtype != DType::F32 {
+    let wide = x.dtype == DType::F64 && matches!(cx.op, "Softmax" | "LogSoftmax");
+    if x.dtype != DType::F32 && !wide {
         return Err(cx.dtype_error(x.dtype));
     }
     let rank = x.shape.len();
     let axis = axis_attr(cx, rank)?;
     let coerce_2d = cx.op != "LpNormalization" && cx.attrs.int("coerce_2d")? != 0;
     let end = if coerce_2d { rank } else { axis + 1 };
-    check_output(cx, DType::F32, &x.shape)?;
+    check_output(cx, x.dtype, &x.shape)?;
+    if wide {
+        let log = cx.op == "LogSoftmax";
+        return Ok(Box::new(SoftmaxF64 { log, lanes: Lanes::new(&x.shape, axis, end) }));
+    }
     let kind = match cx.op {
         "Softmax" => Kind::Softmax,
         "LogSoftmax" => Kind::LogSoftmax,
@@ -51,6 +56,37 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         },
     };
     Ok(Box::new(Softmax { kind, lanes: Lanes::new(&x.shape, axis, end) }))
+}
+
+/// Softmax and LogSoftmax of float64 (attention computed in double precision, as ONNX's
+/// reference writes some of its tests): one lane at a time, in f64 throughout; no deployed
+/// model is this precise, so it is plain rather than fast.
+struct SoftmaxF64 {
+    log: bool,
+    lanes: Lanes,
+}
+
+impl Kernel for SoftmaxF64 {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let x = inputs[0].as_slice::<f64>()?;
+        let y = outputs[0].as_slice_mut::<f64>()?;
+        let Lanes { n, inner, .. } = self.lanes;
+        check_lens("Softmax", x.len(), self.lanes.len(), y.len(), self.lanes.len())?;
+        for (xb, yb) in
+            x.chunks_exact((n * inner).max(1)).zip(y.chunks_exact_mut((n * inner).max(1)))
+        {
+            for lane in 0..inner {
+                let at = |r: usize| r * inner + lane;
+                let max = (0..n).map(|r| xb[at(r)]).fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = (0..n).map(|r| (xb[at(r)] - max).exp()).sum();
+                for r in 0..n {
+                    let d = xb[at(r)] - max;
+                    yb[at(r)] = if self.log { d - sum.ln() } else { d.exp() / sum };
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Softmax {
@@ -311,6 +347,32 @@ mod tests {
             &run("LogSoftmax", &x(), 1, 0),
             &[-4.1429315, -999.0, -2.1429315, -997.0, -0.14293146, 0.0],
         );
+    }
+
+    #[test]
+    fn float64_softmax_along_a_middle_axis_and_coerced() {
+        // The f32 test's values in f64, the same numpy expressions in float64.
+        let x = Tensor::from_vec(vec![1, 3, 2], &[0f64, 1., 2., 3., 4., 1000.]).unwrap();
+        let run = |op: &str, coerce: i64| -> Vec<f64> {
+            let attrs = Attrs::new()
+                .with("axis", AttrValue::Int(1))
+                .with("coerce_2d", AttrValue::Int(coerce));
+            let desc = TensorDesc::new(DType::F64, [1, 3, 2]);
+            eval(op, &attrs, &[&x], &[desc]).unwrap()[0].to_vec().unwrap()
+        };
+        let e = [0f64.exp(), 2f64.exp(), 4f64.exp()];
+        let sum: f64 = e.iter().sum();
+        let want = [e[0] / sum, 0.0, e[1] / sum, 0.0, e[2] / sum, 1.0];
+        for (g, w) in run("Softmax", 0).iter().zip(want) {
+            assert!((g - w).abs() <= 1e-15, "{g} vs {w}");
+        }
+        let log = run("LogSoftmax", 0);
+        assert!((log[0] - (-sum.ln())).abs() <= 1e-15 && log[1] == -999.0, "{log:?}");
+        assert_eq!(run("LogSoftmax", 1), [-1000.0, -999.0, -998.0, -997.0, -996.0, 0.0]);
+        // Hardmax and LpNormalization stay float32-only: an error, not a wrong answer.
+        let attrs =
+            Attrs::new().with("axis", AttrValue::Int(1)).with("coerce_2d", AttrValue::Int(0));
+        assert!(eval("Hardmax", &attrs, &[&x], &[TensorDesc::new(DType::F64, [1, 3, 2])]).is_err());
     }
 
     #[test]
