@@ -168,10 +168,10 @@ mod tests {
         assert_eq!(got.to_vec::<f16>().unwrap(), halves(&want));
         // An f64 step is not widened: it would lose precision.
         let d = Tensor::from_vec(vec![2, 2], &[0f64; 4]).unwrap();
-        let softmax = Attrs::new().with("axis", AttrValue::Int(1));
+        let hardmax = Attrs::new().with("axis", AttrValue::Int(1));
         let f64_out = TensorDesc::new(DType::F64, vec![2, 2]);
-        let err = eval("Softmax", &softmax, &[&d], &[f64_out]).unwrap_err();
-        assert!(err.to_string().contains("f64 is not supported by Softmax"), "{err}");
+        let err = eval("Hardmax", &hardmax, &[&d], &[f64_out]).unwrap_err();
+        assert!(err.to_string().contains("f64 is not supported by Hardmax"), "{err}");
     }
 
     #[test]
