@@ -33,6 +33,7 @@ mod select;
 mod spectral;
 mod topk;
 
+pub use conv::{dequantizes_w, weight_table_shape};
 pub use ingot_schema::DType;
 pub use matmul::{dequantization_shape, dequantizes_b};
 pub use node::{Constant, Node, ValueId};

@@ -1355,3 +1355,113 @@ fn products_of_8_bit_weights_equal_the_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// Convs whose weights are int8 or uint8 run them as 8-bit words (`Conv` with
+/// `dequantize_w`), dequantized as each kernel loads them, on both kernel classes, and equal the
+/// CPU: pointwise (rows of whole words or not), one pixel, a general window with a bias and
+/// Relu, grouped, depthwise, a long 1-D window, a residual written over in place; per channel
+/// and per tensor.
+#[test]
+fn convs_of_8_bit_weights_equal_the_cpu() -> Result<()> {
+    // (X's shape, W's shape, group, pads, int8, per channel, what follows the conv)
+    type Case<'a> = (&'a [usize], &'a [usize], i64, i64, bool, bool, &'a str);
+    // Each W holds at least 1024 values: smaller ones are folded to float constants.
+    let cases: [Case; 8] = [
+        (&[1, 16, 8, 8], &[64, 16, 1, 1], 1, 0, true, true, ""),
+        (&[1, 6, 5, 5], &[200, 6, 1, 1], 1, 0, false, true, ""),
+        (&[1, 64, 1, 1], &[32, 64, 1, 1], 1, 0, true, false, ""),
+        (&[1, 16, 7, 7], &[16, 16, 3, 3], 1, 1, false, true, "bias+relu"),
+        (&[1, 16, 6, 6], &[32, 8, 3, 3], 2, 1, true, true, "bias+relu"),
+        (&[1, 128, 6, 6], &[128, 1, 3, 3], 128, 1, true, true, ""),
+        (&[1, 1, 200], &[32, 1, 40], 1, 0, false, false, ""),
+        (&[1, 32, 4, 4], &[32, 32, 1, 1], 1, 0, true, true, "residual"),
+    ];
+    let mut model = OnnxModel::new(OPSET);
+    let mut inputs = Vec::new();
+    for (i, &(xs, ws, group, pad, signed, per_channel, then)) in cases.iter().enumerate() {
+        let m = ws[0];
+        let len: usize = ws.iter().product();
+        let levels = (0..len).map(|e| (e * 37 + i * 11) % 256);
+        let zeros = if per_channel { m } else { 1 };
+        let dims = if per_channel { vec![m] } else { vec![] };
+        let (q, zero) = match signed {
+            true => {
+                let q: Vec<i8> = levels.map(|v| v as u8 as i8).collect();
+                let z: Vec<i8> = (0..zeros).map(|j| (j % 5) as i8 - 2).collect();
+                (Tensor::from_vec(ws.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+            }
+            false => {
+                let q: Vec<u8> = levels.map(|v| v as u8).collect();
+                let z: Vec<u8> = (0..zeros).map(|j| 120 + (j % 9) as u8).collect();
+                (Tensor::from_vec(ws.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+            }
+        };
+        let scale: Vec<f32> = (0..zeros).map(|j| 0.002 + j as f32 * 1e-4).collect();
+        let scale = Tensor::from_vec(dims, &scale)?;
+        let (x, w, c, y) = (format!("x{i}"), format!("w{i}"), format!("c{i}"), format!("y{i}"));
+        let (qn, sn, zn) = (format!("q{i}"), format!("s{i}"), format!("z{i}"));
+        let rank = xs.len() - 2;
+        let out: Vec<usize> = [xs[0], m]
+            .into_iter()
+            .chain((0..rank).map(|d| xs[d + 2] + 2 * pad as usize - ws[d + 2] + 1))
+            .collect();
+        model = model
+            .input(&x, DType::F32, xs)
+            .initializer(&qn, &q)
+            .initializer(&sn, &scale)
+            .initializer(&zn, &zero)
+            .node(
+                &format!("dq{i}"),
+                "DequantizeLinear",
+                &[&qn, &sn, &zn],
+                &[&w],
+                vec![attr_int("axis", 0)],
+            );
+        inputs.push(tensor(xs, 40 + i as u64));
+        let conv_out = if then.is_empty() { &y } else { &c };
+        let attrs = vec![attr_int("group", group), attr_ints("pads", &vec![pad; 2 * rank])];
+        model = match then {
+            "bias+relu" => {
+                let b = format!("b{i}");
+                model
+                    .initializer(&b, &tensor(&[m], 70 + i as u64))
+                    .node(&format!("conv{i}"), "Conv", &[&x, &w, &b], &[conv_out], attrs)
+                    .node(&format!("relu{i}"), "Relu", &[&c], &[&y], vec![])
+            }
+            "residual" => {
+                let r = format!("r{i}");
+                inputs.push(tensor(&out, 80 + i as u64));
+                model
+                    .input(&r, DType::F32, &out)
+                    .node(&format!("conv{i}"), "Conv", &[&x, &w], &[conv_out], attrs)
+                    .node(&format!("residual{i}"), "Add", &[&r, &c], &[&y], vec![])
+            }
+            _ => model.node(&format!("conv{i}"), "Conv", &[&x, &w], &[conv_out], attrs),
+        };
+        model = model.output(&y, DType::F32, &out);
+    }
+    let bundle = bundle("convs_of_8_bit_weights", &model)?;
+    let v = &bundle.manifest().variants[0];
+    let narrow = [proto::DataType::I8 as i32, proto::DataType::U8 as i32];
+    let convs: Vec<&proto::Step> = v.steps.iter().filter(|s| s.op == "Conv").collect();
+    assert_eq!(convs.len(), cases.len(), "{:?}", v.steps);
+    for s in &convs {
+        let w = &v.tensors[s.inputs[1] as usize];
+        assert!(narrow.contains(&w.dtype), "{} reads a {:?} W", s.name, w.dtype);
+        assert!(!s.vulkan.is_empty(), "{} has no Vulkan kernel", s.name);
+    }
+    assert!(!v.steps.iter().any(|s| s.op == "DequantizeLinear"), "{:?}", v.steps);
+    let want = run_cpu(&bundle, &inputs);
+    for class in [ingot_runtime::KernelClass::Cpu, ingot_runtime::KernelClass::Gpu] {
+        require_validation();
+        let device = Device::Vulkan(VulkanOptions { kernel_class: class, ..cpu_type() });
+        let options = SessionOptions { devices: vec![device], ..Default::default() };
+        let got = Session::new(Arc::clone(&bundle), options)?.run(&inputs)?;
+        assert_no_validation_messages();
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            allclose(g, w, Tolerance { rtol: 1e-5, atol: 1e-5 })
+                .map_err(|e| anyhow::anyhow!("{class:?} kernels, case {k} {:?}: {e}", cases[k]))?;
+        }
+    }
+    Ok(())
+}

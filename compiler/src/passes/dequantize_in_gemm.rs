@@ -7,10 +7,16 @@
 //! Vulkan kernel as it loads it, so no float32 copy of the weight is ever whole: not in the
 //! bundle, not in the arena, and no step writes one each run.
 //!
-//! B's scales must be one for the tensor or one per column of the product (per output channel,
+//! A Conv whose W is such a dequantization of a constant 8-bit W reads it the same way
+//! (`ingot_ops::dequantizes_w`): its inputs become X, W's integers and, in B's place, W's
+//! table: per output channel a scale, a zero point and the bias (zero where the model has
+//! none; a bias that is not a constant keeps the DequantizeLinear step). Its GEMMs dequantize a
+//! block of W's rows at a time.
+//!
+//! The scales must be one for the tensor or one per column of the product (per output channel,
 //! as weight quantizers write them: DequantizeLinear's axis is B's column axis, 1 for a MatMul,
-//! 0 for a Gemm with `transB`); a block-quantized B, one quantized per row, or one with float16
-//! scales keeps its DequantizeLinear step.
+//! 0 for a Gemm with `transB` and for a Conv's W); a block-quantized weight, one quantized
+//! along another axis, or one with float16 scales keeps its DequantizeLinear step.
 
 use super::PassError;
 use super::patterns::Patterns;
@@ -23,32 +29,44 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut rewrites = Vec::new();
     let p = Patterns::new(g);
     for (at, node) in g.nodes.iter().enumerate() {
-        if !matches!(node.op.as_str(), "MatMul" | "Gemm") {
+        let Some(weight) = Weight::of(node) else {
             continue;
-        }
-        if ingot_ops::dequantizes_b(&node.attrs) {
+        };
+        if ingot_ops::dequantizes_b(&node.attrs) || ingot_ops::dequantizes_w(&node.attrs) {
             continue;
         }
         let Some(b) = node.inputs.get(1).copied().flatten() else {
             continue;
         };
-        let column_axis = if transposed(node) { 0 } else { 1 };
-        if let Some(quantized) =
-            dequantized(&p, b, column_axis).or_else(|| cast(&p, b, column_axis))
-        {
-            rewrites.push((at, quantized));
+        // A Conv's bias goes into W's table: it must be a constant.
+        let bias = node.inputs.get(2).copied().flatten();
+        if weight.conv && bias.is_some_and(|c| g.constant(c).is_none()) {
+            continue;
+        }
+        if let Some(quantized) = dequantized(&p, b, weight).or_else(|| cast(&p, b, weight)) {
+            rewrites.push((at, weight, quantized));
         }
     }
-    for (at, QuantizedB { q, scales, zeros }) in rewrites {
-        let Some(n) = g.ty(q).map(|t| t.shape[1 - usize::from(transposed(&g.nodes[at]))]) else {
+    for (at, weight, QuantizedB { q, scales, zeros }) in rewrites {
+        let Some(n) = g.ty(q).map(|t| t.shape[weight.axis]) else {
             continue;
         };
         // Per column, as both backends read it.
         let spread = |v: &[f64], j: usize| v[if v.len() == 1 { 0 } else { j }] as f32;
         let zeros: Vec<f64> = zeros.iter().map(|&z| z as f64).collect();
-        let values: Vec<f32> =
+        let mut values: Vec<f32> =
             (0..n).map(|j| spread(&scales, j)).chain((0..n).map(|j| spread(&zeros, j))).collect();
-        let shape = ingot_ops::dequantization_shape(n).to_vec();
+        let mut shape = ingot_ops::dequantization_shape(n).to_vec();
+        if weight.conv {
+            // The bias, or zeros.
+            let bias = g.nodes[at].inputs.get(2).copied().flatten();
+            match bias.map(|c| g.constant(c).and_then(|c| c.to_f64s())) {
+                None => values.extend(std::iter::repeat_n(0.0, n)),
+                Some(Some(b)) if b.len() == n => values.extend(b.iter().map(|&b| b as f32)),
+                Some(_) => continue,
+            }
+            shape = ingot_ops::weight_table_shape(n).to_vec();
+        }
         let Ok(table) = Tensor::from_vec(shape, &values) else {
             continue;
         };
@@ -56,6 +74,15 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         let dq = g.add_constant(name, Const::owned(table));
         let node = &mut g.nodes[at];
         node.inputs[1] = Some(q);
+        if weight.conv {
+            // In B's place (present whenever post-op operands follow it).
+            match node.inputs.get_mut(2) {
+                Some(b) => *b = Some(dq),
+                None => node.inputs.push(Some(dq)),
+            }
+            node.attrs.set("dequantize_w", AttrValue::Int(1));
+            continue;
+        }
         // Last of the product's own inputs: after A, B and Gemm's C, before post-op operands.
         let extras = ingot_ops::cpu::post::extra_inputs(&node.attrs)
             .map_err(|e| PassError::Node { node: node.name.clone(), message: e.to_string() })?;
@@ -66,9 +93,29 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     super::dce::run(g)
 }
 
-/// Whether the product reads B transposed (a Gemm's `transB`): its columns are B's rows.
-fn transposed(node: &crate::ir::Node) -> bool {
-    node.op == "Gemm" && node.attrs.int("transB").unwrap_or(0) != 0
+/// The weight (input 1) an op may read as 8-bit integers: the axis of its per-channel scales
+/// (a product's columns, a Conv's output channels) and the rank it must have.
+#[derive(Clone, Copy)]
+struct Weight {
+    axis: usize,
+    conv: bool,
+}
+
+impl Weight {
+    fn of(node: &crate::ir::Node) -> Option<Weight> {
+        // A Gemm's B with `transB` is [N, K]: its columns are B's rows.
+        let transposed = node.op == "Gemm" && node.attrs.int("transB").unwrap_or(0) != 0;
+        match node.op.as_str() {
+            "MatMul" | "Gemm" => Some(Weight { axis: usize::from(!transposed), conv: false }),
+            "Conv" => Some(Weight { axis: 0, conv: true }),
+            _ => None,
+        }
+    }
+
+    /// Whether a weight of `rank` dimensions fits: a matrix, or a Conv's [M, C/group, k..].
+    fn fits(self, rank: usize) -> bool {
+        if self.conv { rank >= 3 } else { rank == 2 }
+    }
 }
 
 /// A constant 2-D 8-bit B, with its scales and zero points (one, or one per column).
@@ -78,8 +125,8 @@ struct QuantizedB {
     zeros: Vec<i64>,
 }
 
-/// `v` as `DequantizeLinear(q, scale, zero)`, per tensor or along `column_axis`.
-fn dequantized(p: &Patterns, v: ValueId, column_axis: i64) -> Option<QuantizedB> {
+/// `v` as `DequantizeLinear(q, scale, zero)`, per tensor or along the weight's axis.
+fn dequantized(p: &Patterns, v: ValueId, weight: Weight) -> Option<QuantizedB> {
     let g = p.g;
     let node = p.produced_by(v, "DequantizeLinear")?;
     if node.attrs.int("block_size").ok()? != 0 || g.ty(v)?.dtype != DType::F32 {
@@ -87,39 +134,42 @@ fn dequantized(p: &Patterns, v: ValueId, column_axis: i64) -> Option<QuantizedB>
     }
     let (q, scale) = (node.inputs.first().copied()??, node.inputs.get(1).copied()??);
     let per_column = g.constant(scale)?.desc().elements() != 1;
-    if per_column && node.attrs.int("axis").ok()? != column_axis {
+    if per_column && node.attrs.int("axis").ok()? != weight.axis as i64 {
         return None;
     }
     let zeros = match node.inputs.get(2).copied().flatten() {
         None => vec![0],
         Some(z) => g.constant(z)?.tensor().to_i64s()?,
     };
-    Some(QuantizedB { q: narrow_matrix(g, q)?, scales: f32s(g, scale)?, zeros })
+    Some(QuantizedB { q: narrow(g, q, weight)?, scales: f32s(g, scale)?, zeros })
 }
 
 /// `v` as exporters also write a dequantization: `Mul(Cast(q) - zero, scale)` (or `+ -zero`,
 /// or no zero point), with float constants for the zero point and the scale, each one value
-/// or one per column (shape [1, N], [N], or [N, 1] for a Gemm's transposed B).
-fn cast(p: &Patterns, v: ValueId, column_axis: i64) -> Option<QuantizedB> {
+/// or one per column (shape [1, N], [N], or [N, 1] for a Gemm's transposed B; [M, 1, 1, 1]
+/// for a Conv's W).
+fn cast(p: &Patterns, v: ValueId, weight: Weight) -> Option<QuantizedB> {
     let g = p.g;
+    // The weight's shape is the Mul's.
+    let shaped = (weight, g.ty(v)?.shape.len());
     let mul = p.produced_by(v, "Mul")?;
     let (x, scale) = Patterns::pairs(mul)?
         .into_iter()
         .find(|&(x, s)| g.constant(s).is_some() && g.constant(x).is_none())?;
     let (shifted, zeros) = match (p.produced_by(x, "Sub"), p.produced_by(x, "Add")) {
         (Some(sub), _) => match sub.inputs[..] {
-            [Some(c), Some(z)] if g.constant(z).is_some() => (c, whole(g, z, 1.0, column_axis)?),
+            [Some(c), Some(z)] if g.constant(z).is_some() => (c, whole(g, z, 1.0, shaped)?),
             _ => return None,
         },
         (None, Some(add)) => {
             let (c, z) =
                 Patterns::pairs(add)?.into_iter().find(|&(_, z)| g.constant(z).is_some())?;
-            (c, whole(g, z, -1.0, column_axis)?)
+            (c, whole(g, z, -1.0, shaped)?)
         }
         (None, None) => (x, vec![0]),
     };
     let cast = p.produced_by(shifted, "Cast")?;
-    let q = narrow_matrix(g, cast.inputs.first().copied()??)?;
+    let q = narrow(g, cast.inputs.first().copied()??, weight)?;
     let (min, max) = if g.ty(q)?.dtype == DType::I8 { (-128, 127) } else { (0, 255) };
     if zeros.iter().any(|&z| z < min || z > max)
         || g.ty(v)?.dtype != DType::F32
@@ -127,14 +177,14 @@ fn cast(p: &Patterns, v: ValueId, column_axis: i64) -> Option<QuantizedB> {
     {
         return None;
     }
-    per_column_shape(g, scale, column_axis)?;
+    per_channel_shape(g, scale, shaped)?;
     Some(QuantizedB { q, scales: f32s(g, scale)?, zeros })
 }
 
-/// `v` if it is a constant 2-D int8 or uint8 matrix.
-fn narrow_matrix(g: &Graph, v: ValueId) -> Option<ValueId> {
+/// `v` if it is a constant int8 or uint8 of the weight's rank.
+fn narrow(g: &Graph, v: ValueId, weight: Weight) -> Option<ValueId> {
     let d = g.constant(v)?.desc();
-    (d.shape.len() == 2 && matches!(d.dtype, DType::I8 | DType::U8)).then_some(v)
+    (weight.fits(d.shape.len()) && matches!(d.dtype, DType::I8 | DType::U8)).then_some(v)
 }
 
 /// A float32 constant's values.
@@ -144,23 +194,21 @@ fn f32s(g: &Graph, v: ValueId) -> Option<Vec<f64>> {
     Some(values)
 }
 
-/// Whether a constant broadcast against a 2-D B has one value, or one per column (along
-/// `column_axis`): shape [], [1], [N], [1, N] for axis 1; [N, 1] for axis 0.
-fn per_column_shape(g: &Graph, v: ValueId, column_axis: i64) -> Option<()> {
+/// Whether a constant broadcast against the weight has one value, or one per channel along
+/// the weight's axis: shape [], [1], [N], [1, N] for a product's columns (axis 1); [N, 1] for
+/// a transposed B's (axis 0); [M, 1, 1, 1] for a Conv's output channels.
+fn per_channel_shape(g: &Graph, v: ValueId, (weight, rank): (Weight, usize)) -> Option<()> {
     let shape = &g.constant(v)?.desc().shape;
     let one = shape.iter().product::<usize>() == 1;
-    let fits = match (column_axis, &shape[..]) {
-        _ if one => true,
-        (1, [_] | [1, _]) => true,
-        (0, [_, 1]) => true,
-        _ => false,
-    };
-    fits.then_some(())
+    // Aligned to the weight's trailing dimensions, as broadcasting aligns them.
+    let lead = rank.checked_sub(shape.len())?;
+    let along_axis = (0..shape.len()).all(|i| shape[i] == 1 || lead + i == weight.axis);
+    (one || along_axis).then_some(())
 }
 
 /// A float zero point's values times `sign`, if every one is a whole number.
-fn whole(g: &Graph, v: ValueId, sign: f64, column_axis: i64) -> Option<Vec<i64>> {
-    per_column_shape(g, v, column_axis)?;
+fn whole(g: &Graph, v: ValueId, sign: f64, weight: (Weight, usize)) -> Option<Vec<i64>> {
+    per_channel_shape(g, v, weight)?;
     let values = g.constant(v)?.to_f64s()?;
     let whole = |z: f64| (z.fract() == 0.0 && z.abs() <= 255.0).then_some((sign * z) as i64);
     values.into_iter().map(whole).collect()
@@ -307,6 +355,69 @@ mod tests {
         let w = b.op("Mul", &[s, shifted]);
         let y = b.op("MatMul", &[x, w]);
         b.finish(&[y])
+    }
+
+    /// `Conv(x, DequantizeLinear(q, scale, zero, axis))` of a [16, 8, 3, 3] int8 `q` with
+    /// `scales` scales, with a bias or not, and with `residual` then `Relu(conv + r)`.
+    fn conv(axis: i64, scales: usize, bias: bool, residual: bool) -> Graph {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 6, 6]);
+        let shape = vec![16, 8, 3, 3];
+        let q: Vec<i8> = (0..16 * 72).map(|i| (i * 37 % 251) as u8 as i8).collect();
+        let q = b.g.add_constant("q", Const::owned(Tensor::from_vec(shape, &q).unwrap()));
+        let dims = if scales == 1 { vec![] } else { vec![scales] };
+        let s: Vec<f32> = (0..scales).map(|i| 0.01 + i as f32 / 512.0).collect();
+        let z: Vec<i8> = (0..scales).map(|i| (i % 5) as i8 - 2).collect();
+        let scale =
+            b.g.add_constant("scale", Const::owned(Tensor::from_vec(dims.clone(), &s).unwrap()));
+        let zero = b.g.add_constant("zero", Const::owned(Tensor::from_vec(dims, &z).unwrap()));
+        let dq = Attrs::new().with("axis", AttrValue::Int(axis));
+        let w = b.node("DequantizeLinear", &[q, scale, zero], dq);
+        let pads = Attrs::new().with("pads", AttrValue::Ints(vec![1; 4]));
+        let mut y = match bias {
+            true => {
+                let bias = b.constant("bias", &[16], &[], 3);
+                b.node("Conv", &[x, w, bias], pads)
+            }
+            false => b.node("Conv", &[x, w], pads),
+        };
+        if residual {
+            let r = b.input("r", &[1, 16, 6, 6]);
+            let sum = b.op("Add", &[y, r]);
+            y = b.op("Relu", &[sum]);
+        }
+        b.finish(&[y])
+    }
+
+    #[test]
+    fn convs_read_their_8_bit_weights() {
+        // Per output channel, without a bias: W's table holds zeros for it.
+        let m = rewritten(&conv(0, 16, false, false), &["Conv"]);
+        let node = &m.nodes[0];
+        assert!(ingot_ops::dequantizes_w(&node.attrs));
+        assert_eq!(node.inputs.len(), 3);
+        assert_eq!(m.ty(node.inputs[1].unwrap()).unwrap().dtype, DType::I8);
+        let table = m.constant(node.inputs[2].unwrap()).unwrap();
+        assert_eq!(table.desc().shape, [3, 16]);
+        let table = table.tensor().to_f64s().unwrap();
+        assert_eq!((table[3] as f32, table[16 + 3], table[32 + 3]), (0.01 + 3.0 / 512.0, 1.0, 0.0));
+        // Per tensor, with a bias: the bias is the table's last row.
+        let g = conv(1, 1, true, false);
+        let bias = g.constant(g.nodes[1].inputs[2].unwrap()).unwrap().to_f64s().unwrap();
+        let m = rewritten(&g, &["Conv"]);
+        let table = m.constant(m.nodes[0].inputs[2].unwrap()).unwrap().to_f64s().unwrap();
+        assert_eq!(table[32..], bias[..]);
+        // Fused with a residual: [x, q, table, r], the residual still the in-place input.
+        let mut g = conv(0, 16, false, true);
+        let r = g.inputs[1];
+        crate::passes::fuse::run(&mut g).unwrap();
+        let m = rewritten(&g, &["Conv"]);
+        let node = &m.nodes[0];
+        assert_eq!(node.inputs.len(), 4);
+        assert_eq!(node.inputs[3], Some(r));
+        assert_eq!(ingot_ops::cpu::post::in_place_input("Conv", &node.attrs), Some(3));
+        // Scales per input channel (axis 1) are not the GEMM's rows: the step stays.
+        rewritten(&conv(1, 8, true, false), &["DequantizeLinear", "Conv"]);
     }
 
     #[test]

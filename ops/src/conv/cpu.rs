@@ -22,13 +22,19 @@
 //! planes (ConvTranspose). With a leading `Add`, the output starts as the residual and
 //! everything accumulates onto it (the bias too: every path adds it as it writes its sums),
 //! so the step can run over the residual's bytes.
+//!
+//! A Conv of 8-bit weights (`crate::dequantizes_w`) hands its GEMMs W as integers with a
+//! scale and zero point per output channel, which the GEMM dequantizes a block of rows at a
+//! time ([`OperandA::Dequantized`]); the depthwise path, whose weights are a few values per
+//! channel, dequantizes them whole into a scratch first.
 
 use crate::cpu::gemm::{
-    COLUMN_UNIT, Float, Layout, Panels, Shifted, Start, gemm, gemm_into, gemm_panels, gemm_shifted,
+    COLUMN_UNIT, Dequantized, Float, Layout, Narrow, OperandA, OperandB, Panels, Shifted, Start,
+    gemm, gemm_operands,
 };
 use crate::cpu::parallel::{column_blocks, for_each_chunk, try_for_each_chunk, with_scratch};
 use crate::cpu::post::PostOps;
-use crate::cpu::{Kernel, KernelError, OpCx, input_f32, output_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, input, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -224,8 +230,13 @@ fn at(i: usize, stride: usize, offset: isize, limit: usize) -> Option<usize> {
 }
 
 /// Checks that every desc is float32.
-fn all_f32(cx: &OpCx) -> Result<(), KernelError> {
-    match cx.inputs.iter().chain(cx.outputs).find(|d| d.dtype != DType::F32) {
+/// Every input and output is f32, but 8-bit weights (input 1) where the conv dequantizes them.
+fn all_f32(cx: &OpCx, quantized: bool) -> Result<(), KernelError> {
+    let weights = |i: usize, d: &crate::TensorDesc| {
+        quantized && i == 1 && matches!(d.dtype, DType::I8 | DType::U8)
+    };
+    let mut descs = cx.inputs.iter().enumerate().filter(|&(i, d)| !weights(i, d)).map(|(_, d)| d);
+    match descs.by_ref().chain(cx.outputs).find(|d| d.dtype != DType::F32) {
         Some(d) => Err(cx.dtype_error(d.dtype)),
         None => Ok(()),
     }
@@ -247,7 +258,8 @@ impl Channels {
     /// Reads `group` and checks X [N, C, ..], W, bias [M] and Y [N, M, ..]; the op has `own`
     /// inputs of its own (2, or 3 with the bias).
     fn new(cx: &OpCx, transposed: bool, own: usize) -> Result<Self, KernelError> {
-        all_f32(cx)?;
+        let quantized = !transposed && crate::dequantizes_w(cx.attrs);
+        all_f32(cx, quantized)?;
         let (x, w, y) = (&cx.inputs[0].shape, &cx.inputs[1].shape, &cx.outputs[0].shape);
         let rank = x.len();
         if rank < 3 || w.len() != rank || y.len() != rank {
@@ -274,7 +286,15 @@ impl Channels {
             ));
         }
         let bias = own == 3;
-        if bias && cx.inputs[2].shape != [cout * groups] {
+        let table = crate::weight_table_shape(cout * groups);
+        if quantized && (!bias || cx.inputs[2].dtype != DType::F32 || cx.inputs[2].shape != table) {
+            return Err(invalid!(
+                "{}: 8-bit weights {w:?} need their table, float32 {table:?} (scales, zero \
+                 points, bias)",
+                cx.op,
+            ));
+        }
+        if bias && !quantized && cx.inputs[2].shape != [cout * groups] {
             return Err(invalid!(
                 "{}: bias {:?} should hold {} values",
                 cx.op,
@@ -469,11 +489,15 @@ struct Conv {
     post: PostOps,
     /// Inputs before the post-ops' operands.
     own: usize,
+    /// W's type where it is 8-bit: the third input is then its table.
+    quantized: Option<DType>,
 }
 
 impl Conv {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
-        let (post, own) = PostOps::new(cx, 2..=3)?;
+        let quantized = crate::dequantizes_w(cx.attrs).then(|| cx.inputs[1].dtype);
+        let own = if quantized.is_some() { 3..=3 } else { 2..=3 };
+        let (post, own) = PostOps::new(cx, own)?;
         let ch = Channels::new(cx, false, own)?;
         let (x, w, y) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
         let win = Window::new(cx, &x.shape[2..], &w.shape[2..], &y.shape[2..])?;
@@ -498,7 +522,8 @@ impl Conv {
             });
             ConvPath::Im2col { rows: (SCRATCH_FLOATS / row.max(1)).max(1), taps: taps.collect() }
         };
-        Ok(Self { lens: [x.elements(), w.elements(), y.elements()], ch, win, path, post, own })
+        let lens = [x.elements(), w.elements(), y.elements()];
+        Ok(Self { lens, ch, win, path, post, own, quantized })
     }
 }
 
@@ -890,10 +915,13 @@ impl Conv {
     ) -> Result<(), KernelError> {
         let [xn, wn, yn] = self.lens;
         let x = input_f32(inputs, 0, xn)?;
-        let w = input_f32(inputs, 1, wn)?;
-        let bias = match self.ch.bias {
-            true => Some(input_f32(inputs, 2, self.ch.cout * self.ch.groups)?),
-            false => None,
+        let w = self.weights(inputs, wn)?;
+        let m = self.ch.cout * self.ch.groups;
+        let bias = match (self.ch.bias, self.quantized) {
+            (true, None) => Some(input_f32(inputs, 2, m)?),
+            // The table's last row.
+            (true, Some(_)) => Some(&input_f32(inputs, 2, 3 * m)?[2 * m..]),
+            (false, _) => None,
         };
         let post = Post::new(&self.post, inputs, self.own, yn, aliased)?;
         let y = output_mut::<f32>(outputs, 0, yn)?;
@@ -912,10 +940,9 @@ impl Conv {
         if let ConvPath::Depthwise { padded, ref taps } = self.path {
             let planes = DepthwisePlanes { padded, taps };
             let start = Start { beta, bias };
-            return self.depthwise_planes((x, w, start), y, &post, planes);
+            return w.floats(|w| self.depthwise_planes((x, w, start), y, &post, planes));
         }
         let start = |g: usize| Start { beta, bias: bias.map(|b| &b[g * cout..][..cout]) };
-        let wg_len = cout * cin * taps;
         let ow = self.win.output[DIMS - 1].max(1);
         // One block of the output per (image, group), in parallel; pointwise and im2col
         // blocks split again into chunks of columns.
@@ -923,7 +950,7 @@ impl Conv {
         try_for_each_chunk(y, block, &|ng, yg| {
             let g = ng % groups;
             let xg = &x[ng * cin * in_plane..][..cin * in_plane];
-            let wg = &w[g * wg_len..][..wg_len];
+            let wg = |k: usize| w.rows(g * cout..(g + 1) * cout, k);
             let base = ng * block;
             let yv = ArrayViewMut2::from_shape((cout, out_plane), yg)
                 .map_err(|e| invalid!("conv output block: {e}"))?;
@@ -931,9 +958,9 @@ impl Conv {
                 ConvPath::Pointwise => {
                     let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
                     column_blocks(yv, (cols, COLUMN_UNIT), &|c, mut yc| {
-                        let b = (&xg[c.start..], Layout::new(cin, c.len(), in_plane, 1));
-                        let w = (wg, Layout::row_major(cout, cin));
-                        gemm_into(1.0, w, b, start(g), yc.view_mut())?;
+                        let lb = Layout::new(cin, c.len(), in_plane, 1);
+                        let b = OperandB::Matrix(lb.view("B", &xg[c.start..])?);
+                        gemm_operands(1.0, wg(cin)?, b, start(g), yc.view_mut())?;
                         post.apply_rows(yc, base + c.start, out_plane)
                     })
                 }
@@ -947,7 +974,7 @@ impl Conv {
                             first: base + c.start,
                             stride: out_plane,
                         };
-                        self.implicit(band, xg, wg, rows, yc, &finish)
+                        self.implicit(band, xg, wg(cin * taps)?, rows, yc, &finish)
                     })
                 }
                 ConvPath::Im2col { rows, taps: ref tap_list } => {
@@ -956,14 +983,107 @@ impl Conv {
                         let k = cin * taps;
                         with_scratch(Panels::<f32>::len(k, c.len()), |col| {
                             self.im2col(tap_list, xg, rows, col);
-                            let b = Panels::new(col, k, c.len())?;
-                            let w = (wg, Layout::row_major(cout, k));
-                            gemm_panels(1.0, w, b, start(g), yc.view_mut())
+                            let b = OperandB::Panels(Panels::new(col, k, c.len())?);
+                            gemm_operands(1.0, wg(k)?, b, start(g), yc.view_mut())
                         })?;
                         post.apply_rows(yc, base + c.start, out_plane)
                     })
                 }
             }
+        })
+    }
+}
+
+impl Conv {
+    /// W as the step holds it: float32, or 8-bit with its dequantization.
+    fn weights<'a>(
+        &self,
+        inputs: &[TensorRef<'a>],
+        len: usize,
+    ) -> Result<Weights<'a>, KernelError> {
+        let Some(dtype) = self.quantized else {
+            return Ok(Weights::Float(input_f32(inputs, 1, len)?));
+        };
+        let m = self.ch.cout * self.ch.groups;
+        let levels = match dtype {
+            DType::I8 => Levels::I8(input(inputs, 1, len)?),
+            _ => Levels::U8(input(inputs, 1, len)?),
+        };
+        let table = input_f32(inputs, 2, 3 * m)?;
+        let (scale, zero) = (&table[..m], &table[m..2 * m]);
+        Ok(Weights::Quantized { levels, scale, zero })
+    }
+}
+
+/// A conv's weights, [M, C/group, k..]: float32, or 8-bit integers with a scale and zero
+/// point per output channel (row).
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    Float(&'a [f32]),
+    Quantized { levels: Levels<'a>, scale: &'a [f32], zero: &'a [f32] },
+}
+
+#[derive(Clone, Copy)]
+enum Levels<'a> {
+    I8(&'a [i8]),
+    U8(&'a [u8]),
+}
+
+impl<'a> Weights<'a> {
+    /// Output channels `rows`, of `k` values each, as a GEMM's A.
+    fn rows(self, rows: Range<usize>, k: usize) -> Result<OperandA<'a, f32>, KernelError> {
+        let at = rows.start * k..rows.end * k;
+        let err = |e| invalid!("conv weights of {k} per channel: {e}");
+        match self {
+            Weights::Float(w) => {
+                let a = ndarray::ArrayView2::from_shape((rows.len(), k), &w[at]).map_err(err)?;
+                Ok(OperandA::Matrix(a))
+            }
+            // Aᵀ: k x rows, each column an output channel's contiguous values.
+            Weights::Quantized { levels, scale, zero } => {
+                use ndarray::ShapeBuilder;
+                let shape = (k, rows.len()).strides((1, k));
+                let values = match levels {
+                    Levels::I8(q) => {
+                        Narrow::I8(ndarray::ArrayView2::from_shape(shape, &q[at]).map_err(err)?)
+                    }
+                    Levels::U8(q) => {
+                        Narrow::U8(ndarray::ArrayView2::from_shape(shape, &q[at]).map_err(err)?)
+                    }
+                };
+                let (scale, zero) = (&scale[rows.clone()], &zero[rows]);
+                Ok(OperandA::Dequantized(Dequantized::new(values, scale, zero)?))
+            }
+        }
+    }
+
+    /// `f` of the weights as float32: 8-bit ones dequantized whole into a scratch first.
+    fn floats<R>(self, f: impl FnOnce(&[f32]) -> R) -> R {
+        let (levels, scale, zero) = match self {
+            Weights::Float(w) => return f(w),
+            Weights::Quantized { levels, scale, zero } => (levels, scale, zero),
+        };
+        let value =
+            |i: usize, q: i32, per_row: usize| (q as f32 - zero[i / per_row]) * scale[i / per_row];
+        let len = match levels {
+            Levels::I8(q) => q.len(),
+            Levels::U8(q) => q.len(),
+        };
+        let per_row = (len / scale.len().max(1)).max(1);
+        with_scratch(len, |w: &mut [f32]| {
+            match levels {
+                Levels::I8(q) => w
+                    .iter_mut()
+                    .zip(q)
+                    .enumerate()
+                    .for_each(|(i, (v, &q))| *v = value(i, q.into(), per_row)),
+                Levels::U8(q) => w
+                    .iter_mut()
+                    .zip(q)
+                    .enumerate()
+                    .for_each(|(i, (v, &q))| *v = value(i, q.into(), per_row)),
+            }
+            f(w)
         })
     }
 }
@@ -1024,7 +1144,7 @@ impl Conv {
         &self,
         band: &Band,
         xg: &[f32],
-        wg: &[f32],
+        wg: OperandA<f32>,
         rows: Range<usize>,
         yc: ArrayViewMut2<f32>,
         finish: &Finish,
@@ -1038,11 +1158,10 @@ impl Conv {
         with_scratch(band_len, |data| {
             fill_band(band, &self.win, xg, rows.start, data);
             with_scratch(cout * n, |sums| {
-                let b = Shifted::new(data, &band.offsets, n)?;
-                let w = (wg, Layout::row_major(cout, band.offsets.len()));
+                let b = OperandB::Shifted(Shifted::new(data, &band.offsets, n)?);
                 let sums_view = ArrayViewMut2::from_shape((cout, n), &mut *sums)
                     .map_err(|e| invalid!("implicit conv sums: {e}"))?;
-                gemm_shifted(1.0, w, b, Start::scaled(0.0), sums_view)?;
+                gemm_operands(1.0, wg, b, Start::scaled(0.0), sums_view)?;
                 self.finish_implicit((sums, n, p2), 0, yc, finish)
             })
         })
@@ -1770,6 +1889,93 @@ pub(crate) mod tests {
                 same_in_place(op, &fused_attrs, &all, &desc, 3);
             }
         }
+    }
+
+    #[test]
+    fn int8_weights_give_the_bits_of_their_float_values_on_every_path() {
+        // (kernel, strides, dilations, pads, group, x, w): pointwise grouped; more output
+        // channels than a block of A's rows (128); one pixel (an SE block's 1x1 convs); one
+        // output channel; depthwise; implicit GEMM; im2col (3-D).
+        type Case<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, &'a [usize], &'a [usize]);
+        let cases: [Case; 7] = [
+            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 2, &[2, 4, 3, 5], &[6, 2, 1, 1]),
+            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 40, 9, 9], &[150, 40, 1, 1]),
+            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 96, 1, 1], &[200, 96, 1, 1]),
+            (&[3, 3], &[1, 1], &[1, 1], &[1; 4], 1, &[1, 5, 6, 7], &[1, 5, 3, 3]),
+            (&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2, &[1, 2, 5, 6], &[4, 1, 3, 3]),
+            (&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1, &[1, 4, 5, 6], &[3, 4, 3, 2]),
+            (
+                &[1, 3, 2],
+                &[1, 2, 1],
+                &[1, 1, 2],
+                &[0, 1, 0, 0, 0, 1],
+                1,
+                &[1, 4, 2, 5, 6],
+                &[3, 4, 1, 3, 2],
+            ),
+        ];
+        for (kernel, strides, dilations, pads, group, xs, ws) in cases {
+            let a = attrs(kernel, strides, dilations, pads, group);
+            let (x, m) = (ramp(xs, 1), ws[0]);
+            let per_row = ws.iter().product::<usize>() / m;
+            let levels: Vec<i32> = (0..m * per_row).map(|i| ((i * 53 + 7) % 251) as i32).collect();
+            let scale: Vec<f32> = (0..m).map(|r| 0.01 + r as f32 * 1e-3).collect();
+            let zero: Vec<f32> = (0..m).map(|r| (r % 7) as f32 - 3.0).collect();
+            let bias = ramp(&[m], 3);
+            let mut table = scale.clone();
+            table.extend(&zero);
+            table.extend(bias.as_slice::<f32>().unwrap());
+            let table = Tensor::from_vec(vec![3, m], &table).unwrap();
+            for signed in [true, false] {
+                let level = |i: usize| if signed { levels[i] - 125 } else { levels[i] };
+                let float: Vec<f32> = (0..m * per_row)
+                    .map(|i| (level(i) - zero[i / per_row] as i32) as f32 * scale[i / per_row])
+                    .collect();
+                let w = Tensor::from_vec(ws.to_vec(), &float).unwrap();
+                let q = match signed {
+                    true => Tensor::from_vec(
+                        ws.to_vec(),
+                        &(0..m * per_row).map(|i| level(i) as i8).collect::<Vec<_>>(),
+                    ),
+                    false => Tensor::from_vec(
+                        ws.to_vec(),
+                        &(0..m * per_row).map(|i| level(i) as u8).collect::<Vec<_>>(),
+                    ),
+                }
+                .unwrap();
+                let out = conv_shape(&a, xs, ws);
+                let want = eval("Conv", &a, &[&x, &w, &bias], std::slice::from_ref(&out)).unwrap();
+                let qa = a.clone().with("dequantize_w", AttrValue::Int(1));
+                let got = eval("Conv", &qa, &[&x, &q, &table], std::slice::from_ref(&out)).unwrap();
+                assert_eq!(got, want, "{kernel:?} {xs:?} {ws:?} signed {signed}");
+                // Over a residual, in place: the residual follows the table.
+                let residual = ramp(&out.shape, 40);
+                let fused = with_post(qa, "Add,Relu", &[]);
+                same_in_place("Conv", &fused, &[&x, &q, &table, &residual], &out, 3);
+            }
+        }
+        // The table must hold a scale, zero point and bias per output channel.
+        let a =
+            attrs(&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1).with("dequantize_w", AttrValue::Int(1));
+        let (x, b) = (ramp(&[1, 2, 2, 2], 1), ramp(&[3], 2));
+        let q = Tensor::from_vec(vec![3, 2, 1, 1], &[1i8; 6]).unwrap();
+        let out = TensorDesc::new(DType::F32, vec![1, 3, 2, 2]);
+        let short = Tensor::from_vec(vec![2, 3], &[1.0f32; 6]).unwrap();
+        assert!(eval("Conv", &a, &[&x, &q, &short], std::slice::from_ref(&out)).is_err());
+        assert!(eval("Conv", &a, &[&x, &q, &b], std::slice::from_ref(&out)).is_err());
+        assert!(eval("Conv", &a, &[&x, &q], std::slice::from_ref(&out)).is_err());
+    }
+
+    /// The output of a Conv with attributes `a` over X and W of these shapes.
+    fn conv_shape(a: &Attrs, xs: &[usize], ws: &[usize]) -> TensorDesc {
+        let (s, d, p) =
+            (a.ints("strides").unwrap(), a.ints("dilations").unwrap(), a.ints("pads").unwrap());
+        let r = xs.len() - 2;
+        let spatial = (0..r).map(|i| {
+            let reach = (ws[i + 2] as i64 - 1) * d[i] + 1;
+            ((xs[i + 2] as i64 + p[i] + p[i + r] - reach) / s[i] + 1) as usize
+        });
+        TensorDesc::new(DType::F32, [xs[0], ws[0]].into_iter().chain(spatial).collect::<Vec<_>>())
     }
 
     #[test]

@@ -13,9 +13,10 @@
 // Specialised per dispatch (conv/vulkan.rs): the overrides; XT and YT (f32 unless X_VEC,
 // Y_VEC); the register-block aliases, retyped to their exact lengths (Mesa unrolls a loop over
 // an array of exactly its trip count, and the block must be unrolled to stay in registers);
-// the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`.
+// the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`; for 8-bit weights WT and `weight`.
 
 alias XT = f32;
+alias WT = f32;
 alias YT = f32;
 // [ROWS][YS][VECS] accumulators, [ROWS][KH][KW] the taps of one input channel, [ROWS] output
 // channels, [NJ] input rows, [SPAN] a row's span and its columns, [NV] the span as vectors.
@@ -51,7 +52,7 @@ override SPAN: u32 = (4u * VECS - 1u) * SW + (KW - 1u) * DW + 1u;
 override NV: u32 = (LEAD + SPAN + 3u) / 4u;
 
 @group(0) @binding(0) var<storage, read> x: array<XT>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<WT>;
 @group(0) @binding(2) var<storage, read_write> y: array<YT>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read> r0: array<f32>;
@@ -90,6 +91,12 @@ struct Params {
     count: u32,
 }
 var<immediate> p: Params;
+
+// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
+// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
+fn weight(e: u32, m: u32) -> f32 {
+    return w[p.w + e];
+}
 
 // The bias of output channel `m` (counted over all groups).
 fn bias(m: u32) -> f32 {
@@ -187,10 +194,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
         var taps: Taps;
         for (var r = 0u; r < ROWS; r++) {
-            let wo = p.w + ((rows[r] * p.cin + ci) * p.kd + kz) * KH * KW;
+            let wo = ((rows[r] * p.cin + ci) * p.kd + kz) * KH * KW;
             for (var ky = 0u; ky < KH; ky++) {
                 for (var kx = 0u; kx < KW; kx++) {
-                    taps[r][ky][kx] = w[wo + ky * KW + kx];
+                    taps[r][ky][kx] = weight(wo + ky * KW + kx, rows[r]);
                 }
             }
         }

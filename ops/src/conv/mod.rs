@@ -17,6 +17,13 @@
 //! the output's shape, or holds one element. The runtime side, and why a leading `Add` lets
 //! the step run over its operand, is `ops/src/cpu/post.rs`. Gemm and MatMul
 //! (`matmul.rs`) take post-ops the same way.
+//!
+//! **8-bit weights** (the compiler's `dequantize_in_gemm` writes them; [`dequantizes_w`]): a
+//! Conv with `dequantize_w = 1` reads W as int8 or uint8 and dequantizes it as it multiplies.
+//! Its own inputs are then X, W and, in B's place, W's table: float32 `[3, M]`
+//! ([`weight_table_shape`]), per output channel a scale (row 0), a zero point (row 1) and the
+//! bias (row 2); `w = (q - zero) * scale` as DequantizeLinear computes it. One input for the
+//! three keeps the op's inputs and the Vulkan kernels' bindings as they are.
 
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
@@ -41,6 +48,17 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Conv", lower_conv, infer_conv),
     OpDef::new("ConvTranspose", lower_conv_transpose, infer_conv_transpose),
 ];
+
+/// Whether a Conv reads 8-bit weights and dequantizes them itself (see the module's text).
+pub fn dequantizes_w(attrs: &Attrs) -> bool {
+    attrs.int_or("dequantize_w", 0).is_ok_and(|v| v != 0)
+}
+
+/// The shape of a [`dequantizes_w`] Conv's table for `m` output channels: scales, zero points
+/// and the bias.
+pub fn weight_table_shape(m: usize) -> [usize; 2] {
+    [3, m]
+}
 
 /// The sliding-window attributes of a conv or pool node, with defaults filled in.
 struct WindowAttrs {
@@ -407,6 +425,10 @@ fn check_channels(
 
 fn infer_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let (inputs, operands) = post_operands(node, inputs, 3)?;
+    let inputs = match dequantizes_w(&node.attrs) {
+        true => weight_table(inputs)?,
+        false => inputs,
+    };
     let (x, w) = conv_operands(inputs.first().copied(), inputs.get(1).copied())?;
     let m = check_channels(
         node,
@@ -420,6 +442,27 @@ fn infer_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> 
     let out = TensorDesc::new(inputs[0].dtype, shape);
     check_post_operands(node, operands, &out)?;
     Ok(vec![out])
+}
+
+/// Checks a [`dequantizes_w`] Conv's X, W and table against each other; X and W, whose shapes
+/// the rest of inference checks.
+fn weight_table<'a, 'b>(own: &'a [&'b TensorDesc]) -> OpResult<&'a [&'b TensorDesc]> {
+    let [x, w, dq] = own else {
+        return Err(op_err!("a Conv of 8-bit weights takes X, W and W's table"));
+    };
+    if x.dtype != DType::F32 || !matches!(w.dtype, DType::I8 | DType::U8) {
+        return Err(op_err!("a Conv of 8-bit weights reads int8 or uint8 W beside float32 X"));
+    }
+    let m = w.shape.first().copied().unwrap_or(0);
+    if dq.dtype != DType::F32 || dq.shape != weight_table_shape(m) {
+        return Err(op_err!(
+            "W's table is {} {:?}, not float32 [3, {m}] (scales, zero points and bias per \
+             output channel)",
+            dq.dtype,
+            dq.shape
+        ));
+    }
+    Ok(&own[..2])
 }
 
 fn infer_conv_transpose(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {

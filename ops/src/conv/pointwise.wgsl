@@ -10,7 +10,8 @@
 // Specialised per dispatch (conv/vulkan.rs): the overrides; XT, WT and YT (f32 unless
 // X_VEC, W_VEC, Y_VEC); the register-block aliases, retyped to their exact lengths (Mesa
 // unrolls a loop over an array of exactly its trip count, and the block must be unrolled to
-// stay in registers); the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`.
+// stay in registers); the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`; for 8-bit
+// weights WT u32 and `weight`, `weights4`.
 
 alias XT = vec4<f32>;
 alias WT = vec4<f32>;
@@ -92,8 +93,15 @@ fn columns(xc: u32, q: ptr<function, Columns>, l: u32) -> vec4<f32> {
     return vec4<f32>(x1(xc + (*q)[l]), x1(xc + (*q)[l + 1u]), x1(xc + (*q)[l + 2u]), x1(xc + (*q)[l + 3u]));
 }
 
-fn w1(i: u32) -> f32 {
-    return vec4<f32>(w[i]).x;
+// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
+// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
+fn weight(e: u32, m: u32) -> f32 {
+    return vec4<f32>(w[p.w + e]).x;
+}
+
+// Vector i of W (with W_VEC: elements 4i..4i+4 from W's start), of output channel m.
+fn weights4(i: u32, m: u32) -> vec4<f32> {
+    return vec4<f32>(w[p.w + i]);
 }
 
 // acc[r][v] += wv[r][kk] * xv[v] for every r and v. The default loops; conv/vulkan.rs writes
@@ -125,10 +133,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let xi = p.x + n * p.k * plane;
     // The block's output channels (past the last: the last again) start at their bias.
     var wo: Rows;
+    var ms: Rows;
     var acc: Block;
     for (var r = 0u; r < ROWS; r++) {
         let m = min(mb * ROWS + r, p.m - 1u);
-        wo[r] = p.w + m * select(p.k, p.k / 4u, W_VEC);
+        ms[r] = m;
+        wo[r] = m * select(p.k, p.k / 4u, W_VEC);
         for (var v = 0u; v < VECS; v++) {
             acc[r][v] = vec4<f32>(bias(m));
         }
@@ -146,10 +156,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         var wv: RowWeights;
         for (var r = 0u; r < ROWS; r++) {
             if (W_VEC) {
-                wv[r] = vec4<f32>(w[wo[r] + c / 4u]);
+                wv[r] = weights4(wo[r] + c / 4u, ms[r]);
             } else {
                 let at = wo[r] + c;
-                wv[r] = vec4<f32>(w1(at), w1(at + 1u), w1(at + 2u), w1(at + 3u));
+                let m = ms[r];
+                wv[r] = vec4<f32>(weight(at, m), weight(at + 1u, m), weight(at + 2u, m), weight(at + 3u, m));
             }
         }
         for (var kk = 0u; kk < 4u; kk++) {
@@ -174,7 +185,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         for (var r = 0u; r < ROWS; r++) {
-            let wk = vec4<f32>(w1(wo[r] + c));
+            let wk = vec4<f32>(weight(wo[r] + c, ms[r]));
             for (var v = 0u; v < VECS; v++) {
                 acc[r][v] = fma(wk, xv[v], acc[r][v]);
             }

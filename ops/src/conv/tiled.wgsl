@@ -6,18 +6,21 @@
 //
 // Geometries are lifted to 3-D (depth, height, width); the window is an override (so a tap's
 // coordinates take divisions by constants), everything else is a push-constant param.
-// Specialised per dispatch (conv/vulkan.rs): the overrides and the hooks `bias` and `post_op`.
+// Specialised per dispatch (conv/vulkan.rs): the overrides and the hooks `bias` and `post_op`;
+// for 8-bit weights WT and `weight`.
 
 override KD: u32 = 1u;
 override KH: u32 = 3u;
 override KW: u32 = 3u;
+
+alias WT = f32;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const TK: u32 = 16u;
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<WT>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read> r0: array<f32>;
@@ -57,6 +60,12 @@ var<immediate> p: Params;
 var<workgroup> ta: array<f32, 1024>;
 var<workgroup> tb: array<f32, 1024>;
 
+// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
+// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
+fn weight(e: u32, m: u32) -> f32 {
+    return w[p.w + e];
+}
+
 // The bias of output channel `m` (counted over all groups).
 fn bias(m: u32) -> f32 {
     return 0.0;
@@ -90,7 +99,7 @@ fn main(
     let iy0 = i32(oy * p.sh) - p.ph;
     let ix0 = i32(ox * p.sw) - p.pw;
     let xg = p.x + (n * p.groups + g) * p.cin * in_plane;
-    let wg0 = p.w + g * p.cout * k;
+    let wg0 = g * p.cout * k;
     var a: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < k; k0 += TK) {
         // 256 invocations stage the 1024 elements of each tile, 4 each.
@@ -98,7 +107,8 @@ fn main(
             let e = lx + 256u * s;
             let am = m0 + e / TK;
             let ak = k0 + e % TK;
-            let wv = w[wg0 + min(am, p.cout - 1u) * k + min(ak, k - 1u)];
+            let wm = min(am, p.cout - 1u);
+            let wv = weight(wg0 + wm * k + min(ak, k - 1u), g * p.cout + wm);
             ta[(e % TK) * TM + e / TK] = select(0.0, wv, am < p.cout && ak < k);
             // Element (kk, q) of col: input channel ci, tap t.
             let kk = k0 + e / TN;

@@ -25,6 +25,12 @@
 //!   reach which column of the block is fixed by the overrides. X spans and windows of W are
 //!   read as vectors where aligned.
 //!
+//! A Conv of 8-bit weights (`crate::dequantizes_w`) runs the same kernels: W is bound as u32
+//! words (four weights each), B's binding holds W's table (scales, zero points, bias per
+//! output channel), and the hooks `weight` (and pointwise's `weights4`) dequantize each weight
+//! as it is loaded, `(q - zero) * scale` as the CPU does, so the sums are those of the float
+//! weights. Not the long-window product (`strided_conv`): such convs take the other kernels.
+//!
 //! The register-blocked kernels (all but `tiled`) store Y as 16-byte vectors where its rows
 //! are whole aligned vectors (`Y_VEC`), as the generated kernels did: on lavapipe a scalar
 //! store costs about what a vector store does.
@@ -47,6 +53,7 @@ use crate::vulkan::{
     Binding, DeviceClass, Dispatch, Grid, KernelCx, MAX_GROUPS, NoKernel, Spec, Wgsl,
 };
 use crate::wgsl;
+use ingot_schema::DType;
 
 static POINTWISE: Wgsl = wgsl!("conv/pointwise.wgsl");
 static DIRECT: Wgsl = wgsl!("conv/direct.wgsl");
@@ -63,18 +70,30 @@ const DIMS: usize = 3;
 /// The bias hook for steps that have one (the files' default reads none).
 const BIAS: &str = "fn bias(m: u32) -> f32 {\n    return b[p.b + m];\n}";
 
+/// The output channels of all groups, as the files other than pointwise.wgsl's compute them.
+const ALL_CHANNELS: &str = "p.cout * p.groups";
+
 /// The hook of the register-blocked files that store Y as vectors (`Y_VEC`, `YT` a vector).
 const Y_VECTOR: &str = "fn y_vector(o: vec4<f32>) -> YT {\n    return o;\n}";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    cx.require_f32()?;
+    let quantized = cx.op == "Conv" && crate::dequantizes_w(cx.attrs);
+    match (quantized, cx.inputs.get(1).map(|w| w.desc.dtype)) {
+        (true, Some(DType::I8 | DType::U8)) => {
+            let others = cx.inputs.iter().enumerate().filter(|&(i, _)| i != 1).map(|(_, o)| o);
+            if let Some(o) = others.chain(cx.outputs).find(|o| o.desc.dtype != DType::F32) {
+                return Err(cx.dtype(o.desc.dtype));
+            }
+        }
+        _ => cx.require_f32()?,
+    }
     let post = PostOps::new(cx, 3)?;
     let operands = post.bindings().len();
     let own = cx
         .inputs
         .len()
         .checked_sub(operands)
-        .filter(|&own| own == 3 || (own == 2 && operands == 0))
+        .filter(|&own| own == 3 || (own == 2 && operands == 0 && !quantized))
         .ok_or_else(|| no_kernel!("{} with {} inputs", cx.op, cx.inputs.len()))?;
     if let Some(k) = cx.in_place().filter(|&k| k < own) {
         return Err(no_kernel!("{} written over its input {k}", cx.op));
@@ -91,7 +110,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let gpu = cx.class == DeviceClass::Gpu;
     let d = if transposed {
         Some(transposed_kernel(cx, &geo, &post)?)
-    } else if geo.long_window() {
+    } else if geo.long_window() && geo.weights == Weights::Float {
         let sizes =
             [geo.batch, geo.cout, geo.kernel[2], geo.output[2], geo.input[2], geo.strides[2]];
         Some(strided_conv(cx, &post, sizes.map(|v| v as usize), geo.bias)?)
@@ -135,6 +154,17 @@ struct Geo {
     /// Padding at the start of each dimension (the end padding only sets the output extent).
     pads: [i32; DIMS],
     bias: bool,
+    weights: Weights,
+}
+
+/// How a step's W is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Weights {
+    Float,
+    /// 8-bit integers, signed or not, with their table in B's binding.
+    Quantized {
+        signed: bool,
+    },
 }
 
 /// Every index and coordinate the kernels compute stays below this.
@@ -185,8 +215,24 @@ impl Geo {
         if w_in != x[1] || (!transposed && w[0] % groups != 0) || y[1] != cout * groups {
             return Err(bad("channels do not match"));
         }
-        if bias && cx.inputs[2].desc.shape != [(cout * groups) as usize] {
+        let weights = match cx.inputs[1].desc.dtype {
+            DType::I8 | DType::U8 => {
+                Weights::Quantized { signed: cx.inputs[1].desc.dtype == DType::I8 }
+            }
+            _ => Weights::Float,
+        };
+        let b_shape = match weights {
+            Weights::Float => vec![(cout * groups) as usize],
+            Weights::Quantized { .. } => {
+                crate::weight_table_shape((cout * groups) as usize).to_vec()
+            }
+        };
+        if bias && cx.inputs[2].desc.shape != b_shape {
             return Err(bad("bias does not match the output channels"));
+        }
+        // 8-bit weights are read as words from W's start.
+        if weights != Weights::Float && !cx.inputs[1].byte_offset.is_multiple_of(4) {
+            return Err(bad("8-bit weights that do not start on a word"));
         }
         for d in 0..rank {
             let extent = (kernel[d] - 1) * dilations[d] + 1;
@@ -220,6 +266,7 @@ impl Geo {
             dilations: u(lift(&dilations, 1)),
             pads: lift(&pads[..rank], 0).map(|p| p as i32),
             bias,
+            weights,
         })
     }
 
@@ -258,6 +305,7 @@ impl Geo {
     /// The bindings in the files' slot order: x, w, y (X, W and Y of the given element
     /// types), then the bias and the post-ops' operands, which only steps that have them bind.
     fn bindings(&self, post: &PostOps, [x_ty, w_ty, y_ty]: [&'static str; 3]) -> Vec<Binding> {
+        let w_ty = if self.weights == Weights::Float { w_ty } else { "u32" };
         let mut b = vec![
             Binding::input("x", 0, x_ty),
             Binding::input("w", 1, w_ty),
@@ -279,22 +327,54 @@ impl Geo {
         params
     }
 
-    /// `file` with the step's bias and post-ops.
-    fn spec(&self, file: &'static Wgsl, post: &PostOps) -> Result<Spec, NoKernel> {
+    /// `file` with the step's bias, post-ops and, for 8-bit weights, their loads; `channels`
+    /// is the file's expression for the output channels of all groups.
+    fn spec(&self, file: &'static Wgsl, post: &PostOps, channels: &str) -> Result<Spec, NoKernel> {
         let spec = Spec::new(file).hook("post_op", post.hook()?);
-        Ok(if self.bias { spec.hook("bias", BIAS) } else { spec })
+        let Weights::Quantized { signed } = self.weights else {
+            return Ok(if self.bias { spec.hook("bias", BIAS) } else { spec });
+        };
+        // W's table: scales, zero points, bias.
+        let (scale, zero) = ("b[p.b + m]".to_string(), format!("b[p.b + {channels} + m]"));
+        let level = match signed {
+            true => "f32(bitcast<i32>(byte << 24u) >> 24u)",
+            false => "f32(byte)",
+        };
+        let levels = match signed {
+            true => {
+                "let s = bitcast<i32>(word);\n    let q = vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));"
+            }
+            false => {
+                "let q = vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));"
+            }
+        };
+        let weight = format!(
+            "fn weight(e: u32, m: u32) -> f32 {{\n    let byte = (w[p.w + e / 4u] >> (8u * (e % 4u))) & 255u;\n    return ({level} - {zero}) * {scale};\n}}"
+        );
+        let weights4 = format!(
+            "fn weights4(i: u32, m: u32) -> vec4<f32> {{\n    let word = w[p.w + i];\n    {levels}\n    return (q - {zero}) * {scale};\n}}"
+        );
+        let bias =
+            format!("fn bias(m: u32) -> f32 {{\n    return b[p.b + 2u * {channels} + m];\n}}");
+        let spec = spec.alias("WT", "u32").hook("bias", bias).hook("weight", weight);
+        // pointwise.wgsl also loads four weights of a row as one word.
+        Ok(if std::ptr::eq(file, &POINTWISE) { spec.hook("weights4", weights4) } else { spec })
     }
 
     /// A register-blocked `file` with the step's bias and post-ops that stores Y as vectors
     /// where `y_vec`.
     fn blocked_spec(
         &self,
-        file: &'static Wgsl,
+        (file, channels): (&'static Wgsl, &str),
         post: &PostOps,
         y_vec: bool,
     ) -> Result<Spec, NoKernel> {
         // Their index splits stay within divmod.wgsl's bounds (see MAX_INVOCATIONS).
-        let spec = self.spec(file, post)?.divmod().alias("YT", vec_type(y_vec)).set("Y_VEC", y_vec);
+        let spec = self
+            .spec(file, post, channels)?
+            .divmod()
+            .alias("YT", vec_type(y_vec))
+            .set("Y_VEC", y_vec);
         Ok(if y_vec { spec.hook("y_vector", Y_VECTOR) } else { spec })
     }
 }
@@ -420,16 +500,20 @@ fn pointwise(
     let (rows, vecs) = (block.rows, block.vecs);
     // 16-byte loads need rows of whole vectors that start aligned.
     let x_vec = p.is_multiple_of(4) && cx.inputs[0].aligned16();
-    let w_vec = k.is_multiple_of(4) && cx.inputs[1].aligned16();
+    // 8-bit weights: a word is four of a row where rows are whole words (W starts on one).
+    let w_vec = match geo.weights {
+        Weights::Float => k.is_multiple_of(4) && cx.inputs[1].aligned16(),
+        Weights::Quantized { .. } => k.is_multiple_of(4),
+    };
     let y_vec = p.is_multiple_of(4) && cx.outputs[0].aligned16();
     let (pb, mb) = (p.div_ceil(block.cols()), m.div_ceil(rows));
     let invocations = u64::from(pb) * u64::from(mb) * u64::from(geo.batch);
     let Some(grid) = blocked_grid(invocations, cx.class)? else {
         return Ok(None);
     };
-    geo.blocked_spec(&POINTWISE, post, y_vec)?
-        .alias("XT", vec_type(x_vec))
-        .alias("WT", vec_type(w_vec))
+    let spec = geo.blocked_spec((&POINTWISE, "p.m"), post, y_vec)?;
+    let spec = if geo.weights == Weights::Float { spec.alias("WT", vec_type(w_vec)) } else { spec };
+    spec.alias("XT", vec_type(x_vec))
         .alias("Rows", array("u32", rows))
         .alias("RowWeights", array("vec4<f32>", rows))
         .alias("Block", array(&array("vec4<f32>", vecs), rows))
@@ -515,7 +599,7 @@ fn direct(
     params.extend([kd, sd, dd, pd as u32, ph as u32, pw as u32]);
     params.extend([xb, yb, mb, invocations as u32]);
     let kind = if cin == 1 { "depthwise" } else { "direct" };
-    geo.blocked_spec(&DIRECT, post, y_vec)?
+    geo.blocked_spec((&DIRECT, ALL_CHANNELS), post, y_vec)?
         .alias("XT", vec_type(x_vec))
         .alias("Block", block.accumulators())
         .alias("Taps", array(&array(&array("f32", kw), kh), rows))
@@ -572,7 +656,7 @@ fn tiled(geo: &Geo, post: &PostOps) -> Result<Option<Dispatch>, NoKernel> {
     params.extend(geo.strides);
     params.extend(geo.dilations);
     params.extend(geo.pads.map(|p| p as u32));
-    geo.spec(&TILED, post)?
+    geo.spec(&TILED, post, ALL_CHANNELS)?
         .set("KD", kd)
         .set("KH", kh)
         .set("KW", kw)
@@ -634,7 +718,7 @@ fn transposed_kernel(cx: &KernelCx, geo: &Geo, post: &PostOps) -> Result<Dispatc
     let mut params = geo.extents();
     params.extend([kd, sd, dd, pd as u32, ph as u32]);
     params.extend([xb, yb, mb, invocations as u32]);
-    geo.blocked_spec(&TRANSPOSED, post, y_vec)?
+    geo.blocked_spec((&TRANSPOSED, ALL_CHANNELS), post, y_vec)?
         .alias("XT", vec_type(x_vec))
         .alias("WT", vec_type(w_vec))
         .alias("Block", block.accumulators())
@@ -715,6 +799,8 @@ mod tests {
         in_place: bool,
         /// Byte offset of X in the arena (16-byte aligned or not).
         x_offset: u64,
+        /// W's type where it is 8-bit (with its table in B's place).
+        quantized: Option<DType>,
     }
 
     impl Case {
@@ -734,7 +820,14 @@ mod tests {
                 residuals: 0,
                 in_place: false,
                 x_offset: 0,
+                quantized: None,
             }
+        }
+
+        /// The conv with 8-bit weights of `dtype`.
+        fn quantized(mut self, dtype: DType) -> Case {
+            self.quantized = Some(dtype);
+            self
         }
 
         fn attrs(&self) -> Attrs {
@@ -748,6 +841,7 @@ mod tests {
                 .with("group", AttrValue::Int(self.group))
                 .with("post_ops", AttrValue::Text(self.post.0.into()))
                 .with("post_params", AttrValue::Floats(self.post.1.clone()))
+                .with("dequantize_w", AttrValue::Int(i64::from(self.quantized.is_some())))
         }
 
         fn lower(&self, class: DeviceClass) -> Result<Vec<Dispatch>, NoKernel> {
@@ -755,10 +849,15 @@ mod tests {
             let y_bytes = desc(&self.y).bytes() as u64;
             let mut inputs = vec![
                 Operand::arena(desc(&self.x), self.x_offset),
-                Operand::weight(desc(&self.w), 0),
+                Operand::weight(
+                    TensorDesc::new(self.quantized.unwrap_or(DType::F32), self.w.clone()),
+                    0,
+                ),
             ];
             let m = if self.op == "Conv" { self.w[0] } else { self.w[1] * self.group as usize };
-            if self.bias || self.residuals > 0 {
+            if self.quantized.is_some() {
+                inputs.push(Operand::weight(desc(&crate::weight_table_shape(m)), 1));
+            } else if self.bias || self.residuals > 0 {
                 inputs.push(Operand::weight(desc(&[m]), 1));
             }
             // Arena: X at x_offset (< 1 MiB), the output and residuals from 1 MiB on.
@@ -839,6 +938,42 @@ mod tests {
         let _ = writeln!(s, "overrides: {}\n", overrides.join(" "));
         s.push_str(&d.wgsl);
         s
+    }
+
+    #[test]
+    fn int8_weights_are_read_as_words_on_every_kernel() {
+        let pointwise = Case::conv(&[1, 16, 8, 8], &[24, 16, 1, 1], &[1, 24, 8, 8]);
+        let ragged = Case::conv(&[1, 6, 8, 8], &[24, 6, 1, 1], &[1, 24, 8, 8]);
+        let one_pixel = Case::conv(&[1, 32, 1, 1], &[8, 32, 1, 1], &[1, 8, 1, 1]);
+        let general =
+            Case { pads: vec![1; 4], ..Case::conv(&[1, 4, 6, 6], &[8, 4, 3, 3], &[1, 8, 6, 6]) };
+        let depthwise = Case {
+            group: 4,
+            pads: vec![1; 4],
+            ..Case::conv(&[1, 4, 6, 6], &[4, 1, 3, 3], &[1, 4, 6, 6])
+        };
+        // A long 1-D window, which float weights run as one strided product.
+        let long = Case::conv(&[1, 1, 100], &[6, 1, 40], &[1, 6, 61]);
+        for (case, dtype) in [
+            (pointwise, DType::I8),
+            (ragged, DType::U8),
+            (one_pixel, DType::I8),
+            (general, DType::U8),
+            (depthwise, DType::I8),
+            (long, DType::I8),
+        ] {
+            let case = case.quantized(dtype);
+            for d in case.check().iter().flatten() {
+                assert_eq!(binding(d, "w").ty, "u32", "{}", d.label);
+                assert_eq!(binding(d, "b").slot, Slot::Input(2));
+                assert!(d.wgsl.contains("fn weight(e: u32, m: u32) -> f32 {\n    let byte"));
+            }
+        }
+        // One specialisation, pinned: the word loads and the table in B's binding.
+        let cpu = Case::conv(&[1, 16, 8, 8], &[24, 16, 1, 1], &[1, 24, 8, 8])
+            .quantized(DType::I8)
+            .check();
+        insta::assert_snapshot!("pointwise_int8", describe(&cpu[0][0]));
     }
 
     #[test]

@@ -403,6 +403,47 @@ impl<'a, T: Float> OperandB<'a, T> {
     }
 }
 
+/// The A of a product: a matrix read in place, or 8-bit integers with a scale and zero point
+/// per row (a conv's int8 weights, per output channel), dequantized a block at a time into the
+/// copy the product makes of a block of A whose rows are not contiguous.
+#[derive(Clone, Copy, Debug)]
+pub enum OperandA<'a, T> {
+    Matrix(ArrayView2<'a, T>),
+    /// Held as Aᵀ: its columns, each with its scale and zero point, are A's rows.
+    Dequantized(Dequantized<'a>),
+}
+
+impl<T: Float> OperandA<'_, T> {
+    /// `(m, k)`.
+    fn dim(&self) -> (usize, usize) {
+        match self {
+            Self::Matrix(a) => a.dim(),
+            Self::Dequantized(t) => (t.dim().1, t.dim().0),
+        }
+    }
+
+    fn split_rows(self, mid: usize) -> (Self, Self) {
+        match self {
+            Self::Matrix(a) => {
+                let (l, r) = a.split_at(Axis(0), mid);
+                (Self::Matrix(l), Self::Matrix(r))
+            }
+            Self::Dequantized(t) => {
+                let (k, m) = t.dim();
+                (Self::Dequantized(t.slice(0..k, 0..mid)), Self::Dequantized(t.slice(0..k, mid..m)))
+            }
+        }
+    }
+
+    /// Whether each row's elements are contiguous, so that the microkernel reads them in place.
+    fn rows_in_place(&self) -> bool {
+        match self {
+            Self::Matrix(a) => a.nrows() == 0 || a.row(0).as_slice().is_some(),
+            Self::Dequantized(_) => false,
+        }
+    }
+}
+
 /// The element types of the product.
 pub trait Float:
     Copy
@@ -484,7 +525,7 @@ float_with_tiles!(f64, versioned: false,
     Avx512 => 4 x 2 x 2, Avx2 => 4 x 2 x 2, Neon => 4 x 2 x 2, Baseline => 4 x 2 x 2);
 
 /// What a product `C = alpha·A·B + start` reads: `(alpha, A, B, start)`.
-pub(crate) type Operands<'a, 'b, 'c, T> = (T, ArrayView2<'a, T>, OperandB<'b, T>, Start<'c, T>);
+pub(crate) type Operands<'a, 'b, 'c, T> = (T, OperandA<'a, T>, OperandB<'b, T>, Start<'c, T>);
 
 /// A product's scratch: a row-major copy of A's block, and B's packed panels.
 pub(crate) type Buffers<'a, 'b, T> = (&'a mut [T], &'b mut [T]);
@@ -546,30 +587,8 @@ pub fn gemm_into<T: Float>(
     let Some(a) = operand_a(a, la, (lb.rows, lb.cols), &start, &mut c)? else {
         return Ok(());
     };
-    product(alpha, a, OperandB::Matrix(lb.view("B", b)?), start, c);
+    product(alpha, OperandA::Matrix(a), OperandB::Matrix(lb.view("B", b)?), start, c);
     Ok(())
-}
-
-/// [`gemm_into`] with B given as [`Panels`].
-pub fn gemm_panels<T: Float>(
-    alpha: T,
-    a: (&[T], Layout),
-    b: Panels<T>,
-    start: Start<T>,
-    c: ArrayViewMut2<T>,
-) -> Result<(), KernelError> {
-    gemm_operand(alpha, a, OperandB::Panels(b), start, c)
-}
-
-/// [`gemm_into`] with a [`Shifted`] B.
-pub fn gemm_shifted<T: Float>(
-    alpha: T,
-    a: (&[T], Layout),
-    b: Shifted<T>,
-    start: Start<T>,
-    c: ArrayViewMut2<T>,
-) -> Result<(), KernelError> {
-    gemm_operand(alpha, a, OperandB::Shifted(b), start, c)
 }
 
 /// [`gemm_into`] with a [`Dequantized`] B.
@@ -595,6 +614,32 @@ fn gemm_operand<T: Float>(
     let Some(a) = operand_a(a, la, b.dim(), &start, &mut c)? else {
         return Ok(());
     };
+    product(alpha, OperandA::Matrix(a), b, start, c);
+    Ok(())
+}
+
+/// `C = alpha·A·B + start` with any A and B: a conv's weights, float or 8-bit
+/// ([`OperandA::Dequantized`]), against its patches.
+pub fn gemm_operands<T: Float>(
+    alpha: T,
+    a: OperandA<T>,
+    b: OperandB<T>,
+    start: Start<T>,
+    mut c: ArrayViewMut2<T>,
+) -> Result<(), KernelError> {
+    let ((m, ka), (k, n)) = (a.dim(), b.dim());
+    if ka != k || (m, n) != c.dim() {
+        return Err(invalid!("gemm shapes do not chain: {m} x {ka} x {k} x {n} -> {:?}", c.dim()));
+    }
+    if start.bias.is_some_and(|b| b.len() != m) {
+        return Err(invalid!("gemm bias does not hold one value per row of a {m} x {k} A"));
+    }
+    if k == 0 {
+        for (i, mut row) in c.rows_mut().into_iter().enumerate() {
+            row.map_inplace(|cv| *cv = start.finish(T::ZERO, *cv, i));
+        }
+        return Ok(());
+    }
     product(alpha, a, b, start, c);
     Ok(())
 }
@@ -631,7 +676,7 @@ fn operand_a<'a, T: Float>(
 /// summed in the same order however C is cut, so results never depend on the pool.
 fn product<T: Float>(
     alpha: T,
-    a: ArrayView2<T>,
+    a: OperandA<T>,
     b: OperandB<T>,
     start: Start<T>,
     c: ArrayViewMut2<T>,
@@ -645,34 +690,63 @@ fn product<T: Float>(
         }
         b => b,
     };
-    match (c.dim(), b) {
+    match (c.dim(), a, b) {
         // One row: every output is on row 0.
-        ((1, _), OperandB::Matrix(b)) => {
+        ((1, _), OperandA::Matrix(a), OperandB::Matrix(b)) => {
             vector_product(alpha, (a.row(0), b), (start, 0), c.index_axis_move(Axis(0), 0), threads)
         }
         // One column: output i is on row i.
-        ((_, 1), OperandB::Matrix(b)) => vector_product(
+        ((_, 1), OperandA::Matrix(a), OperandB::Matrix(b)) => vector_product(
             alpha,
             (b.column(0), a.t()),
             (start, 1),
             c.index_axis_move(Axis(1), 0),
             threads,
         ),
-        ((1, _), OperandB::Dequantized(b)) => {
-            vector_dequantized(alpha, a.row(0), b, start, c.index_axis_move(Axis(0), 0), threads)
-        }
+        ((1, _), OperandA::Matrix(a), OperandB::Dequantized(b)) => vector_dequantized(
+            alpha,
+            a.row(0),
+            b,
+            (start, 0),
+            c.index_axis_move(Axis(0), 0),
+            threads,
+        ),
         // One column of B: dequantized whole, then read as a float one.
-        ((_, 1), OperandB::Dequantized(b)) => with_scratch(b.dim().0, |column: &mut [T]| {
-            b.write(column, 1, 0);
-            vector_product(
-                alpha,
-                (ArrayView1::from(&*column), a.t()),
-                (start, 1),
-                c.index_axis_move(Axis(1), 0),
-                threads,
-            )
-        }),
-        _ => split(alpha, a, b, start, c, threads),
+        ((_, 1), OperandA::Matrix(a), OperandB::Dequantized(b)) => {
+            with_scratch(b.dim().0, |column: &mut [T]| {
+                b.write(column, 1, 0);
+                vector_product(
+                    alpha,
+                    (ArrayView1::from(&*column), a.t()),
+                    (start, 1),
+                    c.index_axis_move(Axis(1), 0),
+                    threads,
+                )
+            })
+        }
+        // One row of an 8-bit A: dequantized whole, then read as a float one.
+        ((1, _), OperandA::Dequantized(at), OperandB::Matrix(b)) => {
+            with_scratch(at.dim().0, |row: &mut [T]| {
+                at.write(row, 1, 0);
+                vector_product(
+                    alpha,
+                    (ArrayView1::from(&*row), b),
+                    (start, 0),
+                    c.index_axis_move(Axis(0), 0),
+                    threads,
+                )
+            })
+        }
+        // One column with an 8-bit A: Aᵀ is a dequantized B whose columns are the outputs.
+        ((_, 1), OperandA::Dequantized(at), OperandB::Matrix(b)) => vector_dequantized(
+            alpha,
+            b.column(0),
+            at,
+            (start, 1),
+            c.index_axis_move(Axis(1), 0),
+            threads,
+        ),
+        (_, a, b) => split(alpha, a, b, start, c, threads),
     }
 }
 
@@ -688,7 +762,7 @@ fn vector_dequantized<T: Float>(
     alpha: T,
     x: ArrayView1<T>,
     b: Dequantized,
-    start: Start<T>,
+    (start, step): (Start<T>, usize),
     mut out: ArrayViewMut1<T>,
     pieces: usize,
 ) {
@@ -699,9 +773,10 @@ fn vector_dequantized<T: Float>(
         let mid = (units * p1 / pieces).max(1) * VECTOR_UNIT;
         let (o1, o2) = out.split_at(Axis(0), mid);
         let (b1, b2) = (b.slice(0..k, 0..mid), b.slice(0..k, mid..n));
+        let s2 = start.rows_from(mid * step);
         rayon::join(
-            || vector_dequantized(alpha, x, b1, start, o1, p1),
-            || vector_dequantized(alpha, x, b2, start, o2, p2),
+            || vector_dequantized(alpha, x, b1, (start, step), o1, p1),
+            || vector_dequantized(alpha, x, b2, (s2, step), o2, p2),
         );
         return;
     }
@@ -714,7 +789,8 @@ fn vector_dequantized<T: Float>(
             part.write(slab, rs, cs);
             let mat = ArrayView2::from_shape((k, w).strides((rs, cs)), &*slab)
                 .expect("a slab holds SLAB columns of k values");
-            vector_product(alpha, (x, mat), (start, 0), out, 1);
+            let start = start.rows_from(i * SLAB * step);
+            vector_product(alpha, (x, mat), (start, step), out, 1);
         }
     });
 }
@@ -864,14 +940,14 @@ pub(crate) const COLUMN_UNIT: usize = 32;
 
 fn split<T: Float>(
     alpha: T,
-    a: ArrayView2<T>,
+    a: OperandA<T>,
     b: OperandB<T>,
     start: Start<T>,
     c: ArrayViewMut2<T>,
     pieces: usize,
 ) {
     let (m, n) = c.dim();
-    let work = m.saturating_mul(n).saturating_mul(a.ncols());
+    let work = m.saturating_mul(n).saturating_mul(a.dim().1);
     let (axis, units, unit) = match n.div_ceil(COLUMN_UNIT) {
         units if m < n && units >= 2 => (Axis(1), units, COLUMN_UNIT),
         _ => (Axis(0), m, 1),
@@ -885,11 +961,11 @@ fn split<T: Float>(
     let mid = (units * p1 / pieces).max(1) * unit;
     let (c1, c2) = c.split_at(axis, mid);
     let ((a1, b1, s1), (a2, b2, s2)) = if axis == Axis(0) {
-        let (a1, a2) = a.split_at(Axis(0), mid);
+        let (a1, a2) = a.split_rows(mid);
         ((a1, b, start), (a2, b, start.rows_from(mid)))
     } else {
         let (b1, b2) = b.split_columns(mid);
-        ((a.view(), b1, start), (a, b2, start))
+        ((a, b1, start), (a, b2, start))
     };
     rayon::join(move || split(alpha, a1, b1, s1, c1, p1), move || split(alpha, a2, b2, s2, c2, p2));
 }
@@ -899,13 +975,13 @@ fn split<T: Float>(
 /// contiguous, and one of C where C's are not.
 fn packed<T: Float>(
     alpha: T,
-    a: ArrayView2<T>,
+    a: OperandA<T>,
     b: OperandB<T>,
     start: Start<T>,
     mut c: ArrayViewMut2<T>,
 ) {
     let (m, n) = c.dim();
-    let k = a.ncols();
+    let k = a.dim().1;
     let nr = T::panel_width();
     let kc = k.min(KC);
     let b_len = match b {
@@ -914,8 +990,7 @@ fn packed<T: Float>(
         }
         OperandB::Panels(_) | OperandB::Shifted(_) => 0,
     };
-    let a_rows_contiguous = m == 0 || a.row(0).as_slice().is_some();
-    let a_len = if a_rows_contiguous { 0 } else { m.min(MC) * kc };
+    let a_len = if a.rows_in_place() { 0 } else { m.min(MC) * kc };
     with_scratch(b_len, |pb: &mut [T]| {
         with_scratch(a_len, |pa: &mut [T]| {
             if n <= 1 || c.strides()[1] == 1 {
@@ -975,7 +1050,7 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
     (pa, pb): Buffers<T>,
 ) {
     let (m, n) = c.dim();
-    let k = a.ncols();
+    let k = a.dim().1;
     let nr = W * NV;
     // The rows of a partial panel past C's last row read zeros.
     let zeros = [T::ZERO; KC];
@@ -1008,13 +1083,24 @@ fn packed_tile<T: Float, const MR: usize, const W: usize, const NV: usize>(
                 // A is read in place, one stream per row of the panel: packing it (as BLIS
                 // does) costs as much as the product when C has few columns (a late conv
                 // layer's 7x7 pixels against 2048 x 4608 weights).
-                let block = a.slice(s![ic..ic + mc, pc..pc + kc]);
-                if mc > 0 && block.row(0).to_slice().is_none() {
-                    copy_rows(block, &mut pa[..mc * kc]);
-                }
+                let block = match a {
+                    OperandA::Matrix(a) => {
+                        let block = a.slice_move(s![ic..ic + mc, pc..pc + kc]);
+                        if mc > 0 && block.row(0).to_slice().is_none() {
+                            copy_rows(block, &mut pa[..mc * kc]);
+                        }
+                        Some(block)
+                    }
+                    // Row i of the block at `i * kc`, as a copied block's.
+                    OperandA::Dequantized(at) => {
+                        at.slice(pc..pc + kc, ic..ic + mc).write(&mut pa[..mc * kc], 1, kc);
+                        None
+                    }
+                };
                 let copied = &*pa;
                 let a_rows: [&[T]; A_ROWS] = std::array::from_fn(|i| match i < mc {
-                    true => (block.row(i).to_slice()).unwrap_or_else(|| &copied[i * kc..][..kc]),
+                    true => (block.as_ref().and_then(|b| b.row(i).to_slice()))
+                        .unwrap_or_else(|| &copied[i * kc..][..kc]),
                     false => &zeros[..kc],
                 });
                 // C's rows are contiguous (`packed` saw to it).
@@ -1314,6 +1400,10 @@ fn copy_rows<T: Float>(a: ArrayView2<T>, to: &mut [T]) {
 mod tests {
     use super::*;
 
+    fn matrix(a: &[f32], la: Layout) -> OperandA<'_, f32> {
+        OperandA::Matrix(la.view("A", a).unwrap())
+    }
+
     fn pool(threads: usize) -> rayon::ThreadPool {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
     }
@@ -1369,13 +1459,8 @@ mod tests {
             let mut c = vec![0.0f32; 24 * 2100];
             let cv = Layout::row_major(24, 2100).view_mut("C", &mut c).unwrap();
             let product = || {
-                gemm_shifted(
-                    1.0,
-                    (&a[..24 * k], Layout::row_major(24, k)),
-                    b,
-                    Start::scaled(0.0),
-                    cv,
-                )
+                let a = matrix(&a[..24 * k], Layout::row_major(24, k));
+                gemm_operands(1.0, a, OperandB::Shifted(b), Start::scaled(0.0), cv)
             };
             pool(threads).install(product).unwrap();
             c
@@ -1454,7 +1539,13 @@ mod tests {
         ) -> impl Fn(f32, ArrayView2<f32>, OperandB<f32>, Start<f32>, ArrayViewMut2<f32>) {
             move |alpha, a, b, start, c| {
                 let (mut pa, mut pb) = (vec![0.0; MC * KC], vec![0.0; NC * KC]);
-                f32::tiled(tile, false, (alpha, a, b, start), c, (&mut pa, &mut pb));
+                f32::tiled(
+                    tile,
+                    false,
+                    (alpha, OperandA::Matrix(a), b, start),
+                    c,
+                    (&mut pa, &mut pb),
+                );
             }
         }
         let tiles = [
@@ -1572,13 +1663,14 @@ mod tests {
         let b = vec![0.0; Panels::<f32>::len(3, 2)];
         let b = Panels::new(&b, 3, 2).unwrap();
         let start = Start::scaled(0.0);
-        assert!(gemm_panels(1.0, (&[0.0; 4], l), b, start, view(l, &mut c)).is_err());
+        let a = matrix(&[0.0; 4], l);
+        assert!(gemm_operands(1.0, a, OperandB::Panels(b), start, view(l, &mut c)).is_err());
         // Shifted: a row's window (whole panels) past the data, or rows that do not chain.
         let width = Shifted::<f32>::width(2);
         assert!(Shifted::new(&vec![0.0f32; width + 2], &[0, 3], 2).is_err());
         let data = vec![0.0; width + 2];
         let b = Shifted::new(&data, &[0, 1, 2], 2).unwrap();
-        assert!(gemm_shifted(1.0, (&[0.0; 4], l), b, start, view(l, &mut c)).is_err());
+        assert!(gemm_operands(1.0, a, OperandB::Shifted(b), start, view(l, &mut c)).is_err());
     }
 
     #[test]
@@ -1600,7 +1692,8 @@ mod tests {
             for threads in [1, 2, 3] {
                 let mut got = vec![0.0; m * n];
                 let panels = Panels::new(&data, k, n).unwrap();
-                let product = || gemm_panels(1.0, (&a, la), panels, start, view(lc, &mut got));
+                let (a, b) = (matrix(&a, la), OperandB::Panels(panels));
+                let product = || gemm_operands(1.0, a, b, start, view(lc, &mut got));
                 pool(threads).install(product).unwrap();
                 assert_eq!(got, want, "{m}x{k}x{n} on {threads} threads");
             }
@@ -1659,6 +1752,63 @@ mod tests {
                             format!("{m}x{k}x{n}, B {lb:?}, signed {is_signed}, {threads} threads");
                         assert_eq!(got, want, "{what}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dequantized_a_is_the_product_of_its_float_values_to_the_bit() {
+        // A conv's int8 weights, one scale and zero point per row: one row of C, one column,
+        // the packed product cut by rows and by columns, more rows than a block of A, a
+        // contraction longer than one block; B a matrix and panels; int8 and uint8.
+        let shapes =
+            [(1, 300, 3000), (1, 7, 5), (5, 1, 9), (37, 300, 75), (9, 600, 1), (200, 520, 90)];
+        for (m, k, n) in shapes {
+            let ints: Vec<i32> = (0..m * k).map(|i| (i * 53 % 251) as i32).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let scale: Vec<f32> = (0..m).map(|i| 0.01 + i as f32 * 1e-3).collect();
+            let zero: Vec<f32> = (0..m).map(|i| (i % 7) as f32 - 3.0).collect();
+            let lc = Layout::row_major(m, n);
+            let signed: Vec<i8> = ints.iter().map(|&v| (v - 125) as i8).collect();
+            let unsigned: Vec<u8> = ints.iter().map(|&v| v as u8).collect();
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 - 2.0).collect();
+            let start = Start { beta: 0.5, bias: Some(&bias[..]) };
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32).collect();
+            let nr = f32::panel_width();
+            // Panel p's row r at (p·k + r)·nr, zeros past B's last column.
+            let panels: Vec<f32> = (0..Panels::<f32>::len(k, n))
+                .map(|i| (i / nr / k, i / nr % k, i % nr))
+                .map(|(p, r, l)| if p * nr + l < n { b[r * n + p * nr + l] } else { 0.0 })
+                .collect();
+            for is_signed in [true, false] {
+                let level = |i: usize| match is_signed {
+                    true => i32::from(signed[i]),
+                    false => i32::from(unsigned[i]),
+                };
+                let a: Vec<f32> = (0..m * k)
+                    .map(|i| (level(i) - zero[i / k] as i32) as f32 * scale[i / k])
+                    .collect();
+                // Aᵀ: k x m, columns contiguous.
+                let at = (k, m).strides((1, k));
+                let values = match is_signed {
+                    true => Narrow::I8(ArrayView2::from_shape(at, &signed[..]).unwrap()),
+                    false => Narrow::U8(ArrayView2::from_shape(at, &unsigned[..]).unwrap()),
+                };
+                let quantized =
+                    OperandA::Dequantized(Dequantized::new(values, &scale, &zero).unwrap());
+                let matrix = OperandB::Matrix(ArrayView2::from_shape((k, n), &b[..]).unwrap());
+                let packed = OperandB::Panels(Panels::new(&panels, k, n).unwrap());
+                for (threads, b) in [(1, matrix), (3, matrix), (2, packed)] {
+                    // The float A with the same B, on one thread.
+                    let mut want = c0.clone();
+                    let float = OperandA::Matrix(ArrayView2::from_shape((m, k), &a[..]).unwrap());
+                    gemm_operands(0.75, float, b, start, view(lc, &mut want)).unwrap();
+                    let mut got = c0.clone();
+                    let product = || gemm_operands(0.75, quantized, b, start, view(lc, &mut got));
+                    pool(threads).install(product).unwrap();
+                    let what = format!("{m}x{k}x{n}, signed {is_signed}, {threads} threads, {b:?}");
+                    assert_eq!(got, want, "{}", &what[..what.len().min(80)]);
                 }
             }
         }
