@@ -10,6 +10,12 @@ as detectors are exported with NMS inside, for the tests:
                             ReduceMax and ArgMax, then three outputs gathered by the selected
                             box index: boxes [K, 4], scores [K], classes [K] (int64)
 
+    320n_weights_int8.onnx  weight-only int8 as exporters write it: every conv weight of 1024
+                            values or more int8, symmetric, one float scale per output
+                            channel, dequantized in the graph: by DequantizeLinear (axis 0),
+                            or, every other conv, by the chain some exporters write instead
+                            (Cast to float, Sub of a zero point, Mul by scales [M, 1, 1, 1])
+
 K, the number of kept boxes, depends on the image: Ingot plans it at its bound and returns the
 rows the run filled. Writes OUT (default target/models); skipped when every output exists and is
 newer than its source and this script.
@@ -89,18 +95,58 @@ def with_nms(src: Path, out: Path, agnostic: bool) -> None:
     onnx.save(m, out)
 
 
+def weights_int8(src: Path, out: Path) -> None:
+    m = onnx.load(src)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    nodes: list[onnx.NodeProto] = []
+    convs = 0
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "Conv" else None
+        if w is not None and int(np.prod(w.dims)) >= 1024:
+            values = numpy_helper.to_array(w).astype(np.float32)
+            rows = values.reshape(values.shape[0], -1)
+            scale = (np.maximum(np.abs(rows).max(axis=1), 1e-12) / 127).astype(np.float32)
+            q = np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8)
+            name = w.name
+            g.initializer.remove(w)
+            g.initializer.append(numpy_helper.from_array(q.reshape(values.shape), f"{name}.q"))
+            if convs % 2 == 0:
+                g.initializer.append(numpy_helper.from_array(scale, f"{name}.scale"))
+                g.initializer.append(numpy_helper.from_array(np.zeros_like(scale, np.int8), f"{name}.zero"))
+                nodes.append(helper.make_node("DequantizeLinear", [f"{name}.q", f"{name}.scale", f"{name}.zero"], [name], axis=0))
+            else:
+                column = [values.shape[0]] + [1] * (values.ndim - 1)
+                g.initializer.append(numpy_helper.from_array(scale.reshape(column), f"{name}.scale"))
+                g.initializer.append(numpy_helper.from_array(np.zeros(column, np.float32), f"{name}.zero"))
+                nodes.append(helper.make_node("Cast", [f"{name}.q"], [f"{name}.real"], to=onnx.TensorProto.FLOAT))
+                nodes.append(helper.make_node("Sub", [f"{name}.real", f"{name}.zero"], [f"{name}.centred"]))
+                nodes.append(helper.make_node("Mul", [f"{name}.centred", f"{name}.scale"], [name]))
+            convs += 1
+        nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.checker.check_model(m)
+    onnx.save(m, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("target/models"))
     args = ap.parse_args()
     src = args.models / "320n.onnx"
     newest_source = max(p.stat().st_mtime for p in [src, Path(__file__)])
-    for name, agnostic in [("320n_nms.onnx", False), ("320n_nms_agnostic.onnx", True)]:
+    makers = {
+        "320n_nms.onnx": lambda o: with_nms(src, o, agnostic=False),
+        "320n_nms_agnostic.onnx": lambda o: with_nms(src, o, agnostic=True),
+        "320n_weights_int8.onnx": lambda o: weights_int8(src, o),
+    }
+    for name, make in makers.items():
         out = args.models / name
         if out.exists() and out.stat().st_mtime > newest_source:
             continue
         part = out.with_suffix(".part.onnx")
-        with_nms(src, part, agnostic)
+        make(part)
         part.replace(out)
         print(f"make_detector_models: {out}")
 

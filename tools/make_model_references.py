@@ -21,6 +21,9 @@ Cases, each with the capability it covers:
   (tools/make_detector_models.py: per class on centre boxes, one [K, 6] output; class-agnostic
   on corner boxes, three outputs), so the number of rows K depends on the image: Ingot plans
   them at their bound and returns the rows the run kept.
+- yolov8n_320_weights_int8: the detector with int8 conv weights per output channel,
+  dequantized in the graph by DequantizeLinear or by Cast/Sub/Mul (tools/make_detector_models.py):
+  Ingot's convs read the int8 weights and dequantize them as they load them.
 - yolov8n_320_f16, decoder_f16: the detector and the decoder's prefill graph in float16
   (tools/make_half_models.py), inputs and outputs included: the steps without an f16 kernel
   compute in float32 and round their outputs to f16, as ONNX Runtime's CPU provider does.
@@ -148,6 +151,7 @@ CASES = {
     "yolov8n_320_nms": ("320n_nms.onnx", image((1, 3, 320, 320), 4)),
     "yolov8n_320_nms_agnostic": ("320n_nms_agnostic.onnx", image((1, 3, 320, 320), 5)),
     "yolov8n_320_f16": ("320n_f16.onnx", image((1, 3, 320, 320), 10, np.float16)),
+    "yolov8n_320_weights_int8": ("320n_weights_int8.onnx", image((1, 3, 320, 320), 17)),
     "decoder_f16": ("prefill_f16.onnx", tokens(11)),
     "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),

@@ -6,7 +6,8 @@
 #                  sha256-checked, and the decoder's prefill graph quantized four ways
 #                  (tools/make_quantized_models.py) and written as older exporters write it
 #                  (tools/make_exported_models.py); nudenet's YOLOv8n with NMS in the graph
-#                  (tools/make_detector_models.py); it and the decoder in float16
+#                  and with int8 conv weights (tools/make_detector_models.py); it and the
+#                  decoder in float16
 #                  (tools/make_half_models.py); two scikit-learn Gaussian processes as
 #                  skl2onnx converts them (tools/make_sklearn_models.py); a LLaMA-style
 #                  decoder at opset 23, prefill and decode (tools/make_llama_models.py)

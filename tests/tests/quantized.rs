@@ -1,8 +1,8 @@
 //! Quantized weights stay quantized: the decoder fixture's prefill graph quantized by
 //! tools/make_quantized_models.py keeps its int8 weights int8 in the bundle, about a quarter of
 //! the float graph's weight bytes, and its int4 weights int4, and an embedding lookup reads int8
-//! rows. What the models
-//! compute is checked against ONNX Runtime in `models.rs`.
+//! rows; a detector's int8 conv weights (tools/make_detector_models.py) stay int8 too. What the
+//! models compute is checked against ONNX Runtime in `models.rs`.
 
 use anyhow::{Context, Result, ensure};
 use ingot_compiler::CompileOptions;
@@ -12,9 +12,14 @@ use ingot_tests::paths::generated;
 
 /// The bundle of `file` (under target/), and the bytes of its weight bank.
 fn compiled(file: &str) -> Result<(Bundle, u64)> {
+    compiled_with(file, &CompileOptions::default())
+}
+
+/// [`compiled`] with `options`.
+fn compiled_with(file: &str, options: &CompileOptions) -> Result<(Bundle, u64)> {
     let path = generated(file)?;
-    let bytes = ingot_compiler::compile_file(&path, &CompileOptions::default())
-        .with_context(|| format!("compile {file}"))?;
+    let bytes =
+        ingot_compiler::compile_file(&path, options).with_context(|| format!("compile {file}"))?;
     let bundle = Bundle::from_bytes(&bytes)?;
     let weights = bundle.manifest().weights.iter().map(|w| w.length).sum();
     Ok((bundle, weights))
@@ -136,5 +141,45 @@ fn products_dequantize_int8_weights_as_they_load_them() -> Result<()> {
         ensure!(dequantized.is_empty(), "{model}: steps still dequantize weights: {dequantized:?}");
         ensure!(without_kernel.is_empty(), "{model}: no Vulkan kernel for {without_kernel:?}");
     }
+    Ok(())
+}
+
+/// A detector's int8 conv weights, dequantized in the graph by DequantizeLinear or by the
+/// exporters' Cast/Sub/Mul chain, stay int8: every conv reads its 8-bit weights with its table
+/// (`dequantize_w`) and has a Vulkan kernel, no step dequantizes a weight, and the weight bank
+/// is about a quarter of the float model's.
+#[test]
+fn convs_read_int8_weights_as_they_load_them() -> Result<()> {
+    let options = CompileOptions {
+        input_shapes: vec![("images".into(), vec![1, 3, 320, 320])],
+        ..Default::default()
+    };
+    let (_, float) = compiled_with("models/320n.onnx", &options)?;
+    let file = "models/320n_weights_int8.onnx";
+    let (bundle, weights) = compiled_with(file, &options)?;
+    let variant = &bundle.manifest().variants[0];
+    let tensor = |i: u32| &variant.tensors[i as usize];
+    let narrow = |i: u32| [DataType::I8 as i32, DataType::U8 as i32].contains(&tensor(i).dtype);
+    let convs: Vec<_> = variant.steps.iter().filter(|s| s.op == "Conv").collect();
+    let int8: Vec<_> = convs.iter().filter(|s| narrow(s.inputs[1])).collect();
+    let model_int8 = int8_initializer_bytes(file)?;
+    println!(
+        "{} of {} convs read int8 weights; {weights} weight bytes, the float model's {float}, \
+         the model's int8 {model_int8}",
+        int8.len(),
+        convs.len()
+    );
+    // 62 of the detector's 64 convs have 1024 weights or more, which the model quantizes.
+    ensure!(int8.len() == 62, "{} convs read int8 weights", int8.len());
+    for s in &int8 {
+        ensure!(!s.vulkan.is_empty(), "{} has no Vulkan kernel", s.name);
+        ensure!(tensor(s.inputs[2]).shape[0] == 3, "{} has no table in B's place", s.name);
+    }
+    let dequantized: Vec<&str> = (variant.steps.iter())
+        .filter(|s| ["DequantizeLinear", "Cast"].contains(&s.op.as_str()) && narrow(s.inputs[0]))
+        .map(|s| s.name.as_str())
+        .collect();
+    ensure!(dequantized.is_empty(), "steps still dequantize weights: {dequantized:?}");
+    ensure!(weights * 10 <= float * 3, "{weights} weight bytes, the float model's {float}");
     Ok(())
 }

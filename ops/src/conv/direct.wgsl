@@ -19,10 +19,11 @@ alias XT = f32;
 alias WT = f32;
 alias YT = f32;
 // [ROWS][YS][VECS] accumulators, [ROWS][KH][KW] the taps of one input channel, [ROWS] output
-// channels, [NJ] input rows, [SPAN] a row's span and its columns, [NV] the span as vectors.
+// channels and their weights' dequantization, [NJ] input rows, [SPAN] a row's span and its columns, [NV] the span as vectors.
 alias Block = array<array<array<vec4<f32>, 2>, 4>, 8>;
 alias Taps = array<array<array<f32, 3>, 3>, 8>;
 alias Rows = array<u32, 8>;
+alias RowScales = array<vec2<f32>, 8>;
 alias InputRows = array<vec2<u32>, 6>;
 alias Span = array<f32, 10>;
 alias SpanColumns = array<vec2<u32>, 10>;
@@ -92,9 +93,15 @@ struct Params {
 }
 var<immediate> p: Params;
 
-// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
-// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
-fn weight(e: u32, m: u32) -> f32 {
+// How output channel m's weights are dequantized, (scale, zero point), which `weight` takes;
+// float weights have none. conv/vulkan.rs replaces both hooks for 8-bit weights (WT u32, four
+// to a word; B's binding then holds W's table), so a row's pair is loaded once.
+fn weight_row(m: u32) -> vec2<f32> {
+    return vec2<f32>(1.0, 0.0);
+}
+
+// Element e of W (counted from W's start), of a channel dequantized by `row`.
+fn weight(e: u32, row: vec2<f32>) -> f32 {
     return w[p.w + e];
 }
 
@@ -141,9 +148,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // The block's output channels over all groups (past the group's last: the last again)
     // start at their bias.
     var rows: Rows;
+    var scales: RowScales;
     var acc: Block;
     for (var r = 0u; r < ROWS; r++) {
         rows[r] = g * p.cout + min(mb * ROWS + r, p.cout - 1u);
+        scales[r] = weight_row(rows[r]);
         let start = vec4<f32>(bias(rows[r]));
         for (var yy = 0u; yy < YS; yy++) {
             for (var v = 0u; v < VECS; v++) {
@@ -197,7 +206,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             let wo = ((rows[r] * p.cin + ci) * p.kd + kz) * KH * KW;
             for (var ky = 0u; ky < KH; ky++) {
                 for (var kx = 0u; kx < KW; kx++) {
-                    taps[r][ky][kx] = weight(wo + ky * KW + kx, rows[r]);
+                    taps[r][ky][kx] = weight(wo + ky * KW + kx, scales[r]);
                 }
             }
         }

@@ -19,6 +19,7 @@ alias YT = f32;
 // [ROWS] output channels' weight offsets, [ROWS] four input channels' weights,
 // [ROWS][VECS] accumulators, [VECS] vectors of one input channel, [4 VECS] columns.
 alias Rows = array<u32, 8>;
+alias RowScales = array<vec2<f32>, 8>;
 alias RowWeights = array<vec4<f32>, 8>;
 alias Block = array<array<vec4<f32>, 4>, 8>;
 alias Vectors = array<vec4<f32>, 4>;
@@ -93,14 +94,21 @@ fn columns(xc: u32, q: ptr<function, Columns>, l: u32) -> vec4<f32> {
     return vec4<f32>(x1(xc + (*q)[l]), x1(xc + (*q)[l + 1u]), x1(xc + (*q)[l + 2u]), x1(xc + (*q)[l + 3u]));
 }
 
-// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
-// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
-fn weight(e: u32, m: u32) -> f32 {
+// How output channel m's weights are dequantized, (scale, zero point), which `weight` takes;
+// float weights have none. conv/vulkan.rs replaces both hooks for 8-bit weights (WT u32, four
+// to a word; B's binding then holds W's table), so a row's pair is loaded once.
+fn weight_row(m: u32) -> vec2<f32> {
+    return vec2<f32>(1.0, 0.0);
+}
+
+// Element e of W (counted from W's start), of a channel dequantized by `row`.
+fn weight(e: u32, row: vec2<f32>) -> f32 {
     return vec4<f32>(w[p.w + e]).x;
 }
 
-// Vector i of W (with W_VEC: elements 4i..4i+4 from W's start), of output channel m.
-fn weights4(i: u32, m: u32) -> vec4<f32> {
+// Vector i of W (with W_VEC: elements 4i..4i+4 from W's start), of a channel dequantized by
+// `row`.
+fn weights4(i: u32, row: vec2<f32>) -> vec4<f32> {
     return vec4<f32>(w[p.w + i]);
 }
 
@@ -133,11 +141,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let xi = p.x + n * p.k * plane;
     // The block's output channels (past the last: the last again) start at their bias.
     var wo: Rows;
-    var ms: Rows;
+    var ms: RowScales;
     var acc: Block;
     for (var r = 0u; r < ROWS; r++) {
         let m = min(mb * ROWS + r, p.m - 1u);
-        ms[r] = m;
+        ms[r] = weight_row(m);
         wo[r] = m * select(p.k, p.k / 4u, W_VEC);
         for (var v = 0u; v < VECS; v++) {
             acc[r][v] = vec4<f32>(bias(m));

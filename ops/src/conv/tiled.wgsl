@@ -60,9 +60,15 @@ var<immediate> p: Params;
 var<workgroup> ta: array<f32, 1024>;
 var<workgroup> tb: array<f32, 1024>;
 
-// Element e of W (counted from W's start) of output channel m; conv/vulkan.rs replaces it to
-// dequantize 8-bit weights (WT u32, four to a word; B's binding then holds W's table).
-fn weight(e: u32, m: u32) -> f32 {
+// How output channel m's weights are dequantized, (scale, zero point), which `weight` takes;
+// float weights have none. conv/vulkan.rs replaces both hooks for 8-bit weights (WT u32, four
+// to a word; B's binding then holds W's table), so a row's pair is loaded once.
+fn weight_row(m: u32) -> vec2<f32> {
+    return vec2<f32>(1.0, 0.0);
+}
+
+// Element e of W (counted from W's start), of a channel dequantized by `row`.
+fn weight(e: u32, row: vec2<f32>) -> f32 {
     return w[p.w + e];
 }
 
@@ -108,7 +114,7 @@ fn main(
             let am = m0 + e / TK;
             let ak = k0 + e % TK;
             let wm = min(am, p.cout - 1u);
-            let wv = weight(wg0 + wm * k + min(ak, k - 1u), g * p.cout + wm);
+            let wv = weight(wg0 + wm * k + min(ak, k - 1u), weight_row(g * p.cout + wm));
             ta[(e % TK) * TM + e / TK] = select(0.0, wv, am < p.cout && ak < k);
             // Element (kk, q) of col: input channel ci, tap t.
             let kk = k0 + e / TN;

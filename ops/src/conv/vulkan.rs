@@ -348,15 +348,22 @@ impl Geo {
                 "let q = vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));"
             }
         };
+        let row = format!(
+            "fn weight_row(m: u32) -> vec2<f32> {{\n    return vec2<f32>({scale}, {zero});\n}}"
+        );
         let weight = format!(
-            "fn weight(e: u32, m: u32) -> f32 {{\n    let byte = (w[p.w + e / 4u] >> (8u * (e % 4u))) & 255u;\n    return ({level} - {zero}) * {scale};\n}}"
+            "fn weight(e: u32, row: vec2<f32>) -> f32 {{\n    let byte = (w[p.w + e / 4u] >> (8u * (e % 4u))) & 255u;\n    return ({level} - row.y) * row.x;\n}}"
         );
         let weights4 = format!(
-            "fn weights4(i: u32, m: u32) -> vec4<f32> {{\n    let word = w[p.w + i];\n    {levels}\n    return (q - {zero}) * {scale};\n}}"
+            "fn weights4(i: u32, row: vec2<f32>) -> vec4<f32> {{\n    let word = w[p.w + i];\n    {levels}\n    return (q - row.y) * row.x;\n}}"
         );
         let bias =
             format!("fn bias(m: u32) -> f32 {{\n    return b[p.b + 2u * {channels} + m];\n}}");
-        let spec = spec.alias("WT", "u32").hook("bias", bias).hook("weight", weight);
+        let spec = spec
+            .alias("WT", "u32")
+            .hook("bias", bias)
+            .hook("weight_row", row)
+            .hook("weight", weight);
         // pointwise.wgsl also loads four weights of a row as one word.
         Ok(if std::ptr::eq(file, &POINTWISE) { spec.hook("weights4", weights4) } else { spec })
     }
@@ -515,6 +522,7 @@ fn pointwise(
     let spec = if geo.weights == Weights::Float { spec.alias("WT", vec_type(w_vec)) } else { spec };
     spec.alias("XT", vec_type(x_vec))
         .alias("Rows", array("u32", rows))
+        .alias("RowScales", array("vec2<f32>", rows))
         .alias("RowWeights", array("vec4<f32>", rows))
         .alias("Block", array(&array("vec4<f32>", vecs), rows))
         .alias("Vectors", array("vec4<f32>", vecs))
@@ -604,6 +612,7 @@ fn direct(
         .alias("Block", block.accumulators())
         .alias("Taps", array(&array(&array("f32", kw), kh), rows))
         .alias("Rows", array("u32", rows))
+        .alias("RowScales", array("vec2<f32>", rows))
         .alias("InputRows", array("vec2<u32>", rows_read(block)))
         .alias("Span", array("f32", span(block)))
         .alias("SpanColumns", array("vec2<u32>", span(block)))
@@ -966,7 +975,9 @@ mod tests {
             for d in case.check().iter().flatten() {
                 assert_eq!(binding(d, "w").ty, "u32", "{}", d.label);
                 assert_eq!(binding(d, "b").slot, Slot::Input(2));
-                assert!(d.wgsl.contains("fn weight(e: u32, m: u32) -> f32 {\n    let byte"));
+                assert!(
+                    d.wgsl.contains("fn weight(e: u32, row: vec2<f32>) -> f32 {\n    let byte")
+                );
             }
         }
         // One specialisation, pinned: the word loads and the table in B's binding.
