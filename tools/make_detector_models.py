@@ -15,6 +15,11 @@ as detectors are exported with NMS inside, for the tests:
                             channel, dequantized in the graph: by DequantizeLinear (axis 0),
                             or, every other conv, by the chain some exporters write instead
                             (Cast to float, Sub of a zero point, Mul by scales [M, 1, 1, 1])
+    320n_qdq.onnx           ONNX Runtime's static QDQ quantization (int8 weights per output
+                            channel, uint8 activations), calibrated on four seeded images: for
+                            tools/bench_cpu.sh only. ONNX Runtime runs it with int8 kernels,
+                            whose requantization rounds otherwise than the float QDQ
+                            arithmetic both runtimes' references share, so no test compares it
 
 K, the number of kept boxes, depends on the image: Ingot plans it at its bound and returns the
 rows the run filled. Writes OUT (default target/models); skipped when every output exists and is
@@ -130,6 +135,34 @@ def weights_int8(src: Path, out: Path) -> None:
     onnx.save(m, out)
 
 
+def qdq(src: Path, out: Path) -> None:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Images(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(11)
+            images = [rng.random((1, 3, 320, 320), dtype=np.float32) for _ in range(4)]
+            self.images = iter({"images": x} for x in images)
+
+        def get_next(self):
+            return next(self.images, None)
+
+    quantize_static(
+        src,
+        out,
+        Images(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        activation_type=QuantType.QUInt8,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("target/models"))
@@ -140,6 +173,7 @@ def main() -> None:
         "320n_nms.onnx": lambda o: with_nms(src, o, agnostic=False),
         "320n_nms_agnostic.onnx": lambda o: with_nms(src, o, agnostic=True),
         "320n_weights_int8.onnx": lambda o: weights_int8(src, o),
+        "320n_qdq.onnx": lambda o: qdq(src, o),
     }
     for name, make in makers.items():
         out = args.models / name
