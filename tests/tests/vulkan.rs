@@ -1249,24 +1249,8 @@ fn products_of_8_bit_weights_equal_the_cpu() -> Result<()> {
     for (i, &(op, a, k, n, signed, per_column, then)) in cases.iter().enumerate() {
         let gemm = op == "Gemm";
         let q_shape = if gemm { [n, k] } else { [k, n] };
-        let levels = (0..k * n).map(|e| (e * 37 + i * 11) % 256);
-        // Zero points per column, or one (the first) for the tensor.
-        let zeros = if per_column { n } else { 1 };
-        let dims = if per_column { vec![n] } else { vec![] };
-        let (q, zero) = match signed {
-            true => {
-                let q: Vec<i8> = levels.map(|v| v as u8 as i8).collect();
-                let z: Vec<i8> = (0..zeros).map(|j| (j % 5) as i8 - 2).collect();
-                (Tensor::from_vec(q_shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
-            }
-            false => {
-                let q: Vec<u8> = levels.map(|v| v as u8).collect();
-                let z: Vec<u8> = (0..zeros).map(|j| 120 + (j % 9) as u8).collect();
-                (Tensor::from_vec(q_shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
-            }
-        };
-        let scale: Vec<f32> = (0..zeros).map(|j| 0.002 + j as f32 * 1e-4).collect();
-        let scale = Tensor::from_vec(dims, &scale)?;
+        // Zero points per column, or one for the tensor.
+        let (q, scale, zero) = quantized_weight(&q_shape, i, signed, per_column.then_some(n))?;
         let (x, w, p, y) = (format!("x{i}"), format!("w{i}"), format!("p{i}"), format!("y{i}"));
         let (qn, sn, zn) = (format!("q{i}"), format!("s{i}"), format!("z{i}"));
         model = model
@@ -1341,19 +1325,7 @@ fn products_of_8_bit_weights_equal_the_cpu() -> Result<()> {
         assert!(!s.vulkan.is_empty(), "{} has no Vulkan kernel", s.name);
     }
     assert!(!v.steps.iter().any(|s| s.op == "DequantizeLinear"), "{:?}", v.steps);
-    let want = run_cpu(&bundle, &inputs);
-    for class in [ingot_runtime::KernelClass::Cpu, ingot_runtime::KernelClass::Gpu] {
-        require_validation();
-        let device = Device::Vulkan(VulkanOptions { kernel_class: class, ..cpu_type() });
-        let options = SessionOptions { devices: vec![device], ..Default::default() };
-        let got = Session::new(Arc::clone(&bundle), options)?.run(&inputs)?;
-        assert_no_validation_messages();
-        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-            allclose(g, w, Tolerance { rtol: 1e-5, atol: 1e-5 })
-                .map_err(|e| anyhow::anyhow!("{class:?} kernels, case {k} {:?}: {e}", cases[k]))?;
-        }
-    }
-    Ok(())
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| format!("case {k} {:?}", cases[k]))
 }
 
 /// Convs whose weights are int8 or uint8 run them as 8-bit words (`Conv` with
@@ -1380,24 +1352,7 @@ fn convs_of_8_bit_weights_equal_the_cpu() -> Result<()> {
     let mut inputs = Vec::new();
     for (i, &(xs, ws, group, pad, signed, per_channel, then)) in cases.iter().enumerate() {
         let m = ws[0];
-        let len: usize = ws.iter().product();
-        let levels = (0..len).map(|e| (e * 37 + i * 11) % 256);
-        let zeros = if per_channel { m } else { 1 };
-        let dims = if per_channel { vec![m] } else { vec![] };
-        let (q, zero) = match signed {
-            true => {
-                let q: Vec<i8> = levels.map(|v| v as u8 as i8).collect();
-                let z: Vec<i8> = (0..zeros).map(|j| (j % 5) as i8 - 2).collect();
-                (Tensor::from_vec(ws.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
-            }
-            false => {
-                let q: Vec<u8> = levels.map(|v| v as u8).collect();
-                let z: Vec<u8> = (0..zeros).map(|j| 120 + (j % 9) as u8).collect();
-                (Tensor::from_vec(ws.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
-            }
-        };
-        let scale: Vec<f32> = (0..zeros).map(|j| 0.002 + j as f32 * 1e-4).collect();
-        let scale = Tensor::from_vec(dims, &scale)?;
+        let (q, scale, zero) = quantized_weight(ws, i, signed, per_channel.then_some(m))?;
         let (x, w, c, y) = (format!("x{i}"), format!("w{i}"), format!("c{i}"), format!("y{i}"));
         let (qn, sn, zn) = (format!("q{i}"), format!("s{i}"), format!("z{i}"));
         let rank = xs.len() - 2;
@@ -1451,16 +1406,56 @@ fn convs_of_8_bit_weights_equal_the_cpu() -> Result<()> {
         assert!(!s.vulkan.is_empty(), "{} has no Vulkan kernel", s.name);
     }
     assert!(!v.steps.iter().any(|s| s.op == "DequantizeLinear"), "{:?}", v.steps);
-    let want = run_cpu(&bundle, &inputs);
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| format!("case {k} {:?}", cases[k]))
+}
+
+/// An 8-bit weight of `shape` (int8, or uint8), its scales and zero points: one for the tensor,
+/// or `per_axis` of each. Distinct levels for each `seed`.
+fn quantized_weight(
+    shape: &[usize],
+    seed: usize,
+    signed: bool,
+    per_axis: Option<usize>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let len: usize = shape.iter().product();
+    let levels = (0..len).map(|e| (e * 37 + seed * 11) % 256);
+    let (zeros, dims) = match per_axis {
+        Some(n) => (n, vec![n]),
+        None => (1, vec![]),
+    };
+    let (q, zero) = match signed {
+        true => {
+            let q: Vec<i8> = levels.map(|v| v as u8 as i8).collect();
+            let z: Vec<i8> = (0..zeros).map(|j| (j % 5) as i8 - 2).collect();
+            (Tensor::from_vec(shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+        }
+        false => {
+            let q: Vec<u8> = levels.map(|v| v as u8).collect();
+            let z: Vec<u8> = (0..zeros).map(|j| 120 + (j % 9) as u8).collect();
+            (Tensor::from_vec(shape.to_vec(), &q)?, Tensor::from_vec(dims.clone(), &z)?)
+        }
+    };
+    let scale: Vec<f32> = (0..zeros).map(|j| 0.002 + j as f32 * 1e-4).collect();
+    Ok((q, Tensor::from_vec(dims, &scale)?, zero))
+}
+
+/// Runs `bundle` on lavapipe with each kernel class under the validation layer and compares
+/// every output with the CPU's (1e-5); `case` names output k in an error.
+fn equal_the_cpu_on_both_classes(
+    bundle: &Arc<Bundle>,
+    inputs: &[Tensor],
+    case: impl Fn(usize) -> String,
+) -> Result<()> {
+    let want = run_cpu(bundle, inputs);
     for class in [ingot_runtime::KernelClass::Cpu, ingot_runtime::KernelClass::Gpu] {
         require_validation();
         let device = Device::Vulkan(VulkanOptions { kernel_class: class, ..cpu_type() });
         let options = SessionOptions { devices: vec![device], ..Default::default() };
-        let got = Session::new(Arc::clone(&bundle), options)?.run(&inputs)?;
+        let got = Session::new(Arc::clone(bundle), options)?.run(inputs)?;
         assert_no_validation_messages();
         for (k, (g, w)) in got.iter().zip(&want).enumerate() {
             allclose(g, w, Tolerance { rtol: 1e-5, atol: 1e-5 })
-                .map_err(|e| anyhow::anyhow!("{class:?} kernels, case {k} {:?}: {e}", cases[k]))?;
+                .map_err(|e| anyhow::anyhow!("{class:?} kernels, {}: {e}", case(k)))?;
         }
     }
     Ok(())

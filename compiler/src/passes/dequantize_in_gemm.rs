@@ -222,6 +222,22 @@ mod tests {
     use ingot_ops::Tensor;
     use ingot_schema::Attrs;
 
+    /// `DequantizeLinear(q, scale, zero, axis)` of an int8 `q` of `shape`, with `scales`
+    /// scales and zero points.
+    fn dequantized_weight(b: &mut Builder, shape: Vec<usize>, axis: i64, scales: usize) -> ValueId {
+        let n = shape.iter().product::<usize>();
+        let q: Vec<i8> = (0..n).map(|i| (i * 37 % 251) as u8 as i8).collect();
+        let q = b.g.add_constant("q", Const::owned(Tensor::from_vec(shape, &q).unwrap()));
+        let dims = if scales == 1 { vec![] } else { vec![scales] };
+        let s: Vec<f32> = (0..scales).map(|i| 0.01 + i as f32 / 512.0).collect();
+        let z: Vec<i8> = (0..scales).map(|i| (i % 5) as i8 - 2).collect();
+        let scale =
+            b.g.add_constant("scale", Const::owned(Tensor::from_vec(dims.clone(), &s).unwrap()));
+        let zero = b.g.add_constant("zero", Const::owned(Tensor::from_vec(dims, &z).unwrap()));
+        let axis = Attrs::new().with("axis", AttrValue::Int(axis));
+        b.node("DequantizeLinear", &[q, scale, zero], axis)
+    }
+
     /// `op(x, DequantizeLinear(q, scale, zero, axis))` of a [rows, cols] int8 `q`, with
     /// `scales` scales (and zero points), lowered.
     fn product(op: &str, trans_b: bool, dims: (usize, usize), axis: i64, scales: usize) -> Graph {
@@ -240,20 +256,7 @@ mod tests {
         let mut b = Builder::new();
         let k = if trans_b { cols } else { rows };
         let x = b.input("x", &[3, k]);
-        let q: Vec<i8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8 as i8).collect();
-        let q =
-            b.g.add_constant("q", Const::owned(Tensor::from_vec(vec![rows, cols], &q).unwrap()));
-        let dims = if scales == 1 { vec![] } else { vec![scales] };
-        let s: Vec<f32> = (0..scales).map(|i| 0.01 + i as f32 / 512.0).collect();
-        let z: Vec<i8> = (0..scales).map(|i| (i % 5) as i8 - 2).collect();
-        let scale =
-            b.g.add_constant("scale", Const::owned(Tensor::from_vec(dims.clone(), &s).unwrap()));
-        let zero = b.g.add_constant("zero", Const::owned(Tensor::from_vec(dims, &z).unwrap()));
-        let w = b.node(
-            "DequantizeLinear",
-            &[q, scale, zero],
-            Attrs::new().with("axis", AttrValue::Int(axis)),
-        );
+        let w = dequantized_weight(&mut b, vec![rows, cols], axis, scales);
         let attrs = match op {
             "Gemm" => Attrs::new().with("transB", AttrValue::Int(trans_b as i64)),
             _ => Attrs::new(),
@@ -362,17 +365,7 @@ mod tests {
     fn conv(axis: i64, scales: usize, bias: bool, residual: bool) -> Graph {
         let mut b = Builder::new();
         let x = b.input("x", &[1, 8, 6, 6]);
-        let shape = vec![16, 8, 3, 3];
-        let q: Vec<i8> = (0..16 * 72).map(|i| (i * 37 % 251) as u8 as i8).collect();
-        let q = b.g.add_constant("q", Const::owned(Tensor::from_vec(shape, &q).unwrap()));
-        let dims = if scales == 1 { vec![] } else { vec![scales] };
-        let s: Vec<f32> = (0..scales).map(|i| 0.01 + i as f32 / 512.0).collect();
-        let z: Vec<i8> = (0..scales).map(|i| (i % 5) as i8 - 2).collect();
-        let scale =
-            b.g.add_constant("scale", Const::owned(Tensor::from_vec(dims.clone(), &s).unwrap()));
-        let zero = b.g.add_constant("zero", Const::owned(Tensor::from_vec(dims, &z).unwrap()));
-        let dq = Attrs::new().with("axis", AttrValue::Int(axis));
-        let w = b.node("DequantizeLinear", &[q, scale, zero], dq);
+        let w = dequantized_weight(&mut b, vec![16, 8, 3, 3], axis, scales);
         let pads = Attrs::new().with("pads", AttrValue::Ints(vec![1; 4]));
         let mut y = match bias {
             true => {
