@@ -1,5 +1,6 @@
-"""nudenet's YOLOv8n detector (target/models/320n.onnx) with its post-processing in the graph,
-as detectors are exported with NMS inside, for the tests:
+"""Detectors as users bring them, made from nudenet's YOLOv8n (target/models/320n.onnx) and
+PP-OCRv4's text detector (ch_PP-OCRv4_det_infer.onnx), for the tests. YOLOv8n with its
+post-processing in the graph, as detectors are exported with NMS inside:
 
     320n_nms.onnx           per-class NMS on centre-format boxes (center_point_box = 1) of the
                             head's [1, 4 + C, N] output, then the kept rows gathered into one
@@ -10,11 +11,15 @@ as detectors are exported with NMS inside, for the tests:
                             ReduceMax and ArgMax, then three outputs gathered by the selected
                             box index: boxes [K, 4], scores [K], classes [K] (int64)
 
+and quantized:
+
     320n_weights_int8.onnx  weight-only int8 as exporters write it: every conv weight of 1024
                             values or more int8, symmetric, one float scale per output
                             channel, dequantized in the graph: by DequantizeLinear (axis 0),
                             or, every other conv, by the chain some exporters write instead
                             (Cast to float, Sub of a zero point, Mul by scales [M, 1, 1, 1])
+    det_weights_int8.onnx   PP-OCRv4's detector the same way: its convs are followed by learnt
+                            scalar affine maps (Mul, Add) before their activations
     320n_qdq.onnx           ONNX Runtime's static QDQ quantization (int8 weights per output
                             channel, uint8 activations), calibrated on four seeded images: for
                             tools/bench_cpu.sh only. ONNX Runtime runs it with int8 kernels,
@@ -103,6 +108,19 @@ def with_nms(src: Path, out: Path, agnostic: bool) -> None:
 def weights_int8(src: Path, out: Path) -> None:
     m = onnx.load(src)
     g = m.graph
+    # Paddle's exports hold their weights in Constant nodes: make those initializers.
+    for node in [n for n in g.node if n.op_type == "Constant"]:
+        if [a.name for a in node.attribute] == ["value"]:
+            t = onnx.TensorProto()
+            t.CopyFrom(node.attribute[0].t)
+            t.name = node.output[0]
+            g.initializer.append(t)
+            g.node.remove(node)
+    # DequantizeLinear's axis needs opset 13. PP-OCR det is opset 12, whose ops (Conv, Clip,
+    # Resize, BatchNormalization, ...) mean the same at 13.
+    for opset in m.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 13)
     inits = {t.name: t for t in g.initializer}
     nodes: list[onnx.NodeProto] = []
     convs = 0
@@ -167,16 +185,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=Path("target/models"))
     args = ap.parse_args()
-    src = args.models / "320n.onnx"
-    newest_source = max(p.stat().st_mtime for p in [src, Path(__file__)])
+    yolo = args.models / "320n.onnx"
+    det = args.models / "ch_PP-OCRv4_det_infer.onnx"
     makers = {
-        "320n_nms.onnx": lambda o: with_nms(src, o, agnostic=False),
-        "320n_nms_agnostic.onnx": lambda o: with_nms(src, o, agnostic=True),
-        "320n_weights_int8.onnx": lambda o: weights_int8(src, o),
-        "320n_qdq.onnx": lambda o: qdq(src, o),
+        "320n_nms.onnx": (yolo, lambda o: with_nms(yolo, o, agnostic=False)),
+        "320n_nms_agnostic.onnx": (yolo, lambda o: with_nms(yolo, o, agnostic=True)),
+        "320n_weights_int8.onnx": (yolo, lambda o: weights_int8(yolo, o)),
+        "320n_qdq.onnx": (yolo, lambda o: qdq(yolo, o)),
+        "det_weights_int8.onnx": (det, lambda o: weights_int8(det, o)),
     }
-    for name, make in makers.items():
+    for name, (src, make) in makers.items():
         out = args.models / name
+        newest_source = max(p.stat().st_mtime for p in [src, Path(__file__)])
         if out.exists() and out.stat().st_mtime > newest_source:
             continue
         part = out.with_suffix(".part.onnx")

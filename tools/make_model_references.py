@@ -24,6 +24,8 @@ Cases, each with the capability it covers:
 - yolov8n_320_weights_int8: the detector with int8 conv weights per output channel,
   dequantized in the graph by DequantizeLinear or by Cast/Sub/Mul (tools/make_detector_models.py):
   Ingot's convs read the int8 weights and dequantize them as they load them.
+- det_224_weights_int8: PP-OCRv4's text detector made the same way, whose convs are followed by
+  learnt scalar affine maps: those fold into the weights' scales, and it runs whole on Vulkan.
 - yolov8n_320_f16, decoder_f16: the detector and the decoder's prefill graph in float16
   (tools/make_half_models.py), inputs and outputs included: the steps without an f16 kernel
   compute in float32 and round their outputs to f16, as ONNX Runtime's CPU provider does.
@@ -63,7 +65,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 # The manifest header, freshness check and reference session of PP-OCR's references.
-from make_references import manifest_header, reference_session, up_to_date
+from make_references import (
+    manifest_header,
+    preprocess,
+    reference_session,
+    text_image,
+    up_to_date,
+)
 
 
 def speech_like(rng: np.random.Generator, samples: int, rate: int) -> np.ndarray:
@@ -110,6 +118,16 @@ def image(shape: tuple[int, ...], seed: int, dtype=np.float32):
     return case
 
 
+def text_page(h: int, w: int, seed: int):
+    """A synthetic page of text as PP-OCR's detector takes it (tools/make_references.py's), so
+    that the detector fires: on other images its probability map is about 0 everywhere."""
+
+    def case(_sess: ort.InferenceSession):
+        return {"x": preprocess(text_image(np.random.default_rng(seed), h, w), "det")}, {}
+
+    return case
+
+
 def rows(count: int, features: int, seed: int):
     """Samples to score, [count, features], as the models were fitted on: standard normal."""
 
@@ -152,6 +170,7 @@ CASES = {
     "yolov8n_320_nms_agnostic": ("320n_nms_agnostic.onnx", image((1, 3, 320, 320), 5)),
     "yolov8n_320_f16": ("320n_f16.onnx", image((1, 3, 320, 320), 10, np.float16)),
     "yolov8n_320_weights_int8": ("320n_weights_int8.onnx", image((1, 3, 320, 320), 17)),
+    "det_224_weights_int8": ("det_weights_int8.onnx", text_page(224, 224, 18)),
     "decoder_f16": ("prefill_f16.onnx", tokens(11)),
     "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),

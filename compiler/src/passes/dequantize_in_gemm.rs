@@ -25,11 +25,24 @@ use ingot_ops::Constant as _;
 use ingot_ops::Tensor;
 use ingot_schema::{AttrValue, DType};
 
-pub fn run(g: &mut Graph) -> Result<(), PassError> {
+/// The Convs: before `fuse`, so that it folds a per-channel affine map after such a Conv (a
+/// BatchNormalization, a learnt scale) into W's table as it folds one into a float W.
+pub fn convs(g: &mut Graph) -> Result<(), PassError> {
+    rewrite(g, true)
+}
+
+/// The products: after `fuse`, which may still give a Gemm its C (B's dequantization follows
+/// C among the product's own inputs).
+pub fn products(g: &mut Graph) -> Result<(), PassError> {
+    rewrite(g, false)
+}
+
+/// Rewrites the Convs (`convs`) or the MatMuls and Gemms.
+fn rewrite(g: &mut Graph, convs: bool) -> Result<(), PassError> {
     let mut rewrites = Vec::new();
     let p = Patterns::new(g);
     for (at, node) in g.nodes.iter().enumerate() {
-        let Some(weight) = Weight::of(node) else {
+        let Some(weight) = Weight::of(node).filter(|w| w.conv == convs) else {
             continue;
         };
         if ingot_ops::dequantizes_b(&node.attrs) || ingot_ops::dequantizes_w(&node.attrs) {
@@ -273,7 +286,8 @@ mod tests {
     /// Runs the pass; checks the ops left and that the outputs are the same bits.
     fn rewritten(g: &Graph, ops: &[&str]) -> Graph {
         let mut m = g.clone();
-        run(&mut m).unwrap();
+        convs(&mut m).unwrap();
+        products(&mut m).unwrap();
         ir::check(&m).unwrap();
         let left: Vec<&str> = m.nodes.iter().map(|n| n.op.as_str()).collect();
         assert_eq!(left, ops);
@@ -400,17 +414,55 @@ mod tests {
         let m = rewritten(&g, &["Conv"]);
         let table = m.constant(m.nodes[0].inputs[2].unwrap()).unwrap().to_f64s().unwrap();
         assert_eq!(table[32..], bias[..]);
-        // Fused with a residual: [x, q, table, r], the residual still the in-place input.
-        let mut g = conv(0, 16, false, true);
+        // Fused with a residual after it, as the pipeline runs them: [x, q, table, r], the
+        // residual the input the output may be written over.
+        let g = conv(0, 16, false, true);
         let r = g.inputs[1];
-        crate::passes::fuse::run(&mut g).unwrap();
-        let m = rewritten(&g, &["Conv"]);
+        let mut m = rewritten(&g, &["Conv", "Add", "Relu"]);
+        crate::passes::fuse::run(&mut m).unwrap();
+        assert_agrees(&m, &g);
         let node = &m.nodes[0];
-        assert_eq!(node.inputs.len(), 4);
+        assert_eq!((m.nodes.len(), node.inputs.len()), (1, 4));
         assert_eq!(node.inputs[3], Some(r));
         assert_eq!(ingot_ops::cpu::post::in_place_input("Conv", &node.attrs), Some(3));
         // Scales per input channel (axis 1) are not the GEMM's rows: the step stays.
         rewritten(&conv(1, 8, true, false), &["DequantizeLinear", "Conv"]);
+    }
+
+    #[test]
+    fn affine_maps_after_such_convs_fold_into_their_tables() {
+        // Conv(x, DQ(q)) + bias, then * k (one per channel), + 0.25, Relu: one Conv, whose
+        // scales are k times W's, whose bias is bias * k + 0.25, whose one post-op is the Relu.
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 8, 6, 6]);
+        let w = dequantized_weight(&mut b, vec![16, 8, 3, 3], 0, 16);
+        let bias = b.constant("bias", &[16], &[], 3);
+        let y = b.node("Conv", &[x, w, bias], Attrs::new());
+        let k = b.constant("k", &[16, 1, 1], &[], 5);
+        let y = b.op("Mul", &[k, y]);
+        let t = b.constant("t", &[], &[0.25], 0);
+        let y = b.op("Add", &[y, t]);
+        let y = b.op("Relu", &[y]);
+        let g = b.finish(&[y]);
+        let mut m = g.clone();
+        convs(&mut m).unwrap();
+        assert_eq!(m.nodes[0].op, "Conv");
+        let table = m.constant(m.nodes[0].inputs[2].unwrap()).unwrap().to_f64s().unwrap();
+        crate::passes::fuse::run(&mut m).unwrap();
+        ir::check(&m).unwrap();
+        assert_agrees(&m, &g);
+        let node = &m.nodes[0];
+        assert_eq!((m.nodes.len(), node.attrs.text("post_ops").unwrap()), (1, "Relu"));
+        let folded = m.constant(node.inputs[2].unwrap()).unwrap().to_f64s().unwrap();
+        let value = |v| g.constant(v).unwrap().to_f64s().unwrap();
+        let (k, bias) = (value(k), value(bias));
+        for j in 0..16 {
+            assert_eq!(folded[j] as f32, (table[j] * k[j]) as f32);
+            assert_eq!(folded[16 + j], table[16 + j]);
+            // Folded one map at a time: the Mul's, then the Add's.
+            let scaled = (bias[j] * k[j]) as f32;
+            assert_eq!(folded[32 + j] as f32, (f64::from(scaled) + 0.25) as f32);
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! 2. **Affine folding**: a per-channel affine map after a Conv, ConvTranspose or Gemm with
 //!    constant weights (BatchNormalization, or Mul, Add, Sub or Div by a constant holding one
 //!    value per output channel, or one value) is folded into the weights and bias
-//!    ([`folded_weights`]), in f64 and rounded once to f32.
+//!    ([`folded_weights`]), in f64 and rounded once to f32. A Conv that reads 8-bit W takes
+//!    the map into W's table instead: its scales and bias ([`folded_table`]).
 //! 3. **Post-ops** (canonical form in `ops/src/cpu/post.rs`): after a Conv, ConvTranspose,
 //!    Gemm or MatMul, an activation (Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish,
 //!    Tanh, Swish, Gelu) or an Add, Sub or Mul whose other operand has the output's shape (a
@@ -322,9 +323,17 @@ impl<'g> Fuser<'g> {
         if g.ty(out) != g.ty(y) || !producer.attrs.text("post_ops").ok()?.is_empty() {
             return None;
         }
+        let name = g.values[out].name.clone();
+        if ingot_ops::dequantizes_w(&producer.attrs) {
+            let table = folded_table(g, producer, &s, &t)?;
+            self.absorb(p, c, |g, n| {
+                let table = g.add_constant(format!("{name}:dequantization"), Const::owned(table));
+                n.inputs[2] = Some(table);
+            });
+            return Some(());
+        }
         let (w, b, layout) = weights(g, producer, y)?;
         let (w, b) = folded_weights(&w, layout, &b, &s, &t)?;
-        let name = g.values[out].name.clone();
         self.absorb(p, c, |g, n| {
             let w = g.add_constant(format!("{name}:weight"), Const::owned(w));
             let b = g.add_constant(format!("{name}:bias"), Const::owned(b));
@@ -558,6 +567,24 @@ fn folded_weights(
     }
     let bias: Vec<f32> = (b.iter().zip(s).zip(t)).map(|((b, s), t)| (b * s + t) as f32).collect();
     Some((folded, Tensor::from_vec(vec![bias.len()], &bias).ok()?))
+}
+
+/// W's table (`ingot_ops::weight_table_shape`) of a Conv that reads 8-bit W, followed by
+/// `y -> y * s + t` per output channel: each channel's scale times s, its bias times s plus t,
+/// in f64 and rounded once; the zero points stay.
+fn folded_table(g: &Graph, n: &Node, s: &[f64], t: &[f64]) -> Option<Tensor> {
+    let table = g.constant(n.inputs.get(2).copied()??)?.to_f64s()?;
+    let m = s.len();
+    if table.len() != 3 * m || t.len() != m {
+        return None;
+    }
+    let (scales, zeros, bias) = (&table[..m], &table[m..2 * m], &table[2 * m..]);
+    let values: Vec<f32> = (scales.iter().zip(s).map(|(k, s)| k * s))
+        .chain(zeros.iter().copied())
+        .chain(bias.iter().zip(s).zip(t).map(|((b, s), t)| b * s + t))
+        .map(|v| v as f32)
+        .collect();
+    Tensor::from_vec(ingot_ops::weight_table_shape(m).to_vec(), &values).ok()
 }
 
 #[cfg(test)]

@@ -35,8 +35,9 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("dequantize", dequantize::run),
     ("round_trips", round_trips::run),
     ("norm_chains", norm_chains::run),
+    ("dequantize_in_conv", dequantize_in_gemm::convs),
     ("fuse", fuse::run),
-    ("dequantize_in_gemm", dequantize_in_gemm::run),
+    ("dequantize_in_gemm", dequantize_in_gemm::products),
     ("outputs", outputs::run),
     ("bounded", bounded::run),
 ];

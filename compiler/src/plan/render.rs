@@ -131,14 +131,18 @@ fn allocation_kind(a: &proto::Allocation) -> &'static str {
     }
 }
 
-/// What can run a submodel: Vulkan and the CPU, or only the CPU and why.
-fn submodel_devices<'a>(v: &'a proto::Variant, sub: &proto::Submodel) -> (&'static str, &'a str) {
+/// What can run a submodel: Vulkan and the CPU, or only the CPU and its first step that has
+/// no Vulkan kernel.
+fn submodel_devices<'a>(
+    v: &'a proto::Variant,
+    sub: &proto::Submodel,
+) -> (&'static str, Option<&'a proto::Step>) {
     let steps = sub.first_step as usize..(sub.first_step + sub.step_count) as usize;
     let why =
         v.steps.get(steps).unwrap_or_default().iter().find(|s| !s.no_vulkan_kernel.is_empty());
     match why {
-        Some(step) => ("cpu", &step.no_vulkan_kernel),
-        None => ("vulkan, cpu", ""),
+        Some(step) => ("cpu", Some(step)),
+        None => ("vulkan, cpu", None),
     }
 }
 
@@ -153,10 +157,9 @@ pub fn submodel_lines(out: &mut String, v: &proto::Variant) {
             "  {k} steps {}..{end} on {devices}: arena {} bytes ({}), allocations {}..{alloc_end}",
             sub.first_step, sub.arena_bytes, sub.strategy, sub.first_allocation,
         );
-        if !why.is_empty() {
-            let step =
-                v.steps.iter().find(|s| s.no_vulkan_kernel == why).map_or("?", |s| s.name.as_str());
-            let _ = writeln!(out, "      no Vulkan kernel for '{step}': {why}");
+        if let Some(step) = why {
+            let (name, why) = (&step.name, &step.no_vulkan_kernel);
+            let _ = writeln!(out, "      no Vulkan kernel for '{name}': {why}");
         }
         if !sub.guard.is_empty() {
             let _ = writeln!(out, "      runs when {}", conditions(v, &sub.guard).join(" and "));
@@ -377,7 +380,7 @@ pub fn submodels_json(v: &proto::Variant) -> Vec<serde_json::Value> {
                 "first_step": sub.first_step,
                 "step_count": sub.step_count,
                 "devices": devices.split(", ").collect::<Vec<_>>(),
-                "no_vulkan_kernel": why,
+                "no_vulkan_kernel": why.map_or("", |s| s.no_vulkan_kernel.as_str()),
                 "arena_bytes": sub.arena_bytes,
                 "lower_bound_bytes": sub.lower_bound_bytes,
                 "strategy": sub.strategy,
@@ -921,6 +924,27 @@ mod tests {
         assert_eq!(j["steps"][1]["label"], "Relu");
         assert!(text(&v).contains("Conv+Add+HardSwish (x, w, x) -> a"));
         assert_eq!(serde_json::to_string(&j).unwrap(), serde_json::to_string(&json(&v)).unwrap());
+    }
+
+    #[test]
+    fn each_cpu_submodel_names_its_own_step_without_a_kernel() {
+        // Both steps lack a kernel for the same reason, each in its own submodel.
+        let mut v = variant();
+        for step in &mut v.steps {
+            step.no_vulkan_kernel = "4 post-op operands".into();
+        }
+        let sub = |first_step| proto::Submodel { first_step, step_count: 1, ..Default::default() };
+        v.submodels = vec![sub(0), sub(1)];
+        let mut out = String::new();
+        submodel_lines(&mut out, &v);
+        let named: Vec<&str> = out.lines().filter(|l| l.contains("no Vulkan kernel")).collect();
+        assert_eq!(
+            named,
+            [
+                "      no Vulkan kernel for 'conv': 4 post-op operands",
+                "      no Vulkan kernel for 'relu': 4 post-op operands"
+            ]
+        );
     }
 
     #[test]
