@@ -11,12 +11,12 @@ use crate::bundle::{Bundle, tensor_desc};
 use crate::carve::Carved;
 use crate::ledger::{Entry, Ledger, MemoryKind};
 use crate::tensor::{TensorDesc, TensorMut, TensorRef};
-use ingot_ops::cpu::parallel::{Awake, with_threads_awake};
+use ingot_ops::cpu::parallel::{Awake, OwnScratch, alone, with_threads_awake};
 use ingot_ops::cpu::{Kernel, KernelError, OpCx};
 use ingot_schema::Attrs;
 use ingot_schema::proto::storage::Kind;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 
 /// Where an operand's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,31 +48,49 @@ struct Step {
 }
 
 /// The CPU backend's threads: a session's, shared by its CPU submodels (they run one at a
-/// time).
+/// time). One thread is the caller's own: no pool, no hand-over per run ([`alone`]).
 pub struct CpuThreads {
-    pool: rayon::ThreadPool,
+    /// `None` for one thread.
+    pool: Option<rayon::ThreadPool>,
+    /// The kernels' scratch memory without a pool thread to keep it.
+    scratch: Mutex<OwnScratch>,
     /// Idle threads spin a while for work during a run ([`with_threads_awake`]).
     spin: bool,
 }
 
 impl CpuThreads {
     pub fn start(threads: usize, spin: bool) -> Result<CpuThreads, SessionError> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("ingot-cpu-{i}"))
-            .build()
-            .map_err(|e| SessionError::Threads { threads, reason: e.to_string() })?;
-        Ok(CpuThreads { pool, spin })
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("ingot-cpu-{i}"))
+                    .build()
+                    .map_err(|e| SessionError::Threads { threads, reason: e.to_string() })
+            })
+            .transpose()?;
+        Ok(CpuThreads { pool, scratch: Mutex::default(), spin })
     }
 
     fn run<R: Send>(&self, f: impl FnOnce(Option<&Awake>) -> R + Send) -> R {
-        self.pool.install(|| with_threads_awake(self.spin, f))
+        match &self.pool {
+            Some(pool) => pool.install(|| with_threads_awake(self.spin, f)),
+            None => match self.scratch.try_lock() {
+                Ok(mut scratch) => alone(&mut scratch, || f(None)),
+                Err(TryLockError::Poisoned(p)) => alone(&mut p.into_inner(), || f(None)),
+                // A run within a run (none today) takes scratch of its own.
+                Err(TryLockError::WouldBlock) => alone(&mut OwnScratch::default(), || f(None)),
+            },
+        }
     }
 
     /// Runs `f` on one of the pool's threads (in place when called from one), so that the
-    /// CPU submodels it runs enter the pool without a hand-over.
+    /// CPU submodels it runs enter the pool without a hand-over; here without a pool.
     pub fn enter<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use crate::cpu::gemm::{
     COLUMN_UNIT, Dequantized, Float, Layout, Narrow, OperandA, OperandB, Panels, Shifted, Start,
     gemm, gemm_operands,
 };
-use crate::cpu::parallel::{column_blocks, for_each_chunk, try_for_each_chunk, with_scratch};
+use crate::cpu::parallel::{self, column_blocks, for_each_chunk, try_for_each_chunk, with_scratch};
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx, input, input_f32, output_mut};
 use crate::invalid;
@@ -426,7 +426,7 @@ impl Post<'_> {
         if rows >= 2 && rows * cols > POST_TASK_FLOATS {
             let mid = rows / 2;
             let (top, bottom) = block.split_at(Axis(0), mid);
-            let (a, b) = rayon::join(
+            let (a, b) = parallel::join(
                 || self.apply_rows(top, first, row_stride),
                 || self.apply_rows(bottom, first + mid * row_stride, row_stride),
             );
@@ -1182,7 +1182,7 @@ impl Conv {
         if channels >= 2 && channels * cols > POST_TASK_FLOATS {
             let mid = channels / 2;
             let (top, bottom) = yc.split_at(Axis(0), mid);
-            let (a, b) = rayon::join(
+            let (a, b) = parallel::join(
                 || self.finish_implicit((sums, n, p2), m0, top, finish),
                 || self.finish_implicit((&sums[mid * n..], n, p2), m0 + mid, bottom, finish),
             );

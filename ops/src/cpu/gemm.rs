@@ -21,7 +21,7 @@
 //! other; a vector product's fixed lanes) whatever the tile, the blocking of M and N, and the
 //! thread count.
 
-use super::parallel::{Scratch, with_scratch};
+use super::parallel::{self, Scratch, with_scratch};
 use multiversion::multiversion;
 use multiversion::target::match_target;
 use ndarray::{
@@ -681,7 +681,7 @@ fn product<T: Float>(
     start: Start<T>,
     c: ArrayViewMut2<T>,
 ) {
-    let threads = rayon::current_num_threads();
+    let threads = parallel::threads();
     let b = match b {
         // One panel is a matrix with rows `nr` apart.
         OperandB::Panels(p) if p.n <= p.nr => {
@@ -774,7 +774,7 @@ fn vector_dequantized<T: Float>(
         let (o1, o2) = out.split_at(Axis(0), mid);
         let (b1, b2) = (b.slice(0..k, 0..mid), b.slice(0..k, mid..n));
         let s2 = start.rows_from(mid * step);
-        rayon::join(
+        parallel::join(
             || vector_dequantized(alpha, x, b1, (start, step), o1, p1),
             || vector_dequantized(alpha, x, b2, (s2, step), o2, p2),
         );
@@ -829,7 +829,7 @@ fn vector_product<T: Float>(
     let (o1, o2) = out.split_at(Axis(0), mid);
     let (m1, m2) = mat.split_at(Axis(1), mid);
     let s2 = start.rows_from(mid * step);
-    rayon::join(
+    parallel::join(
         || vector_product(alpha, (x, m1), (start, step), o1, p1),
         || vector_product(alpha, (x, m2), (s2, step), o2, p2),
     );
@@ -967,7 +967,10 @@ fn split<T: Float>(
         let (b1, b2) = b.split_columns(mid);
         ((a, b1, start), (a, b2, start))
     };
-    rayon::join(move || split(alpha, a1, b1, s1, c1, p1), move || split(alpha, a2, b2, s2, c2, p2));
+    parallel::join(
+        move || split(alpha, a1, b1, s1, c1, p1),
+        move || split(alpha, a2, b2, s2, c2, p2),
+    );
 }
 
 /// The blocked product with this CPU's tile ([`Float::tiled`]), its buffers taken from this

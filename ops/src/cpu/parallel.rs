@@ -4,12 +4,17 @@
 //! Work is always cut at the same places whatever the thread count (chunks of fixed size,
 //! halves of fixed ranges), and each piece computes its elements as the whole would: results
 //! are the same bits on 1 thread or 16.
+//!
+//! A session of one thread has no pool: its runs execute on the caller's thread ([`alone`]),
+//! where [`join`] runs both halves in order and nothing reaches rayon's global pool. Handing
+//! each run to a pool thread and back cost two context switches per run, a quarter of a
+//! small transformer's run time.
 
 use super::KernelError;
 use bytemuck::Pod;
 use ndarray::{ArrayViewMut2, Axis};
 use rayon::Yield;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
@@ -21,6 +26,58 @@ thread_local! {
     /// and stays, so a pool thread allocates during the first run only.
     static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
     static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+    /// Whether this thread runs its work [`alone`].
+    static ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Scratch buffers that their owner keeps between runs on whatever thread calls it (a
+/// session of one thread, which has no pool thread to keep them): [`alone`] lends them to
+/// the calling thread for one run.
+#[derive(Default)]
+pub struct OwnScratch {
+    f32: Vec<Vec<f32>>,
+    f64: Vec<Vec<f64>>,
+}
+
+/// Runs `f` on this thread alone: kernels [`join`] in order and see one thread, and take
+/// scratch memory from `scratch`, which gets it back with what it grew to, so that nothing
+/// stays behind on the caller's thread when the owner is dropped.
+pub fn alone<R>(scratch: &mut OwnScratch, f: impl FnOnce() -> R) -> R {
+    /// Puts the thread's own state back however `f` ends.
+    struct Lent<'s> {
+        scratch: &'s mut OwnScratch,
+        was_alone: bool,
+    }
+    impl Drop for Lent<'_> {
+        fn drop(&mut self) {
+            SCRATCH_F32.with_borrow_mut(|s| std::mem::swap(s, &mut self.scratch.f32));
+            SCRATCH_F64.with_borrow_mut(|s| std::mem::swap(s, &mut self.scratch.f64));
+            ALONE.set(self.was_alone);
+        }
+    }
+    SCRATCH_F32.with_borrow_mut(|s| std::mem::swap(s, &mut scratch.f32));
+    SCRATCH_F64.with_borrow_mut(|s| std::mem::swap(s, &mut scratch.f64));
+    let _lent = Lent { scratch, was_alone: ALONE.replace(true) };
+    f()
+}
+
+/// `rayon::join`, or `a` then `b` on a thread running [`alone`].
+pub fn join<RA: Send, RB: Send>(
+    a: impl FnOnce() -> RA + Send,
+    b: impl FnOnce() -> RB + Send,
+) -> (RA, RB) {
+    match ALONE.get() {
+        true => (a(), b()),
+        false => rayon::join(a, b),
+    }
+}
+
+/// How many threads the current work may spread over: the pool's, or 1 [`alone`].
+pub fn threads() -> usize {
+    match ALONE.get() {
+        true => 1,
+        false => rayon::current_num_threads(),
+    }
 }
 
 /// The element types kernels take scratch memory in.
@@ -221,7 +278,7 @@ fn run_tasks(
     task: &dyn Task,
     splits: usize,
 ) -> Result<(), KernelError> {
-    if tasks.len() <= 1 || splits == 0 {
+    if tasks.len() <= 1 || splits == 0 || ALONE.get() {
         let (mut a, mut b) = (a, b);
         for t in tasks {
             let (a_t, a_rest) = a.split_at_mut(task_bytes[0].min(a.len()));
@@ -255,7 +312,7 @@ fn run_all(
     task_bytes: [usize; 2],
     task: &dyn Task,
 ) -> Result<(), KernelError> {
-    run_tasks(0..tasks, bufs, task_bytes, task, rayon::current_num_threads())
+    run_tasks(0..tasks, bufs, task_bytes, task, threads())
 }
 
 /// A task of a loop over chunks of `T`s: `run(its index, its chunk)`.
@@ -349,8 +406,7 @@ fn split(
     }
     let mid = blocks / 2 * chunk;
     let (left, right) = c.split_at(Axis(1), mid);
-    let (a, b) =
-        rayon::join(|| split(first, left, chunk, f), || split(first + mid, right, chunk, f));
+    let (a, b) = join(|| split(first, left, chunk, f), || split(first + mid, right, chunk, f));
     a.and(b)
 }
 
@@ -358,6 +414,32 @@ fn split(
 mod tests {
     use super::*;
     use ndarray::Array2;
+
+    #[test]
+    fn alone_runs_everything_here_and_keeps_scratch_with_its_owner() {
+        let here = std::thread::current().id();
+        let lengths = || SCRATCH_F32.with_borrow(|s| s.iter().map(Vec::len).collect::<Vec<_>>());
+        with_scratch(3, |s: &mut [f32]| s.fill(1.0));
+        let (mine, mut own) = (lengths(), OwnScratch::default());
+        let order = Mutex::new(Vec::new());
+        let mut y = vec![0usize; 1000];
+        alone(&mut own, || {
+            assert_eq!(threads(), 1);
+            assert_eq!(lengths(), Vec::<usize>::new(), "the owner's scratch, empty at first");
+            let ran = |k| order.lock().unwrap().push((k, std::thread::current().id()));
+            join(|| ran(1), || ran(2));
+            for_each_chunk(&mut y, 10, &|t, c| {
+                assert_eq!(std::thread::current().id(), here);
+                c.fill(t);
+            });
+            with_scratch(4096, |s: &mut [f32]| s.fill(2.0));
+        });
+        assert_eq!(*order.lock().unwrap(), [(1, here), (2, here)]);
+        assert!(y.iter().enumerate().all(|(i, &t)| t == i / 10));
+        assert_eq!(own.f32.iter().map(Vec::len).collect::<Vec<_>>(), [4096]);
+        assert_eq!(lengths(), mine, "the thread's own scratch is back");
+        assert!(!ALONE.get());
+    }
 
     #[test]
     fn column_blocks_cover_every_column_once() {
