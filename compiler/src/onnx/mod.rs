@@ -36,11 +36,12 @@ pub(crate) use tensor::checked_bytes;
 
 /// Opsets of the default ONNX domain that Ingot imports. The op lowering reads each op's
 /// semantics for the model's opset (`LowerCx::opset`); opsets 11 to 21 are the ones the
-/// project commits to. Older ones (7..10: the model zoo's classic nets) and newer ones are
-/// accepted too: 22..28 changed the supported ops by adding element types, plus attributes
+/// project commits to. Older ones (6..10: the model zoo's classic nets, PyTorch's first
+/// exporter; opset 6's legacy broadcasting is restated as opset 7's by `passes/legacy.rs`) and
+/// newer ones are accepted too: 22..28 changed the supported ops by adding element types, plus attributes
 /// whose defaults keep the old meaning (Cast `round_mode`, Range `stash_type`, SpaceToDepth
 /// `mode`). The ONNX backend tests, generated at each op's own latest version, check both ends.
-pub const OPSETS: RangeInclusive<i64> = 7..=28;
+pub const OPSETS: RangeInclusive<i64> = 6..=28;
 
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {

@@ -4,9 +4,10 @@
 //! runtime's CPU kernels and replaced by its constant outputs. Shape and Size are answered
 //! from static types. This is what turns dynamic-shape plumbing into a static graph.
 //! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
-//! folded by then if it can be, and the nodes that replace it are walked next.
+//! folded by then if it can be, and the nodes that replace it are walked next. A node of
+//! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`).
 
-use super::{PassError, bounded, control};
+use super::{PassError, bounded, control, legacy};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
@@ -18,6 +19,9 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut i = 0;
     while i < g.nodes.len() {
         control::settle(g, i)?;
+        if legacy::settle(g, i)? {
+            continue; // a Reshape it inserted at i, walked first
+        }
         if control::is_control_flow(&g.nodes[i]) {
             // Its place now holds what computes its outputs, walked next.
             control::expand(g, i, &mut selects)?;

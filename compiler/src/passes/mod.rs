@@ -9,6 +9,7 @@ mod dce;
 mod dequantize;
 mod dequantize_in_gemm;
 mod fuse;
+mod legacy;
 mod lower;
 mod norm_chains;
 mod outputs;

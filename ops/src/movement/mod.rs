@@ -274,6 +274,14 @@ fn infer_unsqueeze(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDe
 /// Inference only: the ratio and training-mode operands are dropped, and a training mode
 /// that is on with a non-zero ratio (random output) is refused.
 fn lower_dropout(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    // Before opset 7 an attribute chose: training unless `is_test` is set.
+    let training = node.attrs.int_or("is_test", 0)? == 0;
+    if cx.opset < 7 && training && node.attrs.float_or("ratio", 0.5)? != 0.0 {
+        return Err(op_err!(
+            "Dropout with is_test=0 (training, before opset 7) is random; only inference is \
+             supported"
+        ));
+    }
     if cx.opset >= 12 && cx.has_input(2) {
         let training = cx.const_ints(2, "training_mode")?.unwrap_or_default();
         let ratio = match cx.has_input(1) {

@@ -54,6 +54,13 @@ fn lower_batch_norm(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
             "BatchNormalization with training_mode=1 is not supported: Ingot runs inference only"
         ));
     }
+    // Before opset 7 an attribute chose: training unless `is_test` is set.
+    if cx.opset < 7 && node.attrs.int_or("is_test", 0)? == 0 {
+        return Err(op_err!(
+            "BatchNormalization with is_test=0 (training, before opset 7) is not supported: \
+             Ingot runs inference only"
+        ));
+    }
     if node.outputs.len() > 1 {
         return Err(op_err!(
             "BatchNormalization with {} outputs (training statistics) is not supported: \
