@@ -613,7 +613,7 @@ impl Importer<'_> {
         // A subgraph attribute becomes its body's index in `Graph::bodies`; the outer values
         // its nodes read join the node's inputs, after the model's own. The passes trust those
         // indices and keep state in `ingot.*` attributes, so a model may set neither.
-        let control = n.domain.is_empty() && EXPANDED.contains(&n.op_type.as_str());
+        let control = n.domain.is_empty() && matches!(n.op_type.as_str(), "If" | "Loop" | "Scan");
         for a in &n.attribute {
             let graph = a.type_.enum_value() == Ok(AttributeType::GRAPH);
             let names_body = matches!(a.name.as_str(), "then_branch" | "else_branch" | "body");
@@ -694,9 +694,11 @@ impl Importer<'_> {
     }
 }
 
-/// Control-flow ops that the passes expand into the graph (`passes/control.rs`) rather
-/// than an op family running them.
-const EXPANDED: &[&str] = &["If", "Loop", "Scan"];
+/// Control-flow and sequence ops, which the passes expand into the graph
+/// (`passes/control.rs`, `passes/sequences.rs`) rather than an op family running them.
+fn is_expanded(op: &str) -> bool {
+    matches!(op, "If" | "Loop" | "Scan") || crate::passes::sequences::OPS.contains(&op)
+}
 
 /// Appends to `nodes` a line for each node of `g` and its subgraphs whose op is not
 /// supported, and each such op to `ops` once; `within` says which subgraph `g` is.
@@ -715,7 +717,7 @@ fn unsupported_nodes(
         } else {
             format!("node '{}'", n.name)
         };
-        let expanded = domain.is_empty() && EXPANDED.contains(&n.op_type.as_str());
+        let expanded = domain.is_empty() && is_expanded(&n.op_type);
         if is_constant_node(n) || expanded || supported(domain, &n.op_type) {
             for a in &n.attribute {
                 if let Some(sub) = a.g.as_ref() {

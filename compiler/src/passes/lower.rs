@@ -5,9 +5,10 @@
 //! from static types. This is what turns dynamic-shape plumbing into a static graph.
 //! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
 //! folded by then if it can be, and the nodes that replace it are walked next. A node of
-//! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`).
+//! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`). Sequence ops
+//! become the tensor nodes they amount to (`sequences.rs`).
 
-use super::{PassError, bounded, control, legacy};
+use super::{PassError, bounded, control, legacy, sequences};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
@@ -16,6 +17,7 @@ use ingot_ops::{Tensor, TensorDesc, cpu};
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut folded = Vec::with_capacity(g.nodes.len());
     let mut selects = control::Selects::default();
+    let mut lists = sequences::Sequences::default();
     let mut i = 0;
     while i < g.nodes.len() {
         control::settle(g, i)?;
@@ -27,6 +29,11 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             control::expand(g, i, &mut selects)?;
             continue;
         }
+        if sequences::is_sequence_op(&g.nodes[i]) {
+            sequences::expand(g, i, &mut lists)?;
+            continue;
+        }
+        lists.check_reader(g, &g.nodes[i])?;
         // An op that may fill a data-dependent number of rows writes the count as an extra
         // output (`ingot_ops::bounded`), which the model's node does not list.
         let counted = ingot_ops::lookup(&g.nodes[i].op).is_some_and(|d| d.def.bounded.is_some())
@@ -153,6 +160,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
         i += 1;
     }
+    lists.check_outputs(g)?;
     let mut f = folded.iter();
     g.nodes.retain(|_| !*f.next().unwrap_or(&false));
     g.bodies.clear(); // every one was expanded

@@ -15,6 +15,7 @@ mod norm_chains;
 mod outputs;
 mod patterns;
 mod round_trips;
+pub(crate) mod sequences;
 #[cfg(test)]
 mod testing;
 

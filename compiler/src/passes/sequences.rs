@@ -1,0 +1,419 @@
+//! Sequences of tensors, resolved at compile time: the `lower` walk keeps each sequence value
+//! as the list of tensor values it holds, and replaces each sequence op by the tensor nodes it
+//! amounts to (or by nothing). A static graph knows every sequence's length, so a position
+//! must be a constant once shapes are static, as Slice's starts must.
+//!
+//! - `SequenceEmpty`, `SequenceConstruct`, `SequenceInsert`, `SequenceErase`: a new list;
+//! - `SequenceAt`: an `Identity` of the element; `SequenceLength`: a constant;
+//! - `ConcatFromSequence`: a `Concat` of the elements (each first `Reshape`d to a new axis of
+//!   one with `new_axis`);
+//! - `SplitToSequence`: a `Slice` per piece (and a `Reshape` that drops the axis without
+//!   `keepdims`).
+//!
+//! Sequences live only inside the graph: one that is a graph input or output, or that an op
+//! other than these reads, is an error naming it.
+
+use super::PassError;
+use crate::ir::{Const, Graph, Node, ValueId};
+use ingot_ops::{Tensor, TensorDesc};
+use ingot_schema::{AttrValue, Attrs, DType};
+use std::collections::BTreeMap;
+
+/// The ops this file expands.
+pub const OPS: &[&str] = &[
+    "SequenceEmpty",
+    "SequenceConstruct",
+    "SequenceInsert",
+    "SequenceErase",
+    "SequenceAt",
+    "SequenceLength",
+    "ConcatFromSequence",
+    "SplitToSequence",
+];
+
+pub fn is_sequence_op(node: &Node) -> bool {
+    node.domain.is_empty() && OPS.contains(&node.op.as_str())
+}
+
+/// The sequences the walk has made: each one's elements.
+#[derive(Default)]
+pub struct Sequences(BTreeMap<ValueId, Vec<ValueId>>);
+
+impl Sequences {
+    /// An error if `node`, which is not a sequence op, reads a sequence.
+    pub fn check_reader(&self, g: &Graph, node: &Node) -> Result<(), PassError> {
+        match node.inputs.iter().flatten().position(|v| self.0.contains_key(v)) {
+            None => Ok(()),
+            Some(k) => Err(PassError::Node {
+                node: node.label(),
+                message: format!(
+                    "input {k} '{}' is a sequence, which only the sequence ops read",
+                    g.values[node.inputs[k].unwrap_or_default()].name
+                ),
+            }),
+        }
+    }
+
+    /// An error if a graph output is a sequence.
+    pub fn check_outputs(&self, g: &Graph) -> Result<(), PassError> {
+        match g.outputs.iter().find(|v| self.0.contains_key(v)) {
+            None => Ok(()),
+            Some(&v) => Err(PassError::Graph(format!(
+                "graph output '{}' is a sequence: Ingot's outputs are tensors",
+                g.values[v].name
+            ))),
+        }
+    }
+
+    fn list(&self, node: &Node, k: usize) -> Result<Vec<ValueId>, PassError> {
+        let v = node.inputs.get(k).copied().flatten();
+        v.and_then(|v| self.0.get(&v)).cloned().ok_or_else(|| {
+            err(node, format!("input {k} is not a sequence made by the ops before it"))
+        })
+    }
+}
+
+fn err(node: &Node, message: String) -> PassError {
+    PassError::Node { node: node.label(), message }
+}
+
+/// Replaces the sequence op at `g.nodes[at]` by the tensor nodes it amounts to, walked next.
+pub fn expand(g: &mut Graph, at: usize, seqs: &mut Sequences) -> Result<(), PassError> {
+    let node = g.nodes.remove(at);
+    let mut made = Made { g, at, name: node.name.clone(), count: 0 };
+    let out = *node.outputs.first().ok_or_else(|| err(&node, "it has no output".into()))?;
+    let int = |name: &str, default: i64| node.attrs.int_or(name, default);
+    let int = |name: &str, default: i64| int(name, default).map_err(|e| err(&node, e.to_string()));
+    let list = match node.op.as_str() {
+        "SequenceEmpty" => Vec::new(),
+        "SequenceConstruct" => node
+            .inputs
+            .iter()
+            .map(|v| v.ok_or_else(|| err(&node, "an omitted input".into())))
+            .collect::<Result<_, _>>()?,
+        "SequenceInsert" => {
+            let mut list = seqs.list(&node, 0)?;
+            let t = node.inputs.get(1).copied().flatten();
+            let t = t.ok_or_else(|| err(&node, "the tensor to insert is missing".into()))?;
+            let at = position(made.g, &node, 2, list.len(), list.len() as i64, true)?;
+            list.insert(at, t);
+            list
+        }
+        "SequenceErase" => {
+            let mut list = seqs.list(&node, 0)?;
+            let at = position(made.g, &node, 1, list.len(), -1, false)?;
+            list.remove(at);
+            list
+        }
+        "SequenceAt" => {
+            let list = seqs.list(&node, 0)?;
+            let at = position(made.g, &node, 1, list.len(), i64::MIN, false)?;
+            made.node("Identity", vec![list[at]], Attrs::new(), Some(out));
+            return Ok(());
+        }
+        "SequenceLength" => {
+            let n = seqs.list(&node, 0)?.len() as i64;
+            let value = &mut made.g.values[out];
+            value.ty = Some(TensorDesc::new(DType::I64, Vec::new()));
+            value.constant = Some(Const::owned(
+                Tensor::from_vec(Vec::new(), &[n]).map_err(|e| PassError::Graph(e.to_string()))?,
+            ));
+            return Ok(());
+        }
+        "ConcatFromSequence" => {
+            let list = seqs.list(&node, 0)?;
+            let first = list.first().and_then(|&v| made.g.ty(v)).cloned();
+            let first = first.ok_or_else(|| err(&node, "the sequence is empty".into()))?;
+            let new_axis = int("new_axis", 0)? != 0;
+            let rank = first.shape.len() + usize::from(new_axis);
+            let axis = normalize(int("axis", 0)?, rank).ok_or_else(|| {
+                err(&node, format!("axis {} is out of range", int("axis", 0).unwrap_or(0)))
+            })?;
+            let mut parts = Vec::new();
+            for v in list {
+                let part = match new_axis {
+                    false => v,
+                    true => {
+                        let mut shape = made.g.ty(v).map(|t| t.shape.clone()).unwrap_or_default();
+                        shape.insert(axis.min(shape.len()), 1);
+                        made.reshape(v, &shape)?
+                    }
+                };
+                parts.push(part);
+            }
+            let attrs = Attrs::new().with("axis", AttrValue::Int(axis as i64));
+            made.node("Concat", parts, attrs, Some(out));
+            return Ok(());
+        }
+        "SplitToSequence" => split(&mut made, &node)?,
+        op => return Err(err(&node, format!("{op} is not a sequence op"))),
+    };
+    seqs.0.insert(out, list);
+    Ok(())
+}
+
+/// The nodes an expansion inserts at `at`, in order.
+struct Made<'g> {
+    g: &'g mut Graph,
+    at: usize,
+    name: String,
+    count: usize,
+}
+
+impl Made<'_> {
+    /// Inserts `op(inputs)`; its output is `out`, or a new value.
+    fn node(
+        &mut self,
+        op: &str,
+        inputs: Vec<ValueId>,
+        attrs: Attrs,
+        out: Option<ValueId>,
+    ) -> ValueId {
+        let name = format!("{}:{op}{}", self.name, self.count);
+        let out = out.unwrap_or_else(|| self.g.add_value(name.clone(), None));
+        let node = Node {
+            name,
+            op: op.into(),
+            domain: String::new(),
+            inputs: inputs.into_iter().map(Some).collect(),
+            outputs: vec![out],
+            attrs,
+        };
+        self.g.nodes.insert(self.at, node);
+        (self.at, self.count) = (self.at + 1, self.count + 1);
+        out
+    }
+
+    fn ints(&mut self, values: &[i64]) -> Result<ValueId, PassError> {
+        let t = Tensor::from_vec(vec![values.len()], values)
+            .map_err(|e| PassError::Graph(e.to_string()))?;
+        let name = format!("{}:ints{}", self.name, self.count);
+        self.count += 1;
+        Ok(self.g.add_constant(name, Const::owned(t)))
+    }
+
+    fn reshape(&mut self, v: ValueId, shape: &[usize]) -> Result<ValueId, PassError> {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let dims = self.ints(&dims)?;
+        Ok(self.node("Reshape", vec![v, dims], Attrs::new(), None))
+    }
+}
+
+/// SplitToSequence: a Slice per piece along `axis`, of the sizes `split` gives (one size: pieces
+/// of it, the last shorter; none: pieces of one, without the axis unless `keepdims`).
+fn split(made: &mut Made, node: &Node) -> Result<Vec<ValueId>, PassError> {
+    let x = node.inputs.first().copied().flatten();
+    let shape = x.and_then(|x| made.g.ty(x)).map(|t| t.shape.clone());
+    let (Some(x), Some(shape)) = (x, shape) else {
+        return Err(err(node, "its input's type is unknown".into()));
+    };
+    let axis = node.attrs.int_or("axis", 0).map_err(|e| err(node, e.to_string()))?;
+    let axis = normalize(axis, shape.len()).filter(|&a| a < shape.len()).ok_or_else(|| {
+        err(node, format!("axis {axis} is out of range for rank {}", shape.len()))
+    })?;
+    let len = shape[axis];
+    // The sizes, and whether they came as one size for every piece.
+    let split = match node.inputs.get(1).copied().flatten() {
+        None => None,
+        Some(s) => {
+            let c = made.g.constant(s).ok_or_else(|| {
+                err(node, "split (input 1) must be a constant once shapes are static".into())
+            })?;
+            let sizes =
+                c.tensor().to_i64s().ok_or_else(|| err(node, "split is not integer".into()))?;
+            Some((sizes, c.desc().shape.is_empty()))
+        }
+    };
+    let sizes: Vec<usize> = match &split {
+        None => vec![1; len],
+        Some((sizes, true)) => match usize::try_from(sizes[0]) {
+            Ok(size) if size > 0 => {
+                (0..len.div_ceil(size)).map(|i| size.min(len - i * size)).collect()
+            }
+            _ => return Err(err(node, format!("split {} is not a positive size", sizes[0]))),
+        },
+        Some((sizes, false)) => {
+            sizes.iter().map(|&s| usize::try_from(s).unwrap_or(usize::MAX)).collect()
+        }
+    };
+    if sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s)) != Some(len) {
+        return Err(err(node, format!("split {sizes:?} does not add up to {len}")));
+    }
+    let keep = split.is_some() || node.attrs.int_or("keepdims", 1).unwrap_or(1) != 0;
+    let mut start = 0;
+    let mut pieces = Vec::new();
+    for size in sizes {
+        let starts = made.ints(&[start as i64])?;
+        let ends = made.ints(&[(start + size) as i64])?;
+        let axes = made.ints(&[axis as i64])?;
+        let piece = made.node("Slice", vec![x, starts, ends, axes], Attrs::new(), None);
+        let piece = match keep {
+            true => piece,
+            false => {
+                let dropped: Vec<usize> = (shape.iter().enumerate())
+                    .filter(|&(i, _)| i != axis)
+                    .map(|(_, &d)| d)
+                    .collect();
+                made.reshape(piece, &dropped)?
+            }
+        };
+        pieces.push(piece);
+        start += size;
+    }
+    Ok(pieces)
+}
+
+/// The position input `k` of `node` in a list of `len` (negative counts from the end), or
+/// `default` where the input is omitted (`i64::MIN`: it is required); `end`: `len` itself
+/// is a position (an insertion at the back).
+fn position(
+    g: &Graph,
+    node: &Node,
+    k: usize,
+    len: usize,
+    default: i64,
+    end: bool,
+) -> Result<usize, PassError> {
+    let pos = match node.inputs.get(k).copied().flatten() {
+        None if default != i64::MIN => default,
+        None => return Err(err(node, format!("the position (input {k}) is missing"))),
+        Some(v) => match g.constant(v).and_then(|c| c.tensor().to_i64s()).as_deref() {
+            Some(&[p]) => p,
+            _ => {
+                return Err(err(
+                    node,
+                    format!(
+                        "the position (input {k}) must be a constant once shapes are static; \
+                         it is computed at run time"
+                    ),
+                ));
+            }
+        },
+    };
+    let last = len + usize::from(end);
+    let at = if pos < 0 { pos + len as i64 } else { pos };
+    usize::try_from(at)
+        .ok()
+        .filter(|&a| a < last)
+        .ok_or_else(|| err(node, format!("position {pos} is out of range for a sequence of {len}")))
+}
+
+/// `axis` (negative counts from the end) as an index below `rank`, or `None`.
+fn normalize(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    usize::try_from(a).ok().filter(|&a| a < rank.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::passes::testing::{Builder, data, evaluate};
+
+    fn int(v: i64) -> AttrValue {
+        AttrValue::Int(v)
+    }
+
+    /// Lowers `b`'s graph with output `out`: the ops left, or the error.
+    fn lowered(mut b: Builder, out: ValueId) -> Result<Graph, String> {
+        b.g.outputs = vec![out];
+        let mut g = b.g;
+        super::super::lower::run(&mut g).map_err(|e| e.to_string())?;
+        crate::ir::check(&g).map_err(|e| e.to_string())?;
+        Ok(g)
+    }
+
+    #[test]
+    fn sequences_become_the_tensor_nodes_they_amount_to() {
+        // x [5, 2] split in pieces of 2 along 0 ([2], [2], [1] rows), its first piece erased,
+        // y inserted at the front, the third read back, and all stacked on a new axis 1.
+        let mut b = Builder::new();
+        let x = b.input("x", &[5, 2]);
+        let y = b.input("y", &[1, 2]);
+        let two = b.g.add_constant("two", Const::owned(Tensor::from_vec(vec![], &[2i64]).unwrap()));
+        let pieces = b.node("SplitToSequence", &[x, two], Attrs::new());
+        let zero =
+            b.g.add_constant("zero", Const::owned(Tensor::from_vec(vec![], &[0i64]).unwrap()));
+        let rest = b.node("SequenceErase", &[pieces, zero], Attrs::new());
+        let seq = b.node("SequenceInsert", &[rest, y, zero], Attrs::new());
+        let last =
+            b.g.add_constant("last", Const::owned(Tensor::from_vec(vec![], &[-1i64]).unwrap()));
+        let third = b.node("SequenceAt", &[seq, last], Attrs::new());
+        let pair = b.node("SequenceConstruct", &[third, y], Attrs::new());
+        let out = b.node(
+            "ConcatFromSequence",
+            &[pair],
+            Attrs::new().with("axis", int(1)).with("new_axis", int(1)),
+        );
+        let g = lowered(b, out).unwrap();
+        let ops: Vec<&str> = g.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert!(!ops.iter().any(|op| op.contains("Sequence")), "{ops:?}");
+        let (xs, ys) = (data(10, 1), data(2, 2));
+        let inputs = [
+            Tensor::from_vec(vec![5, 2], &xs).unwrap(),
+            Tensor::from_vec(vec![1, 2], &ys).unwrap(),
+        ];
+        let got = &evaluate(&g, &inputs)[0];
+        // The last piece is row 4 of x, [1, 2]; stacked with y on axis 1: [1, 2, 2].
+        assert_eq!(got.desc().shape, [1, 2, 2]);
+        assert_eq!(got.as_slice::<f32>().unwrap(), [xs[8], xs[9], ys[0], ys[1]]);
+    }
+
+    #[test]
+    fn sequence_lengths_are_constants_and_pieces_may_drop_their_axis() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 3]);
+        let pieces = b.node(
+            "SplitToSequence",
+            &[x],
+            Attrs::new().with("axis", int(-1)).with("keepdims", int(0)),
+        );
+        let one = b.g.add_constant("one", Const::owned(Tensor::from_vec(vec![], &[1i64]).unwrap()));
+        let column = b.node("SequenceAt", &[pieces, one], Attrs::new());
+        let g = lowered(b, column).unwrap();
+        let xs = data(6, 3);
+        let got = &evaluate(&g, &[Tensor::from_vec(vec![2, 3], &xs).unwrap()])[0];
+        assert_eq!(got.desc().shape, [2]);
+        assert_eq!(got.as_slice::<f32>().unwrap(), [xs[1], xs[4]]);
+
+        let mut b = Builder::new();
+        let x = b.input("x", &[2, 3]);
+        let pieces = b.node("SplitToSequence", &[x], Attrs::new().with("axis", int(1)));
+        let n = b.node("SequenceLength", &[pieces], Attrs::new());
+        let g = lowered(b, n).unwrap();
+        let n = g.constant(g.outputs[0]).unwrap().tensor().to_i64s().unwrap();
+        assert_eq!(n, [3]);
+    }
+
+    #[test]
+    fn what_a_static_graph_cannot_hold_is_an_error_naming_it() {
+        // A position computed at run time.
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let pos = b.g.add_value("pos", Some(TensorDesc::new(DType::I64, vec![])));
+        b.g.inputs.push(pos);
+        let seq = b.node("SequenceConstruct", &[x, x], Attrs::new());
+        let at = b.node("SequenceAt", &[seq, pos], Attrs::new());
+        let e = lowered(b, at).unwrap_err();
+        assert!(e.contains("SequenceAt") && e.contains("must be a constant"), "{e}");
+        // A sequence as a graph output, and one read by a tensor op.
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let seq = b.node("SequenceConstruct", &[x], Attrs::new());
+        let e = lowered(b, seq).unwrap_err();
+        assert!(e.contains("is a sequence: Ingot's outputs are tensors"), "{e}");
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let seq = b.node("SequenceConstruct", &[x], Attrs::new());
+        let y = b.node("Relu", &[seq], Attrs::new());
+        let e = lowered(b, y).unwrap_err();
+        assert!(e.contains("Relu") && e.contains("is a sequence, which only"), "{e}");
+        // Past the end.
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let seq = b.node("SequenceConstruct", &[x], Attrs::new());
+        let two = b.g.add_constant("two", Const::owned(Tensor::from_vec(vec![], &[2i64]).unwrap()));
+        let at = b.node("SequenceAt", &[seq, two], Attrs::new());
+        let e = lowered(b, at).unwrap_err();
+        assert!(e.contains("position 2 is out of range for a sequence of 1"), "{e}");
+    }
+}
