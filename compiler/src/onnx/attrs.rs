@@ -60,6 +60,9 @@ pub(super) fn convert(protos: &[AttributeProto]) -> Result<Attrs, String> {
             }
             // The importer makes it a body of the graph and sets this name to its index.
             AttributeType::GRAPH => continue,
+            // Optional's `type`, the only op attribute of types: an empty optional holds no
+            // value whose type anything needs.
+            AttributeType::TYPE_PROTO => continue,
             AttributeType::GRAPHS => {
                 return Err(format!("attribute '{name}' is a list of subgraphs, not supported"));
             }

@@ -10,13 +10,16 @@
 //! - `SplitToSequence`: a `Slice` per piece (and a `Reshape` that drops the axis without
 //!   `keepdims`).
 //!
-//! Sequences live only inside the graph: one that is a graph input or output, or that an op
-//! other than these reads, is an error naming it.
+//! Optionals are lists of none or one: `Optional` makes one, `OptionalHasElement` is a
+//! constant, `OptionalGetElement` an `Identity` of the element (of a plain tensor too).
+//!
+//! Sequences and optionals live only inside the graph: one that is a graph input or output,
+//! or that an op other than these reads, is an error naming it.
 
 use super::PassError;
 use crate::ir::{Const, Graph, Node, ValueId};
-use ingot_ops::{Tensor, TensorDesc};
-use ingot_schema::{AttrValue, Attrs, DType};
+use ingot_ops::{Tensor, TensorError};
+use ingot_schema::{AttrValue, Attrs};
 use std::collections::BTreeMap;
 
 /// The ops this file expands.
@@ -29,6 +32,9 @@ pub const OPS: &[&str] = &[
     "SequenceLength",
     "ConcatFromSequence",
     "SplitToSequence",
+    "Optional",
+    "OptionalHasElement",
+    "OptionalGetElement",
 ];
 
 pub fn is_sequence_op(node: &Node) -> bool {
@@ -113,11 +119,7 @@ pub fn expand(g: &mut Graph, at: usize, seqs: &mut Sequences) -> Result<(), Pass
         }
         "SequenceLength" => {
             let n = seqs.list(&node, 0)?.len() as i64;
-            let value = &mut made.g.values[out];
-            value.ty = Some(TensorDesc::new(DType::I64, Vec::new()));
-            value.constant = Some(Const::owned(
-                Tensor::from_vec(Vec::new(), &[n]).map_err(|e| PassError::Graph(e.to_string()))?,
-            ));
+            made.constant(out, Tensor::from_vec(Vec::new(), &[n]))?;
             return Ok(());
         }
         "ConcatFromSequence" => {
@@ -146,6 +148,26 @@ pub fn expand(g: &mut Graph, at: usize, seqs: &mut Sequences) -> Result<(), Pass
             return Ok(());
         }
         "SplitToSequence" => split(&mut made, &node)?,
+        "Optional" => node.inputs.iter().flatten().copied().collect(),
+        "OptionalHasElement" => {
+            let has = match node.inputs.first().copied().flatten() {
+                None => false,
+                Some(v) => seqs.0.get(&v).is_none_or(|list| !list.is_empty()),
+            };
+            made.constant(out, Tensor::from_bools(Vec::new(), &[has]))?;
+            return Ok(());
+        }
+        "OptionalGetElement" => {
+            let v = node.inputs.first().copied().flatten();
+            let v = v.ok_or_else(|| err(&node, "its input is missing".into()))?;
+            let element = match seqs.0.get(&v).map(Vec::as_slice) {
+                None => v,
+                Some(&[element]) => element,
+                Some(_) => return Err(err(&node, "the optional holds no element".into())),
+            };
+            made.node("Identity", vec![element], Attrs::new(), Some(out));
+            return Ok(());
+        }
         op => return Err(err(&node, format!("{op} is not a sequence op"))),
     };
     seqs.0.insert(out, list);
@@ -182,6 +204,15 @@ impl Made<'_> {
         self.g.nodes.insert(self.at, node);
         (self.at, self.count) = (self.at + 1, self.count + 1);
         out
+    }
+
+    /// Makes `out`, which no node writes now, the constant `t`.
+    fn constant(&mut self, out: ValueId, t: Result<Tensor, TensorError>) -> Result<(), PassError> {
+        let t = t.map_err(|e| PassError::Graph(e.to_string()))?;
+        let value = &mut self.g.values[out];
+        value.ty = Some(t.desc().clone());
+        value.constant = Some(Const::owned(t));
+        Ok(())
     }
 
     fn ints(&mut self, values: &[i64]) -> Result<ValueId, PassError> {
@@ -308,6 +339,8 @@ fn normalize(axis: i64, rank: usize) -> Option<usize> {
 mod tests {
     use super::*;
     use crate::passes::testing::{Builder, data, evaluate};
+    use ingot_ops::TensorDesc;
+    use ingot_schema::DType;
 
     fn int(v: i64) -> AttrValue {
         AttrValue::Int(v)
@@ -382,6 +415,34 @@ mod tests {
         let g = lowered(b, n).unwrap();
         let n = g.constant(g.outputs[0]).unwrap().tensor().to_i64s().unwrap();
         assert_eq!(n, [3]);
+    }
+
+    #[test]
+    fn optionals_hold_one_element_or_none() {
+        // Optional(x) holds x; Optional() holds nothing; a plain tensor is an element.
+        for (wrapped, has) in [(true, true), (false, false)] {
+            let mut b = Builder::new();
+            let x = b.input("x", &[2]);
+            let opt = match wrapped {
+                true => b.node("Optional", &[x], Attrs::new()),
+                false => b.node("Optional", &[], Attrs::new()),
+            };
+            let out = b.node("OptionalHasElement", &[opt], Attrs::new());
+            let g = lowered(b, out).unwrap();
+            let got = evaluate(&g, &[Tensor::from_vec(vec![2], &[1.0f32, 2.0]).unwrap()]);
+            assert_eq!(got[0].bytes(), [u8::from(has)]);
+        }
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let opt = b.node("Optional", &[x], Attrs::new());
+        let out = b.node("OptionalGetElement", &[opt], Attrs::new());
+        let g = lowered(b, out).unwrap();
+        let got = evaluate(&g, &[Tensor::from_vec(vec![2], &[1.0f32, 2.0]).unwrap()]);
+        assert_eq!(got[0].as_slice::<f32>().unwrap(), [1.0, 2.0]);
+        let mut b = Builder::new();
+        let opt = b.node("Optional", &[], Attrs::new());
+        let out = b.node("OptionalGetElement", &[opt], Attrs::new());
+        assert!(lowered(b, out).unwrap_err().contains("the optional holds no element"));
     }
 
     #[test]
