@@ -20,6 +20,7 @@ pub mod vulkan;
 mod attention;
 mod conv;
 mod elementwise;
+mod loss;
 mod matmul;
 mod movement;
 mod norm;

@@ -131,6 +131,7 @@ const FAMILIES: &[Family] = &[
     crate::topk::FAMILY,
     crate::select::FAMILY,
     crate::spectral::FAMILY,
+    crate::loss::FAMILY,
 ];
 
 /// An op of the default ONNX domain as the registry knows it.
