@@ -21,6 +21,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => copy(cx),
         "Dropout" => dropout(cx),
+        "BitCast" => bitcast(cx),
         "Concat" => concat(cx),
         "Split" => split(cx),
         "Transpose" => remap::transpose(cx),
@@ -377,6 +378,16 @@ fn copy(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     let (i, o) = (&cx.inputs[0], &cx.outputs[0]);
     if i.elements() != o.elements() {
         return Err(invalid!("{} cannot turn shape {:?} into {:?}", cx.op, i.shape, o.shape));
+    }
+    Ok(Box::new(Passthrough { bytes: i.bytes(), mask: None }))
+}
+
+/// BitCast: the bytes as they are, the output's type of the input's width.
+fn bitcast(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(1..=1, 1)?;
+    let (i, o) = (&cx.inputs[0], &cx.outputs[0]);
+    if i.shape != o.shape || i.bytes() != o.bytes() {
+        return Err(invalid!("BitCast cannot turn {i:?} into {o:?}"));
     }
     Ok(Box::new(Passthrough { bytes: i.bytes(), mask: None }))
 }

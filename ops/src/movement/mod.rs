@@ -5,6 +5,7 @@
 //! attribute, so the node has only its data inputs):
 //! - Reshape `shape` (0 and -1 resolved to real dims), Flatten `axis`, Squeeze/Unsqueeze
 //!   `axes` (sorted), Identity and Dropout nothing (Dropout keeps only its data input);
+//!   BitCast `to` (ONNX code of a type of the input's width): the same bytes, read as `to`;
 //! - Shape `start`/`end` (clamped), Size nothing: the fold pass answers both from types;
 //! - ConstantOfShape `shape`, `value`, `dtype` (ONNX code); Range `start`, `limit`, `delta`,
 //!   `dtype`; EyeLike `shape` (its input's), `dtype`, `k`. Scalars are `Int` for integer and
@@ -32,7 +33,7 @@ use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, checked_product, normalize_axis, op_err};
 use crate::registry::{Family, OpDef, never};
 use crate::{Constant, Node};
-use ingot_schema::{AttrValue, DType};
+use ingot_schema::{AttrValue, Attrs, DType};
 
 pub const OPS: &[OpDef] = &[
     OpDef::new("Reshape", lower_reshape, infer_reshape).view(),
@@ -40,6 +41,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Squeeze", lower_squeeze, infer_squeeze).view(),
     OpDef::new("Unsqueeze", lower_unsqueeze, infer_unsqueeze).view(),
     OpDef::new("Identity", lower_nothing, infer_same).view(),
+    OpDef::new("BitCast", lower_bitcast, infer_bitcast).view(),
     OpDef::new("Dropout", lower_dropout, infer_dropout).view(),
     OpDef::new("Shape", lower_shape, infer_shape).folded(),
     OpDef::new("Size", lower_nothing, infer_size).folded(),
@@ -159,6 +161,43 @@ fn lower_nothing(_: &mut Node, _: &LowerCx) -> OpResult<()> {
 
 fn infer_same(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     Ok(vec![arg(inputs, 0)?.clone()])
+}
+
+// ---- BitCast ----
+
+/// The input's bytes read as `to`, a type of the same width. A bfloat16 value is float32 in
+/// Ingot and 4-bit and 2-bit values a byte each, so their bits are not what the model would
+/// reinterpret: a BitCast to or from such a type is refused.
+fn lower_bitcast(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    const BFLOAT16: i64 = 16;
+    let to = node.attrs.int("to")?;
+    if to == BFLOAT16 {
+        return Err(op_err!("BitCast to bfloat16: Ingot computes bfloat16 values as float32"));
+    }
+    let from = cx.input(0)?.dtype;
+    let to = i32::try_from(to).ok().and_then(DType::from_onnx_code);
+    let to = to.ok_or_else(|| {
+        op_err!("BitCast to ONNX type {} is not supported", node.attrs.int("to").unwrap_or(0))
+    })?;
+    if let Some(packed) = [from, to].into_iter().find(|d| d.packed_bits().is_some()) {
+        return Err(op_err!("BitCast of {packed}: Ingot holds such values a byte each"));
+    }
+    if from.size() != to.size() {
+        return Err(op_err!(
+            "BitCast needs types of one width: {from} is {} bytes, {to} {}",
+            from.size(),
+            to.size()
+        ));
+    }
+    node.attrs = Attrs::new().with("to", AttrValue::Int(i64::from(to.onnx_code())));
+    Ok(())
+}
+
+fn infer_bitcast(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let to = i32::try_from(node.attrs.int("to")?).ok().and_then(DType::from_onnx_code);
+    let to = to.filter(|t| t.size() == x.dtype.size()).ok_or_else(|| op_err!("BitCast's to"))?;
+    Ok(vec![TensorDesc::new(to, x.shape.clone())])
 }
 
 // ---- Reshape, Flatten, Squeeze, Unsqueeze ----

@@ -341,3 +341,18 @@ fn trilu_cumsum_index_ops() {
     assert_eq!((n.attrs.int("axis").unwrap(), n.attrs.int("depth").unwrap()), (2, 5));
     assert_eq!(o[0], TensorDesc::new(DType::F32, [2, 3, 5]));
 }
+
+#[test]
+fn bitcast_reads_the_bytes_as_a_type_of_their_width() {
+    let to = |code: i64| a(&[("to", AttrValue::Int(code))]);
+    let (_, outs) = lower("BitCast", 26, to(6), vec![x(&[2, 3])], 1).unwrap();
+    assert_eq!(outs, [TensorDesc::new(DType::I32, vec![2, 3])]);
+    let bools = In::X(DType::Bool, vec![4]);
+    let (_, outs) = lower("BitCast", 26, to(2), vec![bools], 1).unwrap();
+    assert_eq!(outs, [TensorDesc::new(DType::U8, vec![4])]);
+    // Another width, bfloat16 (float32 in Ingot), a 4-bit type (a byte each in Ingot).
+    let err = |code, input| lower("BitCast", 26, to(code), vec![input], 1).unwrap_err().0;
+    assert!(err(7, x(&[2])).contains("f32 is 4 bytes, i64 8"), "{}", err(7, x(&[2])));
+    assert!(err(16, x(&[2])).contains("bfloat16"));
+    assert!(err(3, In::X(DType::I4, vec![2])).contains("a byte each"));
+}
