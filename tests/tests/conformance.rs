@@ -220,6 +220,7 @@ fn suite(suite: &str, backend: Backend) {
 /// the harness binds their values at compile time, as a user does with `--constant-input`.
 const OPERANDS: &[(&str, &[usize])] = &[
     ("AffineGrid", &[1]),
+    ("BlackmanWindow", &[0]),
     ("CenterCropPad", &[1]),
     ("Clip", &[1, 2]),
     ("ConstantOfShape", &[0]),
@@ -228,6 +229,9 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("DFT", &[1, 2]),
     ("Dropout", &[1, 2]),
     ("Expand", &[1]),
+    ("HammingWindow", &[0]),
+    ("HannWindow", &[0]),
+    ("MelWeightMatrix", &[0, 1, 2, 3, 4]),
     ("OneHot", &[1]),
     ("Pad", &[1, 2, 3]),
     ("Range", &[0, 1, 2]),

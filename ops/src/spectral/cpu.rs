@@ -10,6 +10,9 @@ use ingot_schema::DType;
 use std::f64::consts::TAU;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    if super::windows::OPS.contains(&cx.op) {
+        return super::windows::prepare(cx);
+    }
     let x = cx.inputs.first().ok_or_else(|| invalid!("{} without an input", cx.op))?;
     if !matches!(x.dtype, DType::F32 | DType::F64) {
         return Err(cx.dtype_error(x.dtype));

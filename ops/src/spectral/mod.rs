@@ -10,10 +10,12 @@
 //!   (numpy's `irfft`).
 //! - STFT: inputs the signal `[batch, length, 1 or 2]` and the window where there is one;
 //!   attributes `frame_step`, `frame_length`, `onesided`. Y is `[batch, frames, bins, 2]`.
+//! - The window functions and MelWeightMatrix: constant tables, folded (`windows.rs`).
 
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
+mod windows;
 
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
@@ -30,8 +32,17 @@ use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
 use crate::registry::{Family, OpDef, never};
 use ingot_schema::{AttrValue, Attrs};
 
-pub const OPS: &[OpDef] =
-    &[OpDef::new("DFT", lower_dft, infer_dft), OpDef::new("STFT", lower_stft, infer_stft)];
+/// Why the tables have no Vulkan kernel.
+const TABLE: &str = "a table of constant operands, folded at compile time";
+
+pub const OPS: &[OpDef] = &[
+    OpDef::new("DFT", lower_dft, infer_dft),
+    OpDef::new("STFT", lower_stft, infer_stft),
+    OpDef::new("HannWindow", windows::lower, windows::infer).cpu_only(TABLE),
+    OpDef::new("HammingWindow", windows::lower, windows::infer).cpu_only(TABLE),
+    OpDef::new("BlackmanWindow", windows::lower, windows::infer).cpu_only(TABLE),
+    OpDef::new("MelWeightMatrix", windows::lower, windows::infer).cpu_only(TABLE),
+];
 
 /// A scalar integer operand, which must be constant (`None`: omitted).
 fn const_int(cx: &LowerCx, i: usize, what: &str) -> OpResult<Option<i64>> {
