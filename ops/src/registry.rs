@@ -253,8 +253,9 @@ mod tests {
     }
 
     #[test]
-    fn views_are_the_reshape_family() {
+    fn views_are_the_reshape_family_and_bitcast() {
         let views: Vec<&str> = supported_ops().into_iter().filter(|op| is_view(op)).collect();
-        assert_eq!(views, ["Dropout", "Flatten", "Identity", "Reshape", "Squeeze", "Unsqueeze"]);
+        let want = ["BitCast", "Dropout", "Flatten", "Identity", "Reshape", "Squeeze", "Unsqueeze"];
+        assert_eq!(views, want);
     }
 }

@@ -185,8 +185,8 @@ pub fn analyse(
     a
 }
 
-/// The aliases a view node gives its outputs: the same bytes (reshape family), one contiguous
-/// range (outer-axis Slice), or consecutive ranges (outer-axis Split).
+/// The aliases a view node gives its outputs: the same bytes (reshape family, BitCast), one
+/// contiguous range (outer-axis Slice), or consecutive ranges (outer-axis Split).
 fn view_of(g: &Graph, node: &Node, input: ValueId, a: &Aliases) -> Option<Vec<(ValueId, Alias)>> {
     let r = a.root(input);
     let at = |offset: u64| Alias { root: r.root, byte_offset: r.byte_offset + offset };
