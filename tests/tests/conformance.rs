@@ -258,6 +258,7 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("Tile", &[1]),
     ("Trilu", &[1]),
     ("Unsqueeze", &[1]),
+    ("Upsample", &[1]),
 ];
 
 /// The model's runtime inputs (graph inputs that are not initializers), in order, each with

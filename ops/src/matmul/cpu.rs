@@ -23,6 +23,9 @@ pub(crate) mod product;
 use product::{Axis, Levels, Plan, Quantized, Scalar};
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    if cx.op == "Det" {
+        return super::det::prepare(cx);
+    }
     let quantized_b = cx.op != "Einsum" && crate::dequantizes_b(cx.attrs);
     // B's dequantization is one more input of the product's own.
     let q = usize::from(quantized_b);

@@ -11,6 +11,7 @@
 //! explicit; `equation` stays for people reading the bundle. One or two operands.
 
 pub(crate) mod cpu;
+mod det;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 
@@ -33,6 +34,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("MatMul", lower_matmul, infer_matmul),
     OpDef::new("Gemm", lower_gemm, infer_gemm),
     OpDef::new("Einsum", lower_einsum, infer_einsum),
+    OpDef::new("Det", det::lower, det::infer)
+        .cpu_only("Det has no Vulkan kernel: it runs on the CPU as a submodel of its own"),
 ];
 
 /// Whether a MatMul or Gemm dequantizes its own 8-bit B (`dequantize_b` = 1; the compiler's

@@ -35,7 +35,8 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "GatherElements" => index::gather_elements(cx),
         "GatherND" => index::gather_nd(cx),
         "ScatterND" => index::scatter_nd(cx),
-        "ScatterElements" => index::scatter_elements(cx),
+        // Lowering renames Scatter; the kernel is the same.
+        "ScatterElements" | "Scatter" => index::scatter_elements(cx),
         "OneHot" => index::one_hot(cx),
         "ReverseSequence" => index::reverse_sequence(cx),
         "Trilu" => numeric::trilu(cx),

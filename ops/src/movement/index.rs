@@ -93,6 +93,12 @@ pub(super) fn lower_scatter_elements(node: &mut Node, cx: &LowerCx) -> OpResult<
     lower_axis(node, cx, 0, 0)
 }
 
+/// Scatter (opsets 9 and 10), which opset 11 renamed ScatterElements: the same op.
+pub(super) fn lower_scatter(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    node.op = "ScatterElements".into();
+    lower_scatter_elements(node, cx)
+}
+
 /// Scatters write into a copy of the data.
 pub(super) fn infer_scatter(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     let (data, _, updates) = (arg(inputs, 0)?, indices_arg(inputs, 1)?, arg(inputs, 2)?);

@@ -69,6 +69,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("GatherND", index::lower_gather_nd, index::infer_gather_nd),
     OpDef::new("ScatterND", index::lower_scatter_nd, index::infer_scatter),
     OpDef::new("ScatterElements", index::lower_scatter_elements, index::infer_scatter),
+    OpDef::new("Scatter", index::lower_scatter, index::infer_scatter)
+        .cpu_only("lowering turns Scatter into ScatterElements"),
     OpDef::new("OneHot", index::lower_one_hot, index::infer_one_hot),
     OpDef::new("ReverseSequence", index::lower_reverse_sequence, infer_same)
         .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),

@@ -17,7 +17,8 @@ use ingot_schema::DType;
 
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
-        "Resize" => {}
+        // Lowering makes an Upsample a Resize.
+        "Resize" | "Upsample" => {}
         "GridSample" => return super::grid_sample::prepare(cx),
         "AffineGrid" => return super::grid_sample::prepare_affine_grid(cx),
         op => return Err(KernelError::UnknownOp(op.to_string())),

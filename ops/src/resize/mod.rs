@@ -31,6 +31,8 @@ use ingot_schema::{AttrValue, Attrs};
 
 pub const OPS: &[OpDef] = &[
     OpDef::new("Resize", lower_resize, infer_resize),
+    OpDef::new("Upsample", lower_upsample, infer_resize)
+        .cpu_only("lowering turns Upsample into Resize"),
     OpDef::new("GridSample", lower_grid_sample, infer_grid_sample),
     OpDef::new("AffineGrid", lower_affine_grid, infer_affine_grid),
 ];
@@ -240,6 +242,44 @@ fn lower_resize(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
         .with("sizes", AttrValue::Ints(sizes.iter().map(|&s| s as i64).collect()))
         .with("roi", AttrValue::Floats(roi));
     node.attrs = attrs;
+    node.inputs.truncate(1);
+    Ok(())
+}
+
+/// Upsample (opsets 7 to 9), which Resize replaced: a Resize by `scales` (an attribute before
+/// opset 9, input 1 from 9) with asymmetric coordinates and nearest rounding down, which is
+/// what Upsample and opset 10's Resize mean. Each output dim is the input's times its scale,
+/// rounded down.
+fn lower_upsample(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let shape = cx.input(0)?.shape.clone();
+    let scales = match cx.opset {
+        ..9 => Some(node.attrs.floats("scales")?.to_vec()),
+        _ => cx.const_floats(1, "scales")?,
+    };
+    let scales = scales.ok_or_else(|| op_err!("scales (input 1) is required"))?;
+    if scales.len() != shape.len() || scales.iter().any(|&s| s < 1.0) {
+        return Err(op_err!("scales {scales:?} need one entry of 1 or more for each of {shape:?}"));
+    }
+    let mode = match node.attrs.text_or("mode", "nearest")? {
+        "nearest" => "nearest",
+        "linear" | "bilinear" => "linear",
+        other => return Err(op_err!("mode '{other}' is not nearest or linear")),
+    };
+    let sizes: Vec<i64> =
+        shape.iter().zip(&scales).map(|(&d, &s)| (d as f64 * s).floor() as i64).collect();
+    let rank = shape.len();
+    node.attrs = Attrs::new()
+        .with("mode", AttrValue::Text(mode.into()))
+        .with("coordinate_transformation_mode", AttrValue::Text("asymmetric".into()))
+        .with("nearest_mode", AttrValue::Text("floor".into()))
+        .with("cubic_coeff_a", AttrValue::Float(-0.75))
+        .with("exclude_outside", AttrValue::Int(0))
+        .with("extrapolation_value", AttrValue::Float(0.0))
+        .with("antialias", AttrValue::Int(0))
+        .with("scales", AttrValue::Floats(scales))
+        .with("sizes", AttrValue::Ints(sizes))
+        .with("roi", AttrValue::Floats([vec![0.0; rank], vec![1.0; rank]].concat()));
+    node.op = "Resize".into();
     node.inputs.truncate(1);
     Ok(())
 }

@@ -111,3 +111,43 @@ fn bad_operands_are_errors() {
     let a = Attrs::new().with("antialias", AttrValue::Int(1));
     assert!(lower(18, a, &[1, 2], [None, floats(&[1.0, 2.0]), None]).is_err());
 }
+
+#[test]
+fn upsample_is_an_asymmetric_resize_rounding_down() {
+    // Opset 7: scales an attribute, bilinear spelled its old way; opset 9: scales input 1.
+    let x = TensorDesc::new(DType::F32, vec![1, 1, 3, 3]);
+    let upsample = OPS.iter().find(|d| d.name == "Upsample").unwrap();
+    let scales = [1.0, 1.0, 2.0, 1.5];
+    for opset in [7, 9] {
+        let s = floats(&scales.map(|v| v as f32));
+        let attrs = Attrs::new().with("mode", text("bilinear"));
+        let (inputs, consts, attrs) = match opset {
+            7 => (
+                vec![Some(&x)],
+                vec![None],
+                attrs.with("scales", AttrValue::Floats(scales.to_vec())),
+            ),
+            _ => (
+                vec![Some(&x), s.as_ref().map(|c| Tensor::desc(c))],
+                vec![None, s.as_ref().map(|c| c as &dyn Constant)],
+                attrs,
+            ),
+        };
+        let mut node = Node {
+            name: "u".into(),
+            op: "Upsample".into(),
+            domain: String::new(),
+            inputs: inputs.iter().enumerate().map(|(i, _)| Some(i)).collect(),
+            outputs: vec![9],
+            attrs,
+        };
+        (upsample.lower)(&mut node, &LowerCx { opset, inputs, consts }).unwrap();
+        assert_eq!((node.op.as_str(), node.inputs.as_slice()), ("Resize", &[Some(0)][..]));
+        let out = (upsample.infer)(&node, &[&x]).unwrap().remove(0);
+        assert_eq!(out.shape, [1, 1, 6, 4]);
+        let a = &node.attrs;
+        assert_eq!(a.text("mode").unwrap(), "linear");
+        assert_eq!(a.text("coordinate_transformation_mode").unwrap(), "asymmetric");
+        assert_eq!(a.text("nearest_mode").unwrap(), "floor");
+    }
+}
