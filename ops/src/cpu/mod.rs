@@ -120,6 +120,27 @@ pub(crate) fn input_f32<'a>(
     input(inputs, i, len)
 }
 
+/// A float32 or float64 tensor's values as f64 (the kernels that compute in f64 whatever
+/// their float type).
+pub(crate) fn read_f64s(t: &TensorRef) -> Result<Vec<f64>, KernelError> {
+    Ok(match t.dtype {
+        DType::F64 => t.as_slice::<f64>()?.to_vec(),
+        _ => t.as_slice::<f32>()?.iter().map(|&v| f64::from(v)).collect(),
+    })
+}
+
+/// Writes f64 `values` into a float32 or float64 tensor of as many elements.
+pub(crate) fn write_f64s(t: &mut TensorMut, values: &[f64]) -> Result<(), KernelError> {
+    match t.dtype {
+        DType::F64 => tensor_mut::<f64>(t, values.len())?.copy_from_slice(values),
+        _ => {
+            let out = tensor_mut::<f32>(t, values.len())?;
+            out.iter_mut().zip(values).for_each(|(o, &v)| *o = v as f32);
+        }
+    }
+    Ok(())
+}
+
 /// Output `i` as `len` writable elements of type `T`.
 pub(crate) fn output_mut<'a, T: crate::tensor::Element>(
     outputs: &'a mut [TensorMut<'_>],

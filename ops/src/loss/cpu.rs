@@ -3,7 +3,7 @@
 //! log-probability. A target class outside `[0, C)` that is not `ignore_index` is an error of
 //! the run.
 
-use crate::cpu::{Kernel, KernelError, OpCx, input};
+use crate::cpu::{Kernel, KernelError, OpCx, input, read_f64s, write_f64s};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -29,7 +29,6 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         n: x.shape[0],
         c: x.shape[1],
         d: x.shape[2..].iter().product(),
-        dtype: x.dtype,
         target: cx.inputs[1].dtype,
         weighted: cx.inputs.len() == 3,
         softmax,
@@ -50,7 +49,6 @@ struct Loss {
     n: usize,
     c: usize,
     d: usize,
-    dtype: DType,
     target: DType,
     weighted: bool,
     softmax: bool,
@@ -59,24 +57,6 @@ struct Loss {
 }
 
 impl Loss {
-    fn floats(&self, inputs: &[TensorRef], i: usize, len: usize) -> Result<Vec<f64>, KernelError> {
-        Ok(match self.dtype {
-            DType::F32 => input::<f32>(inputs, i, len)?.iter().map(|&v| f64::from(v)).collect(),
-            _ => input::<f64>(inputs, i, len)?.to_vec(),
-        })
-    }
-
-    fn write(&self, out: &mut TensorMut, values: &[f64]) -> Result<(), KernelError> {
-        match self.dtype {
-            DType::F32 => {
-                let o = crate::cpu::tensor_mut::<f32>(out, values.len())?;
-                o.iter_mut().zip(values).for_each(|(o, &v)| *o = v as f32);
-            }
-            _ => crate::cpu::tensor_mut::<f64>(out, values.len())?.copy_from_slice(values),
-        }
-        Ok(())
-    }
-
     /// Each lane of `x` along C minus its log-sum-exp.
     fn log_softmax(&self, x: &mut [f64]) {
         let (c, d) = (self.c, self.d);
@@ -95,13 +75,21 @@ impl Loss {
 impl Kernel for Loss {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let (n, c, d) = (self.n, self.c, self.d);
-        let mut x = self.floats(inputs, 0, n * c * d)?;
+        let floats = |i: usize, len: usize| -> Result<Vec<f64>, KernelError> {
+            let t = inputs.get(i).ok_or_else(|| invalid!("input {i} is missing"))?;
+            let v = read_f64s(t)?;
+            match v.len() == len {
+                true => Ok(v),
+                false => Err(invalid!("input {i} has {} elements, expected {len}", v.len())),
+            }
+        };
+        let mut x = floats(0, n * c * d)?;
         let targets: Vec<i64> = match self.target {
             DType::I32 => input::<i32>(inputs, 1, n * d)?.iter().map(|&t| i64::from(t)).collect(),
             _ => input::<i64>(inputs, 1, n * d)?.to_vec(),
         };
         let weight = match self.weighted {
-            true => Some(self.floats(inputs, 2, c)?),
+            true => Some(floats(2, c)?),
             false => None,
         };
         if self.softmax {
@@ -126,9 +114,9 @@ impl Kernel for Loss {
             Reduction::Mean => vec![losses.iter().sum::<f64>() / weights],
         };
         let (first, rest) = outputs.split_first_mut().ok_or_else(|| invalid!("no output"))?;
-        self.write(first, &loss)?;
+        write_f64s(first, &loss)?;
         if let Some(log_prob) = rest.first_mut() {
-            self.write(log_prob, &x)?;
+            write_f64s(log_prob, &x)?;
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use crate::Node;
 use crate::TensorDesc;
-use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, read_f64s, write_f64s};
 use crate::invalid;
 use crate::lower::{LowerCx, OpResult, op_err};
 use crate::tensor::{TensorMut, TensorRef};
@@ -35,13 +35,12 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return Err(invalid!("Det of {x:?} declares {:?}", cx.outputs[0]));
     }
     let m = x.shape.last().copied().unwrap_or(0);
-    Ok(Box::new(Det { m, count: want.elements(), dtype: x.dtype }))
+    Ok(Box::new(Det { m, count: want.elements() }))
 }
 
 struct Det {
     m: usize,
     count: usize,
-    dtype: DType,
 }
 
 /// The determinant of the `m x m` matrix `a` (overwritten by its LU factors).
@@ -73,23 +72,18 @@ fn determinant(a: &mut [f64], m: usize) -> f64 {
 
 impl Kernel for Det {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let len = self.count * self.m * self.m;
-        let x: Vec<f64> = match self.dtype {
-            DType::F32 => input::<f32>(inputs, 0, len)?.iter().map(|&v| f64::from(v)).collect(),
-            _ => input::<f64>(inputs, 0, len)?.to_vec(),
-        };
+        let x = inputs.first().ok_or_else(|| invalid!("Det's input is missing"))?;
+        let x = read_f64s(x)?;
+        if x.len() != self.count * self.m * self.m {
+            return Err(invalid!("Det's input has {} elements", x.len()));
+        }
         // An empty matrix's determinant is 1.
         let dets: Vec<f64> = match self.m {
             0 => vec![1.0; self.count],
             m => x.chunks_exact(m * m).map(|a| determinant(&mut a.to_vec(), m)).collect(),
         };
-        match self.dtype {
-            DType::F32 => {
-                let out = output_mut::<f32>(outputs, 0, self.count)?;
-                out.iter_mut().zip(&dets).for_each(|(o, &d)| *o = d as f32);
-            }
-            _ => output_mut::<f64>(outputs, 0, self.count)?.copy_from_slice(&dets),
-        }
+        let out = outputs.first_mut().ok_or_else(|| invalid!("Det's output is missing"))?;
+        write_f64s(out, &dets)?;
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! per signal, which suits the frame sizes of audio front ends (an FFT would pay past a few
 //! thousand points).
 
-use crate::cpu::{Kernel, KernelError, OpCx};
+use crate::cpu::{Kernel, KernelError, OpCx, read_f64s, write_f64s};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
@@ -46,7 +46,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             if y.elements() != transform.outer * bins * transform.inner * y_parts {
                 return Err(invalid!("DFT output {:?} does not fit its input {:?}", y, x));
             }
-            Ok(Box::new(Dft { transform, f64: x.dtype == DType::F64, bins, y_parts }))
+            Ok(Box::new(Dft { transform, bins, y_parts }))
         }
         "STFT" => {
             cx.expect_arity(1..=2, 1)?;
@@ -66,39 +66,10 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             if cx.outputs[0].shape != [batch, frames, bins, 2] {
                 return Err(invalid!("STFT output {:?}", cx.outputs[0]));
             }
-            Ok(Box::new(Stft {
-                f64: x.dtype == DType::F64,
-                batch,
-                len,
-                parts,
-                step,
-                frames,
-                length,
-                bins,
-            }))
+            Ok(Box::new(Stft { batch, len, parts, step, frames, length, bins }))
         }
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
-}
-
-/// A tensor's values as f64.
-fn read(t: &TensorRef, f64: bool) -> Result<Vec<f64>, KernelError> {
-    Ok(match f64 {
-        true => t.as_slice::<f64>()?.to_vec(),
-        false => t.as_slice::<f32>()?.iter().map(|&v| f64::from(v)).collect(),
-    })
-}
-
-fn write(t: &mut TensorMut, f64: bool, values: &[f64]) -> Result<(), KernelError> {
-    match f64 {
-        true => t.as_slice_mut::<f64>()?.copy_from_slice(values),
-        false => {
-            for (y, &v) in t.as_slice_mut::<f32>()?.iter_mut().zip(values) {
-                *y = v as f32;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// cos and sin of 2πj/length for j < length: the factor of bin k at sample t is entry
@@ -153,7 +124,6 @@ fn transform(
 
 struct Dft {
     transform: Transform,
-    f64: bool,
     bins: usize,
     y_parts: usize,
 }
@@ -161,7 +131,7 @@ struct Dft {
 impl Kernel for Dft {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let t = &self.transform;
-        let x = read(&inputs[0], self.f64)?;
+        let x = read_f64s(&inputs[0])?;
         if x.len() != t.outer * t.n * t.inner * t.parts {
             return Err(invalid!("DFT input of {} values", x.len()));
         }
@@ -193,12 +163,11 @@ impl Kernel for Dft {
                 }
             }
         }
-        write(&mut outputs[0], self.f64, &y)
+        write_f64s(&mut outputs[0], &y)
     }
 }
 
 struct Stft {
-    f64: bool,
     batch: usize,
     len: usize,
     parts: usize,
@@ -210,12 +179,12 @@ struct Stft {
 
 impl Kernel for Stft {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let x = read(&inputs[0], self.f64)?;
+        let x = read_f64s(&inputs[0])?;
         if x.len() != self.batch * self.len * self.parts {
             return Err(invalid!("STFT signal of {} values", x.len()));
         }
         let window = match inputs.get(1) {
-            Some(w) => read(w, self.f64)?,
+            Some(w) => read_f64s(w)?,
             None => vec![1.0; self.length],
         };
         let tw = twiddles(self.length);
@@ -232,7 +201,7 @@ impl Kernel for Stft {
                 y.extend(out.iter().flat_map(|&(re, im)| [re, im]));
             }
         }
-        write(&mut outputs[0], self.f64, &y)
+        write_f64s(&mut outputs[0], &y)
     }
 }
 

@@ -9,7 +9,7 @@
 
 use crate::Node;
 use crate::TensorDesc;
-use crate::cpu::{Kernel, KernelError, OpCx, output_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, write_f64s};
 use crate::invalid;
 use crate::lower::{LowerCx, OpResult, op_err};
 use crate::tensor::{TensorMut, TensorRef};
@@ -103,7 +103,7 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
             (0..size).map(|i| w(&turn, i)).collect()
         }
     };
-    Ok(Box::new(Table { values, dtype: out.dtype }))
+    Ok(Box::new(Table { values }))
 }
 
 /// Triangular bands, evenly spaced in mels (`2595 log10(1 + f / 700)`) from the lower to the
@@ -155,19 +155,12 @@ fn mel(attrs: &Attrs) -> Result<Vec<f64>, KernelError> {
 /// A table computed once, written by every run (in practice once: it is folded).
 struct Table {
     values: Vec<f64>,
-    dtype: DType,
 }
 
 impl Kernel for Table {
     fn run(&self, _: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
-        let n = self.values.len();
-        match self.dtype {
-            DType::F32 => {
-                let out = output_mut::<f32>(outputs, 0, n)?;
-                out.iter_mut().zip(&self.values).for_each(|(o, &v)| *o = v as f32);
-            }
-            _ => output_mut::<f64>(outputs, 0, n)?.copy_from_slice(&self.values),
-        }
+        let out = outputs.first_mut().ok_or_else(|| invalid!("the table has no output"))?;
+        write_f64s(out, &self.values)?;
         Ok(())
     }
 }
