@@ -183,3 +183,38 @@ fn convs_read_int8_weights_as_they_load_them() -> Result<()> {
     ensure!(weights * 10 <= float * 3, "{weights} weight bytes, the float model's {float}");
     Ok(())
 }
+
+/// ONNX Runtime's dynamic quantization (`quantize_dynamic`) writes each product as
+/// `MatMulInteger`, `Cast` to float, `Mul` by the scales and `Add` of the bias: each becomes
+/// one `MatMulIntegerToFloat` step with its scale and bias as post-ops, the product never
+/// written as int32. What they compute is checked against ONNX Runtime in `models.rs`.
+#[test]
+fn dynamically_quantized_products_are_one_step_each() -> Result<()> {
+    use protobuf::Message as _;
+    for model in ["prefill_dynamic", "prefill_dynamic_per_channel"] {
+        let file = format!("models/{model}.onnx");
+        let onnx = onnx_protobuf::ModelProto::parse_from_bytes(&std::fs::read(generated(&file)?)?)?;
+        let products = onnx.graph.node.iter().filter(|n| n.op_type == "MatMulInteger").count();
+        ensure!(products > 0, "{file} has no MatMulInteger");
+        let (bundle, _) = compiled(&file)?;
+        let steps = &bundle.manifest().variants[0].steps;
+        let ops = |op: &str| steps.iter().filter(|s| s.op == op).count();
+        let fused: Vec<Vec<&str>> = (steps.iter())
+            .filter(|s| s.op == "MatMulIntegerToFloat")
+            .map(|s| s.post_ops())
+            .collect();
+        ensure!(
+            ops("MatMulInteger") == 0 && ops("Cast") == 0 && fused.len() == products,
+            "{model}: {} MatMulInteger, {} Cast and {} MatMulIntegerToFloat steps for {products} \
+             products",
+            ops("MatMulInteger"),
+            ops("Cast"),
+            fused.len()
+        );
+        ensure!(
+            fused.iter().all(|p| p.first() == Some(&"Mul")),
+            "{model}: every product takes its scale as a post-op: {fused:?}"
+        );
+    }
+    Ok(())
+}

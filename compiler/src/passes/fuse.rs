@@ -30,7 +30,7 @@ use super::PassError;
 use super::patterns::{Patterns, near, scalar};
 use crate::ir::{Const, Graph, Node, ValueId};
 use ingot_ops::Constant as _;
-use ingot_ops::cpu::post::broadcasts;
+use ingot_ops::cpu::post::{HOSTS, broadcasts, takes_column_blocks};
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 use std::sync::Arc;
@@ -43,10 +43,6 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     Fuser::new(g).run();
     Ok(())
 }
-
-/// Ops that take post-ops, with their own inputs when post-ops read extra ones (all of
-/// them: the bias or C is then always present).
-const HOSTS: &[(&str, usize)] = &[("Conv", 3), ("ConvTranspose", 3), ("Gemm", 3), ("MatMul", 2)];
 
 /// The parameters an activation passes to `post_params`, from its canonical attributes, in the
 /// order `ops/src/cpu/post.rs` reads them.
@@ -375,7 +371,7 @@ impl<'g> Fuser<'g> {
                 // trailing dims: a bias, an attention mask.
                 let (y, r, swapped) = candidates.into_iter().find(|&(y, r, _)| {
                     let Some(p) = self.host(y) else { return false };
-                    let columns = matches!(g.nodes[p].op.as_str(), "MatMul" | "Gemm");
+                    let columns = takes_column_blocks(&g.nodes[p].op);
                     let fits = |(r, y): (&TensorDesc, &TensorDesc)| {
                         r.shape == y.shape
                             || r.elements() == 1

@@ -9,6 +9,7 @@ mod dce;
 mod dequantize;
 mod dequantize_in_gemm;
 mod fuse;
+mod integer_products;
 mod legacy;
 mod lower;
 mod norm_chains;
@@ -36,6 +37,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("dce", dce::run),
     ("dequantize", dequantize::run),
     ("round_trips", round_trips::run),
+    ("integer_products", integer_products::run),
     ("norm_chains", norm_chains::run),
     ("dequantize_in_conv", dequantize_in_gemm::convs),
     ("fuse", fuse::run),

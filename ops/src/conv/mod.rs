@@ -296,7 +296,7 @@ pub(super) fn post_operands<'a, 'b>(
 }
 
 /// Checks the output and post-op operands of a node with post-ops: f32, each operand of the
-/// output's shape or of one element.
+/// output's shape, of one element, or (the products) a block of its trailing dims.
 pub(super) fn check_post_operands(
     node: &Node,
     operands: &[&TensorDesc],
@@ -308,13 +308,16 @@ pub(super) fn check_post_operands(
     if out.dtype != DType::F32 {
         return Err(op_err!("post-ops run on f32 only, the output is {}", out.dtype));
     }
-    match operands
-        .iter()
-        .find(|r| r.dtype != DType::F32 || (r.shape != out.shape && r.elements() != 1))
-    {
+    let columns = post::takes_column_blocks(&node.op);
+    let fits = |r: &TensorDesc| {
+        r.shape == out.shape
+            || r.elements() == 1
+            || (columns && post::broadcasts(&r.shape, &out.shape))
+    };
+    match operands.iter().find(|r| r.dtype != DType::F32 || !fits(r)) {
         Some(r) => Err(op_err!(
-            "a post-op operand is {} {:?}; it must be f32 of the output's shape {:?} or hold \
-             one element",
+            "a post-op operand is {} {:?}; it must be f32 of the output's shape {:?}, hold \
+             one element, or (a product) a block of its trailing dims",
             r.dtype,
             r.shape,
             out.shape

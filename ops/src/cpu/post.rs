@@ -11,8 +11,9 @@
 //!   `LeakyRelu` alpha; `HardSigmoid` alpha, beta; `Swish` alpha; `Gelu` 0 (exact) or 1
 //!   (the tanh approximation).
 //! - Each binary op reads the next extra input after the op's own inputs (Conv and
-//!   ConvTranspose: X, W, B; Gemm: A, B, C; MatMul: A, B); with extra inputs the bias (C) is
-//!   always present. R has the output's shape, holds one element, or (MatMul and Gemm) is a
+//!   ConvTranspose: X, W, B; Gemm: A, B, C; MatMul: A, B; MatMulIntegerToFloat: A, B and their
+//!   zero points); with extra inputs the bias (C) is always present. R has the output's
+//!   shape, holds one element, or (the products, [`takes_column_blocks`]) is a
 //!   block of the output's trailing dims (a bias along the columns, `[N]` or `[1, .., N]`;
 //!   an attention mask `[S, S]`): element `e` of the output reads `R[e mod len(R)]` in each
 //!   case.
@@ -46,7 +47,15 @@ pub const ACTIVATIONS: &[(&str, usize)] = &[
 pub const BINARY: &[&str] = &["Add", "Sub", "RSub", "Mul"];
 
 /// The ops that take post-ops, with the count of their own inputs when extra inputs follow.
-const HOSTS: &[(&str, usize)] = &[("Conv", 3), ("ConvTranspose", 3), ("Gemm", 3), ("MatMul", 2)];
+pub const HOSTS: &[(&str, usize)] =
+    &[("Conv", 3), ("ConvTranspose", 3), ("Gemm", 3), ("MatMul", 2), ("MatMulIntegerToFloat", 4)];
+
+/// Whether a post-op operand of `op` may be a block of the output's trailing dims (a bias
+/// along the columns, an attention mask): the products, whose engine starts and applies such
+/// a block; the convs read a residual by element.
+pub fn takes_column_blocks(op: &str) -> bool {
+    matches!(op, "MatMul" | "Gemm" | "MatMulIntegerToFloat")
+}
 
 /// How many extra inputs the post-ops in `attrs` read (an error if they do not parse).
 pub fn extra_inputs(attrs: &Attrs) -> Result<usize, KernelError> {
@@ -167,9 +176,7 @@ impl PostOps {
         if !post.steps.is_empty() && y.dtype != DType::F32 {
             return Err(cx.dtype_error(y.dtype));
         }
-        // A bias or mask of trailing dims only where the product engine starts and applies
-        // it (MatMul, Gemm); conv's paths read a residual by element.
-        let columns = matches!(cx.op, "MatMul" | "Gemm");
+        let columns = takes_column_blocks(cx.op);
         for r in &cx.inputs[n_own..] {
             let fits = r.shape == y.shape
                 || r.elements() == 1

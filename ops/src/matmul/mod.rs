@@ -483,7 +483,9 @@ mod tests {
             std::slice::from_ref(&y)
         );
         assert!(infer_matmul(&with("MatMul", "Add"), &[&a, &b]).is_err());
-        assert!(infer_matmul(&with("MatMul", "Relu,Mul"), &[&a, &b, &c]).is_err());
+        // A bias along the columns is a block of the trailing dims; a column of rows is not.
+        assert!(infer_matmul(&with("MatMul", "Relu,Mul"), &[&a, &b, &c]).is_ok());
+        assert!(infer_matmul(&with("MatMul", "Relu,Mul"), &[&a, &b, &f(&[2, 1])]).is_err());
         let gemm = with("Gemm", "Sub,Tanh");
         assert_eq!(infer_gemm(&gemm, &[&a, &b, &c, &y]).unwrap(), std::slice::from_ref(&y));
         assert!(infer_gemm(&gemm, &[&a, &b, &y]).is_err(), "C must be present");

@@ -13,9 +13,12 @@
 //!   2^16 and a sum of 256 of them stays below 2^24, where float32 holds every integer: the
 //!   contraction runs in pieces of [`EXACT_K`], each exact, added in int32 (wrapping, as
 //!   numpy's int32 matmul does).
+//! - `MatMulIntegerToFloat`: that product rounded once to float32, then its post-ops. With one
+//!   piece and B read as its levels, the GEMM writes it straight into the output.
 
 use super::{Scales, Step, scales_of};
 use crate::cpu::parallel::{for_each_chunk, with_scratch};
+use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
 use crate::invalid;
 use crate::matmul::cpu::matmul_axes;
@@ -39,6 +42,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "QuantizeDequantize" => Ok(Box::new(RoundTrip::new(cx)?)),
         "DynamicQuantizeLinear" => dynamic(cx),
         "MatMulInteger" => Ok(Box::new(MatMulInteger::new(cx)?)),
+        "MatMulIntegerToFloat" => Ok(Box::new(IntegerToFloat::new(cx)?)),
         "QLinearMatMul" => Ok(Box::new(QLinearMatMul::new(cx)?)),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
@@ -754,6 +758,27 @@ impl IntProduct {
         a: &[f32],
         out: &mut [i32],
     ) -> Result<(), KernelError> {
+        with_scratch::<f32, _>(self.c, |c| {
+            out.fill(0);
+            self.each_piece_on_levels(inputs, a, |plan, a, b| {
+                c.fill(0.0);
+                plan.run_dequantized(1.0, a, b, c, |_, _| Ok(()))?;
+                for (o, &v) in out.iter_mut().zip(c.iter()) {
+                    *o = o.wrapping_add(v as i32);
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Calls `piece` with each piece's plan, A from its first index, and B's levels from its
+    /// first row with their zero points (`b_levels`).
+    fn each_piece_on_levels(
+        &self,
+        inputs: &[TensorRef],
+        a: &[f32],
+        mut piece: impl FnMut(&Plan, &[f32], &Quantized) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
         let b = inputs.get(self.at.1).ok_or_else(|| invalid!("B is missing"))?;
         if b.bytes.len() != self.b.1 {
             return Err(invalid!("B has {} bytes, expected {}", b.bytes.len(), self.b.1));
@@ -775,24 +800,49 @@ impl IntProduct {
             }
         };
         let scale = vec![1.0f32; self.n];
-        with_scratch::<f32, _>(self.c, |c| {
-            out.fill(0);
-            for (k0, plan) in &self.pieces {
-                c.fill(0.0);
-                let levels = match self.b.0 {
-                    DType::I8 | DType::I4 | DType::I2 => {
-                        Levels::I8(b.as_slice::<i8>()?.get(k0 * self.n..).unwrap_or(&[]))
-                    }
-                    _ => Levels::U8(b.as_slice::<u8>()?.get(k0 * self.n..).unwrap_or(&[])),
-                };
-                let b = Quantized { levels, scale: &scale, zero: &zero };
-                let a = a.get(*k0..).unwrap_or(&[]);
-                plan.run_dequantized(1.0, a, &b, c, |_, _| Ok(()))?;
-                for (o, &v) in out.iter_mut().zip(c.iter()) {
-                    *o = o.wrapping_add(v as i32);
+        for (k0, plan) in &self.pieces {
+            let levels = match self.b.0 {
+                DType::I8 | DType::I4 | DType::I2 => {
+                    Levels::I8(b.as_slice::<i8>()?.get(k0 * self.n..).unwrap_or(&[]))
                 }
+                _ => Levels::U8(b.as_slice::<u8>()?.get(k0 * self.n..).unwrap_or(&[])),
+            };
+            let b = Quantized { levels, scale: &scale, zero: &zero };
+            piece(plan, a.get(*k0..).unwrap_or(&[]), &b)?;
+        }
+        Ok(())
+    }
+
+    /// `out += (A - a_zero) x (B - b_zero)` as float32, each element rounded once from the
+    /// exact int32 product (as a Cast of MatMulInteger's output), then `done` on each block
+    /// of `out` (on all of it at 0 unless one exact GEMM computes the whole product).
+    fn run_float(
+        &self,
+        inputs: &[TensorRef],
+        out: &mut [f32],
+        accumulates: bool,
+        mut done: impl FnMut(&mut [f32], usize) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        if out.len() != self.c {
+            return Err(invalid!("the product has {} elements, expected {}", out.len(), self.c));
+        }
+        // One exact GEMM straight into a zeroed output: its sums are the int32 product's,
+        // and each block is done while in cache. Onto a residual, sums would round.
+        if self.b_levels && self.pieces.len() == 1 && !accumulates {
+            return with_scratch::<f32, _>(self.a.1, |a| {
+                self.widen(inputs, (self.at.0, false), self.a_zero, self.a, a)?;
+                self.each_piece_on_levels(inputs, a, |plan, a, b| {
+                    plan.run_dequantized(1.0, a, b, out, &mut done)
+                })
+            });
+        }
+        with_scratch::<f32, _>(self.c, |words| {
+            let acc: &mut [i32] = bytemuck::cast_slice_mut(words);
+            self.run(inputs, acc)?;
+            for (o, &v) in out.iter_mut().zip(acc.iter()) {
+                *o += v as f32;
             }
-            Ok(())
+            done(out, 0)
         })
     }
 
@@ -864,6 +914,63 @@ impl Kernel for MatMulInteger {
     fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
         let out = output_mut::<i32>(outputs, 0, self.0.c)?;
         self.0.run(inputs, out)
+    }
+}
+
+/// MatMulIntegerToFloat: MatMulInteger's product as float32, then its post-ops (the scale and
+/// bias a dynamically quantized model multiplies and adds after the Cast).
+struct IntegerToFloat {
+    product: IntProduct,
+    post: PostOps,
+    own: usize,
+}
+
+impl IntegerToFloat {
+    fn new(cx: &OpCx) -> Result<IntegerToFloat, KernelError> {
+        let (post, own) = PostOps::new(cx, 4..=4)?;
+        if cx.outputs[0].dtype != DType::F32 {
+            return Err(invalid!(
+                "{} gives float32, the step declares {}",
+                cx.op,
+                cx.outputs[0].dtype
+            ));
+        }
+        let product = IntProduct::new(cx, (0, 1), (Some(2), Some(3)))?;
+        Ok(IntegerToFloat { product, post, own })
+    }
+
+    fn compute(
+        &self,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+    ) -> Result<(), KernelError> {
+        let out = output_mut::<f32>(outputs, 0, self.product.c)?;
+        let extras = self.post.operands::<f32>(inputs, self.own, out.len(), aliased)?;
+        self.post.start(out, &extras, aliased.is_some())?;
+        let applies = self.post.applies();
+        self.product.run_float(inputs, out, self.post.accumulates(), |block, at| match applies {
+            true => self.post.apply(block, at, &extras),
+            false => Ok(()),
+        })
+    }
+}
+
+impl Kernel for IntegerToFloat {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        self.compute(inputs, outputs, None)
+    }
+
+    fn run_in_place(
+        &self,
+        aliased: usize,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+    ) -> Result<(), KernelError> {
+        if !self.post.accumulates() || aliased != self.own {
+            return Err(invalid!("cannot run in place over input {aliased}"));
+        }
+        self.compute(inputs, outputs, Some(aliased))
     }
 }
 

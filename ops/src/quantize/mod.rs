@@ -25,6 +25,12 @@
 //!   one value; B's one value or one per column. The int32 product of numpy's matmul.
 //! - `QLinearMatMul`: its eight inputs (a, a_scale, a_zero_point, b, b_scale, b_zero_point,
 //!   y_scale, y_zero_point); B's scale and zero point one value or one per column.
+//! - `MatMulIntegerToFloat` (Ingot's own, made by the compiler's `integer_products` pass from
+//!   a MatMulInteger whose one reader is a Cast to float32; ONNX Runtime's contrib op of that
+//!   name does the same): inputs A, B, A's zero point, B's zero point (all four: a zero where
+//!   the model gives none) and post-op operands; attributes `post_ops` and `post_params` (see
+//!   `cpu/post.rs`: the scale and bias that follow become post-ops). `y` is MatMulInteger's
+//!   product as float32, then its post-ops: the bits of the Cast and the steps it absorbed.
 //!
 //! Constant folding leaves a `DequantizeLinear` of a large constant to run (the compiler's
 //! `lower` pass asks [`keeps_constant_narrow`]): folded, an int8 weight would be stored as
@@ -38,17 +44,19 @@ pub(crate) mod vulkan;
 pub(crate) const FAMILY: Family = Family {
     ops: OPS,
     cpu: cpu::prepare,
-    // Inputs and outputs differ in width, or every output reads a whole row.
-    in_place: never,
+    // Inputs and outputs differ in width, or every output reads a whole row; but
+    // MatMulIntegerToFloat's output may be written over the residual of a leading `Add`.
+    in_place: crate::cpu::post::in_place_after_add,
     #[cfg(feature = "wgsl")]
     vulkan: vulkan::lower,
 };
 
 use crate::Node;
 use crate::TensorDesc;
+use crate::conv::{check_post_operands, post_operands};
 use crate::lower::{LowerCx, OpResult, normalize_axis, op_err};
 use crate::matmul::matmul_shape;
-use crate::registry::{Family, OpDef, never};
+use crate::registry::{Family, OpDef};
 use ingot_schema::{AttrValue, Attrs, DType};
 pub(crate) use scales::{Scales, Step};
 
@@ -58,7 +66,7 @@ const INTEGER_PRODUCT: &str = "the integer products have no Vulkan kernel yet: t
 pub const OPS: &[OpDef] = &[
     OpDef::new("DequantizeLinear", lower_dequantize, infer_dequantize),
     OpDef::new("QuantizeLinear", lower_quantize, infer_quantize),
-    OpDef::new("QuantizeDequantize", lower_round_trip, infer_round_trip),
+    OpDef::new("QuantizeDequantize", made_by_the_compiler, infer_round_trip),
     OpDef::new("DynamicQuantizeLinear", lower_dynamic, infer_dynamic).cpu_only(
         "DynamicQuantizeLinear has no Vulkan kernel yet (its scale is a reduction over the \
          whole input): its steps run on the CPU",
@@ -66,6 +74,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("MatMulInteger", lower_matmul_integer, infer_matmul_integer)
         .cpu_only(INTEGER_PRODUCT),
     OpDef::new("QLinearMatMul", lower_qlinear_matmul, infer_qlinear_matmul)
+        .cpu_only(INTEGER_PRODUCT),
+    OpDef::new("MatMulIntegerToFloat", made_by_the_compiler, infer_integer_to_float)
         .cpu_only(INTEGER_PRODUCT),
 ];
 
@@ -288,7 +298,7 @@ fn infer_quantize(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDes
 }
 
 /// Not an ONNX op: the `round_trips` pass makes it from canonical steps.
-fn lower_round_trip(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
+fn made_by_the_compiler(node: &mut Node, _cx: &LowerCx) -> OpResult<()> {
     Err(op_err!("{} is made by Ingot's compiler, not read from a model", node.op))
 }
 
@@ -395,6 +405,23 @@ fn infer_matmul_integer(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Ten
     check_zero_point(a, a_zp.then(|| inputs[2]), false, "A")?;
     check_zero_point(b, b_zp.then(|| inputs[want - 1]), true, "B")?;
     Ok(vec![TensorDesc::new(DType::I32, matmul_shape(&a.shape, &b.shape)?)])
+}
+
+/// `MatMulIntegerToFloat`: MatMulInteger's operands, both zero points given, to float32.
+fn infer_integer_to_float(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let (own, operands) = post_operands(node, inputs, 4)?;
+    let &[a, b, a_zp, b_zp] = own else {
+        return Err(op_err!(
+            "{} takes A, B and both zero points, got {} inputs",
+            node.op,
+            own.len()
+        ));
+    };
+    check_zero_point(a, Some(a_zp), false, "A")?;
+    check_zero_point(b, Some(b_zp), true, "B")?;
+    let out = TensorDesc::new(DType::F32, matmul_shape(&a.shape, &b.shape)?);
+    check_post_operands(node, operands, &out)?;
+    Ok(vec![out])
 }
 
 fn lower_qlinear_matmul(node: &mut Node, cx: &LowerCx) -> OpResult<()> {

@@ -522,5 +522,5 @@ fn the_activation_vocabulary_is_the_runtimes() {
         let add = Attrs::new().with("post_ops", AttrValue::Text("Add".into()));
         assert_eq!(post::in_place_input(op, &add), Some(*own), "{op}");
     }
-    assert_eq!(hosts, ["Conv", "ConvTranspose", "Gemm", "MatMul"]);
+    assert_eq!(hosts, ["Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulIntegerToFloat"]);
 }

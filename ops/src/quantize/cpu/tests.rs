@@ -192,6 +192,56 @@ fn integer_products_are_exact_past_float32s_integers() {
     }
 }
 
+/// MatMulIntegerToFloat with post-ops `ops` against MatMulInteger, a Cast and the post-ops
+/// as their own kernels, to the bit.
+fn integer_to_float_is_its_steps(
+    a: &Tensor,
+    b: &Tensor,
+    zeros: [&Tensor; 2],
+    ops: &str,
+    extras: &[&Tensor],
+) {
+    let shape = crate::matmul::matmul_shape(&a.desc().shape, &b.desc().shape).unwrap();
+    let int32 = [TensorDesc::new(DType::I32, shape.clone())];
+    let product = run("MatMulInteger", &integer(true, true), &[a, b, zeros[0], zeros[1]], &int32);
+    let real = TensorDesc::new(DType::F32, shape.clone());
+    let cast = Attrs::new().with("to", AttrValue::Int(i64::from(DType::F32.onnx_code())));
+    let real_product = run("Cast", &cast, &[&product[0]], std::slice::from_ref(&real));
+    let want = crate::cpu::post::tests::unfused(real_product[0].clone(), ops, &[], extras);
+    let attrs = crate::cpu::post::tests::with_post(Attrs::new(), ops, &[]);
+    let mut inputs = vec![a, b, zeros[0], zeros[1]];
+    inputs.extend(extras);
+    let got = run("MatMulIntegerToFloat", &attrs, &inputs, &[real]);
+    assert_eq!(got[0].to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap(), "{ops}, {shape:?}");
+}
+
+#[test]
+fn an_integer_product_to_float_is_the_product_cast_then_its_post_ops() {
+    let n = 6;
+    let scale = t(&[n], &(0..n).map(|j| 0.001 + j as f32 * 3e-4).collect::<Vec<_>>());
+    let bias = t(&[n], &(0..n).map(|j| j as f32 * 0.37 - 1.0).collect::<Vec<_>>());
+    // One piece of the contraction (the GEMM writes the output) and four (int32 first).
+    for k in [40, 1000] {
+        for rows in [1, 5] {
+            let a = t(&[rows, k], &bytes(rows * k, 4));
+            let bi: Vec<i8> = bytes(k * n, 5).iter().map(|&v| v as i8).collect();
+            let b = t(&[k, n], &bi);
+            let za = t(&[], &[129u8]);
+            let zb = t(&[n], &(0..n).map(|j| j as i8 * 9 - 20).collect::<Vec<_>>());
+            let residual =
+                t(&[rows, n], &(0..rows * n).map(|e| e as f32 * 0.5).collect::<Vec<_>>());
+            integer_to_float_is_its_steps(&a, &b, [&za, &zb], "", &[]);
+            integer_to_float_is_its_steps(&a, &b, [&za, &zb], "Mul,Add,Relu", &[&scale, &bias]);
+            // A leading Add: the product lands on the residual.
+            integer_to_float_is_its_steps(&a, &b, [&za, &zb], "Add,Mul", &[&residual, &scale]);
+        }
+    }
+    // A batched B, which the GEMM cannot read as one matrix of levels.
+    let a = t(&[3, 20], &bytes(60, 6));
+    let b = t(&[2, 20, n], &bytes(2 * 20 * n, 7));
+    integer_to_float_is_its_steps(&a, &b, [&t(&[], &[3u8]), &t(&[], &[250u8])], "Mul", &[&scale]);
+}
+
 #[test]
 fn qlinear_matmul_requantizes_as_the_reference() {
     // ONNX's test_qlinearmatmul_2D_uint8_float32.
