@@ -184,15 +184,27 @@ trait MapLoops<A, O>: Send + Sync {
 
 impl<A: Element, O: Element, F: Fn(A) -> O + Send + Sync> MapLoops<A, O> for F {
     fn map(&self, x: &[A], y: &mut [O]) {
-        for (y, &x) in y.iter_mut().zip(x) {
-            *y = self(x);
-        }
+        map_loop(self, x, y)
     }
 
     fn map_in_place(&self, y: &mut [O]) {
         for y in y.iter_mut() {
             *y = self(bytemuck::cast(*y));
         }
+    }
+}
+
+/// `y[i] = f(x[i])`, compiled for the wider vector units too: the baseline's SSE2 runs a
+/// standalone Sigmoid (a QDQ model's SiLU, which its round trips keep out of the conv) at
+/// half the speed of AVX2.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl+avx2+fma+avx",
+    "x86_64+avx2+fma+avx",
+    "aarch64+neon"
+))]
+fn map_loop<A: Element, O: Element, F: Fn(A) -> O>(f: &F, x: &[A], y: &mut [O]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = f(x);
     }
 }
 
