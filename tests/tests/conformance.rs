@@ -5,8 +5,9 @@
 //! data set and compares each output with ONNX's expected one using ONNX's own runner rule
 //! (numpy `assert_allclose`, rtol 1e-3, atol 1e-7, or the test's `data.json`); an output the
 //! test gives in bfloat16, which Ingot returns as f32, is rounded to bfloat16 first. Inputs that
-//! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]) are
-//! bound at compile time from the data set, as `ingot compile --constant-input` does.
+//! feed operand slots Ingot needs constant (shapes, axes, pads, scales: [`OPERANDS`]), directly
+//! or through what is computed from them, are bound at compile time from the data set, as
+//! `ingot compile --constant-input` does.
 //!
 //! Expected failures: `tests/expected-failures/all.txt` for tests that fail the same way on
 //! every backend, and `{cpu,vulkan}.txt` for the ones that fail on one backend only; one
@@ -262,7 +263,10 @@ const OPERANDS: &[(&str, &[usize])] = &[
 ];
 
 /// The model's runtime inputs (graph inputs that are not initializers), in order, each with
-/// whether every use of it is an operand slot of [`OPERANDS`].
+/// whether the harness binds it at compile time: whether it sets a shape, being read by an
+/// operand slot of [`OPERANDS`] or reaching one through what is computed from it (an expanded
+/// window function's length, cast and offset before it becomes a Range's limit). Reading its
+/// shape alone (Shape, Size) sets none.
 fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
     use protobuf::Message;
     let bytes = std::fs::read(model).with_context(|| model.display().to_string())?;
@@ -270,27 +274,33 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
     let g = m.graph.as_ref().context("model has no graph")?;
     let initializers: std::collections::BTreeSet<&str> =
         g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let is_operand =
+        |op: &str, k: usize| OPERANDS.iter().any(|(o, slots)| *o == op && slots.contains(&k));
+    // The uses of value `v`: (node, input slot).
+    let uses = |v: &str| -> Vec<(&onnx_protobuf::NodeProto, usize)> {
+        (g.node.iter())
+            .flat_map(|n| {
+                n.input.iter().enumerate().filter(|(_, x)| *x == v).map(move |(k, _)| (n, k))
+            })
+            .collect()
+    };
+    // Whether `v` sets a shape: one of its uses is an operand slot, or the outputs of a
+    // node computing from it do (graphs are acyclic: the walk ends).
+    fn sets_shape<'a>(
+        v: &str,
+        uses: &dyn Fn(&str) -> Vec<(&'a onnx_protobuf::NodeProto, usize)>,
+        is_operand: &dyn Fn(&str, usize) -> bool,
+    ) -> bool {
+        uses(v).into_iter().any(|(n, k)| {
+            is_operand(&n.op_type, k)
+                || (!matches!(n.op_type.as_str(), "Shape" | "Size")
+                    && n.output.iter().any(|o| sets_shape(o, uses, is_operand)))
+        })
+    }
     Ok(g.input
         .iter()
         .filter(|i| !initializers.contains(i.name.as_str()))
-        .map(|i| {
-            let uses: Vec<(&str, usize)> = g
-                .node
-                .iter()
-                .flat_map(|n| {
-                    n.input
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, x)| **x == i.name)
-                        .map(|(k, _)| (n.op_type.as_str(), k))
-                })
-                .collect();
-            let operand = !uses.is_empty()
-                && uses
-                    .iter()
-                    .all(|(op, k)| OPERANDS.iter().any(|(o, slots)| o == op && slots.contains(k)));
-            (i.name.clone(), operand)
-        })
+        .map(|i| (i.name.clone(), sets_shape(&i.name, &uses, &is_operand)))
         .collect())
 }
 
