@@ -5,10 +5,11 @@
 //! from static types. This is what turns dynamic-shape plumbing into a static graph.
 //! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
 //! folded by then if it can be, and the nodes that replace it are walked next. A node of
-//! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`). Sequence ops
-//! become the tensor nodes they amount to (`sequences.rs`).
+//! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`), and so is a Slice
+//! whose window starts at a run-time value (`dynamic_slices.rs`). Sequence ops become the
+//! tensor nodes they amount to (`sequences.rs`).
 
-use super::{PassError, bounded, control, legacy, sequences};
+use super::{PassError, bounded, control, dynamic_slices, legacy, sequences};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
@@ -24,6 +25,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         if legacy::settle(g, i)? {
             continue; // a Reshape it inserted at i, walked first
         }
+        dynamic_slices::settle(g, i)?;
         if control::is_control_flow(&g.nodes[i]) {
             // Its place now holds what computes its outputs, walked next.
             control::expand(g, i, &mut selects)?;

@@ -8,6 +8,7 @@ mod control;
 mod dce;
 mod dequantize;
 mod dequantize_in_gemm;
+mod dynamic_slices;
 mod fuse;
 mod integer_products;
 mod legacy;

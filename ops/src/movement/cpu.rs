@@ -26,6 +26,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "Split" => split(cx),
         "Transpose" => remap::transpose(cx),
         "Slice" => remap::slice(cx),
+        "DynamicSlice" => remap::dynamic_slice(cx),
         "Pad" | "CenterCropPad" => remap::pad(cx),
         "Tile" => remap::tile(cx),
         "Expand" => remap::expand(cx),

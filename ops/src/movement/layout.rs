@@ -13,7 +13,7 @@ use super::{arg, attr_or_input, axis_attr, const_scalar, ints, keep_inputs, scal
 use crate::Node;
 use crate::TensorDesc;
 use crate::lower::{LowerCx, OpResult, broadcast_shapes, checked_sum, normalize_axis, op_err};
-use ingot_schema::AttrValue;
+use ingot_schema::{AttrValue, DType};
 
 // ---- Transpose ----
 
@@ -180,6 +180,57 @@ pub(super) fn lower_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     node.attrs.set("steps", AttrValue::Ints(out_steps));
     keep_inputs(node, 1);
     Ok(())
+}
+
+/// `DynamicSlice` (Ingot's own: the compiler makes it from a Slice whose starts are computed
+/// at run time and whose ends are those starts plus constants, as a loop body's `x[i : i + 1]`):
+/// inputs x and starts (int32 or int64, one per axis); attributes `axes` (non-negative, no
+/// repeats) and `sizes`, each at most its axis's dim. It takes what Slice with steps of 1
+/// takes from `starts` to `starts + sizes`, which must be `sizes` elements: a run where Slice
+/// would take fewer (a start past the end, or a negative start whose end is 0) is an error.
+pub(super) fn lower_dynamic_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let shape = &cx.input(0)?.shape;
+    let starts = cx.input(1)?;
+    let (axes, sizes) = (node.attrs.ints("axes")?, node.attrs.ints("sizes")?);
+    if axes.len() != sizes.len() || starts.elements() != axes.len() || starts.shape.len() != 1 {
+        return Err(op_err!(
+            "{} takes one start per axis: {} axes, {} sizes, starts {:?}",
+            node.op,
+            axes.len(),
+            sizes.len(),
+            starts.shape
+        ));
+    }
+    if !matches!(starts.dtype, DType::I32 | DType::I64) {
+        return Err(op_err!("starts must be int32 or int64, got {}", starts.dtype));
+    }
+    let mut seen = vec![false; shape.len()];
+    for (&a, &n) in axes.iter().zip(sizes) {
+        let d = usize::try_from(a).ok().filter(|&d| d < shape.len());
+        let d = d.ok_or_else(|| op_err!("axis {a} is not an axis of rank {}", shape.len()))?;
+        if std::mem::replace(&mut seen[d], true) {
+            return Err(op_err!("axes {axes:?} repeat an axis"));
+        }
+        if usize::try_from(n).map_or(true, |n| n > shape[d]) {
+            return Err(op_err!("a window of {n} on axis {d} of {} elements", shape[d]));
+        }
+    }
+    keep_inputs(node, 2);
+    Ok(())
+}
+
+pub(super) fn infer_dynamic_slice(
+    node: &Node,
+    inputs: &[&TensorDesc],
+) -> OpResult<Vec<TensorDesc>> {
+    let x = arg(inputs, 0)?;
+    let mut shape = x.shape.clone();
+    for (&a, &n) in node.attrs.ints("axes")?.iter().zip(node.attrs.ints("sizes")?) {
+        let d = usize::try_from(a).ok().filter(|&d| d < shape.len());
+        let d = d.ok_or_else(|| op_err!("axis {a} is not an axis of rank {}", shape.len()))?;
+        shape[d] = usize::try_from(n).map_err(|_| op_err!("a window of {n} elements"))?;
+    }
+    Ok(vec![TensorDesc::new(x.dtype, shape)])
 }
 
 pub(super) fn infer_slice(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {

@@ -7,6 +7,7 @@ use crate::cpu::{Kernel, KernelError, OpCx};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
 use bytemuck::Pod;
+use ingot_schema::DType;
 
 /// How one output axis reads the input, in input elements.
 #[derive(Clone, Debug, PartialEq)]
@@ -492,4 +493,100 @@ pub(super) fn space_to_depth(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> 
     };
     let axes = [(n, c * h * w)].into_iter().chain(blocks).chain([(h / b, b * w), (w / b, b)]);
     remap(cx, axes.map(|(l, s)| Axis::affine(l, 0, s as isize)).collect())
+}
+
+/// `DynamicSlice`: the window of `sizes` elements per axis from where `starts` says, found as
+/// Slice finds it (a negative start counts from the end; start and end clamp to the axis),
+/// copied a run of whole rows at a time. A window Slice would make shorter is an error.
+pub(super) fn dynamic_slice(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=2, 1)?;
+    let (x, y) = (&cx.inputs[0], &cx.outputs[0]);
+    let (axes, sizes) = (cx.attrs.ints("axes")?, cx.attrs.ints("sizes")?);
+    let mut window = x.shape.clone();
+    for (&a, &n) in axes.iter().zip(sizes) {
+        let d = usize::try_from(a).ok().filter(|&d| d < window.len());
+        let d = d.ok_or_else(|| invalid!("DynamicSlice axis {a} of rank {}", window.len()))?;
+        window[d] = usize::try_from(n).map_err(|_| invalid!("a window of {n} elements"))?;
+    }
+    let starts = &cx.inputs[1];
+    if axes.len() != sizes.len()
+        || starts.elements() != axes.len()
+        || !matches!(starts.dtype, DType::I32 | DType::I64)
+        || y.shape != window
+        || y.dtype != x.dtype
+    {
+        return Err(invalid!(
+            "DynamicSlice of {} {:?} by {} starts {:?} to {} {:?}: the window is {window:?}",
+            x.dtype,
+            x.shape,
+            starts.dtype,
+            starts.shape,
+            y.dtype,
+            y.shape
+        ));
+    }
+    let axes = axes.iter().map(|&a| a as usize).collect();
+    Ok(Box::new(DynamicSlice { shape: x.shape.clone(), window, axes, size: x.dtype.size() }))
+}
+
+struct DynamicSlice {
+    shape: Vec<usize>,
+    window: Vec<usize>,
+    axes: Vec<usize>,
+    /// Bytes per element.
+    size: usize,
+}
+
+impl DynamicSlice {
+    /// The window's first index on each axis, from the run's starts.
+    fn origin(&self, starts: &TensorRef) -> Result<Vec<usize>, KernelError> {
+        let starts: Vec<i64> = match starts.dtype {
+            DType::I32 => starts.as_slice::<i32>()?.iter().map(|&s| i64::from(s)).collect(),
+            _ => starts.as_slice::<i64>()?.to_vec(),
+        };
+        let mut origin = vec![0; self.shape.len()];
+        for (&d, &s) in self.axes.iter().zip(&starts) {
+            let (n, len) = (self.shape[d] as i64, self.window[d] as i64);
+            let fix = |v: i64| if v < 0 { v.saturating_add(n) } else { v }.clamp(0, n);
+            let (first, end) = (fix(s), fix(s.saturating_add(len)));
+            if end - first != len {
+                return Err(invalid!(
+                    "DynamicSlice: the run's start {s} on axis {d} of {n} elements takes {} of \
+                     them, the plan holds {len} (a Slice from {s} to {})",
+                    (end - first).max(0),
+                    s.saturating_add(len)
+                ));
+            }
+            origin[d] = first as usize;
+        }
+        Ok(origin)
+    }
+}
+
+impl Kernel for DynamicSlice {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let starts = inputs.get(1).ok_or_else(|| invalid!("DynamicSlice takes x and starts"))?;
+        let origin = self.origin(starts)?;
+        let elements = |s: &[usize]| s.iter().product::<usize>();
+        let x = input(inputs, 0, elements(&self.shape) * self.size)?;
+        let y = output(outputs, 0, elements(&self.window) * self.size)?;
+        let rank = self.shape.len();
+        // Whole rows of the last axis; the axes before it walked by an odometer.
+        let row = self.window.last().copied().unwrap_or(1) * self.size;
+        let strides = strides(&self.shape);
+        let mut at = vec![0usize; rank.saturating_sub(1)];
+        for out in y.chunks_exact_mut(row.max(1)) {
+            let first: usize =
+                (0..rank).map(|d| (origin[d] + at.get(d).copied().unwrap_or(0)) * strides[d]).sum();
+            out.copy_from_slice(&x[first * self.size..first * self.size + row]);
+            for d in (0..at.len()).rev() {
+                at[d] += 1;
+                if at[d] < self.window[d] {
+                    break;
+                }
+                at[d] = 0;
+            }
+        }
+        Ok(())
+    }
 }

@@ -61,6 +61,30 @@ fn transpose_and_slice_match_numpy() {
     assert!(run("Slice", &a, &[&x], f32_desc(&[2, 0, 4])).is_empty());
 }
 
+// x = np.arange(24).reshape(2,3,4); x[:, i:i+1, :] for i = 1 and -2; x[:, 0:2, 1:3]
+#[test]
+fn a_dynamic_slice_takes_its_window_where_the_run_says() {
+    let x = arange(&[2, 3, 4]);
+    let one_row = attrs(&[("axes", ints(&[1])), ("sizes", ints(&[1]))]);
+    for start in [1, -2] {
+        let starts = i64s(&[1], &[start]);
+        let y = run("DynamicSlice", &one_row, &[&x, &starts], f32_desc(&[2, 1, 4]));
+        assert_eq!(y, [4, 5, 6, 7, 16, 17, 18, 19], "x[:, {start}:{}]", start + 1);
+    }
+    let block = attrs(&[("axes", ints(&[2, 1])), ("sizes", ints(&[2, 2]))]);
+    let starts = Tensor::from_vec(vec![2], &[1i32, 0]).unwrap();
+    let y = run("DynamicSlice", &block, &[&x, &starts], f32_desc(&[2, 2, 2]));
+    assert_eq!(y, [1, 2, 5, 6, 13, 14, 17, 18]);
+    // Where Slice would take fewer elements than the plan holds: a start past the end, one
+    // whose window runs past it, and -1, whose end is 0 (Slice takes nothing).
+    for start in [3, 5, -1, -4] {
+        let starts = i64s(&[1], &[start]);
+        let e = eval("DynamicSlice", &one_row, &[&x, &starts], &[f32_desc(&[2, 1, 4])]);
+        let e = e.expect_err(&format!("start {start}")).to_string();
+        assert!(e.contains("the plan holds 1"), "{e}");
+    }
+}
+
 #[test]
 fn transpose_moves_every_dtype() {
     let v: Vec<i64> = (0..6).collect();
