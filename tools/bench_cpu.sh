@@ -16,7 +16,8 @@
 # Models beyond PP-OCR (issue 22): the onnx wheel's ResNet-50 and ShuffleNet, nudenet's
 # YOLOv8n detector at 320 (`yolov8n`) and its quantized forms from tools/make_detector_models.py
 # (`yolov8n_w8`: int8 conv weights dequantized in the graph; `yolov8n_qdq`: ONNX Runtime's
-# static QDQ quantization, which ORT runs with int8 kernels and Ingot in float), the decoder fixture's prefill graph (`decoder`, float)
+# static QDQ quantization, which ORT runs with int8 kernels and Ingot in float;
+# `yolov8n_dynamic`: ORT's `quantize_dynamic`, ConvInteger per conv), the decoder fixture's prefill graph (`decoder`, float)
 # and its quantized forms from tools/make_quantized_models.py: `decoder_dynamic` (int8 weights,
 # DynamicQuantizeLinear + MatMulInteger), `decoder_qdq` (QuantizeLinear/DequantizeLinear
 # around every op) and `decoder_w8` (weight-only int8, dequantized in the graph), and
@@ -71,6 +72,7 @@ declare -A file=(
     [yolov8n]="$target/models/320n.onnx"
     [yolov8n_w8]="$target/models/320n_weights_int8.onnx"
     [yolov8n_qdq]="$target/models/320n_qdq.onnx"
+    [yolov8n_dynamic]="$target/models/320n_dynamic.onnx"
     [decoder]="$target/decoder/prefill.onnx"
     [decoder_dynamic]="$target/models/prefill_dynamic.onnx"
     [decoder_qdq]="$target/models/prefill_qdq.onnx"
@@ -81,7 +83,8 @@ declare -A input=(
     [det]=x=1x3x224x224 [rec]=x=1x3x48x320 [cls]=x=1x3x48x192
     [resnet50]=gpu_0/data_0=1x3x224x224 [shufflenet]=gpu_0/data_0=1x3x224x224
     [yolov8n]=images=1x3x320x320 [yolov8n_w8]=images=1x3x320x320
-    [yolov8n_qdq]=images=1x3x320x320 [decoder]=input_ids=1x16 [decoder_dynamic]=input_ids=1x16
+    [yolov8n_qdq]=images=1x3x320x320 [yolov8n_dynamic]=images=1x3x320x320
+    [decoder]=input_ids=1x16 [decoder_dynamic]=input_ids=1x16
     [decoder_qdq]=input_ids=1x16 [decoder_w8]=input_ids=1x16 [decoder_exported]=input_ids=1x16
 )
 IFS=, read -r -a model_keys <<<"$models"

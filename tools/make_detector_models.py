@@ -20,6 +20,10 @@ and quantized:
                             (Cast to float, Sub of a zero point, Mul by scales [M, 1, 1, 1])
     det_weights_int8.onnx   PP-OCRv4's detector the same way: its convs are followed by learnt
                             scalar affine maps (Mul, Add) before their activations
+    320n_dynamic.onnx       ONNX Runtime's dynamic quantization (`quantize_dynamic`, int8
+                            weights per tensor): each conv a DynamicQuantizeLinear of its
+                            input, a ConvInteger, a Cast to float, a Mul by the two scales
+                            and an Add of the bias
     320n_qdq.onnx           ONNX Runtime's static QDQ quantization (int8 weights per output
                             channel, uint8 activations), calibrated on four seeded images: for
                             tools/bench_cpu.sh only. ONNX Runtime runs it with int8 kernels,
@@ -153,6 +157,12 @@ def weights_int8(src: Path, out: Path) -> None:
     onnx.save(m, out)
 
 
+def dynamic(src: Path, out: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+
+
 def qdq(src: Path, out: Path) -> None:
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -191,6 +201,7 @@ def main() -> None:
         "320n_nms.onnx": (yolo, lambda o: with_nms(yolo, o, agnostic=False)),
         "320n_nms_agnostic.onnx": (yolo, lambda o: with_nms(yolo, o, agnostic=True)),
         "320n_weights_int8.onnx": (yolo, lambda o: weights_int8(yolo, o)),
+        "320n_dynamic.onnx": (yolo, lambda o: dynamic(yolo, o)),
         "320n_qdq.onnx": (yolo, lambda o: qdq(yolo, o)),
         "det_weights_int8.onnx": (det, lambda o: weights_int8(det, o)),
     }

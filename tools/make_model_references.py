@@ -6,6 +6,9 @@ Runtime's outputs, under OUT/<case>/:
     inputs/<name>.npy      the runtime inputs (their shapes are the ones compiled)
     constants/<name>.npy   inputs bound at compile time (`ingot compile --constant-input`)
     outputs/<name>.npy     ONNX Runtime's outputs
+    perturbed/<name>.npy   (the PERTURBED cases) ONNX Runtime's outputs for the float inputs
+                           moved by one part in 10^7: how far the model's own rounding moves
+                           them, which the test takes as the bound of Ingot's difference
 
 OUT/manifest.txt lists the cases, one a line: `case=DIR model=FILE.onnx`.
 
@@ -24,6 +27,13 @@ Cases, each with the capability it covers:
 - yolov8n_320_weights_int8: the detector with int8 conv weights per output channel,
   dequantized in the graph by DequantizeLinear or by Cast/Sub/Mul (tools/make_detector_models.py):
   Ingot's convs read the int8 weights and dequantize them as they load them.
+- yolov8n_320_dynamic: the detector through ONNX Runtime's `quantize_dynamic`: every conv a
+  DynamicQuantizeLinear, a ConvInteger, a Cast to float and the scales and bias, which Ingot
+  runs as a float conv reading the int8 weights. Each layer requantizes its input, so a
+  difference of one float32 ulp (SiLU's, whose exp neither runtime computes exactly) can move
+  a value to the next level and the next layers carry it on: ONNX Runtime's own outputs move
+  by a mean 0.07 (max 7 on coordinates up to 320) when the image moves by one part in 10^7.
+  It is a PERTURBED case: compared by mean difference against that movement.
 - det_224_weights_int8: PP-OCRv4's text detector made the same way, whose convs are followed by
   learnt scalar affine maps: those fold into the weights' scales, and it runs whole on Vulkan.
 - yolov8n_320_f16, decoder_f16: the detector and the decoder's prefill graph in float16
@@ -50,7 +60,9 @@ as in make_references.py, whose helpers this script shares. Models with MatMulIn
 each one rewritten as the exact int32 product it defines (Cast, Sub the zero points, MatMul
 in int32): on x86 CPUs without VNNI, ONNX Runtime multiplies uint8 by int8 with AVX2's
 `vpmaddubsw`, whose int16 pair sums saturate (713 of 1024 products of a [16, 64] x [64, 64]
-test differ from the exact ones there), so its outputs would depend on the machine. Skips all work when the manifest was written by this same script for
+test differ from the exact ones there), so its outputs would depend on the machine. For the
+same reason each ConvInteger runs as a float Conv of its operands minus their zero points,
+cast to int32 (ONNX Runtime has no int32 Conv): sums of 8-bit products, exact in float32. Skips all work when the manifest was written by this same script for
 the same models.
 """
 
@@ -171,6 +183,7 @@ CASES = {
     "yolov8n_320_f16": ("320n_f16.onnx", image((1, 3, 320, 320), 10, np.float16)),
     "yolov8n_320_weights_int8": ("320n_weights_int8.onnx", image((1, 3, 320, 320), 17)),
     "det_224_weights_int8": ("det_weights_int8.onnx", text_page(224, 224, 18)),
+    "yolov8n_320_dynamic": ("320n_dynamic.onnx", image((1, 3, 320, 320), 19)),
     "decoder_f16": ("prefill_f16.onnx", tokens(11)),
     "decoder_dynamic": ("prefill_dynamic.onnx", tokens(5)),
     "decoder_dynamic_per_channel": ("prefill_dynamic_per_channel.onnx", tokens(6)),
@@ -185,10 +198,64 @@ CASES = {
 }
 
 
+# Cases compared by their mean difference against the model's sensitivity to rounding
+# (`perturbed/`), not element by element.
+PERTURBED = {"yolov8n_320_dynamic"}
+
+
+def perturbed(sess: ort.InferenceSession, inputs: dict, constants: dict) -> dict:
+    """ONNX Runtime's outputs for the float `inputs` moved by one part in 10^7."""
+    rng = np.random.default_rng(99)
+    moved = {
+        k: (v * (1 + 1e-7 * rng.standard_normal(v.shape))).astype(v.dtype)
+        if v.dtype.kind == "f"
+        else v
+        for k, v in inputs.items()
+    }
+    outputs = sess.run(None, {**moved, **constants})
+    return {o.name: y for o, y in zip(sess.get_outputs(), outputs)}
+
+
+def exact_conv(n: onnx.NodeProto, nodes: list) -> None:
+    """ConvInteger `n` as Cast to float, Sub of the zero points, Conv, Cast to int32."""
+    real = []
+    for k, x in enumerate(n.input[:2]):
+        r = f"{n.output[0]}.real{k}"
+        nodes.append(helper.make_node("Cast", [x], [r], to=TensorProto.FLOAT))
+        zero = n.input[k + 2] if len(n.input) > k + 2 else ""
+        if zero:
+            z = f"{r}.zero"
+            nodes.append(helper.make_node("Cast", [zero], [z], to=TensorProto.FLOAT))
+            if k == 1:  # one per output channel: [M, 1, 1, 1] against W [M, C, kh, kw]
+                shape = f"{z}.shape"
+                nodes.append(
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [shape],
+                        value=helper.make_tensor(shape, TensorProto.INT64, [4], [-1, 1, 1, 1]),
+                    )
+                )
+                nodes.append(helper.make_node("Reshape", [z, shape], [f"{z}.column"]))
+                z = f"{z}.column"
+            nodes.append(helper.make_node("Sub", [r, z], [f"{r}.centred"]))
+            r = f"{r}.centred"
+        real.append(r)
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    nodes.append(helper.make_node("Conv", real, [f"{n.output[0]}.sums"], **attrs))
+    nodes.append(
+        helper.make_node("Cast", [f"{n.output[0]}.sums"], list(n.output), to=TensorProto.INT32)
+    )
+
+
 def exact_integer_products(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every MatMulInteger as Cast to int32, Sub of its zero points, MatMul."""
+    """`model` with every MatMulInteger as Cast to int32, Sub of its zero points, MatMul, and
+    every ConvInteger as `exact_conv` writes it."""
     nodes = []
     for n in model.graph.node:
+        if n.op_type == "ConvInteger":
+            exact_conv(n, nodes)
+            continue
         if n.op_type != "MatMulInteger":
             nodes.append(n)
             continue
@@ -226,16 +293,20 @@ def main() -> None:
         sess = reference_session(args.models / model)
         inputs, constants = make(sess)
         loaded = onnx.load(args.models / model)
-        if any(n.op_type == "MatMulInteger" for n in loaded.graph.node):
+        if any(n.op_type in ("MatMulInteger", "ConvInteger") for n in loaded.graph.node):
             exact = exact_integer_products(loaded).SerializeToString()
             sess = reference_session(exact)
         outputs = sess.run(None, {**inputs, **constants})
+        moved = perturbed(sess, inputs, constants) if name in PERTURBED else {}
         for sub, arrays in [
             ("inputs", inputs),
             ("constants", constants),
             ("outputs", {o.name: y for o, y in zip(sess.get_outputs(), outputs)}),
+            ("perturbed", moved),
         ]:
             d = args.out / name / sub
+            if not arrays and not d.exists():
+                continue
             d.mkdir(parents=True, exist_ok=True)
             for old in d.glob("*.npy"):
                 old.unlink()

@@ -218,3 +218,47 @@ fn dynamically_quantized_products_are_one_step_each() -> Result<()> {
     }
     Ok(())
 }
+
+/// The same for convs: `quantize_dynamic` makes each of YOLOv8n's convs a `ConvInteger` and a
+/// `Cast` to float, which compile to a Conv that reads the int8 weights as they are (none
+/// dequantized at compile time) and takes the scale as a post-op.
+#[test]
+fn dynamically_quantized_convs_read_their_int8_weights() -> Result<()> {
+    use protobuf::Message as _;
+    let file = "models/320n_dynamic.onnx";
+    let onnx = onnx_protobuf::ModelProto::parse_from_bytes(&std::fs::read(generated(file)?)?)?;
+    let convs = onnx.graph.node.iter().filter(|n| n.op_type == "ConvInteger").count();
+    ensure!(convs > 0, "{file} has no ConvInteger");
+    let options = CompileOptions {
+        input_shapes: vec![("images".to_string(), vec![1, 3, 320, 320])],
+        ..CompileOptions::default()
+    };
+    let (bundle, _) = compiled_with(file, &options)?;
+    let steps = &bundle.manifest().variants[0].steps;
+    let count = |op: &str| steps.iter().filter(|s| s.op == op).count();
+    let int8_convs: Vec<Vec<&str>> = (steps.iter())
+        .filter(|s| s.op == "Conv" && s.attributes.iter().any(|a| a.name == "dequantize_w"))
+        .map(|s| s.post_ops())
+        .collect();
+    ensure!(
+        count("ConvInteger") == 0 && count("Cast") == 0 && int8_convs.len() == convs,
+        "{} ConvInteger, {} Cast and {} int8-weight Conv steps for {convs} ConvIntegers",
+        count("ConvInteger"),
+        count("Cast"),
+        int8_convs.len()
+    );
+    ensure!(
+        int8_convs.iter().all(|p| p.first() == Some(&"Mul")),
+        "every conv takes its scale as a post-op: {int8_convs:?}"
+    );
+    let int8: u64 = (bundle.manifest().weights.iter())
+        .filter(|w| [DataType::I8 as i32, DataType::U8 as i32].contains(&w.dtype))
+        .map(|w| w.length)
+        .sum();
+    let model_int8 = int8_initializer_bytes(file)?;
+    ensure!(
+        int8 * 10 >= model_int8 * 9,
+        "{int8} bytes of 8-bit weights of the model's {model_int8}"
+    );
+    Ok(())
+}

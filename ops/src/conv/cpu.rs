@@ -56,9 +56,12 @@ const BAND_FLOATS: usize = 1 << 18;
 const CHUNK_FLOATS: usize = 1 << 16;
 const MIN_COLUMNS: usize = 2048;
 
+mod integer;
+
 pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "Conv" => Ok(Box::new(Conv::new(cx)?)),
+        "ConvInteger" => Ok(Box::new(integer::ConvInteger::new(cx)?)),
         "ConvTranspose" => Ok(Box::new(ConvTranspose::new(cx)?)),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }

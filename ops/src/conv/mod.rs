@@ -47,6 +47,10 @@ use ingot_schema::{AttrValue, Attrs, DType};
 pub const OPS: &[OpDef] = &[
     OpDef::new("Conv", lower_conv, infer_conv),
     OpDef::new("ConvTranspose", lower_conv_transpose, infer_conv_transpose),
+    OpDef::new("ConvInteger", lower_conv_integer, infer_conv_integer).cpu_only(
+        "its int32 sums run on the CPU; dynamic quantization's ConvInteger cast to float becomes \
+         a Conv of 8-bit W (the compiler's integer_products pass), which Vulkan runs",
+    ),
 ];
 
 /// Whether a Conv reads 8-bit weights and dequantizes them itself (see the module's text).
@@ -345,6 +349,70 @@ fn lower_conv(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let (x, w) = conv_operands(cx.input(0).ok(), cx.input(1).ok())?;
     canonical_window(node, &x[2..], Some(&w[2..]))?;
     lower_group_and_bias(node, cx)
+}
+
+/// ConvInteger: Conv's window attributes and `group`, and `x_zero_point`, `w_zero_point` (1
+/// where the model gives that input); its inputs X, W and the zero points given, in order.
+fn lower_conv_integer(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    if node.inputs.len() > 4 {
+        return Err(op_err!("ConvInteger takes X, W and two optional zero points"));
+    }
+    let (x, w) = conv_operands(cx.input(0).ok(), cx.input(1).ok())?;
+    canonical_window(node, &x[2..], Some(&w[2..]))?;
+    let given = |i: usize| AttrValue::Int(i64::from(cx.has_input(i)));
+    let mut attrs = Attrs::new()
+        .with("group", AttrValue::Int(node.attrs.int_or("group", 1)?))
+        .with("x_zero_point", given(2))
+        .with("w_zero_point", given(3));
+    for name in ["kernel_shape", "strides", "dilations", "pads"] {
+        if let Some(v) = node.attrs.get(name) {
+            attrs.set(name, v.clone());
+        }
+    }
+    node.attrs = attrs;
+    node.inputs.retain(Option::is_some);
+    Ok(())
+}
+
+fn infer_conv_integer(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let given = |name: &str| node.attrs.int(name).map(|v| v != 0);
+    let (xz, wz) = (given("x_zero_point")?, given("w_zero_point")?);
+    let want = 2 + usize::from(xz) + usize::from(wz);
+    if inputs.len() != want {
+        return Err(op_err!("ConvInteger has {} inputs, its attributes say {want}", inputs.len()));
+    }
+    let (x, w) = conv_operands(inputs.first().copied(), inputs.get(1).copied())?;
+    let m = check_channels(
+        node,
+        &inputs[..2],
+        |g| w[1].checked_mul(g) == Some(x[1]) && w[0] % g == 0,
+        |_| w[0],
+    )?;
+    for (k, what, per_channel) in [(0, "X", false), (1, "W", true)] {
+        let operand = inputs[k];
+        if !matches!(operand.dtype, DType::I8 | DType::U8) {
+            return Err(op_err!("{what} must be int8 or uint8, got {}", operand.dtype));
+        }
+        let zero = match k {
+            0 => xz.then(|| inputs[2]),
+            _ => wz.then(|| inputs[want - 1]),
+        };
+        if let Some(z) = zero {
+            let fits = z.elements() == 1 || (per_channel && z.shape == [m]);
+            if z.dtype != operand.dtype || !fits {
+                return Err(op_err!(
+                    "{what}'s zero point is {} {:?}: one {}{}",
+                    z.dtype,
+                    z.shape,
+                    operand.dtype,
+                    if per_channel { " or one per output channel" } else { "" }
+                ));
+            }
+        }
+    }
+    let win = Window::of(node, x.len() - 2)?.matching(w)?;
+    let spatial = win.output(&x[2..], false)?;
+    Ok(vec![TensorDesc::new(DType::I32, [&[x[0], m][..], &spatial].concat())])
 }
 
 fn lower_conv_transpose(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
