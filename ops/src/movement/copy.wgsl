@@ -13,7 +13,9 @@
 // Gathers (GATHER > 0) read the source coordinate of dim `axis` from the index tensor `ix`:
 // Gather (1) at that dim's own coordinate, GatherElements (2) at the iteration's element
 // (g / UNITS). The index is wrapped into [0, axis_n) as on the CPU, and clamped where it lies
-// outside (the CPU's error): nothing is read outside the source.
+// outside (the CPU's error): nothing is read outside the source. DynamicSlice (3) reads one
+// index, where its window of n[axis] coordinates starts, clamped so that the window stays
+// inside the dim (the CPU's error where it would not).
 
 alias W = u32;
 
@@ -74,6 +76,8 @@ fn at(g: u32) -> vec2<u32> {
             source = wrap(ix[p.ix + c * INDEX_WORDS], p.axis_n);
         } else if (GATHER == 2u && k == p.axis) {
             source = wrap(ix[p.ix + (g / UNITS) * INDEX_WORDS], p.axis_n);
+        } else if (GATHER == 3u && k == p.axis) {
+            source = window_start(ix[p.ix], p.axis_n, p.n[k]) + c;
         }
         at += vec2<u32>(source * p.s[k], c * p.d[k]);
     }
@@ -81,6 +85,13 @@ fn at(g: u32) -> vec2<u32> {
         at.y = g;
     }
     return at;
+}
+
+// Where a window of len coordinates starts in a dim of n: index value r, from the end where
+// negative, clamped so that the window fits.
+fn window_start(r: u32, n: u32, len: u32) -> u32 {
+    let i = bitcast<i32>(r);
+    return u32(clamp(select(i, i + i32(n), i < 0i), 0i, i32(n) - i32(len)));
 }
 
 @compute @workgroup_size(WG)

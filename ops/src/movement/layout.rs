@@ -187,7 +187,8 @@ pub(super) fn lower_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 /// inputs x and starts (int32 or int64, one per axis); attributes `axes` (non-negative, no
 /// repeats) and `sizes`, each at most its axis's dim. It takes what Slice with steps of 1
 /// takes from `starts` to `starts + sizes`, which must be `sizes` elements: a run where Slice
-/// would take fewer (a start past the end, or a negative start whose end is 0) is an error.
+/// would take fewer (a start past the end, or a negative start whose end is 0) is an error on
+/// the CPU; Vulkan's copy clamps the window into the axis, as its gathers clamp indices.
 pub(super) fn lower_dynamic_slice(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let shape = &cx.input(0)?.shape;
     let starts = cx.input(1)?;

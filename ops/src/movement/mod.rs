@@ -54,10 +54,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Concat", layout::lower_concat, layout::infer_concat),
     OpDef::new("Split", layout::lower_split, layout::infer_split),
     OpDef::new("Slice", layout::lower_slice, layout::infer_slice),
-    OpDef::new("DynamicSlice", layout::lower_dynamic_slice, layout::infer_dynamic_slice).cpu_only(
-        "where its window starts is a value of the run: it runs on the CPU (a loop body's \
-         `x[i]`, one element a run)",
-    ),
+    OpDef::new("DynamicSlice", layout::lower_dynamic_slice, layout::infer_dynamic_slice),
     OpDef::new("Pad", layout::lower_pad, layout::infer_pad),
     // Canonically a constant Pad: Pad's inference and kernels.
     OpDef::new("CenterCropPad", layout::lower_center_crop_pad, layout::infer_pad),

@@ -61,15 +61,20 @@ enum Src {
     /// GatherElements: the index tensor's element at the iteration's own element, wrapped into
     /// `[0, n)`, times `stride`.
     Element { n: i64, stride: i64 },
+    /// DynamicSlice: `c` past where the index tensor's one value starts a window of the dim's
+    /// length in a dim of `n` (from the end where negative, clamped into the dim), times
+    /// `stride`.
+    Window { n: i64, stride: i64 },
 }
 
 impl Src {
     /// Every stride of the source offset.
     fn strides_mut(&mut self) -> Vec<&mut i64> {
         match self {
-            Src::Affine(s) | Src::Pad { stride: s, .. } | Src::Element { stride: s, .. } => {
-                vec![s]
-            }
+            Src::Affine(s)
+            | Src::Pad { stride: s, .. }
+            | Src::Element { stride: s, .. }
+            | Src::Window { stride: s, .. } => vec![s],
             Src::Index { comps, batch } => {
                 comps.iter_mut().map(|(_, s)| s).chain(batch.as_mut().map(|(_, s)| s)).collect()
             }
@@ -80,7 +85,7 @@ impl Src {
     fn reads_indices(&self) -> bool {
         match self {
             Src::Index { comps, .. } => !comps.is_empty(),
-            Src::Element { .. } => true,
+            Src::Element { .. } | Src::Window { .. } => true,
             _ => false,
         }
     }
@@ -251,9 +256,9 @@ impl Copy {
             // An empty padded dim reads nothing.
             match &d.src {
                 Src::Affine(s) => add(&mut src, *s, last),
-                Src::Pad { n, stride, .. } | Src::Element { n, stride } => {
-                    add(&mut src, *stride, (n - 1).max(0))
-                }
+                Src::Pad { n, stride, .. }
+                | Src::Element { n, stride }
+                | Src::Window { n, stride } => add(&mut src, *stride, (n - 1).max(0)),
                 Src::Index { comps, batch } => {
                     for &(n, stride) in comps {
                         add(&mut src, stride, (n - 1).max(0));
@@ -304,7 +309,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let esize = dt.size();
     // Gather's indices and Dropout's mask have their own types.
     let data = match cx.op {
-        "Gather" | "GatherElements" | "GatherND" => &cx.inputs[..1],
+        "Gather" | "GatherElements" | "GatherND" | "DynamicSlice" => &cx.inputs[..1],
         _ => cx.inputs,
     };
     let outs = match cx.op {
@@ -603,6 +608,26 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
                 }
             };
             copy.index_words = index_words;
+            one(copy)
+        }
+        "DynamicSlice" => {
+            let (axes, sizes) = (
+                cx.attrs.ints("axes").map_err(attr_err)?,
+                cx.attrs.ints("sizes").map_err(attr_err)?,
+            );
+            let (&[a], &[size]) = (axes, sizes) else {
+                return Err(no_kernel!("DynamicSlice over {} axes", axes.len()));
+            };
+            let a = usize::try_from(a).ok().filter(|&a| a < shape.len());
+            let a = a.ok_or_else(|| no_kernel!("DynamicSlice axis {a:?} of {shape:?}"))?;
+            let dims = (0..shape.len())
+                .map(|d| match d == a {
+                    true => (size as u64, Src::Window { n: shape[d] as i64, stride: strides[d] }),
+                    false => (shape[d] as u64, Src::Affine(strides[d])),
+                })
+                .collect();
+            let mut copy = Copy::new(dims, 0);
+            copy.index_words = index_words(cx, 1)?;
             one(copy)
         }
         "Trilu" => {
@@ -1107,6 +1132,7 @@ fn dispatch(
     let (form, axis, axis_n, axis_stride) = match gather {
         Some((k, Src::Index { comps, .. })) => (1u32, k, comps[0].0, comps[0].1),
         Some((k, &Src::Element { n, stride })) => (2, k, n, stride),
+        Some((k, &Src::Window { n, stride })) => (3, k, n, stride),
         _ => (0, 0, 0, 0),
     };
     let strides = dims.iter().enumerate().map(|(k, d)| match d.src {
@@ -1394,6 +1420,16 @@ mod tests {
             &[t(DType::I64, &[2, 2], 128)],
         );
         add("gather int64 data", d);
+        let window = Attrs::new().with("axes", ints(&[1])).with("sizes", ints(&[2]));
+        for dt in [DType::I64, DType::I32] {
+            let d = lower_ok(
+                "DynamicSlice",
+                &window,
+                &[f32s(&[2, 5, 3], 0), t(dt, &[1], 512)],
+                &[f32s(&[2, 2, 3], 1024)],
+            );
+            add(&format!("dynamic slice by {dt}"), d);
+        }
         let d = lower_ok(
             "GatherElements",
             &axis(1),
