@@ -55,9 +55,14 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
 
 /// Cases whose every submodel has Vulkan kernels: their Vulkan run must not use the CPU
 /// (opset 23's Attention, RMSNormalization and RotaryEmbedding; convs of int8 weights and
-/// their post-ops).
-const ALL_ON_VULKAN_CASES: &[&str] =
-    &["llama_prefill", "llama_decode", "yolov8n_320_weights_int8", "det_224_weights_int8"];
+/// their post-ops; dynamic quantization's DynamicQuantizeLinear and ConvInteger).
+const ALL_ON_VULKAN_CASES: &[&str] = &[
+    "llama_prefill",
+    "llama_decode",
+    "yolov8n_320_weights_int8",
+    "det_224_weights_int8",
+    "yolov8n_320_dynamic",
+];
 
 fn check_case(case: &str, model: &str) -> Result<()> {
     let dir = generated(&format!("references/models/{case}"))?;

@@ -67,10 +67,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("DequantizeLinear", lower_dequantize, infer_dequantize),
     OpDef::new("QuantizeLinear", lower_quantize, infer_quantize),
     OpDef::new("QuantizeDequantize", made_by_the_compiler, infer_round_trip),
-    OpDef::new("DynamicQuantizeLinear", lower_dynamic, infer_dynamic).cpu_only(
-        "DynamicQuantizeLinear has no Vulkan kernel yet (its scale is a reduction over the \
-         whole input): its steps run on the CPU",
-    ),
+    OpDef::new("DynamicQuantizeLinear", lower_dynamic, infer_dynamic),
     OpDef::new("MatMulInteger", lower_matmul_integer, infer_matmul_integer)
         .cpu_only(INTEGER_PRODUCT),
     OpDef::new("QLinearMatMul", lower_qlinear_matmul, infer_qlinear_matmul)

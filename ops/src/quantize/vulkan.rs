@@ -22,10 +22,11 @@ use crate::wgsl;
 use ingot_schema::DType;
 
 static LINEAR: Wgsl = wgsl!("quantize/linear.wgsl");
+static DYNAMIC_RANGE: Wgsl = wgsl!("quantize/dynamic_range.wgsl");
 
 /// The kernel files, for tests that validate each alone.
 #[cfg(test)]
-pub(crate) static FILES: [&Wgsl; 1] = [&LINEAR];
+pub(crate) static FILES: [&Wgsl; 2] = [&LINEAR, &DYNAMIC_RANGE];
 
 /// Invocations per workgroup.
 const WG: u32 = 64;
@@ -54,6 +55,9 @@ fn float_bits(dtype: DType) -> Option<u32> {
 }
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    if cx.op == "DynamicQuantizeLinear" {
+        return dynamic(cx);
+    }
     let (quantize, round_trip) = match cx.op {
         "DequantizeLinear" => (false, false),
         "QuantizeLinear" => (true, false),
@@ -208,6 +212,62 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     Ok(vec![spec.dispatch(label, grid.groups, bindings, params)?])
 }
 
+/// DynamicQuantizeLinear in two dispatches: `dynamic_range.wgsl` writes the scale and zero
+/// point (one workgroup: a reduction over the whole tensor), then `linear.wgsl` quantizes x by
+/// them, reading the two outputs the first wrote.
+fn dynamic(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let ([x], [y, scale, zero]) = (cx.inputs, cx.outputs) else {
+        return Err(no_kernel!("DynamicQuantizeLinear with {} inputs", cx.inputs.len()));
+    };
+    let types = [x, y, scale, zero].map(|o| o.desc.dtype);
+    if types != [DType::F32, DType::U8, DType::F32, DType::U8] {
+        return Err(no_kernel!("DynamicQuantizeLinear of {types:?}"));
+    }
+    // The levels and the zero point are written a word at a time.
+    if ![y, zero].iter().all(|o| o.byte_offset.is_multiple_of(4)) {
+        return Err(no_kernel!("DynamicQuantizeLinear of outputs that do not start on a word"));
+    }
+    let count = x.desc.elements();
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if count >= 1 << 31 {
+        return Err(no_kernel!("DynamicQuantizeLinear too large for 32-bit indices"));
+    }
+    let range = Spec::new(&DYNAMIC_RANGE).dispatch(
+        "dynamicquantizelinear_range",
+        [1, 1, 1],
+        vec![
+            Binding::input("x", 0, "u32"),
+            Binding::output("scale", 1, "u32"),
+            Binding::output("zero", 2, "u32"),
+        ],
+        vec![count as u32],
+    )?;
+    let words = (count as u64).div_ceil(4);
+    let mut spec = Spec::new(&LINEAR)
+        .set("WG", WG)
+        .set("QUANTIZE", true)
+        .set("Q_BITS", 8u32)
+        .set("Q_SIGNED", false)
+        .set("F_BITS", 32u32)
+        .set("PER", 0u32)
+        .set("ZERO", true);
+    if count < 1 << 24 {
+        spec = spec.divmod();
+    }
+    let bindings = vec![
+        Binding::input("x", 0, "u32"),
+        Binding::output("scale", 1, "u32"),
+        Binding::output("y", 0, "u32"),
+        Binding::output("zero", 2, "u32"),
+    ];
+    let params = vec![count as u32, 1, count as u32, 1, 1];
+    let grid = Grid::new(words, WG)?;
+    let levels = spec.dispatch("dynamicquantizelinear_f32_u8", grid.groups, bindings, params)?;
+    Ok(vec![range, levels])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +368,32 @@ mod tests {
         assert_eq!(d[0].label, "quantizedequantize_f32_f32_tensor_zero");
         assert_eq!(d[0].groups, [1, 1, 1], "15 words of one f32 each");
         insta::assert_snapshot!("round_trip_tensor_i8", specialised(&d[0], &LINEAR));
+    }
+
+    #[test]
+    fn dynamic_quantization_finds_its_range_then_quantizes() {
+        let f = |dtype, s: &[usize], at| Operand::arena(TensorDesc::new(dtype, s.to_vec()), at);
+        let (ins, outs) = (
+            [f(DType::F32, &[3, 7], 0)],
+            [f(DType::U8, &[3, 7], 128), f(DType::F32, &[], 160), f(DType::U8, &[], 176)],
+        );
+        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
+            let a = Attrs::new();
+            let cx = KernelCx {
+                class,
+                op: "DynamicQuantizeLinear",
+                name: "n",
+                attrs: &a,
+                inputs: &ins,
+                outputs: &outs,
+            };
+            let d = lower(&cx).unwrap();
+            valid(&d);
+            let labels: Vec<&str> = d.iter().map(|d| d.label.as_str()).collect();
+            assert_eq!(labels, ["dynamicquantizelinear_range", "dynamicquantizelinear_f32_u8"]);
+            assert_eq!((d[0].groups, &d[0].params[..]), ([1, 1, 1], &[21][..]));
+            assert_eq!((d[1].groups, &d[1].params[..]), ([1, 1, 1], &[21, 1, 21, 1, 1][..]));
+        }
     }
 
     #[test]
