@@ -276,31 +276,29 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
         g.initializer.iter().map(|t| t.name.as_str()).collect();
     let is_operand =
         |op: &str, k: usize| OPERANDS.iter().any(|(o, slots)| *o == op && slots.contains(&k));
-    // The uses of value `v`: (node, input slot).
-    let uses = |v: &str| -> Vec<(&onnx_protobuf::NodeProto, usize)> {
-        (g.node.iter())
-            .flat_map(|n| {
-                n.input.iter().enumerate().filter(|(_, x)| *x == v).map(move |(k, _)| (n, k))
-            })
-            .collect()
+    // Whether `input` sets a shape: a walk over what is computed from it (each value once),
+    // until a use is an operand slot; reading a shape alone (Shape, Size) goes no further.
+    let sets_shape = |input: &str| {
+        let mut seen = std::collections::BTreeSet::from([input]);
+        let mut next = vec![input];
+        while let Some(v) = next.pop() {
+            for n in &g.node {
+                for (k, _) in n.input.iter().enumerate().filter(|(_, x)| *x == v) {
+                    if is_operand(&n.op_type, k) {
+                        return true;
+                    }
+                    if !matches!(n.op_type.as_str(), "Shape" | "Size") {
+                        next.extend(n.output.iter().map(String::as_str).filter(|o| seen.insert(o)));
+                    }
+                }
+            }
+        }
+        false
     };
-    // Whether `v` sets a shape: one of its uses is an operand slot, or the outputs of a
-    // node computing from it do (graphs are acyclic: the walk ends).
-    fn sets_shape<'a>(
-        v: &str,
-        uses: &dyn Fn(&str) -> Vec<(&'a onnx_protobuf::NodeProto, usize)>,
-        is_operand: &dyn Fn(&str, usize) -> bool,
-    ) -> bool {
-        uses(v).into_iter().any(|(n, k)| {
-            is_operand(&n.op_type, k)
-                || (!matches!(n.op_type.as_str(), "Shape" | "Size")
-                    && n.output.iter().any(|o| sets_shape(o, uses, is_operand)))
-        })
-    }
     Ok(g.input
         .iter()
         .filter(|i| !initializers.contains(i.name.as_str()))
-        .map(|i| (i.name.clone(), sets_shape(&i.name, &uses, &is_operand)))
+        .map(|i| (i.name.clone(), sets_shape(&i.name)))
         .collect())
 }
 
