@@ -1,5 +1,8 @@
-//! Conv and ConvTranspose: attribute defaults, padding rules and shape inference; the kernels
-//! are in `ops/src/conv/cpu.rs`.
+//! Conv, ConvTranspose and ConvInteger: attribute defaults, padding rules and shape inference;
+//! the kernels are in `ops/src/conv/cpu.rs` (ConvInteger's exact int32 one in
+//! `cpu/integer.rs`). ConvInteger's canonical form: Conv's window attributes and `group`, plus
+//! `x_zero_point` and `w_zero_point` (1 where the model gives that input), its inputs X, W and
+//! the zero points given; W's zero point is one value or one per output channel.
 //!
 //! Canonical attributes are exactly what the kernels read: `kernel_shape` (taken from the
 //! weights when absent), `strides`, `dilations`, `group` and explicit `pads` (all begins, then
