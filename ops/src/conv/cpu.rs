@@ -1469,7 +1469,7 @@ pub(crate) mod tests {
     }
 
     /// Canonical attributes; `pads` as ONNX orders them (all begins, then all ends).
-    fn attrs(
+    pub(crate) fn attrs(
         kernel: &[i64],
         strides: &[i64],
         dilations: &[i64],

@@ -166,25 +166,10 @@ impl Kernel for ConvInteger {
 
 #[cfg(test)]
 mod tests {
+    use crate::conv::cpu::tests::attrs as window;
     use crate::cpu::eval;
     use crate::{Tensor, TensorDesc};
-    use ingot_schema::{AttrValue, Attrs, DType};
-
-    fn window(
-        kernel: &[i64],
-        strides: &[i64],
-        dilations: &[i64],
-        pads: &[i64],
-        group: i64,
-    ) -> Attrs {
-        let ints = |v: &[i64]| AttrValue::Ints(v.to_vec());
-        Attrs::new()
-            .with("kernel_shape", ints(kernel))
-            .with("strides", ints(strides))
-            .with("dilations", ints(dilations))
-            .with("pads", ints(pads))
-            .with("group", AttrValue::Int(group))
-    }
+    use ingot_schema::{AttrValue, DType};
 
     /// ConvInteger against the float Conv of its operands minus their zero points (exact:
     /// short sums of 8-bit products), int8 X with a zero point, uint8 W with one per channel.
@@ -212,14 +197,9 @@ mod tests {
                 .map(|(i, &v)| f32::from(v) - f32::from(wz[i / (wn / m)]))
                 .collect();
             let t = |s: &[usize], v: Vec<f32>| Tensor::from_vec(s.to_vec(), &v).unwrap();
-            let no_post_ops = attrs
-                .clone()
-                .with("post_ops", AttrValue::Text(String::new()))
-                .with("post_params", AttrValue::Floats(vec![]));
             let out = [TensorDesc::new(DType::F32, out_shape.clone())];
             let float =
-                eval("Conv", &no_post_ops, &[&t(&x_shape, real_x), &t(&w_shape, real_w)], &out)
-                    .unwrap();
+                eval("Conv", &attrs, &[&t(&x_shape, real_x), &t(&w_shape, real_w)], &out).unwrap();
             let want: Vec<i32> =
                 float[0].to_vec::<f32>().unwrap().iter().map(|&v| v as i32).collect();
             let attrs = attrs
