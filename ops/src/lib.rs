@@ -34,7 +34,7 @@ mod select;
 mod spectral;
 mod topk;
 
-pub use conv::{dequantizes_w, weight_table_shape};
+pub use conv::{can_scale_x, dequantizes_w, scales_x, weight_table_shape};
 pub use ingot_schema::DType;
 pub use matmul::{dequantization_shape, dequantizes_b};
 pub use node::{Constant, Node, ValueId};

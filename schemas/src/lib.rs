@@ -33,9 +33,19 @@ pub mod proto {
                 .map_or_else(Vec::new, |t| t.split(',').filter(|s| !s.is_empty()).collect())
         }
 
-        /// The op with its fused post-ops, as plans and profiles show it: `Conv+Add+Relu`.
+        /// The op with its fused post-ops, as plans and profiles show it: `Conv+Add+Relu`;
+        /// `Mul+Conv+Add` where a Conv scales its input's channels first (`scale_x`).
         pub fn op_label(&self) -> String {
-            std::iter::once(self.op.as_str()).chain(self.post_ops()).collect::<Vec<_>>().join("+")
+            let scales_x = self
+                .attributes
+                .iter()
+                .any(|a| a.name == "scale_x" && matches!(a.value, Some(attribute::Value::Int(1))));
+            let pre = scales_x.then_some("Mul");
+            pre.into_iter()
+                .chain(std::iter::once(self.op.as_str()))
+                .chain(self.post_ops())
+                .collect::<Vec<_>>()
+                .join("+")
         }
     }
 }

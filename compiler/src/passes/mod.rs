@@ -4,6 +4,7 @@
 use crate::ir::{self, Graph};
 
 mod bounded;
+mod channel_scales;
 mod control;
 mod dce;
 mod dequantize;
@@ -42,6 +43,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("norm_chains", norm_chains::run),
     ("dequantize_in_conv", dequantize_in_gemm::convs),
     ("fuse", fuse::run),
+    ("channel_scales", channel_scales::run),
     ("dequantize_in_gemm", dequantize_in_gemm::products),
     ("outputs", outputs::run),
     ("bounded", bounded::run),

@@ -27,6 +27,10 @@
 //! scale and zero point per output channel, which the GEMM dequantizes a block of rows at a
 //! time ([`OperandA::Dequantized`]); the depthwise path, whose weights are a few values per
 //! channel, dequantizes them whole into a scratch first.
+//!
+//! A Conv that scales X's channels (`crate::scales_x`, pointwise only) multiplies each image
+//! by its weights scaled along the input channels, `W · (s ⊙ X) = (W diag s) · X`: the
+//! scaled weights are M x C products per image, where scaling X would be C x pixels.
 
 use crate::cpu::gemm::{
     COLUMN_UNIT, Dequantized, Float, Layout, Narrow, OperandA, OperandB, Panels, Shifted, Start,
@@ -259,7 +263,7 @@ struct Channels {
 
 impl Channels {
     /// Reads `group` and checks X [N, C, ..], W, bias [M] and Y [N, M, ..]; the op has `own`
-    /// inputs of its own (2, or 3 with the bias).
+    /// inputs of its own (2, 3 with the bias, 4 with channel scales too).
     fn new(cx: &OpCx, transposed: bool, own: usize) -> Result<Self, KernelError> {
         let quantized = !transposed && crate::dequantizes_w(cx.attrs);
         all_f32(cx, quantized)?;
@@ -288,7 +292,7 @@ impl Channels {
                 cx.op
             ));
         }
-        let bias = own == 3;
+        let bias = own >= 3;
         let table = crate::weight_table_shape(cout * groups);
         if quantized && (!bias || cx.inputs[2].dtype != DType::F32 || cx.inputs[2].shape != table) {
             return Err(invalid!(
@@ -494,12 +498,20 @@ struct Conv {
     own: usize,
     /// W's type where it is 8-bit: the third input is then its table.
     quantized: Option<DType>,
+    /// Whether the fourth input scales X's channels (`crate::scales_x`).
+    scaled: bool,
 }
 
 impl Conv {
     fn new(cx: &OpCx) -> Result<Self, KernelError> {
         let quantized = crate::dequantizes_w(cx.attrs).then(|| cx.inputs[1].dtype);
-        let own = if quantized.is_some() { 3..=3 } else { 2..=3 };
+        let scaled = crate::scales_x(cx.attrs);
+        let own = match (quantized, scaled) {
+            (Some(_), false) => 3..=3,
+            (None, true) => 4..=4,
+            (None, false) => 2..=3,
+            (Some(_), true) => return Err(invalid!("Conv: 8-bit weights scale no channels")),
+        };
         let (post, own) = PostOps::new(cx, own)?;
         let ch = Channels::new(cx, false, own)?;
         let (x, w, y) = (&cx.inputs[0], &cx.inputs[1], &cx.outputs[0]);
@@ -525,8 +537,24 @@ impl Conv {
             });
             ConvPath::Im2col { rows: (SCRATCH_FLOATS / row.max(1)).max(1), taps: taps.collect() }
         };
+        if scaled {
+            let (pointwise, s) = (matches!(path, ConvPath::Pointwise), &cx.inputs[3]);
+            if !pointwise
+                || ch.groups != 1
+                || s.dtype != DType::F32
+                || s.elements() != ch.batch * ch.cin
+            {
+                return Err(invalid!(
+                    "Conv: channel scales {} {:?} need a 1x1 conv in one group and one float32 \
+                     per image and channel of X {:?}",
+                    s.dtype,
+                    s.shape,
+                    x.shape
+                ));
+            }
+        }
         let lens = [x.elements(), w.elements(), y.elements()];
-        Ok(Self { lens, ch, win, path, post, own, quantized })
+        Ok(Self { lens, ch, win, path, post, own, quantized, scaled })
     }
 }
 
@@ -959,6 +987,11 @@ impl Conv {
                 .map_err(|e| invalid!("conv output block: {e}"))?;
             match self.path {
                 ConvPath::Pointwise => {
+                    let scaled = self.scaled_weights(w, inputs, ng)?;
+                    let wg = |k: usize| match &scaled {
+                        Some(w) => Weights::Float(w).rows(0..cout, k),
+                        None => wg(k),
+                    };
                     let cols = (CHUNK_FLOATS / cout.max(1)).max(MIN_COLUMNS);
                     column_blocks(yv, (cols, COLUMN_UNIT), &|c, mut yc| {
                         let lb = Layout::new(cin, c.len(), in_plane, 1);
@@ -998,6 +1031,24 @@ impl Conv {
 }
 
 impl Conv {
+    /// The weights of a conv that scales X's channels, scaled by image `n`'s factors, or
+    /// None for any other conv.
+    fn scaled_weights(
+        &self,
+        w: Weights,
+        inputs: &[TensorRef],
+        n: usize,
+    ) -> Result<Option<Vec<f32>>, KernelError> {
+        let (Weights::Float(w), true) = (w, self.scaled) else {
+            return Ok(None);
+        };
+        let cin = self.ch.cin;
+        let s = &input_f32(inputs, 3, self.ch.batch * cin)?[n * cin..][..cin];
+        Ok(Some(
+            w.chunks(cin.max(1)).flat_map(|row| row.iter().zip(s).map(|(w, s)| w * s)).collect(),
+        ))
+    }
+
     /// W as the step holds it: float32, or 8-bit with its dequantization.
     fn weights<'a>(
         &self,
@@ -2056,6 +2107,42 @@ pub(crate) mod tests {
         let a = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
         let gemm = eval("Conv", &a, &[&x, &dense, &b], &desc).unwrap().remove(0);
         assert_close(&depthwise, &gemm, 1e-6, "depthwise against dense");
+    }
+
+    #[test]
+    fn scaled_channels_are_the_conv_of_the_product() {
+        let scaled = |a: Attrs| a.with("scale_x", AttrValue::Int(1));
+        let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1);
+        // Two images, each with its own factors; more columns than one GEMM chunk holds.
+        for (images, pixels) in [(2, 5 * 3), (1, 96 * 48)] {
+            let (x, w, b) = (ramp(&[images, 6, pixels], 1), ramp(&[4, 6, 1], 2), ramp(&[4], 3));
+            let s = ramp(&[images, 6, 1], 5);
+            let out = [TensorDesc::new(DType::F32, vec![images, 4, pixels])];
+            let a1 = attrs(&[1], &[1], &[1], &[0, 0], 1);
+            let desc = TensorDesc::new(DType::F32, vec![images, 6, pixels]);
+            let xs = eval("Mul", &Attrs::new(), &[&x, &s], &[desc]).unwrap().remove(0);
+            let want = eval("Conv", &a1, &[&xs, &w, &b], &out).unwrap().remove(0);
+            let got = eval("Conv", &scaled(a1.clone()), &[&x, &w, &b, &s], &out).unwrap();
+            assert_close(&got[0], &want, 1e-6, "scaled");
+            // With a residual, in place over it.
+            let r = ramp(&[images, 4, pixels], 7);
+            let add = scaled(with_post(a1.clone(), "Add,Relu", &[]));
+            let all = [&x, &w, &b, &s, &r];
+            let fused = same_in_place("Conv", &add, &all, &out[0], 4);
+            let want = unfused(want, "Add,Relu", &[], &[&r]);
+            assert_close(&fused, &want, 1e-6, "scaled, then Add and Relu");
+        }
+        // Only on pointwise convs in one group, with one factor per image and channel.
+        let (x, w, b) = (ramp(&[1, 4, 3, 3], 1), ramp(&[2, 4, 1, 1], 2), ramp(&[2], 3));
+        let out = [TensorDesc::new(DType::F32, vec![1, 2, 3, 3])];
+        let s = ramp(&[1, 4, 1, 1], 5);
+        assert!(eval("Conv", &scaled(a.clone()), &[&x, &w, &b, &s], &out).is_ok());
+        assert!(eval("Conv", &scaled(a.clone()), &[&x, &w, &b], &out).is_err(), "no scales");
+        let short = ramp(&[1, 2, 1, 1], 5);
+        assert!(eval("Conv", &scaled(a), &[&x, &w, &b, &short], &out).is_err(), "two factors");
+        let a3 = attrs(&[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1);
+        let w3 = ramp(&[2, 4, 3, 3], 2);
+        assert!(eval("Conv", &scaled(a3), &[&x, &w3, &b, &s], &out).is_err(), "3x3");
     }
 
     #[test]

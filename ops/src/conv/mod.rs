@@ -27,6 +27,14 @@
 //! ([`weight_table_shape`]), per output channel a scale (row 0), a zero point (row 1) and the
 //! bias (row 2); `w = (q - zero) * scale` as DequantizeLinear computes it. One input for the
 //! three keeps the op's inputs and the Vulkan kernels' bindings as they are.
+//!
+//! **Scaled input channels** (the compiler's `channel_scales` writes them; [`scales_x`]): a
+//! Conv with `scale_x = 1` computes `conv(X * S)` for S float32 `[N, C, 1, ..]`, one factor
+//! per image and input channel: a squeeze-and-excitation block's product, which then needs no
+//! step and no tensor of its own. Its inputs are X, W, B (always) and S, then the post-ops'
+//! operands; only a 1x1 conv with stride 1, no padding, one group and float weights, with at
+//! most one post-op operand, takes it ([`can_scale_x`]: the Vulkan kernels' slots for S and
+//! the operands).
 
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
@@ -59,6 +67,25 @@ pub const OPS: &[OpDef] = &[
 /// Whether a Conv reads 8-bit weights and dequantizes them itself (see the module's text).
 pub fn dequantizes_w(attrs: &Attrs) -> bool {
     attrs.int_or("dequantize_w", 0).is_ok_and(|v| v != 0)
+}
+
+/// Whether a Conv computes `conv(X * S)` with its fourth input S (see the module's text).
+pub fn scales_x(attrs: &Attrs) -> bool {
+    attrs.int_or("scale_x", 0).is_ok_and(|v| v != 0)
+}
+
+/// Whether a Conv of canonical `attrs` and weights of shape `w` may take [`scales_x`]: 1x1,
+/// stride 1, unpadded, one group, float weights, at most one post-op operand.
+pub fn can_scale_x(attrs: &Attrs, w: &TensorDesc) -> bool {
+    let all =
+        |name: &str, value: i64| attrs.ints(name).is_ok_and(|v| v.iter().all(|&k| k == value));
+    w.dtype == DType::F32
+        && w.shape.iter().skip(2).all(|&k| k == 1)
+        && attrs.int("group").is_ok_and(|g| g == 1)
+        && all("strides", 1)
+        && all("pads", 0)
+        && !dequantizes_w(attrs)
+        && post::extra_inputs(attrs).is_ok_and(|n| n <= 1)
 }
 
 /// The shape of a [`dequantizes_w`] Conv's table for `m` output channels: scales, zero points
@@ -498,10 +525,12 @@ fn check_channels(
 }
 
 fn infer_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
-    let (inputs, operands) = post_operands(node, inputs, 3)?;
-    let inputs = match dequantizes_w(&node.attrs) {
-        true => weight_table(inputs)?,
-        false => inputs,
+    let scaled = scales_x(&node.attrs);
+    let (inputs, operands) = post_operands(node, inputs, 3 + usize::from(scaled))?;
+    let inputs = match (dequantizes_w(&node.attrs), scaled) {
+        (true, _) => weight_table(inputs)?,
+        (false, true) => channel_scales(node, inputs)?,
+        (false, false) => inputs,
     };
     let (x, w) = conv_operands(inputs.first().copied(), inputs.get(1).copied())?;
     let m = check_channels(
@@ -516,6 +545,33 @@ fn infer_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> 
     let out = TensorDesc::new(inputs[0].dtype, shape);
     check_post_operands(node, operands, &out)?;
     Ok(vec![out])
+}
+
+/// Checks a [`scales_x`] Conv's S against X and the conv against [`can_scale_x`]; X, W and B,
+/// which the rest of inference checks.
+fn channel_scales<'a, 'b>(
+    node: &Node,
+    own: &'a [&'b TensorDesc],
+) -> OpResult<&'a [&'b TensorDesc]> {
+    let [x, w, _, s] = own else {
+        return Err(op_err!("a Conv that scales X's channels takes X, W, B and the scales"));
+    };
+    if !can_scale_x(&node.attrs, w) {
+        return Err(op_err!(
+            "only a 1x1 conv with stride 1, no padding, one group, float weights and at most \
+             one post-op operand scales X's channels"
+        ));
+    }
+    let want: Vec<usize> =
+        x.shape.iter().enumerate().map(|(d, &e)| if d < 2 { e } else { 1 }).collect();
+    if s.dtype != DType::F32 || s.shape != want {
+        return Err(op_err!(
+            "the channel scales are {} {:?}, not float32 {want:?} (one per image and channel of X)",
+            s.dtype,
+            s.shape
+        ));
+    }
+    Ok(&own[..3])
 }
 
 /// Checks a [`dequantizes_w`] Conv's X, W and table against each other; X and W, whose shapes

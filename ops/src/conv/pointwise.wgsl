@@ -11,7 +11,7 @@
 // X_VEC, W_VEC, Y_VEC); the register-block aliases, retyped to their exact lengths (Mesa
 // unrolls a loop over an array of exactly its trip count, and the block must be unrolled to
 // stay in registers); the hooks `bias`, `post_op` and, with Y_VEC, `y_vector`; for 8-bit
-// weights WT u32 and `weight`, `weights4`.
+// weights WT u32 and `weight`, `weights4`; with SCALED, `x_scale`.
 
 alias XT = vec4<f32>;
 alias WT = vec4<f32>;
@@ -34,6 +34,9 @@ override WG: u32 = 64u;
 // Images of one pixel (the 1x1 convs of squeeze-excitation blocks and classifier heads): every
 // column is that pixel, read once.
 override ONE_PIXEL: bool = false;
+// X's channels are scaled by S [N, C] (a squeeze-excitation's product, fused), bound in the
+// slot r0; the post-ops' operand then takes r1.
+override SCALED: bool = false;
 
 @group(0) @binding(0) var<storage, read> x: array<XT>;
 @group(0) @binding(1) var<storage, read> w: array<WT>;
@@ -68,6 +71,11 @@ fn bias(m: u32) -> f32 {
 
 fn post_op(v: f32, i: u32) -> f32 {
     return v;
+}
+
+// The factor of input channel c of image n (with SCALED).
+fn x_scale(n: u32, c: u32) -> f32 {
+    return 1.0;
 }
 
 // Four outputs as an element of Y (the hook returns the vector itself where YT is one).
@@ -120,6 +128,13 @@ fn accumulate(acc: ptr<function, Block>, wv: ptr<function, RowWeights>, xv: ptr<
         for (var v = 0u; v < VECS; v++) {
             (*acc)[r][v] = fma(vec4<f32>((*wv)[r][kk]), (*xv)[v], (*acc)[r][v]);
         }
+    }
+}
+
+// One input channel's vectors times its factor.
+fn scale(xv: ptr<function, Vectors>, k: f32) {
+    for (var v = 0u; v < VECS; v++) {
+        (*xv)[v] *= k;
     }
 }
 
@@ -180,6 +195,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                     xv[v] = columns(xc, &q, 4u * v);
                 }
             }
+            if (SCALED) {
+                scale(&xv, x_scale(n, c + kk));
+            }
             accumulate(&acc, &wv, &xv, kk);
         }
     }
@@ -191,6 +209,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             } else {
                 xv[v] = columns(xc, &q, 4u * v);
             }
+        }
+        if (SCALED) {
+            scale(&xv, x_scale(n, c));
         }
         for (var r = 0u; r < ROWS; r++) {
             let wk = vec4<f32>(weight(wo[r] + c, ms[r]));

@@ -7,11 +7,14 @@
 // Geometries are lifted to 3-D (depth, height, width); the window is an override (so a tap's
 // coordinates take divisions by constants), everything else is a push-constant param.
 // Specialised per dispatch (conv/vulkan.rs): the overrides and the hooks `bias` and `post_op`;
-// for 8-bit weights WT and `weight`.
+// for 8-bit weights WT and `weight`; with SCALED, `x_scale`.
 
 override KD: u32 = 1u;
 override KH: u32 = 3u;
 override KW: u32 = 3u;
+// X's channels are scaled by S [N, C] (one group), bound in the slot r0; the post-ops' operand
+// then takes r1.
+override SCALED: bool = false;
 
 alias WT = f32;
 
@@ -81,6 +84,11 @@ fn post_op(v: f32, i: u32) -> f32 {
     return v;
 }
 
+// The factor of input channel c of image n (with SCALED).
+fn x_scale(n: u32, c: u32) -> f32 {
+    return 1.0;
+}
+
 @compute @workgroup_size(16, 16)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -128,7 +136,11 @@ fn main(
             let at = min(ci, p.cin - 1u) * in_plane
                 + (u32(clamp(iz, 0, i32(p.id) - 1)) * p.ih + u32(clamp(iy, 0, i32(p.ih) - 1))) * p.iw
                 + u32(clamp(ix, 0, i32(p.iw) - 1));
-            tb[e] = select(0.0, x[xg + at], inside);
+            var xv = x[xg + at];
+            if (SCALED) {
+                xv *= x_scale(n, min(ci, p.cin - 1u));
+            }
+            tb[e] = select(0.0, xv, inside);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < TK; kk++) {

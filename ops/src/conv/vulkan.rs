@@ -31,6 +31,11 @@
 //! as it is loaded, `(q - zero) * scale` as the CPU does, so the sums are those of the float
 //! weights. Not the long-window product (`strided_conv`): such convs take the other kernels.
 //!
+//! A Conv that scales X's channels (`crate::scales_x`: 1x1, stride 1, unpadded, one group)
+//! runs `pointwise` or `tiled` with `SCALED` set: S is bound in the slot `r0` (the post-ops'
+//! one operand then in `r1`) and the hook `x_scale` reads it, each X value multiplied by its
+//! channel's factor as it is loaded.
+//!
 //! The register-blocked kernels (all but `tiled`) store Y as 16-byte vectors where its rows
 //! are whole aligned vectors (`Y_VEC`), as the generated kernels did: on lavapipe a scalar
 //! store costs about what a vector store does.
@@ -87,13 +92,16 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         }
         _ => cx.require_f32()?,
     }
-    let post = PostOps::new(cx, 3)?;
+    let scaled = cx.op == "Conv" && crate::scales_x(cx.attrs);
+    let post = PostOps::new(cx, 3 + usize::from(scaled))?.after_slots(usize::from(scaled));
     let operands = post.bindings().len();
     let own = cx
         .inputs
         .len()
         .checked_sub(operands)
-        .filter(|&own| own == 3 || (own == 2 && operands == 0 && !quantized))
+        .filter(|&own| {
+            own == 3 + usize::from(scaled) || (own == 2 && operands == 0 && !quantized && !scaled)
+        })
         .ok_or_else(|| no_kernel!("{} with {} inputs", cx.op, cx.inputs.len()))?;
     if let Some(k) = cx.in_place().filter(|&k| k < own) {
         return Err(no_kernel!("{} written over its input {k}", cx.op));
@@ -106,15 +114,18 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.outputs.first().is_some_and(|y| y.desc.elements() == 0) {
         return Ok(Vec::new());
     }
-    let geo = Geo::new(cx, transposed, own == 3)?;
+    let geo = Geo::new(cx, transposed, own >= 3, scaled)?;
     let gpu = cx.class == DeviceClass::Gpu;
+    if scaled && !geo.pointwise() {
+        return Err(no_kernel!("{} {}: channel scales on a conv that is not 1x1", cx.op, cx.name));
+    }
     let d = if transposed {
         Some(transposed_kernel(cx, &geo, &post)?)
     } else if geo.long_window() && geo.weights == Weights::Float {
         let sizes =
             [geo.batch, geo.cout, geo.kernel[2], geo.output[2], geo.input[2], geo.strides[2]];
         Some(strided_conv(cx, &post, sizes.map(|v| v as usize), geo.bias)?)
-    } else if geo.cin == 1 {
+    } else if geo.cin == 1 && !scaled {
         direct(cx, &geo, &post, DEPTHWISE)?
     } else if gpu {
         tiled(&geo, &post)?
@@ -129,6 +140,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         Some(d) => d,
         None => match tiled(&geo, &post)? {
             Some(d) => d,
+            None if scaled => return Err(no_kernel!("{} {}: too large a grid", cx.op, cx.name)),
             None => direct(cx, &geo, &post, GENERAL)?
                 .ok_or_else(|| no_kernel!("{} {}: no kernel fits its shapes", cx.op, cx.name))?,
         },
@@ -155,6 +167,8 @@ struct Geo {
     pads: [i32; DIMS],
     bias: bool,
     weights: Weights,
+    /// Whether X's channels are scaled by the fourth input (bound as `r0`).
+    scaled: bool,
 }
 
 /// How a step's W is stored.
@@ -171,7 +185,7 @@ enum Weights {
 const LIMIT: i64 = 1 << 31;
 
 impl Geo {
-    fn new(cx: &KernelCx, transposed: bool, bias: bool) -> Result<Geo, NoKernel> {
+    fn new(cx: &KernelCx, transposed: bool, bias: bool, scaled: bool) -> Result<Geo, NoKernel> {
         let bad = |what: &str| no_kernel!("{} {}: {what}", cx.op, cx.name);
         let shape = |o: &crate::vulkan::Operand| -> Vec<i64> {
             o.desc.shape.iter().map(|&d| d as i64).collect()
@@ -267,6 +281,7 @@ impl Geo {
             pads: lift(&pads[..rank], 0).map(|p| p as i32),
             bias,
             weights,
+            scaled,
         })
     }
 
@@ -314,8 +329,23 @@ impl Geo {
         if self.bias {
             b.push(Binding::input("b", 2, "f32"));
         }
+        if self.scaled {
+            b.push(Binding::input("r0", 3, "f32"));
+        }
         b.extend(post.bindings());
         b
+    }
+
+    /// `spec` of pointwise.wgsl or tiled.wgsl reading X's channel scales where the step has
+    /// them; `channels` is the file's expression for X's channels per image.
+    fn scales(&self, spec: Spec, channels: &str) -> Spec {
+        if !self.scaled {
+            return spec;
+        }
+        let hook = format!(
+            "fn x_scale(n: u32, c: u32) -> f32 {{\n    return r0[p.r0 + n * {channels} + c];\n}}"
+        );
+        spec.hook("x_scale", hook).set("SCALED", true)
     }
 
     /// The push-constant params the direct and transposed kernels start with: channels per
@@ -520,7 +550,8 @@ fn pointwise(
     };
     let spec = geo.blocked_spec((&POINTWISE, "p.m"), post, y_vec)?;
     let spec = if geo.weights == Weights::Float { spec.alias("WT", vec_type(w_vec)) } else { spec };
-    spec.alias("XT", vec_type(x_vec))
+    geo.scales(spec, "p.k")
+        .alias("XT", vec_type(x_vec))
         .alias("Rows", array("u32", rows))
         .alias("RowScales", array("vec2<f32>", rows))
         .alias("RowWeights", array("vec4<f32>", rows))
@@ -665,7 +696,7 @@ fn tiled(geo: &Geo, post: &PostOps) -> Result<Option<Dispatch>, NoKernel> {
     params.extend(geo.strides);
     params.extend(geo.dilations);
     params.extend(geo.pads.map(|p| p as u32));
-    geo.spec(&TILED, post, ALL_CHANNELS)?
+    geo.scales(geo.spec(&TILED, post, ALL_CHANNELS)?, "p.cin")
         .set("KD", kd)
         .set("KH", kh)
         .set("KW", kw)
@@ -791,6 +822,7 @@ mod tests {
     use std::fmt::Write as _;
 
     /// One conv step for the tests.
+    #[derive(Clone)]
     struct Case {
         op: &'static str,
         x: Vec<usize>,
@@ -810,6 +842,8 @@ mod tests {
         x_offset: u64,
         /// W's type where it is 8-bit (with its table in B's place).
         quantized: Option<DType>,
+        /// X's channels scaled by a fourth input, [N, C, 1, ..] (after B, which it needs).
+        scaled: bool,
     }
 
     impl Case {
@@ -830,6 +864,7 @@ mod tests {
                 in_place: false,
                 x_offset: 0,
                 quantized: None,
+                scaled: false,
             }
         }
 
@@ -851,6 +886,7 @@ mod tests {
                 .with("post_ops", AttrValue::Text(self.post.0.into()))
                 .with("post_params", AttrValue::Floats(self.post.1.clone()))
                 .with("dequantize_w", AttrValue::Int(i64::from(self.quantized.is_some())))
+                .with("scale_x", AttrValue::Int(i64::from(self.scaled)))
         }
 
         fn lower(&self, class: DeviceClass) -> Result<Vec<Dispatch>, NoKernel> {
@@ -866,8 +902,13 @@ mod tests {
             let m = if self.op == "Conv" { self.w[0] } else { self.w[1] * self.group as usize };
             if self.quantized.is_some() {
                 inputs.push(Operand::weight(desc(&crate::weight_table_shape(m)), 1));
-            } else if self.bias || self.residuals > 0 {
+            } else if self.bias || self.residuals > 0 || self.scaled {
                 inputs.push(Operand::weight(desc(&[m]), 1));
+            }
+            if self.scaled {
+                let factors: Vec<usize> =
+                    self.x.iter().enumerate().map(|(d, &e)| if d < 2 { e } else { 1 }).collect();
+                inputs.push(Operand::arena(desc(&factors), 1 << 19));
             }
             // Arena: X at x_offset (< 1 MiB), the output and residuals from 1 MiB on.
             let out_at = 1 << 20;
@@ -1158,6 +1199,38 @@ mod tests {
         let start = d[0].wgsl.find("fn post_op").unwrap();
         let end = start + d[0].wgsl[start..].find("\n}\n").unwrap() + 3;
         insta::assert_snapshot!("residual_post_op", &d[0].wgsl[start..end]);
+    }
+
+    #[test]
+    fn scaled_channels_take_the_first_optional_slot() {
+        let mut c = Case::conv(&[2, 16, 8, 8], &[24, 16, 1, 1], &[2, 24, 8, 8]);
+        (c.scaled, c.post, c.residuals, c.in_place) = (true, ("Add,Relu", Vec::new()), 1, true);
+        let [cpu, gpu] = c.check();
+        for d in [&cpu[0], &gpu[0]] {
+            // The scales in r0, the residual in r1.
+            let slots: Vec<(&str, Slot)> =
+                d.bindings.iter().map(|b| (b.name.as_str(), b.slot)).collect();
+            assert_eq!(
+                slots[3..],
+                [("b", Slot::Input(2)), ("r0", Slot::Input(3)), ("r1", Slot::Input(4))]
+            );
+            assert_eq!(override_of(d, "SCALED"), Some(1.0), "{}", d.label);
+        }
+        assert_eq!(
+            (labels(&cpu), labels(&gpu)),
+            (vec!["conv_pointwise_24x16x64"], vec!["conv_tiled_24x16x64"])
+        );
+        insta::assert_snapshot!("pointwise_scaled", describe(&cpu[0]));
+        // Two operands besides the scales have no slot; a 3x3 conv takes no scales.
+        let mut two = c.clone();
+        (two.post, two.residuals, two.in_place) = (("Add,Mul", Vec::new()), 2, false);
+        assert!(two.lower(DeviceClass::Cpu).is_err());
+        let wide = Case {
+            scaled: true,
+            pads: vec![1; 4],
+            ..Case::conv(&[1, 4, 6, 6], &[8, 4, 3, 3], &[1, 8, 6, 6])
+        };
+        assert!(wide.lower(DeviceClass::Gpu).is_err());
     }
 
     #[test]

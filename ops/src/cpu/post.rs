@@ -66,8 +66,10 @@ pub fn extra_inputs(attrs: &Attrs) -> Result<usize, KernelError> {
 pub fn in_place_input(op: &str, attrs: &Attrs) -> Option<usize> {
     let (_, own) = HOSTS.iter().find(|(host, _)| *host == op)?;
     let first = attrs.text("post_ops").ok()?.split(',').next()?;
-    // A product that dequantizes its B has B's dequantization among its own inputs.
-    (first == "Add").then_some(own + usize::from(crate::dequantizes_b(attrs)))
+    // A product that dequantizes its B has B's dequantization among its own inputs, a conv
+    // that scales X's channels the scales.
+    let more = crate::dequantizes_b(attrs) || crate::scales_x(attrs);
+    (first == "Add").then_some(own + usize::from(more))
 }
 
 /// Whether the output of `op` may be written over input `k`: R of a leading `Add` (the

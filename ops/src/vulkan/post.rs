@@ -39,6 +39,8 @@ pub struct PostOps {
     /// First input index of the operands.
     first: usize,
     operands: usize,
+    /// The r-slots a kernel's own optional inputs take before the operands'.
+    taken: usize,
 }
 
 impl PostOps {
@@ -110,10 +112,16 @@ impl PostOps {
         Ok(post)
     }
 
-    /// The operands' bindings, named `r0`, `r1`...
+    /// The same post-ops with their operands in the r-slots after the first `taken`, which
+    /// the kernel binds to optional inputs of its own (a conv's channel scales).
+    pub fn after_slots(self, taken: usize) -> PostOps {
+        PostOps { taken, ..self }
+    }
+
+    /// The operands' bindings, named `r0`, `r1`... (from `r{taken}`).
     pub fn bindings(&self) -> Vec<Binding> {
         (0..self.operands)
-            .map(|k| Binding::input(&format!("r{k}"), self.first + k, "f32"))
+            .map(|k| Binding::input(&format!("r{}", self.taken + k), self.first + k, "f32"))
             .collect()
     }
 
@@ -129,14 +137,15 @@ impl PostOps {
     /// `p.r0`, `p.r1` in its push-constant block `p`.
     #[allow(dead_code)] // until the conv and matmul kernels are files
     pub fn hook(&self) -> Result<String, NoKernel> {
-        if self.operands > Self::MAX_OPERANDS {
-            return Err(no_kernel!("{} post-op operands", self.operands));
+        if self.taken + self.operands > Self::MAX_OPERANDS {
+            return Err(no_kernel!("{} post-op operands after {}", self.operands, self.taken));
         }
         let mut s = String::from("fn post_op(v: f32, i: u32) -> f32 {\n    var pv = v;\n");
         for step in &self.steps {
             let expr = match step {
                 Step::Map(e) => e.clone(),
                 Step::Binary { op, operand, at } => {
+                    let operand = self.taken + operand;
                     let at = match at {
                         Index::Element => format!("r{operand}[p.r{operand} + i]"),
                         Index::Scalar => format!("r{operand}[p.r{operand}]"),
