@@ -8,8 +8,11 @@
 #
 # Usage: tools/bench_ab.sh BASE_REV [--models det,rec,cls,nudenet,shufflenet] [--rounds 6]
 #                          [--iterations 5] [--devices vulkan:cpu] [--kernel-class cpu]
-#                          [--report-only]
+#                          [--whole-runs] [--report-only]
 # --report-only: print the table from the last run's files without building or running.
+# --whole-runs: time whole runs only (`ingot bench` without --profile; no kernel table, no
+# validation run), for a base older than those options: issue 20's comparison with the build
+# before it, 3ac1ef5. Each side's medians then come from the text `ingot bench` prints.
 # --kernel-class: the kernels that run (cpu: lavapipe's own; gpu: the GPU class, forced on
 # lavapipe or a GPU's own).
 # The sides alternate over the rounds (one process each, `ingot bench --profile --json`), and
@@ -28,6 +31,7 @@ out="$target/ab"
 base_rev="$1"
 shift
 models=det,rec,cls,nudenet,shufflenet rounds=6 iterations=5 devices=vulkan:cpu class=cpu report_only=false
+whole_runs=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --models) models="$2"; shift 2 ;;
@@ -36,6 +40,7 @@ while [[ $# -gt 0 ]]; do
         --devices) devices="$2"; shift 2 ;;
         --kernel-class) class="$2"; shift 2 ;;
         --report-only) report_only=true; shift ;;
+        --whole-runs) whole_runs=true; shift ;;
         *) echo "bench_ab: unknown argument $1 (see the header)" >&2; exit 2 ;;
     esac
 done
@@ -103,6 +108,7 @@ measure() {
         bundle="$out/$m-$side.ingot"
         "$(bin_of $side)" compile "$file" ${shape:+--input-shape "$shape"} -o "$bundle" \
             >/dev/null || die "$side could not compile $m"
+        $whole_runs && continue
         "$(bin_of $side)" inspect "$bundle" --kernels --json -o "$out/$m-$side.kernels.json"
         INGOT_VULKAN_VALIDATION=1 "$(bin_of $side)" run "$bundle" --random-inputs \
             --devices "$devices" --kernel-class "$class" >/dev/null ||
@@ -112,6 +118,11 @@ measure() {
         order=(base head)
         ((r % 2)) && order=(head base)
         for side in "${order[@]}"; do
+            if $whole_runs; then
+                "$(bin_of $side)" bench "$out/$m-$side.ingot" --devices "$devices" \
+                    --iterations "$iterations" >"$out/$m-$side-$r.txt"
+                continue
+            fi
             "$(bin_of $side)" bench "$out/$m-$side.ingot" --devices "$devices" \
                 --kernel-class "$class" --iterations "$iterations" --profile --json \
                 -o "$out/$m-$side-$r.json"
@@ -129,9 +140,26 @@ if ! $report_only; then
     done
 fi
 
-"$py" - "$out" "$rounds" "$class" "${keys[@]}" <<'PY'
+"$py" - "$out" "$rounds" "$class" "$whole_runs" "${keys[@]}" <<'PY'
 import json, re, statistics, sys
-out, rounds, kernel_class, keys = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+out, rounds, kernel_class, whole_runs, keys = (
+    sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "true", sys.argv[5:])
+
+def whole(model, s):
+    """Each round's whole-run median of one side, from `ingot bench`'s text."""
+    runs = [open(f"{out}/{model}-{s}-{r}.txt").read() for r in range(rounds)]
+    return [float(re.search(r"^run\s+median ([0-9.]+) ms", t, re.M).group(1)) for t in runs]
+
+if whole_runs:
+    print(f"{'model':<11} {'base ms':>9} {'head ms':>9} {'head/base':>9} {'best base':>9} "
+          f"{'best head':>9} {'ratio':>6} {'rounds: median head/base':>25}")
+    for m in keys:
+        b, h = whole(m, "base"), whole(m, "head")
+        paired = statistics.median(x / y for x, y in zip(h, b))
+        mb, mh = statistics.median(b), statistics.median(h)
+        print(f"{m:<11} {mb:9.2f} {mh:9.2f} {mh / mb:9.3f} {min(b):9.2f} {min(h):9.2f} "
+              f"{min(h) / min(b):6.3f} {paired:25.3f}")
+    sys.exit(0)
 
 def family(name):
     return re.sub(r"(_\d+(x\d+)*)+$", "", name)

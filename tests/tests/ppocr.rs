@@ -8,7 +8,7 @@
 //! {input,output}_<i>.npy`), made by `bash tools/setup.sh` (tools/make_references.py says how
 //! the inputs and the reference were made). Prints the worst element of every output.
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use ingot_runtime::ledger::{Action, planned_events, planned_peak};
 use ingot_runtime::vulkan::{DeviceChoice, VulkanOptions};
 use ingot_runtime::{
@@ -50,6 +50,31 @@ fn rec() {
 #[test]
 fn cls() {
     check_model(CLS, Backend::Cpu);
+}
+
+/// cls's squeeze-and-excitation blocks end in `features * gate` read by a 1x1 conv: each such
+/// product becomes its conv's channel scales (`Mul+Conv` steps), and no Mul step is left.
+#[test]
+fn squeeze_excitation_products_become_channel_scales() -> Result<()> {
+    use protobuf::Message as _;
+    let path = generated(&format!("models/{CLS}"))?;
+    let onnx = onnx_protobuf::ModelProto::parse_from_bytes(&std::fs::read(&path)?)?;
+    let nodes = &onnx.graph.node;
+    let read_by_conv =
+        |out: &String| nodes.iter().any(|n| n.op_type == "Conv" && n.input[0] == *out);
+    let gates = nodes.iter().filter(|n| n.op_type == "Mul" && read_by_conv(&n.output[0])).count();
+    ensure!(gates > 0, "{CLS} has no product read by a conv");
+    let case = manifest()?.into_iter().find(|c| c.model == CLS).context("no cls case")?;
+    let bundle = Bundle::from_bytes(&compile(&path, &case.inputs)?)?;
+    let steps = &bundle.manifest().variants[0].steps;
+    let labels: Vec<String> = steps.iter().map(|s| s.op_label()).collect();
+    let scaled = labels.iter().filter(|l| l.starts_with("Mul+Conv")).count();
+    let products = steps.iter().filter(|s| s.op == "Mul").count();
+    ensure!(
+        (scaled, products) == (gates, 0),
+        "{gates} gate products: {scaled} Mul+Conv and {products} Mul steps in {labels:?}"
+    );
+    Ok(())
 }
 
 /// The CPU splits work at places that do not depend on the thread count, so every output is
