@@ -62,6 +62,8 @@ const ALL_ON_VULKAN_CASES: &[&str] = &[
     "yolov8n_320_weights_int8",
     "det_224_weights_int8",
     "yolov8n_320_dynamic",
+    "decoder_dynamic",
+    "decoder_dynamic_per_channel",
 ];
 
 fn check_case(case: &str, model: &str) -> Result<()> {

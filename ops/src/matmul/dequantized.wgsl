@@ -10,18 +10,28 @@
 // row as one vec4 where its rows are contiguous (A_VEC), B's 4 x 4 block from four words where
 // four of its values share one (B_MODE), else byte by byte. As in blocked.wgsl, the rows'
 // accumulators are named, never indexed.
+//
+// MatMulIntegerToFloat (an integer product read as float32) runs the same loop: A is 8-bit
+// too (AE u32) and the hooks replace `a_quad` (A's levels minus its zero point, which slot c
+// holds), `column_scales` (ones) and `column_zeros` (B's zero points, which slot dq holds as
+// bytes, DQ u32). Every product of levels is an exact integer in f32, and so is each sum
+// below 2^24.
 
 alias AE = vec4<f32>;
+alias DQ = f32;
+alias CE = f32;
 
 @group(0) @binding(0) var<storage, read> a: array<AE>;
 @group(0) @binding(1) var<storage, read> b: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> dq: array<f32>;
-// Gemm's C, read only by a replaced add_c.
-@group(0) @binding(4) var<storage, read> c: array<f32>;
-// Post-op operands, read only by a replaced post_op.
+@group(0) @binding(3) var<storage, read> dq: array<DQ>;
+// Gemm's C, read only by a replaced add_c (or A's zero point, read by a replaced a_quad).
+@group(0) @binding(4) var<storage, read> c: array<CE>;
+// Post-op operands, read only by a replaced post_op (three here: an integer product takes its
+// scale, its bias and a residual).
 @group(0) @binding(5) var<storage, read> r0: array<f32>;
 @group(0) @binding(6) var<storage, read> r1: array<f32>;
+@group(0) @binding(7) var<storage, read> r2: array<f32>;
 
 // blocked.wgsl's block with the offset of `dq` after Y's: the same params follow.
 struct Params {
@@ -32,6 +42,7 @@ struct Params {
     c: u32,
     r0: u32,
     r1: u32,
+    r2: u32,
     m: u32,
     n: u32,
     k: u32,
@@ -78,22 +89,41 @@ fn post_op(v: f32, i: u32) -> f32 {
     return v;
 }
 
-// The four levels of a word, low byte first.
-fn levels(w: u32) -> vec4<f32> {
-    if (B_SIGNED) {
+// The scales and zero points of columns j.
+fn column_scales(j: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(dq[p.dq + j.x], dq[p.dq + j.y], dq[p.dq + j.z], dq[p.dq + j.w]);
+}
+
+fn column_zeros(j: vec4<u32>) -> vec4<f32> {
+    let z = p.dq + p.n;
+    return vec4<f32>(dq[z + j.x], dq[z + j.y], dq[z + j.z], dq[z + j.w]);
+}
+
+// The four levels of a word, low byte first, signed or not.
+fn word_levels(w: u32, signed: bool) -> vec4<f32> {
+    if (signed) {
         let s = bitcast<i32>(w);
         return vec4<f32>(vec4<i32>(s << 24u, s << 16u, s << 8u, s) >> vec4<u32>(24u));
     }
     return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
 }
 
-// The level at byte e of B (from B's start).
-fn level(e: u32) -> f32 {
-    let byte = (b[p.b + e / 4u] >> (8u * (e % 4u))) & 255u;
-    if (B_SIGNED) {
+// The level of byte e % 4 of `word`, signed or not.
+fn byte_level(word: u32, e: u32, signed: bool) -> f32 {
+    let byte = (word >> (8u * (e % 4u))) & 255u;
+    if (signed) {
         return f32(bitcast<i32>(byte << 24u) >> 24u);
     }
     return f32(byte);
+}
+
+// B's four levels of a word, and its level at byte e (from B's start).
+fn levels(w: u32) -> vec4<f32> {
+    return word_levels(w, B_SIGNED);
+}
+
+fn level(e: u32) -> f32 {
+    return byte_level(b[p.b + e / 4u], e, B_SIGNED);
 }
 
 // B's rows k..k+KU at the block's columns j (clamped to the matrix), minus their zero points z:
@@ -185,13 +215,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // Columns past N repeat the last; rows past M the last row (neither is stored).
     let last = p.n - 1u;
     let j = min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
-    let scale = vec4<f32>(dq[p.dq + j.x], dq[p.dq + j.y], dq[p.dq + j.z], dq[p.dq + j.w]);
-    let zero = vec4<f32>(
-        dq[p.dq + p.n + j.x],
-        dq[p.dq + p.n + j.y],
-        dq[p.dq + p.n + j.z],
-        dq[p.dq + p.n + j.w]
-    );
+    let scale = column_scales(j);
+    let zero = column_zeros(j);
     let i1 = min(i0 + 1u, p.m - 1u);
     let i2 = min(i0 + 2u, p.m - 1u);
     let i3 = min(i0 + 3u, p.m - 1u);

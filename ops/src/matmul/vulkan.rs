@@ -106,7 +106,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         return Err(no_kernel!("{} operands too large for 32-bit indices", cx.op));
     }
     if q == 1 {
-        return dequantized(cx, &p.flattened(), &post, own - 1).map(|d| vec![d]);
+        return dequantized(cx, &p.flattened(), &post, own - 1, None).map(|d| vec![d]);
     }
     let p = p.flattened().one_row();
     if p.batch.len() > 2 {
@@ -586,9 +586,9 @@ fn element_bytes(ty: &str) -> u32 {
     if ty.starts_with("vec4") { 16 } else { 4 }
 }
 
-/// The hooks both kernel files share: C and the post-ops.
-fn hooks(spec: Spec, p: &Problem, post: &PostOps) -> Result<Spec, NoKernel> {
-    let spec = spec.hook("post_op", post.hook()?);
+/// The hooks the kernel files share: C and the post-ops (read from `slots` slots r0, r1..).
+fn hooks(spec: Spec, p: &Problem, post: &PostOps, slots: usize) -> Result<Spec, NoKernel> {
+    let spec = spec.hook("post_op", post.hook_in(slots)?);
     Ok(match p.c {
         Some(_) => spec.hook("add_c", ADD_C),
         None => spec,
@@ -705,7 +705,7 @@ fn register_blocked(
     if !y_vec {
         spec = spec.hook("store_y", STORE_Y_F32).hook("load_y", LOAD_Y_F32);
     }
-    let spec = hooks(spec, p, post)?;
+    let spec = hooks(spec, p, post, 2)?;
     spec.dispatch(p.label(cx.op, format!("rb{rm}x{}", 4 * cg)), grid.groups, bindings, p.params())
 }
 
@@ -729,7 +729,7 @@ fn tiled(
         .set("BN", bn as u32)
         .set("A_K", p.a.1 == 1)
         .set("B_K", p.b.0 == 1);
-    let spec = hooks(spec, p, post)?;
+    let spec = hooks(spec, p, post, 2)?;
     spec.dispatch(
         p.label(cx.op, format!("tile{bm}x{bn}")),
         groups.map(|g| g as u32),
@@ -738,25 +738,91 @@ fn tiled(
     )
 }
 
+/// `MatMulIntegerToFloat` (the quantize family's; canonical form in ops/src/quantize/mod.rs):
+/// `dequantized.wgsl` with A's levels read as B's are, both minus their zero points (A's one
+/// value, B's one or one per column), the sums not scaled; then the post-ops.
+pub(crate) fn integer_to_float(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let post = PostOps::new(cx, 4)?;
+    if cx.inputs.len() != 4 + post.bindings().len() || cx.outputs.len() != 1 {
+        return Err(no_kernel!("{} with {} inputs", cx.op, cx.inputs.len()));
+    }
+    if let Some(k) = cx.in_place().filter(|&k| k < 4) {
+        return Err(no_kernel!("{} written over its input {k}", cx.op));
+    }
+    let post_operands = cx.inputs[4..].iter().chain(cx.outputs);
+    if let Some(o) = post_operands.clone().find(|o| o.desc.dtype != DType::F32) {
+        return Err(cx.dtype(o.desc.dtype));
+    }
+    let p = Problem::matmul(cx)?;
+    let out = &cx.outputs[0];
+    if out.desc.elements() == 0 {
+        return Ok(Vec::new());
+    }
+    if p.k == 0 || out.desc.elements() != p.batch() * p.m * p.n {
+        return Err(no_kernel!(
+            "{} of {:?} into {:?}",
+            cx.op,
+            cx.inputs[0].desc.shape,
+            out.desc.shape
+        ));
+    }
+    if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() >= 1 << 31) {
+        return Err(no_kernel!("{} operands too large for 32-bit indices", cx.op));
+    }
+    let [a, _, za, zb] = [0, 1, 2, 3].map(|i| &cx.inputs[i]);
+    let a_signed = signed_levels(a.desc.dtype).ok_or_else(|| cx.dtype(a.desc.dtype))?;
+    let per_column = zb.desc.elements() == p.n && zb.desc.shape.last() == Some(&p.n);
+    if za.desc.elements() != 1 || (zb.desc.elements() != 1 && !per_column) {
+        return Err(no_kernel!(
+            "{}: zero points of {:?} and {:?}",
+            cx.op,
+            za.desc.shape,
+            zb.desc.shape
+        ));
+    }
+    if [a, za, zb].iter().any(|o| !o.byte_offset.is_multiple_of(4)) {
+        return Err(no_kernel!("{}: an 8-bit operand that does not start on a word", cx.op));
+    }
+    let integer = IntegerA { zero: 2, signed: a_signed, per_column: per_column && p.n > 1 };
+    dequantized(cx, &p.flattened(), &post, 3, Some(integer)).map(|d| vec![d])
+}
+
+/// 8-bit A, for `dequantized.wgsl` (MatMulIntegerToFloat): its zero point (one value) is input
+/// `zero`; B's zero points (one, or one per column) take the place of B's table; no scales.
+#[derive(Clone, Copy, Debug)]
+struct IntegerA {
+    zero: usize,
+    signed: bool,
+    per_column: bool,
+}
+
+/// Whether 8-bit `dtype` is signed, or None for other types.
+fn signed_levels(dtype: DType) -> Option<bool> {
+    match dtype {
+        DType::I8 => Some(true),
+        DType::U8 => Some(false),
+        _ => None,
+    }
+}
+
 /// `dequantized.wgsl`: a product of float32 A and an 8-bit B with its dequantization (input
-/// `dq`: scales, then zero points, per column), one invocation per block of RM rows and 4
-/// columns of one batch's Y. B's levels are unpacked from its words in registers, a word of
-/// four where B's layout allows (four k of a column of a [N, K] B, or four columns of a row of
-/// a [K, N] B), minus the zero points, and the sums scaled per column: the weight stays a
-/// quarter of the bytes on the device and is never written out as floats.
+/// `dq`: scales, then zero points, per column), or of 8-bit A and B with their zero points
+/// (`integer`; input `dq` is then B's zero points), one invocation per block of RM rows and 4 columns of one batch's Y.
+/// B's levels are unpacked from its words in registers, a word of four where B's layout
+/// allows (four k of a column of a [N, K] B, or four columns of a row of a [K, N] B), minus
+/// the zero points, and the sums scaled per column: the weight stays a quarter of the bytes
+/// on the device and is never written out as floats. 8-bit A is read the same way.
 fn dequantized(
     cx: &KernelCx,
     p: &Problem,
     post: &PostOps,
     dq: usize,
+    integer: Option<IntegerA>,
 ) -> Result<Dispatch, NoKernel> {
     let (a_op, b_op) = (&cx.inputs[p.a_input], &cx.inputs[p.b_input]);
-    let signed = match b_op.desc.dtype {
-        DType::I8 => true,
-        DType::U8 => false,
-        d => return Err(no_kernel!("{} dequantizing a {d} B", cx.op)),
-    };
-    if cx.inputs[dq].desc.shape != crate::dequantization_shape(p.n) {
+    let signed = signed_levels(b_op.desc.dtype)
+        .ok_or_else(|| no_kernel!("{} dequantizing a {} B", cx.op, b_op.desc.dtype))?;
+    if integer.is_none() && cx.inputs[dq].desc.shape != crate::dequantization_shape(p.n) {
         return Err(no_kernel!("{}: B's dequantization does not fit its columns", cx.op));
     }
     if p.batch.len() > 2 {
@@ -770,7 +836,9 @@ fn dequantized(
     }
     let k4 = p.k.is_multiple_of(4);
     let batch4 = |a: bool| p.batch.iter().all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4));
-    let a_vec = k4 && p.a.1 == 1 && p.a.0.is_multiple_of(4) && a_op.aligned16() && batch4(true);
+    // Float A as vec4s needs 16-byte alignment; 8-bit A's words start on one (checked above).
+    let a_aligned = integer.is_some() || a_op.aligned16();
+    let a_vec = k4 && p.a.1 == 1 && p.a.0.is_multiple_of(4) && a_aligned && batch4(true);
     let b_mode = if k4 && p.b.0 == 1 && p.b.1.is_multiple_of(4) && batch4(false) {
         1
     } else if p.b.1 == 1 && p.b.0.is_multiple_of(4) && p.n.is_multiple_of(4) && batch4(false) {
@@ -794,23 +862,80 @@ fn dequantized(
         _ => 64,
     };
     let grid = Grid::new((groups * p.m.div_ceil(rm)) as u64, wg)?;
+    let a_ty = match (integer, a_vec) {
+        (Some(_), _) => "u32",
+        (None, true) => "vec4<f32>",
+        (None, false) => "f32",
+    };
     let mut bindings = vec![
-        Binding::input("a", p.a_input, if a_vec { "vec4<f32>" } else { "f32" }),
+        Binding::input("a", p.a_input, a_ty),
         Binding::input("b", p.b_input, "u32"),
         Binding::output("y", 0, "f32"),
-        Binding::input("dq", dq, "f32"),
     ];
-    bindings.extend(c_and_post_bindings(p, post));
-    let spec = Spec::new(&DEQUANTIZED)
-        .alias("AE", if a_vec { "vec4<f32>" } else { "f32" })
+    let mut spec = Spec::new(&DEQUANTIZED).alias("AE", a_ty);
+    match integer {
+        Some(a) => {
+            bindings.push(Binding::input("dq", dq, "u32"));
+            bindings.push(Binding::input("c", a.zero, "u32"));
+            bindings.extend(post.bindings());
+            spec = integer_hooks(spec, a, signed);
+        }
+        None => {
+            bindings.push(Binding::input("dq", dq, "f32"));
+            bindings.extend(c_and_post_bindings(p, post));
+        }
+    }
+    let spec = spec
         .set("RM", rm as u32)
         .set("KU", if k4 { 4 } else { 1 })
         .set("A_VEC", a_vec)
         .set("B_MODE", b_mode)
         .set("B_SIGNED", signed)
         .set("WG", wg);
-    let spec = hooks(spec, p, post)?;
+    let spec = hooks(spec, p, post, 3)?;
     spec.dispatch(p.label(cx.op, format!("dq{rm}x4")), grid.groups, bindings, p.params())
+}
+
+/// The hooks of `dequantized.wgsl` for 8-bit A: A's levels minus its zero point (slot c), no
+/// scales, B's zero points as bytes (slot dq), one per column or one for all.
+fn integer_hooks(spec: Spec, a: IntegerA, b_signed: bool) -> Spec {
+    let a_signed = a.signed;
+    let zero = |j: &str| match a.per_column {
+        true => format!("byte_level(dq[p.dq + {j} / 4u], {j}, {b_signed})"),
+        false => format!("byte_level(dq[p.dq], 0u, {b_signed})"),
+    };
+    let zeros = format!(
+        "fn column_zeros(j: vec4<u32>) -> vec4<f32> {{\n    return vec4<f32>({}, {}, {}, {});\n}}",
+        zero("j.x"),
+        zero("j.y"),
+        zero("j.z"),
+        zero("j.w")
+    );
+    let quad = format!(
+        "fn a_quad(i: u32, k: u32, ab: u32) -> vec4<f32> {{
+    let zero = byte_level(c[p.c], 0u, {a_signed});
+    let e = ab + i * p.a_rs + k * p.a_cs;
+    if (A_VEC) {{
+        return word_levels(a[p.a + e / 4u], {a_signed}) - zero;
+    }}
+    var v = vec4<f32>(byte_level(a[p.a + e / 4u], e, {a_signed}) - zero, 0.0, 0.0, 0.0);
+    if (KU == 4u) {{
+        for (var s = 1u; s < 4u; s++) {{
+            let es = e + s * p.a_cs;
+            v[s] = byte_level(a[p.a + es / 4u], es, {a_signed}) - zero;
+        }}
+    }}
+    return v;
+}}"
+    );
+    spec.alias("DQ", "u32")
+        .alias("CE", "u32")
+        .hook(
+            "column_scales",
+            "fn column_scales(j: vec4<u32>) -> vec4<f32> {\n    return vec4<f32>(1.0);\n}",
+        )
+        .hook("column_zeros", zeros)
+        .hook("a_quad", quad)
 }
 
 /// Einsum from its canonical labels (ops/src/matmul/cpu.rs): one invocation per output
@@ -1041,6 +1166,77 @@ pub(crate) mod tests {
             f32s(&crate::dequantization_shape(n)),
         ];
         crate::vulkan::lower_all_classes(lower, op, &attrs, &inputs, &[f32s(&y)], skew)
+    }
+
+    #[test]
+    fn integer_products_read_a_and_b_as_words_of_levels() {
+        // Its scale, its bias and a residual, as a dynamically quantized transformer has them.
+        let attrs = post(Attrs::new(), "Mul,Add,Add");
+        // (A, B, B's zero point) -> (A_VEC, B_MODE, KU); A is uint8 (DynamicQuantizeLinear's).
+        type Case<'a> = ((&'a [usize], &'a [usize], &'a [usize]), (f64, f64, f64));
+        let cases: &[Case] = &[
+            // Rows of A and B's rows as words; one zero point per column.
+            ((&[1, 16, 64], &[64, 48], &[48]), (1.0, 2.0, 4.0)),
+            // K not a multiple of 4: byte by byte; one zero point.
+            ((&[5, 30], &[30, 6], &[]), (0.0, 0.0, 1.0)),
+        ];
+        for &((a, b, zb), (a_vec, b_mode, ku)) in cases {
+            let mut y = a[..a.len() - 1].to_vec();
+            y.push(b[1]);
+            let inputs = [
+                TensorDesc::new(DType::U8, a.to_vec()),
+                TensorDesc::new(DType::I8, b.to_vec()),
+                TensorDesc::new(DType::U8, vec![]),
+                TensorDesc::new(DType::I8, zb.to_vec()),
+                f32s(&[]),
+                f32s(&[b[1]]),
+                f32s(&y),
+            ];
+            let run = |op| {
+                crate::vulkan::lower_all_classes(
+                    crate::quantize::vulkan::lower,
+                    op,
+                    &attrs,
+                    &inputs,
+                    &[f32s(&y)],
+                    0,
+                )
+            };
+            for d in run("MatMulIntegerToFloat") {
+                let got = (set(&d, "A_VEC"), set(&d, "B_MODE"), set(&d, "KU"));
+                assert_eq!(got, (a_vec, b_mode, ku), "{}", d.label);
+                // B's zero points in dq's slot, A's in C's, then the three post-op operands.
+                let slots: Vec<(&str, &str, Slot)> =
+                    d.bindings.iter().map(|b| (b.name.as_str(), b.ty, b.slot)).collect();
+                assert_eq!(
+                    slots[3..],
+                    [
+                        ("dq", "u32", Slot::Input(3)),
+                        ("c", "u32", Slot::Input(2)),
+                        ("r0", "f32", Slot::Input(4)),
+                        ("r1", "f32", Slot::Input(5)),
+                        ("r2", "f32", Slot::Input(6)),
+                    ]
+                );
+            }
+        }
+        let d = crate::vulkan::lower_all_classes(
+            crate::quantize::vulkan::lower,
+            "MatMulIntegerToFloat",
+            &attrs,
+            &[
+                TensorDesc::new(DType::U8, vec![1, 16, 64]),
+                TensorDesc::new(DType::I8, vec![64, 48]),
+                TensorDesc::new(DType::U8, vec![]),
+                TensorDesc::new(DType::I8, vec![48]),
+                f32s(&[]),
+                f32s(&[48]),
+                f32s(&[1, 16, 48]),
+            ],
+            &[f32s(&[1, 16, 48])],
+            0,
+        );
+        insta::assert_snapshot!(specialised(&d[0], &DEQUANTIZED));
     }
 
     #[test]

@@ -31,6 +31,8 @@
 //!   the model gives none) and post-op operands; attributes `post_ops` and `post_params` (see
 //!   `cpu/post.rs`: the scale and bias that follow become post-ops). `y` is MatMulInteger's
 //!   product as float32, then its post-ops: the bits of the Cast and the steps it absorbed.
+//!   On Vulkan it runs the matmul family's `dequantized.wgsl` (`matmul::vulkan`), A's bytes
+//!   read as B's are.
 //!
 //! Constant folding leaves a `DequantizeLinear` of a large constant to run (the compiler's
 //! `lower` pass asks [`keeps_constant_narrow`]): folded, an int8 weight would be stored as
@@ -60,8 +62,10 @@ use crate::registry::{Family, OpDef};
 use ingot_schema::{AttrValue, Attrs, DType};
 pub(crate) use scales::{Scales, Step};
 
-const INTEGER_PRODUCT: &str = "the integer products have no Vulkan kernel yet: their steps run \
-                               on the CPU";
+const INTEGER_PRODUCT: &str = "these integer products have no Vulkan kernel: their steps run \
+                               on the CPU (a MatMulInteger cast to float, as dynamic \
+                               quantization writes it, becomes MatMulIntegerToFloat, which \
+                               Vulkan runs)";
 
 pub const OPS: &[OpDef] = &[
     OpDef::new("DequantizeLinear", lower_dequantize, infer_dequantize),
@@ -72,8 +76,7 @@ pub const OPS: &[OpDef] = &[
         .cpu_only(INTEGER_PRODUCT),
     OpDef::new("QLinearMatMul", lower_qlinear_matmul, infer_qlinear_matmul)
         .cpu_only(INTEGER_PRODUCT),
-    OpDef::new("MatMulIntegerToFloat", made_by_the_compiler, infer_integer_to_float)
-        .cpu_only(INTEGER_PRODUCT),
+    OpDef::new("MatMulIntegerToFloat", made_by_the_compiler, infer_integer_to_float),
 ];
 
 /// Constants this large are weights: folding a widening op over one would store it wider.

@@ -55,8 +55,10 @@ fn float_bits(dtype: DType) -> Option<u32> {
 }
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    if cx.op == "DynamicQuantizeLinear" {
-        return dynamic(cx);
+    match cx.op {
+        "DynamicQuantizeLinear" => return dynamic(cx),
+        "MatMulIntegerToFloat" => return crate::matmul::vulkan::integer_to_float(cx),
+        _ => {}
     }
     let (quantize, round_trip) = match cx.op {
         "DequantizeLinear" => (false, false),

@@ -7,7 +7,7 @@
 //! it at the element's index right before that element is stored, which is safe.
 
 use super::{Binding, KernelCx, NoKernel, f32_lit};
-use crate::cpu::post::broadcasts;
+use crate::cpu::post::{broadcasts, takes_column_blocks};
 use crate::elementwise::vulkan::{gelu, swish, unary_expr};
 use crate::no_kernel;
 use ingot_schema::DType;
@@ -83,8 +83,7 @@ impl PostOps {
                     post.operands += 1;
                     let n = r.desc.elements();
                     let tiles = cx.outputs.first().is_some_and(|o| {
-                        matches!(cx.op, "MatMul" | "Gemm")
-                            && broadcasts(&r.desc.shape, &o.desc.shape)
+                        takes_column_blocks(cx.op) && broadcasts(&r.desc.shape, &o.desc.shape)
                     });
                     let at = match n {
                         _ if n == out_len => Index::Element,
@@ -125,19 +124,19 @@ impl PostOps {
             .collect()
     }
 
-    /// The most operands a kernel file's [`hook`](PostOps::hook) can read (its slots `r0`,
-    /// `r1`).
-    #[allow(dead_code)] // until the conv and matmul kernels are files
-    pub const MAX_OPERANDS: usize = 2;
-
     /// The hook `fn post_op(v: f32, i: u32) -> f32`, which applies every post-op to `v`, the
     /// output element at index `i`, for kernel files that call it before each store. Such a
     /// file declares the optional slots `r0` and `r1` last (read only by this hook, so a
     /// dispatch binds just the [`bindings`](PostOps::bindings) it needs) and their offsets
     /// `p.r0`, `p.r1` in its push-constant block `p`.
-    #[allow(dead_code)] // until the conv and matmul kernels are files
     pub fn hook(&self) -> Result<String, NoKernel> {
-        if self.taken + self.operands > Self::MAX_OPERANDS {
+        self.hook_in(2)
+    }
+
+    /// [`hook`](PostOps::hook) for a file that declares `slots` such slots, `r0` to
+    /// `r{slots - 1}`.
+    pub fn hook_in(&self, slots: usize) -> Result<String, NoKernel> {
+        if self.taken + self.operands > slots {
             return Err(no_kernel!("{} post-op operands after {}", self.operands, self.taken));
         }
         let mut s = String::from("fn post_op(v: f32, i: u32) -> f32 {\n    var pv = v;\n");
