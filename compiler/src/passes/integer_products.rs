@@ -84,6 +84,14 @@ fn no_post_ops() -> Attrs {
 /// family: scale 1, the zero point, no bias). Its float32 sums are the int32 sums' value while
 /// they stay below 2^24, as the products of 8-bit levels do unless a window holds hundreds of
 /// them all near the extremes; past that they round as a float Conv does.
+///
+/// Where the Cast's one reader multiplies it by `x_scale * w_scale` (what `quantize_dynamic`
+/// writes: the activation's scale, one value computed at run time, times the weight's, one
+/// value or one per output channel), the scales go to the operands instead ([`scales`]):
+/// the DequantizeLinear dequantizes x by x_scale, W's table holds w_scale, and the Conv takes
+/// the Mul's place. `fuse` can then fold the bias that follows into W's table and take the
+/// activation as a post-op, which a Mul by a run-time value kept out. The sums are then of
+/// float products, each rounded once: within float32 rounding of the exact sums' scaled value.
 fn conv_to_float(
     g: &mut Graph,
     (p, at): (usize, usize),
@@ -93,6 +101,11 @@ fn conv_to_float(
     let (x_type, w_type) = (g.ty(x)?.clone(), g.ty(w)?.clone());
     let m = *w_type.shape.first()?;
     g.constant(w)?;
+    let scale_shape = match x_zero {
+        Some(z) => g.ty(z)?.shape.clone(),
+        None => vec![],
+    };
+    let scaled = scales(g, (p, at), (m, x_type.shape.len()), &scale_shape);
     let zeros = match w_zero {
         None => vec![0.0; m],
         Some(z) => match g.constant(z)?.to_f64s()?[..] {
@@ -103,12 +116,9 @@ fn conv_to_float(
             _ => return None,
         },
     };
-    let table: Vec<f32> = [vec![1.0; m], zeros, vec![0.0; m]].concat();
+    let w_scales = scaled.as_ref().map_or_else(|| vec![1.0; m], |s| s.w_scales.clone());
+    let table: Vec<f32> = [w_scales, zeros, vec![0.0; m]].concat();
     let table = Tensor::from_vec(ingot_ops::weight_table_shape(m).to_vec(), &table).ok()?;
-    let scale_shape = match x_zero {
-        Some(z) => g.ty(z)?.shape.clone(),
-        None => vec![],
-    };
     let one = Tensor::from_vec(scale_shape, &[1.0f32]).ok()?;
     let mut attrs = no_post_ops().with("dequantize_w", AttrValue::Int(1));
     for name in ["group", "kernel_shape", "strides", "dilations", "pads"] {
@@ -116,7 +126,10 @@ fn conv_to_float(
     }
     // Nothing fails from here on.
     let name = g.values[x].name.clone();
-    let one = g.add_constant(format!("{name}:one"), Const::owned(one));
+    let x_scale = match &scaled {
+        Some(s) => s.x_scale,
+        None => g.add_constant(format!("{name}:one"), Const::owned(one)),
+    };
     let table = g.add_constant(format!("{}:dequantization", g.values[w].name), Const::owned(table));
     let real = g.add_value(
         format!("{name}:levels"),
@@ -124,7 +137,7 @@ fn conv_to_float(
     );
     let levels = &mut g.nodes[p];
     levels.op = "DequantizeLinear".into();
-    levels.inputs = [Some(x), Some(one)].into_iter().chain(x_zero.map(Some)).collect();
+    levels.inputs = [Some(x), Some(x_scale)].into_iter().chain(x_zero.map(Some)).collect();
     levels.outputs = vec![real];
     levels.attrs = Attrs::new()
         .with("axis", AttrValue::Int(0))
@@ -134,7 +147,72 @@ fn conv_to_float(
     conv.op = "Conv".into();
     conv.inputs = vec![Some(real), Some(w), Some(table)];
     conv.attrs = attrs;
+    if let Some(s) = scaled {
+        // The Conv writes the product's value; the Mul, its output renamed, is read by nobody.
+        let product = g.nodes[s.mul].outputs[0];
+        let unread = g.add_value(format!("{}:unread", g.values[product].name), None);
+        g.nodes[s.mul].outputs = vec![unread];
+        g.nodes[at].outputs = vec![product];
+    }
     Some(())
+}
+
+/// The scales a ConvInteger's float product is multiplied by (see [`conv_to_float`]).
+struct Scales {
+    /// Node `mul` computes `Cast(product) * (x_scale * w_scale)`.
+    mul: usize,
+    /// One float32 value of `x_shape`, computed before the ConvInteger.
+    x_scale: ValueId,
+    /// One per output channel (a single value spread).
+    w_scales: Vec<f32>,
+}
+
+/// The [`Scales`] of the ConvInteger at node `p`, cast to float at node `at`, of `m` output
+/// channels and output rank `rank`, whose x scale must have the shape `x_shape` (its zero
+/// point's); None unless the Cast's one reader is such a Mul.
+fn scales(
+    g: &Graph,
+    (p, at): (usize, usize),
+    (m, rank): (usize, usize),
+    x_shape: &[usize],
+) -> Option<Scales> {
+    let real = *g.nodes[at].outputs.first()?;
+    let (producers, uses) = (g.producers(), g.use_counts());
+    let mul = g.nodes.iter().position(|n| n.op == "Mul" && n.inputs.contains(&Some(real)))?;
+    let &[Some(a), Some(b)] = &g.nodes[mul].inputs[..] else { return None };
+    let product = if a == real { b } else { a };
+    let scales = &g.nodes[producers[product]?];
+    let &[Some(u), Some(v)] = &scales.inputs[..] else { return None };
+    if uses[real] != 1 || scales.op != "Mul" || product == real {
+        return None;
+    }
+    // One value, or one per output channel ([M, 1, 1], [1, M, 1, 1]: along the output's
+    // axis 1): the weight's scales, constant.
+    let per_channel = |k: ValueId| {
+        let c = g.constant(k)?;
+        let values = c.to_f64s()?;
+        let shape = &c.desc().shape;
+        let lead = rank.checked_sub(shape.len())?;
+        let channels =
+            (shape.iter().enumerate()).all(|(d, &e)| if d + lead == 1 { e == m } else { e == 1 });
+        let spread = match values[..] {
+            [v] => vec![v as f32; m],
+            _ if channels => values.iter().map(|&v| v as f32).collect(),
+            _ => return None,
+        };
+        (c.desc().dtype == DType::F32).then_some(spread)
+    };
+    // The activation's: one float32 value of the zero point's shape, known before the conv.
+    let one_value = |k: ValueId| {
+        let t = g.ty(k)?;
+        let early = producers[k].is_none_or(|q| q < p);
+        (t.dtype == DType::F32 && t.shape == x_shape && early).then_some(k)
+    };
+    let (x_scale, w_scales) = match (one_value(u), per_channel(v)) {
+        (Some(x), Some(w)) => (x, w),
+        _ => (one_value(v)?, per_channel(u)?),
+    };
+    Some(Scales { mul, x_scale, w_scales })
 }
 
 #[cfg(test)]
@@ -240,6 +318,52 @@ mod tests {
         let (want, got) = (evaluate(&g, &[x.clone(), s.clone()]), evaluate(&m, &[x, s]));
         // Sums of a few dozen 8-bit products: float32 holds them exactly.
         assert_eq!(want[0].to_vec::<f32>().unwrap(), got[0].to_vec::<f32>().unwrap());
+    }
+
+    /// [`dynamic_conv`] as `quantize_dynamic` writes it: the scale is x's scale (an input)
+    /// times the weight's (one per output channel), then a bias and SiLU follow.
+    fn dynamic_conv_with_bias_and_silu() -> Graph {
+        let mut g = dynamic_conv();
+        let mut b = Builder { g: std::mem::take(&mut g) };
+        let mul = b.g.nodes.iter().position(|n| n.op == "Mul").unwrap();
+        let x_scale = b.g.inputs[1];
+        let w_scale = constant(&mut b, "w_scale", &[6, 1, 1], &[0.5f32, 0.25, 2.0, 1.5, 0.75, 1.0]);
+        let scale = b.op("Mul", &[x_scale, w_scale]);
+        // The scale is computed before the Cast's reader.
+        let made = b.g.nodes.pop().unwrap();
+        b.g.nodes.insert(mul, made);
+        b.g.nodes[mul + 1].inputs[1] = Some(scale);
+        let y = b.g.nodes[mul + 1].outputs[0];
+        let bias = constant(&mut b, "bias", &[1, 6, 1, 1], &[0.1f32, -0.2, 0.3, 0.0, 1.0, -1.0]);
+        let biased = b.op("Add", &[y, bias]);
+        let gate = b.op("Sigmoid", &[biased]);
+        let out = b.op("Mul", &[biased, gate]);
+        b.finish(&[out])
+    }
+
+    #[test]
+    fn the_scales_of_a_dynamic_conv_move_to_its_operands() {
+        let g = dynamic_conv_with_bias_and_silu();
+        let mut m = g.clone();
+        run(&mut m).unwrap();
+        super::super::fuse::run(&mut m).unwrap();
+        ir::check(&m).unwrap();
+        let left: Vec<&str> = m.nodes.iter().map(|n| n.op.as_str()).collect();
+        assert_eq!(left, ["DequantizeLinear", "Conv"], "the bias folds, SiLU is a post-op");
+        assert_eq!(m.nodes[1].attrs.text("post_ops").unwrap(), "Swish");
+        assert_eq!(m.nodes[0].inputs[1], Some(m.inputs[1]), "x is dequantized by its scale");
+        let x: Vec<u8> = (0..120).map(|i| (i * 97 % 256) as u8).collect();
+        let x = Tensor::from_vec(vec![1, 4, 6, 5], &x).unwrap();
+        let s = Tensor::from_vec(vec![], &[0.0123f32]).unwrap();
+        let (want, got) = (evaluate(&g, &[x.clone(), s.clone()]), evaluate(&m, &[x, s]));
+        let (want, got) = (want[0].to_vec::<f32>().unwrap(), got[0].to_vec::<f32>().unwrap());
+        // Sums of float products, each rounded once, against exact sums scaled: within
+        // float32 rounding of the largest output (the sums cancel: outputs near 0.25 come
+        // from terms in the hundreds).
+        let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (w, g) in want.iter().zip(&got) {
+            assert!((w - g).abs() <= 1e-6 * largest, "{g}, want {w} (largest {largest})");
+        }
     }
 
     #[test]
