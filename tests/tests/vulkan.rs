@@ -1439,6 +1439,38 @@ fn quantized_weight(
     Ok((q, Tensor::from_vec(dims, &scale)?, zero))
 }
 
+/// The end of a squeeze-and-excitation block, `Conv1x1(x * gate)` with a gate per image and
+/// channel, runs as one Conv that scales its input's channels (`Mul+Conv`): equal to the CPU
+/// on both kernel classes, for two images, with a bias and a residual, and with neither.
+#[test]
+fn channel_scales_equal_the_cpu() -> Result<()> {
+    let (n, c, m) = (2, 12, 8);
+    let model = OnnxModel::new(OPSET)
+        .input("x", DType::F32, &[n, c, 5, 7])
+        .input("r", DType::F32, &[n, m, 5, 7])
+        .initializer("wg", &tensor(&[c, c, 1, 1], 1))
+        .initializer("w", &tensor(&[m, c, 1, 1], 2))
+        .initializer("b", &tensor(&[m], 3))
+        .node("pool", "GlobalAveragePool", &["x"], &["p"], vec![])
+        .node("fc", "Conv", &["p", "wg"], &["l"], vec![])
+        .node("gate", "Sigmoid", &["l"], &["s"], vec![])
+        .node("mul", "Mul", &["x", "s"], &["xs"], vec![])
+        .node("proj", "Conv", &["xs", "w", "b"], &["z"], vec![])
+        .node("add", "Add", &["z", "r"], &["y"], vec![])
+        .node("mul2", "Mul", &["s", "x"], &["sx"], vec![])
+        .node("proj2", "Conv", &["sx", "w"], &["y2"], vec![])
+        .output("y", DType::F32, &[n, m, 5, 7])
+        .output("y2", DType::F32, &[n, m, 5, 7]);
+    let bundle = bundle("channel_scales", &model)?;
+    let labels: Vec<String> =
+        bundle.manifest().variants[0].steps.iter().map(|s| s.op_label()).collect();
+    let scaled = labels.iter().filter(|l| l.starts_with("Mul+Conv")).count();
+    assert_eq!(scaled, 2, "{labels:?}");
+    assert!(!labels.iter().any(|l| l == "Mul"), "{labels:?}");
+    let inputs = [tensor(&[n, c, 5, 7], 4), tensor(&[n, m, 5, 7], 5)];
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["y", "y2"][k].to_string())
+}
+
 /// Runs `bundle` on lavapipe with each kernel class under the validation layer and compares
 /// every output with the CPU's (1e-5); `case` names output k in an error.
 fn equal_the_cpu_on_both_classes(
