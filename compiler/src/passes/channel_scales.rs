@@ -4,7 +4,7 @@
 //! takes scales (`ingot_ops::can_scale_x`: 1x1, stride 1, unpadded, one group).
 //!
 //! That is the end of every squeeze-and-excitation block (MobileNetV3, EfficientNet, PP-OCR's
-//! classifier and recognisers): the block's gate multiplies the features, and a pointwise
+//! direction classifier): the block's gate multiplies the features, and a pointwise
 //! conv projects them. As two steps, the product is a whole tensor written and read again,
 //! and one more dispatch on Vulkan, where PP-OCR cls's nine such products took 12% of its
 //! device time on lavapipe (`ingot bench --devices vulkan:cpu --profile`). As one, the CPU
