@@ -277,10 +277,10 @@ mod tests {
         rewritten(&dynamic_matmul(false, false), &["MatMulIntegerToFloat"]);
     }
 
-    /// `Cast(ConvInteger(x, w, zx, zw)) * s` over a uint8 x [1, 4, 6, 5] and an int8 w
-    /// [6, 2, 3, 3] in 2 groups, stride 2, padded, with a zero point per output channel; s a
-    /// scalar input.
-    fn dynamic_conv() -> Graph {
+    /// `Cast(ConvInteger(x, w, zx, zw))` over a uint8 x [1, 4, 6, 5] and an int8 w
+    /// [6, 2, 3, 3] in 2 groups, stride 2, padded, with a zero point per output channel; the
+    /// builder and the Cast's output.
+    fn dynamic_conv_product() -> (Builder, ValueId) {
         let mut b = Builder::new();
         let x = b.g.add_value("x", Some(TensorDesc::new(DType::U8, vec![1, 4, 6, 5])));
         b.g.inputs.push(x);
@@ -295,45 +295,26 @@ mod tests {
         let product = b.node("ConvInteger", &[x, w, zx, zw], attrs);
         let to = Attrs::new().with("to", AttrValue::Int(i64::from(DType::F32.onnx_code())));
         let real = b.node("Cast", &[product], to);
-        // The scale as dynamic quantization computes it: at run time.
+        (b, real)
+    }
+
+    /// [`dynamic_conv_product`] times s, a scalar input (the scale as dynamic quantization
+    /// computes it: at run time).
+    fn dynamic_conv() -> Graph {
+        let (mut b, real) = dynamic_conv_product();
         let s = b.input("s", &[]);
         let y = b.op("Mul", &[real, s]);
         b.finish(&[y])
     }
 
-    #[test]
-    fn a_conv_cast_to_float_reads_its_8_bit_weights_as_a_float_conv() {
-        let g = dynamic_conv();
-        let mut m = g.clone();
-        run(&mut m).unwrap();
-        super::super::fuse::run(&mut m).unwrap();
-        ir::check(&m).unwrap();
-        let left: Vec<&str> = m.nodes.iter().map(|n| n.op.as_str()).collect();
-        assert_eq!(left, ["DequantizeLinear", "Conv"]);
-        assert!(ingot_ops::dequantizes_w(&m.nodes[1].attrs));
-        assert_eq!(m.nodes[1].attrs.text("post_ops").unwrap(), "Mul");
-        let x: Vec<u8> = (0..120).map(|i| (i * 97 % 256) as u8).collect();
-        let x = Tensor::from_vec(vec![1, 4, 6, 5], &x).unwrap();
-        let s = Tensor::from_vec(vec![], &[0.0123f32]).unwrap();
-        let (want, got) = (evaluate(&g, &[x.clone(), s.clone()]), evaluate(&m, &[x, s]));
-        // Sums of a few dozen 8-bit products: float32 holds them exactly.
-        assert_eq!(want[0].to_vec::<f32>().unwrap(), got[0].to_vec::<f32>().unwrap());
-    }
-
-    /// [`dynamic_conv`] as `quantize_dynamic` writes it: the scale is x's scale (an input)
-    /// times the weight's (one per output channel), then a bias and SiLU follow.
+    /// [`dynamic_conv_product`] as `quantize_dynamic` writes the rest: times x's scale (an
+    /// input) times the weight's (one per output channel), then a bias and SiLU.
     fn dynamic_conv_with_bias_and_silu() -> Graph {
-        let mut g = dynamic_conv();
-        let mut b = Builder { g: std::mem::take(&mut g) };
-        let mul = b.g.nodes.iter().position(|n| n.op == "Mul").unwrap();
-        let x_scale = b.g.inputs[1];
+        let (mut b, real) = dynamic_conv_product();
+        let x_scale = b.input("s", &[]);
         let w_scale = constant(&mut b, "w_scale", &[6, 1, 1], &[0.5f32, 0.25, 2.0, 1.5, 0.75, 1.0]);
         let scale = b.op("Mul", &[x_scale, w_scale]);
-        // The scale is computed before the Cast's reader.
-        let made = b.g.nodes.pop().unwrap();
-        b.g.nodes.insert(mul, made);
-        b.g.nodes[mul + 1].inputs[1] = Some(scale);
-        let y = b.g.nodes[mul + 1].outputs[0];
+        let y = b.op("Mul", &[real, scale]);
         let bias = constant(&mut b, "bias", &[1, 6, 1, 1], &[0.1f32, -0.2, 0.3, 0.0, 1.0, -1.0]);
         let biased = b.op("Add", &[y, bias]);
         let gate = b.op("Sigmoid", &[biased]);
@@ -341,22 +322,38 @@ mod tests {
         b.finish(&[out])
     }
 
-    #[test]
-    fn the_scales_of_a_dynamic_conv_move_to_its_operands() {
-        let g = dynamic_conv_with_bias_and_silu();
+    /// Runs this pass and `fuse` on `g`; returns the result, its ops, and the first output of
+    /// `g` and of the result on the same x and s.
+    fn fused_conv(g: &Graph) -> (Graph, Vec<String>, [Vec<f32>; 2]) {
         let mut m = g.clone();
         run(&mut m).unwrap();
         super::super::fuse::run(&mut m).unwrap();
         ir::check(&m).unwrap();
-        let left: Vec<&str> = m.nodes.iter().map(|n| n.op.as_str()).collect();
-        assert_eq!(left, ["DequantizeLinear", "Conv"], "the bias folds, SiLU is a post-op");
-        assert_eq!(m.nodes[1].attrs.text("post_ops").unwrap(), "Swish");
-        assert_eq!(m.nodes[0].inputs[1], Some(m.inputs[1]), "x is dequantized by its scale");
+        let ops = m.nodes.iter().map(|n| n.op.clone()).collect();
         let x: Vec<u8> = (0..120).map(|i| (i * 97 % 256) as u8).collect();
         let x = Tensor::from_vec(vec![1, 4, 6, 5], &x).unwrap();
         let s = Tensor::from_vec(vec![], &[0.0123f32]).unwrap();
-        let (want, got) = (evaluate(&g, &[x.clone(), s.clone()]), evaluate(&m, &[x, s]));
-        let (want, got) = (want[0].to_vec::<f32>().unwrap(), got[0].to_vec::<f32>().unwrap());
+        let outputs = [evaluate(g, &[x.clone(), s.clone()]), evaluate(&m, &[x, s])]
+            .map(|o| o[0].to_vec::<f32>().unwrap());
+        (m, ops, outputs)
+    }
+
+    #[test]
+    fn a_conv_cast_to_float_reads_its_8_bit_weights_as_a_float_conv() {
+        let (m, ops, [want, got]) = fused_conv(&dynamic_conv());
+        assert_eq!(ops, ["DequantizeLinear", "Conv"]);
+        assert!(ingot_ops::dequantizes_w(&m.nodes[1].attrs));
+        assert_eq!(m.nodes[1].attrs.text("post_ops").unwrap(), "Mul");
+        // Sums of a few dozen 8-bit products: float32 holds them exactly.
+        assert_eq!(want, got);
+    }
+
+    #[test]
+    fn the_scales_of_a_dynamic_conv_move_to_its_operands() {
+        let (m, ops, [want, got]) = fused_conv(&dynamic_conv_with_bias_and_silu());
+        assert_eq!(ops, ["DequantizeLinear", "Conv"], "the bias folds, SiLU is a post-op");
+        assert_eq!(m.nodes[1].attrs.text("post_ops").unwrap(), "Swish");
+        assert_eq!(m.nodes[0].inputs[1], Some(m.inputs[1]), "x is dequantized by its scale");
         // Sums of float products, each rounded once, against exact sums scaled: within
         // float32 rounding of the largest output (the sums cancel: outputs near 0.25 come
         // from terms in the hundreds).

@@ -749,8 +749,7 @@ pub(crate) fn integer_to_float(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel>
     if let Some(k) = cx.in_place().filter(|&k| k < 4) {
         return Err(no_kernel!("{} written over its input {k}", cx.op));
     }
-    let post_operands = cx.inputs[4..].iter().chain(cx.outputs);
-    if let Some(o) = post_operands.clone().find(|o| o.desc.dtype != DType::F32) {
+    if let Some(o) = cx.inputs[4..].iter().chain(cx.outputs).find(|o| o.desc.dtype != DType::F32) {
         return Err(cx.dtype(o.desc.dtype));
     }
     let p = Problem::matmul(cx)?;
