@@ -25,6 +25,31 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
     Ok((name.to_string(), dims))
 }
 
+/// Parses `NAME=2x3,4,()` (`--input-sequence`): each element's dims, `()` for a scalar;
+/// `NAME=` is an empty sequence.
+pub fn parse_input_sequence(s: &str) -> Result<(String, Vec<Vec<usize>>)> {
+    let (name, list) = s
+        .rsplit_once('=')
+        .with_context(|| format!("--input-sequence '{s}' should look like NAME=2x3,4"))?;
+    if name.is_empty() {
+        bail!("--input-sequence '{s}' has no input name");
+    }
+    let elements = match list {
+        "" => Vec::new(),
+        list => list
+            .split(',')
+            .map(|dims| match dims.trim() {
+                "()" => Ok(Vec::new()),
+                dims => Ok(parse_input_shape(&format!("{name}={dims}"))?.1),
+            })
+            .collect::<Result<_>>()
+            .with_context(|| {
+                format!("--input-sequence '{s}': elements are dims like 2x3, or () for a scalar")
+            })?,
+    };
+    Ok((name.to_string(), elements))
+}
+
 /// Parses `NAME=FILE.npy` (`--constant-input`, `--input`).
 pub fn parse_constant_input(s: &str) -> Result<(String, std::path::PathBuf)> {
     let (name, path) =
@@ -118,6 +143,11 @@ mod tests {
         assert_eq!(parse_input_shape("a=b=7").unwrap(), ("a=b".into(), vec![7]));
         assert!(parse_input_shape("x").is_err());
         assert!(parse_input_shape("x=1xfoo").is_err());
+        let seq = |s| parse_input_sequence(s).unwrap();
+        assert_eq!(seq("s=2x3,4,()"), ("s".into(), vec![vec![2, 3], vec![4], vec![]]));
+        assert_eq!(seq("s="), ("s".into(), vec![]));
+        assert!(parse_input_sequence("s=2x,3").is_err());
+        assert!(parse_input_sequence("=2").is_err());
         assert_eq!(shape_text(&[]), "scalar");
     }
 }

@@ -28,6 +28,15 @@ pub struct Args {
     /// becomes a constant and everything computed from it folds.
     #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
     constant_inputs: Vec<(String, PathBuf)>,
+    /// Fix a sequence input's length and its elements' shapes: NAME=2x3,4 (a scalar element
+    /// is (), an empty sequence NAME=). Repeatable. The input becomes one tensor input per
+    /// element, NAME[0], NAME[1], ...
+    #[arg(long = "input-sequence", value_name = "NAME=DIMS,...", value_parser = crate::args::parse_input_sequence)]
+    sequence_inputs: Vec<(String, Vec<Vec<usize>>)>,
+    /// An optional input that holds nothing in this bundle. Repeatable. Without it, an
+    /// optional input holds its element.
+    #[arg(long = "absent-input", value_name = "NAME")]
+    absent_inputs: Vec<String>,
     /// The most iterations a Loop whose trip count is known only at run time may run, where it
     /// has scan outputs: their storage is planned for that many rows, and a run that would
     /// need more stops with an error naming the loop.
@@ -90,6 +99,8 @@ pub fn main(args: Args) -> Result<()> {
     let options = CompileOptions {
         input_shapes: shared,
         constant_inputs,
+        sequence_inputs: args.sequence_inputs,
+        absent_inputs: args.absent_inputs,
         verify: args.verify,
         cpu_only,
         max_loop_iterations: args.max_loop_iterations,

@@ -46,6 +46,12 @@ pub struct Args {
     #[arg(long = "constant-input", value_name = "NAME=FILE.npy", value_parser = crate::args::parse_constant_input)]
     constant_inputs: Vec<(String, PathBuf)>,
     /// As for `ingot compile`, when the input is an ONNX model.
+    #[arg(long = "input-sequence", value_name = "NAME=DIMS,...", value_parser = crate::args::parse_input_sequence)]
+    sequence_inputs: Vec<(String, Vec<Vec<usize>>)>,
+    /// As for `ingot compile`, when the input is an ONNX model.
+    #[arg(long = "absent-input", value_name = "NAME")]
+    absent_inputs: Vec<String>,
+    /// As for `ingot compile`, when the input is an ONNX model.
     #[arg(long, value_name = "N")]
     max_loop_iterations: Option<usize>,
 }
@@ -55,6 +61,8 @@ fn compile_options(args: &Args) -> Result<CompileOptions> {
     Ok(CompileOptions {
         input_shapes: args.input_shapes.clone(),
         constant_inputs: crate::args::read_constant_inputs(&args.constant_inputs)?,
+        sequence_inputs: args.sequence_inputs.clone(),
+        absent_inputs: args.absent_inputs.clone(),
         max_loop_iterations: args.max_loop_iterations,
         ..CompileOptions::default()
     })
@@ -71,11 +79,14 @@ pub fn main(args: Args) -> Result<()> {
     let variant = if is_bundle(&args.input)? {
         if !args.input_shapes.is_empty()
             || !args.constant_inputs.is_empty()
+            || !args.sequence_inputs.is_empty()
+            || !args.absent_inputs.is_empty()
             || args.max_loop_iterations.is_some()
         {
             bail!(
-                "--input-shape, --constant-input and --max-loop-iterations apply to ONNX \
-                 models; {} is a bundle, compiled with its shapes and constants",
+                "--input-shape, --constant-input, --input-sequence, --absent-input and \
+                 --max-loop-iterations apply to ONNX models; {} is a bundle, compiled with its \
+                 shapes and constants",
                 args.input.display()
             );
         }

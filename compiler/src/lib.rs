@@ -24,6 +24,11 @@ pub struct CompileOptions {
     pub input_shapes: Vec<(String, Vec<usize>)>,
     /// Graph inputs bound to a value at compile time (`--constant-input x=FILE.npy`).
     pub constant_inputs: Vec<(String, ingot_ops::Tensor)>,
+    /// The element shapes of sequence inputs (`--input-sequence x=2x3,4`): such an input is
+    /// one tensor input per element, `x[0]`, `x[1]`, ...
+    pub sequence_inputs: Vec<(String, Vec<Vec<usize>>)>,
+    /// Optional inputs that hold nothing (`--absent-input x`).
+    pub absent_inputs: Vec<String>,
     /// Run the plan verifier (`--verify`); it also runs in debug builds.
     pub verify: bool,
     /// Which planning mechanisms may share memory (all by default).
@@ -114,6 +119,8 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     let import_options = onnx::ImportOptions {
         input_shapes: options.input_shapes.clone(),
         constant_inputs: options.constant_inputs.clone(),
+        sequence_inputs: options.sequence_inputs.clone(),
+        absent_inputs: options.absent_inputs.clone(),
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     graph.max_loop_iterations = options.max_loop_iterations;

@@ -85,11 +85,88 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<()> {
     write().with_context(|| format!("write {}", path.display()))
 }
 
-/// Reads one serialized ONNX TensorProto (a backend test's `input_0.pb`): its name and value.
-pub fn read_pb(path: &Path) -> Result<(String, Tensor)> {
+/// A backend test's value: a tensor, or a sequence or optional of values.
+#[derive(Debug)]
+pub enum Value {
+    Tensor(Tensor),
+    Sequence(Vec<Value>),
+    Optional(Option<Box<Value>>),
+}
+
+/// What a test value is declared to be (the model's input or output type): which message its
+/// `.pb` file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Declared {
+    Tensor,
+    Sequence,
+    Optional,
+}
+
+impl Value {
+    /// The tensors it holds, in order, as Ingot's graph edges take them (`x[0]`, `x[1]`, ...).
+    pub fn tensors(self) -> Vec<Tensor> {
+        match self {
+            Value::Tensor(t) => vec![t],
+            Value::Sequence(list) => list.into_iter().flat_map(Value::tensors).collect(),
+            Value::Optional(v) => v.map_or_else(Vec::new, |v| v.tensors()),
+        }
+    }
+}
+
+/// Reads a backend test's serialized value: a TensorProto, SequenceProto or OptionalProto, as
+/// `declared` says.
+pub fn read_value_pb(path: &Path, declared: Declared) -> Result<Value> {
     let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
-    ingot_compiler::onnx::read_tensor_proto(&bytes)
-        .with_context(|| format!("decode {}", path.display()))
+    let value = match declared {
+        Declared::Tensor => tensor_message(&bytes).map(Value::Tensor),
+        Declared::Sequence => sequence_message(&bytes),
+        Declared::Optional => optional_message(&bytes),
+    };
+    value.with_context(|| format!("decode {}", path.display()))
+}
+
+fn tensor_message(bytes: &[u8]) -> Result<Tensor> {
+    Ok(ingot_compiler::onnx::read_tensor_proto(bytes)?.1)
+}
+
+/// The value in field `field` of a SequenceProto or OptionalProto (which onnx-protobuf does
+/// not generate; ONNX's `onnx-ml.proto`): 3 a tensor, 5 a sequence, 7 an optional.
+fn element(field: u32, bytes: &[u8]) -> Result<Value> {
+    Ok(match field {
+        3 => Value::Tensor(tensor_message(bytes)?),
+        5 => sequence_message(bytes)?,
+        7 => optional_message(bytes)?,
+        _ => bail!("field {field}: sparse tensors and maps are not supported"),
+    })
+}
+
+/// The (field, bytes) of each length-delimited field of a message, other fields skipped.
+fn fields(bytes: &[u8]) -> Result<Vec<(u32, Vec<u8>)>> {
+    use protobuf::rt::WireType;
+    let mut is = protobuf::CodedInputStream::from_bytes(bytes);
+    let mut out = Vec::new();
+    while let Some(tag) = is.read_raw_tag_or_eof()? {
+        let wire = WireType::new(tag & 7).context("bad wire type")?;
+        match wire {
+            WireType::LengthDelimited => out.push((tag >> 3, is.read_bytes()?)),
+            _ => is.skip_field(wire)?,
+        }
+    }
+    Ok(out)
+}
+
+fn sequence_message(bytes: &[u8]) -> Result<Value> {
+    let values = fields(bytes)?.into_iter().filter(|(f, _)| *f != 1); // 1: the name
+    Ok(Value::Sequence(values.map(|(f, b)| element(f, &b)).collect::<Result<_>>()?))
+}
+
+fn optional_message(bytes: &[u8]) -> Result<Value> {
+    let mut values = fields(bytes)?.into_iter().filter(|(f, _)| *f != 1);
+    let value = values.next().map(|(f, b)| element(f, &b)).transpose()?;
+    if values.next().is_some() {
+        bail!("an optional holds more than one value");
+    }
+    Ok(Value::Optional(value.map(Box::new)))
 }
 
 /// The numbered files `<dir>/<prefix>_0.<ext>`, `_1`, ... up to the first missing one.

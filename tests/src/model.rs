@@ -46,6 +46,19 @@ impl OnnxModel {
         self
     }
 
+    /// An input that is a sequence of `dtype` tensors (element shape left open), or an
+    /// optional of one with `optional`.
+    pub fn sequence_input(mut self, name: &str, dtype: DType, optional: bool) -> Self {
+        self.graph.input.push(sequence_info(name, dtype, optional));
+        self
+    }
+
+    /// An output that is a sequence of `dtype` tensors, or an optional of one.
+    pub fn sequence_output(mut self, name: &str, dtype: DType, optional: bool) -> Self {
+        self.graph.output.push(sequence_info(name, dtype, optional));
+        self
+    }
+
     pub fn initializer(mut self, name: &str, value: &Tensor) -> Self {
         self.graph.initializer.push(tensor_proto(name, value));
         self
@@ -121,6 +134,28 @@ fn value_info(name: &str, dtype: DType, shape: &[usize]) -> ValueInfoProto {
     let mut info = ValueInfoProto::new();
     info.name = name.into();
     info.type_ = protobuf::MessageField::some(ty);
+    info
+}
+
+fn sequence_info(name: &str, dtype: DType, optional: bool) -> ValueInfoProto {
+    let mut tensor = type_proto::Tensor::new();
+    tensor.elem_type = dtype.onnx_code();
+    let wrap = |value| {
+        let mut ty = TypeProto::new();
+        ty.value = Some(value);
+        protobuf::MessageField::some(ty)
+    };
+    let mut sequence = type_proto::Sequence::new();
+    sequence.elem_type = wrap(type_proto::Value::TensorType(tensor));
+    let mut ty = type_proto::Value::SequenceType(sequence);
+    if optional {
+        let mut o = type_proto::Optional::new();
+        o.elem_type = wrap(ty);
+        ty = type_proto::Value::OptionalType(o);
+    }
+    let mut info = ValueInfoProto::new();
+    info.name = name.into();
+    info.type_ = wrap(ty);
     info
 }
 

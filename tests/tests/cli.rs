@@ -375,3 +375,80 @@ fn plan_binds_constant_inputs_so_an_if_folds() {
     let bundle = write_bundle(&dir);
     fails(&[&"plan", &bundle, &"--constant-input", &bound], &["apply to ONNX models"]);
 }
+
+/// A sequence input is a tensor input per element, as `--input-sequence` gives them, and a
+/// sequence output a tensor output per element; an absent optional input holds nothing.
+#[test]
+fn sequences_at_the_graph_edges_are_their_elements() {
+    let dir = scratch_dir("cli/sequences");
+    let model = dir.join("sequences.onnx");
+    let zero = Tensor::from_vec(Vec::<usize>::new(), &[0i64]).unwrap();
+    OnnxModel::new(18)
+        .sequence_input("s", DType::F32, false)
+        .input("t", DType::F32, &[2])
+        .sequence_input("maybe", DType::F32, true)
+        .initializer("zero", &zero)
+        .node("insert", "SequenceInsert", &["s", "t", "zero"], &["longer"], vec![])
+        .node("concat", "ConcatFromSequence", &["longer"], &["joined"], vec![])
+        .node("has", "OptionalHasElement", &["maybe"], &["given"], vec![])
+        .sequence_output("longer", DType::F32, false)
+        .output("joined", DType::F32, &[5])
+        .output("given", DType::Bool, &[])
+        .write(&model)
+        .unwrap();
+    let bundle = dir.join("sequences.ingot");
+    fails(&[&"compile", &model, &"-o", &bundle], &["--input-sequence s=DIMS,DIMS"]);
+    fails(
+        &[
+            &"compile",
+            &model,
+            &"-o",
+            &bundle,
+            &"--input-sequence",
+            &"s=1,2",
+            &"--absent-input",
+            &"t",
+        ],
+        &["--absent-input t", "not an optional input"],
+    );
+    let compiled = succeeds(&[
+        &"compile",
+        &model,
+        &"-o",
+        &bundle,
+        &"--input-sequence",
+        &"s=1,2",
+        &"--absent-input",
+        &"maybe",
+    ]);
+    assert!(compiled.contains("compiled"), "{compiled}");
+
+    let write = |name: &str, values: &[f32]| {
+        let path = dir.join(format!("{name}.npy"));
+        write_npy(&path, &Tensor::from_vec(vec![values.len()], values).unwrap()).unwrap();
+        format!("{name}={}", path.display())
+    };
+    let (s0, s1, t) = (write("s[0]", &[1.0]), write("s[1]", &[2.0, 3.0]), write("t", &[8.0, 9.0]));
+    let out = dir.join("out");
+    succeeds(&[
+        &"run",
+        &bundle,
+        &"--devices",
+        &"cpu",
+        &"--input",
+        &s0,
+        &"--input",
+        &s1,
+        &"--input",
+        &t,
+        &"-o",
+        &out,
+    ]);
+    // Files are named file-safe: `longer[0]` is longer_0_.npy.
+    let read = |name: &str| read_npy(&out.join(format!("{name}.npy"))).unwrap();
+    assert_eq!(read("longer_0_").to_vec::<f32>().unwrap(), [8.0, 9.0]);
+    assert_eq!(read("longer_1_").to_vec::<f32>().unwrap(), [1.0]);
+    assert_eq!(read("longer_2_").to_vec::<f32>().unwrap(), [2.0, 3.0]);
+    assert_eq!(read("joined").to_vec::<f32>().unwrap(), [8.0, 9.0, 1.0, 2.0, 3.0]);
+    assert_eq!(read("given").bytes(), [0]);
+}

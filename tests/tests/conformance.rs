@@ -30,7 +30,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use ingot_compiler::CompileOptions;
-use ingot_tests::data::{numbered_files, read_pb};
+use ingot_tests::data::{Declared, Value, numbered_files, read_value_pb};
 use ingot_tests::paths::{generated, repo_root};
 use ingot_tests::{
     Tolerance, allclose, catch_panic, check_validation, run, session, session_on, validation_seen,
@@ -262,20 +262,49 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("Upsample", &[1]),
 ];
 
-/// The model's runtime inputs (graph inputs that are not initializers), in order, each with
-/// whether the harness binds it at compile time: whether it sets a shape, being read by an
-/// operand slot of [`OPERANDS`] or reaching one through what is computed from it (an expanded
-/// window function's length, cast and offset before it becomes a Range's limit). Reading its
-/// shape alone (Shape, Size) sets none.
-fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
+/// A runtime input of a test's model: its name, what it is declared to be, and whether the
+/// harness binds it at compile time.
+struct RuntimeInput {
+    name: String,
+    declared: Declared,
+    bound: bool,
+}
+
+/// The model's runtime inputs (graph inputs that are not initializers), in order, and what
+/// its outputs are declared to be. An input is bound at compile time where it sets a shape:
+/// it is read by an operand slot of [`OPERANDS`] or reaches one through what is computed from
+/// it (an expanded window function's length, cast and offset before it becomes a Range's
+/// limit), or it is an `If`'s condition or a `Loop`'s trip count or condition where that
+/// node takes or gives a sequence or optional, whose elements a static graph must know.
+/// Reading its shape alone (Shape, Size) sets none.
+fn runtime_io(model: &Path) -> Result<(Vec<RuntimeInput>, Vec<Declared>)> {
+    use onnx_protobuf::type_proto::Value as Type;
     use protobuf::Message;
     let bytes = std::fs::read(model).with_context(|| model.display().to_string())?;
     let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes)?;
     let g = m.graph.as_ref().context("model has no graph")?;
     let initializers: std::collections::BTreeSet<&str> =
         g.initializer.iter().map(|t| t.name.as_str()).collect();
-    let is_operand =
-        |op: &str, k: usize| OPERANDS.iter().any(|(o, slots)| *o == op && slots.contains(&k));
+    let declared =
+        |vi: &onnx_protobuf::ValueInfoProto| match vi.type_.as_ref().and_then(|t| t.value.as_ref())
+        {
+            Some(Type::SequenceType(_)) => Declared::Sequence,
+            Some(Type::OptionalType(_)) => Declared::Optional,
+            _ => Declared::Tensor,
+        };
+    let containers: std::collections::BTreeSet<&str> = (g.input.iter())
+        .chain(&g.output)
+        .chain(&g.value_info)
+        .filter(|vi| declared(vi) != Declared::Tensor)
+        .map(|vi| vi.name.as_str())
+        .collect();
+    let is_operand = |n: &onnx_protobuf::NodeProto, k: usize| {
+        let op = n.op_type.as_str();
+        let holds = || n.input.iter().chain(&n.output).any(|v| containers.contains(v.as_str()));
+        OPERANDS.iter().any(|(o, slots)| *o == op && slots.contains(&k))
+            || (op == "If" && k == 0 && holds())
+            || (op == "Loop" && k < 2 && holds())
+    };
     // Whether `input` sets a shape: a walk over what is computed from it (each value once),
     // until a use is an operand slot; reading a shape alone (Shape, Size) goes no further.
     let sets_shape = |input: &str| {
@@ -284,7 +313,7 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
         while let Some(v) = next.pop() {
             for n in &g.node {
                 for (k, _) in n.input.iter().enumerate().filter(|(_, x)| *x == v) {
-                    if is_operand(&n.op_type, k) {
+                    if is_operand(n, k) {
                         return true;
                     }
                     if !matches!(n.op_type.as_str(), "Shape" | "Size") {
@@ -295,11 +324,17 @@ fn runtime_inputs(model: &Path) -> Result<Vec<(String, bool)>> {
         }
         false
     };
-    Ok(g.input
+    let inputs = g
+        .input
         .iter()
         .filter(|i| !initializers.contains(i.name.as_str()))
-        .map(|i| (i.name.clone(), sets_shape(&i.name)))
-        .collect())
+        .map(|i| RuntimeInput {
+            name: i.name.clone(),
+            declared: declared(i),
+            bound: sets_shape(&i.name),
+        })
+        .collect();
+    Ok((inputs, g.output.iter().map(declared).collect()))
 }
 
 /// Checks the registry's Vulkan claims against what the node tests compiled (`kernels`: per op,
@@ -339,7 +374,7 @@ fn vulkan_claims(kernels: &BTreeMap<String, bool>) -> Result<(), String> {
 fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Result<()> {
     let tolerance = tolerance(dir)?;
     let model = dir.join("model.onnx");
-    let inputs_info = runtime_inputs(&model)?;
+    let (inputs_info, outputs_declared) = runtime_io(&model)?;
     let data_sets = sorted_entries(dir)
         .into_iter()
         .filter(|p| file_name(p).starts_with("test_data_set_"))
@@ -349,27 +384,55 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
     }
     for data_set in data_sets {
         let set = file_name(&data_set);
-        let read = |prefix| -> Result<Vec<_>> {
-            numbered_files(&data_set, prefix, "pb")
-                .iter()
-                .map(|p| read_pb(p).map(|(_, t)| t))
-                .collect()
+        let read = |prefix, declared: &[Declared]| -> Result<Vec<Value>> {
+            let files = numbered_files(&data_set, prefix, "pb");
+            let kind = |k: usize| declared.get(k).copied().unwrap_or(Declared::Tensor);
+            files.iter().enumerate().map(|(k, p)| read_value_pb(p, kind(k))).collect()
         };
-        let (inputs, wants) = (read("input")?, read("output")?);
-        let bf16_outputs = numbered_files(&data_set, "output", "pb")
-            .iter()
-            .map(|p| declared_bf16(p))
-            .collect::<Result<Vec<_>>>()?;
+        let declared: Vec<Declared> = inputs_info.iter().map(|i| i.declared).collect();
+        let inputs = read("input", &declared)?;
+        // The expected tensors, each with whether the test gives it in bfloat16 (which Ingot
+        // reads, computes and returns as f32).
+        let mut wants = Vec::new();
+        for (k, value) in read("output", &outputs_declared)?.into_iter().enumerate() {
+            let file = data_set.join(format!("output_{k}.pb"));
+            let bf16 = matches!(value, Value::Tensor(_)) && declared_bf16(&file)?;
+            wants.extend(value.tensors().into_iter().map(|t| (t, bf16)));
+        }
         let mut options = CompileOptions {
             verify: true,
             max_loop_iterations: Some(MAX_LOOP_ITERATIONS),
             ..CompileOptions::default()
         };
         let mut runtime = Vec::new();
-        for (k, t) in inputs.into_iter().enumerate() {
-            match inputs_info.get(k) {
-                Some((name, true)) => options.constant_inputs.push((name.clone(), t)),
-                _ => runtime.push(t),
+        for (k, value) in inputs.into_iter().enumerate() {
+            let Some(input) = inputs_info.get(k) else {
+                runtime.extend(value.tensors());
+                continue;
+            };
+            let name = input.name.clone();
+            match value {
+                Value::Tensor(t) if input.bound => options.constant_inputs.push((name, t)),
+                Value::Optional(None) => options.absent_inputs.push(name),
+                Value::Optional(Some(v)) if matches!(*v, Value::Sequence(_)) => {
+                    let tensors = v.tensors();
+                    let shapes = tensors.iter().map(|t| t.shape().to_vec()).collect();
+                    options.sequence_inputs.push((name, shapes));
+                    runtime.extend(tensors);
+                }
+                Value::Sequence(_) => {
+                    let tensors = value.tensors();
+                    let shapes = tensors.iter().map(|t| t.shape().to_vec()).collect();
+                    options.sequence_inputs.push((name, shapes));
+                    runtime.extend(tensors);
+                }
+                // Its shape as a user fixes one (the model may leave dims open).
+                value => {
+                    for t in value.tensors() {
+                        options.input_shapes.push((name.clone(), t.shape().to_vec()));
+                        runtime.push(t);
+                    }
+                }
             }
         }
         let bundle = ingot_compiler::compile_file(&model, &options).map_err(|e| {
@@ -392,9 +455,9 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
         if got.len() != wants.len() {
             bail!("{set}: {} outputs, the test expects {}", got.len(), wants.len());
         }
-        for (i, (g, w)) in got.iter().zip(&wants).enumerate() {
+        for (i, (g, (w, bf16))) in got.iter().zip(&wants).enumerate() {
             let name = session.outputs().get(i).map_or("?", |o| o.name.as_str());
-            let g = if bf16_outputs[i] { &rounded_to_bf16(g)? } else { g };
+            let g = if *bf16 { &rounded_to_bf16(g)? } else { g };
             allclose(g, w, tolerance).map_err(|e| anyhow!("{set}: output {i} '{name}': {e}"))?;
         }
     }

@@ -51,6 +51,18 @@ pub struct Graph {
     /// The most iterations a run-time loop may stack scan outputs for where its trip count is
     /// not a constant (`CompileOptions::max_loop_iterations`); none: such a loop is refused.
     pub max_loop_iterations: Option<usize>,
+    /// Values that hold tensors rather than being one: sequences and optionals
+    /// (`passes/sequences.rs`). The importer puts the graph inputs of those types here, each
+    /// holding tensor inputs of its own; the `lower` walk adds what the sequence ops make and
+    /// leaves none behind: a graph output of such a value becomes its tensors.
+    pub containers: BTreeMap<ValueId, Container>,
+}
+
+/// What a sequence or optional value holds: tensor values, or other containers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Container {
+    Sequence(Vec<ValueId>),
+    Optional(Option<ValueId>),
 }
 
 /// A `Loop` whose body runs at run time until its trip count or its condition ends it. Its

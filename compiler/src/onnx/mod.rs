@@ -14,7 +14,7 @@
 //!
 //! The default domain is accepted at opsets [`OPSETS`].
 
-use crate::ir::{Const, Graph, Node, ValueId};
+use crate::ir::{Const, Container, Graph, Node, ValueId};
 use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::Attrs;
 use onnx_protobuf::attribute_proto::AttributeType;
@@ -50,6 +50,12 @@ pub struct ImportOptions {
     /// Graph inputs bound to a value at compile time (`--constant-input NAME=FILE.npy`): they
     /// become constants, so what depends on them folds (a shape operand, a fixed mask).
     pub constant_inputs: Vec<(String, Tensor)>,
+    /// The shapes of the elements of sequence inputs (`--input-sequence NAME=DIMS,...`): the
+    /// input becomes one tensor input per element, `NAME[0]`, `NAME[1]`, ...
+    pub sequence_inputs: Vec<(String, Vec<Vec<usize>>)>,
+    /// Optional inputs that hold nothing (`--absent-input NAME`); an optional input not
+    /// named here holds its element, an input of the element's type.
+    pub absent_inputs: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,14 +190,48 @@ fn fmt_cli(shape: &[usize]) -> String {
     parts.join("x")
 }
 
-/// The declared element type and dims of a graph input (`None` dims: rank unknown).
-fn input_type(vi: &ValueInfoProto) -> Result<(ingot_schema::DType, Option<Vec<Dim>>), String> {
+/// A graph input's declared type: a tensor's element type and dims (`None` dims: rank
+/// unknown), or a sequence of such tensors, or an optional of either.
+enum Declared {
+    Tensor(ingot_schema::DType, Option<Vec<Dim>>),
+    Sequence(ingot_schema::DType, Option<Vec<Dim>>),
+    Optional(Box<Declared>),
+}
+
+fn input_type(vi: &ValueInfoProto) -> Result<Declared, String> {
     let name = &vi.name;
-    let t = match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
-        Some(type_proto::Value::TensorType(t)) => t,
-        Some(_) => return Err(format!("input '{name}' is not a tensor")),
-        None => return Err(format!("input '{name}' has no type")),
+    match vi.type_.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(t) => declared(name, t),
+        None => Err(format!("input '{name}' has no type")),
+    }
+}
+
+fn declared(name: &str, t: &type_proto::Value) -> Result<Declared, String> {
+    let inner = |t: Option<&onnx_protobuf::TypeProto>| match t.and_then(|t| t.value.as_ref()) {
+        Some(t) => declared(name, t),
+        None => Err(format!("input '{name}' has no element type")),
     };
+    Ok(match t {
+        type_proto::Value::TensorType(t) => {
+            let (dtype, dims) = tensor_type(name, t)?;
+            Declared::Tensor(dtype, dims)
+        }
+        type_proto::Value::SequenceType(s) => match inner(s.elem_type.as_ref())? {
+            Declared::Tensor(dtype, dims) => Declared::Sequence(dtype, dims),
+            _ => return Err(format!("input '{name}' is a sequence of sequences or optionals")),
+        },
+        type_proto::Value::OptionalType(o) => match inner(o.elem_type.as_ref())? {
+            Declared::Optional(_) => return Err(format!("input '{name}' is an optional optional")),
+            d => Declared::Optional(Box::new(d)),
+        },
+        _ => return Err(format!("input '{name}' is a map or sparse tensor")),
+    })
+}
+
+fn tensor_type(
+    name: &str,
+    t: &type_proto::Tensor,
+) -> Result<(ingot_schema::DType, Option<Vec<Dim>>), String> {
     let dtype = tensor::dtype(t.elem_type).map_err(|m| format!("input '{name}': {m}"))?;
     let dims = t.shape.as_ref().map(|s| {
         s.dim
@@ -405,7 +445,7 @@ impl Importer<'_> {
         for vi in &g.input {
             // A body input's type may leave dims open: the values bound to it give them.
             let ty = match input_type(vi) {
-                Ok((dtype, Some(dims))) => dims
+                Ok(Declared::Tensor(dtype, Some(dims))) => dims
                     .iter()
                     .map(|d| match d {
                         Dim::Fixed(v) => Some(*v),
@@ -489,9 +529,30 @@ impl Importer<'_> {
         }
 
         let mut dynamic = Vec::new();
-        for vi in runtime {
+        for vi in &runtime {
             let name = vi.name.as_str();
-            let (dtype, dims) = input_type(vi).map_err(|m| self.shape_err(m))?;
+            let absent = self.options.absent_inputs.iter().any(|n| n == name);
+            let (dtype, dims) = match input_type(vi).map_err(|m| self.shape_err(m))? {
+                Declared::Optional(_) if absent => {
+                    let id = self.add_value(name.into(), None);
+                    self.graph.containers.insert(id, Container::Optional(None));
+                    self.define(name, id, || "a graph input".into())?;
+                    continue;
+                }
+                Declared::Optional(inner) => match *inner {
+                    Declared::Tensor(dtype, dims) => (dtype, dims),
+                    Declared::Sequence(dtype, dims) => {
+                        self.add_sequence(name, dtype, dims, &mut dynamic)?;
+                        continue;
+                    }
+                    Declared::Optional(_) => unreachable!("`declared` refuses optional optionals"),
+                },
+                Declared::Tensor(dtype, dims) => (dtype, dims),
+                Declared::Sequence(dtype, dims) => {
+                    self.add_sequence(name, dtype, dims, &mut dynamic)?;
+                    continue;
+                }
+            };
             if let Some((_, value)) = self.options.constant_inputs.iter().find(|(n, _)| n == name) {
                 self.bind_constant(name, dtype, dims.as_deref(), value)?;
                 continue;
@@ -556,12 +617,87 @@ impl Importer<'_> {
             self.define(name, id, || "a graph input".into())?;
             self.graph.inputs.push(id);
         }
+        let declared = |name: &str, sequence: bool| {
+            runtime.iter().any(|vi| {
+                vi.name == name
+                    && match input_type(vi) {
+                        Ok(Declared::Optional(inner)) => {
+                            !sequence || matches!(*inner, Declared::Sequence(..))
+                        }
+                        Ok(Declared::Sequence(..)) => sequence,
+                        _ => false,
+                    }
+            })
+        };
+        let inputs = || runtime.iter().map(|vi| vi.name.as_str()).collect::<Vec<_>>().join(", ");
+        for (name, _) in &self.options.sequence_inputs {
+            if !declared(name, true) {
+                return Err(self.shape_err(format!(
+                    "--input-sequence {name}=...: '{name}' is not a sequence input; the inputs \
+                     are: {}",
+                    inputs()
+                )));
+            }
+        }
+        for name in &self.options.absent_inputs {
+            if !declared(name, false) {
+                return Err(self.shape_err(format!(
+                    "--absent-input {name}: '{name}' is not an optional input; the inputs are: {}",
+                    inputs()
+                )));
+            }
+        }
         if dynamic.is_empty() {
             Ok(())
         } else {
             Err(self
                 .shape_err(format!("Ingot compiles static shapes:\n  {}", dynamic.join("\n  "))))
         }
+    }
+
+    /// Sequence input `name` as a tensor input per element (`name[i]`), the shapes given by
+    /// `--input-sequence`, or a message for `dynamic` if none are.
+    fn add_sequence(
+        &mut self,
+        name: &str,
+        dtype: ingot_schema::DType,
+        dims: Option<Vec<Dim>>,
+        dynamic: &mut Vec<String>,
+    ) -> Result<(), ImportError> {
+        let Some((_, shapes)) = self.options.sequence_inputs.iter().find(|(n, _)| n == name) else {
+            dynamic.push(format!(
+                "input '{name}' is a sequence of {dtype} tensors; give its length and its \
+                 elements' shapes with --input-sequence {name}=DIMS,DIMS,... (a scalar is (), \
+                 an empty sequence {name}=)"
+            ));
+            return Ok(());
+        };
+        let mut elements = Vec::with_capacity(shapes.len());
+        for (i, shape) in shapes.iter().enumerate() {
+            let fits = dims.as_ref().is_none_or(|dims| {
+                dims.len() == shape.len()
+                    && dims.iter().zip(shape).all(|(d, &v)| !matches!(d, Dim::Fixed(f) if *f != v))
+            });
+            if !fits {
+                return Err(self.shape_err(format!(
+                    "--input-sequence {name}: element {i} of shape {shape:?} does not match the \
+                     sequence's element shape {}",
+                    dims.as_deref().map_or("?".into(), fmt_dims)
+                )));
+            }
+            if tensor::checked_bytes(dtype, shape).is_none() {
+                return Err(self.shape_err(format!(
+                    "input '{name}': element {i} of shape {shape:?} is too large"
+                )));
+            }
+            let id =
+                self.add_value(format!("{name}[{i}]"), Some(TensorDesc::new(dtype, shape.clone())));
+            self.graph.inputs.push(id);
+            elements.push(id);
+        }
+        let id = self.add_value(name.into(), None);
+        self.graph.containers.insert(id, Container::Sequence(elements));
+        self.define(name, id, || "a graph input".into())
     }
 
     /// Makes graph input `name` the constant `value`, after checking it fits the declaration.

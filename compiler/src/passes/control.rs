@@ -52,6 +52,26 @@ impl Selects {
         }
     }
 
+    /// An error naming the `If` if `node` would select its output `k` between two sequences
+    /// or optionals: which tensors they hold must be known at compile time.
+    pub fn check_containers(&self, g: &Graph, node: &Node) -> Result<(), PassError> {
+        let Some((owner, k)) = node.outputs.first().and_then(|o| self.outputs.get(o)) else {
+            return Ok(());
+        };
+        if !node.inputs.iter().flatten().any(|v| g.containers.contains_key(v)) {
+            return Ok(());
+        }
+        Err(PassError::Node {
+            node: owner.clone(),
+            message: format!(
+                "its condition is known only at run time, and output {k} is a sequence or \
+                 optional, whose elements a static graph must know (make the condition \
+                 constant: fix the input shapes it tests, or bind the input with \
+                 --constant-input)"
+            ),
+        })
+    }
+
     /// Checks a node that selects an `If`'s output, once its inputs are inferred: `then` and
     /// `else` have one type, which the one-element condition does not broadcast to more dims.
     pub fn check(&self, node: &Node, inputs: &[&TensorDesc]) -> Result<(), PassError> {
@@ -969,12 +989,12 @@ pub fn forward_copies(g: &mut Graph) {
 fn body_attrs(node: &Node) -> &'static [&'static str] {
     match (node.domain.as_str(), node.op.as_str()) {
         ("", "If") => &["then_branch", "else_branch"],
-        ("", "Loop" | "Scan") => &["body"],
+        ("", "Loop" | "Scan" | "SequenceMap") => &["body"],
         _ => &[],
     }
 }
 
-fn body_of(g: &Graph, node: &Node, attr: &str) -> Result<usize, String> {
+pub(super) fn body_of(g: &Graph, node: &Node, attr: &str) -> Result<usize, String> {
     match node.attrs.get(attr) {
         Some(AttrValue::Int(b)) => usize::try_from(*b).ok().filter(|&b| b < g.bodies.len()),
         _ => None,
@@ -1046,7 +1066,7 @@ fn stack(g: &mut Graph, name: &str, ys: &[ValueId], axis: i64, to: ValueId) -> V
 /// A copy of body `b` for one iteration, its inputs bound to `inputs`: every value its nodes
 /// define (in nested bodies too) gets a fresh value named `{name}@{tag}`; constants are
 /// shared. Returns the copy's nodes and outputs.
-fn instantiate(
+pub(super) fn instantiate(
     g: &mut Graph,
     b: usize,
     inputs: &[ValueId],

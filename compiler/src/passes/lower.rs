@@ -7,7 +7,8 @@
 //! folded by then if it can be, and the nodes that replace it are walked next. A node of
 //! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`), and so is a Slice
 //! whose window starts at a run-time value (`dynamic_slices.rs`). Sequence ops become the
-//! tensor nodes they amount to (`sequences.rs`).
+//! tensor nodes they amount to (`sequences.rs`), and a graph output that is a sequence or
+//! optional the tensors it holds.
 
 use super::{PassError, bounded, control, dynamic_slices, legacy, sequences};
 use crate::ir::{Const, Graph, Node};
@@ -18,9 +19,9 @@ use ingot_ops::{Tensor, TensorDesc, cpu};
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut folded = Vec::with_capacity(g.nodes.len());
     let mut selects = control::Selects::default();
-    let mut lists = sequences::Sequences::default();
     let mut i = 0;
-    while i < g.nodes.len() {
+    // The walk, then again over the `Identity`s that make container outputs tensors.
+    while i < g.nodes.len() || sequences::expose_outputs(g)? {
         control::settle(g, i)?;
         if legacy::settle(g, i)? {
             continue; // a Reshape it inserted at i, walked first
@@ -31,11 +32,12 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             control::expand(g, i, &mut selects)?;
             continue;
         }
-        if sequences::is_sequence_op(&g.nodes[i]) {
-            sequences::expand(g, i, &mut lists)?;
+        if sequences::expands(g, &g.nodes[i]) {
+            sequences::expand(g, i)?;
             continue;
         }
-        lists.check_reader(g, &g.nodes[i])?;
+        selects.check_containers(g, &g.nodes[i])?;
+        sequences::check_reader(g, &g.nodes[i])?;
         // An op that may fill a data-dependent number of rows writes the count as an extra
         // output (`ingot_ops::bounded`), which the model's node does not list.
         let counted = ingot_ops::lookup(&g.nodes[i].op).is_some_and(|d| d.def.bounded.is_some())
@@ -162,7 +164,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         }
         i += 1;
     }
-    lists.check_outputs(g)?;
+    g.containers.clear(); // the graph's outputs are tensors now
     let mut f = folded.iter();
     g.nodes.retain(|_| !*f.next().unwrap_or(&false));
     g.bodies.clear(); // every one was expanded

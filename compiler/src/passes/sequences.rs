@@ -1,26 +1,30 @@
-//! Sequences of tensors, resolved at compile time: the `lower` walk keeps each sequence value
-//! as the list of tensor values it holds, and replaces each sequence op by the tensor nodes it
-//! amounts to (or by nothing). A static graph knows every sequence's length, so a position
-//! must be a constant once shapes are static, as Slice's starts must.
+//! Sequences and optionals, resolved at compile time: the `lower` walk keeps each such value
+//! in `Graph::containers` as the values it holds, and replaces each sequence op by the tensor
+//! nodes it amounts to (or by nothing). A static graph knows every sequence's length, so a
+//! position must be a constant once shapes are static, as Slice's starts must.
 //!
 //! - `SequenceEmpty`, `SequenceConstruct`, `SequenceInsert`, `SequenceErase`: a new list;
 //! - `SequenceAt`: an `Identity` of the element; `SequenceLength`: a constant;
 //! - `ConcatFromSequence`: a `Concat` of the elements (each first `Reshape`d to a new axis of
 //!   one with `new_axis`);
 //! - `SplitToSequence`: a `Slice` per piece (and a `Reshape` that drops the axis without
-//!   `keepdims`).
+//!   `keepdims`);
+//! - `SequenceMap`: its body copied once per element (`control::instantiate`), each copy's
+//!   outputs an element of the output sequences.
 //!
-//! Optionals are lists of none or one: `Optional` makes one, `OptionalHasElement` is a
-//! constant, `OptionalGetElement` an `Identity` of the element (of a plain tensor too).
+//! Optionals hold one value or none: `Optional` makes one, `OptionalHasElement` is a
+//! constant, `OptionalGetElement` the element (a plain tensor or sequence is its own).
+//! `Identity` of a container is the same container.
 //!
-//! Sequences and optionals live only inside the graph: one that is a graph input or output,
-//! or that an op other than these reads, is an error naming it.
+//! At the graph's edges a container is the tensors it holds. The importer gives a sequence
+//! input `x` of n elements the tensor inputs `x[0]` .. `x[n-1]` (`--input-sequence`), and an
+//! absent optional input none (`--absent-input`); [`expose_outputs`] makes a sequence output
+//! `y` the outputs `y[0]` .. and an optional one its element, under its own name, or nothing.
 
-use super::PassError;
-use crate::ir::{Const, Graph, Node, ValueId};
+use super::{PassError, control};
+use crate::ir::{Const, Container, Graph, Node, ValueId};
 use ingot_ops::{Tensor, TensorError};
 use ingot_schema::{AttrValue, Attrs};
-use std::collections::BTreeMap;
 
 /// The ops this file expands.
 pub const OPS: &[&str] = &[
@@ -32,50 +36,97 @@ pub const OPS: &[&str] = &[
     "SequenceLength",
     "ConcatFromSequence",
     "SplitToSequence",
+    "SequenceMap",
     "Optional",
     "OptionalHasElement",
     "OptionalGetElement",
 ];
 
-pub fn is_sequence_op(node: &Node) -> bool {
-    node.domain.is_empty() && OPS.contains(&node.op.as_str())
+/// Whether [`expand`] handles `node`: a sequence op, or an `Identity` of a container.
+pub fn expands(g: &Graph, node: &Node) -> bool {
+    let reads_container =
+        || node.inputs.first().copied().flatten().is_some_and(|v| g.containers.contains_key(&v));
+    node.domain.is_empty()
+        && (OPS.contains(&node.op.as_str()) || (node.op == "Identity" && reads_container()))
 }
 
-/// The sequences the walk has made: each one's elements.
-#[derive(Default)]
-pub struct Sequences(BTreeMap<ValueId, Vec<ValueId>>);
+/// An error if `node`, which [`expand`] does not handle, reads a sequence or optional.
+pub fn check_reader(g: &Graph, node: &Node) -> Result<(), PassError> {
+    match node.inputs.iter().position(|v| v.is_some_and(|v| g.containers.contains_key(&v))) {
+        None => Ok(()),
+        Some(k) => Err(PassError::Node {
+            node: node.label(),
+            message: format!(
+                "input {k} '{}' is a {}, which only the sequence and optional ops read",
+                g.values[node.inputs[k].unwrap_or_default()].name,
+                kind(&g.containers[&node.inputs[k].unwrap_or_default()])
+            ),
+        }),
+    }
+}
 
-impl Sequences {
-    /// An error if `node`, which is not a sequence op, reads a sequence.
-    pub fn check_reader(&self, g: &Graph, node: &Node) -> Result<(), PassError> {
-        match node.inputs.iter().flatten().position(|v| self.0.contains_key(v)) {
-            None => Ok(()),
-            Some(k) => Err(PassError::Node {
-                node: node.label(),
-                message: format!(
-                    "input {k} '{}' is a sequence, which only the sequence ops read",
-                    g.values[node.inputs[k].unwrap_or_default()].name
-                ),
-            }),
+fn kind(c: &Container) -> &'static str {
+    match c {
+        Container::Sequence(_) => "sequence",
+        Container::Optional(_) => "optional",
+    }
+}
+
+/// Makes each graph output that is a container the tensors it holds (see the module's doc),
+/// each written by an `Identity` appended to the graph; whether there were any.
+pub fn expose_outputs(g: &mut Graph) -> Result<bool, PassError> {
+    let held = g.outputs.iter().any(|v| g.containers.contains_key(v));
+    if !held {
+        return Ok(false);
+    }
+    let mut outputs = Vec::new();
+    for v in std::mem::take(&mut g.outputs) {
+        if !g.containers.contains_key(&v) {
+            outputs.push(v);
+            continue;
+        }
+        let name = g.values[v].name.clone();
+        // The container's own value gives its name up to what it holds.
+        g.values[v].name = format!("{name}:held");
+        let mut tensors = Vec::new();
+        flatten(g, v, name, &mut tensors);
+        for (name, element) in tensors {
+            let out = g.add_value(name.clone(), None);
+            g.nodes.push(Node {
+                name: format!("{name}:output"),
+                op: "Identity".into(),
+                domain: String::new(),
+                inputs: vec![Some(element)],
+                outputs: vec![out],
+                attrs: Attrs::new(),
+            });
+            outputs.push(out);
         }
     }
+    g.outputs = outputs;
+    Ok(true)
+}
 
-    /// An error if a graph output is a sequence.
-    pub fn check_outputs(&self, g: &Graph) -> Result<(), PassError> {
-        match g.outputs.iter().find(|v| self.0.contains_key(v)) {
-            None => Ok(()),
-            Some(&v) => Err(PassError::Graph(format!(
-                "graph output '{}' is a sequence: Ingot's outputs are tensors",
-                g.values[v].name
-            ))),
+/// The tensors `v` holds, named from `name`, in order.
+fn flatten(g: &Graph, v: ValueId, name: String, into: &mut Vec<(String, ValueId)>) {
+    match g.containers.get(&v) {
+        None => into.push((name, v)),
+        Some(Container::Optional(None)) => {}
+        Some(Container::Optional(Some(e))) => flatten(g, *e, name, into),
+        Some(Container::Sequence(list)) => {
+            for (i, &e) in list.iter().enumerate() {
+                flatten(g, e, format!("{name}[{i}]"), into);
+            }
         }
     }
+}
 
-    fn list(&self, node: &Node, k: usize) -> Result<Vec<ValueId>, PassError> {
-        let v = node.inputs.get(k).copied().flatten();
-        v.and_then(|v| self.0.get(&v)).cloned().ok_or_else(|| {
-            err(node, format!("input {k} is not a sequence made by the ops before it"))
-        })
+/// The elements of sequence input `k` of `node`.
+fn sequence(g: &Graph, node: &Node, k: usize) -> Result<Vec<ValueId>, PassError> {
+    match node.inputs.get(k).copied().flatten().and_then(|v| g.containers.get(&v)) {
+        Some(Container::Sequence(list)) => Ok(list.clone()),
+        Some(c) => Err(err(node, format!("input {k} is an {}, not a sequence", kind(c)))),
+        None => Err(err(node, format!("input {k} is not a sequence made by the ops before it"))),
     }
 }
 
@@ -83,47 +134,47 @@ fn err(node: &Node, message: String) -> PassError {
     PassError::Node { node: node.label(), message }
 }
 
-/// Replaces the sequence op at `g.nodes[at]` by the tensor nodes it amounts to, walked next.
-pub fn expand(g: &mut Graph, at: usize, seqs: &mut Sequences) -> Result<(), PassError> {
+/// Replaces the node at `g.nodes[at]`, which [`expands`], by the tensor nodes it amounts to,
+/// walked next.
+pub fn expand(g: &mut Graph, at: usize) -> Result<(), PassError> {
     let node = g.nodes.remove(at);
     let mut made = Made { g, at, name: node.name.clone(), count: 0 };
     let out = *node.outputs.first().ok_or_else(|| err(&node, "it has no output".into()))?;
     let int = |name: &str, default: i64| node.attrs.int_or(name, default);
     let int = |name: &str, default: i64| int(name, default).map_err(|e| err(&node, e.to_string()));
-    let list = match node.op.as_str() {
-        "SequenceEmpty" => Vec::new(),
-        "SequenceConstruct" => node
-            .inputs
-            .iter()
-            .map(|v| v.ok_or_else(|| err(&node, "an omitted input".into())))
-            .collect::<Result<_, _>>()?,
+    let input = |k: usize| node.inputs.get(k).copied().flatten();
+    let held = match node.op.as_str() {
+        "SequenceEmpty" => Container::Sequence(Vec::new()),
+        "SequenceConstruct" => Container::Sequence(
+            node.inputs
+                .iter()
+                .map(|v| v.ok_or_else(|| err(&node, "an omitted input".into())))
+                .collect::<Result<_, _>>()?,
+        ),
         "SequenceInsert" => {
-            let mut list = seqs.list(&node, 0)?;
-            let t = node.inputs.get(1).copied().flatten();
-            let t = t.ok_or_else(|| err(&node, "the tensor to insert is missing".into()))?;
+            let mut list = sequence(made.g, &node, 0)?;
+            let t = input(1).ok_or_else(|| err(&node, "the tensor to insert is missing".into()))?;
             let at = position(made.g, &node, 2, list.len(), list.len() as i64, true)?;
             list.insert(at, t);
-            list
+            Container::Sequence(list)
         }
         "SequenceErase" => {
-            let mut list = seqs.list(&node, 0)?;
+            let mut list = sequence(made.g, &node, 0)?;
             let at = position(made.g, &node, 1, list.len(), -1, false)?;
             list.remove(at);
-            list
+            Container::Sequence(list)
         }
         "SequenceAt" => {
-            let list = seqs.list(&node, 0)?;
+            let list = sequence(made.g, &node, 0)?;
             let at = position(made.g, &node, 1, list.len(), i64::MIN, false)?;
-            made.node("Identity", vec![list[at]], Attrs::new(), Some(out));
-            return Ok(());
+            return made.alias(out, list[at]);
         }
         "SequenceLength" => {
-            let n = seqs.list(&node, 0)?.len() as i64;
-            made.constant(out, Tensor::from_vec(Vec::new(), &[n]))?;
-            return Ok(());
+            let n = sequence(made.g, &node, 0)?.len() as i64;
+            return made.constant(out, Tensor::from_vec(Vec::new(), &[n]));
         }
         "ConcatFromSequence" => {
-            let list = seqs.list(&node, 0)?;
+            let list = sequence(made.g, &node, 0)?;
             let first = list.first().and_then(|&v| made.g.ty(v)).cloned();
             let first = first.ok_or_else(|| err(&node, "the sequence is empty".into()))?;
             let new_axis = int("new_axis", 0)? != 0;
@@ -147,30 +198,89 @@ pub fn expand(g: &mut Graph, at: usize, seqs: &mut Sequences) -> Result<(), Pass
             made.node("Concat", parts, attrs, Some(out));
             return Ok(());
         }
-        "SplitToSequence" => split(&mut made, &node)?,
-        "Optional" => node.inputs.iter().flatten().copied().collect(),
+        "SplitToSequence" => Container::Sequence(split(&mut made, &node)?),
+        "SequenceMap" => return map(&mut made, &node),
+        "Optional" => Container::Optional(input(0)),
         "OptionalHasElement" => {
-            let has = match node.inputs.first().copied().flatten() {
+            let has = match input(0) {
                 None => false,
-                Some(v) => seqs.0.get(&v).is_none_or(|list| !list.is_empty()),
+                Some(v) => made.g.containers.get(&v) != Some(&Container::Optional(None)),
             };
-            made.constant(out, Tensor::from_bools(Vec::new(), &[has]))?;
-            return Ok(());
+            return made.constant(out, Tensor::from_bools(Vec::new(), &[has]));
         }
         "OptionalGetElement" => {
-            let v = node.inputs.first().copied().flatten();
-            let v = v.ok_or_else(|| err(&node, "its input is missing".into()))?;
-            let element = match seqs.0.get(&v).map(Vec::as_slice) {
-                None => v,
-                Some(&[element]) => element,
-                Some(_) => return Err(err(&node, "the optional holds no element".into())),
+            let v = input(0).ok_or_else(|| err(&node, "its input is missing".into()))?;
+            let element = match made.g.containers.get(&v) {
+                Some(Container::Optional(Some(e))) => *e,
+                Some(Container::Optional(None)) => {
+                    return Err(err(&node, "the optional holds no element".into()));
+                }
+                _ => v, // a tensor or a sequence is its own element
             };
-            made.node("Identity", vec![element], Attrs::new(), Some(out));
-            return Ok(());
+            return made.alias(out, element);
+        }
+        "Identity" => {
+            let v = input(0).ok_or_else(|| err(&node, "its input is missing".into()))?;
+            return made.alias(out, v);
         }
         op => return Err(err(&node, format!("{op} is not a sequence op"))),
     };
-    seqs.0.insert(out, list);
+    made.g.containers.insert(out, held);
+    Ok(())
+}
+
+/// SequenceMap: its body once per element of the first input, reading element i of each
+/// sequence input and the whole of each tensor one; output j is the sequence of the copies'
+/// output j.
+fn map(made: &mut Made, node: &Node) -> Result<(), PassError> {
+    let b = control::body_of(made.g, node, "body").map_err(|m| err(node, m))?;
+    let own = made.g.bodies[b].inputs.len();
+    let outputs = made.g.bodies[b].outputs.len();
+    if own == 0 || own > node.inputs.len() || outputs != node.outputs.len() {
+        return Err(err(
+            node,
+            format!(
+                "its body takes {own} inputs and gives {outputs}; the node has {} and {}",
+                node.inputs.len(),
+                node.outputs.len()
+            ),
+        ));
+    }
+    let n = sequence(made.g, node, 0)?.len();
+    let mut reads = Vec::with_capacity(own);
+    for k in 0..own {
+        let v = node.inputs[k].ok_or_else(|| err(node, format!("input {k} is missing")))?;
+        reads.push(match made.g.containers.get(&v) {
+            Some(Container::Sequence(list)) if list.len() == n => Some(list.clone()),
+            Some(Container::Sequence(list)) => {
+                return Err(err(
+                    node,
+                    format!("input {k} holds {} elements, input 0 holds {n}", list.len()),
+                ));
+            }
+            Some(Container::Optional(_)) => {
+                return Err(err(node, format!("input {k} is an optional")));
+            }
+            None => None,
+        });
+    }
+    let mut lists = vec![Vec::with_capacity(n); outputs];
+    for i in 0..n {
+        let inputs: Vec<ValueId> = (0..own)
+            .map(|k| reads[k].as_ref().map_or(node.inputs[k].unwrap_or_default(), |l| l[i]))
+            .collect();
+        let (nodes, outs) = control::instantiate(made.g, b, &inputs, &format!("{}#{i}", made.name));
+        for n in nodes {
+            made.g.nodes.insert(made.at, n);
+            made.at += 1;
+        }
+        for (list, o) in lists.iter_mut().zip(outs) {
+            list.push(o);
+        }
+    }
+    for (&out, list) in node.outputs.iter().zip(lists) {
+        made.g.containers.insert(out, Container::Sequence(list));
+    }
     Ok(())
 }
 
@@ -204,6 +314,19 @@ impl Made<'_> {
         self.g.nodes.insert(self.at, node);
         (self.at, self.count) = (self.at + 1, self.count + 1);
         out
+    }
+
+    /// Makes `out` the value `v` is: the same container, or an `Identity` of the tensor.
+    fn alias(&mut self, out: ValueId, v: ValueId) -> Result<(), PassError> {
+        match self.g.containers.get(&v).cloned() {
+            Some(held) => {
+                self.g.containers.insert(out, held);
+            }
+            None => {
+                self.node("Identity", vec![v], Attrs::new(), Some(out));
+            }
+        }
+        Ok(())
     }
 
     /// Makes `out`, which no node writes now, the constant `t`.
@@ -446,6 +569,39 @@ mod tests {
     }
 
     #[test]
+    fn container_outputs_are_the_tensors_they_hold() {
+        // y = [x, relu(x)] gives outputs y[0] and y[1]; o = Optional(relu(x)) its element,
+        // named o; an empty optional nothing. An optional holding a sequence is the sequence,
+        // and an Identity of a container the same container.
+        let mut b = Builder::new();
+        let x = b.input("x", &[3]);
+        let r = b.op("Relu", &[x]);
+        let y = b.node("SequenceConstruct", &[x, r], Attrs::new());
+        let o = b.node("Optional", &[r], Attrs::new());
+        let none = b.node("Optional", &[], Attrs::new());
+        let held = b.node("Optional", &[y], Attrs::new());
+        let s = b.node("OptionalGetElement", &[held], Attrs::new());
+        let s = b.node("Identity", &[s], Attrs::new());
+        for (v, name) in [(y, "y"), (o, "o"), (none, "n"), (s, "s")] {
+            b.g.values[v].name = name.into();
+        }
+        b.g.outputs = vec![y, o, none, s];
+        let mut g = b.g;
+        super::super::lower::run(&mut g).unwrap();
+        crate::ir::check(&g).unwrap();
+        let names: Vec<&str> = g.outputs.iter().map(|&v| g.values[v].name.as_str()).collect();
+        assert_eq!(names, ["y[0]", "y[1]", "o", "s[0]", "s[1]"]);
+        assert!(g.containers.is_empty());
+        let xs = [-1.0f32, 0.5, 2.0];
+        let got = evaluate(&g, &[Tensor::from_vec(vec![3], &xs).unwrap()]);
+        let relu = [0.0f32, 0.5, 2.0];
+        let want: [&[f32]; 5] = [&xs, &relu, &relu, &xs, &relu];
+        for (got, want) in got.iter().zip(want) {
+            assert_eq!(got.as_slice::<f32>().unwrap(), want);
+        }
+    }
+
+    #[test]
     fn what_a_static_graph_cannot_hold_is_an_error_naming_it() {
         // A position computed at run time.
         let mut b = Builder::new();
@@ -456,18 +612,20 @@ mod tests {
         let at = b.node("SequenceAt", &[seq, pos], Attrs::new());
         let e = lowered(b, at).unwrap_err();
         assert!(e.contains("SequenceAt") && e.contains("must be a constant"), "{e}");
-        // A sequence as a graph output, and one read by a tensor op.
-        let mut b = Builder::new();
-        let x = b.input("x", &[2]);
-        let seq = b.node("SequenceConstruct", &[x], Attrs::new());
-        let e = lowered(b, seq).unwrap_err();
-        assert!(e.contains("is a sequence: Ingot's outputs are tensors"), "{e}");
+        // A sequence read by a tensor op.
         let mut b = Builder::new();
         let x = b.input("x", &[2]);
         let seq = b.node("SequenceConstruct", &[x], Attrs::new());
         let y = b.node("Relu", &[seq], Attrs::new());
         let e = lowered(b, y).unwrap_err();
         assert!(e.contains("Relu") && e.contains("is a sequence, which only"), "{e}");
+        // An optional's element read as a sequence.
+        let mut b = Builder::new();
+        let x = b.input("x", &[2]);
+        let opt = b.node("Optional", &[x], Attrs::new());
+        let n = b.node("SequenceLength", &[opt], Attrs::new());
+        let e = lowered(b, n).unwrap_err();
+        assert!(e.contains("input 0 is an optional, not a sequence"), "{e}");
         // Past the end.
         let mut b = Builder::new();
         let x = b.input("x", &[2]);
