@@ -39,6 +39,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         // Lowering renames Scatter; the kernel is the same.
         "ScatterElements" | "Scatter" => index::scatter_elements(cx),
         "OneHot" => index::one_hot(cx),
+        "TensorScatter" => index::tensor_scatter(cx),
         "ReverseSequence" => index::reverse_sequence(cx),
         "Trilu" => numeric::trilu(cx),
         "CumSum" | "CumProd" => numeric::cumulative(cx),

@@ -1,7 +1,9 @@
 //! Index ops. Canonical attributes: Gather, GatherElements and ScatterElements `axis`;
 //! GatherND `batch_dims`; ScatterND and ScatterElements `reduction`;
 //! OneHot `axis` (against the output rank) and `depth`, its inputs reduced to
-//! `[indices, values]`; ReverseSequence `time_axis`, `batch_axis` (0 and 1).
+//! `[indices, values]`; ReverseSequence `time_axis`, `batch_axis` (0 and 1); TensorScatter
+//! `axis` (at least 1: axis 0 is the batch) and `mode` (`linear` or `circular`), its
+//! `write_indices` present or omitted (every batch writes at 0).
 
 use super::{arg, axis_attr, keep_inputs};
 use crate::Node;
@@ -106,6 +108,55 @@ pub(super) fn infer_scatter(_: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<Te
         return Err(op_err!("updates are {}, data {}", updates.dtype, data.dtype));
     }
     Ok(vec![data.clone()])
+}
+
+pub(super) fn lower_tensor_scatter(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    lower_axis(node, cx, -2, 0)?;
+    if node.attrs.int("axis")? == 0 {
+        return Err(op_err!("axis 0 is the batch axis; the sequence axis must come after it"));
+    }
+    let mode = node.attrs.text_or("mode", "linear")?.to_string();
+    if !matches!(mode.as_str(), "linear" | "circular") {
+        return Err(op_err!("mode {mode} is unknown (linear or circular)"));
+    }
+    node.attrs.set("mode", AttrValue::Text(mode));
+    if node.inputs.len() == 3 && node.inputs[2].is_none() {
+        node.inputs.pop();
+    }
+    Ok(())
+}
+
+/// The cache `[batch, .., max, ..]` with `update` `[batch, .., seq, ..]` written along the
+/// axis at each batch's write index.
+pub(super) fn infer_tensor_scatter(
+    node: &Node,
+    inputs: &[&TensorDesc],
+) -> OpResult<Vec<TensorDesc>> {
+    let (cache, update) = (arg(inputs, 0)?, arg(inputs, 1)?);
+    let axis = axis_attr(node, cache.shape.len())?;
+    let fits = update.shape.len() == cache.shape.len()
+        && (update.shape.iter().zip(&cache.shape).enumerate())
+            .all(|(i, (&u, &c))| if i == axis { u <= c } else { u == c });
+    if update.dtype != cache.dtype || !fits {
+        return Err(op_err!(
+            "the update {} {:?} does not fit the cache {} {:?} along axis {axis}",
+            update.dtype,
+            update.shape,
+            cache.dtype,
+            cache.shape
+        ));
+    }
+    if let Some(w) = inputs.get(2)
+        && (w.dtype != DType::I64 || w.shape != [cache.shape[0]])
+    {
+        return Err(op_err!(
+            "write_indices must be int64 [{}], one per batch, not {} {:?}",
+            cache.shape[0],
+            w.dtype,
+            w.shape
+        ));
+    }
+    Ok(vec![cache.clone()])
 }
 
 pub(super) fn lower_one_hot(node: &mut Node, cx: &LowerCx) -> OpResult<()> {

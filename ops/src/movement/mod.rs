@@ -72,6 +72,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("ScatterElements", index::lower_scatter_elements, index::infer_scatter),
     OpDef::new("Scatter", index::lower_scatter, index::infer_scatter)
         .cpu_only("lowering turns Scatter into ScatterElements"),
+    OpDef::new("TensorScatter", index::lower_tensor_scatter, index::infer_tensor_scatter),
     OpDef::new("OneHot", index::lower_one_hot, index::infer_one_hot),
     OpDef::new("ReverseSequence", index::lower_reverse_sequence, infer_same)
         .cpu_only("no Vulkan kernel yet: its steps run on the CPU, as a submodel of their own"),

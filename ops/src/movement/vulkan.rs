@@ -32,11 +32,12 @@ static CUMSUM: Wgsl = wgsl!("movement/cumsum.wgsl");
 static ONE_HOT: Wgsl = wgsl!("movement/one_hot.wgsl");
 static SCATTER: Wgsl = wgsl!("movement/scatter.wgsl");
 static CONCAT_BYTES: Wgsl = wgsl!("movement/concat_bytes.wgsl");
+static TENSOR_SCATTER: Wgsl = wgsl!("movement/tensor_scatter.wgsl");
 
 /// The family's kernel files.
 #[cfg(test)]
-static FILES: [&Wgsl; 8] =
-    [&COPY, &PAD, &GATHER_ND, &TRILU, &CUMSUM, &ONE_HOT, &SCATTER, &CONCAT_BYTES];
+static FILES: [&Wgsl; 9] =
+    [&COPY, &PAD, &GATHER_ND, &TRILU, &CUMSUM, &ONE_HOT, &SCATTER, &CONCAT_BYTES, &TENSOR_SCATTER];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum PadMode {
@@ -303,6 +304,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         "CumSum" | "CumProd" => return cumulative(cx),
         "OneHot" => return one_hot(cx),
         "ScatterND" | "ScatterElements" => return scatter(cx),
+        "TensorScatter" => return tensor_scatter(cx),
         _ => {}
     }
     let dt = x.desc.dtype;
@@ -794,6 +796,50 @@ fn one_hot(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let spec = Spec::new(&ONE_HOT).set("UNITS", units).set("INDEX", index);
     let params = vec![count as u32, depth as u32, inner as u32];
     launch(spec, format!("onehot_{count}"), count, &[], bindings, params)
+}
+
+/// TensorScatter: one gather per output word, from the update or the cache.
+fn tensor_scatter(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let (cache, update) = match cx.inputs {
+        [cache, update] | [cache, update, _] => (cache, update),
+        _ => return Err(no_kernel!("TensorScatter with {} inputs", cx.inputs.len())),
+    };
+    let y = &cx.outputs[0];
+    let shape = &cache.desc.shape;
+    let axis = axis_attr(cx, shape.len())?;
+    if axis == 0 || update.desc.dtype != cache.desc.dtype || y.desc != cache.desc {
+        return Err(no_kernel!("TensorScatter of {:?} into {:?}", update.desc, cache.desc));
+    }
+    let units = match cache.desc.dtype.size() {
+        4 => 1u32,
+        8 => 2,
+        _ => return Err(cx.dtype(cache.desc.dtype)),
+    };
+    let circular = match cx.attrs.text("mode").map_err(|e| no_kernel!("TensorScatter: {e}"))? {
+        "linear" => false,
+        "circular" => true,
+        mode => return Err(no_kernel!("TensorScatter mode {mode}")),
+    };
+    let indices = cx.inputs.len() == 3;
+    let mut bindings = vec![
+        Binding::input("x", 0, "u32"),
+        Binding::input("u", 1, "u32"),
+        Binding::output("y", 0, "u32"),
+    ];
+    if indices {
+        bindings.push(Binding::input("w", 2, "u32"));
+    }
+    bindable(cx, &bindings)?;
+    let inner = shape[axis + 1..].iter().product::<usize>() as u32;
+    let (rows, seq) = (shape[axis] as u32, update.desc.shape[axis] as u32);
+    let per_batch = shape[1..axis].iter().product::<usize>() as u32;
+    let count = y.desc.elements() as u64 * u64::from(units);
+    let spec = Spec::new(&TENSOR_SCATTER)
+        .set("UNITS", units)
+        .set("CIRCULAR", circular)
+        .set("INDICES", indices);
+    let params = vec![count as u32, inner, rows, seq, per_batch];
+    launch(spec, format!("tensor_scatter_{count}"), count, &[inner, rows], bindings, params)
 }
 
 /// ScatterND and ScatterElements: the data copied to the output, then each update written
@@ -1575,6 +1621,20 @@ mod tests {
                 .with("reduction", AttrValue::Text(r.into()))
                 .with("axis", AttrValue::Int(axis))
         };
+        // TensorScatter: the write indices bound last, and only where the step has them.
+        for (mode, dt) in [("linear", DType::F32), ("circular", DType::I64)] {
+            let attrs = Attrs::new()
+                .with("axis", AttrValue::Int(2))
+                .with("mode", AttrValue::Text(mode.into()));
+            let (cache, update) = (t(dt, &[2, 3, 8, 4], 0), t(dt, &[2, 3, 2, 4], 1536));
+            let with = [cache.clone(), update.clone(), t(DType::I64, &[2], 2048)];
+            let d = lower_ok("TensorScatter", &attrs, &with, &[t(dt, &[2, 3, 8, 4], 4096)]);
+            assert_eq!(d[0].bindings.len(), 4);
+            add(&format!("tensor scatter {mode} {dt}"), d);
+            let d =
+                lower_ok("TensorScatter", &attrs, &[cache, update], &[t(dt, &[2, 3, 8, 4], 4096)]);
+            assert_eq!(d[0].bindings.len(), 3);
+        }
         let nd = [f32s(&[4, 3], 0), t(DType::I64, &[2, 1], 64), f32s(&[2, 3], 128)];
         let d = lower_ok("ScatterND", &reduction("none", 0), &nd, &[f32s(&[4, 3], 256)]);
         assert_eq!(d.len(), 2, "copy, then scatter");

@@ -1,5 +1,5 @@
 //! Ops driven by an index tensor read at run time: Gather, GatherElements, GatherND, ScatterND,
-//! ScatterElements, OneHot, ReverseSequence. Indices are checked as they are read; a bad one is
+//! ScatterElements, TensorScatter, OneHot, ReverseSequence. Indices are checked as they are read; a bad one is
 //! an error.
 
 use super::{
@@ -264,6 +264,106 @@ pub(super) fn scatter_elements(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError
         dtype: data.dtype,
         scatter: Some(reduction),
     }))
+}
+
+// ---- TensorScatter ----
+
+/// The cache `[outer, max, inner]` (outer: the batch and the dims before the axis, `per_batch`
+/// of them to a batch) with the update `[outer, seq, inner]` written from each batch's write
+/// index on: in order, or modulo `max` when `circular`. Rows are `row` bytes.
+struct TensorScatter {
+    outer: usize,
+    per_batch: usize,
+    max: usize,
+    seq: usize,
+    row: usize,
+    circular: bool,
+}
+
+pub(super) fn tensor_scatter(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
+    cx.expect_arity(2..=3, 1)?;
+    let (cache, update) = (&cx.inputs[0], &cx.inputs[1]);
+    let axis = axis_attr(cx, cache.shape.len())?;
+    let fits = axis > 0
+        && update.dtype == cache.dtype
+        && update.shape.len() == cache.shape.len()
+        && (update.shape.iter().zip(&cache.shape).enumerate())
+            .all(|(i, (&u, &c))| if i == axis { u <= c } else { u == c });
+    if !fits {
+        return Err(invalid!("TensorScatter of {update:?} into {cache:?} along axis {axis}"));
+    }
+    if let Some(w) = cx.inputs.get(2)
+        && (w.dtype != DType::I64 || w.shape != [cache.shape[0]])
+    {
+        return Err(invalid!("TensorScatter write_indices {w:?}"));
+    }
+    expect_output(cx, cache.dtype, &cache.shape)?;
+    let circular = match cx.attrs.text("mode")? {
+        "linear" => false,
+        "circular" => true,
+        mode => return Err(invalid!("TensorScatter mode {mode}")),
+    };
+    let inner = cache.shape[axis + 1..].iter().product::<usize>();
+    Ok(Box::new(TensorScatter {
+        outer: cache.shape[..axis].iter().product(),
+        per_batch: cache.shape[1..axis].iter().product(),
+        max: cache.shape[axis],
+        seq: update.shape[axis],
+        row: inner * cache.dtype.size(),
+        circular,
+    }))
+}
+
+impl TensorScatter {
+    /// Where each batch writes its first row; an index that would write past the cache in
+    /// linear mode, or a negative one, is an error.
+    fn starts(&self, inputs: &[TensorRef]) -> Result<Vec<usize>, KernelError> {
+        let batches = self.outer / self.per_batch.max(1);
+        let given = match inputs.len() {
+            3 => read_ints(inputs, 2, batches)?,
+            _ => vec![0; batches],
+        };
+        let fits = |&w: &i64| {
+            usize::try_from(w).ok().filter(|&w| self.circular || w + self.seq <= self.max)
+        };
+        given
+            .iter()
+            .map(|w| {
+                fits(w).ok_or_else(|| {
+                    KernelError::Data(format!(
+                        "TensorScatter write index {w} with {} rows does not fit a cache of {}",
+                        self.seq, self.max
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Writes the update's rows over the cache's bytes `y`.
+    fn write(&self, starts: &[usize], update: &[u8], y: &mut [u8]) {
+        let r = self.row;
+        for o in 0..self.outer {
+            let start = starts[o / self.per_batch.max(1)];
+            for s in 0..self.seq {
+                let j = if self.circular { (start + s) % self.max } else { start + s };
+                let (from, to) = ((o * self.seq + s) * r, (o * self.max + j) * r);
+                y[to..to + r].copy_from_slice(&update[from..from + r]);
+            }
+        }
+    }
+}
+
+impl Kernel for TensorScatter {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let bytes = self.outer * self.max * self.row;
+        let cache = input(inputs, 0, bytes)?;
+        let update = input(inputs, 1, self.outer * self.seq * self.row)?;
+        let starts = self.starts(inputs)?;
+        let y = output(outputs, 0, bytes)?;
+        y.copy_from_slice(cache);
+        self.write(&starts, update, y);
+        Ok(())
+    }
 }
 
 // ---- GatherND and ScatterND ----

@@ -290,6 +290,31 @@ fn gather_nd_and_scatter_nd() {
     assert_eq!(out[0].as_slice::<f32>().unwrap(), [2.0, 1.1, 0.0, 1.0, 0.0, 2.2, 0.0, 2.1, 1.2]);
 }
 
+/// TensorScatter of a [2, 1, 4, 1] cache (rows 0..8) by a [2, 1, 2, 1] update (rows 90..93).
+#[test]
+fn tensor_scatter_writes_rows_from_each_batchs_index() {
+    let cache = arange(&[2, 1, 4, 1]);
+    let update = Tensor::from_vec(vec![2, 1, 2, 1], &[90.0f32, 91.0, 92.0, 93.0]).unwrap();
+    let scatter = |mode: &str, write: Option<&[i64]>| {
+        let a = attrs(&[("axis", AttrValue::Int(2)), ("mode", AttrValue::Text(mode.into()))]);
+        let w = write.map(|w| i64s(&[2], w));
+        let mut inputs = vec![&cache, &update];
+        inputs.extend(w.as_ref());
+        eval("TensorScatter", &a, &inputs, &[f32_desc(&[2, 1, 4, 1])])
+            .map(|o| o[0].as_slice::<f32>().unwrap().iter().map(|&v| v as i64).collect::<Vec<_>>())
+    };
+    assert_eq!(scatter("linear", Some(&[1, 2])).unwrap(), [0, 90, 91, 3, 4, 5, 92, 93]);
+    // Without write indices every batch writes at 0.
+    assert_eq!(scatter("linear", None).unwrap(), [90, 91, 2, 3, 92, 93, 6, 7]);
+    // Circular: batch 0 from row 3 wraps to row 0; batch 1 from 5 is row 1.
+    assert_eq!(scatter("circular", Some(&[3, 5])).unwrap(), [91, 1, 2, 90, 4, 92, 93, 7]);
+    // A linear write past the cache, or a negative index, is an error naming it.
+    for bad in [[3, 0], [0, -1]] {
+        let e = scatter("linear", Some(&bad)).unwrap_err().to_string();
+        assert!(e.contains("does not fit a cache of 4"), "{e}");
+    }
+}
+
 #[test]
 fn one_hot_trilu_cumsum() {
     // OneHot of [1, -1, 5] with depth 3 on axis 1 (by hand): -1 is 2, 5 is all off.
