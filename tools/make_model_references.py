@@ -51,6 +51,11 @@ Cases, each with the capability it covers:
 - llama_prefill, llama_decode: a LLaMA-style decoder as an opset-23 exporter writes it
   (tools/make_llama_models.py): RMSNormalization, RotaryEmbedding and one Attention node per
   layer, causal; the decode step attends over a seeded cache and returns present_key/value.
+- genai_llm_prefill, genai_llm_decode: onnx-genai's one-layer LLM at opset 24 (a fixture of
+  its engine, as the mobius builder writes models for ONNX GenAI runtimes): Attention with
+  nonpad_kv_seqlen over a static [1, 16, 16] KV cache that TensorScatter writes at
+  write_indices, RMSNormalization and ONNX Runtime's SkipSimplifiedLayerNormalization. The
+  prefill writes 3 tokens at row 2 of a seeded cache; the decode step 1 token at row 9.
 - decoder_exported: the same graph as older exporters write it (tools/make_exported_models.py:
   LayerNormalization and RMSNorm as their ReduceMean chains in three spellings, GELU in its
   Erf and tanh forms), which Ingot rewrites into whole ops.
@@ -173,6 +178,21 @@ def decode_step(seed: int):
     return case
 
 
+def cached(tokens: int, at: int, seed: int):
+    """`tokens` token ids written at row `at` of seeded KV caches, attending to rows 0..at+tokens."""
+
+    def case(sess: ort.InferenceSession):
+        rng = np.random.default_rng(seed)
+        inputs = {"input_ids": rng.integers(0, 32, (1, tokens)).astype(np.int64)}
+        for name in ("key_cache.0", "value_cache.0"):
+            inputs[name] = rng.standard_normal((1, 16, 16)).astype(np.float32)
+        inputs["write_indices"] = np.array([at], np.int64)
+        inputs["nonpad_kv_seqlen"] = np.array([at + tokens], np.int64)
+        return inputs, {}
+
+    return case
+
+
 CASES = {
     "silero_vad_16k": silero("silero_vad.onnx", 16000, 1),
     "silero_vad_8k": silero("silero_vad.onnx", 8000, 2),
@@ -193,6 +213,8 @@ CASES = {
     "decoder_exported": ("prefill_exported.onnx", tokens(9)),
     "llama_prefill": ("llama_prefill.onnx", tokens(14)),
     "llama_decode": ("llama_decode.onnx", decode_step(15)),
+    "genai_llm_prefill": ("genai_llm.onnx", cached(3, 2, 20)),
+    "genai_llm_decode": ("genai_llm.onnx", cached(1, 9, 21)),
     "gpr_rbf": ("gpr_rbf.onnx", rows(64, 8, 12)),
     "gpr_rational": ("gpr_rational.onnx", rows(64, 5, 13)),
 }

@@ -10,7 +10,8 @@
 #                  decoder in float16
 #                  (tools/make_half_models.py); two scikit-learn Gaussian processes as
 #                  skl2onnx converts them (tools/make_sklearn_models.py); a LLaMA-style
-#                  decoder at opset 23, prefill and decode (tools/make_llama_models.py)
+#                  decoder at opset 23, prefill and decode (tools/make_llama_models.py);
+#                  onnx-genai's opset-24 LLM, from protobuf text (tools/textproto_model.py)
 #   references/    seeded PP-OCR inputs and ONNX Runtime outputs (.npy) + manifest.txt;
 #                  references/models/: the other real models' cases, the same way
 #   onnx-tests/    the ONNX backend test suites: node (generated), pytorch-*, light, simple
@@ -43,6 +44,7 @@ if ! "$py" -c "$check_pins" "${pins[@]}" 2>/dev/null; then
 fi
 
 bash tools/fetch_models.sh "$target/models"
+"$py" tools/textproto_model.py "$target/models/genai_llm.onnx.textproto" "$target/models/genai_llm.onnx"
 "$py" tools/make_references.py --models "$target/models" --out "$target/references"
 "$py" tools/gen_onnx_tests.py --out "$target/onnx-tests"
 "$py" tools/make_decoder.py --out "$target/decoder"

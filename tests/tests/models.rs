@@ -54,11 +54,13 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
 }
 
 /// Cases whose every submodel has Vulkan kernels: their Vulkan run must not use the CPU
-/// (opset 23's Attention, RMSNormalization and RotaryEmbedding; convs of int8 weights and
+/// (opset 23's Attention, RMSNormalization and RotaryEmbedding; opset 24's TensorScatter; convs of int8 weights and
 /// their post-ops; dynamic quantization's DynamicQuantizeLinear and ConvInteger).
 const ALL_ON_VULKAN_CASES: &[&str] = &[
     "llama_prefill",
     "llama_decode",
+    "genai_llm_prefill",
+    "genai_llm_decode",
     "yolov8n_320_weights_int8",
     "det_224_weights_int8",
     "yolov8n_320_dynamic",

@@ -853,7 +853,8 @@ fn unsupported_nodes(
         } else {
             format!("node '{}'", n.name)
         };
-        let expanded = domain.is_empty() && is_expanded(&n.op_type);
+        let expanded = (domain.is_empty() && is_expanded(&n.op_type))
+            || crate::passes::contrib::is_restated(domain, &n.op_type);
         if is_constant_node(n) || expanded || supported(domain, &n.op_type) {
             for a in &n.attribute {
                 if let Some(sub) = a.g.as_ref() {

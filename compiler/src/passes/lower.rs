@@ -6,11 +6,12 @@
 //! An `If`, `Loop` or `Scan` is expanded in place when the walk reaches it (`control.rs`), its condition
 //! folded by then if it can be, and the nodes that replace it are walked next. A node of
 //! opset 6 whose meaning opset 7 changed is restated first (`legacy.rs`), and so is a Slice
-//! whose window starts at a run-time value (`dynamic_slices.rs`). Sequence ops become the
+//! whose window starts at a run-time value (`dynamic_slices.rs`), and so is a contrib op of
+//! ONNX Runtime's that standard ops say (`contrib.rs`). Sequence ops become the
 //! tensor nodes they amount to (`sequences.rs`), and a graph output that is a sequence or
 //! optional the tensors it holds.
 
-use super::{PassError, bounded, control, dynamic_slices, legacy, sequences};
+use super::{PassError, bounded, contrib, control, dynamic_slices, legacy, sequences};
 use crate::ir::{Const, Graph, Node};
 use crate::onnx::checked_bytes;
 use ingot_ops::lower::{LowerCx, OpError};
@@ -23,6 +24,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     // The walk, then again over the `Identity`s that make container outputs tensors.
     while i < g.nodes.len() || sequences::expose_outputs(g)? {
         control::settle(g, i)?;
+        contrib::settle(g, i)?;
         if legacy::settle(g, i)? {
             continue; // a Reshape it inserted at i, walked first
         }

@@ -5,6 +5,7 @@ use crate::ir::{self, Graph};
 
 mod bounded;
 mod channel_scales;
+pub(crate) mod contrib;
 mod control;
 mod dce;
 mod dequantize;
