@@ -1,13 +1,18 @@
-//! Pooling: MaxPool, AveragePool, LpPool and their Global forms. Attribute defaults and shape
-//! rules; the kernels are in `ops/src/pool/cpu.rs`.
+//! Pooling: MaxPool, AveragePool, LpPool and their Global forms, and RoiAlign (a pool over
+//! each region of interest, `roi_align.rs`). Attribute defaults and shape rules; the kernels
+//! are in `ops/src/pool/cpu.rs`.
 //!
 //! Canonical attributes are exactly what the kernels read: `kernel_shape`, `strides`,
 //! `dilations`, explicit `pads` (auto_pad resolved, as for Conv) and `ceil_mode` (0 whenever
 //! auto_pad chose the pads: the SAME and VALID output sizes are the floor ones), plus
 //! MaxPool's `storage_order`, AveragePool's `count_include_pad` and LpPool's and
-//! GlobalLpPool's `p`. GlobalAveragePool and GlobalMaxPool have none.
+//! GlobalLpPool's `p`. GlobalAveragePool and GlobalMaxPool have none. RoiAlign's are
+//! `coordinate_transformation_mode` (opset 10's implied `output_half_pixel`, else the model's
+//! or `half_pixel`), `mode`, `output_height`, `output_width`, `sampling_ratio` and
+//! `spatial_scale`, all explicit.
 
 pub(crate) mod cpu;
+pub(crate) mod roi_align;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 
@@ -33,6 +38,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("GlobalMaxPool", lower_global, infer_global),
     OpDef::new("GlobalAveragePool", lower_global, infer_global),
     OpDef::new("GlobalLpPool", lower_global, infer_global),
+    OpDef::new("RoiAlign", roi_align::lower, roi_align::infer),
 ];
 
 /// X's spatial extents: X is [N, C, D1, ..] with at least one spatial dim.

@@ -10,7 +10,8 @@
 //! inside the input or its padding: in ceil mode a window may run past the end padding, and
 //! those taps count for nothing, as on the CPU. The global pools are reductions over the
 //! spatial axes ([`super::reduce::Reduction`]). MaxPool's Indices output is written as two u32
-//! words per int64; int8/uint8 MaxPool has no kernel.
+//! words per int64; int8/uint8 MaxPool has no kernel. RoiAlign runs `roi_align.wgsl`, one
+//! invocation per output element, float32.
 
 use crate::no_kernel;
 use crate::reduce::vulkan::{Fold, MAX_TRIPS, Out, Reduction, Space, Stage};
@@ -21,12 +22,16 @@ use crate::wgsl;
 use ingot_schema::DType;
 
 static WINDOW: Wgsl = wgsl!("pool/window.wgsl");
+static ROI_ALIGN: Wgsl = wgsl!("pool/roi_align.wgsl");
 
 /// The family's kernel files.
 #[cfg(test)]
-pub(crate) static FILES: [&Wgsl; 1] = [&WINDOW];
+pub(crate) static FILES: [&Wgsl; 2] = [&WINDOW, &ROI_ALIGN];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    if cx.op == "RoiAlign" {
+        return roi_align(cx);
+    }
     let outputs = if cx.op == "MaxPool" { 1..=2 } else { 1..=1 };
     if cx.inputs.len() != 1 || !outputs.contains(&cx.outputs.len()) {
         return Err(no_kernel!(
@@ -316,6 +321,53 @@ fn window(cx: &KernelCx, reduce: Reduce) -> Result<Vec<Dispatch>, NoKernel> {
         .map(|d| vec![d])
 }
 
+/// RoiAlign, float32: one invocation per output element.
+fn roi_align(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let ([x, rois, batch], [y]) = (cx.inputs, cx.outputs) else {
+        return Err(no_kernel!("RoiAlign with {} inputs", cx.inputs.len()));
+    };
+    for o in [x, rois, y] {
+        if o.desc.dtype != DType::F32 {
+            return Err(cx.dtype(o.desc.dtype));
+        }
+    }
+    let op =
+        super::roi_align::RoiAlign::parse(cx.attrs).map_err(|e| no_kernel!("RoiAlign: {e}"))?;
+    let (&[n, c, h, w], &[r, ..]) = (x.desc.shape.as_slice(), y.desc.shape.as_slice()) else {
+        return Err(no_kernel!("RoiAlign of X {:?}", x.desc.shape));
+    };
+    if h == 0 || w == 0 || batch.desc.dtype != DType::I64 {
+        return Err(no_kernel!("RoiAlign of X {:?}", x.desc.shape));
+    }
+    let count = y.desc.elements() as u64;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let bindings = vec![
+        Binding::input("x", 0, "f32"),
+        Binding::input("rois", 1, "f32"),
+        Binding::input("batch", 2, "u32"),
+        Binding::output("y", 0, "f32"),
+    ];
+    let spec = Spec::new(&ROI_ALIGN).set("HALF_PIXEL", op.half_pixel).set("MAX", op.max);
+    let size = |v: usize| v as u32;
+    let params = vec![
+        count as u32,
+        size(n),
+        size(c),
+        size(h),
+        size(w),
+        size(op.out_h),
+        size(op.out_w),
+        size(op.sampling_ratio),
+        op.spatial_scale.to_bits(),
+    ];
+    let grid = Grid::new(count, 64)?;
+    let d =
+        spec.set("WG", 64).dispatch(format!("roi_align_{r}x{c}"), grid.groups, bindings, params)?;
+    Ok(vec![d])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +522,43 @@ mod tests {
                 if (class, storage_order) == (DeviceClass::Cpu, 1) {
                     insta::assert_snapshot!("maxpool_indices_cpu", specialised(&d[0]));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn roi_align_binds_its_three_inputs_and_takes_its_modes_by_override() {
+        let xd = TensorDesc::new(DType::F32, [2, 3, 8, 8]);
+        let inputs = [
+            Operand::arena(xd, 0),
+            Operand::arena(TensorDesc::new(DType::F32, [5, 4]), 1536),
+            Operand::arena(TensorDesc::new(DType::I64, [5]), 1616),
+        ];
+        let outputs = [Operand::arena(TensorDesc::new(DType::F32, [5, 3, 2, 2]), 1664)];
+        for (transform, mode) in [("half_pixel", "avg"), ("output_half_pixel", "max")] {
+            let a = Attrs::new()
+                .with("coordinate_transformation_mode", AttrValue::Text(transform.into()))
+                .with("mode", AttrValue::Text(mode.into()))
+                .with("output_height", AttrValue::Int(2))
+                .with("output_width", AttrValue::Int(2))
+                .with("sampling_ratio", AttrValue::Int(0))
+                .with("spatial_scale", AttrValue::Float(0.25));
+            for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
+                let cx = KernelCx {
+                    class,
+                    op: "RoiAlign",
+                    name: "r",
+                    attrs: &a,
+                    inputs: &inputs,
+                    outputs: &outputs,
+                };
+                let d = lower(&cx).unwrap();
+                valid(&d);
+                assert_eq!(d.len(), 1);
+                assert_eq!(d[0].bindings[2], Binding::input("batch", 2, "u32"));
+                assert_eq!(override_of(&d[0], "MAX"), Some(f64::from(u8::from(mode == "max"))));
+                // count, images, channels, h, w, out_h, out_w, ratio, scale's bits
+                assert_eq!(d[0].params, [60, 2, 3, 8, 8, 2, 2, 0, 0.25f32.to_bits()]);
             }
         }
     }
