@@ -224,6 +224,7 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("BlackmanWindow", &[0]),
     ("CenterCropPad", &[1]),
     ("Clip", &[1, 2]),
+    ("Col2Im", &[1, 2]),
     ("ConstantOfShape", &[0]),
     ("CumProd", &[1]),
     ("CumSum", &[1]),

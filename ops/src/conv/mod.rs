@@ -1,4 +1,5 @@
-//! Conv, ConvTranspose and ConvInteger: attribute defaults, padding rules and shape inference;
+//! Conv, ConvTranspose, ConvInteger and Col2Im (`col2im.rs`: the inverse of im2col, all its
+//! own): attribute defaults, padding rules and shape inference;
 //! the kernels are in `ops/src/conv/cpu.rs` (ConvInteger's exact int32 one in
 //! `cpu/integer.rs`). ConvInteger's canonical form: Conv's window attributes and `group`, plus
 //! `x_zero_point` and `w_zero_point` (1 where the model gives that input), its inputs X, W and
@@ -36,6 +37,7 @@
 //! most one post-op operand, takes it ([`can_scale_x`]: the Vulkan kernels' slots for S and
 //! the operands).
 
+pub(crate) mod col2im;
 pub(crate) mod cpu;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
@@ -58,6 +60,7 @@ use ingot_schema::{AttrValue, Attrs, DType};
 pub const OPS: &[OpDef] = &[
     OpDef::new("Conv", lower_conv, infer_conv),
     OpDef::new("ConvTranspose", lower_conv_transpose, infer_conv_transpose),
+    OpDef::new("Col2Im", col2im::lower, col2im::infer),
     OpDef::new("ConvInteger", lower_conv_integer, infer_conv_integer).cpu_only(
         "its int32 sums run on the CPU; dynamic quantization's ConvInteger cast to float becomes \
          a Conv of 8-bit W (the compiler's integer_products pass), which Vulkan runs",

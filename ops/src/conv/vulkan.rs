@@ -64,10 +64,11 @@ static POINTWISE: Wgsl = wgsl!("conv/pointwise.wgsl");
 static DIRECT: Wgsl = wgsl!("conv/direct.wgsl");
 static TILED: Wgsl = wgsl!("conv/tiled.wgsl");
 static TRANSPOSED: Wgsl = wgsl!("conv/transposed.wgsl");
+static COL2IM: Wgsl = wgsl!("conv/col2im.wgsl");
 
 /// Every kernel file of the family.
 #[cfg(test)]
-const FILES: [&Wgsl; 4] = [&POINTWISE, &DIRECT, &TILED, &TRANSPOSED];
+const FILES: [&Wgsl; 5] = [&POINTWISE, &DIRECT, &TILED, &TRANSPOSED, &COL2IM];
 
 /// Spatial dimensions of the lifted geometry.
 const DIMS: usize = 3;
@@ -82,6 +83,9 @@ const ALL_CHANNELS: &str = "p.cout * p.groups";
 const Y_VECTOR: &str = "fn y_vector(o: vec4<f32>) -> YT {\n    return o;\n}";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    if cx.op == "Col2Im" {
+        return col2im(cx);
+    }
     let quantized = cx.op == "Conv" && crate::dequantizes_w(cx.attrs);
     match (quantized, cx.inputs.get(1).map(|w| w.desc.dtype)) {
         (true, Some(DType::I8 | DType::U8)) => {
@@ -813,6 +817,37 @@ fn transposed_span(cols: u32, geo: &Geo) -> (i32, u32) {
     if lo > hi { (0, 0) } else { (lo, (hi - lo + 1) as u32) }
 }
 
+/// Col2Im, float32, of up to three spatial dims: one invocation per output pixel.
+fn col2im(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    cx.require_f32()?;
+    let g = super::col2im::Geometry::new(cx.attrs).map_err(|e| no_kernel!("Col2Im: {e}"))?;
+    let n = g.image.len();
+    if n > 3 || cx.inputs.len() != 1 || cx.outputs.len() != 1 {
+        return Err(no_kernel!("Col2Im of {n} spatial dims"));
+    }
+    let count = cx.outputs[0].desc.elements() as u64;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // Three dims, leading ones of extent one.
+    let lead = |v: Vec<usize>, fill: usize| -> Vec<u32> {
+        std::iter::repeat_n(fill, 3 - n).chain(v).map(|v| v as u32).collect()
+    };
+    let along = (0..n).map(|d| g.along(d)).collect();
+    let k = g.block.iter().product::<usize>() as u32;
+    let mut params = vec![count as u32, k, g.positions() as u32];
+    params.extend(lead(g.image.clone(), 1));
+    params.extend(lead(g.block.clone(), 1));
+    params.extend(lead(g.strides.clone(), 1));
+    params.extend(lead(g.dilations.clone(), 1));
+    params.extend(lead(g.pads[..n].to_vec(), 0));
+    params.extend(lead(along, 1));
+    let bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
+    let grid = Grid::new(count, 64)?;
+    let label = format!("col2im_{count}");
+    Ok(vec![Spec::new(&COL2IM).set("WG", 64).dispatch(label, grid.groups, bindings, params)?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1347,5 +1382,26 @@ mod tests {
         let (a, b) = (dw(32, 64, 64), dw(96, 48, 128));
         assert_eq!((&a.wgsl, &a.overrides), (&b.wgsl, &b.overrides));
         assert_ne!(a.params, b.params);
+    }
+
+    #[test]
+    fn col2im_leads_with_dims_of_one() {
+        // A 2-D image 5 x 4 from 2 x 3 blocks at strides 2 x 1, padded 1 above: 3 x 2
+        // positions; the leading third dim has extent, block, stride and dilation one.
+        let attrs = Attrs::new()
+            .with("image_shape", AttrValue::Ints(vec![5, 4]))
+            .with("block_shape", AttrValue::Ints(vec![2, 3]))
+            .with("strides", AttrValue::Ints(vec![2, 1]))
+            .with("dilations", AttrValue::Ints(vec![1, 1]))
+            .with("pads", AttrValue::Ints(vec![1, 0, 0, 0]));
+        let d = lower_f32_all_classes(lower, "Col2Im", &attrs, &[&[2, 12, 6]], &[&[2, 2, 5, 4]], 0);
+        valid(&d);
+        let along = [1, 3, 2];
+        let want =
+            [&[80, 6, 6][..], &[1, 5, 4], &[1, 2, 3], &[1, 2, 1], &[1, 1, 1], &[0, 1, 0], &along]
+                .concat();
+        for d in &d {
+            assert_eq!(d.params, want);
+        }
     }
 }
