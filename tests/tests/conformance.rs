@@ -233,6 +233,7 @@ const OPERANDS: &[(&str, &[usize])] = &[
     ("Expand", &[1]),
     ("HammingWindow", &[0]),
     ("HannWindow", &[0]),
+    ("MaxUnpool", &[2]),
     ("MelWeightMatrix", &[0, 1, 2, 3, 4]),
     ("OneHot", &[1]),
     ("Pad", &[1, 2, 3]),

@@ -35,6 +35,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         }
         "GlobalMaxPool" | "GlobalAveragePool" | "GlobalLpPool" => Ok(Box::new(Global::new(cx)?)),
         "RoiAlign" => super::roi_align::prepare(cx),
+        "MaxUnpool" => super::unpool::prepare(cx),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
 }

@@ -1,5 +1,5 @@
-//! Pooling: MaxPool, AveragePool, LpPool and their Global forms, and RoiAlign (a pool over
-//! each region of interest, `roi_align.rs`). Attribute defaults and shape rules; the kernels
+//! Pooling: MaxPool, AveragePool, LpPool and their Global forms, RoiAlign (a pool over each
+//! region of interest, `roi_align.rs`) and MaxUnpool (`unpool.rs`). Attribute defaults and shape rules; the kernels
 //! are in `ops/src/pool/cpu.rs`.
 //!
 //! Canonical attributes are exactly what the kernels read: `kernel_shape`, `strides`,
@@ -13,6 +13,7 @@
 
 pub(crate) mod cpu;
 pub(crate) mod roi_align;
+pub(crate) mod unpool;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 
@@ -39,6 +40,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("GlobalAveragePool", lower_global, infer_global),
     OpDef::new("GlobalLpPool", lower_global, infer_global),
     OpDef::new("RoiAlign", roi_align::lower, roi_align::infer),
+    OpDef::new("MaxUnpool", unpool::lower, unpool::infer),
 ];
 
 /// X's spatial extents: X is [N, C, D1, ..] with at least one spatial dim.

@@ -11,7 +11,8 @@
 //! those taps count for nothing, as on the CPU. The global pools are reductions over the
 //! spatial axes ([`super::reduce::Reduction`]). MaxPool's Indices output is written as two u32
 //! words per int64; int8/uint8 MaxPool has no kernel. RoiAlign runs `roi_align.wgsl`, one
-//! invocation per output element, float32.
+//! invocation per output element, float32; MaxUnpool `unpool.wgsl`, a zero fill and then a
+//! scatter of X.
 
 use crate::no_kernel;
 use crate::reduce::vulkan::{Fold, MAX_TRIPS, Out, Reduction, Space, Stage};
@@ -23,14 +24,17 @@ use ingot_schema::DType;
 
 static WINDOW: Wgsl = wgsl!("pool/window.wgsl");
 static ROI_ALIGN: Wgsl = wgsl!("pool/roi_align.wgsl");
+static UNPOOL: Wgsl = wgsl!("pool/unpool.wgsl");
 
 /// The family's kernel files.
 #[cfg(test)]
-pub(crate) static FILES: [&Wgsl; 2] = [&WINDOW, &ROI_ALIGN];
+pub(crate) static FILES: [&Wgsl; 3] = [&WINDOW, &ROI_ALIGN, &UNPOOL];
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    if cx.op == "RoiAlign" {
-        return roi_align(cx);
+    match cx.op {
+        "RoiAlign" => return roi_align(cx),
+        "MaxUnpool" => return max_unpool(cx),
+        _ => {}
     }
     let outputs = if cx.op == "MaxPool" { 1..=2 } else { 1..=1 };
     if cx.inputs.len() != 1 || !outputs.contains(&cx.outputs.len()) {
@@ -368,6 +372,45 @@ fn roi_align(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     Ok(vec![d])
 }
 
+/// MaxUnpool, float32, of up to 3 spatial dims: zeros, then X scattered.
+fn max_unpool(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    let ([x, indices], [y]) = (cx.inputs, cx.outputs) else {
+        return Err(no_kernel!("MaxUnpool with {} inputs", cx.inputs.len()));
+    };
+    for o in [x, y] {
+        if o.desc.dtype != DType::F32 {
+            return Err(cx.dtype(o.desc.dtype));
+        }
+    }
+    let (inner, out) =
+        super::unpool::shapes(cx.attrs, &x.desc.shape).map_err(|e| no_kernel!("MaxUnpool: {e}"))?;
+    if indices.desc.dtype != DType::I64 || out.len() > 5 || cx.in_place().is_some() {
+        return Err(no_kernel!("MaxUnpool to {out:?}"));
+    }
+    let lead = |v: &[usize]| -> Vec<u32> {
+        std::iter::repeat_n(1, 5 - v.len()).chain(v.iter().map(|&d| d as u32)).collect()
+    };
+    let total = inner.iter().product::<usize>() as u32;
+    let mut d = Vec::new();
+    for (scatter, count) in [(false, y.desc.elements()), (true, x.desc.elements())] {
+        if count == 0 {
+            continue;
+        }
+        let mut bindings = vec![Binding::output("y", 0, "f32")];
+        if scatter {
+            bindings.extend([Binding::input("x", 0, "f32"), Binding::input("ix", 1, "u32")]);
+        }
+        let mut params = vec![count as u32, total];
+        params.extend(lead(&inner));
+        params.extend(lead(&out));
+        let grid = Grid::new(count as u64, 64)?;
+        let label = format!("max_unpool_{}_{count}", if scatter { "scatter" } else { "zero" });
+        let spec = Spec::new(&UNPOOL).set("SCATTER", scatter).set("WG", 64);
+        d.push(spec.dispatch(label, grid.groups, bindings, params)?);
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,6 +603,37 @@ mod tests {
                 // count, images, channels, h, w, out_h, out_w, ratio, scale's bits
                 assert_eq!(d[0].params, [60, 2, 3, 8, 8, 2, 2, 0, 0.25f32.to_bits()]);
             }
+        }
+    }
+
+    #[test]
+    fn max_unpool_zeros_then_scatters() {
+        let a = Attrs::new()
+            .with("kernel_shape", AttrValue::Ints(vec![2, 2]))
+            .with("strides", AttrValue::Ints(vec![2, 2]))
+            .with("pads", AttrValue::Ints(vec![0; 4]))
+            .with("output_shape", AttrValue::Ints(vec![1, 2, 5, 5]));
+        let inputs = [
+            Operand::arena(TensorDesc::new(DType::F32, [1, 2, 2, 2]), 0),
+            Operand::arena(TensorDesc::new(DType::I64, [1, 2, 2, 2]), 64),
+        ];
+        let outputs = [Operand::arena(TensorDesc::new(DType::F32, [1, 2, 5, 5]), 128)];
+        for class in [DeviceClass::Cpu, DeviceClass::Gpu] {
+            let cx = KernelCx {
+                class,
+                op: "MaxUnpool",
+                name: "u",
+                attrs: &a,
+                inputs: &inputs,
+                outputs: &outputs,
+            };
+            let d = lower(&cx).unwrap();
+            valid(&d);
+            assert_eq!(d.len(), 2);
+            assert_eq!((d[0].bindings.len(), d[1].bindings.len()), (1, 3));
+            // count, the unpooled elements, its shape and the output's, led by ones
+            assert_eq!(d[0].params, [50, 32, 1, 1, 2, 4, 4, 1, 1, 2, 5, 5]);
+            assert_eq!(d[1].params[0], 8);
         }
     }
 
