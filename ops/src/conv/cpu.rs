@@ -68,6 +68,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "ConvInteger" => Ok(Box::new(integer::ConvInteger::new(cx)?)),
         "ConvTranspose" => Ok(Box::new(ConvTranspose::new(cx)?)),
         "Col2Im" => super::col2im::prepare(cx),
+        "DeformConv" => super::deform::prepare(cx),
         op => Err(KernelError::UnknownOp(op.to_string())),
     }
 }

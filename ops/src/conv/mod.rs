@@ -1,5 +1,5 @@
-//! Conv, ConvTranspose, ConvInteger and Col2Im (`col2im.rs`: the inverse of im2col, all its
-//! own): attribute defaults, padding rules and shape inference;
+//! Conv, ConvTranspose, ConvInteger, DeformConv (`deform.rs`) and Col2Im (`col2im.rs`: the
+//! inverse of im2col): attribute defaults, padding rules and shape inference;
 //! the kernels are in `ops/src/conv/cpu.rs` (ConvInteger's exact int32 one in
 //! `cpu/integer.rs`). ConvInteger's canonical form: Conv's window attributes and `group`, plus
 //! `x_zero_point` and `w_zero_point` (1 where the model gives that input), its inputs X, W and
@@ -39,6 +39,7 @@
 
 pub(crate) mod col2im;
 pub(crate) mod cpu;
+pub(crate) mod deform;
 #[cfg(feature = "wgsl")]
 pub(crate) mod vulkan;
 
@@ -61,6 +62,7 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Conv", lower_conv, infer_conv),
     OpDef::new("ConvTranspose", lower_conv_transpose, infer_conv_transpose),
     OpDef::new("Col2Im", col2im::lower, col2im::infer),
+    OpDef::new("DeformConv", deform::lower, deform::infer),
     OpDef::new("ConvInteger", lower_conv_integer, infer_conv_integer).cpu_only(
         "its int32 sums run on the CPU; dynamic quantization's ConvInteger cast to float becomes \
          a Conv of 8-bit W (the compiler's integer_products pass), which Vulkan runs",

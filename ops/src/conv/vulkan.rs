@@ -65,10 +65,11 @@ static DIRECT: Wgsl = wgsl!("conv/direct.wgsl");
 static TILED: Wgsl = wgsl!("conv/tiled.wgsl");
 static TRANSPOSED: Wgsl = wgsl!("conv/transposed.wgsl");
 static COL2IM: Wgsl = wgsl!("conv/col2im.wgsl");
+static DEFORM: Wgsl = wgsl!("conv/deform.wgsl");
 
 /// Every kernel file of the family.
 #[cfg(test)]
-const FILES: [&Wgsl; 5] = [&POINTWISE, &DIRECT, &TILED, &TRANSPOSED, &COL2IM];
+const FILES: [&Wgsl; 6] = [&POINTWISE, &DIRECT, &TILED, &TRANSPOSED, &COL2IM, &DEFORM];
 
 /// Spatial dimensions of the lifted geometry.
 const DIMS: usize = 3;
@@ -83,8 +84,10 @@ const ALL_CHANNELS: &str = "p.cout * p.groups";
 const Y_VECTOR: &str = "fn y_vector(o: vec4<f32>) -> YT {\n    return o;\n}";
 
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
-    if cx.op == "Col2Im" {
-        return col2im(cx);
+    match cx.op {
+        "Col2Im" => return col2im(cx),
+        "DeformConv" => return deform(cx),
+        _ => {}
     }
     let quantized = cx.op == "Conv" && crate::dequantizes_w(cx.attrs);
     match (quantized, cx.inputs.get(1).map(|w| w.desc.dtype)) {
@@ -848,6 +851,51 @@ fn col2im(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     Ok(vec![Spec::new(&COL2IM).set("WG", 64).dispatch(label, grid.groups, bindings, params)?])
 }
 
+/// DeformConv, float32: one invocation per output element.
+fn deform(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
+    cx.require_f32()?;
+    let shapes: Vec<&[usize]> = cx.inputs.iter().map(|o| o.desc.shape.as_slice()).collect();
+    let g = super::deform::Geometry::new(cx.attrs, &shapes)
+        .map_err(|e| no_kernel!("DeformConv: {e}"))?;
+    let count = cx.outputs[0].desc.elements() as u64;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut bindings = vec![
+        Binding::input("x", 0, "f32"),
+        Binding::input("w", 1, "f32"),
+        Binding::input("offset", 2, "f32"),
+        Binding::output("y", 0, "f32"),
+    ];
+    // The bias and the mask, whichever are present, in order.
+    for (k, input) in (3..cx.inputs.len()).enumerate() {
+        bindings.push(Binding::input(["extra0", "extra1"][k], input, "f32"));
+    }
+    let sizes = [
+        g.c,
+        g.h,
+        g.w,
+        g.m,
+        g.kh,
+        g.kw,
+        g.oh,
+        g.ow,
+        g.stride[0],
+        g.stride[1],
+        g.dilation[0],
+        g.dilation[1],
+        g.pad[0],
+        g.pad[1],
+        g.group,
+        g.offset_group,
+    ];
+    let mut params = vec![count as u32];
+    params.extend(sizes.iter().map(|&v| v as u32));
+    let spec = Spec::new(&DEFORM).set("BIAS", g.bias).set("MASK", g.mask).set("WG", 64);
+    let grid = Grid::new(count, 64)?;
+    Ok(vec![spec.dispatch(format!("deform_conv_{count}"), grid.groups, bindings, params)?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1402,6 +1450,43 @@ mod tests {
                 .concat();
         for d in &d {
             assert_eq!(d.params, want);
+        }
+    }
+
+    #[test]
+    fn deform_conv_binds_the_bias_and_mask_it_has_in_order() {
+        let attrs = |bias: bool, mask: bool| {
+            Attrs::new()
+                .with("kernel_shape", AttrValue::Ints(vec![3, 3]))
+                .with("strides", AttrValue::Ints(vec![1, 1]))
+                .with("dilations", AttrValue::Ints(vec![1, 1]))
+                .with("pads", AttrValue::Ints(vec![1, 1, 1, 1]))
+                .with("group", AttrValue::Int(2))
+                .with("offset_group", AttrValue::Int(2))
+                .with("bias", AttrValue::Int(i64::from(bias)))
+                .with("mask", AttrValue::Int(i64::from(mask)))
+        };
+        for (bias, mask) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut inputs: Vec<&[usize]> = vec![&[1, 4, 6, 6], &[6, 2, 3, 3], &[1, 36, 6, 6]];
+            if bias {
+                inputs.push(&[6]);
+            }
+            if mask {
+                inputs.push(&[1, 18, 6, 6]);
+            }
+            let d = lower_f32_all_classes(
+                lower,
+                "DeformConv",
+                &attrs(bias, mask),
+                &inputs,
+                &[&[1, 6, 6, 6]],
+                0,
+            );
+            // `valid` checks that every slot a module reads is bound.
+            valid(&d);
+            let names: Vec<&str> = d[0].bindings.iter().map(|b| b.name.as_str()).collect();
+            let extras = usize::from(bias) + usize::from(mask);
+            assert_eq!(names, ["x", "w", "offset", "y", "extra0", "extra1"][..4 + extras]);
         }
     }
 }
