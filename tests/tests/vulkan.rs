@@ -1492,3 +1492,93 @@ fn equal_the_cpu_on_both_classes(
     }
     Ok(())
 }
+
+/// Detectors' and decoders' region and cache ops equal the CPU on both kernel classes:
+/// DeformConv with a mask and no bias (the mask in the first optional slot), RoiAlign in max
+/// mode, MaxUnpool of a MaxPool's indices, Col2Im with strides and pads, and TensorScatter in
+/// circular mode.
+#[test]
+fn region_and_cache_ops_equal_the_cpu() -> Result<()> {
+    let ints = |name: &str, v: &[i64]| attr_ints(name, v);
+    let i64s = |shape: &[usize], v: &[i64]| Tensor::from_vec(shape.to_vec(), v).unwrap();
+    let model = OnnxModel::new(24)
+        .input("x", DType::F32, &[1, 4, 6, 6])
+        .input("offset", DType::F32, &[1, 36, 6, 6])
+        .input("mask", DType::F32, &[1, 18, 6, 6])
+        .input("rois", DType::F32, &[3, 4])
+        .input("cols", DType::F32, &[1, 6, 8])
+        .input("cache", DType::F32, &[2, 8, 4])
+        .input("update", DType::F32, &[2, 3, 4])
+        .initializer("w", &tensor(&[6, 2, 3, 3], 1))
+        .initializer("batch", &i64s(&[3], &[0, 0, 0]))
+        .initializer("image", &i64s(&[2], &[3, 5]))
+        .initializer("block", &i64s(&[2], &[1, 2]))
+        .initializer("write", &i64s(&[2], &[6, 1]))
+        .node(
+            "deform",
+            "DeformConv",
+            &["x", "w", "offset", "", "mask"],
+            &["d"],
+            vec![ints("pads", &[1, 1, 1, 1]), attr_int("group", 2), attr_int("offset_group", 2)],
+        )
+        .node(
+            "roi",
+            "RoiAlign",
+            &["x", "rois", "batch"],
+            &["r"],
+            vec![
+                attr_string("mode", "max"),
+                attr_int("output_height", 2),
+                attr_int("output_width", 3),
+                attr_int("sampling_ratio", 2),
+            ],
+        )
+        .node(
+            "pool",
+            "MaxPool",
+            &["x"],
+            &["p", "i"],
+            vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+        )
+        .node(
+            "unpool",
+            "MaxUnpool",
+            &["p", "i"],
+            &["u"],
+            vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+        )
+        .node(
+            "fold",
+            "Col2Im",
+            &["cols", "image", "block"],
+            &["f"],
+            vec![ints("strides", &[2, 1]), ints("pads", &[1, 0, 0, 0])],
+        )
+        .node(
+            "scatter",
+            "TensorScatter",
+            &["cache", "update", "write"],
+            &["s"],
+            vec![attr_int("axis", 1), attr_string("mode", "circular")],
+        )
+        .output("d", DType::F32, &[1, 6, 6, 6])
+        .output("r", DType::F32, &[3, 4, 2, 3])
+        .output("u", DType::F32, &[1, 4, 6, 6])
+        .output("f", DType::F32, &[1, 3, 3, 5])
+        .output("s", DType::F32, &[2, 8, 4]);
+    let bundle = bundle("region_and_cache_ops", &model)?;
+    let rois = Tensor::from_vec(
+        vec![3, 4],
+        &[0.5f32, 1.0, 4.0, 5.5, -1.0, 2.0, 3.0, 3.0, 2.0, 0.0, 6.5, 2.5],
+    )?;
+    let inputs = [
+        tensor(&[1, 4, 6, 6], 2),
+        tensor(&[1, 36, 6, 6], 3),
+        tensor(&[1, 18, 6, 6], 4),
+        rois,
+        tensor(&[1, 6, 8], 5),
+        tensor(&[2, 8, 4], 6),
+        tensor(&[2, 3, 4], 7),
+    ];
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["d", "r", "u", "f", "s"][k].to_string())
+}
