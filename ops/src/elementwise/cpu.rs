@@ -59,8 +59,8 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         "Clip" => clip(cx),
         "Max" | "Min" | "Sum" | "Mean" => variadic(cx),
         "Where" => where_(cx),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" | "BitShift" | "And" | "Or"
-        | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" => binary(cx),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" | "SwiGLU" | "BitShift" | "And"
+        | "Or" | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" => binary(cx),
         op if COMPARE.contains(&op) => binary(cx),
         _ => unary(cx),
     }
@@ -870,6 +870,22 @@ fn binary(cx: &OpCx) -> Prepared {
     expect_output(cx, if bool_out { DType::Bool } else { dt })?;
     match op {
         "Pow" => pow(cx, bc, dt, b.dtype),
+        // Swish(a) · b, Swish as its own kernel computes it.
+        "SwiGLU" => {
+            let alpha = cx.attrs.float("alpha")?;
+            match dt {
+                DType::F32 => Ok(binary_kernel(bc, move |a: f32, b: f32| {
+                    a / (1.0 + (-(alpha * a)).exp()) * b
+                })),
+                DType::F64 => {
+                    let alpha = f64::from(alpha);
+                    Ok(binary_kernel(bc, move |a: f64, b: f64| {
+                        a / (1.0 + (-(alpha * a)).exp()) * b
+                    }))
+                }
+                other => Err(cx.dtype_error(other)),
+            }
+        }
         "And" | "Or" | "Xor" if dt != DType::Bool => Err(cx.dtype_error(dt)),
         "And" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 && b != 0) as u8)),
         "Or" => Ok(binary_kernel(bc, |a: u8, b: u8| (a != 0 || b != 0) as u8)),

@@ -73,6 +73,8 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("Pow", lower_attrs, pow),
     OpDef::new("Mod", lower_attrs, broadcast),
     OpDef::new("PRelu", lower_attrs, prelu),
+    // Opset 28's gated activation of two inputs of one shape: Swish(A) · B.
+    OpDef::new("SwiGLU", lower_attrs, same_shapes),
     OpDef::new("BitShift", lower_attrs, broadcast),
     OpDef::new("BitwiseAnd", lower_attrs, broadcast),
     OpDef::new("BitwiseOr", lower_attrs, broadcast),
@@ -113,6 +115,7 @@ const ATTRS: &[(&str, &[(&str, Spec)])] = &[
     ("Selu", &[("alpha", Float(1.673_263_2)), ("gamma", Float(1.050_701))]),
     ("HardSigmoid", &[("alpha", Float(0.2)), ("beta", Float(0.5))]),
     ("Swish", &[("alpha", Float(1.0))]),
+    ("SwiGLU", &[("alpha", Float(1.0))]),
     ("Gelu", &[("approximate", Text("none", &["none", "tanh"]))]),
     ("IsInf", &[("detect_negative", Int(1)), ("detect_positive", Int(1))]),
     ("Mod", &[("fmod", Int(0))]),
@@ -272,6 +275,23 @@ fn arity<'a, 'b>(
 
 fn same(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
     Ok(vec![arity(inputs, 1..=1)?[0].clone()])
+}
+
+/// Two float inputs of one type and shape (no broadcasting): that type and shape.
+fn same_shapes(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let &[a, b] = inputs else {
+        return Err(op_err!("takes 2 inputs, got {}", inputs.len()));
+    };
+    if a != b || !a.dtype.is_float() {
+        return Err(op_err!(
+            "inputs {} {:?} and {} {:?} must be one float type and shape",
+            a.dtype,
+            a.shape,
+            b.dtype,
+            b.shape
+        ));
+    }
+    Ok(vec![a.clone()])
 }
 
 fn to_bool(_node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {

@@ -599,7 +599,7 @@ fn body(cx: &KernelCx, args: &[Ty], out: Ty) -> Result<Body, NoKernel> {
                 Body::float(format!("pow_f(a0, {e})"))
             })
         }
-        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "PRelu" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "PRelu" | "SwiGLU" => {
             arity(2)?;
             if !numeric {
                 return Err(refuse());
@@ -815,6 +815,13 @@ fn binary(cx: &KernelCx, t: Ty) -> Result<Body, NoKernel> {
         ),
         ("Div", _) => Body::of("select(a0 / select(a1, 1u, a1 == 0u), 0u, a1 == 0u)"),
         ("PRelu", Ty::F32) => Body::of("select(a0, a0 * a1, a0 < 0.0)"),
+        // Swish(a0) · a1, alpha the push constant k0 (as the unary ops' attributes).
+        ("SwiGLU", Ty::F32) => {
+            let alpha = cx.attrs.float("alpha").map_err(|e| no_kernel!("SwiGLU: {e}"))?;
+            let gate = swish("a0", &Ty::F32.constant(0));
+            Body { consts: vec![alpha.to_bits()], ..Body::float(format!("{gate} * a1")) }
+        }
+        ("SwiGLU", _) => return Err(no_kernel!("SwiGLU on {t:?}")),
         ("PRelu", Ty::I32) => Body::of("select(a0, a0 * a1, a0 < 0i)"),
         ("PRelu", _) => Body::of("a0"),
         ("Mod", Ty::F32) => {
