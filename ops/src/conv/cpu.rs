@@ -66,6 +66,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     match cx.op {
         "Conv" => Ok(Box::new(Conv::new(cx)?)),
         "ConvInteger" => Ok(Box::new(integer::ConvInteger::new(cx)?)),
+        "QLinearConv" => Ok(Box::new(integer::QLinearConv::new(cx)?)),
         "ConvTranspose" => Ok(Box::new(ConvTranspose::new(cx)?)),
         "Col2Im" => super::col2im::prepare(cx),
         "DeformConv" => super::deform::prepare(cx),

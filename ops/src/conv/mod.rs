@@ -63,6 +63,9 @@ pub const OPS: &[OpDef] = &[
     OpDef::new("ConvTranspose", lower_conv_transpose, infer_conv_transpose),
     OpDef::new("Col2Im", col2im::lower, col2im::infer),
     OpDef::new("DeformConv", deform::lower, deform::infer),
+    OpDef::new("QLinearConv", lower_qlinear_conv, infer_qlinear_conv).cpu_only(
+        "the exact int32 conv and its requantization run on the CPU; no Vulkan kernel yet",
+    ),
     OpDef::new("ConvInteger", lower_conv_integer, infer_conv_integer).cpu_only(
         "its int32 sums run on the CPU; dynamic quantization's ConvInteger cast to float becomes \
          a Conv of 8-bit W (the compiler's integer_products pass), which Vulkan runs",
@@ -407,6 +410,68 @@ fn lower_conv_integer(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     node.attrs = attrs;
     node.inputs.retain(Option::is_some);
     Ok(())
+}
+
+/// QLinearConv: ConvInteger's window attributes and `group`, and `bias` (1 where B is given);
+/// its inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point and B
+/// where given.
+fn lower_qlinear_conv(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    if (0..8).any(|i| !cx.has_input(i)) || node.inputs.len() > 9 {
+        return Err(op_err!("QLinearConv takes its eight quantization operands and an optional B"));
+    }
+    let (x, w) = conv_operands(cx.input(0).ok(), cx.input(3).ok())?;
+    canonical_window(node, &x[2..], Some(&w[2..]))?;
+    let mut attrs = Attrs::new()
+        .with("group", AttrValue::Int(node.attrs.int_or("group", 1)?))
+        .with("bias", AttrValue::Int(i64::from(cx.has_input(8))));
+    for name in ["kernel_shape", "strides", "dilations", "pads"] {
+        if let Some(v) = node.attrs.get(name) {
+            attrs.set(name, v.clone());
+        }
+    }
+    node.attrs = attrs;
+    node.inputs.retain(Option::is_some);
+    Ok(())
+}
+
+/// The ConvInteger a QLinearConv's product is: its attributes, with both zero points given.
+pub(crate) fn qlinear_product_attrs(attrs: &Attrs) -> Attrs {
+    let mut product = attrs.clone();
+    product.remove("bias");
+    product.set("x_zero_point", AttrValue::Int(1));
+    product.set("w_zero_point", AttrValue::Int(1));
+    product
+}
+
+/// y_zero_point's type, of the integer conv's shape; scales float, B int32 [M].
+fn infer_qlinear_conv(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {
+    let bias = node.attrs.int("bias")? != 0;
+    if inputs.len() != 8 + usize::from(bias) {
+        return Err(op_err!(
+            "QLinearConv has {} inputs, its attributes say {}",
+            inputs.len(),
+            8 + usize::from(bias)
+        ));
+    }
+    let product = Node { attrs: qlinear_product_attrs(&node.attrs), ..node.clone() };
+    let y = infer_conv_integer(&product, &[inputs[0], inputs[3], inputs[2], inputs[5]])?;
+    let m = y[0].shape[1];
+    for (k, what, per_channel) in
+        [(1, "x_scale", false), (4, "w_scale", true), (6, "y_scale", false)]
+    {
+        let s = inputs[k];
+        if !s.dtype.is_float() || !(s.elements() == 1 || (per_channel && s.shape == [m])) {
+            return Err(op_err!("{what} is {} {:?}", s.dtype, s.shape));
+        }
+    }
+    let yz = inputs[7];
+    if !matches!(yz.dtype, DType::I8 | DType::U8) || yz.elements() != 1 {
+        return Err(op_err!("y_zero_point is {} {:?}: one int8 or uint8", yz.dtype, yz.shape));
+    }
+    if bias && (inputs[8].dtype != DType::I32 || inputs[8].shape != [m]) {
+        return Err(op_err!("B is {} {:?}: int32 [{m}]", inputs[8].dtype, inputs[8].shape));
+    }
+    Ok(vec![TensorDesc::new(yz.dtype, y[0].shape.clone())])
 }
 
 fn infer_conv_integer(node: &Node, inputs: &[&TensorDesc]) -> OpResult<Vec<TensorDesc>> {

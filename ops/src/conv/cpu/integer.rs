@@ -4,10 +4,15 @@
 //! shifted run of input rows to the output plane, the innermost loop over output columns
 //! (vectorised). Dynamic quantization's `ConvInteger -> Cast` to float does not come here:
 //! the compiler's `integer_products` pass makes it a Conv of 8-bit W, run by the float paths.
+//!
+//! QLinearConv is ConvInteger's product plus B, requantized as ONNX's reference does: per
+//! output channel `x_scale * w_scale / y_scale` in float32, the sum times it in float64, plus
+//! y's zero point, rounded half to even and saturated.
 
 use super::{DIMS, Window, span};
-use crate::cpu::{Kernel, KernelError, OpCx, output_mut};
+use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
 use crate::invalid;
+use crate::tensor::TensorDesc;
 use crate::tensor::{TensorMut, TensorRef};
 use ingot_schema::DType;
 
@@ -164,6 +169,84 @@ impl Kernel for ConvInteger {
     }
 }
 
+pub(super) struct QLinearConv {
+    product: ConvInteger,
+    /// The product's shape (the output's) and elements per output channel plane.
+    shape: Vec<usize>,
+    plane: usize,
+    bias: bool,
+    y: DType,
+}
+
+impl QLinearConv {
+    pub(super) fn new(cx: &OpCx) -> Result<QLinearConv, KernelError> {
+        let bias = cx.attrs.int("bias")? != 0;
+        cx.expect_arity(8 + usize::from(bias)..=8 + usize::from(bias), 1)?;
+        let y = &cx.outputs[0];
+        let (inputs, attrs) = (cx.inputs, crate::conv::qlinear_product_attrs(cx.attrs));
+        let operands = [inputs[0].clone(), inputs[3].clone(), inputs[2].clone(), inputs[5].clone()];
+        let sums = [TensorDesc::new(DType::I32, y.shape.clone())];
+        let product = ConvInteger::new(&OpCx {
+            op: "ConvInteger",
+            attrs: &attrs,
+            inputs: &operands,
+            outputs: &sums,
+        })?;
+        let m = product.m;
+        let per_channel = |k: usize| inputs[k].elements() == m && m != 1;
+        let floats = [1, 4, 6].iter().all(|&k| inputs[k].dtype == DType::F32);
+        if !floats || [1, 6].iter().any(|&k| per_channel(k)) || y.dtype != inputs[7].dtype {
+            return Err(invalid!(
+                "QLinearConv's scales must be float32, its y of y_zero_point's type"
+            ));
+        }
+        let plane = y.shape[2..].iter().product();
+        Ok(QLinearConv { product, shape: y.shape.clone(), plane, bias, y: y.dtype })
+    }
+}
+
+impl Kernel for QLinearConv {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        let m = self.product.m;
+        let len = self.shape.iter().product::<usize>();
+        let mut sums = vec![0i32; len];
+        if inputs.len() < 8 {
+            return Err(invalid!("QLinearConv has {} inputs", inputs.len()));
+        }
+        let operands = [0, 3, 2, 5].map(|k| inputs[k]);
+        let mut out = [TensorMut {
+            dtype: DType::I32,
+            shape: &self.shape,
+            bytes: bytemuck::cast_slice_mut(&mut sums),
+        }];
+        self.product.run(&operands, &mut out)?;
+        let scale = |k: usize| input::<f32>(inputs, k, inputs.get(k).map_or(0, |t| t.elements()));
+        let (xs, ws, ys) = (scale(1)?[0], scale(4)?, scale(6)?[0]);
+        let bias = if self.bias { Some(input::<i32>(inputs, 8, m)?) } else { None };
+        // The reference's `x_scale * w_scale / y_scale`, each operation in float32.
+        let multiplier: Vec<f64> = ws.iter().map(|&w| f64::from(xs * w / ys)).collect();
+        let zero = |bytes: &[u8]| match self.y {
+            DType::I8 => f64::from(bytes[0] as i8),
+            _ => f64::from(bytes[0]),
+        };
+        let y_zero = zero(inputs.get(7).ok_or_else(|| invalid!("y_zero_point is missing"))?.bytes);
+        let (lo, hi) = if self.y == DType::I8 { (-128.0, 127.0) } else { (0.0, 255.0) };
+        // One byte a value, of either type.
+        let y = &mut outputs.get_mut(0).ok_or_else(|| invalid!("the output is missing"))?.bytes;
+        if y.len() != len {
+            return Err(invalid!("the output has {} bytes, expected {len}", y.len()));
+        }
+        for (j, (y, &s)) in y.iter_mut().zip(&sums).enumerate() {
+            let c = (j / self.plane.max(1)) % m;
+            let s = s.wrapping_add(bias.map_or(0, |b| b[c]));
+            let v = f64::from(s) * multiplier[if multiplier.len() == 1 { 0 } else { c }] + y_zero;
+            let v = v.clamp(lo, hi).round_ties_even();
+            *y = if self.y == DType::I8 { (v as i8) as u8 } else { v as u8 };
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::conv::cpu::tests::attrs as window;
@@ -216,5 +299,37 @@ mod tests {
             let got = eval("ConvInteger", &attrs, &refs, &out).unwrap();
             assert_eq!(got[0].to_vec::<i32>().unwrap(), want, "{x_shape:?} * {w_shape:?}");
         }
+    }
+
+    /// QLinearConv by hand: a 1x1 conv of uint8 x [10, 20, 30, 40] (zero 10, scale 0.5) by
+    /// int8 w [2, -3] (zero 1, scales 0.25 and 0.5 per channel), B [4, -8], onto int8 y of
+    /// scale 0.2 and zero -5. Channel 0: (x - 10) + 4 = 4, 14, 24, 34, times 0.625, minus 5:
+    /// -2.5, 3.75, 10, 16.25, rounded half to even. Channel 1: -4 (x - 10) - 8 times 1.25,
+    /// minus 5: -15, -65, -115, -165, the last saturated.
+    #[test]
+    fn qlinear_conv_requantizes_per_channel_as_the_reference() {
+        let attrs = ingot_schema::Attrs::new()
+            .with("kernel_shape", AttrValue::Ints(vec![1, 1]))
+            .with("strides", AttrValue::Ints(vec![1, 1]))
+            .with("dilations", AttrValue::Ints(vec![1, 1]))
+            .with("pads", AttrValue::Ints(vec![0; 4]))
+            .with("group", AttrValue::Int(1))
+            .with("bias", AttrValue::Int(1));
+        let t = |shape: Vec<usize>, v: &[f32]| Tensor::from_vec(shape, v).unwrap();
+        let inputs = [
+            Tensor::from_vec(vec![1, 1, 2, 2], &[10u8, 20, 30, 40]).unwrap(),
+            t(vec![], &[0.5]),
+            Tensor::from_vec(vec![], &[10u8]).unwrap(),
+            Tensor::from_vec(vec![2, 1, 1, 1], &[2i8, -3]).unwrap(),
+            t(vec![2], &[0.25, 0.5]),
+            Tensor::from_vec(vec![], &[1i8]).unwrap(),
+            t(vec![], &[0.2]),
+            Tensor::from_vec(vec![], &[-5i8]).unwrap(),
+            Tensor::from_vec(vec![2], &[4i32, -8]).unwrap(),
+        ];
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let out = [TensorDesc::new(DType::I8, [1, 2, 2, 2])];
+        let y = eval("QLinearConv", &attrs, &refs, &out).unwrap();
+        assert_eq!(y[0].as_slice::<i8>().unwrap(), [-2, 4, 10, 16, -15, -65, -115, -128]);
     }
 }
