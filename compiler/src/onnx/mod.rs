@@ -532,25 +532,25 @@ impl Importer<'_> {
         for vi in &runtime {
             let name = vi.name.as_str();
             let absent = self.options.absent_inputs.iter().any(|n| n == name);
-            let (dtype, dims) = match input_type(vi).map_err(|m| self.shape_err(m))? {
+            // An optional input holds nothing, or is its element.
+            let held = match input_type(vi).map_err(|m| self.shape_err(m))? {
                 Declared::Optional(_) if absent => {
                     let id = self.add_value(name.into(), None);
                     self.graph.containers.insert(id, Container::Optional(None));
                     self.define(name, id, || "a graph input".into())?;
                     continue;
                 }
-                Declared::Optional(inner) => match *inner {
-                    Declared::Tensor(dtype, dims) => (dtype, dims),
-                    Declared::Sequence(dtype, dims) => {
-                        self.add_sequence(name, dtype, dims, &mut dynamic)?;
-                        continue;
-                    }
-                    Declared::Optional(_) => unreachable!("`declared` refuses optional optionals"),
-                },
+                Declared::Optional(inner) => *inner,
+                declared => declared,
+            };
+            let (dtype, dims) = match held {
                 Declared::Tensor(dtype, dims) => (dtype, dims),
                 Declared::Sequence(dtype, dims) => {
                     self.add_sequence(name, dtype, dims, &mut dynamic)?;
                     continue;
+                }
+                Declared::Optional(_) => {
+                    return Err(self.shape_err(format!("input '{name}' is an optional optional")));
                 }
             };
             if let Some((_, value)) = self.options.constant_inputs.iter().find(|(n, _)| n == name) {

@@ -88,17 +88,30 @@ pub(crate) struct Geometry {
 }
 
 impl Geometry {
-    pub fn new(attrs: &Attrs) -> Result<Self, ingot_schema::AttrError> {
-        let sizes = |name: &str| -> Result<Vec<usize>, ingot_schema::AttrError> {
-            Ok(attrs.ints(name)?.iter().map(|&v| v.max(0) as usize).collect())
+    pub fn new(attrs: &Attrs) -> Result<Self, String> {
+        let sizes = |name: &str| -> Result<Vec<usize>, String> {
+            let v = attrs.ints(name).map_err(|e| e.to_string())?;
+            Ok(v.iter().map(|&v| v.max(0) as usize).collect())
         };
-        Ok(Geometry {
+        let g = Geometry {
             image: sizes("image_shape")?,
             block: sizes("block_shape")?,
             strides: sizes("strides")?,
             dilations: sizes("dilations")?,
             pads: sizes("pads")?,
-        })
+        };
+        let n = g.image.len();
+        let positive = |v: &[usize]| v.len() == n && v.iter().all(|&v| v > 0);
+        let fits = n > 0
+            && positive(&g.image)
+            && positive(&g.block)
+            && positive(&g.strides)
+            && positive(&g.dilations)
+            && g.pads.len() == 2 * n;
+        if !fits {
+            return Err(format!("the geometry {g:?} is inconsistent"));
+        }
+        Ok(g)
     }
 
     /// How many positions the block takes along dim `d` (none where it does not fit).
@@ -127,7 +140,7 @@ pub(super) fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     if x.dtype != DType::F32 {
         return Err(cx.dtype_error(x.dtype));
     }
-    let g = Geometry::new(cx.attrs)?;
+    let g = Geometry::new(cx.attrs).map_err(|e| invalid!("Col2Im: {e}"))?;
     let k = g.block.iter().product::<usize>();
     let &[batch, ck, l] = x.shape.as_slice() else {
         return Err(invalid!("Col2Im of {:?}", x.shape));

@@ -89,6 +89,9 @@ impl Geometry {
             return Err(format!("X {:?} and W {:?} are not 2-D", shapes[0], shapes[1]));
         };
         let (stride, dilation, pads) = (ints("strides")?, ints("dilations")?, ints("pads")?);
+        if stride.len() != 2 || dilation.len() != 2 || pads.len() != 4 {
+            return Err(format!("strides {stride:?}, dilations {dilation:?}, pads {pads:?}"));
+        }
         let (group, offset_group) = (int("group")?, int("offset_group")?);
         let along = |d: usize, size: usize, k: usize| {
             let padded = size + pads[d] + pads[d + 2];

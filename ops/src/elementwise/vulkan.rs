@@ -1213,7 +1213,7 @@ mod tests {
     fn signature(op: &str) -> (usize, DType, DType) {
         let (f, b) = (DType::F32, DType::Bool);
         match op {
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" => (2, f, f),
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "PRelu" | "SwiGLU" => (2, f, f),
             "Max" | "Min" | "Sum" | "Mean" => (3, f, f),
             "Equal" | "Greater" | "GreaterOrEqual" | "Less" | "LessOrEqual" => (2, f, b),
             "And" | "Or" | "Xor" => (2, b, b),
@@ -1230,7 +1230,7 @@ mod tests {
         let f = |v: f64| AttrValue::Float(v);
         let int = |v: i64| AttrValue::Int(v);
         match op {
-            "LeakyRelu" | "Elu" | "Celu" | "ThresholdedRelu" | "Swish" => {
+            "LeakyRelu" | "Elu" | "Celu" | "ThresholdedRelu" | "Swish" | "SwiGLU" => {
                 Attrs::new().with("alpha", f(0.5))
             }
             "Selu" => Attrs::new().with("alpha", f(1.6)).with("gamma", f(1.05)),

@@ -55,6 +55,9 @@ pub(super) fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
 /// The unpooled shape X's pool geometry implies.
 fn implied(x: &[usize], kernel: &[i64], strides: &[i64], pads: &[i64]) -> OpResult<Vec<usize>> {
     let n = kernel.len();
+    if n == 0 || x.len() != n + 2 || strides.len() != n || pads.len() != 2 * n {
+        return Err(op_err!("X {x:?} does not fit kernel_shape {kernel:?}, strides and pads"));
+    }
     let mut shape = x[..2].to_vec();
     for d in 0..n {
         let v = (x[d + 2] as i64 - 1) * strides[d] - (pads[d] + pads[n + d]) + kernel[d];

@@ -651,6 +651,7 @@ fn in_place_runs_equal_ordinary_runs() {
                 | "Div"
                 | "Mod"
                 | "PRelu"
+                | "SwiGLU"
                 | "BitShift"
                 | "BitwiseAnd"
                 | "BitwiseOr"
@@ -688,6 +689,10 @@ fn in_place_runs_equal_ordinary_runs() {
         let want = bin(op, &x, &channel, &shape);
         assert_eq!(run_in_place(op, &Attrs::new(), &[&x, &channel], 0), want, "{op}");
     }
+    // SwiGLU's operands have one shape.
+    let alpha = Attrs::new().with("alpha", float(0.5));
+    let want = run("SwiGLU", &alpha, &[&x, &x], DType::F32, &shape);
+    assert_eq!(run_in_place("SwiGLU", &alpha, &[&x, &x], 0), want);
     let want = bin("Sub", &channel, &x, &shape);
     assert_eq!(run_in_place("Sub", &Attrs::new(), &[&channel, &x], 1), want);
     // Other types take the kernels that call the op through a pointer: the same, in place.
