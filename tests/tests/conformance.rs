@@ -413,27 +413,27 @@ fn run_test(dir: &Path, backend: Backend, steps: &mut Vec<(String, bool)>) -> Re
                 continue;
             };
             let name = input.name.clone();
+            // An optional holds nothing, or is its value.
+            let value = match value {
+                Value::Optional(None) => {
+                    options.absent_inputs.push(name);
+                    continue;
+                }
+                Value::Optional(Some(v)) => *v,
+                v => v,
+            };
             match value {
                 Value::Tensor(t) if input.bound => options.constant_inputs.push((name, t)),
-                Value::Optional(None) => options.absent_inputs.push(name),
-                Value::Optional(Some(v)) if matches!(*v, Value::Sequence(_)) => {
-                    let tensors = v.tensors();
-                    let shapes = tensors.iter().map(|t| t.shape().to_vec()).collect();
-                    options.sequence_inputs.push((name, shapes));
-                    runtime.extend(tensors);
-                }
-                Value::Sequence(_) => {
-                    let tensors = value.tensors();
-                    let shapes = tensors.iter().map(|t| t.shape().to_vec()).collect();
-                    options.sequence_inputs.push((name, shapes));
-                    runtime.extend(tensors);
-                }
                 // Its shape as a user fixes one (the model may leave dims open).
-                value => {
-                    for t in value.tensors() {
-                        options.input_shapes.push((name.clone(), t.shape().to_vec()));
-                        runtime.push(t);
-                    }
+                Value::Tensor(t) => {
+                    options.input_shapes.push((name, t.shape().to_vec()));
+                    runtime.push(t);
+                }
+                sequence => {
+                    let tensors = sequence.tensors();
+                    let shapes = tensors.iter().map(|t| t.shape().to_vec()).collect();
+                    options.sequence_inputs.push((name, shapes));
+                    runtime.extend(tensors);
                 }
             }
         }

@@ -14,7 +14,7 @@
 
 use crate::Node;
 use crate::TensorDesc;
-use crate::conv::canonical_window;
+use crate::conv::{canonical_window, window_and_group};
 use crate::cpu::{Kernel, KernelError, OpCx, input, output_mut};
 use crate::invalid;
 use crate::lower::{LowerCx, OpResult, op_err};
@@ -28,17 +28,10 @@ pub(super) fn lower(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     }
     canonical_window(node, &x[2..], Some(&w[2..]))?;
     let given = |i: usize| AttrValue::Int(i64::from(cx.has_input(i)));
-    let mut attrs = Attrs::new()
-        .with("group", AttrValue::Int(node.attrs.int_or("group", 1)?))
+    node.attrs = window_and_group(node)?
         .with("offset_group", AttrValue::Int(node.attrs.int_or("offset_group", 1)?))
         .with("bias", given(3))
         .with("mask", given(4));
-    for name in ["kernel_shape", "strides", "dilations", "pads"] {
-        if let Some(v) = node.attrs.get(name) {
-            attrs.set(name, v.clone());
-        }
-    }
-    node.attrs = attrs;
     node.inputs.retain(Option::is_some);
     Ok(())
 }

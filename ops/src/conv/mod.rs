@@ -368,15 +368,24 @@ pub(super) fn check_post_operands(
     }
 }
 
-/// Fills `group`, keeps only the canonical attributes, writes empty post-ops and drops an
-/// absent bias.
-fn lower_group_and_bias(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
-    let group = node.attrs.int_or("group", 1)?;
-    let mut attrs = no_post_ops().with("group", AttrValue::Int(group));
+/// The canonical window attributes `canonical_window` left on `node`, and its `group`: the
+/// attributes every conv of the family starts from.
+pub(crate) fn window_and_group(node: &Node) -> OpResult<Attrs> {
+    let mut attrs = Attrs::new().with("group", AttrValue::Int(node.attrs.int_or("group", 1)?));
     for name in ["kernel_shape", "strides", "dilations", "pads"] {
         if let Some(v) = node.attrs.get(name) {
             attrs.set(name, v.clone());
         }
+    }
+    Ok(attrs)
+}
+
+/// Fills `group`, keeps only the canonical attributes, writes empty post-ops and drops an
+/// absent bias.
+fn lower_group_and_bias(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
+    let mut attrs = window_and_group(node)?;
+    for (name, v) in no_post_ops().iter() {
+        attrs.set(name, v.clone());
     }
     node.attrs = attrs;
     node.inputs.truncate(if cx.has_input(2) { 3 } else { 2 });
@@ -398,16 +407,8 @@ fn lower_conv_integer(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     let (x, w) = conv_operands(cx.input(0).ok(), cx.input(1).ok())?;
     canonical_window(node, &x[2..], Some(&w[2..]))?;
     let given = |i: usize| AttrValue::Int(i64::from(cx.has_input(i)));
-    let mut attrs = Attrs::new()
-        .with("group", AttrValue::Int(node.attrs.int_or("group", 1)?))
-        .with("x_zero_point", given(2))
-        .with("w_zero_point", given(3));
-    for name in ["kernel_shape", "strides", "dilations", "pads"] {
-        if let Some(v) = node.attrs.get(name) {
-            attrs.set(name, v.clone());
-        }
-    }
-    node.attrs = attrs;
+    node.attrs =
+        window_and_group(node)?.with("x_zero_point", given(2)).with("w_zero_point", given(3));
     node.inputs.retain(Option::is_some);
     Ok(())
 }
@@ -421,15 +422,7 @@ fn lower_qlinear_conv(node: &mut Node, cx: &LowerCx) -> OpResult<()> {
     }
     let (x, w) = conv_operands(cx.input(0).ok(), cx.input(3).ok())?;
     canonical_window(node, &x[2..], Some(&w[2..]))?;
-    let mut attrs = Attrs::new()
-        .with("group", AttrValue::Int(node.attrs.int_or("group", 1)?))
-        .with("bias", AttrValue::Int(i64::from(cx.has_input(8))));
-    for name in ["kernel_shape", "strides", "dilations", "pads"] {
-        if let Some(v) = node.attrs.get(name) {
-            attrs.set(name, v.clone());
-        }
-    }
-    node.attrs = attrs;
+    node.attrs = window_and_group(node)?.with("bias", AttrValue::Int(i64::from(cx.has_input(8))));
     node.inputs.retain(Option::is_some);
     Ok(())
 }

@@ -832,6 +832,10 @@ fn col2im(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if count == 0 {
         return Ok(Vec::new());
     }
+    // Blocks that fit nowhere leave an empty input, which cannot be bound.
+    if cx.inputs[0].desc.elements() == 0 {
+        return Err(no_kernel!("Col2Im of an empty input"));
+    }
     // Three dims, leading ones of extent one.
     let lead = |v: Vec<usize>, fill: usize| -> Vec<u32> {
         std::iter::repeat_n(fill, 3 - n).chain(v).map(|v| v as u32).collect()
@@ -846,9 +850,7 @@ fn col2im(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     params.extend(lead(g.pads[..n].to_vec(), 0));
     params.extend(lead(along, 1));
     let bindings = vec![Binding::input("x", 0, "f32"), Binding::output("y", 0, "f32")];
-    let grid = Grid::new(count, 64)?;
-    let label = format!("col2im_{count}");
-    Ok(vec![Spec::new(&COL2IM).set("WG", 64).dispatch(label, grid.groups, bindings, params)?])
+    Ok(vec![Spec::new(&COL2IM).flat(format!("col2im_{count}"), count, bindings, params)?])
 }
 
 /// DeformConv, float32: one invocation per output element.
@@ -891,9 +893,8 @@ fn deform(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     ];
     let mut params = vec![count as u32];
     params.extend(sizes.iter().map(|&v| v as u32));
-    let spec = Spec::new(&DEFORM).set("BIAS", g.bias).set("MASK", g.mask).set("WG", 64);
-    let grid = Grid::new(count, 64)?;
-    Ok(vec![spec.dispatch(format!("deform_conv_{count}"), grid.groups, bindings, params)?])
+    let spec = Spec::new(&DEFORM).set("BIAS", g.bias).set("MASK", g.mask);
+    Ok(vec![spec.flat(format!("deform_conv_{count}"), count, bindings, params)?])
 }
 
 #[cfg(test)]

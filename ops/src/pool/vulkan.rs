@@ -340,7 +340,8 @@ fn roi_align(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     let (&[n, c, h, w], &[r, ..]) = (x.desc.shape.as_slice(), y.desc.shape.as_slice()) else {
         return Err(no_kernel!("RoiAlign of X {:?}", x.desc.shape));
     };
-    if h == 0 || w == 0 || batch.desc.dtype != DType::I64 {
+    // An empty tensor cannot be bound.
+    if x.desc.elements() == 0 || h == 0 || w == 0 || batch.desc.dtype != DType::I64 {
         return Err(no_kernel!("RoiAlign of X {:?}", x.desc.shape));
     }
     let count = y.desc.elements() as u64;
@@ -366,10 +367,7 @@ fn roi_align(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         size(op.sampling_ratio),
         op.spatial_scale.to_bits(),
     ];
-    let grid = Grid::new(count, 64)?;
-    let d =
-        spec.set("WG", 64).dispatch(format!("roi_align_{r}x{c}"), grid.groups, bindings, params)?;
-    Ok(vec![d])
+    Ok(vec![spec.flat(format!("roi_align_{r}x{c}"), count, bindings, params)?])
 }
 
 /// MaxUnpool, float32, of up to 3 spatial dims: zeros, then X scattered.
@@ -403,10 +401,9 @@ fn max_unpool(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         let mut params = vec![count as u32, total];
         params.extend(lead(&inner));
         params.extend(lead(&out));
-        let grid = Grid::new(count as u64, 64)?;
         let label = format!("max_unpool_{}_{count}", if scatter { "scatter" } else { "zero" });
-        let spec = Spec::new(&UNPOOL).set("SCATTER", scatter).set("WG", 64);
-        d.push(spec.dispatch(label, grid.groups, bindings, params)?);
+        let spec = Spec::new(&UNPOOL).set("SCATTER", scatter);
+        d.push(spec.flat(label, count as u64, bindings, params)?);
     }
     Ok(d)
 }

@@ -18,7 +18,7 @@
 //! file alone and every specialisation they make): an alias is one line starting `alias NAME =`;
 //! a hook starts at a line `fn NAME(` and ends at the first line that is exactly `}`.
 
-use super::{Binding, Dispatch, NoKernel};
+use super::{Binding, Dispatch, Grid, NoKernel};
 use crate::no_kernel;
 
 /// A WGSL file of the crate, embedded at build time.
@@ -148,6 +148,20 @@ impl Spec {
             bindings,
             params,
         })
+    }
+
+    /// The dispatch of this module with one invocation per element of a flat range of
+    /// `invocations`, in workgroups of 64 (its `WG` override): the form of kernels that need
+    /// no tiling.
+    pub fn flat(
+        self,
+        label: impl Into<String>,
+        invocations: u64,
+        bindings: Vec<Binding>,
+        params: Vec<u32>,
+    ) -> Result<Dispatch, NoKernel> {
+        let grid = Grid::new(invocations, 64)?;
+        self.set("WG", 64).dispatch(label, grid.groups, bindings, params)
     }
 }
 
