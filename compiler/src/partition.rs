@@ -99,10 +99,31 @@ impl Partition {
             // What first writes a stacked scan output comes after the body in the graph.
             entry[r].extend(repeat.scans.iter().filter_map(|&(_, stacked)| producers[stacked]));
         }
+        // A node that reads only constants (a weight widened to f32, a table dequantized at
+        // run time) would be ready from the start, and taken early its output would hold
+        // memory until its reader runs, maybe submodels later: it waits for what its first
+        // reader waits for instead (every one of those comes before that reader in the
+        // model's order, so none of them depends on this node).
+        let reads_constants_only = |node: &ir::Node| {
+            node.present_inputs().next().is_some()
+                && node.present_inputs().all(|v| g.constant(v).is_some())
+        };
+        let mut first_reader: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        for (n, node) in g.nodes.iter().enumerate() {
+            for p in node.present_inputs().filter_map(|v| producers[v]) {
+                first_reader[p].get_or_insert(n);
+            }
+        }
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
         let mut waiting = vec![0usize; g.nodes.len()];
         for (n, node) in g.nodes.iter().enumerate() {
-            let mut deps = deps_of(node);
+            let mut deps = match first_reader[n].filter(|_| reads_constants_only(node)) {
+                Some(reader) => deps_of(&g.nodes[reader])
+                    .into_iter()
+                    .filter(|&d| !reads_constants_only(&g.nodes[d]))
+                    .collect(),
+                None => deps_of(node),
+            };
             if let Some(r) = repeat_of[n] {
                 deps.extend(&entry[r]);
             }
@@ -253,6 +274,19 @@ mod tests {
         let p = Partition::new(&g, &cpu_at(3, &[1]));
         assert_eq!(p.part, [0, 1, 0]);
         assert_eq!(p.kinds.len(), 2);
+    }
+
+    #[test]
+    fn a_node_of_constants_runs_beside_its_reader() {
+        // n2 widens a weight for n3, which also reads n1's output (CPU): ready from the
+        // start, n2 would join n0's run and its output live across n1's.
+        let mut g = graph(&[("Relu", 0), ("Cast", 1), ("Cast", 0), ("Add", 2)]);
+        let w = ingot_ops::Tensor::from_vec(vec![4], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let w = g.add_constant("w", crate::ir::Const::owned(w));
+        g.nodes[2].inputs = vec![Some(w)];
+        g.nodes[3].inputs.push(Some(3));
+        let p = Partition::new(&g, &cpu_at(4, &[1]));
+        assert_eq!(p.part, [0, 1, 2, 2]);
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! A node absorbs its consumer only if it is the only reader of its output, which is not a
 //! graph output (a use count of one says both). The fused node takes the consumer's place in
 //! the order and its output value: everything it reads is computed by then. Everything works
-//! on f32 outputs only.
+//! on f32 outputs only, and post-ops on the f16 outputs of ops that compute in f32 (`widen_f16`
+//! then widens the fused step whole: the post-ops run in f32 before the one rounding).
 
 use super::PassError;
 use super::patterns::{Patterns, near, scalar};
@@ -280,7 +281,10 @@ impl<'g> Fuser<'g> {
         let p = self.producers[y]?;
         let n = &self.g.nodes[p];
         let host = HOSTS.iter().any(|(op, _)| *op == n.op);
-        let ok = host && self.uses[y] == 1 && is_f32(self.g, y) && n.attrs.text("post_ops").is_ok();
+        // A float16 host whose CPU kernel computes in f32 is widened whole later
+        // (`widen_f16`): its post-ops then run in f32 too, before the one rounding to f16.
+        let float = is_f32(self.g, y) || super::widen_f16::widens(self.g, n);
+        let ok = host && self.uses[y] == 1 && float && n.attrs.text("post_ops").is_ok();
         ok.then_some(p)
     }
 
@@ -377,7 +381,8 @@ impl<'g> Fuser<'g> {
                             || r.elements() == 1
                             || (columns && broadcasts(&r.shape, &y.shape))
                     };
-                    y != r && is_f32(g, r) && g.ty(r).zip(g.ty(y)).is_some_and(fits)
+                    let same_type = g.ty(r).zip(g.ty(y)).is_some_and(|(r, y)| r.dtype == y.dtype);
+                    y != r && same_type && g.ty(r).zip(g.ty(y)).is_some_and(fits)
                 })?;
                 let name = match (op, swapped) {
                     ("Sub", true) => "RSub",

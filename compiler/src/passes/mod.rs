@@ -22,6 +22,7 @@ mod round_trips;
 pub(crate) mod sequences;
 #[cfg(test)]
 mod testing;
+mod widen_f16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -46,6 +47,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("fuse", fuse::run),
     ("channel_scales", channel_scales::run),
     ("dequantize_in_gemm", dequantize_in_gemm::products),
+    ("widen_f16", widen_f16::run),
     ("outputs", outputs::run),
     ("bounded", bounded::run),
 ];

@@ -175,6 +175,16 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     }
 }
 
+/// Whether the CPU kernel for `cx` takes its float16 operands only widened to f32
+/// (`widen.rs`): the compiler then widens them in the graph instead, with casts every backend
+/// runs, so that such a step runs on Vulkan's f32 kernels too.
+pub fn widens_f16(cx: &OpCx) -> bool {
+    let prepare = crate::lookup(cx.op).and_then(|def| def.cpu());
+    prepare.is_some_and(|prepare| {
+        matches!(prepare(cx), Err(KernelError::DType { dtype: DType::F16, .. }))
+    })
+}
+
 /// Runs one op on owned tensors: what constant folding and unit tests use.
 pub fn eval(
     op: &str,

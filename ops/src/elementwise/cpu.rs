@@ -650,6 +650,11 @@ fn cast(cx: &OpCx) -> Prepared {
         }
         return Ok(map(len, round_to_bf16));
     }
+    match (src, dst) {
+        (DType::F16, DType::F32) => return Ok(Box::new(HalfCast { len, widen: true })),
+        (DType::F32, DType::F16) => return Ok(Box::new(HalfCast { len, widen: false })),
+        _ => {}
+    }
     if src == DType::F32 && dst.packed_bits().is_none() && !dst.is_minifloat() {
         return match dst {
             DType::Bool => Ok(map(len, |x: f32| (x != 0.0) as u8)),
@@ -680,6 +685,35 @@ fn cast(cx: &OpCx) -> Prepared {
     };
     let (dtypes, sizes) = ((src, dst), (widen.0, narrow.0));
     Ok(Box::new(Cast { len, dtypes, sizes, widen: widen.1, narrow: narrow.1 }))
+}
+
+/// A cast between float16 and float32, whole slices at a time: `half`'s slice conversions
+/// use the CPU's conversion instructions (F16C, NEON's fp16) where it has them. The compiler
+/// casts every f16 operand of a step that computes in f32 (`widen_f16`), so these run often.
+struct HalfCast {
+    len: usize,
+    /// f16 -> f32 (else f32 -> f16, rounding to nearest even).
+    widen: bool,
+}
+
+impl Kernel for HalfCast {
+    fn run(&self, inputs: &[TensorRef], outputs: &mut [TensorMut]) -> Result<(), KernelError> {
+        use half::slice::HalfFloatSliceExt;
+        if self.widen {
+            let (x, y) = (input::<f16>(inputs, 0)?, output::<f32>(outputs)?);
+            check_len(self.len, x.len(), y.len())?;
+            for_each_chunk(y, MAP_TASK, &|t, y| {
+                x[t * MAP_TASK..][..y.len()].convert_to_f32_slice(y)
+            });
+        } else {
+            let (x, y) = (input::<f32>(inputs, 0)?, output::<f16>(outputs)?);
+            check_len(self.len, x.len(), y.len())?;
+            for_each_chunk(y, MAP_TASK, &|t, y| {
+                y.convert_from_f32_slice(&x[t * MAP_TASK..][..y.len()])
+            });
+        }
+        Ok(())
+    }
 }
 
 /// `x` rounded to the nearest bfloat16 (ties to even), as an f32: what a cast to bfloat16

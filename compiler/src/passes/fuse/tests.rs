@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::ir;
-use crate::passes::testing::{Builder, assert_agrees, data};
+use crate::passes::testing::{self, Builder, assert_agrees, data};
 use ingot_ops::cpu::post;
 
 fn float(v: f64) -> AttrValue {
@@ -523,4 +523,42 @@ fn the_activation_vocabulary_is_the_runtimes() {
         assert_eq!(post::in_place_input(op, &add), Some(*own), "{op}");
     }
     assert_eq!(hosts, ["Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulIntegerToFloat"]);
+}
+
+#[test]
+fn an_f16_conv_takes_post_ops_which_run_in_f32_once_widened() {
+    // Float16 as converters write it: Conv(x) + r, then SiLU, all f16.
+    let half = || Attrs::new().with("to", AttrValue::Int(10));
+    let mut b = Builder::new();
+    let x = b.input("x", &[1, 3, 4, 4]);
+    let r = b.op("Exp", &[x]);
+    let (x16, r16) = (b.node("Cast", &[x], half()), b.node("Cast", &[r], half()));
+    let w = b.constant("w", &[3, 3, 3, 3], &[], 1);
+    let w16 = b.node("Cast", &[w], half());
+    let y = b.node("Conv", &[x16, w16], conv_attrs(1, 1));
+    let s = b.op("Add", &[y, r16]);
+    let sigmoid = b.op("Sigmoid", &[s]);
+    let z = b.op("Mul", &[s, sigmoid]);
+    let out = b.node("Cast", &[z], Attrs::new().with("to", AttrValue::Int(1)));
+    let g = b.finish(&[out]);
+    let mut f = g.clone();
+    run(&mut f).unwrap();
+    let left: Vec<&str> = f.nodes.iter().map(|n| n.op.as_str()).collect();
+    assert_eq!(left, ["Exp", "Cast", "Cast", "Conv", "Cast"]);
+    assert_eq!(post_ops(the(&f, "Conv")), ("Add,Swish", &[1.0][..]));
+    // Widened, the conv and its post-ops are one f32 step between casts.
+    crate::passes::widen_f16::run(&mut f).unwrap();
+    ir::check(&f).unwrap();
+    let conv = the(&f, "Conv");
+    for v in conv.present_inputs().chain(conv.outputs.iter().copied()) {
+        assert_eq!(f.ty(v).unwrap().dtype, DType::F32, "{}", f.values[v].name);
+    }
+    // The post-ops in f32 before one rounding, where the model rounds after each op: within
+    // a couple of f16 ulps.
+    let inputs = [ingot_ops::Tensor::from_vec(vec![1, 3, 4, 4], &data(48, 3)).unwrap()];
+    let (got, want) = (testing::evaluate(&f, &inputs), testing::evaluate(&g, &inputs));
+    let (got, want) = (got[0].as_slice::<f32>().unwrap(), want[0].as_slice::<f32>().unwrap());
+    for (a, b) in got.iter().zip(want) {
+        assert!((a - b).abs() <= 2e-3 * b.abs().max(1.0), "{a}, unfused {b}");
+    }
 }
