@@ -23,6 +23,8 @@
 # around every op) and `decoder_w8` (weight-only int8, dequantized in the graph), and
 # `decoder_exported` from tools/make_exported_models.py (norms as ReduceMean chains, GELU in
 # pieces, as older exporters write them); their token ids are drawn from the fixture's vocabulary.
+# `yolov8n_f16` and `decoder_f16`: the detector and the decoder converted to float16 by
+# tools/make_half_models.py (onnxruntime.transformers.float16, as apps ship them).
 #
 # Bundles are compiled for the CPU alone (`ingot compile --devices cpu`), as an app that runs
 # on the CPU ships them. `--fallback` compiles the default bundle instead (Vulkan steps too)
@@ -73,17 +75,20 @@ declare -A file=(
     [yolov8n_w8]="$target/models/320n_weights_int8.onnx"
     [yolov8n_qdq]="$target/models/320n_qdq.onnx"
     [yolov8n_dynamic]="$target/models/320n_dynamic.onnx"
+    [yolov8n_f16]="$target/models/320n_f16.onnx"
     [decoder]="$target/decoder/prefill.onnx"
     [decoder_dynamic]="$target/models/prefill_dynamic.onnx"
     [decoder_qdq]="$target/models/prefill_qdq.onnx"
     [decoder_w8]="$target/models/prefill_weights_int8.onnx"
     [decoder_exported]="$target/models/prefill_exported.onnx"
+    [decoder_f16]="$target/models/prefill_f16.onnx"
 )
 declare -A input=(
     [det]=x=1x3x224x224 [rec]=x=1x3x48x320 [cls]=x=1x3x48x192
     [resnet50]=gpu_0/data_0=1x3x224x224 [shufflenet]=gpu_0/data_0=1x3x224x224
     [yolov8n]=images=1x3x320x320 [yolov8n_w8]=images=1x3x320x320
     [yolov8n_qdq]=images=1x3x320x320 [yolov8n_dynamic]=images=1x3x320x320
+    [yolov8n_f16]=images=1x3x320x320 [decoder_f16]=input_ids=1x16
     [decoder]=input_ids=1x16 [decoder_dynamic]=input_ids=1x16
     [decoder_qdq]=input_ids=1x16 [decoder_w8]=input_ids=1x16 [decoder_exported]=input_ids=1x16
 )
