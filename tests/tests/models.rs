@@ -56,9 +56,11 @@ fn arrays(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
 /// Cases whose every submodel has Vulkan kernels: their Vulkan run must not use the CPU
 /// (opset 23's Attention, RMSNormalization and RotaryEmbedding; opset 24's TensorScatter; convs of int8 weights and
 /// their post-ops; dynamic quantization's DynamicQuantizeLinear and ConvInteger; a float16
-/// transformer, its products and norms widened to f32 steps by casts).
+/// transformer and detector, their products, norms and convs widened to f32 steps by casts,
+/// the detector's nearest upsampling moving f16 two to a word).
 const ALL_ON_VULKAN_CASES: &[&str] = &[
     "decoder_f16",
+    "yolov8n_320_f16",
     "llama_prefill",
     "llama_decode",
     "genai_llm_prefill",

@@ -1493,6 +1493,39 @@ fn equal_the_cpu_on_both_classes(
     Ok(())
 }
 
+/// A float16 detector's upsampling on Vulkan, two elements to a word (an input of an odd
+/// element count, whose last word is half past its end), and a float16 product the compiler
+/// widens to an f32 step between casts: both on Vulkan alone, equal to the CPU on both
+/// kernel classes.
+#[test]
+fn float16_upsampling_and_products_run_on_vulkan() -> Result<()> {
+    let to = |d: DType| attr_int("to", i64::from(d.onnx_code()));
+    let scales = Tensor::from_vec(vec![4], &[1.0f32, 1.0, 2.0, 2.0])?;
+    let model = OnnxModel::new(19)
+        .input("x", DType::F32, &[1, 3, 5, 5])
+        .input("a", DType::F32, &[4, 6])
+        .initializer("scales", &scales)
+        .initializer("b", &tensor(&[6, 3], 3))
+        .node("half", "Cast", &["x"], &["h"], vec![to(DType::F16)])
+        .node(
+            "up",
+            "Resize",
+            &["h", "", "scales"],
+            &["u"],
+            vec![attr_string("mode", "nearest"), attr_string("nearest_mode", "floor")],
+        )
+        .node("back", "Cast", &["u"], &["y"], vec![to(DType::F32)])
+        .node("ha", "Cast", &["a"], &["ah"], vec![to(DType::F16)])
+        .node("hb", "Cast", &["b"], &["bh"], vec![to(DType::F16)])
+        .node("product", "MatMul", &["ah", "bh"], &["p"], vec![])
+        .node("pf", "Cast", &["p"], &["z"], vec![to(DType::F32)])
+        .output("y", DType::F32, &[1, 3, 10, 10])
+        .output("z", DType::F32, &[4, 3]);
+    let bundle = bundle("float16_upsampling_and_products", &model)?;
+    let inputs = [tensor(&[1, 3, 5, 5], 1), tensor(&[4, 6], 2)];
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["y", "z"][k].to_string())
+}
+
 /// Detectors' and decoders' region and cache ops equal the CPU on both kernel classes:
 /// DeformConv with a mask and no bias (the mask in the first optional slot), RoiAlign in max
 /// mode, MaxUnpool of a MaxPool's indices, Col2Im with strides and pads, and TensorScatter in

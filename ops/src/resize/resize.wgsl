@@ -1,6 +1,8 @@
-// Resize (resize/vulkan.rs): nearest (FILTER 0, any 4-byte type moved as bits), linear (1) and
-// cubic (2, coefficient CUBIC_A) over float32. One invocation per output element, or with
-// LANES 4 per four neighbours along the innermost axis (one vec4 store).
+// Resize (resize/vulkan.rs): nearest (FILTER 0, any 4-byte type moved as bits; with HALVES
+// a 2-byte type, two to a u32 word), linear (1) and cubic (2, coefficient CUBIC_A) over
+// float32. One invocation per output element, or with LANES 4 per four neighbours along the
+// innermost axis (one vec4 store); with HALVES, LANES is 2: the two halves of one output word,
+// so that no two invocations write one word.
 //
 // The resize has AXES axes (1 to 3, innermost first; identity axes next to each other are one,
 // and axes of one element are left out). Along axis a, output index j reads source coordinate
@@ -23,6 +25,7 @@ override CUBIC_A: f32 = -0.75;
 override NORMALISE: bool = false;
 override EXCLUDE_OUTSIDE: bool = false;
 override CROP: bool = false;
+override HALVES: bool = false;
 
 @group(0) @binding(0) var<storage, read> x: array<T>;
 @group(0) @binding(1) var<storage, read_write> y: array<Y>;
@@ -162,7 +165,12 @@ fn read_along(a: u32, j: u32, stride: u32) -> Read {
 fn value(r0: Read, r1: Read, r2: Read, stride: vec3<u32>) -> T {
     let inside = r0.inside && r1.inside && r2.inside;
     if (FILTER == 0u) {
-        return select(bitcast<T>(p.fill), x[p.x + r0.at + r1.at + r2.at], inside);
+        let e = r0.at + r1.at + r2.at;
+        if (HALVES) {
+            // Element e's 16 bits, in the low half (x's words are T = u32 then).
+            return bitcast<T>((bitcast<u32>(x[p.x + e / 2u]) >> (16u * (e % 2u))) & 0xffffu);
+        }
+        return select(bitcast<T>(p.fill), x[p.x + e], inside);
     }
     // Σ over the outermost axis's taps of its weight times the same sum over the inner ones.
     var v = 0.0;

@@ -1,5 +1,6 @@
 //! Vulkan kernels of the resize family (ops: ops/src/resize/cpu.rs): Resize in nearest
-//! mode (any 4-byte dtype), linear and cubic modes (float32), with antialiasing.
+//! mode (any 4-byte dtype, and 2-byte ones two to a word), linear and cubic modes (float32),
+//! with antialiasing.
 //!
 //! `resize.wgsl`: one invocation per output element, or per 4 neighbouring ones along the last
 //! axis (one vec4 store) where that axis is a multiple of 4 and aligned; each axis's map and
@@ -70,10 +71,21 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
         }),
         m => return Err(no_kernel!("Resize mode {m}")),
     };
+    // Nearest moves 2-byte elements (float16) two to a word, which must be whole.
+    let halves = filter.is_none() && x.dtype.size() == 2;
     if filter.is_some() {
         cx.require_f32()?;
-    } else if x.dtype.size() != 4 {
+    } else if x.dtype.size() != 4 && !halves {
         return Err(cx.dtype(x.dtype));
+    }
+    if let Some(o) =
+        (cx.inputs.iter().chain(cx.outputs)).find(|o| halves && !o.byte_offset.is_multiple_of(4))
+    {
+        return Err(no_kernel!(
+            "Resize of {} at byte {}, not word-aligned",
+            x.dtype,
+            o.byte_offset
+        ));
     }
     let scales = a.floats("scales").map_err(|e| no_kernel!("{e}"))?;
     if scales.len() != rank {
@@ -111,7 +123,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if crops && x.dtype != DType::F32 {
         return Err(no_kernel!("Resize extrapolating {}", x.dtype));
     }
-    kernel(cx, &merged, filter, extrapolation, y.elements() as u64)
+    kernel(cx, &merged, filter, extrapolation, y.elements() as u64, halves)
 }
 
 /// The affine map `t = p * j + r`, read over `q`.
@@ -485,6 +497,7 @@ fn kernel(
     filter: Option<Filter>,
     extrapolation: f32,
     n: u64,
+    halves: bool,
 ) -> Result<Vec<Dispatch>, NoKernel> {
     // Innermost first; an axis of one element reads index 0 whatever its map.
     let mut inner_first: Vec<&Axis> =
@@ -496,8 +509,16 @@ fn kernel(
     if inner_first.len() > MAX_AXES {
         return Err(no_kernel!("Resize over {} axes", inner_first.len()));
     }
-    let lanes =
-        if inner_first[0].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() { 4u32 } else { 1 };
+    let lanes = if halves {
+        if !inner_first[0].n_out.is_multiple_of(2) {
+            return Err(no_kernel!("Resize of 2-byte elements, {} to a row", inner_first[0].n_out));
+        }
+        2
+    } else if inner_first[0].n_out.is_multiple_of(4) && cx.outputs[0].aligned16() {
+        4u32
+    } else {
+        1
+    };
     let count = n / u64::from(lanes);
     // Per axis: n_out, n_in, p, q, r, taps, s, lo, hi; unused axes are one element.
     let mut words: Vec<[u32; 9]> = Vec::new();
@@ -549,6 +570,12 @@ fn kernel(
     if lanes == 4 {
         spec = spec.hook("store", "fn store(o: u32, v: vec4<T>) {\n    y[p.y + o] = v;\n}");
     }
+    if halves {
+        spec = spec.hook(
+            "store",
+            "fn store(o: u32, v: vec4<T>) {\n    y[p.y + o] = v.x | (v.y << 16u);\n}",
+        );
+    }
     if let Some(f) = filter {
         spec = spec
             .set("CUBIC_A", f.cubic.unwrap_or(-0.75))
@@ -556,7 +583,12 @@ fn kernel(
             .set("EXCLUDE_OUTSIDE", f.exclude_outside);
     }
     let mode = ["nearest", "linear", "cubic"][code as usize];
-    let mut label = format!("resize_{mode}_{n}{}", if lanes == 4 { "_v4" } else { "" });
+    let suffix = match lanes {
+        4 => "_v4",
+        2 => "_halves",
+        _ => "",
+    };
+    let mut label = format!("resize_{mode}_{n}{suffix}");
     if cx.class == DeviceClass::Cpu {
         // The geometry as literals: every division by it folds.
         let vector = |field: usize, ty: &str, lit: &dyn Fn(u32) -> String| {
@@ -584,7 +616,7 @@ fn kernel(
             ),
         );
         let sizes: Vec<String> = inner_first.iter().rev().map(|a| a.n_out.to_string()).collect();
-        label = format!("resize_{mode}_{}{}", sizes.join("x"), if lanes == 4 { "_v4" } else { "" });
+        label = format!("resize_{mode}_{}{suffix}", sizes.join("x"));
     } else {
         // The fast division takes the output's index apart and floors every t >= 0 (< 2^31,
         // as the fit keeps it).
@@ -595,6 +627,9 @@ fn kernel(
         if fast {
             spec = spec.divmod();
         }
+    }
+    if halves {
+        spec = spec.set("HALVES", true);
     }
     let bindings = vec![Binding::input("x", 0, ty), Binding::output("y", 0, y_ty)];
     let grid = Grid::new(count, WG)?;
@@ -862,6 +897,24 @@ mod tests {
         assert_eq!((field(&d[0], 0), field(&d[0], 1)), (&[56, 56, 96][..], &[28, 28, 96][..]));
         assert_eq!((field(&d[0], 2), field(&d[0], 3)), (&[1, 1, 1][..], &[2, 2, 1][..]));
         assert_eq!((d[0].params[0], override_of(&d[0], "LANES")), (96 * 56 * 14, Some(4.0)));
+    }
+
+    #[test]
+    fn float16_nearest_moves_two_elements_a_word() {
+        // YOLOv8's FPN in float16: two outputs to an invocation, one u32 word stored whole.
+        let a = attrs("nearest", "asymmetric", "floor", &[1.0, 1.0, 2.0, 2.0], &[1, 8, 40, 40]);
+        let d = run(&a, &[1, 8, 20, 20], DType::F16).unwrap();
+        assert_eq!(d[0].bindings[1].ty, "u32");
+        assert_eq!(d[0].params[0], 8 * 40 * 40 / 2);
+        assert_eq!(
+            (override_of(&d[0], "LANES"), override_of(&d[0], "HALVES")),
+            (Some(2.0), Some(1.0))
+        );
+        // An odd row would put two invocations in one word; interpolation is float32 only.
+        let odd = attrs("nearest", "asymmetric", "floor", &[1.0, 1.0, 1.0, 3.0], &[1, 8, 20, 3]);
+        assert!(run(&odd, &[1, 8, 20, 1], DType::F16).is_err());
+        let linear = attrs("linear", "asymmetric", "floor", &[1.0, 1.0, 2.0, 2.0], &[1, 8, 40, 40]);
+        assert!(run(&linear, &[1, 8, 20, 20], DType::F16).is_err());
     }
 
     #[test]
