@@ -117,7 +117,10 @@ impl Partition {
         let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
         let mut waiting = vec![0usize; g.nodes.len()];
         for (n, node) in g.nodes.iter().enumerate() {
-            let mut deps = match first_reader[n].filter(|_| reads_constants_only(node)) {
+            // (Only inside the reader's own loop body or outside any: a node outside a body
+            // that waited for body nodes could never run before the body ends.)
+            let beside = |&r: &usize| reads_constants_only(node) && repeat_of[r] == repeat_of[n];
+            let mut deps = match first_reader[n].filter(beside) {
                 Some(reader) => deps_of(&g.nodes[reader])
                     .into_iter()
                     .filter(|&d| !reads_constants_only(&g.nodes[d]))

@@ -1,5 +1,5 @@
-//! Float16 steps of ops that compute in float32 only (Conv, MatMul, the reductions, Softmax,
-//! Attention, ...): their f16 inputs are cast to f32 before them and their f32 results cast
+//! Float16 steps of ops that compute in float32 only (Conv, MatMul, the norms, the
+//! reductions, Softmax, ...): their f16 inputs are cast to f32 before them and their f32 results cast
 //! back to f16 after, in the graph. This is what ONNX Runtime does for such nodes and what the
 //! CPU kernels did inside the step (`ingot_ops::cpu` widen); done here, every backend sees an
 //! f32 step and two casts, so a float16 model runs on Vulkan's f32 kernels instead of falling
@@ -8,11 +8,11 @@
 //! are f32, for as long as the step needs them (the plan reuses their bytes), and f16 weights
 //! stay f16 in the bundle, widened as the step runs.
 //!
-//! Which ops these are is the CPU kernels' answer (`ingot_ops::cpu::widens_f16`). A cast of a
-//! value is shared by consecutive steps that read it under the same guard and loop (the
-//! three projections of one input). Steps whose
-//! outputs have a data-dependent length keep the CPU's own widening: their bound belongs to
-//! the step that computes it.
+//! Which ops these are is the CPU kernels' answer (`ingot_ops::cpu::widens_f16`); an op whose
+//! CPU kernel takes f16 itself (Attention, which rounds as ONNX's reference does) is left
+//! alone. A cast of a value is shared by consecutive steps that read it under the same guard
+//! and loop (the three projections of one input). Steps whose outputs have a data-dependent
+//! length keep the CPU's own widening: their bound belongs to the step that computes it.
 
 use super::PassError;
 use crate::ir::{Graph, Guard, Node, ValueId};
