@@ -214,21 +214,26 @@ impl Kernel for DeformConv {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::cpu::eval;
     use crate::tensor::{Tensor, TensorDesc};
     use ingot_schema::{AttrValue, Attrs, DType};
 
-    fn attrs(bias: bool, mask: bool) -> Attrs {
+    /// A canonical 3x3 DeformConv with pads 1, `groups` groups and offset groups.
+    pub(in crate::conv) fn canonical(groups: i64, bias: bool, mask: bool) -> Attrs {
         Attrs::new()
             .with("kernel_shape", AttrValue::Ints(vec![3, 3]))
             .with("strides", AttrValue::Ints(vec![1, 1]))
             .with("dilations", AttrValue::Ints(vec![1, 1]))
             .with("pads", AttrValue::Ints(vec![1, 1, 1, 1]))
-            .with("group", AttrValue::Int(1))
-            .with("offset_group", AttrValue::Int(1))
+            .with("group", AttrValue::Int(groups))
+            .with("offset_group", AttrValue::Int(groups))
             .with("bias", AttrValue::Int(i64::from(bias)))
             .with("mask", AttrValue::Int(i64::from(mask)))
+    }
+
+    fn attrs(bias: bool, mask: bool) -> Attrs {
+        canonical(1, bias, mask)
     }
 
     /// A plain 3x3 conv with pads 1 of `x` [1, 2, 4, 4] by `w` [1, 2, 3, 3], by hand.

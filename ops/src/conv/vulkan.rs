@@ -1456,17 +1456,7 @@ mod tests {
 
     #[test]
     fn deform_conv_binds_the_bias_and_mask_it_has_in_order() {
-        let attrs = |bias: bool, mask: bool| {
-            Attrs::new()
-                .with("kernel_shape", AttrValue::Ints(vec![3, 3]))
-                .with("strides", AttrValue::Ints(vec![1, 1]))
-                .with("dilations", AttrValue::Ints(vec![1, 1]))
-                .with("pads", AttrValue::Ints(vec![1, 1, 1, 1]))
-                .with("group", AttrValue::Int(2))
-                .with("offset_group", AttrValue::Int(2))
-                .with("bias", AttrValue::Int(i64::from(bias)))
-                .with("mask", AttrValue::Int(i64::from(mask)))
-        };
+        let attrs = |bias, mask| crate::conv::deform::tests::canonical(2, bias, mask);
         for (bias, mask) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut inputs: Vec<&[usize]> = vec![&[1, 4, 6, 6], &[6, 2, 3, 3], &[1, 36, 6, 6]];
             if bias {

@@ -193,11 +193,13 @@ impl QLinearConv {
             outputs: &sums,
         })?;
         let m = product.m;
-        let per_channel = |k: usize| inputs[k].elements() == m && m != 1;
         let floats = [1, 4, 6].iter().all(|&k| inputs[k].dtype == DType::F32);
-        if !floats || [1, 6].iter().any(|&k| per_channel(k)) || y.dtype != inputs[7].dtype {
+        // One x_scale, y_scale and y_zero_point; one w_scale, or one per output channel.
+        let counts = [1, 6, 7].iter().all(|&k| inputs[k].elements() == 1)
+            && [1, m].contains(&inputs[4].elements());
+        if !floats || !counts || y.dtype != inputs[7].dtype {
             return Err(invalid!(
-                "QLinearConv's scales must be float32, its y of y_zero_point's type"
+                "QLinearConv's scales must be float32 (one each, w_scale one or one per output                  channel), its y of y_zero_point's type and y_zero_point one value"
             ));
         }
         let plane = y.shape[2..].iter().product();
@@ -331,5 +333,15 @@ mod tests {
         let out = [TensorDesc::new(DType::I8, [1, 2, 2, 2])];
         let y = eval("QLinearConv", &attrs, &refs, &out).unwrap();
         assert_eq!(y[0].as_slice::<i8>().unwrap(), [-2, 4, 10, 16, -15, -65, -115, -128]);
+        // A hostile bundle's operand counts are refused, not indexed past: three w_scales
+        // for two channels, no y_zero_point.
+        let mut bad = inputs.clone();
+        bad[4] = t(vec![3], &[0.25, 0.5, 1.0]);
+        let refs: Vec<&Tensor> = bad.iter().collect();
+        assert!(eval("QLinearConv", &attrs, &refs, &out).is_err());
+        let mut bad = inputs.clone();
+        bad[7] = Tensor::from_vec(vec![0], &[0i8; 0]).unwrap();
+        let refs: Vec<&Tensor> = bad.iter().collect();
+        assert!(eval("QLinearConv", &attrs, &refs, &out).is_err());
     }
 }
