@@ -42,3 +42,16 @@ pub use node::{Constant, Node, ValueId};
 pub use quantize::keeps_constant_narrow;
 pub use registry::{Op, OpDef, can_run_in_place, is_view, lookup, supported_ops};
 pub use tensor::{Element, Tensor, TensorDesc, TensorError, TensorMut, TensorRef};
+
+/// Whether input `slot` of a float32 step of `op` may be float16, which the kernels of every
+/// backend widen exactly as they load it: a Conv's W, or a MatMul's or Gemm's B, unless the
+/// step dequantizes 8-bit weights there. The compiler's `widen_f16` leaves a constant f16
+/// weight so: half the bytes in the bundle and in memory, and no step that widens it each run.
+pub fn takes_f16_weights(op: &str, attrs: &ingot_schema::Attrs, slot: usize) -> bool {
+    slot == 1
+        && match op {
+            "Conv" => !dequantizes_w(attrs),
+            "MatMul" | "Gemm" => !dequantizes_b(attrs),
+            _ => false,
+        }
+}

@@ -1494,9 +1494,10 @@ fn equal_the_cpu_on_both_classes(
 }
 
 /// A float16 detector's upsampling on Vulkan, two elements to a word (an input of an odd
-/// element count, whose last word is half past its end), and a float16 product the compiler
-/// widens to an f32 step between casts: both on Vulkan alone, equal to the CPU on both
-/// kernel classes.
+/// element count, whose last word is half past its end), and float16 products the compiler
+/// widens to f32 steps between casts, which read their f16 weights themselves, two to a word:
+/// a MatMul, a Gemm of B stored [N, K] with its bias and a residual, a Conv with its bias and a
+/// Relu. All on Vulkan alone, equal to the CPU on both kernel classes.
 #[test]
 fn float16_upsampling_and_products_run_on_vulkan() -> Result<()> {
     let to = |d: DType| attr_int("to", i64::from(d.onnx_code()));
@@ -1519,11 +1520,27 @@ fn float16_upsampling_and_products_run_on_vulkan() -> Result<()> {
         .node("hb", "Cast", &["b"], &["bh"], vec![to(DType::F16)])
         .node("product", "MatMul", &["ah", "bh"], &["p"], vec![])
         .node("pf", "Cast", &["p"], &["z"], vec![to(DType::F32)])
+        .initializer("bt", &tensor(&[3, 6], 4))
+        .initializer("c", &tensor(&[3], 5))
+        .node("hbt", "Cast", &["bt"], &["bth"], vec![to(DType::F16)])
+        .node("hc", "Cast", &["c"], &["ch"], vec![to(DType::F16)])
+        .node("gemm", "Gemm", &["ah", "bth", "ch"], &["q"], vec![attr_int("transB", 1)])
+        .node("residual", "Add", &["q", "p"], &["qp"], vec![])
+        .node("qf", "Cast", &["qp"], &["g"], vec![to(DType::F32)])
+        .initializer("w", &tensor(&[4, 3, 3, 3], 6))
+        .initializer("wb", &tensor(&[4], 7))
+        .node("hw", "Cast", &["w"], &["wh"], vec![to(DType::F16)])
+        .node("hwb", "Cast", &["wb"], &["wbh"], vec![to(DType::F16)])
+        .node("conv", "Conv", &["h", "wh", "wbh"], &["k"], vec![attr_ints("pads", &[1; 4])])
+        .node("relu", "Relu", &["k"], &["kr"], vec![])
+        .node("kf", "Cast", &["kr"], &["c16"], vec![to(DType::F32)])
         .output("y", DType::F32, &[1, 3, 10, 10])
-        .output("z", DType::F32, &[4, 3]);
+        .output("z", DType::F32, &[4, 3])
+        .output("g", DType::F32, &[4, 3])
+        .output("c16", DType::F32, &[1, 4, 5, 5]);
     let bundle = bundle("float16_upsampling_and_products", &model)?;
     let inputs = [tensor(&[1, 3, 5, 5], 1), tensor(&[4, 6], 2)];
-    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["y", "z"][k].to_string())
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["y", "z", "g", "c16"][k].to_string())
 }
 
 /// Detectors' and decoders' region and cache ops equal the CPU on both kernel classes:

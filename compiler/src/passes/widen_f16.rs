@@ -5,8 +5,13 @@
 //! f32 step and two casts, so a float16 model runs on Vulkan's f32 kernels instead of falling
 //! back to the CPU step by step. The numbers are the CPU's: inputs widened exactly, the f32
 //! kernel, each f16 output rounded once. f16 storage stays f16: only the step's own operands
-//! are f32, for as long as the step needs them (the plan reuses their bytes), and f16 weights
-//! stay f16 in the bundle, widened as the step runs.
+//! are f32, for as long as the step needs them (the plan reuses their bytes).
+//!
+//! Constants are not cast each run. A weight that the f32 kernels read as f16 themselves
+//! (`ingot_ops::takes_f16_weights`: a Conv's W) stays as it is: half the bytes in the bundle
+//! and in memory, widened as the kernel loads it. A constant of at most one dimension (a bias,
+//! a norm's scale) is widened here, once: a few KiB. Any other f16 weight (a MatMul's B) is
+//! cast as the step runs.
 //!
 //! Which ops these are is the CPU kernels' answer (`ingot_ops::cpu::widens_f16`); an op whose
 //! CPU kernel takes f16 itself (Attention, which rounds as ONNX's reference does) is left
@@ -15,7 +20,7 @@
 //! length keep the CPU's own widening: their bound belongs to the step that computes it.
 
 use super::PassError;
-use crate::ir::{Graph, Guard, Node, ValueId};
+use crate::ir::{Const, Graph, Guard, Node, ValueId};
 use ingot_ops::TensorDesc;
 use ingot_ops::cpu::{OpCx, widens_f16};
 use ingot_schema::{AttrValue, Attrs, DType};
@@ -25,6 +30,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     let mut out = Vec::with_capacity(nodes.len());
     // (f16 value, where its reader runs) -> the f32 copy, for the next steps that read it.
     let mut widened: Vec<(ValueId, Context, ValueId)> = Vec::new();
+    // f16 constant -> its f32 constant, for every reader.
+    let mut folded: Vec<(ValueId, ValueId)> = Vec::new();
     for mut node in nodes {
         if !widens(g, &node) {
             widened.clear();
@@ -39,6 +46,15 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             let Some(v) = node.inputs[slot].filter(|&v| is_f16(g, v)) else {
                 continue;
             };
+            if let Some(c) = g.constant(v) {
+                if ingot_ops::takes_f16_weights(&node.op, &node.attrs, slot) {
+                    continue;
+                }
+                if c.desc().shape.len() <= 1 {
+                    node.inputs[slot] = Some(widened_constant(g, v, &mut folded)?);
+                    continue;
+                }
+            }
             let known = widened.iter().find(|(w, c, _)| *w == v && *c == context);
             let wide = match known {
                 Some(&(_, _, wide)) => wide,
@@ -70,6 +86,27 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     }
     g.nodes = out;
     Ok(())
+}
+
+/// The f32 constant of f16 constant `v`, made once.
+fn widened_constant(
+    g: &mut Graph,
+    v: ValueId,
+    folded: &mut Vec<(ValueId, ValueId)>,
+) -> Result<ValueId, PassError> {
+    if let Some(&(_, wide)) = folded.iter().find(|(h, _)| *h == v) {
+        return Ok(wide);
+    }
+    let half = g.constant(v).map(|c| c.tensor()).expect("a constant");
+    let desc = TensorDesc::new(DType::F32, half.desc().shape.clone());
+    let to = Attrs::new().with("to", AttrValue::Int(i64::from(DType::F32.onnx_code())));
+    let wide = ingot_ops::cpu::eval("Cast", &to, &[&half], std::slice::from_ref(&desc))
+        .map_err(|e| PassError::Graph(format!("widening f16 constant {}: {e}", g.values[v].name)))?
+        .remove(0);
+    let name = format!("{}:f32", g.values[v].name);
+    let wide = g.add_constant(name, Const::owned(wide));
+    folded.push((v, wide));
+    Ok(wide)
 }
 
 /// Whether `node` has f16 operands that its CPU kernel would widen, and no bounded ones: what
@@ -138,7 +175,7 @@ mod tests {
         Attrs::new().with("to", AttrValue::Int(i64::from(dtype.onnx_code())))
     }
 
-    /// An f16 model: `h = f16(x)`, two MatMuls of `h` by f16 weights (the CPU widens
+    /// An f16 model: `h = f16(x)`, two MatMuls of `h` by f16 weights (the CPU widens an f16
     /// MatMul), a Relu of one (f16 native) and their sum, returned as f32.
     fn half_model() -> Graph {
         let mut b = Builder::new();
@@ -165,22 +202,51 @@ mod tests {
         let mut g = original.clone();
         run(&mut g).unwrap();
         crate::ir::check(&g).unwrap();
-        // h, then h and w1 widened, the product rounded to f16; the second product widens
-        // only w2 (one cast of h serves both); the weights stay f16 constants.
-        let widened = ["Cast", "Cast", "Cast", "MatMul", "Cast", "Cast", "MatMul", "Cast"];
+        // h widened once for both products, each product rounded to f16; the products read
+        // their f16 weights themselves.
+        let widened = ["Cast", "Cast", "MatMul", "Cast", "MatMul", "Cast"];
         assert_eq!(ops(&g), [&widened[..], &["Relu", "Add", "Cast"]].concat());
         for n in g.nodes.iter().filter(|n| n.op == "MatMul") {
             let operands = n.present_inputs().chain(n.outputs.iter().copied());
             let dtypes: Vec<DType> = operands.map(|v| g.ty(v).unwrap().dtype).collect();
-            assert_eq!(dtypes, [DType::F32; 3], "{}", n.label());
+            assert_eq!(dtypes, [DType::F32, DType::F16, DType::F32], "{}", n.label());
+            assert!(g.constant(n.inputs[1].unwrap()).is_some(), "{}", n.label());
         }
-        let weights = g.nodes.iter().filter(|n| n.op == "Cast").filter_map(|n| n.inputs[0]);
-        assert_eq!(weights.filter(|&v| g.constant(v).is_some()).count(), 2);
         // Bit for bit what the CPU's widened kernels compute.
         let x = Tensor::from_vec(vec![3, 4], &data(12, 7)).unwrap();
         let bits = |g: &Graph| evaluate(g, std::slice::from_ref(&x))[0].bytes().to_vec();
         assert_eq!(bits(&g), bits(&original));
         // A second run finds nothing left to widen.
+        let once = ops(&g).len();
+        run(&mut g).unwrap();
+        assert_eq!(ops(&g).len(), once);
+    }
+
+    #[test]
+    fn a_conv_reads_its_f16_weights_itself_and_its_bias_is_widened_once() {
+        let mut b = Builder::new();
+        let x = b.input("x", &[1, 4, 5, 5]);
+        let h = b.node("Cast", &[x], to(DType::F16));
+        let w = b.constant("w", &[6, 4, 3, 3], &[], 1);
+        let w = b.node("Cast", &[w], to(DType::F16));
+        let bias = b.constant("b", &[6], &[], 2);
+        let bias = b.node("Cast", &[bias], to(DType::F16));
+        let pads = AttrValue::Ints(vec![1; 4]);
+        let conv = b.node("Conv", &[h, w, bias], Attrs::new().with("pads", pads));
+        let y = b.node("Cast", &[conv], to(DType::F32));
+        let original = b.finish(&[y]);
+        let mut g = original.clone();
+        run(&mut g).unwrap();
+        crate::ir::check(&g).unwrap();
+        // X widened and Y rounded each run; W and the bias are not cast each run.
+        assert_eq!(ops(&g), ["Cast", "Cast", "Conv", "Cast", "Cast"]);
+        let conv = g.nodes.iter().find(|n| n.op == "Conv").unwrap();
+        let dtypes: Vec<DType> = conv.present_inputs().map(|v| g.ty(v).unwrap().dtype).collect();
+        assert_eq!(dtypes, [DType::F32, DType::F16, DType::F32]);
+        assert!(conv.present_inputs().skip(1).all(|v| g.constant(v).is_some()));
+        let x = Tensor::from_vec(vec![1, 4, 5, 5], &data(100, 3)).unwrap();
+        let bits = |g: &Graph| evaluate(g, std::slice::from_ref(&x))[0].bytes().to_vec();
+        assert_eq!(bits(&g), bits(&original));
         let once = ops(&g).len();
         run(&mut g).unwrap();
         assert_eq!(ops(&g).len(), once);

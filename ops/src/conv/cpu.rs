@@ -26,7 +26,9 @@
 //! A Conv of 8-bit weights (`crate::dequantizes_w`) hands its GEMMs W as integers with a
 //! scale and zero point per output channel, which the GEMM dequantizes a block of rows at a
 //! time ([`OperandA::Dequantized`]); the depthwise path, whose weights are a few values per
-//! channel, dequantizes them whole into a scratch first.
+//! channel, dequantizes them whole into a scratch first. A Conv of float16 weights
+//! (`crate::takes_f16_weights`) widens them whole into a scratch once a run: A is packed again
+//! for every block of columns, and widening it each time cost more than the one pass.
 //!
 //! A Conv that scales X's channels (`crate::scales_x`, pointwise only) multiplies each image
 //! by its weights scaled along the input channels, `W · (s ⊙ X) = (W diag s) · X`: the
@@ -41,6 +43,8 @@ use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx, input, input_f32, output_mut};
 use crate::invalid;
 use crate::tensor::{TensorMut, TensorRef};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use ingot_schema::DType;
 use multiversion::target::match_target;
 use ndarray::{ArrayViewMut2, Axis};
@@ -239,13 +243,19 @@ fn at(i: usize, stride: usize, offset: isize, limit: usize) -> Option<usize> {
     usize::try_from((i * stride) as isize + offset).ok().filter(|&p| p < limit)
 }
 
-/// Checks that every desc is float32.
-/// Every input and output is f32, but 8-bit weights (input 1) where the conv dequantizes them.
-fn all_f32(cx: &OpCx, quantized: bool) -> Result<(), KernelError> {
-    let weights = |i: usize, d: &crate::TensorDesc| {
-        quantized && i == 1 && matches!(d.dtype, DType::I8 | DType::U8)
+/// Every input and output is f32, but W (input 1) where a Conv reads it narrow: 8-bit where
+/// it dequantizes it, or float16.
+fn all_f32(cx: &OpCx, transposed: bool) -> Result<(), KernelError> {
+    let quantized = !transposed && crate::dequantizes_w(cx.attrs);
+    let narrow_w = |i: usize, d: &crate::TensorDesc| {
+        i == 1
+            && match d.dtype {
+                DType::I8 | DType::U8 => quantized,
+                DType::F16 => !transposed && !quantized,
+                _ => false,
+            }
     };
-    let mut descs = cx.inputs.iter().enumerate().filter(|&(i, d)| !weights(i, d)).map(|(_, d)| d);
+    let mut descs = cx.inputs.iter().enumerate().filter(|&(i, d)| !narrow_w(i, d)).map(|(_, d)| d);
     match descs.by_ref().chain(cx.outputs).find(|d| d.dtype != DType::F32) {
         Some(d) => Err(cx.dtype_error(d.dtype)),
         None => Ok(()),
@@ -268,8 +278,8 @@ impl Channels {
     /// Reads `group` and checks X [N, C, ..], W, bias [M] and Y [N, M, ..]; the op has `own`
     /// inputs of its own (2, 3 with the bias, 4 with channel scales too).
     fn new(cx: &OpCx, transposed: bool, own: usize) -> Result<Self, KernelError> {
+        all_f32(cx, transposed)?;
         let quantized = !transposed && crate::dequantizes_w(cx.attrs);
-        all_f32(cx, quantized)?;
         let (x, w, y) = (&cx.inputs[0].shape, &cx.inputs[1].shape, &cx.outputs[0].shape);
         let rank = x.len();
         if rank < 3 || w.len() != rank || y.len() != rank {
@@ -501,6 +511,8 @@ struct Conv {
     own: usize,
     /// W's type where it is 8-bit: the third input is then its table.
     quantized: Option<DType>,
+    /// Whether W is float16.
+    half: bool,
     /// Whether the fourth input scales X's channels (`crate::scales_x`).
     scaled: bool,
 }
@@ -557,7 +569,8 @@ impl Conv {
             }
         }
         let lens = [x.elements(), w.elements(), y.elements()];
-        Ok(Self { lens, ch, win, path, post, own, quantized, scaled })
+        let half = cx.inputs[1].dtype == DType::F16;
+        Ok(Self { lens, ch, win, path, post, own, quantized, half, scaled })
     }
 }
 
@@ -947,9 +960,27 @@ impl Conv {
         outputs: &mut [TensorMut],
         aliased: Option<usize>,
     ) -> Result<(), KernelError> {
-        let [xn, wn, yn] = self.lens;
+        let w = self.weights(inputs, self.lens[1])?;
+        match w {
+            // Widened whole, once a run: the GEMMs would widen a block of them again for every
+            // block of columns (a 3x3 conv at 160x160 packs its weights 25 times).
+            Weights::Half(_) => {
+                w.floats(|w| self.compute_with(Weights::Float(w), inputs, outputs, aliased))
+            }
+            _ => self.compute_with(w, inputs, outputs, aliased),
+        }
+    }
+
+    /// [`Conv::compute`] with W as `w`.
+    fn compute_with(
+        &self,
+        w: Weights,
+        inputs: &[TensorRef],
+        outputs: &mut [TensorMut],
+        aliased: Option<usize>,
+    ) -> Result<(), KernelError> {
+        let [xn, _, yn] = self.lens;
         let x = input_f32(inputs, 0, xn)?;
-        let w = self.weights(inputs, wn)?;
         let m = self.ch.cout * self.ch.groups;
         let bias = match (self.ch.bias, self.quantized) {
             (true, None) => Some(input_f32(inputs, 2, m)?),
@@ -1042,24 +1073,28 @@ impl Conv {
         inputs: &[TensorRef],
         n: usize,
     ) -> Result<Option<Vec<f32>>, KernelError> {
-        let (Weights::Float(w), true) = (w, self.scaled) else {
+        if !self.scaled {
             return Ok(None);
-        };
+        }
         let cin = self.ch.cin;
         let s = &input_f32(inputs, 3, self.ch.batch * cin)?[n * cin..][..cin];
-        Ok(Some(
-            w.chunks(cin.max(1)).flat_map(|row| row.iter().zip(s).map(|(w, s)| w * s)).collect(),
-        ))
+        let scaled = |w: &[f32]| -> Vec<f32> {
+            w.chunks(cin.max(1)).flat_map(|row| row.iter().zip(s).map(|(w, s)| w * s)).collect()
+        };
+        Ok(Some(w.floats(scaled)))
     }
 
-    /// W as the step holds it: float32, or 8-bit with its dequantization.
+    /// W as the step holds it: float32, float16, or 8-bit with its dequantization.
     fn weights<'a>(
         &self,
         inputs: &[TensorRef<'a>],
         len: usize,
     ) -> Result<Weights<'a>, KernelError> {
         let Some(dtype) = self.quantized else {
-            return Ok(Weights::Float(input_f32(inputs, 1, len)?));
+            return Ok(match self.half {
+                true => Weights::Half(input(inputs, 1, len)?),
+                false => Weights::Float(input_f32(inputs, 1, len)?),
+            });
         };
         let m = self.ch.cout * self.ch.groups;
         let levels = match dtype {
@@ -1072,11 +1107,12 @@ impl Conv {
     }
 }
 
-/// A conv's weights, [M, C/group, k..]: float32, or 8-bit integers with a scale and zero
-/// point per output channel (row).
+/// A conv's weights, [M, C/group, k..]: float32, float16, or 8-bit integers with a scale and
+/// zero point per output channel (row).
 #[derive(Clone, Copy)]
 enum Weights<'a> {
     Float(&'a [f32]),
+    Half(&'a [f16]),
     Quantized { levels: Levels<'a>, scale: &'a [f32], zero: &'a [f32] },
 }
 
@@ -1097,6 +1133,7 @@ impl<'a> Weights<'a> {
                 Ok(OperandA::Matrix(a))
             }
             // Aᵀ: k x rows, each column an output channel's contiguous values.
+            Weights::Half(_) => Err(invalid!("float16 weights are widened before their GEMMs")),
             Weights::Quantized { levels, scale, zero } => {
                 use ndarray::ShapeBuilder;
                 let shape = (k, rows.len()).strides((1, k));
@@ -1114,10 +1151,16 @@ impl<'a> Weights<'a> {
         }
     }
 
-    /// `f` of the weights as float32: 8-bit ones dequantized whole into a scratch first.
+    /// `f` of the weights as float32: narrow ones widened whole into a scratch first.
     fn floats<R>(self, f: impl FnOnce(&[f32]) -> R) -> R {
         let (levels, scale, zero) = match self {
             Weights::Float(w) => return f(w),
+            Weights::Half(h) => {
+                return with_scratch(h.len(), |w: &mut [f32]| {
+                    h.convert_to_f32_slice(w);
+                    f(w)
+                });
+            }
             Weights::Quantized { levels, scale, zero } => (levels, scale, zero),
         };
         let value =
@@ -1948,30 +1991,39 @@ pub(crate) mod tests {
         }
     }
 
+    /// (kernel, strides, dilations, pads, group, x, w) of every path a conv of narrow weights
+    /// takes: pointwise grouped; more output channels than a block of A's rows (128); one pixel
+    /// (an SE block's 1x1 convs); one output channel; depthwise; implicit GEMM; im2col (3-D).
+    type NarrowCase = (
+        &'static [i64],
+        &'static [i64],
+        &'static [i64],
+        &'static [i64],
+        i64,
+        &'static [usize],
+        &'static [usize],
+    );
+    const NARROW_CASES: [NarrowCase; 7] = [
+        (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 2, &[2, 4, 3, 5], &[6, 2, 1, 1]),
+        (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 40, 9, 9], &[150, 40, 1, 1]),
+        (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 96, 1, 1], &[200, 96, 1, 1]),
+        (&[3, 3], &[1, 1], &[1, 1], &[1; 4], 1, &[1, 5, 6, 7], &[1, 5, 3, 3]),
+        (&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2, &[1, 2, 5, 6], &[4, 1, 3, 3]),
+        (&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1, &[1, 4, 5, 6], &[3, 4, 3, 2]),
+        (
+            &[1, 3, 2],
+            &[1, 2, 1],
+            &[1, 1, 2],
+            &[0, 1, 0, 0, 0, 1],
+            1,
+            &[1, 4, 2, 5, 6],
+            &[3, 4, 1, 3, 2],
+        ),
+    ];
+
     #[test]
     fn int8_weights_give_the_bits_of_their_float_values_on_every_path() {
-        // (kernel, strides, dilations, pads, group, x, w): pointwise grouped; more output
-        // channels than a block of A's rows (128); one pixel (an SE block's 1x1 convs); one
-        // output channel; depthwise; implicit GEMM; im2col (3-D).
-        type Case<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, &'a [usize], &'a [usize]);
-        let cases: [Case; 7] = [
-            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 2, &[2, 4, 3, 5], &[6, 2, 1, 1]),
-            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 40, 9, 9], &[150, 40, 1, 1]),
-            (&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1, &[1, 96, 1, 1], &[200, 96, 1, 1]),
-            (&[3, 3], &[1, 1], &[1, 1], &[1; 4], 1, &[1, 5, 6, 7], &[1, 5, 3, 3]),
-            (&[3, 3], &[2, 1], &[1, 1], &[1, 1, 1, 1], 2, &[1, 2, 5, 6], &[4, 1, 3, 3]),
-            (&[3, 2], &[2, 1], &[1, 2], &[1, 0, 0, 1], 1, &[1, 4, 5, 6], &[3, 4, 3, 2]),
-            (
-                &[1, 3, 2],
-                &[1, 2, 1],
-                &[1, 1, 2],
-                &[0, 1, 0, 0, 0, 1],
-                1,
-                &[1, 4, 2, 5, 6],
-                &[3, 4, 1, 3, 2],
-            ),
-        ];
-        for (kernel, strides, dilations, pads, group, xs, ws) in cases {
+        for (kernel, strides, dilations, pads, group, xs, ws) in NARROW_CASES {
             let a = attrs(kernel, strides, dilations, pads, group);
             let (x, m) = (ramp(xs, 1), ws[0]);
             let per_row = ws.iter().product::<usize>() / m;
@@ -2021,6 +2073,42 @@ pub(crate) mod tests {
         assert!(eval("Conv", &a, &[&x, &q, &short], std::slice::from_ref(&out)).is_err());
         assert!(eval("Conv", &a, &[&x, &q, &b], std::slice::from_ref(&out)).is_err());
         assert!(eval("Conv", &a, &[&x, &q], std::slice::from_ref(&out)).is_err());
+    }
+
+    #[test]
+    fn float16_weights_give_the_bits_of_their_widened_values_on_every_path() {
+        for (kernel, strides, dilations, pads, group, xs, ws) in NARROW_CASES {
+            let a = attrs(kernel, strides, dilations, pads, group);
+            let (x, bias) = (ramp(xs, 1), ramp(&[ws[0]], 3));
+            let n = ws.iter().product::<usize>();
+            // Values that round in float16: the float W is exactly what widening gives.
+            let halves: Vec<f16> =
+                (0..n).map(|i| f16::from_f32(((i * 53 + 7) % 251) as f32 / 97.0 - 1.3)).collect();
+            let h = Tensor::from_vec(ws.to_vec(), &halves).unwrap();
+            let widened: Vec<f32> = halves.iter().map(|v| v.to_f32()).collect();
+            let w = Tensor::from_vec(ws.to_vec(), &widened).unwrap();
+            let out = conv_shape(&a, xs, ws);
+            let want = eval("Conv", &a, &[&x, &w, &bias], std::slice::from_ref(&out)).unwrap();
+            let got = eval("Conv", &a, &[&x, &h, &bias], std::slice::from_ref(&out)).unwrap();
+            assert_eq!(got, want, "{kernel:?} {xs:?} {ws:?}");
+            let residual = ramp(&out.shape, 40);
+            let fused = with_post(a, "Add,Relu", &[]);
+            same_in_place("Conv", &fused, &[&x, &h, &bias, &residual], &out, 3);
+        }
+        // Only W may be float16 beside float32: an f16 bias is the widened step's (an error of
+        // dtype f16, which the CPU then widens whole).
+        let a = attrs(&[1, 1], &[1, 1], &[1, 1], &[0; 4], 1);
+        let x = ramp(&[1, 2, 2, 2], 1);
+        let h = Tensor::from_vec(vec![3, 2, 1, 1], &[f16::ONE; 6]).unwrap();
+        let hb = Tensor::from_vec(vec![3], &[f16::ONE; 3]).unwrap();
+        let out = TensorDesc::new(DType::F32, vec![1, 3, 2, 2]);
+        let cx_of = |inputs: &[TensorDesc], op| {
+            let cx = OpCx { op, attrs: &a, inputs, outputs: std::slice::from_ref(&out) };
+            Conv::new(&cx).map(|_| ())
+        };
+        assert!(cx_of(&[x.desc().clone(), h.desc().clone()], "Conv").is_ok());
+        let bias_f16 = [x.desc().clone(), h.desc().clone(), hb.desc().clone()];
+        assert!(matches!(cx_of(&bias_f16, "Conv"), Err(KernelError::DType { .. })));
     }
 
     /// The output of a Conv with attributes `a` over X and W of these shapes.

@@ -29,6 +29,11 @@
 //! bias (row 2); `w = (q - zero) * scale` as DequantizeLinear computes it. One input for the
 //! three keeps the op's inputs and the Vulkan kernels' bindings as they are.
 //!
+//! **Float16 weights** ([`crate::takes_f16_weights`]; the compiler's `widen_f16` leaves a constant
+//! f16 W so): a float32 Conv may read W as float16, which its kernels widen exactly as they
+//! load it (the CPU's GEMM as it packs a block of W's rows, Vulkan's `weight` hooks), so an
+//! f16 model's weights stay f16 in memory and no step widens them each run.
+//!
 //! **Scaled input channels** (the compiler's `channel_scales` writes them; [`scales_x`]): a
 //! Conv with `scale_x = 1` computes `conv(X * S)` for S float32 `[N, C, 1, ..]`, one factor
 //! per image and input channel: a squeeze-and-excitation block's product, which then needs no

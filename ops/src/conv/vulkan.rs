@@ -30,6 +30,8 @@
 //! output channel), and the hooks `weight` (and pointwise's `weights4`) dequantize each weight
 //! as it is loaded, `(q - zero) * scale` as the CPU does, so the sums are those of the float
 //! weights. Not the long-window product (`strided_conv`): such convs take the other kernels.
+//! A Conv of float16 weights (`crate::takes_f16_weights`) runs them the same way, two weights
+//! to a word, each widened exactly as it is loaded (`HALF_WEIGHT`) and B the plain bias.
 //!
 //! A Conv that scales X's channels (`crate::scales_x`: 1x1, stride 1, unpadded, one group)
 //! runs `pointwise` or `tiled` with `SCALED` set: S is bound in the slot `r0` (the post-ops'
@@ -91,7 +93,7 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     }
     let quantized = cx.op == "Conv" && crate::dequantizes_w(cx.attrs);
     match (quantized, cx.inputs.get(1).map(|w| w.desc.dtype)) {
-        (true, Some(DType::I8 | DType::U8)) => {
+        (true, Some(DType::I8 | DType::U8)) | (false, Some(DType::F16)) if cx.op == "Conv" => {
             let others = cx.inputs.iter().enumerate().filter(|&(i, _)| i != 1).map(|(_, o)| o);
             if let Some(o) = others.chain(cx.outputs).find(|o| o.desc.dtype != DType::F32) {
                 return Err(cx.dtype(o.desc.dtype));
@@ -182,6 +184,8 @@ struct Geo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Weights {
     Float,
+    /// Float16, two to a word, widened as they are loaded.
+    Half,
     /// 8-bit integers, signed or not, with their table in B's binding.
     Quantized {
         signed: bool,
@@ -240,10 +244,11 @@ impl Geo {
             DType::I8 | DType::U8 => {
                 Weights::Quantized { signed: cx.inputs[1].desc.dtype == DType::I8 }
             }
+            DType::F16 => Weights::Half,
             _ => Weights::Float,
         };
         let b_shape = match weights {
-            Weights::Float => vec![(cout * groups) as usize],
+            Weights::Float | Weights::Half => vec![(cout * groups) as usize],
             Weights::Quantized { .. } => {
                 crate::weight_table_shape((cout * groups) as usize).to_vec()
             }
@@ -251,9 +256,9 @@ impl Geo {
         if bias && cx.inputs[2].desc.shape != b_shape {
             return Err(bad("bias does not match the output channels"));
         }
-        // 8-bit weights are read as words from W's start.
+        // Narrow weights are read as words from W's start.
         if weights != Weights::Float && !cx.inputs[1].byte_offset.is_multiple_of(4) {
-            return Err(bad("8-bit weights that do not start on a word"));
+            return Err(bad("narrow weights that do not start on a word"));
         }
         for d in 0..rank {
             let extent = (kernel[d] - 1) * dilations[d] + 1;
@@ -364,12 +369,25 @@ impl Geo {
         params
     }
 
-    /// `file` with the step's bias, post-ops and, for 8-bit weights, their loads; `channels`
+    /// `file` with the step's bias, post-ops and, for narrow weights, their loads; `channels`
     /// is the file's expression for the output channels of all groups.
     fn spec(&self, file: &'static Wgsl, post: &PostOps, channels: &str) -> Result<Spec, NoKernel> {
         let spec = Spec::new(file).hook("post_op", post.hook()?);
-        let Weights::Quantized { signed } = self.weights else {
-            return Ok(if self.bias { spec.hook("bias", BIAS) } else { spec });
+        let signed = match self.weights {
+            Weights::Quantized { signed } => signed,
+            Weights::Float | Weights::Half => {
+                let spec = if self.bias { spec.hook("bias", BIAS) } else { spec };
+                if self.weights == Weights::Float {
+                    return Ok(spec);
+                }
+                let spec = (spec.alias("WT", "u32").hook("weight", HALF_WEIGHT))
+                    .library(&crate::elementwise::vulkan::F16);
+                // pointwise.wgsl also loads four weights of a row as two words.
+                return Ok(match std::ptr::eq(file, &POINTWISE) {
+                    true => spec.hook("weights4", HALF_WEIGHTS4),
+                    false => spec,
+                });
+            }
         };
         // W's table: scales, zero points, bias.
         let (scale, zero) = ("b[p.b + m]".to_string(), format!("b[p.b + {channels} + m]"));
@@ -422,6 +440,19 @@ impl Geo {
         Ok(if y_vec { spec.hook("y_vector", Y_VECTOR) } else { spec })
     }
 }
+
+/// The `weight` and `weights4` hooks of float16 weights: W bound as u32 words, two halves
+/// each, the lower first; element e is half e % 2 of word e / 2, widened exactly by
+/// `elementwise/f16.wgsl`'s `h2f` (WGSL's unpack2x16float needs a capability not every device
+/// has, and may flush subnormals).
+const HALF_WEIGHT: &str = "fn weight(e: u32, row: vec2<f32>) -> f32 {
+    return h2f((w[p.w + e / 2u] >> (16u * (e & 1u))) & 0xffffu);
+}";
+const HALF_WEIGHTS4: &str = "fn weights4(i: u32, row: vec2<f32>) -> vec4<f32> {
+    let lo = w[p.w + 2u * i];
+    let hi = w[p.w + 2u * i + 1u];
+    return vec4<f32>(h2f(lo & 0xffffu), h2f(lo >> 16u), h2f(hi & 0xffffu), h2f(hi >> 16u));
+}";
 
 /// WGSL's name for the element type of a binding read as vectors or scalars.
 fn vec_type(v: bool) -> &'static str {
@@ -547,7 +578,7 @@ fn pointwise(
     // 8-bit weights: a word is four of a row where rows are whole words (W starts on one).
     let w_vec = match geo.weights {
         Weights::Float => k.is_multiple_of(4) && cx.inputs[1].aligned16(),
-        Weights::Quantized { .. } => k.is_multiple_of(4),
+        Weights::Half | Weights::Quantized { .. } => k.is_multiple_of(4),
     };
     let y_vec = p.is_multiple_of(4) && cx.outputs[0].aligned16();
     let (pb, mb) = (p.div_ceil(block.cols()), m.div_ceil(rows));
@@ -926,6 +957,8 @@ mod tests {
         x_offset: u64,
         /// W's type where it is 8-bit (with its table in B's place).
         quantized: Option<DType>,
+        /// W float16 (the rest float32).
+        half: bool,
         /// X's channels scaled by a fourth input, [N, C, 1, ..] (after B, which it needs).
         scaled: bool,
     }
@@ -948,6 +981,7 @@ mod tests {
                 in_place: false,
                 x_offset: 0,
                 quantized: None,
+                half: false,
                 scaled: false,
             }
         }
@@ -955,6 +989,12 @@ mod tests {
         /// The conv with 8-bit weights of `dtype`.
         fn quantized(mut self, dtype: DType) -> Case {
             self.quantized = Some(dtype);
+            self
+        }
+
+        /// The conv with float16 weights.
+        fn half(mut self) -> Case {
+            self.half = true;
             self
         }
 
@@ -979,7 +1019,10 @@ mod tests {
             let mut inputs = vec![
                 Operand::arena(desc(&self.x), self.x_offset),
                 Operand::weight(
-                    TensorDesc::new(self.quantized.unwrap_or(DType::F32), self.w.clone()),
+                    TensorDesc::new(
+                        self.quantized.unwrap_or(if self.half { DType::F16 } else { DType::F32 }),
+                        self.w.clone(),
+                    ),
                     0,
                 ),
             ];
@@ -1110,6 +1153,35 @@ mod tests {
             .quantized(DType::I8)
             .check();
         insta::assert_snapshot!("pointwise_int8", describe(&cpu[0][0]));
+    }
+
+    #[test]
+    fn float16_weights_are_read_as_words_on_every_kernel() {
+        let pointwise = Case::conv(&[1, 16, 8, 8], &[24, 16, 1, 1], &[1, 24, 8, 8]);
+        let ragged = Case::conv(&[1, 6, 8, 8], &[24, 6, 1, 1], &[1, 24, 8, 8]);
+        let general =
+            Case { pads: vec![1; 4], ..Case::conv(&[1, 4, 6, 6], &[8, 4, 3, 3], &[1, 8, 6, 6]) };
+        let depthwise = Case {
+            group: 4,
+            pads: vec![1; 4],
+            bias: true,
+            ..Case::conv(&[1, 4, 6, 6], &[4, 1, 3, 3], &[1, 4, 6, 6])
+        };
+        // A long 1-D window, which float weights run as one strided product.
+        let long = Case::conv(&[1, 1, 100], &[6, 1, 40], &[1, 6, 61]);
+        for case in [pointwise, ragged, general, depthwise, long] {
+            for d in case.half().check().iter().flatten() {
+                assert_eq!(binding(d, "w").ty, "u32", "{}", d.label);
+                assert!(d.wgsl.contains(HALF_WEIGHT), "{}", d.label);
+            }
+        }
+        // Vectors of four where a row is whole vectors; not a ConvTranspose's W.
+        let cpu = Case::conv(&[1, 16, 8, 8], &[24, 16, 1, 1], &[1, 24, 8, 8]).half().check();
+        assert!(cpu[0][0].wgsl.contains(HALF_WEIGHTS4));
+        assert_eq!(override_of(&cpu[0][0], "W_VEC"), Some(1.0));
+        let transposed =
+            Case { op: "ConvTranspose", ..Case::conv(&[1, 4, 3, 3], &[4, 2, 2, 2], &[1, 2, 4, 4]) };
+        assert!(transposed.half().lower(DeviceClass::Cpu).is_err());
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!
 //! B may also come already packed ([`Panels`], which a conv's im2col writes directly): the
 //! product then reads its panels in place; or as 8-bit integers with a scale and zero point
-//! per column ([`Dequantized`]), dequantized where a float B would be packed or read; or as
+//! per column, or as float16 ([`Dequantized`]), widened where a float B would be packed or
+//! read; or as
 //! rows read in place at their own offsets of one slice ([`Shifted`]: a conv's implicit
 //! GEMM). A product with one row or one column of C is a vector product instead (see
 //! [`vector_product`]): nothing is packed.
@@ -22,6 +23,8 @@
 //! thread count.
 
 use super::parallel::{self, Scratch, with_scratch};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use multiversion::multiversion;
 use multiversion::target::match_target;
 use ndarray::{
@@ -180,28 +183,35 @@ impl<'a, T: Float> Panels<'a, T> {
     }
 }
 
-/// A B kept as 8-bit integers, one scale and zero point per column: element (k, j) is
-/// `(q[k, j] - zero[j]) * scale[j]`, in float32, as `DequantizeLinear` computes it. The
-/// product dequantizes it a block at a time where it would pack or read a float B, so the
-/// weight stays a quarter of the bytes in memory and no float copy of it is ever whole.
+/// A B kept narrow: 8-bit integers with one scale and zero point per column, element (k, j)
+/// `(q[k, j] - zero[j]) * scale[j]` in float32 as `DequantizeLinear` computes it; or float16,
+/// widened exactly. The product widens it a block at a time where it would pack or read a float
+/// B, so the weight stays a quarter (a half) of the bytes in memory and no float copy of it is
+/// ever whole.
 #[derive(Clone, Copy, Debug)]
 pub struct Dequantized<'a> {
     values: Narrow<'a>,
+    /// Per column; empty for float16, which has none.
     scale: &'a [f32],
     /// Whole numbers, as floats: `q - zero` is exact.
     zero: &'a [f32],
 }
 
-/// The integers of a [`Dequantized`] B.
+/// The values of a [`Dequantized`] B.
 #[derive(Clone, Copy, Debug)]
 pub enum Narrow<'a> {
     I8(ArrayView2<'a, i8>),
     U8(ArrayView2<'a, u8>),
+    F16(ArrayView2<'a, f16>),
 }
 
 impl<'a> Dequantized<'a> {
+    /// 8-bit `values` (not [`Narrow::F16`]) with their scales and zero points per column.
     pub fn new(values: Narrow<'a>, scale: &'a [f32], zero: &'a [f32]) -> Result<Self, KernelError> {
         let (k, n) = values.dim();
+        if matches!(values, Narrow::F16(_)) {
+            return Err(invalid!("a float16 B has no scales or zero points"));
+        }
         if scale.len() != n || zero.len() != n {
             return Err(invalid!(
                 "a {k} x {n} quantized B needs {n} scales and zero points, got {} and {}",
@@ -210,6 +220,11 @@ impl<'a> Dequantized<'a> {
             ));
         }
         Ok(Self { values, scale, zero })
+    }
+
+    /// A float16 B.
+    pub fn half(values: ArrayView2<'a, f16>) -> Self {
+        Self { values: Narrow::F16(values), scale: &[], zero: &[] }
     }
 
     fn dim(&self) -> (usize, usize) {
@@ -221,6 +236,7 @@ impl<'a> Dequantized<'a> {
         let values = match self.values {
             Narrow::I8(v) => Narrow::I8(v.slice_move(s![rows, cols.clone()])),
             Narrow::U8(v) => Narrow::U8(v.slice_move(s![rows, cols.clone()])),
+            Narrow::F16(v) => return Self::half(v.slice_move(s![rows, cols])),
         };
         Self { values, scale: &self.scale[cols.clone()], zero: &self.zero[cols] }
     }
@@ -231,6 +247,7 @@ impl<'a> Dequantized<'a> {
         let strides = match self.values {
             Narrow::I8(v) => [v.strides()[0], v.strides()[1]],
             Narrow::U8(v) => [v.strides()[0], v.strides()[1]],
+            Narrow::F16(v) => [v.strides()[0], v.strides()[1]],
         };
         k > 1 && n > 0 && strides[0] == 1
     }
@@ -240,6 +257,7 @@ impl<'a> Dequantized<'a> {
         match self.values {
             Narrow::I8(v) => dequantize_into(v, self.scale, self.zero, to, rs, cs),
             Narrow::U8(v) => dequantize_into(v, self.scale, self.zero, to, rs, cs),
+            Narrow::F16(v) => widen_into(v, to, rs, cs),
         }
     }
 }
@@ -249,6 +267,40 @@ impl Narrow<'_> {
         match self {
             Narrow::I8(v) => v.dim(),
             Narrow::U8(v) => v.dim(),
+            Narrow::F16(v) => v.dim(),
+        }
+    }
+}
+
+/// `to[k * rs + j * cs] = h[k, j]` widened (exact), a contiguous run of `h` at a time: straight
+/// into `to` where the run lands contiguous (packing B's panel rows, A's block columns), else
+/// through a buffer on the stack.
+#[inline(always)]
+fn widen_into<T: Float>(h: ArrayView2<f16>, to: &mut [T], rs: usize, cs: usize) {
+    const RUN: usize = 64;
+    let (lines, step, stride) = match h.nrows() > 1 && h.strides()[0] == 1 {
+        true => (h.columns(), cs, rs),
+        false => (h.rows(), rs, cs),
+    };
+    let mut wide = [T::ZERO; RUN];
+    for (line, values) in lines.into_iter().enumerate() {
+        let dst = &mut to[line * step..];
+        match (values.to_slice(), stride) {
+            (Some(values), 1) => T::widen(values, &mut dst[..values.len()]),
+            (Some(values), _) => {
+                for (c, run) in values.chunks(RUN).enumerate() {
+                    let wide = &mut wide[..run.len()];
+                    T::widen(run, wide);
+                    for (i, &v) in wide.iter().enumerate() {
+                        dst[(c * RUN + i) * stride] = v;
+                    }
+                }
+            }
+            (None, _) => {
+                for (i, &v) in values.iter().enumerate() {
+                    dst[i * stride] = T::from_f32(v.to_f32());
+                }
+            }
         }
     }
 }
@@ -461,6 +513,10 @@ pub trait Float:
     /// The nearest value of this type (a dequantized B's elements are float32).
     fn from_f32(v: f32) -> Self;
 
+    /// `to[i] = h[i]` widened (exact): F16C's or the FP16 unit's conversions where the CPU
+    /// has them.
+    fn widen(h: &[f16], to: &mut [Self]);
+
     /// `self * a + b`, rounded once.
     fn fused(self, a: Self, b: Self) -> Self;
 
@@ -486,7 +542,7 @@ pub trait Float:
 /// A `Float` impl whose tiles (`MR` rows, `NV` vectors of `W` lanes) are listed once: the
 /// product runs with them and B's panels are packed to their width.
 macro_rules! float_with_tiles {
-    ($t:ty, versioned: $versioned:literal, $($tile:ident => $mr:literal x $w:literal x $nv:literal),* $(,)?) => {
+    ($t:ty, $widen:ident, versioned: $versioned:literal, $($tile:ident => $mr:literal x $w:literal x $nv:literal),* $(,)?) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const VERSIONED: bool = $versioned;
@@ -494,6 +550,10 @@ macro_rules! float_with_tiles {
             #[inline(always)]
             fn from_f32(v: f32) -> Self {
                 v as $t
+            }
+
+            fn widen(h: &[f16], to: &mut [Self]) {
+                h.$widen(to);
             }
 
             #[inline(always)]
@@ -518,10 +578,10 @@ macro_rules! float_with_tiles {
     };
 }
 
-float_with_tiles!(f32, versioned: true,
+float_with_tiles!(f32, convert_to_f32_slice, versioned: true,
     Avx512 => 8 x 16 x 2, Avx2 => 6 x 8 x 2, Neon => 6 x 4 x 4, Baseline => 4 x 4 x 2);
 // f64 runs the baseline tile alone; the others are listed for a complete `Tile` match.
-float_with_tiles!(f64, versioned: false,
+float_with_tiles!(f64, convert_to_f64_slice, versioned: false,
     Avx512 => 4 x 2 x 2, Avx2 => 4 x 2 x 2, Neon => 4 x 2 x 2, Baseline => 4 x 2 x 2);
 
 /// What a product `C = alpha·A·B + start` reads: `(alpha, A, B, start)`.
@@ -1815,6 +1875,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn float16_operands_are_the_product_of_their_widened_values_to_the_bit() {
+        // A float16 B stored [K, N] and [N, K] (a vector product cut between threads, the
+        // packed product, partial panels, K past one block), and a float16 Aᵀ (a conv's W).
+        let shapes = [(1, 300, 3000), (1, 7, 5), (5, 1, 9), (37, 300, 75), (9, 600, 1)];
+        for (m, k, n) in shapes {
+            let halves = |len: usize, seed: usize| -> Vec<f16> {
+                (0..len).map(|i| f16::from_f32(((i * seed % 211) as f32 - 105.0) / 9.0)).collect()
+            };
+            let (ha, hb) = (halves(m * k, 37), halves(k * n, 53));
+            let wide = |h: &[f16]| -> Vec<f32> { h.iter().map(|v| v.to_f32()).collect() };
+            let (a, b) = (wide(&ha), wide(&hb));
+            let lc = Layout::row_major(m, n);
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 - 2.0).collect();
+            let start = Start { beta: 0.5, bias: Some(&bias[..]) };
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32).collect();
+            for transposed in [false, true] {
+                let lb = if transposed { Layout::new(k, n, 1, k) } else { Layout::row_major(k, n) };
+                let la = Layout::row_major(m, k);
+                let mut want = c0.clone();
+                gemm_into(0.75, (&a, la), (&b, lb), start, view(lc, &mut want)).unwrap();
+                for threads in [1, 3] {
+                    let half = Dequantized::half(
+                        ArrayView2::from_shape(lb.shape().unwrap(), &hb[..]).unwrap(),
+                    );
+                    let mut got = c0.clone();
+                    let product =
+                        || gemm_dequantized(0.75, (&a, la), half, start, view(lc, &mut got));
+                    pool(threads).install(product).unwrap();
+                    assert_eq!(got, want, "{m}x{k}x{n}, B {lb:?}, {threads} threads");
+                }
+            }
+            // Aᵀ: k x m, columns contiguous, as a conv hands its weights.
+            let at = (k, m).strides((1, k));
+            let half = OperandA::Dequantized(Dequantized::half(
+                ArrayView2::from_shape(at, &ha[..]).unwrap(),
+            ));
+            let float = OperandA::Matrix(ArrayView2::from_shape((m, k), &a[..]).unwrap());
+            let bm = OperandB::Matrix(ArrayView2::from_shape((k, n), &b[..]).unwrap());
+            let mut want = c0.clone();
+            gemm_operands(0.75, float, bm, start, view(lc, &mut want)).unwrap();
+            let mut got = c0.clone();
+            pool(2).install(|| gemm_operands(0.75, half, bm, start, view(lc, &mut got))).unwrap();
+            assert_eq!(got, want, "{m}x{k}x{n}, float16 A");
+        }
+        let h = [f16::ZERO; 6];
+        let values = Narrow::F16(ArrayView2::from_shape((2, 3), &h[..]).unwrap());
+        assert!(Dequantized::new(values, &[1.0; 3], &[0.0; 3]).is_err(), "float16 has no scales");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! already expanded by the compiler, a repeated label in one operand meaning its diagonal.
 //! Element types: f32, f64, i32, i64. A float32 MatMul or Gemm may have an int8 or uint8 B
 //! followed by its dequantization (`crate::dequantizes_b`; the compiler's `dequantize_in_gemm`
-//! pass): the GEMM dequantizes B as it packs it.
+//! pass): the GEMM dequantizes B as it packs it; or a float16 B (`crate::takes_f16_weights`;
+//! the compiler's `widen_f16`), which it widens as it packs it.
 
 use crate::cpu::post::PostOps;
 use crate::cpu::{Kernel, KernelError, OpCx};
@@ -27,6 +28,11 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return super::det::prepare(cx);
     }
     let quantized_b = cx.op != "Einsum" && crate::dequantizes_b(cx.attrs);
+    // A float16 B beside a float32 A (`crate::takes_f16_weights`), widened as it is packed.
+    let half_b = cx.op != "Einsum"
+        && !quantized_b
+        && cx.inputs.first().is_some_and(|a| a.dtype == DType::F32)
+        && cx.inputs.get(1).is_some_and(|b| b.dtype == DType::F16);
     // B's dequantization is one more input of the product's own.
     let q = usize::from(quantized_b);
     let (post, own) = match cx.op {
@@ -42,7 +48,7 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         return Err(cx.dtype_error(dtype));
     }
     let mixed = (cx.inputs.iter().enumerate())
-        .filter(|&(i, _)| !(quantized_b && i == 1))
+        .filter(|&(i, _)| !((quantized_b || half_b) && i == 1))
         .map(|(_, d)| d)
         .chain(cx.outputs)
         .find(|d| d.dtype != dtype);
@@ -70,9 +76,10 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
         ));
     }
     let plan = Plan::new(&axes);
-    let dequantize = match quantized_b {
-        true => Some(Dequantize::new(cx, own - 1, &shape, &plan)?),
-        false => None,
+    let dequantize = match (quantized_b, half_b) {
+        (true, _) => Some(Dequantize::new(cx, own - 1, &shape, &plan)?),
+        (false, true) => Some(Dequantize { input: None, n: 0 }),
+        (false, false) => None,
     };
     let [ea, eb, ec] = plan.extents();
     let unary = own == 1;
@@ -83,13 +90,12 @@ pub fn prepare(cx: &OpCx) -> Result<Box<dyn Kernel>, KernelError> {
     Ok(Box::new(ProductKernel { dtype, plan, alpha, bias, unary, post, own, dequantize }))
 }
 
-/// A B of 8-bit integers that the compiler left for the GEMM to dequantize, with its
-/// dequantization input (`crate::dequantizes_b`: per column of the product, scales then zero
-/// points).
+/// A B that the GEMM widens as it packs it: 8-bit integers with their dequantization input
+/// (`crate::dequantizes_b`: per column of the product, scales then zero points), or float16.
 #[derive(Debug)]
 struct Dequantize {
-    /// The input holding the scales and zero points.
-    input: usize,
+    /// The input holding the scales and zero points; none for float16.
+    input: Option<usize>,
     n: usize,
 }
 
@@ -118,12 +124,16 @@ impl Dequantize {
                 dq.shape
             ));
         }
-        Ok(Self { input, n })
+        Ok(Self { input: Some(input), n })
     }
 
-    /// B's integers and their dequantization, from the step's inputs.
+    /// B's values and their dequantization, from the step's inputs.
     fn operand<'a>(&self, inputs: &'a [TensorRef]) -> Result<Quantized<'a>, KernelError> {
-        let (Some(b), Some(dq)) = (inputs.get(1), inputs.get(self.input)) else {
+        let Some(input) = self.input else {
+            let b = inputs.get(1).ok_or_else(|| invalid!("missing the float16 B"))?;
+            return Ok(Quantized { levels: Levels::F16(b.as_slice()?), scale: &[], zero: &[] });
+        };
+        let (Some(b), Some(dq)) = (inputs.get(1), inputs.get(input)) else {
             return Err(invalid!("missing the 8-bit B or its dequantization"));
         };
         let levels = match b.dtype {
@@ -147,7 +157,7 @@ struct ProductKernel {
     /// Post-ops (f32 only), whose operands follow the `own` inputs.
     post: PostOps,
     own: usize,
-    /// B is 8-bit integers, dequantized by the GEMM.
+    /// B is 8-bit integers or float16, widened by the GEMM.
     dequantize: Option<Dequantize>,
 }
 
@@ -737,6 +747,42 @@ mod tests {
         close(&run("Gemm", &gemm, &[&a, &bt, &dq], &[1, 3]), &[-5.0, 8.0, -12.0]);
         let c = f32s(&[3], &[1.0, 2.0, 3.0]);
         close(&run("Gemm", &gemm, &[&a, &bt, &c, &dq], &[1, 3]), &[-4.0, 10.0, -9.0]);
+    }
+
+    #[test]
+    fn a_float16_b_gives_the_bits_of_its_widened_values() {
+        // A decode step's vector product, a block of rows, a batch of A against one B, and
+        // Gemm with B stored [N, K] and a C; each against the same product of the f32 B.
+        let halves = |n: usize| -> Vec<half::f16> {
+            (0..n).map(|i| half::f16::from_f32(((i * 53 % 211) as f32 - 105.0) / 9.0)).collect()
+        };
+        let widened = |h: &Tensor| {
+            let v: Vec<f32> = h.to_vec::<half::f16>().unwrap().iter().map(|v| v.to_f32()).collect();
+            f32s(h.shape(), &v)
+        };
+        let attrs = post(Attrs::new(), "", &[]);
+        for (a_shape, b_shape, out) in [
+            (&[1, 300][..], &[300, 70][..], &[1, 70][..]),
+            (&[37, 40], &[40, 75], &[37, 75]),
+            (&[2, 3, 40], &[40, 9], &[2, 3, 9]),
+        ] {
+            let a = f32s(a_shape, &seq(a_shape.iter().product()));
+            let h = Tensor::from_vec(b_shape.to_vec(), &halves(b_shape.iter().product())).unwrap();
+            let want = run("MatMul", &attrs, &[&a, &widened(&h)], out);
+            assert_eq!(run("MatMul", &attrs, &[&a, &h], out), want, "{a_shape:?} x {b_shape:?}");
+        }
+        let (a, c) = (f32s(&[4, 40], &seq(160)), f32s(&[9], &seq(9)));
+        let h = Tensor::from_vec(vec![9, 40], &halves(360)).unwrap();
+        let gemm = gemm_attrs(0, 1, 0.5, 2.0);
+        let want = run("Gemm", &gemm, &[&a, &widened(&h), &c], &[4, 9]);
+        assert_eq!(run("Gemm", &gemm, &[&a, &h, &c], &[4, 9]), want);
+        // Only B: an f16 A is the widened step's (a dtype error the CPU answers by widening).
+        let h_a = Tensor::from_vec(vec![4, 40], &halves(160)).unwrap();
+        let cx_in = [h_a.desc().clone(), f32s(&[40, 9], &seq(360)).desc().clone()];
+        let cx_out = [TensorDesc::new(DType::F32, vec![4, 9])];
+        let cx = super::OpCx { op: "MatMul", attrs: &attrs, inputs: &cx_in, outputs: &cx_out };
+        let refused = super::prepare(&cx).map(|_| ());
+        assert!(matches!(refused, Err(super::KernelError::DType { dtype: DType::F16, .. })));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 // Matrix product of float32 A and an 8-bit B that the kernel dequantizes as it loads it (both
-// device classes; the operands of `ingot_ops::dequantizes_b`):
+// device classes; the operands of `ingot_ops::dequantizes_b`), or a float16 B that it widens
+// (`ingot_ops::takes_f16_weights`: hooks `quad` and `level`, no scales or zero points):
 //   Y[b, i, j] = post_op(alpha * scale[j] * sum_k A[b, i, k] (B[k, j] - zero[j]) (+ beta * C[i, j]))
 // B is int8 or uint8, four to a word; its dequantization is float32 [2, N]: scales, then zero
 // points. B - zero is exact in f32, and the scale is applied once per sum, so B never exists as
@@ -7,8 +8,8 @@
 //
 // Each invocation holds RM (1..8) rows x 4 columns of one batch's Y in registers, stepping K
 // four at a time (KU = 4; one at a time when K is not a multiple of 4): A's four values of a
-// row as one vec4 where its rows are contiguous (A_VEC), B's 4 x 4 block from four words where
-// four of its values share one (B_MODE), else byte by byte. As in blocked.wgsl, the rows'
+// row as one vec4 where its rows are contiguous (A_VEC), B's 4 x 4 block four values at a time
+// where four lie together on a word boundary (B_MODE), else one by one. As in blocked.wgsl, the rows'
 // accumulators are named, never indexed.
 //
 // MatMulIntegerToFloat (an integer product read as float32) runs the same loop: A is 8-bit
@@ -74,8 +75,8 @@ override RM: u32 = 4u;
 override KU: u32 = 4u;
 // A read as vec4s along k (rows contiguous, 16-byte aligned, KU = 4); else one float at a time.
 override A_VEC: bool = true;
-// How B is read: 0 a byte at a time; 1 a word holds four k of one column (B stored [N, K]);
-// 2 a word holds four columns of one row (B stored [K, N], N a multiple of 4).
+// How B is read: 0 a value at a time; 1 four k of one column together (B stored [N, K]);
+// 2 four columns of one row together (B stored [K, N], N a multiple of 4).
 override B_MODE: u32 = 2u;
 override B_SIGNED: bool = true;
 override WG: u32 = 64u;
@@ -117,9 +118,10 @@ fn byte_level(word: u32, e: u32, signed: bool) -> f32 {
     return f32(byte);
 }
 
-// B's four levels of a word, and its level at byte e (from B's start).
-fn levels(w: u32) -> vec4<f32> {
-    return word_levels(w, B_SIGNED);
+// B's four values from element e (counted from B's start; a multiple of 4), and its value at
+// element e. matmul/vulkan.rs replaces both for a float16 B (two to a word).
+fn quad(e: u32) -> vec4<f32> {
+    return word_levels(b[p.b + e / 4u], B_SIGNED);
 }
 
 fn level(e: u32) -> f32 {
@@ -132,22 +134,21 @@ fn b_block(k: u32, j: vec4<u32>, bb: u32, z: vec4<f32>) -> mat4x4<f32> {
     var rows: mat4x4<f32>;
     switch B_MODE {
         case 1u: {
-            // A word per column: four k of it.
-            let c0 = levels(b[p.b + (bb + j.x * p.b_cs + k) / 4u]) - z.x;
-            let c1 = levels(b[p.b + (bb + j.y * p.b_cs + k) / 4u]) - z.y;
-            let c2 = levels(b[p.b + (bb + j.z * p.b_cs + k) / 4u]) - z.z;
-            let c3 = levels(b[p.b + (bb + j.w * p.b_cs + k) / 4u]) - z.w;
+            // Four k of each column.
+            let c0 = quad(bb + j.x * p.b_cs + k) - z.x;
+            let c1 = quad(bb + j.y * p.b_cs + k) - z.y;
+            let c2 = quad(bb + j.z * p.b_cs + k) - z.z;
+            let c3 = quad(bb + j.w * p.b_cs + k) - z.w;
             rows = transpose(mat4x4<f32>(c0, c1, c2, c3));
         }
         case 2u: {
-            // A word per row: the block's four columns of it.
-            let at = p.b + (bb + k * p.b_rs + j.x) / 4u;
-            let step = p.b_rs / 4u;
-            rows[0] = levels(b[at]) - z;
+            // The block's four columns of each row.
+            let at = bb + k * p.b_rs + j.x;
+            rows[0] = quad(at) - z;
             if (KU == 4u) {
-                rows[1] = levels(b[at + step]) - z;
-                rows[2] = levels(b[at + 2u * step]) - z;
-                rows[3] = levels(b[at + 3u * step]) - z;
+                rows[1] = quad(at + p.b_rs) - z;
+                rows[2] = quad(at + 2u * p.b_rs) - z;
+                rows[3] = quad(at + 3u * p.b_rs) - z;
             }
         }
         default: {

@@ -54,17 +54,17 @@ pub fn dequantization_shape(n: usize) -> [usize; 2] {
 }
 
 /// All inputs share one element type, which the output takes, except a [`dequantizes_b`]
-/// product's 8-bit B.
+/// product's 8-bit B and a float16 B beside float32 operands (`crate::takes_f16_weights`).
 fn same_dtype(node: &Node, inputs: &[&TensorDesc]) -> OpResult<DType> {
     let first = inputs.first().ok_or_else(|| op_err!("{} needs inputs", node.op))?.dtype;
+    let b = inputs.get(1).map(|d| d.dtype);
     let quantized_b = dequantizes_b(&node.attrs);
-    if quantized_b {
-        let b = inputs.get(1).map(|d| d.dtype);
-        if first != DType::F32 || !matches!(b, Some(DType::I8 | DType::U8)) {
-            return Err(op_err!("a dequantized B is int8 or uint8 beside float32 operands"));
-        }
+    if quantized_b && (first != DType::F32 || !matches!(b, Some(DType::I8 | DType::U8))) {
+        return Err(op_err!("a dequantized B is int8 or uint8 beside float32 operands"));
     }
-    let others = inputs.iter().enumerate().filter(|&(i, _)| !(quantized_b && i == 1));
+    let half_b = first == DType::F32 && b == Some(DType::F16);
+    let narrow_b = quantized_b || half_b;
+    let others = inputs.iter().enumerate().filter(|&(i, _)| !(narrow_b && i == 1));
     match others.map(|(_, d)| d).find(|d| d.dtype != first) {
         Some(d) => Err(op_err!("inputs mix {first} and {}", d.dtype)),
         None => Ok(first),

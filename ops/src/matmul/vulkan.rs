@@ -64,8 +64,13 @@ const OPERAND1: &str = "fn operand1(o: u32) -> f32 {
 pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     // B's dequantization is one more input of the product's own, after C.
     let q = usize::from(crate::dequantizes_b(cx.attrs));
-    // Everything is f32 but a dequantized B (checked where it is read).
-    let other = cx.inputs.iter().enumerate().filter(|&(i, _)| q == 0 || i != 1);
+    // A float16 B beside float32 operands (`crate::takes_f16_weights`).
+    let half_b = q == 0
+        && cx.op != "Einsum"
+        && cx.inputs.first().is_some_and(|a| a.desc.dtype == DType::F32)
+        && cx.inputs.get(1).is_some_and(|b| b.desc.dtype == DType::F16);
+    // Everything is f32 but a narrow B (checked where it is read).
+    let other = cx.inputs.iter().enumerate().filter(|&(i, _)| (q == 0 && !half_b) || i != 1);
     if let Some((_, o)) =
         other.chain(cx.outputs.iter().enumerate()).find(|(_, o)| o.desc.dtype != DType::F32)
     {
@@ -105,8 +110,9 @@ pub fn lower(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel> {
     if cx.inputs.iter().chain(cx.outputs).any(|o| o.desc.elements() >= 1 << 31) {
         return Err(no_kernel!("{} operands too large for 32-bit indices", cx.op));
     }
-    if q == 1 {
-        return dequantized(cx, &p.flattened(), &post, own - 1, None).map(|d| vec![d]);
+    if q == 1 || half_b {
+        let dq = (q == 1).then(|| own - 1);
+        return dequantized(cx, &p.flattened(), &post, dq, None).map(|d| vec![d]);
     }
     let p = p.flattened().one_row();
     if p.batch.len() > 2 {
@@ -783,7 +789,7 @@ pub(crate) fn integer_to_float(cx: &KernelCx) -> Result<Vec<Dispatch>, NoKernel>
         return Err(no_kernel!("{}: an 8-bit operand that does not start on a word", cx.op));
     }
     let integer = IntegerA { zero: 2, signed: a_signed, per_column: per_column && p.n > 1 };
-    dequantized(cx, &p.flattened(), &post, 3, Some(integer)).map(|d| vec![d])
+    dequantized(cx, &p.flattened(), &post, Some(3), Some(integer)).map(|d| vec![d])
 }
 
 /// 8-bit A, for `dequantized.wgsl` (MatMulIntegerToFloat): its zero point (one value) is input
@@ -805,23 +811,29 @@ fn signed_levels(dtype: DType) -> Option<bool> {
 }
 
 /// `dequantized.wgsl`: a product of float32 A and an 8-bit B with its dequantization (input
-/// `dq`: scales, then zero points, per column), or of 8-bit A and B with their zero points
-/// (`integer`; input `dq` is then B's zero points), one invocation per block of RM rows and 4 columns of one batch's Y.
-/// B's levels are unpacked from its words in registers, a word of four where B's layout
-/// allows (four k of a column of a [N, K] B, or four columns of a row of a [K, N] B), minus
-/// the zero points, and the sums scaled per column: the weight stays a quarter of the bytes
-/// on the device and is never written out as floats. 8-bit A is read the same way.
+/// `dq`: scales, then zero points, per column), of float32 A and a float16 B (no `dq`), or of
+/// 8-bit A and B with their zero points (`integer`; input `dq` is then B's zero points), one
+/// invocation per block of RM rows and 4 columns of one batch's Y. B's values are unpacked
+/// from its words in registers, four at a time where B's layout allows (four k of a column of
+/// a [N, K] B, or four columns of a row of a [K, N] B), minus the zero points, and the sums
+/// scaled per column: the weight stays a quarter (a half) of the bytes on the device and is
+/// never written out as floats. 8-bit A is read the same way.
 fn dequantized(
     cx: &KernelCx,
     p: &Problem,
     post: &PostOps,
-    dq: usize,
+    dq: Option<usize>,
     integer: Option<IntegerA>,
 ) -> Result<Dispatch, NoKernel> {
     let (a_op, b_op) = (&cx.inputs[p.a_input], &cx.inputs[p.b_input]);
-    let signed = signed_levels(b_op.desc.dtype)
-        .ok_or_else(|| no_kernel!("{} dequantizing a {} B", cx.op, b_op.desc.dtype))?;
-    if integer.is_none() && cx.inputs[dq].desc.shape != crate::dequantization_shape(p.n) {
+    let half = dq.is_none();
+    let signed = match half {
+        true => false,
+        false => signed_levels(b_op.desc.dtype)
+            .ok_or_else(|| no_kernel!("{} dequantizing a {} B", cx.op, b_op.desc.dtype))?,
+    };
+    let fits = |dq: usize| cx.inputs[dq].desc.shape == crate::dequantization_shape(p.n);
+    if integer.is_none() && dq.is_some_and(|dq| !fits(dq)) {
         return Err(no_kernel!("{}: B's dequantization does not fit its columns", cx.op));
     }
     if p.batch.len() > 2 {
@@ -831,7 +843,7 @@ fn dequantized(
         return Err(no_kernel!("{} {}: an operand over one binding", cx.op, cx.name));
     }
     if !b_op.byte_offset.is_multiple_of(4) {
-        return Err(no_kernel!("{} of an 8-bit B that does not start on a word", cx.op));
+        return Err(no_kernel!("{} of a narrow B that does not start on a word", cx.op));
     }
     let k4 = p.k.is_multiple_of(4);
     let batch4 = |a: bool| p.batch.iter().all(|d| if a { d.1 } else { d.2 }.is_multiple_of(4));
@@ -872,16 +884,22 @@ fn dequantized(
         Binding::output("y", 0, "f32"),
     ];
     let mut spec = Spec::new(&DEQUANTIZED).alias("AE", a_ty);
-    match integer {
-        Some(a) => {
+    match (integer, dq) {
+        (Some(a), Some(dq)) => {
             bindings.push(Binding::input("dq", dq, "u32"));
             bindings.push(Binding::input("c", a.zero, "u32"));
             bindings.extend(post.bindings());
             spec = integer_hooks(spec, a, signed);
         }
-        None => {
+        (None, Some(dq)) => {
             bindings.push(Binding::input("dq", dq, "f32"));
             bindings.extend(c_and_post_bindings(p, post));
+        }
+        (_, None) => {
+            // Slots are positional: dq's, which the hooks never read, holds B again.
+            bindings.push(Binding::input("dq", p.b_input, "f32"));
+            bindings.extend(c_and_post_bindings(p, post));
+            spec = half_hooks(spec);
         }
     }
     let spec = spec
@@ -893,6 +911,34 @@ fn dequantized(
         .set("WG", wg);
     let spec = hooks(spec, p, post, 3)?;
     spec.dispatch(p.label(cx.op, format!("dq{rm}x4")), grid.groups, bindings, p.params())
+}
+
+/// The hooks of `dequantized.wgsl` for a float16 B: two values to a word, each widened
+/// exactly by `elementwise/f16.wgsl`'s `h2f`; no scales or zero points.
+fn half_hooks(spec: Spec) -> Spec {
+    spec.library(&crate::elementwise::vulkan::F16)
+        .hook(
+            "quad",
+            "fn quad(e: u32) -> vec4<f32> {
+    let lo = b[p.b + e / 2u];
+    let hi = b[p.b + e / 2u + 1u];
+    return vec4<f32>(h2f(lo & 0xffffu), h2f(lo >> 16u), h2f(hi & 0xffffu), h2f(hi >> 16u));
+}",
+        )
+        .hook(
+            "level",
+            "fn level(e: u32) -> f32 {
+    return h2f((b[p.b + e / 2u] >> (16u * (e & 1u))) & 0xffffu);
+}",
+        )
+        .hook(
+            "column_scales",
+            "fn column_scales(j: vec4<u32>) -> vec4<f32> {\n    return vec4<f32>(1.0);\n}",
+        )
+        .hook(
+            "column_zeros",
+            "fn column_zeros(j: vec4<u32>) -> vec4<f32> {\n    return vec4<f32>(0.0);\n}",
+        )
 }
 
 /// The hooks of `dequantized.wgsl` for 8-bit A: A's levels minus its zero point (slot c), no
@@ -1148,22 +1194,30 @@ pub(crate) mod tests {
     /// Lowers a MatMul (B stored [K, N]) or a Gemm with transB (B stored [N, K]) of an int8
     /// B with its dequantization, for both device classes.
     fn dequantizing(gemm: bool, a: &[usize], k: usize, n: usize, skew: u64) -> Vec<Dispatch> {
-        let attrs = post(Attrs::new(), "").with("dequantize_b", AttrValue::Int(1));
+        narrow_b(DType::I8, gemm, a, k, n, skew)
+    }
+
+    /// [`dequantizing`] of a B of `dtype`: int8 with its dequantization, or float16.
+    fn narrow_b(
+        dtype: DType,
+        gemm: bool,
+        a: &[usize],
+        k: usize,
+        n: usize,
+        skew: u64,
+    ) -> Vec<Dispatch> {
+        let quantized = AttrValue::Int(i64::from(dtype != DType::F16));
         let (op, attrs, b) = match gemm {
-            true => (
-                "Gemm",
-                post(gemm_attrs(0, 1, 1.0, 1.0), "").with("dequantize_b", AttrValue::Int(1)),
-                [n, k],
-            ),
-            false => ("MatMul", attrs, [k, n]),
+            true => ("Gemm", post(gemm_attrs(0, 1, 1.0, 1.0), ""), [n, k]),
+            false => ("MatMul", post(Attrs::new(), ""), [k, n]),
         };
+        let attrs = attrs.with("dequantize_b", quantized);
         let mut y = a[..a.len() - 1].to_vec();
         y.push(n);
-        let inputs = [
-            f32s(a),
-            TensorDesc::new(DType::I8, b.to_vec()),
-            f32s(&crate::dequantization_shape(n)),
-        ];
+        let mut inputs = vec![f32s(a), TensorDesc::new(dtype, b.to_vec())];
+        if dtype != DType::F16 {
+            inputs.push(f32s(&crate::dequantization_shape(n)));
+        }
         crate::vulkan::lower_all_classes(lower, op, &attrs, &inputs, &[f32s(&y)], skew)
     }
 
@@ -1263,6 +1317,17 @@ pub(crate) mod tests {
                 assert_eq!(got, [b_mode, ku, a_vec], "{}", d.label);
                 assert_eq!(d.bindings[1].ty, "u32");
                 assert_eq!(d.bindings[3].name, "dq");
+            }
+            // A float16 B: the same layouts, two values to a word, no dequantization.
+            for d in &narrow_b(DType::F16, gemm, a, k, n, skew) {
+                let got = [set(d, "B_MODE"), set(d, "KU"), set(d, "A_VEC")];
+                assert_eq!(got, [b_mode, ku, a_vec], "{}", d.label);
+                assert_eq!(d.bindings[1].ty, "u32");
+                assert_eq!(d.bindings[3].slot, Slot::Input(1), "{}: dq's slot holds B", d.label);
+                assert!(
+                    d.wgsl
+                        .contains("fn quad(e: u32) -> vec4<f32> {\n    let lo = b[p.b + e / 2u];")
+                );
             }
         }
         // A batch of A over one B is one matrix of more rows: 10 x 48. CPU-type devices take

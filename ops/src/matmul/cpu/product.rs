@@ -15,6 +15,7 @@ use crate::cpu::KernelError;
 use crate::cpu::gemm::{self, Layout};
 use crate::invalid;
 use crate::tensor::Element;
+use half::f16;
 
 /// One index of the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,7 +279,8 @@ fn simple_gemm<T: Scalar>(call: &Call, alpha: T, a: &[T], b: &[T], c: &mut [T]) 
 }
 
 /// A B of 8-bit integers, one scale and zero point per column of the product (the calls'
-/// columns are B's: the plan loops no axis of B outside them, checked when prepared).
+/// columns are B's: the plan loops no axis of B outside them, checked when prepared); or of
+/// float16 values, with neither.
 #[derive(Clone, Copy, Debug)]
 pub struct Quantized<'a> {
     pub levels: Levels<'a>,
@@ -287,11 +289,12 @@ pub struct Quantized<'a> {
     pub zero: &'a [f32],
 }
 
-/// The integers of a [`Quantized`] B.
+/// The values of a [`Quantized`] B.
 #[derive(Clone, Copy, Debug)]
 pub enum Levels<'a> {
     I8(&'a [i8]),
     U8(&'a [u8]),
+    F16(&'a [f16]),
 }
 
 impl Levels<'_> {
@@ -299,6 +302,7 @@ impl Levels<'_> {
         match self {
             Levels::I8(v) => v.len(),
             Levels::U8(v) => v.len(),
+            Levels::F16(v) => v.len(),
         }
     }
 }
@@ -396,8 +400,12 @@ macro_rules! float_scalar {
                 let levels = match b.levels {
                     Levels::I8(v) => gemm::Narrow::I8(lb.view("B", &v[call.b.off..])?),
                     Levels::U8(v) => gemm::Narrow::U8(lb.view("B", &v[call.b.off..])?),
+                    Levels::F16(v) => gemm::Narrow::F16(lb.view("B", &v[call.b.off..])?),
                 };
-                let b = gemm::Dequantized::new(levels, b.scale, b.zero)?;
+                let b = match levels {
+                    gemm::Narrow::F16(h) => gemm::Dequantized::half(h),
+                    _ => gemm::Dequantized::new(levels, b.scale, b.zero)?,
+                };
                 let c = call.c.layout(m, n).view_mut("C", &mut c[call.c.off..])?;
                 let a = (&a[call.a.off..], call.a.layout(m, k));
                 gemm::gemm_dequantized(alpha, a, b, gemm::Start::scaled(1.0), c)
