@@ -42,6 +42,12 @@ pub struct Args {
     /// need more stops with an error naming the loop.
     #[arg(long, value_name = "N")]
     max_loop_iterations: Option<usize>,
+    /// Store the float32 weights of convs and matrix products as float16: about half the
+    /// bundle and the device's weight memory. Arithmetic stays float32; outputs move by the
+    /// weights' rounding (a relative 2^-11 each). A weight another op reads too, or one past
+    /// float16's range, stays float32.
+    #[arg(long)]
+    f16_weights: bool,
     /// Run the independent plan verifier (always on in debug builds).
     #[arg(long)]
     verify: bool,
@@ -104,6 +110,7 @@ pub fn main(args: Args) -> Result<()> {
         verify: args.verify,
         cpu_only,
         max_loop_iterations: args.max_loop_iterations,
+        f16_weights: args.f16_weights,
         ..CompileOptions::default()
     };
     let m = compile_variants_to(&sources, &options, &args.output)

@@ -54,6 +54,9 @@ pub struct Args {
     /// As for `ingot compile`, when the input is an ONNX model.
     #[arg(long, value_name = "N")]
     max_loop_iterations: Option<usize>,
+    /// As for `ingot compile`, when the input is an ONNX model.
+    #[arg(long)]
+    f16_weights: bool,
 }
 
 /// How an ONNX model given to `plan` is compiled.
@@ -64,6 +67,7 @@ fn compile_options(args: &Args) -> Result<CompileOptions> {
         sequence_inputs: args.sequence_inputs.clone(),
         absent_inputs: args.absent_inputs.clone(),
         max_loop_iterations: args.max_loop_iterations,
+        f16_weights: args.f16_weights,
         ..CompileOptions::default()
     })
 }
@@ -82,11 +86,12 @@ pub fn main(args: Args) -> Result<()> {
             || !args.sequence_inputs.is_empty()
             || !args.absent_inputs.is_empty()
             || args.max_loop_iterations.is_some()
+            || args.f16_weights
         {
             bail!(
-                "--input-shape, --constant-input, --input-sequence, --absent-input and \
-                 --max-loop-iterations apply to ONNX models; {} is a bundle, compiled with its \
-                 shapes and constants",
+                "--input-shape, --constant-input, --input-sequence, --absent-input, \
+                 --max-loop-iterations and --f16-weights apply to ONNX models; {} is a bundle, \
+                 compiled with its shapes, constants and weights",
                 args.input.display()
             );
         }

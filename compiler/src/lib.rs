@@ -42,6 +42,10 @@ pub struct CompileOptions {
     /// many rows, and a run that would go past them stops with an error naming the loop.
     /// Without it such a loop is refused at compile time.
     pub max_loop_iterations: Option<usize>,
+    /// Store the float32 weights of convs and matrix products as float16 (`--f16-weights`):
+    /// about half the bundle's and the device's weight bytes, arithmetic still f32, outputs
+    /// moved by the weights' rounding (`passes/half_weights.rs`).
+    pub f16_weights: bool,
 }
 
 /// The planner's memory-sharing mechanisms, each of which can be turned off (to measure what
@@ -124,6 +128,7 @@ pub fn compile_graph(model: &Path, options: &CompileOptions) -> Result<Compiled,
     };
     let mut graph = onnx::import_file(model, &import_options)?;
     graph.max_loop_iterations = options.max_loop_iterations;
+    graph.f16_weights = options.f16_weights;
     passes::run_all(&mut graph)?;
     let no_in_place = |_: &str, _: &ingot_schema::Attrs, _: usize| false;
     let cpu = plan::Target::cpu();

@@ -102,6 +102,7 @@ def compile(
     output: Optional[PathLike] = None,
     verify: bool = False,
     max_loop_iterations: Optional[int] = None,
+    f16_weights: bool = False,
 ) -> Union[bytes, Path]:
     """Compiles an ONNX model (or several, as variants of one bundle) into a bundle.
 
@@ -118,6 +119,9 @@ def compile(
             run time may run where it has scan outputs: their storage is planned for that many
             rows, and a run that needs more raises ``IngotError``. Without it such a loop does
             not compile.
+        f16_weights: store the float32 weights of convs and matrix products as float16, as
+            ``ingot compile --f16-weights`` does: about half the weight bytes; arithmetic stays
+            float32, and outputs move by the weights' rounding.
 
     Returns:
         The bundle's bytes, or ``Path(output)`` when ``output`` is given.
@@ -128,8 +132,10 @@ def compile(
     sources = _variant_sources(model, variants)
     shared = _shapes(input_shapes)
     if output is None:
-        return _native.compile(sources, shared, None, verify, max_loop_iterations)
-    _native.compile(sources, shared, os.fspath(output), verify, max_loop_iterations)
+        return _native.compile(sources, shared, None, verify, max_loop_iterations, f16_weights)
+    _native.compile(
+        sources, shared, os.fspath(output), verify, max_loop_iterations, f16_weights
+    )
     return Path(output)
 
 

@@ -51,7 +51,7 @@ enum Source<'py> {
 /// ONNX path, that variant's input shapes), `input_shapes` apply to all. Writes the bundle to
 /// `output` and returns `None`, or returns its bytes when `output` is `None`.
 #[pyfunction]
-#[pyo3(signature = (sources, input_shapes, output=None, verify=false, max_loop_iterations=None))]
+#[pyo3(signature = (sources, input_shapes, output=None, verify=false, max_loop_iterations=None, f16_weights=false))]
 fn compile(
     py: Python<'_>,
     sources: Vec<(String, PathBuf, Shapes)>,
@@ -59,13 +59,19 @@ fn compile(
     output: Option<PathBuf>,
     verify: bool,
     max_loop_iterations: Option<usize>,
+    f16_weights: bool,
 ) -> PyResult<Option<Py<PyBytes>>> {
     let sources: Vec<VariantSource> = sources
         .into_iter()
         .map(|(name, model, input_shapes)| VariantSource { name, model, input_shapes })
         .collect();
-    let options =
-        CompileOptions { input_shapes, verify, max_loop_iterations, ..CompileOptions::default() };
+    let options = CompileOptions {
+        input_shapes,
+        verify,
+        max_loop_iterations,
+        f16_weights,
+        ..CompileOptions::default()
+    };
     let models = || sources.iter().map(|s| s.model.display().to_string()).collect::<Vec<_>>();
     match output {
         Some(path) => {

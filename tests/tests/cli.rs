@@ -230,6 +230,47 @@ fn user_errors_name_their_fix() {
     fails(&[&"bench", &bundle, &"--iterations", &"0"], &["--iterations"]);
     fails(&[&"bench", &bundle, &"--warmup", &"0"], &["--warmup"]);
     fails(&[&"plan", &bundle, &"--json", &"--format", &"svg"], &["cannot be used with"]);
+    // A bundle's weights were stored when it was compiled.
+    fails(&[&"plan", &bundle, &"--f16-weights"], &["--f16-weights apply to ONNX models"]);
+}
+
+/// `compile --f16-weights` stores a product's weight as float16, half its bytes, and the run
+/// is the float32 one but for the weight's rounding.
+#[test]
+fn f16_weights_halve_a_products_weight() {
+    let dir = scratch_dir("cli/f16_weights");
+    let w: Vec<f32> = (0..64 * 32).map(|i| ((i * 37 % 101) as f32 - 50.0) / 33.0).collect();
+    let model = dir.join("model.onnx");
+    OnnxModel::new(17)
+        .input("x", DType::F32, &[2, 64])
+        .initializer("w", &Tensor::from_vec(vec![64, 32], &w).unwrap())
+        .node("product", "MatMul", &["x", "w"], &["y"], vec![])
+        .output("y", DType::F32, &[2, 32])
+        .write(&model)
+        .unwrap();
+    let compiled = |name: &str, extra: &[&dyn AsRef<OsStr>]| {
+        let bundle = dir.join(name);
+        let mut args: Vec<&dyn AsRef<OsStr>> = vec![&"compile", &model, &"-o", &bundle, &"--json"];
+        args.extend(extra);
+        let json: serde_json::Value = serde_json::from_str(&succeeds(&args)).unwrap();
+        (bundle, json["weight_bytes"].as_u64().unwrap())
+    };
+    let (full, full_bytes) = compiled("f32.ingot", &[]);
+    let (half, half_bytes) = compiled("f16.ingot", &[&"--f16-weights"]);
+    assert_eq!((full_bytes, half_bytes), (64 * 32 * 4, 64 * 32 * 2));
+    let x = dir.join("x.npy");
+    write_npy(&x, &Tensor::from_vec(vec![2, 64], &[0.25f32; 128]).unwrap()).unwrap();
+    let x_arg = format!("x={}", x.display());
+    let outputs = |bundle: &Path, out: &str| {
+        let out = dir.join(out);
+        succeeds(&[&"run", &bundle, &"--input", &x_arg, &"--devices", &"cpu", &"-o", &out]);
+        read_npy(&out.join("y.npy")).unwrap().to_vec::<f32>().unwrap()
+    };
+    let (want, got) = (outputs(&full, "f32"), outputs(&half, "f16"));
+    assert_ne!(got, want, "the weight's rounding shows");
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 2e-3 * w.abs().max(1.0), "{g} against {w}");
+    }
 }
 
 #[test]

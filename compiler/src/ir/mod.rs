@@ -51,6 +51,9 @@ pub struct Graph {
     /// The most iterations a run-time loop may stack scan outputs for where its trip count is
     /// not a constant (`CompileOptions::max_loop_iterations`); none: such a loop is refused.
     pub max_loop_iterations: Option<usize>,
+    /// Store the weights that kernels read as float16 so (`CompileOptions::f16_weights`;
+    /// `passes/half_weights.rs`).
+    pub f16_weights: bool,
     /// Values that hold tensors rather than being one: sequences and optionals
     /// (`passes/sequences.rs`). The importer puts the graph inputs of those types here, each
     /// holding tensor inputs of its own; the `lower` walk adds what the sequence ops make and

@@ -12,6 +12,7 @@ mod dequantize;
 mod dequantize_in_gemm;
 mod dynamic_slices;
 mod fuse;
+mod half_weights;
 mod integer_products;
 mod legacy;
 mod lower;
@@ -47,6 +48,7 @@ pub const PIPELINE: &[(&str, Pass)] = &[
     ("fuse", fuse::run),
     ("channel_scales", channel_scales::run),
     ("dequantize_in_gemm", dequantize_in_gemm::products),
+    ("half_weights", half_weights::run),
     ("widen_f16", widen_f16::run),
     ("outputs", outputs::run),
     ("bounded", bounded::run),
