@@ -1440,6 +1440,25 @@ fn pack_b<T: Float>(b: ArrayView2<T>, nr: usize, pb: &mut [T]) {
 fn pack_dequantized<T: Float>(b: Dequantized, nr: usize, pb: &mut [T]) {
     let (kc, nc) = b.dim();
     let panel_len = nr * kc;
+    if let Narrow::F16(h) = b.values
+        && nc <= NC
+        && h.strides()[1] == 1
+    {
+        // Float16 rows widened whole, one conversion each, then cut into the panels: widening
+        // a panel's `nr` values at a time cost a call per row of every panel.
+        let mut wide = [T::ZERO; NC];
+        let wide = &mut wide[..nc];
+        let rows = h.rows().into_iter().filter_map(|row| row.to_slice());
+        for (k, row) in rows.enumerate() {
+            T::widen(row, wide);
+            for (p, run) in wide.chunks(nr).enumerate() {
+                let dst = &mut pb[p * panel_len + k * nr..][..nr];
+                dst[..run.len()].copy_from_slice(run);
+                dst[run.len()..].fill(T::ZERO);
+            }
+        }
+        return;
+    }
     for (p, panel) in pb[..nc.div_ceil(nr) * panel_len].chunks_exact_mut(panel_len).enumerate() {
         let cols = p * nr..((p + 1) * nr).min(nc);
         if cols.len() < nr {
