@@ -1497,7 +1497,8 @@ fn equal_the_cpu_on_both_classes(
 /// element count, whose last word is half past its end), and float16 products the compiler
 /// widens to f32 steps between casts, which read their f16 weights themselves, two to a word:
 /// a MatMul, a Gemm of B stored [N, K] with its bias and a residual, a Conv with its bias and a
-/// Relu. All on Vulkan alone, equal to the CPU on both kernel classes.
+/// Relu, and a Conv of an odd count of weights (its last word half past W's end). All on Vulkan
+/// alone, equal to the CPU on both kernel classes.
 #[test]
 fn float16_upsampling_and_products_run_on_vulkan() -> Result<()> {
     let to = |d: DType| attr_int("to", i64::from(d.onnx_code()));
@@ -1534,13 +1535,19 @@ fn float16_upsampling_and_products_run_on_vulkan() -> Result<()> {
         .node("conv", "Conv", &["h", "wh", "wbh"], &["k"], vec![attr_ints("pads", &[1; 4])])
         .node("relu", "Relu", &["k"], &["kr"], vec![])
         .node("kf", "Cast", &["kr"], &["c16"], vec![to(DType::F32)])
+        .initializer("w1", &tensor(&[1, 3, 3, 3], 8))
+        .node("hw1", "Cast", &["w1"], &["w1h"], vec![to(DType::F16)])
+        .node("conv1", "Conv", &["h", "w1h"], &["k1"], vec![])
+        .node("k1f", "Cast", &["k1"], &["odd"], vec![to(DType::F32)])
         .output("y", DType::F32, &[1, 3, 10, 10])
         .output("z", DType::F32, &[4, 3])
         .output("g", DType::F32, &[4, 3])
-        .output("c16", DType::F32, &[1, 4, 5, 5]);
+        .output("c16", DType::F32, &[1, 4, 5, 5])
+        .output("odd", DType::F32, &[1, 1, 3, 3]);
     let bundle = bundle("float16_upsampling_and_products", &model)?;
     let inputs = [tensor(&[1, 3, 5, 5], 1), tensor(&[4, 6], 2)];
-    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| ["y", "z", "g", "c16"][k].to_string())
+    let names = ["y", "z", "g", "c16", "odd"];
+    equal_the_cpu_on_both_classes(&bundle, &inputs, |k| names[k].to_string())
 }
 
 /// Detectors' and decoders' region and cache ops equal the CPU on both kernel classes:
