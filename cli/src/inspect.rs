@@ -137,6 +137,21 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
         .into_iter()
         .map(|(variants, (entries, bytes))| json!({"variants": variants, "entries": entries, "bytes": bytes}))
         .collect();
+    // Entries and bytes by element type: what `--f16-weights` or int8 weights made of the bank.
+    let mut types: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for weight in &m.weights {
+        let dtype =
+            proto::DataType::try_from(weight.dtype).ok().and_then(ingot_schema::DType::from_proto);
+        let group = types.entry(dtype.map_or("unknown", |d| d.name())).or_default();
+        group.0 += 1;
+        group.1 += weight.length;
+    }
+    let types: Vec<_> = types
+        .into_iter()
+        .map(
+            |(dtype, (entries, bytes))| json!({"dtype": dtype, "entries": entries, "bytes": bytes}),
+        )
+        .collect();
     let sections: Vec<_> = bundle
         .sections()
         .map(|(kind, r)| json!({"kind": kind, "offset": r.start, "bytes": r.len()}))
@@ -151,6 +166,7 @@ pub fn describe(bundle: &Bundle) -> serde_json::Value {
         "weight_bytes_without_dedup": stored_without_dedup,
         "dedup_saved_bytes": stored_without_dedup.saturating_sub(weights_bytes),
         "weight_sharing": sharing,
+        "weight_types": types,
         "kernels": m.kernels.len(),
         "variants": variants,
         "sections": sections,
@@ -283,6 +299,17 @@ fn text(r: &serde_json::Value) -> String {
             r["unique_weight_bytes"], r["weight_bytes_without_dedup"], r["dedup_saved_bytes"]
         ),
     );
+    let types: Vec<String> = (r["weight_types"].as_array().into_iter().flatten())
+        .map(|t| {
+            format!(
+                "{} {} entries, {} bytes",
+                t["dtype"].as_str().unwrap_or(""),
+                t["entries"],
+                t["bytes"]
+            )
+        })
+        .collect();
+    line(&mut s, format!("  by type: {}", types.join("; ")));
     for g in r["weight_sharing"].as_array().into_iter().flatten() {
         let names: Vec<&str> =
             g["variants"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();

@@ -258,6 +258,8 @@ fn f16_weights_halve_a_products_weight() {
     let (full, full_bytes) = compiled("f32.ingot", &[]);
     let (half, half_bytes) = compiled("f16.ingot", &[&"--f16-weights"]);
     assert_eq!((full_bytes, half_bytes), (64 * 32 * 4, 64 * 32 * 2));
+    let inspected = succeeds(&[&"inspect", &half]);
+    assert!(inspected.contains("by type: f16 1 entries, 4096 bytes\n"), "{inspected}");
     let x = dir.join("x.npy");
     write_npy(&x, &Tensor::from_vec(vec![2, 64], &[0.25f32; 128]).unwrap()).unwrap();
     let x_arg = format!("x={}", x.display());
