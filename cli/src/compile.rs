@@ -42,10 +42,11 @@ pub struct Args {
     /// need more stops with an error naming the loop.
     #[arg(long, value_name = "N")]
     max_loop_iterations: Option<usize>,
-    /// Store the float32 weights of convs and matrix products as float16: about half the
-    /// bundle and the device's weight memory. Arithmetic stays float32; outputs move by the
-    /// weights' rounding (a relative 2^-11 each). A weight another op reads too, or one past
-    /// float16's range, stays float32.
+    /// Store the float32 weights of convs, matrix products and embedding tables (a Gather's,
+    /// whose rows are widened after it) as float16: about half the bundle and the device's
+    /// weight memory. Arithmetic stays float32; outputs move by the weights' rounding (a
+    /// relative 2^-11 each). A weight another op reads too, or one past float16's range, stays
+    /// float32.
     #[arg(long)]
     f16_weights: bool,
     /// Run the independent plan verifier (always on in debug builds).

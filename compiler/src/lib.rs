@@ -42,9 +42,9 @@ pub struct CompileOptions {
     /// many rows, and a run that would go past them stops with an error naming the loop.
     /// Without it such a loop is refused at compile time.
     pub max_loop_iterations: Option<usize>,
-    /// Store the float32 weights of convs and matrix products as float16 (`--f16-weights`):
-    /// about half the bundle's and the device's weight bytes, arithmetic still f32, outputs
-    /// moved by the weights' rounding (`passes/half_weights.rs`).
+    /// Store the float32 weights of convs, matrix products and embedding tables as float16
+    /// (`--f16-weights`): about half the bundle's and the device's weight bytes, arithmetic
+    /// still f32, outputs moved by the weights' rounding (`passes/half_weights.rs`).
     pub f16_weights: bool,
 }
 

@@ -119,9 +119,9 @@ def compile(
             run time may run where it has scan outputs: their storage is planned for that many
             rows, and a run that needs more raises ``IngotError``. Without it such a loop does
             not compile.
-        f16_weights: store the float32 weights of convs and matrix products as float16, as
-            ``ingot compile --f16-weights`` does: about half the weight bytes; arithmetic stays
-            float32, and outputs move by the weights' rounding.
+        f16_weights: store the float32 weights of convs, matrix products and embedding tables
+            as float16, as ``ingot compile --f16-weights`` does: about half the weight bytes;
+            arithmetic stays float32, and outputs move by the weights' rounding.
 
     Returns:
         The bundle's bytes, or ``Path(output)`` when ``output`` is given.
