@@ -11,8 +11,8 @@
 //!
 //! A weight is left f32 where any reader would not take it as f16 (an op of another kind, a
 //! product of a non-f32 A), where it is a graph output, and where a value lies outside f16's
-//! range (it would become infinite). Runs after the fusions, which fold
-//! normalisations into W in f32 first, and after the 8-bit weights have their own forms.
+//! range (it would become infinite). Runs after the fusions, which fold normalisations into W
+//! in f32 first, and after the 8-bit weights have their own forms.
 
 use super::PassError;
 use crate::ir::{Const, Graph, Node, ValueId};
@@ -35,7 +35,7 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
             }
         }
     }
-    let mut halved_tables = Vec::new();
+    let mut is_half = vec![false; g.values.len()];
     for v in 0..g.values.len() {
         let Some(c) = g.constant(v) else { continue };
         if c.desc().dtype != DType::F32 || half_uses[v] == 0 || half_uses[v] != uses[v] {
@@ -44,14 +44,14 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
         if let Some(half) = halved(&c.tensor()).map_err(|e| named(g, v, e))? {
             g.values[v].ty = Some(half.desc().clone());
             g.values[v].constant = Some(Const::owned(half));
-            halved_tables.push(v);
+            is_half[v] = true;
         }
     }
     // A Gather of a table now f16 takes f16 rows, widened right after it.
     let nodes = std::mem::take(&mut g.nodes);
     for mut node in nodes {
         let gathered = node.op == "Gather"
-            && node.inputs.first().copied().flatten().is_some_and(|t| halved_tables.contains(&t));
+            && node.inputs.first().copied().flatten().is_some_and(|t| is_half[t]);
         let Some(&rows) = node.outputs.first().filter(|_| gathered) else {
             g.nodes.push(node);
             continue;
