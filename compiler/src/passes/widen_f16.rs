@@ -21,8 +21,8 @@
 
 use super::PassError;
 use crate::ir::{Const, Graph, Guard, Node, ValueId};
-use ingot_ops::TensorDesc;
 use ingot_ops::cpu::{OpCx, widens_f16};
+use ingot_ops::{Tensor, TensorDesc};
 use ingot_schema::{AttrValue, Attrs, DType};
 
 pub fn run(g: &mut Graph) -> Result<(), PassError> {
@@ -51,7 +51,8 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
                     continue;
                 }
                 if c.desc().shape.len() <= 1 {
-                    node.inputs[slot] = Some(widened_constant(g, v, &mut folded)?);
+                    let half = c.tensor();
+                    node.inputs[slot] = Some(widened_constant(g, v, &half, &mut folded)?);
                     continue;
                 }
             }
@@ -88,19 +89,19 @@ pub fn run(g: &mut Graph) -> Result<(), PassError> {
     Ok(())
 }
 
-/// The f32 constant of f16 constant `v`, made once.
+/// The f32 constant of f16 constant `v`, whose value is `half`, made once.
 fn widened_constant(
     g: &mut Graph,
     v: ValueId,
+    half: &Tensor,
     folded: &mut Vec<(ValueId, ValueId)>,
 ) -> Result<ValueId, PassError> {
     if let Some(&(_, wide)) = folded.iter().find(|(h, _)| *h == v) {
         return Ok(wide);
     }
-    let half = g.constant(v).map(|c| c.tensor()).expect("a constant");
     let desc = TensorDesc::new(DType::F32, half.desc().shape.clone());
     let to = Attrs::new().with("to", AttrValue::Int(i64::from(DType::F32.onnx_code())));
-    let wide = ingot_ops::cpu::eval("Cast", &to, &[&half], std::slice::from_ref(&desc))
+    let wide = ingot_ops::cpu::eval("Cast", &to, &[half], std::slice::from_ref(&desc))
         .map_err(|e| PassError::Graph(format!("widening f16 constant {}: {e}", g.values[v].name)))?
         .remove(0);
     let name = format!("{}:f32", g.values[v].name);
